@@ -1,0 +1,27 @@
+"""Hot-path kernels, each compiled with Cython when possible, with a pure-Python twin.
+
+Layout per kernel ``<name>``:
+
+* ``<name>_py.py``: the reference implementation, and also the Cython source;
+* ``<name>_c.pxd``: C types for the compiled build of that same file;
+* ``<name>.py``: the selector the rest of honk imports.
+
+``HONK_NO_EXTENSIONS=1`` forces the twins; :data:`NO_EXTENSIONS` records it.
+"""
+
+import os
+import sys
+
+NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS")) or sys.implementation.name != "cpython"
+KERNELS = ("movavg",)
+
+
+def implementations() -> dict[str, str]:
+    """Which implementation each kernel uses: ``"compiled"`` or ``"python"``."""
+    import importlib
+
+    out = {}
+    for name in KERNELS:
+        mod = importlib.import_module(f"honk._fast.{name}")
+        out[name] = mod.IMPLEMENTATION
+    return out

@@ -1,0 +1,1 @@
+"""Command-line entry points: ``honk`` (the daemon) and ``honkctl`` (the control client)."""

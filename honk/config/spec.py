@@ -1,0 +1,262 @@
+"""The validated configuration: immutable, typed, units explicit.
+
+Everything downstream of :mod:`honk.config.load` reads these objects and never
+raw text. All durations are ``float`` seconds (the field comments say so);
+defaults live here and nowhere else. Source locations are carried for
+diagnostics but excluded from equality, so a ``.dae`` file and a ``.toml`` file
+that mean the same thing produce equal specs.
+
+Secrets (share-link credentials, inbound passwords, the API secret) are
+excluded from ``repr`` so a logged spec never shows them.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, field
+
+from honk.config.diagnostics import Diagnostic, SourceLoc
+
+# --- defaults (upstream honk's global reference) -----------------------------
+
+DEFAULT_TCP_CHECK_URL = "https://www.gstatic.com/generate_204"
+DEFAULT_UDP_CHECK_DNS = ("dns.google:53", "8.8.8.8", "2001:4860:4860::8888")
+DEFAULT_CHECK_INTERVAL = 30.0  # seconds; global check_interval "30s"
+DEFAULT_CHECK_TOLERANCE = 0.050  # seconds; global check_tolerance "50ms"
+DEFAULT_CONNECT_TIMEOUT = 3.0  # seconds; connect_timeout_ms 3000 ms stage timeout
+DEFAULT_MAX_CONCURRENT_DIALS = 64  # max_concurrent_dials
+DEFAULT_DATA_DIR = "/var/lib/honk"
+DEFAULT_URLTEST_IDLE_TIMEOUT = 1800.0  # seconds; idle_timeout null -> 1800 s
+MIN_URLTEST_TOLERANCE = 0.001  # seconds; "effective minimum of 1 ms"
+DEFAULT_RELAY_IDLE_TIMEOUT = 300.0  # seconds; relay_idle_timeout_secs 300 s
+DEFAULT_UDP_IDLE_TIMEOUT = 60.0  # seconds a UDP association may stay silent
+DEFAULT_SHUTDOWN_GRACE = 5.0  # seconds live flows get on SIGTERM before they are closed
+DEFAULT_CLASH_API_CONTROLLER = "127.0.0.1:9090"
+MAX_TOP_LEVEL_GROUPS = 250  # "at most 250 top-level user groups"
+
+BUILTIN_OUTBOUNDS = ("direct", "block")
+
+LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "silent")
+
+
+class Policy(enum.Enum):
+    """Canonical group policies. Spellings accepted by the dialect map onto these."""
+
+    SELECTOR = "selector"
+    URLTEST = "urltest"
+    LOADBALANCE = "loadbalance"
+    FALLBACK = "fallback"
+    SCORE = "score"
+
+
+# Accepted spellings (upstream groups reference); matching is ASCII
+# case-insensitive after removing one parenthesised suffix, so `fixed(0)` works.
+POLICY_SPELLINGS: dict[str, Policy] = {
+    "selector": Policy.SELECTOR,
+    "select": Policy.SELECTOR,
+    "fixed": Policy.SELECTOR,
+    "urltest": Policy.URLTEST,
+    "min_moving_avg": Policy.URLTEST,
+    "min_avg10": Policy.URLTEST,
+    "min_last_delay": Policy.URLTEST,
+    "loadbalance": Policy.LOADBALANCE,
+    "roundrobin": Policy.LOADBALANCE,
+    "round_robin": Policy.LOADBALANCE,
+    "balance": Policy.LOADBALANCE,
+    "fallback": Policy.FALLBACK,
+    "score": Policy.SCORE,
+}
+
+
+# --- global --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalSpec:
+    log_level: str = "info"
+    tcp_check_url: tuple[str, ...] = (DEFAULT_TCP_CHECK_URL,)
+    tcp_check_http_method: str = "HEAD"
+    udp_check_dns: tuple[str, ...] = DEFAULT_UDP_CHECK_DNS
+    check_interval: float = DEFAULT_CHECK_INTERVAL  # seconds, > 0
+    check_tolerance: float = DEFAULT_CHECK_TOLERANCE  # seconds
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # seconds, per dial stage
+    max_concurrent_dials: int = DEFAULT_MAX_CONCURRENT_DIALS
+    data_dir: str = DEFAULT_DATA_DIR
+    relay_idle_timeout: float = DEFAULT_RELAY_IDLE_TIMEOUT  # seconds
+    udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE  # seconds
+
+
+# --- inbounds --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InboundUser:
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class InboundSpec:
+    """One listener, from ``inbound { name: 'mixed://[user:pass@]host:port' }``."""
+
+    name: str
+    kind: str  # "mixed" for now; later: "tproxy", "redirect", "socks5", "http"
+    host: str  # listen address, unbracketed
+    port: int
+    users: tuple[InboundUser, ...] = ()
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+# --- nodes -----------------------------------------------------------------------
+
+# Namespace for node identity; UUID v5 over "protocol|host|port|credentials|shape".
+NODE_ID_NAMESPACE = uuid.UUID("6f1d3a52-8b4e-5c1a-9d2f-3e7b0c4a1f90")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A dialable outbound declared by a share link.
+
+    ``params`` keeps the link's query parameters in order. ``id`` is the stable
+    content identity (see :func:`honk.config.links.derive_node_id`); the
+    display ``name`` is metadata and does not take part in it.
+    """
+
+    name: str
+    protocol: str  # "direct", "block", "socks5", ...
+    host: str = ""
+    port: int = 0
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+    params: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    id: uuid.UUID = field(default=uuid.UUID(int=0))
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+# --- groups ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MatchArg:
+    """One argument of a matcher call: ``key`` is '' for a bare value, else the
+    prefix the dialect recognises (``suffix``, ``full``, ``keyword``, ``regex``,
+    ``geosite``, ``geoip``)."""
+
+    key: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class FilterTerm:
+    """``name(...)`` or ``subtag(...)``, possibly negated; arguments are alternatives."""
+
+    kind: str  # "name" | "subtag"
+    args: tuple[MatchArg, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFilter:
+    """One ``filter:`` line of node predicates joined by ``&&`` (AND); lines are OR-ed."""
+
+    terms: tuple[FilterTerm, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    name: str
+    policy: Policy = Policy.SELECTOR
+    filters: tuple[NodeFilter, ...] = ()  # node filters, OR-ed
+    subgroups: tuple[str, ...] = ()  # nested group tags from group(...)
+    has_filter_lines: bool = False  # any filter line at all (explicit group() selects none)
+    default: str | None = None
+    final: str | None = None
+    check_url: str | None = None
+    tolerance: float = DEFAULT_CHECK_TOLERANCE  # seconds; URLTest switch threshold
+    idle_timeout: float | None = None  # seconds; None -> DEFAULT_URLTEST_IDLE_TIMEOUT
+    id: uuid.UUID | None = None  # structured-only; None -> generated at runtime
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+# --- routing ---------------------------------------------------------------------
+
+
+TRAFFIC_PREDICATES = (
+    "domain",
+    "dip",
+    "sip",
+    "dport",
+    "sport",
+    "l4proto",
+    "ipversion",
+    "pname",
+    "mac",
+    "dscp",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """One matcher call in a rule; its arguments are alternatives."""
+
+    name: str  # one of TRAFFIC_PREDICATES
+    args: tuple[MatchArg, ...]
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """``p1 && p2 && !p3 -> outbound[(must)]``; all predicates must hold."""
+
+    predicates: tuple[Predicate, ...]
+    outbound: str
+    must: bool = False
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSpec:
+    rules: tuple[RuleSpec, ...] = ()
+    fallback: str = "direct"
+
+
+# --- experimental ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClashApiSpec:
+    external_controller: str = ""  # "host:port"; empty disables the API
+    external_ui: str = ""
+    secret: str = field(default="", repr=False)
+    default_mode: str = "Rule"
+
+
+# --- the whole -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A validated configuration. ``diagnostics`` (warnings, infos) is excluded
+    from equality; an invalid input never becomes a ``Spec``."""
+
+    global_: GlobalSpec = GlobalSpec()
+    inbounds: tuple[InboundSpec, ...] = ()
+    nodes: tuple[NodeSpec, ...] = ()
+    groups: tuple[GroupSpec, ...] = ()
+    routing: RoutingSpec = RoutingSpec()
+    clash_api: ClashApiSpec | None = None
+    source: str = field(default="", compare=False)
+    diagnostics: tuple[Diagnostic, ...] = field(default=(), compare=False, repr=False)
+
+    def node(self, name: str) -> NodeSpec | None:
+        """The first declared node with this name (names may collide; ids may not)."""
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def group(self, name: str) -> GroupSpec | None:
+        return next((g for g in self.groups if g.name == name), None)
+
+    def outbound_names(self) -> set[str]:
+        """Every name a rule or a group may point at."""
+        return set(BUILTIN_OUTBOUNDS) | {n.name for n in self.nodes} | {g.name for g in self.groups}

@@ -1,0 +1,94 @@
+"""Typed errors.
+
+Every error honk raises on purpose derives from :class:`HonkError`. Errors are
+typed by *who* broke something: the client (LAN side), the upstream (remote
+side), or the configuration. Messages never contain configuration values that
+could be secrets.
+"""
+
+from __future__ import annotations
+
+
+class HonkError(Exception):
+    """Base class for every error honk raises on purpose."""
+
+
+# --- client side (inbound) -------------------------------------------------
+
+
+class ClientProtocolError(HonkError):
+    """The client sent bytes that its protocol does not allow.
+
+    ``protocol`` names the inbound protocol (``socks5``, ``http``, ``mixed``);
+    ``reason`` is a short stable slug such as ``bad-version`` or
+    ``header-too-large`` that logs and metrics can count.
+    """
+
+    def __init__(self, protocol: str, reason: str, detail: str = "") -> None:
+        text = f"{protocol}: {reason}" + (f" ({detail})" if detail else "")
+        super().__init__(text)
+        self.protocol = protocol
+        self.reason = reason
+
+
+class ClientGone(HonkError):
+    """The client closed, reset or stopped answering before the flow finished."""
+
+
+class HandshakeTimeout(HonkError):
+    """The client did not finish its proxy handshake within the deadline."""
+
+
+class AuthenticationFailed(HonkError):
+    """The client's credentials were refused by an inbound."""
+
+
+# --- routing and dialing -----------------------------------------------------
+
+
+class Blocked(HonkError):
+    """The flow was routed to ``block``; the inbound answers with its refusal."""
+
+
+class NoRoute(HonkError):
+    """A group resolved to no dialable leaf (missing member, empty group, cycle)."""
+
+
+class DialError(HonkError):
+    """An outbound could not establish the upstream connection.
+
+    ``phase`` is one of ``resolve``, ``connect``, ``tls``, ``handshake``,
+    ``auth``; ``outbound`` is the leaf's name.
+    """
+
+    def __init__(self, outbound: str, phase: str, message: str) -> None:
+        super().__init__(f"{outbound}: {phase}: {message}")
+        self.outbound = outbound
+        self.phase = phase
+
+
+class DialTimeout(DialError):
+    """The dial deadline passed before the upstream connection was ready."""
+
+
+class NotSupported(HonkError):
+    """The outbound cannot carry this kind of flow (for example UDP)."""
+
+
+# --- relay -----------------------------------------------------------------
+
+
+class RelayError(HonkError):
+    """A relay ended abnormally; the subclass says which side."""
+
+
+class UpstreamFailed(RelayError):
+    """The upstream side reset or failed while relaying."""
+
+
+class IdleTimeout(RelayError):
+    """No byte moved in either direction for the idle timeout."""
+
+
+class FlowClosed(RelayError):
+    """The flow was closed on purpose (shutdown, interrupt, operator)."""

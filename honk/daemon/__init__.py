@@ -1,0 +1,1 @@
+"""The daemon process: task tree, signals, reload and shutdown."""

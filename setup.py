@@ -1,0 +1,62 @@
+"""Build honk, compiling the ``honk/_fast`` kernels with Cython when possible.
+
+Each kernel ``honk/_fast/<name>_py.py`` is plain Python and is also the Cython
+source of ``honk._fast.<name>_c``, typed by ``<name>_c.pxd``.
+
+* ``HONK_NO_EXTENSIONS=1``: build nothing; the pure-Python twins are used.
+* ``HONK_REQUIRE_EXTENSIONS=1``: a missing Cython or a failed compile is an error.
+* otherwise: compile when Cython and a C compiler work, else fall back quietly
+  (the build prints which it did).
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+KERNELS = ("movavg",)
+NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS"))
+REQUIRE_EXTENSIONS = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS"))
+
+
+class OptionalBuildExt(build_ext):
+    """Turn a compile failure into a fallback unless extensions are required."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any build failure means "no extensions"
+            if REQUIRE_EXTENSIONS:
+                raise
+            print(f"honk: building the _fast extensions failed ({exc}); using the pure-Python twins")
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            if REQUIRE_EXTENSIONS:
+                raise
+            print(f"honk: {ext.name} not built ({exc}); its pure-Python twin will be used")
+
+
+def extensions():
+    if NO_EXTENSIONS:
+        print("honk: HONK_NO_EXTENSIONS set; not compiling the _fast kernels")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        if REQUIRE_EXTENSIONS:
+            raise
+        print("honk: Cython not available; using the pure-Python twins")
+        return []
+    exts = [Extension(f"honk._fast.{k}_c", [f"honk/_fast/{k}_py.py"]) for k in KERNELS]
+    print(f"honk: compiling {', '.join(e.name for e in exts)} with Cython")
+    return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+
+if __name__ == "__main__" and "--help" in sys.argv:
+    print(__doc__)

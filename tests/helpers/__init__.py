@@ -1,0 +1,1 @@
+"""Shared scenario builders for honk's tests."""

@@ -1,0 +1,19 @@
+import importlib
+
+import pytest
+
+from honk._fast import NO_EXTENSIONS
+
+IMPLS = [pytest.param("py", id="py")]
+if not NO_EXTENSIONS:
+    IMPLS.append(pytest.param("c", id="c", marks=pytest.mark.compiled))
+
+
+def load(kernel: str, impl: str):
+    """Import one implementation of a kernel; a missing compiled build fails the test."""
+    return importlib.import_module(f"honk._fast.{kernel}_{impl}")
+
+
+@pytest.fixture(params=IMPLS)
+def movavg_mod(request):
+    return load("movavg", request.param)
