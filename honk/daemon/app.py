@@ -154,7 +154,8 @@ class Daemon:
             return False
 
         # Commit: nothing below may fail the reload.
-        self.dispatcher.swap_plane(plane)
+        resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
+        self.dispatcher.swap_plane(plane, spec.global_, resolver)
         self._set_log_level(spec)
         for name in old.keys() - keep:
             await self.inbounds.pop(name).stop_accepting()
@@ -201,13 +202,19 @@ class Daemon:
     # --- the process -----------------------------------------------------------
 
     async def run_forever(self) -> None:
-        """Start, then serve until SIGTERM/SIGINT; SIGHUP reloads."""
-        await self.start()
+        """Start, then serve until SIGTERM/SIGINT; SIGHUP reloads.
+
+        Handlers are installed before ``start`` so a signal that arrives as soon as
+        the ready line is out is already ours; a SIGHUP during start waits on the
+        lock and then reloads.
+        """
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         reloads: set[asyncio.Task[bool]] = set()
 
         def on_hup() -> None:
+            if self.spec is None:
+                return  # nothing to reload yet; start() reads the file as it is
             task = loop.create_task(self.reload(), name="honk-reload")
             reloads.add(task)
             task.add_done_callback(reloads.discard)
@@ -216,6 +223,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         try:
+            await self.start()
             await stop.wait()
             log.info("stop requested; no new flows are accepted")
             await self.shutdown()

@@ -1,0 +1,436 @@
+"""Merged documents -> the parts of a :class:`Spec`.
+
+Docs arrive in merge order (entry file first, then each include and its
+descendants). Collections append in that order; for scalar settings the last
+occurrence wins. Every problem is reported to the sink with the entry's key
+path and location; values never appear in messages.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+
+from honk.config import values as V
+from honk.config.expr import parse_filter_line, parse_rule
+from honk.config.links import LinkError, parse_inbound_url, parse_node_link
+from honk.config.spec import (
+    DEFAULT_CHECK_TOLERANCE,
+    DEFAULT_CONNECT_TIMEOUT,
+    LOG_LEVELS,
+    POLICY_SPELLINGS,
+    ClashApiSpec,
+    GlobalSpec,
+    GroupSpec,
+    InboundSpec,
+    NodeFilter,
+    NodeSpec,
+    Policy,
+    RoutingSpec,
+    RuleSpec,
+)
+from honk.config.tree import Doc, Entry, GroupDecl, Sink
+
+# Documented global keys honk accepts but does not use yet: no unknown-key warning.
+ACCEPTED_GLOBAL_KEYS = frozenset(
+    {
+        "tproxy_port",
+        "tproxy_port_protect",
+        "pprof_port",
+        "so_mark_from_dae",
+        "log_file",
+        "disable_waiting_network",
+        "lan_interface",
+        "wan_interface",
+        "auto_config_kernel_parameter",
+        "nfqueue_enable",
+        "store_subscribe",
+        "dial_mode",
+        "allow_insecure",
+        "sniffing_timeout",
+        "tls_implementation",
+        "utls_imitate",
+        "tls_fragment",
+        "tls_fragment_length",
+        "tls_fragment_interval",
+        "mptcp",
+        "bootstrap_resolver",
+        "fallback_resolver",
+        "bandwidth_max_tx",
+        "bandwidth_max_rx",
+        "preconnect_node_count",
+        "udp_warm_node_count",
+    }
+)
+
+DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url"})
+STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
+CLASH_API_KEYS = frozenset({"external_controller", "external_ui", "secret", "default_mode"})
+CLASH_API_ACCEPTED = frozenset({"external_ui_download_url", "external_ui_download_detour"})
+CLASH_MODES = {"rule": "Rule", "global": "Global", "direct": "Direct"}
+CACHE_FILE_BOOLS = frozenset({"enabled", "store_fakeip", "store_dns"})
+CACHE_FILE_STRINGS = frozenset({"path", "cache_id"})
+
+
+def _unknown(sink: Sink, entry: Entry) -> None:
+    sink.warning("unknown-key", entry.path, "unknown key is ignored", entry.loc)
+
+
+# --- global ----------------------------------------------------------------------------
+
+
+def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
+    g: dict[str, object] = {}
+    for e in entries:
+        key = e.key or ""
+        if key == "log_level":
+            s = V.get_str(e, sink)
+            if s is not None:
+                if s.lower() in LOG_LEVELS:
+                    g[key] = s.lower()
+                else:
+                    sink.error(
+                        "invalid-value", e.path, f"log level must be one of {', '.join(LOG_LEVELS)}", e.loc
+                    )
+        elif key == "tcp_check_url":
+            items = V.get_list(e, sink, aggregates=True)
+            if items is not None:
+                g[key] = items
+        elif key == "tcp_check_http_method":
+            s = V.get_str(e, sink)
+            if s is not None:
+                g[key] = s or "HEAD"
+        elif key == "udp_check_dns":
+            items = V.get_list(e, sink, aggregates=True)
+            if items is not None and all(_check_dns_target(t, i, e, sink) for i, t in enumerate(items)):
+                g[key] = items
+        elif key in ("check_interval", "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace"):
+            seconds = V.get_seconds(e, sink)
+            if seconds is None:
+                continue
+            if key != "shutdown_grace" and seconds <= 0:
+                sink.error("invalid-value", e.path, "duration must be positive", e.loc)
+                continue
+            g[key] = seconds
+        elif key in ("check_tolerance", "connect_timeout"):
+            default = DEFAULT_CHECK_TOLERANCE if key == "check_tolerance" else DEFAULT_CONNECT_TIMEOUT
+            seconds = V.get_millis(e, sink, default)
+            if seconds is None:
+                continue
+            if key == "connect_timeout" and seconds <= 0:
+                sink.error("invalid-value", e.path, "timeout must be positive", e.loc)
+                continue
+            g[key] = seconds
+        elif key == "max_concurrent_dials":
+            n = V.get_int(e, sink)
+            if n is not None:
+                if n >= 1:
+                    g[key] = n
+                else:
+                    sink.error("invalid-value", e.path, "must be a positive integer", e.loc)
+        elif key == "data_dir":
+            s = V.get_str(e, sink)
+            if s is not None:
+                if not s:
+                    sink.error("invalid-value", e.path, "data_dir must not be empty", e.loc)
+                else:
+                    g[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(s)))
+        elif key in ACCEPTED_GLOBAL_KEYS:
+            continue
+        else:
+            _unknown(sink, e)
+    return GlobalSpec(**g)  # type: ignore[arg-type]
+
+
+def _check_dns_target(target: str, index: int, e: Entry, sink: Sink) -> bool:
+    """``host``, ``host:port``, IPv4, bare IPv6, ``[IPv6]`` or ``[IPv6]:port``."""
+    import ipaddress
+
+    def bad(message: str) -> bool:
+        sink.error("invalid-value", e.path, f"entry {index}: {message}", e.loc)
+        return False
+
+    def port_ok(text: str) -> bool:
+        return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
+
+    if target.startswith("["):
+        close = target.find("]")
+        if close < 0:
+            return bad("unclosed '['")
+        try:
+            ipaddress.IPv6Address(target[1:close])
+        except ValueError:
+            return bad("brackets must hold an IPv6 address")
+        tail = target[close + 1 :]
+        if tail and not (tail.startswith(":") and port_ok(tail[1:])):
+            return bad("port must be numeric in 1..65535")
+        return True
+    if "]" in target:
+        return bad("unmatched ']'")
+    if target.count(":") > 1:
+        try:
+            ipaddress.IPv6Address(target)
+        except ValueError:
+            return bad("not an IPv6 address; bracket IPv6 with a port as [addr]:port")
+        return True
+    host, colon, port = target.partition(":")
+    if not host:
+        return bad("missing host")
+    if colon and not port_ok(port):
+        return bad("port must be numeric in 1..65535")
+    return True
+
+
+# --- inbounds and nodes ----------------------------------------------------------------------
+
+
+def build_inbounds(entries: list[Entry], sink: Sink) -> list[InboundSpec]:
+    out: list[InboundSpec] = []
+    for e in entries:
+        url = V.get_str(e, sink)
+        if url is None:
+            continue
+        try:
+            spec = parse_inbound_url(url, e.key)
+        except LinkError as exc:
+            sink.error(exc.code, e.path, exc.message, e.loc)
+            continue
+        out.append(InboundSpec(spec.name, spec.kind, spec.host, spec.port, spec.users, loc=e.loc))
+    return out
+
+
+def build_nodes(entries: list[Entry], sink: Sink) -> list[tuple[NodeSpec, Entry]]:
+    out: list[tuple[NodeSpec, Entry]] = []
+    for e in entries:
+        link = V.get_str(e, sink)
+        if link is None:
+            continue
+        try:
+            node = parse_node_link(link, e.key)
+        except LinkError as exc:
+            sink.error(exc.code, e.path, exc.message, e.loc)
+            continue
+        node = NodeSpec(
+            node.name,
+            node.protocol,
+            node.host,
+            node.port,
+            node.username,
+            node.password,
+            node.params,
+            node.id,
+            loc=e.loc,
+        )
+        out.append((node, e))
+    return out
+
+
+# --- groups ---------------------------------------------------------------------------
+
+
+def parse_policy(text: str) -> Policy | None:
+    s = text.strip()
+    if s.endswith(")") and "(" in s:
+        s = s[: s.index("(")].strip()
+    return POLICY_SPELLINGS.get(s.lower()) if s.isascii() else None
+
+
+@dataclass(slots=True)
+class GroupParts:
+    spec: GroupSpec
+    decl: GroupDecl
+    default_entry: Entry | None = None
+    final_entry: Entry | None = None
+    subgroup_entries: list[tuple[str, Entry]] = field(default_factory=list)
+
+
+def build_groups(decls: list[GroupDecl], tolerance: float, sink: Sink) -> list[GroupParts]:
+    out: list[GroupParts] = []
+    for decl in decls:
+        out.append(_build_group(decl, tolerance, sink))
+    return out
+
+
+def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
+    allowed = STRUCTURED_GROUP_KEYS if decl.structured else DAE_GROUP_KEYS
+    policy = Policy.SELECTOR
+    filters: list[NodeFilter] = []
+    subgroups: list[str] = []
+    has_filter_lines = False
+    values: dict[str, object] = {}
+    parts_default: Entry | None = None
+    parts_final: Entry | None = None
+    sub_entries: list[tuple[str, Entry]] = []
+    check_url_entry: Entry | None = None
+    for e in decl.entries:
+        key = e.key or ""
+        if key not in allowed:
+            _unknown(sink, e)
+            continue
+        if key == "filter":
+            text = e.value
+            if not isinstance(text, str):
+                sink.error("invalid-type", e.path, "expected a filter string", e.loc)
+                continue
+            has_filter_lines = True
+            line = parse_filter_line(text, e.path, e.loc, sink)
+            if line.kind == "groups":
+                subgroups.extend(line.groups)
+                sub_entries.extend((t, e) for t in line.groups)
+            elif line.kind == "filter" and line.node_filter is not None:
+                filters.append(line.node_filter)
+        elif key == "policy":
+            s = V.get_str(e, sink)
+            if s is None:
+                continue
+            found = parse_policy(s)
+            if found is None:
+                sink.warning(
+                    "unknown-policy",
+                    e.path,
+                    f"group '{decl.name}' has an unrecognised policy; using selector",
+                    e.loc,
+                )
+                found = Policy.SELECTOR
+            policy = found
+        elif key in ("default", "final", "check_url"):
+            s = V.get_str(e, sink)
+            if s is None:
+                continue
+            if not s:
+                sink.error("invalid-value", e.path, "must not be empty", e.loc)
+                continue
+            values[key] = s
+            if key == "default":
+                parts_default = e
+            elif key == "final":
+                parts_final = e
+            else:
+                check_url_entry = e
+        elif key == "tolerance":
+            seconds = V.get_millis(e, sink, tolerance)
+            if seconds is not None:
+                values[key] = seconds
+        elif key == "idle_timeout":
+            seconds = V.get_seconds(e, sink)
+            if seconds is not None:
+                if seconds <= 0:
+                    sink.error("invalid-value", e.path, "duration must be positive", e.loc)
+                else:
+                    values[key] = seconds
+        elif key == "id":
+            s = V.get_str(e, sink)
+            if s is not None:
+                try:
+                    values[key] = uuid.UUID(s)
+                except ValueError:
+                    sink.error("invalid-value", e.path, "not a UUID", e.loc)
+    if check_url_entry is not None and policy is Policy.SELECTOR:
+        sink.warning(
+            "ineffective-option",
+            check_url_entry.path,
+            "a selector group ignores check_url",
+            check_url_entry.loc,
+        )
+    spec = GroupSpec(
+        name=decl.name,
+        policy=policy,
+        filters=tuple(filters),
+        subgroups=tuple(subgroups),
+        has_filter_lines=has_filter_lines,
+        default=values.get("default"),  # type: ignore[arg-type]
+        final=values.get("final"),  # type: ignore[arg-type]
+        check_url=values.get("check_url"),  # type: ignore[arg-type]
+        tolerance=values.get("tolerance", tolerance),  # type: ignore[arg-type]
+        idle_timeout=values.get("idle_timeout"),  # type: ignore[arg-type]
+        id=values.get("id"),  # type: ignore[arg-type]
+        loc=decl.loc,
+    )
+    return GroupParts(spec, decl, parts_default, parts_final, sub_entries)
+
+
+# --- routing ---------------------------------------------------------------------------
+
+
+def build_routing(
+    rules: list[Entry], fallbacks: list[Entry], sink: Sink
+) -> tuple[list[tuple[RuleSpec, Entry]], str, Entry | None]:
+    out: list[tuple[RuleSpec, Entry]] = []
+    for e in rules:
+        if not isinstance(e.value, str):
+            sink.error("invalid-type", e.path, "expected a rule string", e.loc)
+            continue
+        rule = parse_rule(e.value, e.path, e.loc, sink)
+        if rule is not None:
+            out.append((rule, e))
+    fallback = RoutingSpec().fallback
+    fallback_entry: Entry | None = None
+    for e in fallbacks:
+        s = V.get_str(e, sink)
+        if s is None:
+            continue
+        if not s:
+            sink.error("invalid-value", e.path, "fallback must name an outbound", e.loc)
+            continue
+        fallback, fallback_entry = s, e
+    return out, fallback, fallback_entry
+
+
+# --- experimental -------------------------------------------------------------------------
+
+
+def build_clash_api(entries: list[Entry] | None, sink: Sink) -> ClashApiSpec | None:
+    if entries is None:
+        return None
+    v: dict[str, str] = {}
+    for e in entries:
+        key = e.key or ""
+        if key in CLASH_API_ACCEPTED:
+            V.get_str(e, sink)
+            continue
+        if key not in CLASH_API_KEYS:
+            _unknown(sink, e)
+            continue
+        s = V.get_str(e, sink)
+        if s is None:
+            continue
+        if key == "default_mode":
+            mode = CLASH_MODES.get(s.lower())
+            if mode is None:
+                sink.warning(
+                    "invalid-value", e.path, "mode must be Rule, Global or Direct; using Rule", e.loc
+                )
+                mode = "Rule"
+            s = mode
+        v[key] = s
+    return ClashApiSpec(**v)
+
+
+def check_cache_file(entries: list[Entry] | None, sink: Sink) -> None:
+    """``cache_file`` is read and checked; nothing in the Spec uses it yet."""
+    for e in entries or []:
+        key = e.key or ""
+        if key in CACHE_FILE_BOOLS:
+            V.get_bool(e, sink)
+        elif key in CACHE_FILE_STRINGS:
+            V.get_str(e, sink)
+        else:
+            _unknown(sink, e)
+
+
+def merge(docs: list[Doc]) -> Doc:
+    merged = Doc(file=docs[0].file if docs else "", fmt=docs[0].fmt if docs else "dae")
+    for d in docs:
+        merged.global_.extend(d.global_)
+        merged.inbounds.extend(d.inbounds)
+        merged.nodes.extend(d.nodes)
+        merged.groups.extend(d.groups)
+        merged.rules.extend(d.rules)
+        merged.fallbacks.extend(d.fallbacks)
+        if d.clash_api is not None:
+            merged.clash_api = (merged.clash_api or []) + d.clash_api
+        if d.cache_file is not None:
+            merged.cache_file = (merged.cache_file or []) + d.cache_file
+        merged.unsupported.extend(d.unsupported)
+    return merged

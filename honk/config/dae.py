@@ -1,0 +1,508 @@
+"""The dae dialect reader: lexer, block parser, and conversion to a :class:`Doc`.
+
+Reading happens in two steps.
+
+1. :func:`parse_blocks` turns the text into a tree of :class:`Block` and
+   :class:`Stmt` objects with physical line numbers. It applies the lexical
+   rules of honk's dialect reference: ``#`` starts a comment only at token head
+   (start of the statement or after a space or tab) outside quotes, so a glued
+   ``#`` is data; quotes are single or double and must close on their physical
+   line (``unterminated-quote``); a structural ``{`` must be separated from its
+   header (``block-delimiter-spacing``); braces inside quotes or inside
+   parentheses are data; an extra ``}`` is ignored (``unmatched-close``); an
+   unclosed block rejects the document (``unclosed-block``). Inside the root
+   ``routing`` block a statement whose parentheses are still open at the end
+   of a line continues on the next line.
+
+2. :func:`to_doc` interprets the known sections (``global``, ``inbound``,
+   ``node``, ``subscription``, ``group``, ``routing``, ``dns``, ``include``,
+   ``experimental``) and flattens them into :class:`~honk.config.tree.Entry`
+   lists with key paths. Setting values stay as written (``raw=True``); the
+   builder reads them with :mod:`honk.config.values`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from honk.config.diagnostics import SourceLoc
+from honk.config.tree import Doc, Entry, GroupDecl, Sink, join_path
+from honk.config.values import QUOTE_OPENERS, QUOTES
+
+
+@dataclass(slots=True)
+class Stmt:
+    text: str
+    line: int
+
+
+@dataclass(slots=True)
+class Block:
+    header: str
+    line: int
+    items: list[Stmt | Block] = field(default_factory=list)
+
+
+# --- lexing ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Line:
+    """One physical line cut into text pieces and structural braces."""
+
+    tokens: list[tuple[str, str]]  # ("text", s) | ("open", header-glued?) | ("close", "")
+    depth: int  # unquoted parenthesis depth at the end of the line
+
+
+def _scan_line(line: str, lineno: int, depth: int, file: str, sink: Sink) -> _Line:
+    tokens: list[tuple[str, str]] = []
+    buf: list[str] = []
+    n = len(line)
+    i = 0
+    prev_closed = False
+    while i < n:
+        c = line[i]
+        prev = line[i - 1] if i > 0 else ""
+        # comment: token-head '#' outside quotes
+        if c == "#" and (prev in (" ", "\t") or not "".join(buf).strip()):
+            break
+        if c in QUOTES and (i == 0 or prev in QUOTE_OPENERS or prev_closed):
+            j = i + 1
+            while j < n and line[j] != c:
+                j += 2 if line[j] == "\\" else 1
+            if j >= n:
+                sink.error(
+                    "unterminated-quote",
+                    "document",
+                    "a quote does not close on its line",
+                    SourceLoc(file, lineno),
+                )
+                buf.append(line[i:] + c)  # close it for recovery
+                i = n
+                break
+            buf.append(line[i : j + 1])
+            i = j + 1
+            prev_closed = True
+            continue
+        prev_closed = False
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            if depth > 0:
+                depth -= 1
+        elif c == "{" and depth == 0:
+            nxt = line[i + 1] if i + 1 < n else ""
+            if nxt in ("", " ", "\t", "\r", "}"):
+                text = "".join(buf)
+                glued = bool(text.strip()) and prev not in (" ", "\t")
+                if glued:
+                    sink.error(
+                        "block-delimiter-spacing",
+                        "document",
+                        "separate '{' from the block name with a space",
+                        SourceLoc(file, lineno),
+                    )
+                tokens.append(("text", text))
+                tokens.append(("open", ""))
+                buf = []
+                i += 1
+                continue
+        elif c == "}" and depth == 0 and (i == 0 or prev in (" ", "\t", "{", "}")):
+            tokens.append(("text", "".join(buf)))
+            tokens.append(("close", ""))
+            buf = []
+            i += 1
+            continue
+        buf.append(c)
+        i += 1
+    tokens.append(("text", "".join(buf)))
+    return _Line(tokens, depth)
+
+
+def parse_blocks(text: str, file: str, sink: Sink) -> Block:
+    """Lex and parse a dae document into a block tree (the root has header '')."""
+    root = Block("", 0)
+    stack: list[Block] = [root]
+    pending: Stmt | None = None  # a routing statement continued across lines
+    depth = 0
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        in_routing = len(stack) == 2 and stack[1].header.strip() == "routing"
+        if pending is not None and line.lstrip().startswith("}"):
+            sink.error(
+                "unterminated-matcher",
+                "document",
+                "a matcher's argument list is not closed before the block ends",
+                SourceLoc(file, pending.line),
+            )
+            stack[-1].items.append(pending)
+            pending, depth = None, 0
+        scanned = _scan_line(line, lineno, depth if pending is not None else 0, file, sink)
+        toks = scanned.tokens
+        for k, (kind, value) in enumerate(toks):
+            if kind == "text":
+                is_header = k + 1 < len(toks) and toks[k + 1][0] == "open"
+                if pending is not None:
+                    pending.text += "\n" + value
+                    if is_header:  # a brace after a continued statement: finish it first
+                        stack[-1].items.append(pending)
+                        pending = None
+                    continue
+                if is_header:
+                    continue  # consumed by the "open" token
+                stripped = value.strip()
+                if not stripped:
+                    continue
+                last = k == len(toks) - 1
+                if last and in_routing and scanned.depth > 0:
+                    pending = Stmt(stripped, lineno)
+                    continue
+                stack[-1].items.append(Stmt(stripped, lineno))
+            elif kind == "open":
+                header = toks[k - 1][1].strip() if k > 0 and toks[k - 1][0] == "text" else ""
+                if pending is not None:
+                    header = ""
+                if not header:
+                    sink.error(
+                        "missing-block-header",
+                        "document",
+                        "a block opens without a name on its line",
+                        SourceLoc(file, lineno),
+                    )
+                block = Block(header, lineno)
+                stack[-1].items.append(block)
+                stack.append(block)
+            else:  # close
+                if pending is not None:
+                    stack[-1].items.append(pending)
+                    pending = None
+                if len(stack) > 1:
+                    stack.pop()
+                else:
+                    sink.warning(
+                        "unmatched-close", "document", "an extra '}' is ignored", SourceLoc(file, lineno)
+                    )
+        if pending is not None:
+            depth = scanned.depth
+            if depth == 0:
+                stack[-1].items.append(pending)
+                pending = None
+    if pending is not None:
+        sink.error(
+            "unterminated-matcher",
+            "document",
+            "a matcher's argument list is not closed",
+            SourceLoc(file, pending.line),
+        )
+        stack[-1].items.append(pending)
+    for idx, block in enumerate(stack[1:], start=1):
+        sink.error(
+            "unclosed-block",
+            join_path(*[b.header for b in stack[1 : idx + 1]]) or "document",
+            "block is not closed with '}'",
+            SourceLoc(file, block.line),
+        )
+    return root
+
+
+# --- interpretation ----------------------------------------------------------------
+
+ROOT_SECTIONS = (
+    "global",
+    "inbound",
+    "node",
+    "subscription",
+    "group",
+    "routing",
+    "dns",
+    "include",
+    "experimental",
+)
+
+
+def _loc(file: str, line: int) -> SourceLoc:
+    return SourceLoc(file, line)
+
+
+def _key_value(stmt: Stmt) -> tuple[str, str] | None:
+    colon = stmt.text.find(":")
+    if colon <= 0:
+        return None
+    key = stmt.text[:colon].strip()
+    if not key or any(ch in key for ch in " \t'\"(){}"):
+        return None
+    return key, stmt.text[colon + 1 :].strip()
+
+
+def _settings(block: Block, prefix: str, file: str, sink: Sink) -> list[Entry]:
+    """``key: value`` statements; nested blocks are skipped with ``unknown-block``."""
+    out: list[Entry] = []
+    for item in block.items:
+        if isinstance(item, Block):
+            sink.warning(
+                "unknown-block",
+                join_path(prefix, item.header),
+                "unknown nested block is skipped",
+                _loc(file, item.line),
+            )
+            continue
+        if item.text.startswith("/*"):
+            sink.warning(
+                "unsupported-comment", prefix, "'/* */' comments are not supported", _loc(file, item.line)
+            )
+            continue
+        kv = _key_value(item)
+        if kv is None:
+            sink.warning(
+                "invalid-statement", prefix, "expected 'key: value'; statement ignored", _loc(file, item.line)
+            )
+            continue
+        key, value = kv
+        out.append(Entry(key, value, join_path(prefix, key), _loc(file, item.line), raw=True))
+    return out
+
+
+_BARE_TAG = re.compile(r"^([^:'\"\s]*)(\s*):")
+
+
+def split_entry(text: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str | None, str] | None:
+    """A ``node``/``inbound`` entry: ``[tag:] link``, either part bare or quoted.
+
+    Returns ``(tag or None, link)`` or None when the entry is skipped.
+    """
+    s = text.strip()
+    tag: str | None = None
+    if s and s[0] in QUOTES:
+        end = _close_quote(s)
+        if end < 0:
+            return None  # already reported by the lexer
+        head = s[1:end]
+        rest = s[end + 1 :]
+        if rest.startswith(":"):
+            tag = head
+            s = rest[1:].strip()
+        else:
+            return None if not _tail_ok(rest, path, loc, sink) else (None, head)
+    else:
+        m = _BARE_TAG.match(s)
+        if m and not s[m.end() :].startswith("//"):
+            tag = m.group(1)
+            if m.group(2):
+                sink.info("entry-tag-normalized", path, "whitespace before the tag colon is ignored", loc)
+            s = s[m.end() :].strip()
+    if s and s[0] in QUOTES:
+        end = _close_quote(s)
+        if end < 0:
+            return None
+        if not _tail_ok(s[end + 1 :], path, loc, sink):
+            return None
+        link = s[1:end]
+    else:
+        link = s
+    return (tag or None), link
+
+
+def _close_quote(s: str) -> int:
+    q = s[0]
+    j = 1
+    while j < len(s) and s[j] != q:
+        j += 2 if s[j] == "\\" else 1
+    return j if j < len(s) else -1
+
+
+def _tail_ok(tail: str, path: str, loc: SourceLoc, sink: Sink) -> bool:
+    tail = tail.strip()
+    if not tail:
+        return True
+    if tail.startswith("#"):
+        sink.info("legacy-glued-hash", path, "a '#' glued to a closing quote is read as a comment", loc)
+        return True
+    sink.warning("trailing-entry-text", path, "text after the quoted entry; entry skipped", loc)
+    return False
+
+
+def _entries(block: Block, section: str, file: str, sink: Sink) -> list[Entry]:
+    """Tagged or untagged entries (``node``, ``inbound``)."""
+    out: list[Entry] = []
+    index = 0
+    for item in block.items:
+        if isinstance(item, Block):
+            sink.warning(
+                "unknown-block",
+                join_path(section, item.header),
+                "unknown nested block is skipped",
+                _loc(file, item.line),
+            )
+            continue
+        path = join_path(section, index)
+        loc = _loc(file, item.line)
+        index += 1
+        parsed = split_entry(item.text, path, loc, sink)
+        if parsed is None:
+            continue
+        tag, link = parsed
+        out.append(Entry(tag, link, join_path(section, tag) if tag else path, loc))
+    return out
+
+
+def _include_paths(block: Block, file: str, sink: Sink, start: int) -> list[Entry]:
+    out: list[Entry] = []
+    for item in block.items:
+        if isinstance(item, Block):
+            sink.warning(
+                "unknown-block",
+                join_path("include", item.header),
+                "unknown nested block is skipped",
+                _loc(file, item.line),
+            )
+            continue
+        for token in _path_tokens(item.text):
+            idx = start + len(out)
+            out.append(Entry(None, token, join_path("include", idx), _loc(file, item.line)))
+    return out
+
+
+def _path_tokens(text: str) -> list[str]:
+    """Whitespace-separated include paths; quoted paths keep spaces and hashes."""
+    tokens: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t":
+            i += 1
+            continue
+        if c in QUOTES:
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            tokens.append(text[i + 1 : j])
+            i = j + 1
+            continue
+        j = i
+        while j < n and text[j] not in " \t":
+            j += 1
+        tokens.append(text[i:j])
+        i = j
+    return [t for t in tokens if t]
+
+
+_FALLBACK = re.compile(r"^(fallback|default)\s*:")
+
+
+def to_doc(root: Block, file: str, sink: Sink) -> Doc:
+    doc = Doc(file=file, fmt="dae")
+    for item in root.items:
+        if isinstance(item, Stmt):
+            if item.text.startswith("/*"):
+                sink.warning(
+                    "unsupported-comment",
+                    "document",
+                    "'/* */' comments are not supported",
+                    _loc(file, item.line),
+                )
+            else:
+                sink.warning(
+                    "unknown-statement",
+                    "document",
+                    "statement outside any section is ignored",
+                    _loc(file, item.line),
+                )
+            continue
+        name = item.header
+        loc = _loc(file, item.line)
+        if name == "global":
+            doc.global_.extend(_settings(item, "global", file, sink))
+        elif name == "inbound":
+            doc.inbounds.extend(_entries(item, "inbound", file, sink))
+        elif name == "node":
+            doc.nodes.extend(_entries(item, "node", file, sink))
+        elif name in ("subscription", "dns"):
+            doc.unsupported.append((name, loc))
+        elif name == "group":
+            _groups(item, file, sink, doc)
+        elif name == "routing":
+            _routing(item, file, sink, doc)
+        elif name == "include":
+            doc.includes.extend(_include_paths(item, file, sink, len(doc.includes)))
+        elif name == "experimental":
+            _experimental(item, file, sink, doc)
+        elif name:
+            sink.warning("unknown-section", name, "unknown section is skipped", loc)
+    return doc
+
+
+def _groups(block: Block, file: str, sink: Sink, doc: Doc) -> None:
+    for item in block.items:
+        if isinstance(item, Stmt):
+            sink.warning(
+                "invalid-statement",
+                "group",
+                "expected a named group block; statement ignored",
+                _loc(file, item.line),
+            )
+            continue
+        if not item.header:
+            continue
+        path = join_path("group", item.header)
+        entries = _settings(item, path, file, sink)
+        index = 0
+        for entry in entries:
+            if entry.key == "filter":
+                entry.path = join_path(path, "filter", index)
+                index += 1
+        doc.groups.append(GroupDecl(item.header, path, _loc(file, item.line), entries))
+
+
+def _routing(block: Block, file: str, sink: Sink, doc: Doc) -> None:
+    index = len(doc.rules)
+    for item in block.items:
+        if isinstance(item, Block):
+            sink.warning(
+                "unknown-block",
+                join_path("routing", item.header),
+                "unknown nested block is skipped",
+                _loc(file, item.line),
+            )
+            continue
+        loc = _loc(file, item.line)
+        if item.text.startswith("/*"):
+            sink.warning("unsupported-comment", "routing", "'/* */' comments are not supported", loc)
+            continue
+        m = _FALLBACK.match(item.text)
+        if m:
+            doc.fallbacks.append(
+                Entry("fallback", item.text[m.end() :].strip(), "routing.fallback", loc, raw=True)
+            )
+            continue
+        doc.rules.append(Entry(None, item.text, join_path("routing", "rules", index), loc))
+        index += 1
+
+
+def _experimental(block: Block, file: str, sink: Sink, doc: Doc) -> None:
+    for item in block.items:
+        loc = _loc(file, item.line)
+        if isinstance(item, Stmt):
+            kv = _key_value(item)
+            key = kv[0] if kv else ""
+            sink.error(
+                "unknown-key",
+                join_path("experimental", key) if key else "experimental",
+                "experimental holds only the clash_api and cache_file blocks",
+                loc,
+            )
+            continue
+        path = join_path("experimental", item.header)
+        if item.header == "clash_api":
+            doc.clash_api = (doc.clash_api or []) + _settings(item, path, file, sink)
+        elif item.header == "cache_file":
+            doc.cache_file = (doc.cache_file or []) + _settings(item, path, file, sink)
+        else:
+            sink.error("unknown-block", path, "experimental holds only clash_api and cache_file", loc)
+
+
+def read(text: str, file: str, sink: Sink) -> tuple[Doc, bool]:
+    """Read a dae document. Returns the doc and whether it declared any block."""
+    root = parse_blocks(text, file, sink)
+    has_block = any(isinstance(i, Block) for i in root.items)
+    return to_doc(root, file, sink), has_block

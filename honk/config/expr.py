@@ -1,0 +1,319 @@
+"""Group filter lines and routing rules: one grammar for both formats.
+
+Filter line::
+
+    term [&& term ...]          term = [!]name(args) | [!]subtag(args)
+    group(tag, tag|tag)         standalone: nested groups (split on ',' and '|')
+
+Routing rule::
+
+    matcher [&& matcher ...] -> outbound[(must)]
+    matcher = [!]predicate(arg, ...) | [!]prefix:value   (bare prefix matcher)
+
+Arguments are alternatives separated by commas; matching single or double
+quotes keep ``,`` ``)`` ``&&`` and ``->`` literal. Only a recognised unquoted
+``prefix:`` at an argument's head is split off, so ``dip(2001:db8::/32)`` and
+``mac(00:11:22:33:44:55)`` stay whole. Argument values are validated per
+predicate and stored normalised, so equal meaning gives equal specs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from honk.config.diagnostics import SourceLoc
+from honk.config.spec import TRAFFIC_PREDICATES, FilterTerm, MatchArg, NodeFilter, Predicate, RuleSpec
+from honk.config.tree import Sink
+from honk.config.values import quote_mask, split_unquoted, unquote
+
+ARG_PREFIXES = ("suffix", "full", "keyword", "regex", "geosite", "geoip", "domain")
+_ARG_PREFIX = re.compile(r"^(suffix|full|keyword|regex|geosite|geoip|domain)\s*:")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MUST_SUFFIX = "(must)"
+
+
+@dataclass(slots=True)
+class Call:
+    negated: bool
+    name: str
+    args: list[str] | None  # raw argument texts; None for a bare prefix matcher
+    value: str = ""  # bare prefix matcher value (unquoted)
+
+
+class ExprError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _matching_paren(text: str, open_index: int) -> int:
+    """Index of the ')' closing the '(' at ``open_index`` (quotes respected), or -1."""
+    mask, _ = quote_mask(text)
+    depth = 0
+    for i in range(open_index, len(text)):
+        if mask[i]:
+            continue
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def parse_call(term: str, *, bare_prefixes: bool) -> Call:
+    """One ``[!]name(args)`` term (or ``[!]prefix:value`` when allowed)."""
+    t = term.strip()
+    negated = False
+    if t.startswith("!"):
+        negated = True
+        t = t[1:].lstrip()
+    if not t:
+        raise ExprError("invalid-rule", "empty matcher")
+    m = _IDENT.match(t)
+    if not m:
+        raise ExprError("unknown-traffic-predicate", "a matcher must start with its name")
+    name = m.group()
+    rest = t[m.end() :]
+    if rest.startswith("("):
+        close = _matching_paren(rest, 0)
+        if close < 0:
+            raise ExprError("unterminated-matcher", "the matcher's argument list is not closed")
+        if rest[close + 1 :].strip():
+            raise ExprError("trailing-matcher-text", "text after a matcher's closing ')'")
+        inner = rest[1:close]
+        args = [a.strip() for a in split_unquoted(inner, ",")]
+        return Call(negated, name, [a for a in args if a])
+    stripped = rest.lstrip()
+    if stripped.startswith("(") and rest != stripped:
+        raise ExprError("unknown-traffic-predicate", "whitespace before a matcher's '(' is not allowed")
+    if bare_prefixes and stripped.startswith(":") and name in ARG_PREFIXES:
+        value = unquote(stripped[1:])
+        if not value:
+            raise ExprError("invalid-rule", "empty prefix matcher")
+        return Call(negated, name, None, value)
+    raise ExprError("unknown-traffic-predicate", "expected a matcher call such as dport(443)")
+
+
+def split_arg(arg: str) -> MatchArg:
+    m = _ARG_PREFIX.match(arg)
+    if m:
+        return MatchArg(m.group(1), unquote(arg[m.end() :]))
+    return MatchArg("", unquote(arg))
+
+
+def _compile(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return False
+    return True
+
+
+# --- filters -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FilterLine:
+    kind: str  # "filter" | "groups" | "ignored"
+    node_filter: NodeFilter | None = None
+    groups: tuple[str, ...] = ()
+
+
+def parse_filter_line(text: str, path: str, loc: SourceLoc, sink: Sink) -> FilterLine:
+    if not text.strip():
+        sink.warning("empty-filter", path, "empty filter selects no node", loc)
+        return FilterLine("filter", None)
+    calls: list[Call] = []
+    try:
+        for term in split_unquoted(text, "&&"):
+            calls.append(parse_call(term, bare_prefixes=False))
+    except ExprError:
+        sink.warning("unparseable-filter", path, "filter cannot be parsed and is ignored", loc)
+        return FilterLine("ignored")
+    if any(c.name == "group" for c in calls):
+        if len(calls) != 1 or calls[0].negated:
+            sink.warning(
+                "unparseable-filter", path, "group(...) must stand alone on its filter line; ignored", loc
+            )
+            return FilterLine("ignored")
+        tags: list[str] = []
+        for arg in calls[0].args or []:
+            for piece in re.split(r"[,|]", unquote(arg)):
+                piece = unquote(piece)
+                if piece:
+                    tags.append(piece)
+        if not tags:
+            sink.warning("empty-subgroup", path, "explicit group() adds no member", loc)
+        return FilterLine("groups", groups=tuple(tags))
+    terms: list[FilterTerm] = []
+    for call in calls:
+        if call.name not in ("name", "subtag") or call.args is None:
+            sink.warning(
+                "unparseable-filter", path, "only name(...) and subtag(...) filter nodes; ignored", loc
+            )
+            return FilterLine("ignored")
+        args: list[MatchArg] = []
+        for raw in call.args:
+            m = re.match(r"^(keyword|regex)\s*:", raw)
+            arg = MatchArg(m.group(1), unquote(raw[m.end() :])) if m else MatchArg("", unquote(raw))
+            if arg.key == "regex" and not _compile(arg.value):
+                sink.error("invalid-regex", path, "regular expression does not compile", loc)
+                return FilterLine("ignored")
+            args.append(arg)
+        terms.append(FilterTerm(call.name, tuple(args), call.negated))
+    return FilterLine("filter", NodeFilter(tuple(terms)))
+
+
+# --- routing rules ---------------------------------------------------------------------
+
+_BARE_MATCHERS = {
+    "geosite": ("domain", "geosite"),
+    "geoip": ("dip", "geoip"),
+    "domain": ("domain", ""),
+    "suffix": ("domain", "suffix"),
+    "keyword": ("domain", "keyword"),
+    "regex": ("domain", "regex"),
+    "full": ("domain", "full"),
+}
+
+
+def parse_rule(text: str, path: str, loc: SourceLoc, sink: Sink) -> RuleSpec | None:
+    """One traffic rule; problems are reported and give None."""
+    arrow = _find_arrow(text)
+    if arrow < 0:
+        sink.warning("missing-arrow", path, "rule has no '-> outbound'; omitted", loc)
+        return None
+    lhs, rhs = text[:arrow], text[arrow + 2 :]
+    predicates: list[Predicate] = []
+    ok = True
+    for term in split_unquoted(lhs, "&&"):
+        try:
+            call = parse_call(term, bare_prefixes=True)
+            predicates.append(_predicate(call))
+        except ExprError as exc:
+            sink.error(exc.code, path, exc.message, loc)
+            ok = False
+    outbound, must = _outbound(rhs, path, loc, sink)
+    if not outbound:
+        sink.error("invalid-rule", path, "rule has no outbound after '->'", loc)
+        ok = False
+    if not ok:
+        return None
+    return RuleSpec(tuple(predicates), outbound, must, loc)
+
+
+def _find_arrow(text: str) -> int:
+    mask, _ = quote_mask(text)
+    depth = 0
+    for i, c in enumerate(text):
+        if mask[i]:
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")" and depth > 0:
+            depth -= 1
+        elif depth == 0 and text.startswith("->", i):
+            return i
+    return -1
+
+
+def _outbound(rhs: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str, bool]:
+    target = rhs.strip()
+    must = False
+    if target.endswith(MUST_SUFFIX):
+        must = True
+        target = target[: -len(MUST_SUFFIX)].strip()
+    target = unquote(target)
+    if "->" in target:
+        sink.info("legacy-arrow-target", path, "a second '->' is part of the outbound name", loc)
+    elif "#" in target:
+        sink.info("legacy-glued-hash", path, "a glued '#' is part of the outbound name", loc)
+    return target, must
+
+
+def _predicate(call: Call) -> Predicate:
+    if call.args is None:
+        pred, key = _BARE_MATCHERS[call.name]
+        return Predicate(pred, (_check(pred, MatchArg(key, call.value)),), call.negated)
+    if call.name not in TRAFFIC_PREDICATES:
+        raise ExprError("unknown-traffic-predicate", "unknown matcher")
+    args = tuple(_check(call.name, split_arg(a)) for a in call.args)
+    return Predicate(call.name, args, call.negated)
+
+
+def _bad(message: str) -> ExprError:
+    return ExprError("invalid-value", message)
+
+
+def _port(value: str) -> str:
+    m = re.fullmatch(r"\s*(\d{1,5})\s*(?:-\s*(\d{1,5})\s*)?", value)
+    if not m:
+        raise _bad("port must be a number or a 'start-end' range")
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) is not None else lo
+    if lo > 65535 or hi > 65535 or lo > hi:
+        raise _bad("port must be within 0..65535 with start <= end")
+    return str(lo) if m.group(2) is None else f"{lo}-{hi}"
+
+
+def _check(pred: str, arg: MatchArg) -> MatchArg:
+    """Validate one argument for its predicate and return it normalised."""
+    key, value = arg.key, arg.value
+    if pred == "domain":
+        if key == "domain":
+            key = ""
+        if key not in ("", "suffix", "full", "keyword", "regex", "geosite"):
+            raise _bad("domain(...) accepts suffix:, full:, keyword:, regex: or geosite: arguments")
+        if not value:
+            raise _bad("empty domain argument")
+        if key == "regex":
+            if not _compile(value):
+                raise ExprError("invalid-regex", "regular expression does not compile")
+            return MatchArg(key, value)
+        return MatchArg(key, value.lower().rstrip(".") if key != "geosite" else value.lower())
+    if pred in ("dip", "sip"):
+        if key == "geoip":
+            if not value:
+                raise _bad("empty geoip code")
+            return MatchArg("geoip", value.lower())
+        if key:
+            raise _bad("an IP matcher accepts addresses, CIDRs or geoip: codes")
+        try:
+            if "/" in value:
+                return MatchArg("", str(ipaddress.ip_network(value.strip(), strict=False)))
+            return MatchArg("", str(ipaddress.ip_address(value.strip())))
+        except ValueError:
+            raise _bad("not an IP address or CIDR") from None
+    if key:
+        raise _bad("this matcher takes no prefixed arguments")
+    if pred in ("dport", "sport"):
+        return MatchArg("", _port(value))
+    if pred == "l4proto":
+        v = value.strip().lower()
+        if v not in ("tcp", "udp"):
+            raise _bad("l4proto accepts tcp or udp")
+        return MatchArg("", v)
+    if pred == "ipversion":
+        v = value.strip().lower()
+        if v not in ("4", "6", "ipv4", "ipv6"):
+            raise _bad("ipversion accepts 4, 6, ipv4 or ipv6")
+        return MatchArg("", v[-1])
+    if pred == "mac":
+        parts = re.split(r"[:-]", value.strip())
+        if len(parts) != 6 or not all(re.fullmatch(r"[0-9A-Fa-f]{1,2}", p) for p in parts):
+            raise _bad("not a MAC address")
+        return MatchArg("", ":".join(p.lower().zfill(2) for p in parts))
+    if pred == "dscp":
+        v = value.strip()
+        if not re.fullmatch(r"\d{1,2}", v) or int(v) > 63:
+            raise _bad("dscp accepts 0..63")
+        return MatchArg("", str(int(v)))
+    # pname: any non-empty process name
+    if not value:
+        raise _bad("empty argument")
+    return MatchArg("", value)

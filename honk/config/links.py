@@ -1,0 +1,221 @@
+"""Share links -> :class:`NodeSpec`, inbound URLs -> :class:`InboundSpec`, node identity.
+
+Supported node schemes: ``socks5://`` (and ``socks5h://``, the same protocol),
+``http://`` and ``https://`` proxies::
+
+    scheme://[user[:password]@]host[:port][/][?query][#name]
+
+Credentials and the fragment are percent-decoded. ``socks5`` requires an
+explicit port; ``http``/``https`` follow the nodes reference ("a URL-shaped
+share link defaults an omitted port to 443"). Other known proxy schemes are
+rejected as not supported by this version; anything else is an unknown scheme.
+
+Errors raise :class:`LinkError` whose message never contains the link, a
+credential, or any other value from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import unquote as pct_decode
+
+from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
+
+NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
+DEFAULT_PORTS = {"http": 443, "https": 443}  # socks5: an explicit port is required
+KNOWN_UNSUPPORTED = (
+    "ss",
+    "ssr",
+    "vmess",
+    "vless",
+    "trojan",
+    "hysteria2",
+    "hy2",
+    "tuic",
+    "anytls",
+    "juicity",
+)
+INBOUND_SCHEMES = ("mixed",)
+# query parameters that are display metadata, not part of how a node is dialled
+DISPLAY_PARAMS = frozenset({"remark", "remarks", "name", "tag"})
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+class LinkError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedUrl:
+    scheme: str  # lowercase
+    username: str | None
+    password: str | None
+    host: str  # unbracketed, normalised
+    port: int | None
+    params: tuple[tuple[str, str], ...]
+    fragment: str
+
+
+def parse_url(text: str, *, allow_zero_port: bool = False) -> ParsedUrl:
+    s = text.strip()
+    m = _SCHEME.match(s)
+    if not m:
+        raise LinkError("unknown-scheme", "link has no 'scheme://' prefix")
+    scheme = m.group(1).lower()
+    rest = s[m.end() :]
+    rest, _, fragment = rest.partition("#")
+    rest, _, query = rest.partition("?")
+    authority, _, _path = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username = pct_decode(user)
+        password = pct_decode(pw) if colon else ""
+    host, port = _host_port(hostport, allow_zero=allow_zero_port)
+    params: list[tuple[str, str]] = []
+    for piece in query.split("&"):
+        if not piece:
+            continue
+        k, _, v = piece.partition("=")
+        params.append((pct_decode(k.replace("+", " ")), pct_decode(v.replace("+", " "))))
+    return ParsedUrl(scheme, username, password, host, port, tuple(params), pct_decode(fragment))
+
+
+def _host_port(text: str, *, allow_zero: bool = False) -> tuple[str, int | None]:
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise LinkError("invalid-host", "unclosed '[' in the address")
+        host = text[1:close]
+        try:
+            host = str(ipaddress.IPv6Address(host))
+        except ValueError:
+            raise LinkError("invalid-host", "bracketed address is not IPv6") from None
+        tail = text[close + 1 :]
+        if not tail:
+            return host, None
+        if not tail.startswith(":"):
+            raise LinkError("invalid-host", "unexpected text after ']'")
+        return host, _port(tail[1:], allow_zero)
+    if text.count(":") > 1:
+        raise LinkError("invalid-host", "an IPv6 address must be bracketed")
+    host, colon, port_text = text.partition(":")
+    host = normalise_host(host)
+    return host, _port(port_text, allow_zero) if colon else None
+
+
+def normalise_host(host: str) -> str:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.rstrip(".").lower()
+
+
+def _port(text: str, allow_zero: bool = False) -> int:
+    if not re.fullmatch(r"\d{1,5}", text) or not (0 if allow_zero else 1) <= int(text) <= 65535:
+        raise LinkError("invalid-port", "port must be a number in 1..65535")
+    return int(text)
+
+
+def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
+    """A share link as a node; ``tag`` (a dae tag or structured key) names it."""
+    m = _SCHEME.match(link.strip())
+    scheme = m.group(1).lower() if m else ""
+    if scheme in KNOWN_UNSUPPORTED:
+        raise LinkError("unsupported-scheme", f"the {scheme} protocol is not supported by this version")
+    if scheme not in NODE_SCHEMES:
+        raise LinkError("unknown-scheme", "share link uses an unknown scheme")
+    url = parse_url(link)
+    if not url.host:
+        raise LinkError("missing-host", "share link has no host")
+    port = url.port if url.port is not None else DEFAULT_PORTS.get(scheme)
+    if port is None:
+        raise LinkError("missing-port", f"a {scheme} link needs an explicit port")
+    name = tag or url.fragment or f"{scheme}-{url.host}"
+    node = NodeSpec(
+        name=name,
+        protocol=NODE_SCHEMES[scheme],
+        host=url.host,
+        port=port,
+        username=url.username,
+        password=url.password,
+        params=url.params,
+    )
+    return _with_id(node)
+
+
+def _with_id(node: NodeSpec) -> NodeSpec:
+    return NodeSpec(
+        name=node.name,
+        protocol=node.protocol,
+        host=node.host,
+        port=node.port,
+        username=node.username,
+        password=node.password,
+        params=node.params,
+        id=derive_node_id(node),
+        loc=node.loc,
+    )
+
+
+def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
+    """``mixed://[user:pass@]host:port``; an unnamed inbound is ``{scheme}-{port}``.
+
+    Port 0 asks the OS for a free port (the daemon reports the bound address);
+    the integration tests rely on it. Otherwise the port is 1..65535.
+    """
+    m = _SCHEME.match(url_text.strip())
+    scheme = m.group(1).lower() if m else ""
+    if scheme not in INBOUND_SCHEMES:
+        raise LinkError("unsupported-inbound", "inbound scheme is not supported (use mixed://)")
+    url = parse_url(url_text, allow_zero_port=True)
+    if not url.host:
+        raise LinkError("missing-host", "inbound has no listen address")
+    if url.port is None:
+        raise LinkError("missing-port", "inbound needs an explicit port")
+    users: tuple[InboundUser, ...] = ()
+    if url.username is not None:
+        if not url.username:
+            raise LinkError("invalid-user", "inbound user name is empty")
+        users = (InboundUser(url.username, url.password or ""),)
+    return InboundSpec(
+        name=name or url.fragment or f"{scheme}-{url.port}",
+        kind=scheme,
+        host=url.host,
+        port=url.port,
+        users=users,
+    )
+
+
+def _escape(field: str) -> str:
+    return field.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def derive_node_id(node: NodeSpec) -> uuid.UUID:
+    """Stable content identity: UUID v5 over
+    ``protocol|host|port|credential-fingerprint|dial-shape``.
+
+    The name is not part of it, so renaming a node keeps its id. The credential
+    fingerprint is the SHA-256 of ``username NUL password`` (empty when the link
+    has no credentials); the dial shape is the sorted non-display query
+    parameters. Each field escapes ``\\`` and ``|`` before joining.
+    """
+    if node.username is None and node.password is None:
+        fingerprint = ""
+    else:
+        material = (node.username or "") + "\0" + (node.password or "")
+        fingerprint = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+    shape = "&".join(
+        f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in DISPLAY_PARAMS)
+    )
+    fields = (node.protocol, node.host, str(node.port), fingerprint, shape)
+    return uuid.uuid5(NODE_ID_NAMESPACE, "|".join(_escape(f) for f in fields))

@@ -1,0 +1,100 @@
+"""The Plane: the immutable bundle the data path reads for every new flow.
+
+A Plane holds one generation's compiled router, group table and leaf
+outbounds, built together from one :class:`~honk.config.spec.Spec`. A reload
+builds a new Plane (carrying Selector choices over) and swaps one reference,
+so a flow sees either the old plane or the new one, never a mix.
+
+:meth:`Plane.decide` is the only async part: it drives the sans-I/O router
+through DNS when a rule needs the destination IP, then resolves the routed
+name to one leaf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from honk.config.spec import Spec
+from honk.core.clock import Clock
+from honk.core.errors import HonkError
+from honk.core.net import FlowMeta, IPAddress
+from honk.group.manager import GroupTable, Selection
+from honk.outbound.base import Outbound
+from honk.outbound.registry import build_outbounds
+from honk.route.resolve import Resolver, SystemResolver
+from honk.route.router import NeedsResolution, RouteDecision, Router
+
+__all__ = ["Decision", "Plane", "SystemResolver", "build_plane"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The route taken and the leaf it resolved to.
+
+    ``resolved`` is the destination IP routing looked up for a domain target
+    (``None`` when no rule needed one, or the lookup failed).
+    """
+
+    route: RouteDecision
+    selection: Selection
+    resolved: IPAddress | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plane:
+    generation: int
+    router: Router
+    groups: GroupTable
+    outbounds: dict[str, Outbound]
+    spec: Spec
+
+    async def decide(self, meta: FlowMeta, resolver: Resolver) -> Decision:
+        """Route ``meta`` and resolve the target name to one leaf.
+
+        ``resolver`` is called at most once, and only when a rule needs the
+        destination IP of a domain target; a failed lookup
+        (:class:`~honk.route.resolve.ResolveError`, ``OSError``, or no address)
+        makes destination-IP rules not match. Raises
+        :class:`~honk.core.errors.NoRoute` when no dialable leaf results.
+        """
+        result = self.router.route(meta)
+        resolved: IPAddress | None = None
+        if isinstance(result, NeedsResolution):
+            host = meta.target.host
+            try:
+                addresses = await resolver(host)
+            except (HonkError, OSError) as exc:
+                log.debug("routing lookup of %s failed: %s", host, exc)
+                addresses = []
+            if addresses:
+                resolved = addresses[0]
+                meta = dataclasses.replace(meta, resolved=resolved)
+                result = self.router.route(meta, start=result.rule_index)
+            else:
+                result = self.router.route(meta, start=result.rule_index, resolution_failed=True)
+            if isinstance(result, NeedsResolution):  # the router contract rules this out
+                raise RuntimeError("router asked for resolution twice")
+        selection = self.groups.resolve(result.outbound, meta.network)
+        return Decision(result, selection, resolved)
+
+
+def build_plane(spec: Spec, clock: Clock, generation: int, previous: Plane | None = None) -> Plane:
+    """Build every part of a Plane from ``spec``.
+
+    Selector choices of ``previous`` survive for groups and members that still
+    exist. Raises :class:`~honk.route.matchers.RouteCompileError` for a rule
+    that cannot be compiled.
+    """
+    router = Router.compile(spec.routing)
+    outbounds = build_outbounds(spec, clock)
+    choices = previous.groups.choices() if previous is not None else None
+    groups = GroupTable.build(spec, outbounds, previous_choices=choices)
+    targets = {rule.outbound for rule in spec.routing.rules} | {spec.routing.fallback}
+    for name in sorted(targets):
+        if name not in groups and name not in outbounds:
+            log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)
+    return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec)

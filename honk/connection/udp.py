@@ -1,0 +1,296 @@
+"""SOCKS5 UDP ASSOCIATE: one association, its client socket and its NAT.
+
+Theory of operation:
+  * :meth:`UdpAssociation.start` binds a UDP socket on the inbound's listen IP
+    (ephemeral port); the SOCKS5 reply carries it. Datagrams are accepted only
+    from the IP of the client that owns the TCP control connection; replies go
+    to the client address that last sent one.
+  * NAT: one outbound UDP socket per (association, address family), created on
+    first use. The association remembers every (IP, port) it sent to; a reply
+    from anywhere else is dropped. Replies are wrapped in the SOCKS5 UDP
+    header carrying the replying address.
+  * Each new target is routed through the dispatcher's plane once. ``block``
+    drops its datagrams (debug log); a leaf other than ``direct`` cannot carry
+    UDP here yet (``NotSupported``: dropped, logged). Domain targets are
+    resolved once per association and cached. Datagrams that arrive while a
+    target is being routed wait in a small queue.
+  * The association is one tracker entry with network ``udp`` (its target and
+    rule are those of the first routed datagram). It ends when its control
+    connection closes (the inbound calls :meth:`UdpAssociation.close`) or when
+    the tracker's sweeper finds it silent for ``udp_idle_timeout``. Only the
+    association's own callbacks and tasks touch its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from dataclasses import dataclass
+
+from honk.connection.dispatch import Dispatcher, Routed, format_chain
+from honk.connection.tracker import TrackedFlow
+from honk.core.errors import Blocked, ClientProtocolError, FlowClosed, HonkError, NotSupported
+from honk.core.net import Address, FlowMeta, Network
+from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
+
+__all__ = ["MAX_PENDING_DATAGRAMS", "UdpAssociation"]
+
+log = logging.getLogger("honk.connection.udp")
+
+# Datagrams held per target while its route is being decided; more are dropped.
+MAX_PENDING_DATAGRAMS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    sockaddr: tuple[str, int] | None  # None: drop datagrams to this target
+
+
+_DROP = _Route(None)
+
+
+class _ClientSide(asyncio.DatagramProtocol):
+    def __init__(self, assoc: UdpAssociation) -> None:
+        self.assoc = assoc
+
+    def datagram_received(self, data: bytes, addr: tuple) -> None:
+        self.assoc._from_client(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("udp client socket error association=%s error=%r", self.assoc.id, exc)
+
+
+class _RemoteSide(asyncio.DatagramProtocol):
+    def __init__(self, assoc: UdpAssociation) -> None:
+        self.assoc = assoc
+
+    def datagram_received(self, data: bytes, addr: tuple) -> None:
+        self.assoc._from_remote(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("udp remote socket error association=%s error=%r", self.assoc.id, exc)
+
+
+def _norm_ip(host: str) -> str:
+    return str(ipaddress.ip_address(host.split("%", 1)[0]))
+
+
+class UdpAssociation:
+    """One SOCKS5 UDP association; also the tracker's :class:`FlowHandle` for it."""
+
+    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address) -> None:
+        if client.ip is None:
+            raise ValueError("the control connection's peer must be an IP")
+        self._dispatcher = dispatcher
+        self._clock = dispatcher.clock
+        self.inbound = inbound
+        self.client = client
+        self.requested = requested
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.last_activity = self._clock.now()
+        self.bound: Address | None = None
+        self._client_ip = str(client.ip)
+        self._client_addr: tuple | None = None
+        self._client_transport: asyncio.DatagramTransport | None = None
+        self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
+        self._routes: dict[Address, _Route] = {}
+        self._pending: dict[Address, list[bytes]] = {}
+        self._resolved: dict[str, str] = {}  # domain → IP, cached per association
+        self._sent: set[tuple[str, int]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flow: TrackedFlow | None = None
+        self._closed = asyncio.Event()
+        self.error: HonkError | None = None
+
+    @property
+    def id(self) -> str:
+        return self._flow.id if self._flow is not None else "-"
+
+    async def start(self, bind_host: str, advertise_host: str) -> Address:
+        """Bind the client-facing socket; returns the address for the SOCKS5 reply."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _ClientSide(self), local_addr=(bind_host, 0)
+        )
+        self._client_transport = transport
+        port = transport.get_extra_info("sockname")[1]
+        self.bound = Address(advertise_host, port)
+        self._flow = self._dispatcher.tracker.open(
+            self,
+            network=Network.UDP,
+            inbound=self.inbound,
+            source=self.client,
+            target=self.requested,
+            rule="",
+            chain=(),
+            plane_generation=self._dispatcher.plane.generation,
+        )
+        return self.bound
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self, reason: HonkError | None = None) -> None:
+        """End the association: sockets closed, routing tasks cancelled, entry released."""
+        if self._closed.is_set():
+            return
+        self.error = reason if reason is not None else FlowClosed("closed by request")
+        for task in self._tasks:
+            task.cancel()
+        if self._client_transport is not None:
+            self._client_transport.close()
+        for transport in self._remotes.values():
+            transport.close()
+        self._remotes.clear()
+        self._pending.clear()
+        if self._flow is not None:
+            self._flow.release()
+        self._closed.set()
+
+    # -- client → remote --------------------------------------------------------------
+
+    def _from_client(self, data: bytes, addr: tuple) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            if _norm_ip(addr[0]) != self._client_ip:
+                log.debug("udp datagram from a stranger dropped association=%s from=%s", self.id, addr[0])
+                return
+        except ValueError:
+            return
+        try:
+            datagram = parse_udp_datagram(data)
+        except ClientProtocolError as exc:
+            log.debug("udp datagram dropped association=%s reason=%s", self.id, exc.reason)
+            return
+        if datagram.frag != 0:
+            log.debug("udp fragment dropped association=%s frag=%d", self.id, datagram.frag)
+            return
+        self._client_addr = addr
+        self.last_activity = self._clock.now()
+        self.bytes_up += len(datagram.payload)
+        target = datagram.address
+        route = self._routes.get(target)
+        if route is not None:
+            self._send(route, datagram.payload)
+            return
+        queue = self._pending.get(target)
+        if queue is not None:
+            if len(queue) < MAX_PENDING_DATAGRAMS:
+                queue.append(datagram.payload)
+            return
+        self._pending[target] = [datagram.payload]
+        task = asyncio.get_running_loop().create_task(self._route_target(target))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, route: _Route, payload: bytes) -> None:
+        if route.sockaddr is None:
+            return
+        family = socket.AF_INET6 if ":" in route.sockaddr[0] else socket.AF_INET
+        transport = self._remotes.get(family)
+        if transport is None or transport.is_closing():
+            return
+        self._sent.add(route.sockaddr)
+        transport.sendto(payload, route.sockaddr)
+
+    async def _route_target(self, target: Address) -> None:
+        try:
+            route = await self._decide(target)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a routing failure must not outlive as an unhandled task error
+            log.info(
+                "udp target dropped association=%s target=%s error=%s", self.id, target, type(exc).__name__
+            )
+            route = _DROP
+        if self._closed.is_set():
+            return
+        self._routes[target] = route
+        for payload in self._pending.pop(target, []):
+            self._send(route, payload)
+
+    async def _decide(self, target: Address) -> _Route:
+        meta = FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound)
+        try:
+            routed = await self._dispatcher.route(meta)
+        except Blocked:
+            log.debug("udp target blocked association=%s target=%s", self.id, target)
+            return _DROP
+        except HonkError as exc:
+            log.info(
+                "udp target dropped association=%s target=%s error=%s", self.id, target, type(exc).__name__
+            )
+            return _DROP
+        leaf = routed.leaf
+        if leaf.protocol == "block":
+            log.debug("udp target blocked association=%s target=%s rule=%s", self.id, target, routed.rule)
+            return _DROP
+        if leaf.protocol != "direct":
+            error = NotSupported(f"outbound {leaf.name} cannot carry UDP yet")
+            log.info(
+                "udp target dropped association=%s target=%s chain=%s error=%s",
+                self.id,
+                target,
+                format_chain(routed.chain),
+                type(error).__name__,
+            )
+            return _DROP
+        ip = await self._resolve(target)
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        await self._remote_socket(family)
+        self._note_first_route(target, routed)
+        return _Route((ip, target.port))
+
+    async def _resolve(self, target: Address) -> str:
+        if target.ip is not None:
+            return str(target.ip)
+        cached = self._resolved.get(target.host)
+        if cached is not None:
+            return cached
+        answers = await self._dispatcher.resolver(target.host)
+        if not answers:
+            raise HonkError(f"{target.host} has no address")
+        ip = str(ipaddress.ip_address(str(answers[0])))
+        self._resolved[target.host] = ip
+        return ip
+
+    async def _remote_socket(self, family: int) -> None:
+        if family in self._remotes:
+            return
+        loop = asyncio.get_running_loop()
+        local = ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _RemoteSide(self), local_addr=local, family=family
+        )
+        if self._closed.is_set() or family in self._remotes:
+            transport.close()
+            return
+        self._remotes[family] = transport
+
+    def _note_first_route(self, target: Address, routed: Routed) -> None:
+        if self._flow is not None and not self._flow.rule:
+            self._flow.retarget(target, routed.rule, routed.chain)
+
+    # -- remote → client --------------------------------------------------------------
+
+    def _from_remote(self, data: bytes, addr: tuple) -> None:
+        if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
+            return
+        try:
+            key = (_norm_ip(addr[0]), addr[1])
+        except ValueError:
+            return
+        if key not in self._sent:
+            log.debug("udp reply from an unsolicited source dropped association=%s from=%s", self.id, key)
+            return
+        self.last_activity = self._clock.now()
+        self.bytes_down += len(data)
+        self._client_transport.sendto(build_udp_datagram(Address(*key), data), self._client_addr)

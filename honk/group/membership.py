@@ -1,0 +1,133 @@
+"""Which names belong to a group: filter resolution (upstream groups.md).
+
+Rules, in the order they apply:
+  * A group with no filter line at all (no node filters, no nested groups,
+    ``has_filter_lines`` false) receives every declared node.
+  * Otherwise each node-filter line is an AND of its terms; lines are OR-ed.
+    ``name(...)`` arguments are alternatives: bare (or ``full:``) is an exact
+    match, ``keyword:`` a substring, ``regex:`` ``re.search``; all
+    case-sensitive. ``subtag(...)`` matches nothing yet (no subscriptions), so
+    ``!subtag(...)`` always holds. ``!`` negates one term.
+  * The built-in ``direct`` and ``block`` are outbounds, not pool members: a
+    line admits one only when a non-negated ``name(...)`` term spells it
+    exactly and the line's other terms hold for it. Keyword, regex and the
+    all-nodes default never select them.
+  * Node members keep node declaration order (builtins after the nodes);
+    duplicate names bind the first declaration. Nested group tags follow, in
+    their declared order; unknown tags contribute nothing.
+
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from honk.config.spec import BUILTIN_OUTBOUNDS, FilterTerm, GroupSpec, MatchArg, NodeFilter, NodeSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A group's members: node (leaf) names then nested group names, in order."""
+
+    nodes: tuple[str, ...]
+    subgroups: tuple[str, ...]
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.nodes + self.subgroups
+
+
+# (name, is_builtin) -> bool
+_ArgTest = Callable[[str, bool], bool]
+
+
+def _compile_arg(group: str, kind: str, arg: MatchArg) -> _ArgTest:
+    key = arg.key.strip().lower()
+    value = arg.value.strip()
+    if kind == "subtag":
+        return lambda name, builtin: False
+    if key in ("", "full"):
+        return lambda name, builtin: name == value
+    if key == "keyword":
+        return lambda name, builtin: not builtin and value in name
+    if key == "regex":
+        try:
+            pattern = re.compile(arg.value)
+        except re.error as exc:
+            log.warning(
+                "group %s: name(regex: ...) is not a valid regular expression (%s); it matches nothing",
+                group,
+                exc,
+            )
+            return lambda name, builtin: False
+        return lambda name, builtin: not builtin and pattern.search(name) is not None
+    log.warning(
+        "group %s: %s(...) argument kind %r is not understood; it matches nothing", group, kind, arg.key
+    )
+    return lambda name, builtin: False
+
+
+@dataclass(frozen=True, slots=True)
+class _CompiledTerm:
+    tests: tuple[_ArgTest, ...]
+    negated: bool
+    exact_names: frozenset[str]  # names a non-negated name() term spells exactly
+
+    def holds(self, name: str, builtin: bool) -> bool:
+        hit = any(test(name, builtin) for test in self.tests)
+        return hit is not self.negated
+
+
+def _compile_term(group: str, term: FilterTerm) -> _CompiledTerm:
+    tests = tuple(_compile_arg(group, term.kind, arg) for arg in term.args)
+    exact: frozenset[str] = frozenset()
+    if term.kind == "name" and not term.negated:
+        exact = frozenset(a.value.strip() for a in term.args if a.key.strip().lower() in ("", "full"))
+    return _CompiledTerm(tests, term.negated, exact)
+
+
+def _line_admits(terms: tuple[_CompiledTerm, ...], name: str, builtin: bool) -> bool:
+    if builtin and not any(name in t.exact_names for t in terms):
+        return False
+    return all(t.holds(name, builtin) for t in terms)
+
+
+def compile_filters(group: str, filters: tuple[NodeFilter, ...]) -> Callable[[str, bool], bool]:
+    """A predicate ``(name, is_builtin) -> bool`` for OR-ed filter lines."""
+    lines = tuple(tuple(_compile_term(group, t) for t in line.terms) for line in filters)
+    # an empty line (no terms) selects nothing, like an empty filter upstream
+    lines = tuple(line for line in lines if line)
+    return lambda name, builtin: any(_line_admits(line, name, builtin) for line in lines)
+
+
+def resolve_membership(
+    group: GroupSpec, nodes: Sequence[NodeSpec], group_names: Collection[str]
+) -> Membership:
+    """Compute ``group``'s members from the declared ``nodes``.
+
+    ``group_names`` are the tags of every declared group; a nested tag not
+    among them contributes nothing (logged).
+    """
+    node_names = list(dict.fromkeys(n.name for n in nodes if n.name not in BUILTIN_OUTBOUNDS))
+    subgroups: list[str] = []
+    for tag in dict.fromkeys(group.subgroups):
+        if tag == group.name:
+            log.warning("group %s: nested group names itself; ignored", group.name)
+        elif tag in group_names:
+            subgroups.append(tag)
+        else:
+            log.warning("group %s: nested group %r does not exist; it contributes nothing", group.name, tag)
+
+    if not group.filters and not group.subgroups and not group.has_filter_lines:
+        return Membership(tuple(node_names), ())
+
+    admits = compile_filters(group.name, group.filters)
+    picked = [name for name in node_names if admits(name, False)]
+    picked += [name for name in BUILTIN_OUTBOUNDS if admits(name, True)]
+    return Membership(tuple(picked), tuple(subgroups))

@@ -1,0 +1,3 @@
+"""Leaf outbounds: the fixed ``Outbound`` contract (``base``), ``direct``,
+``block``, a stand-in for protocols not dialable yet, and the registry that
+builds them from a Spec."""

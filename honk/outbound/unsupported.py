@@ -1,0 +1,29 @@
+"""A leaf for nodes this version parses but cannot dial yet (socks5, http, ...)."""
+
+from __future__ import annotations
+
+import socket
+
+from honk.core.errors import NotSupported
+from honk.core.net import Address
+
+
+class UnsupportedOutbound:
+    """Stands in for a declared node so groups and routing can name it; every dial
+    raises :class:`NotSupported`."""
+
+    def __init__(self, name: str, protocol: str) -> None:
+        self.name = name
+        self.protocol = protocol
+
+    @property
+    def supports_udp(self) -> bool:
+        return False
+
+    async def dial_tcp(self, target: Address, deadline: float) -> socket.socket:
+        raise NotSupported(
+            f"{self.name}: dialing {self.protocol} nodes is not supported by this version of honk"
+        )
+
+    def __repr__(self) -> str:
+        return f"UnsupportedOutbound(name={self.name!r}, protocol={self.protocol!r})"

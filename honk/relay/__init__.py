@@ -1,0 +1,47 @@
+"""Relay engines: move bytes between a client stream and an upstream socket.
+
+The seam a native engine plugs into is :class:`RelayEngine`: construct with a
+clock, expose ``bytes_up``/``bytes_down``/``last_activity`` (read live by the
+connection tracker) and ``close(reason)``, and implement
+``await run(client, upstream_sock)`` which returns after a clean finish (both
+directions saw EOF) or raises the typed end (``ClientGone``,
+``UpstreamFailed``, ``IdleTimeout``, ``FlowClosed``).
+
+``client`` is the :class:`~honk.relay.stream.StreamConn` the handshake read
+through; ``client.detach()`` yields the transport, the bytes it had already
+buffered (they must be sent upstream first) and whether EOF was seen.
+``upstream_sock`` is the connected non-blocking socket from
+``Outbound.dial_tcp``. :class:`~honk.relay.copy.CopyRelay` is the pure-Python
+reference; a native splice engine replaces it by taking the client's fd
+(``transport.get_extra_info("socket")``) after ``detach`` and the upstream fd
+directly, and must pass the same tests in ``tests/unit/relay/``.
+:func:`relay_engine` is the one place that picks the engine.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Protocol
+
+from honk.core.clock import Clock
+from honk.core.errors import HonkError
+from honk.relay.copy import CopyRelay
+from honk.relay.stream import StreamConn
+
+__all__ = ["CopyRelay", "RelayEngine", "StreamConn", "relay_engine"]
+
+
+class RelayEngine(Protocol):
+    engine: str
+    bytes_up: int
+    bytes_down: int
+    last_activity: float
+
+    async def run(self, client: StreamConn, upstream: socket.socket) -> None: ...
+
+    def close(self, reason: HonkError | None = None) -> None: ...
+
+
+def relay_engine(clock: Clock) -> RelayEngine:
+    """A new relay; today always the copy engine."""
+    return CopyRelay(clock)

@@ -1,0 +1,463 @@
+"""Traffic matchers: one class per predicate kind, compiled once from config.
+
+Theory of operation:
+  * :func:`compile_predicate` turns one :class:`~honk.config.spec.Predicate`
+    into a matcher object. All parsing (CIDRs, port ranges, regexes) happens
+    here, never per flow.
+  * Per flow, the router builds one :class:`FlowView` (the few facts the
+    matchers read, already parsed) and calls ``matcher.match(view)``.
+  * A matcher answers the *positive* question; negation is applied by the
+    router. Facts that are unknown answer ``False``, so a negated matcher over
+    an unknown fact holds (an unsniffed domain is "not x"). The one exception
+    is the destination IP after a failed resolution, which the router handles
+    itself: see :mod:`honk.route.router`.
+
+Nothing here does I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import ipaddress
+import logging
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from honk.config.spec import MatchArg, Predicate
+from honk.core.errors import HonkError
+from honk.core.net import FlowMeta, IPAddress, Network
+
+log = logging.getLogger(__name__)
+
+# Predicates whose answer depends on the destination IP. A domain target must
+# be resolved before a rule containing one of these can be decided.
+DESTINATION_IP_PREDICATES = frozenset({"dip", "ipversion"})
+
+# Predicates about facts a mixed (SOCKS5/HTTP) port cannot observe.
+UNOBSERVABLE_PREDICATES = frozenset({"pname", "mac", "dscp"})
+
+# `geoip: private`: private, loopback, link-local, CGNAT, documentation,
+# multicast and otherwise reserved ranges, for both families.
+PRIVATE_CIDRS: tuple[str, ...] = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.0.2.0/24",
+    "192.88.99.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "198.51.100.0/24",
+    "203.0.113.0/24",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "255.255.255.255/32",
+    "::/128",
+    "::1/128",
+    "64:ff9b:1::/48",
+    "100::/64",
+    "2001:db8::/32",
+    "fc00::/7",
+    "fe80::/10",
+    "ff00::/8",
+)
+
+IP_PARSE_CACHE_SIZE = 4096  # distinct host strings whose IP parse is remembered
+
+_IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
+
+
+class RouteCompileError(HonkError, ValueError):
+    """A routing predicate could not be compiled (the loader should have caught it)."""
+
+
+def unmap(ip: IPAddress) -> IPAddress:
+    """``::ffff:a.b.c.d`` becomes ``a.b.c.d``; every other address is returned as is."""
+    if ip.version == 6:
+        mapped = ip.ipv4_mapped
+        if mapped is not None:
+            return mapped
+    return ip
+
+
+@functools.lru_cache(maxsize=IP_PARSE_CACHE_SIZE)
+def _host_ip(host: str) -> IPAddress | None:
+    """The un-mapped IP of an already normalised ``Address.host``, or None for a name.
+
+    Cached: LAN sources and popular destinations repeat, and ``ip_address``
+    failing on a name costs more than the whole rule walk for a short list.
+    """
+    try:
+        return unmap(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
+def _label_suffixes(host: str) -> frozenset[str]:
+    """``a.b.c`` -> ``{a.b.c, b.c, c}``: every suffix that starts on a label boundary."""
+    out = [host]
+    dot = host.find(".")
+    while dot >= 0:
+        out.append(host[dot + 1 :])
+        dot = host.find(".", dot + 1)
+    return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowView:
+    """The facts matchers read, parsed once per flow.
+
+    ``domain`` is the requested host name (lower case, no trailing dot) or
+    ``None`` when the client gave an IP literal; ``domain_suffixes`` holds its
+    label-boundary suffixes (empty without a domain). ``dst_ip``/``src_ip`` are
+    already un-mapped (an IPv4-mapped IPv6 address is its IPv4 address); ``None``
+    means unknown.
+    """
+
+    network: Network
+    domain: str | None
+    domain_suffixes: frozenset[str]
+    dst_ip: IPAddress | None
+    src_ip: IPAddress | None
+    dport: int
+    sport: int
+
+    @classmethod
+    def of(cls, meta: FlowMeta) -> FlowView:
+        target = meta.target
+        target_ip = _host_ip(target.host)
+        domain = None if target_ip is not None else target.host
+        resolved = meta.resolved
+        return cls(
+            network=meta.network,
+            domain=domain,
+            domain_suffixes=_NO_SUFFIXES if domain is None else _label_suffixes(domain),
+            dst_ip=target_ip if resolved is None else unmap(resolved),
+            src_ip=_host_ip(meta.source.host),
+            dport=target.port,
+            sport=meta.source.port,
+        )
+
+
+_NO_SUFFIXES: frozenset[str] = frozenset()
+
+
+class Matcher(Protocol):
+    """One compiled predicate, answering the positive question."""
+
+    kind: str
+    needs_dst_ip: bool
+
+    def match(self, view: FlowView) -> bool: ...
+
+
+# --- domain ----------------------------------------------------------------------
+
+
+def _normalise_domain(value: str) -> str:
+    return value.strip().rstrip(".").lower()
+
+
+class DomainMatcher:
+    """``domain(...)``: suffix (bare or ``suffix:``), ``full:``, ``keyword:``, ``regex:``.
+
+    Suffixes match on a label boundary: ``example.com`` matches ``example.com``
+    and ``a.example.com``, never ``badexample.com``. Regexes use ``re.search``
+    against the lower-cased host and are compiled case-insensitively, since
+    host names are case-insensitive. ``geosite:`` codes match nothing until
+    geodata exists (a warning is logged once, here).
+    """
+
+    kind = "domain"
+    needs_dst_ip = False
+    __slots__ = ("_suffixes", "_full", "_keywords", "_regexes")
+
+    def __init__(self, args: tuple[MatchArg, ...]) -> None:
+        suffixes: set[str] = set()
+        full: set[str] = set()
+        keywords: list[str] = []
+        regexes: list[re.Pattern[str]] = []
+        for arg in args:
+            key = arg.key.strip().lower()
+            if key in ("", "suffix"):
+                value = _normalise_domain(arg.value).lstrip(".")
+                if value:
+                    suffixes.add(value)
+            elif key == "full":
+                full.add(_normalise_domain(arg.value))
+            elif key == "keyword":
+                keyword = arg.value.strip().lower()
+                if keyword and keyword not in keywords:
+                    keywords.append(keyword)
+            elif key == "regex":
+                try:
+                    regexes.append(re.compile(arg.value, re.IGNORECASE))
+                except re.error as exc:
+                    raise RouteCompileError(
+                        f"domain(regex: ...): invalid regular expression: {exc}"
+                    ) from None
+            elif key == "geosite":
+                log.warning(
+                    "domain(geosite: %s) matches nothing: geosite data is not available yet",
+                    arg.value.strip(),
+                )
+            else:
+                raise RouteCompileError(f"domain(...): unknown argument kind {arg.key!r}")
+        self._suffixes = frozenset(suffixes)
+        self._full = frozenset(full)
+        self._keywords = tuple(keywords)
+        self._regexes = tuple(regexes)
+
+    def match(self, view: FlowView) -> bool:
+        host = view.domain
+        if host is None:
+            return False
+        if host in self._full:
+            return True
+        if not self._suffixes.isdisjoint(view.domain_suffixes):
+            return True
+        for keyword in self._keywords:
+            if keyword in host:
+                return True
+        for regex in self._regexes:
+            if regex.search(host) is not None:
+                return True
+        return False
+
+
+# --- IP sets ---------------------------------------------------------------------
+
+
+class IPSet:
+    """A set of CIDRs as sorted, merged integer intervals per family; lookups bisect."""
+
+    __slots__ = ("_starts", "_ends")
+
+    def __init__(self, networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> None:
+        self._starts: dict[int, list[int]] = {4: [], 6: []}
+        self._ends: dict[int, list[int]] = {4: [], 6: []}
+        by_version: dict[int, list[tuple[int, int]]] = {4: [], 6: []}
+        for net in networks:
+            net = _unmap_network(net)
+            by_version[net.version].append((int(net.network_address), int(net.broadcast_address)))
+        for version, spans in by_version.items():
+            spans.sort()
+            merged: list[list[int]] = []
+            for start, end in spans:
+                if merged and start <= merged[-1][1] + 1:
+                    merged[-1][1] = max(merged[-1][1], end)
+                else:
+                    merged.append([start, end])
+            self._starts[version] = [s for s, _ in merged]
+            self._ends[version] = [e for _, e in merged]
+
+    def __contains__(self, ip: IPAddress) -> bool:
+        """``ip`` must already be un-mapped (see :func:`unmap`)."""
+        version = ip.version
+        starts = self._starts[version]
+        value = int(ip)
+        i = bisect.bisect_right(starts, value) - 1
+        return i >= 0 and value <= self._ends[version][i]
+
+    def __bool__(self) -> bool:
+        return bool(self._starts[4] or self._starts[6])
+
+
+def _unmap_network(
+    net: ipaddress.IPv4Network | ipaddress.IPv6Network,
+) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """An IPv6 network inside ``::ffff:0:0/96`` becomes the IPv4 network it maps."""
+    if net.version == 6 and net.prefixlen >= 96 and net.subnet_of(_IPV4_MAPPED):  # type: ignore[arg-type]
+        low = int(net.network_address) & 0xFFFFFFFF
+        return ipaddress.IPv4Network((low, net.prefixlen - 96))
+    return net
+
+
+_PRIVATE_NETWORKS = tuple(ipaddress.ip_network(c) for c in PRIVATE_CIDRS)
+
+
+class IPMatcher:
+    """``dip(...)`` / ``sip(...)``: IPs, CIDRs (host bits tolerated), ``geoip: private``.
+
+    Other ``geoip:`` codes match nothing until geodata exists (a warning is
+    logged once, here).
+    """
+
+    __slots__ = ("kind", "needs_dst_ip", "_set", "_destination")
+
+    def __init__(self, kind: str, args: tuple[MatchArg, ...]) -> None:
+        self.kind = kind
+        self._destination = kind == "dip"
+        self.needs_dst_ip = self._destination
+        networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        for arg in args:
+            key = arg.key.strip().lower()
+            value = arg.value.strip()
+            if key == "":
+                try:
+                    networks.append(ipaddress.ip_network(value, strict=False))
+                except ValueError:
+                    raise RouteCompileError(f"{kind}(...): not an IP or CIDR: {value!r}") from None
+            elif key == "geoip":
+                if value.lower() == "private":
+                    networks.extend(_PRIVATE_NETWORKS)
+                else:
+                    log.warning("%s(geoip: %s) matches nothing: geoip data is not available yet", kind, value)
+            else:
+                raise RouteCompileError(f"{kind}(...): unknown argument kind {arg.key!r}")
+        self._set = IPSet(networks)
+
+    def match(self, view: FlowView) -> bool:
+        ip = view.dst_ip if self._destination else view.src_ip
+        return ip is not None and ip in self._set
+
+
+# --- ports -----------------------------------------------------------------------
+
+
+def _parse_port(kind: str, text: str) -> int:
+    try:
+        port = int(text.strip(), 10)
+    except ValueError:
+        raise RouteCompileError(f"{kind}(...): not a port: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise RouteCompileError(f"{kind}(...): port out of range: {port}")
+    return port
+
+
+class PortMatcher:
+    """``dport(...)`` / ``sport(...)``: single ports and inclusive ``start-end`` ranges."""
+
+    __slots__ = ("kind", "needs_dst_ip", "_singles", "_ranges", "_destination")
+
+    def __init__(self, kind: str, args: tuple[MatchArg, ...]) -> None:
+        self.kind = kind
+        self.needs_dst_ip = False
+        self._destination = kind == "dport"
+        singles: set[int] = set()
+        ranges: list[tuple[int, int]] = []
+        for arg in args:
+            if arg.key.strip():
+                raise RouteCompileError(f"{kind}(...): unknown argument kind {arg.key!r}")
+            low_text, sep, high_text = arg.value.strip().partition("-")
+            if not sep:
+                singles.add(_parse_port(kind, low_text))
+                continue
+            low, high = _parse_port(kind, low_text), _parse_port(kind, high_text)
+            if low > high:
+                raise RouteCompileError(f"{kind}(...): empty range {low}-{high}")
+            ranges.append((low, high))
+        self._singles = frozenset(singles)
+        self._ranges = tuple(sorted(ranges))
+
+    def match(self, view: FlowView) -> bool:
+        port = view.dport if self._destination else view.sport
+        if port in self._singles:
+            return True
+        for low, high in self._ranges:
+            if low <= port <= high:
+                return True
+        return False
+
+
+# --- small enumerations ------------------------------------------------------------
+
+
+class L4ProtoMatcher:
+    """``l4proto(tcp, udp)``."""
+
+    kind = "l4proto"
+    needs_dst_ip = False
+    __slots__ = ("_networks",)
+
+    def __init__(self, args: tuple[MatchArg, ...]) -> None:
+        networks: set[Network] = set()
+        for arg in args:
+            value = arg.value.strip().lower()
+            try:
+                networks.add(Network(value))
+            except ValueError:
+                raise RouteCompileError(f"l4proto(...): expected tcp or udp, got {value!r}") from None
+        self._networks = frozenset(networks)
+
+    def match(self, view: FlowView) -> bool:
+        return view.network in self._networks
+
+
+_IP_VERSIONS = {"4": 4, "ipv4": 4, "v4": 4, "6": 6, "ipv6": 6, "v6": 6}
+
+
+class IPVersionMatcher:
+    """``ipversion(4, 6)``: the family of the (un-mapped) destination IP."""
+
+    kind = "ipversion"
+    needs_dst_ip = True
+    __slots__ = ("_versions",)
+
+    def __init__(self, args: tuple[MatchArg, ...]) -> None:
+        versions: set[int] = set()
+        for arg in args:
+            value = arg.value.strip().lower()
+            if value not in _IP_VERSIONS:
+                raise RouteCompileError(f"ipversion(...): expected 4 or 6, got {value!r}")
+            versions.add(_IP_VERSIONS[value])
+        self._versions = frozenset(versions)
+
+    def match(self, view: FlowView) -> bool:
+        ip = view.dst_ip
+        return ip is not None and ip.version in self._versions
+
+
+class UnobservableMatcher:
+    """``pname``/``mac``/``dscp``: a mixed port cannot observe these, so they never match.
+
+    A negated one therefore always holds.
+    """
+
+    needs_dst_ip = False
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def match(self, view: FlowView) -> bool:
+        return False
+
+
+# --- entry point -------------------------------------------------------------------
+
+
+def compile_predicate(predicate: Predicate) -> Matcher:
+    """Compile one predicate's arguments (alternatives) into a positive matcher.
+
+    Raises :class:`RouteCompileError` for an unknown predicate or a malformed
+    argument.
+    """
+    name = predicate.name
+    args = predicate.args
+    if name == "domain":
+        return DomainMatcher(args)
+    if name in ("dip", "sip"):
+        return IPMatcher(name, args)
+    if name in ("dport", "sport"):
+        return PortMatcher(name, args)
+    if name == "l4proto":
+        return L4ProtoMatcher(args)
+    if name == "ipversion":
+        return IPVersionMatcher(args)
+    if name in UNOBSERVABLE_PREDICATES:
+        return UnobservableMatcher(name)
+    raise RouteCompileError(f"unknown traffic predicate {name!r}")
+
+
+def describe_predicate(predicate: Predicate) -> str:
+    """Short human text: ``!dport(22,8000-8080)``, ``domain(suffix:ads.example)``."""
+    args = ",".join(
+        f"{a.key.strip()}:{a.value.strip()}" if a.key.strip() else a.value.strip() for a in predicate.args
+    )
+    return f"{'!' if predicate.negated else ''}{predicate.name}({args})"

@@ -1,0 +1,154 @@
+"""The compiled router: ordered rules to an outbound name, sans-I/O.
+
+Theory of operation:
+  * :meth:`Router.compile` turns a :class:`~honk.config.spec.RoutingSpec` into
+    per-rule tuples of ``(match, negated)`` pairs once. Within a rule the
+    predicates that need the destination IP (``dip``, ``ipversion``) are kept
+    apart and evaluated last: a rule whose other predicates already fail never
+    asks for DNS.
+  * :meth:`Router.route` walks the rules from ``start``; the first rule whose
+    predicates all hold wins. A ``(must)`` rule is simply a match whose
+    decision carries ``must=True``.
+  * When a rule's other predicates hold, it has destination-IP predicates, and
+    the target is a domain without a ``resolved`` IP, ``route`` returns
+    :class:`NeedsResolution` naming that rule. The caller resolves and calls
+    ``route(replace(meta, resolved=ip), start=rule_index)``; if resolution
+    failed it calls ``route(meta, start=rule_index, resolution_failed=True)``.
+
+Invariants:
+  * Nothing here performs I/O, reads a clock or compiles a regex per call.
+  * An unknown domain (IP-literal target) counts as "not x": ``domain(x)``
+    fails and ``!domain(x)`` holds.
+  * After a failed resolution, a rule containing any destination-IP predicate
+    does not match, whether that predicate is negated or not: routing on an
+    address nobody could find would be a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from honk.config.spec import RoutingSpec, RuleSpec
+from honk.core.net import FlowMeta
+from honk.route.matchers import DESTINATION_IP_PREDICATES, FlowView, compile_predicate, describe_predicate
+
+FALLBACK_RULE_TEXT = "fallback"
+EMPTY_RULE_TEXT = "any"  # a rule without predicates matches every flow
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a flow goes and why.
+
+    ``outbound`` is a group, node, ``direct`` or ``block`` name; ``rule`` is a
+    short human text of the matched rule (``dport(22)&&!sip(10.0.0.0/8)``) or
+    ``"fallback"``; ``rule_index`` is the rule's 0-based position, ``None`` for
+    the fallback.
+    """
+
+    outbound: str
+    rule: str
+    must: bool
+    rule_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsResolution:
+    """Rule ``rule_index`` needs the destination IP of a domain target.
+
+    Resolve ``meta.target.host`` and call :meth:`Router.route` again with
+    ``start=rule_index``.
+    """
+
+    rule_index: int
+
+
+_Check = tuple[Callable[[FlowView], bool], bool]  # (positive match, negated)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRule:
+    index: int
+    checks: tuple[_Check, ...]  # predicates answerable without the destination IP
+    ip_checks: tuple[_Check, ...]  # predicates that read the destination IP
+    decision: RouteDecision
+
+
+def describe_rule(rule: RuleSpec) -> str:
+    if not rule.predicates:
+        return EMPTY_RULE_TEXT
+    return "&&".join(describe_predicate(p) for p in rule.predicates)
+
+
+class Router:
+    """An immutable compiled rule list. Build with :meth:`compile`."""
+
+    __slots__ = ("_rules", "_fallback")
+
+    def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision) -> None:
+        self._rules = rules
+        self._fallback = fallback
+
+    @classmethod
+    def compile(cls, routing: RoutingSpec) -> Router:
+        """Compile every rule once. Raises :class:`~honk.route.matchers.RouteCompileError`."""
+        compiled = []
+        for index, rule in enumerate(routing.rules):
+            checks: list[_Check] = []
+            ip_checks: list[_Check] = []
+            for predicate in rule.predicates:
+                matcher = compile_predicate(predicate)
+                target = ip_checks if predicate.name in DESTINATION_IP_PREDICATES else checks
+                target.append((matcher.match, predicate.negated))
+            decision = RouteDecision(
+                outbound=rule.outbound, rule=describe_rule(rule), must=rule.must, rule_index=index
+            )
+            compiled.append(CompiledRule(index, tuple(checks), tuple(ip_checks), decision))
+        fallback = RouteDecision(
+            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=False, rule_index=None
+        )
+        return cls(tuple(compiled), fallback)
+
+    @property
+    def rules(self) -> tuple[CompiledRule, ...]:
+        return self._rules
+
+    @property
+    def fallback(self) -> RouteDecision:
+        return self._fallback
+
+    def route(
+        self, meta: FlowMeta, *, start: int = 0, resolution_failed: bool = False
+    ) -> RouteDecision | NeedsResolution:
+        """Decide ``meta`` from rule ``start`` on; see the module docstring.
+
+        ``resolution_failed`` says the caller tried to resolve the domain target
+        and could not; destination-IP rules then do not match.
+        """
+        rules = self._rules
+        if not 0 <= start <= len(rules):
+            raise ValueError(f"start {start} outside 0..{len(rules)}")
+        view = FlowView.of(meta)
+        ip_known = view.dst_ip is not None
+        for i in range(start, len(rules)):
+            rule = rules[i]
+            if not _all_hold(rule.checks, view):
+                continue
+            if rule.ip_checks:
+                if not ip_known:
+                    if resolution_failed:
+                        continue
+                    return NeedsResolution(i)
+                if not _all_hold(rule.ip_checks, view):
+                    continue
+            return rule.decision
+        return self._fallback
+
+
+def _all_hold(checks: tuple[_Check, ...], view: FlowView) -> bool:
+    for match, negated in checks:
+        # every matcher returns a real bool, so identity is exact here
+        if match(view) is negated:
+            return False
+    return True

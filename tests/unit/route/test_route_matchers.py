@@ -1,0 +1,294 @@
+"""Each traffic matcher kind, positive and negated, through compiled predicates."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import pytest
+
+from honk.config.spec import MatchArg, Predicate
+from honk.core.net import Address, FlowMeta, Network
+from honk.route.matchers import FlowView, RouteCompileError, compile_predicate, describe_predicate
+
+KEYS = ("suffix", "full", "keyword", "regex", "geosite", "geoip")
+
+
+def arg(text: str) -> MatchArg:
+    key, sep, value = text.partition(":")
+    if sep and key in KEYS:
+        return MatchArg(key, value)
+    return MatchArg("", text)
+
+
+def pred(name: str, *args: str, negated: bool = False) -> Predicate:
+    return Predicate(name, tuple(arg(a) for a in args), negated)
+
+
+def flow(
+    target: str = "example.com",
+    port: int = 443,
+    source: str = "192.168.1.10",
+    sport: int = 50000,
+    network: Network = Network.TCP,
+    resolved: str | None = None,
+) -> FlowView:
+    return FlowView.of(
+        FlowMeta(
+            network=network,
+            source=Address(source, sport),
+            target=Address(target, port),
+            inbound="lan",
+            resolved=None if resolved is None else ipaddress.ip_address(resolved),
+        )
+    )
+
+
+def holds(predicate: Predicate, view: FlowView) -> bool:
+    """What the router does with a matcher: negation applied on top."""
+    return compile_predicate(predicate).match(view) is not predicate.negated
+
+
+# --- domain ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("example.com", True),
+        ("a.example.com", True),
+        ("a.b.example.com", True),
+        ("badexample.com", False),
+        ("example.com.evil", False),
+        ("com", False),
+    ],
+)
+def test_bare_domain_is_a_suffix_on_a_label_boundary(host: str, expected: bool) -> None:
+    assert holds(pred("domain", "example.com"), flow(host)) is expected
+
+
+def test_suffix_key_behaves_like_a_bare_domain() -> None:
+    p = pred("domain", "suffix:ads.example")
+    assert holds(p, flow("x.ads.example"))
+    assert not holds(p, flow("xads.example"))
+
+
+def test_domain_matching_ignores_case_and_trailing_dot() -> None:
+    assert holds(pred("domain", "Example.COM."), flow("WWW.example.com."))
+
+
+def test_full_domain_matches_only_the_exact_name() -> None:
+    p = pred("domain", "full:api.example.com")
+    assert holds(p, flow("api.example.com"))
+    assert not holds(p, flow("v2.api.example.com"))
+    assert not holds(p, flow("example.com"))
+
+
+def test_keyword_domain_matches_a_substring() -> None:
+    p = pred("domain", "keyword:tracker")
+    assert holds(p, flow("cdn-tracker1.example.net"))
+    assert not holds(p, flow("example.net"))
+
+
+def test_regex_domain_uses_search() -> None:
+    p = pred("domain", r"regex:^bad[0-9]+\.example$")
+    assert holds(p, flow("bad42.example"))
+    assert not holds(p, flow("bad.example"))
+    assert holds(pred("domain", r"regex:[0-9]{3}"), flow("a123b.example"))
+
+
+def test_domain_arguments_are_alternatives() -> None:
+    p = pred("domain", "full:a.test", "keyword:zzz", "suffix:org")
+    assert holds(p, flow("a.test"))
+    assert holds(p, flow("xzzzx.net"))
+    assert holds(p, flow("wiki.org"))
+    assert not holds(p, flow("b.test"))
+
+
+def test_geosite_matches_nothing_and_warns_at_compile_time(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        matcher = compile_predicate(pred("domain", "geosite:category-ads-all"))
+    assert "geosite" in caplog.text
+    caplog.clear()
+    assert not matcher.match(flow("doubleclick.net"))
+    assert caplog.text == ""  # nothing is logged per flow
+
+
+def test_domain_matcher_does_not_match_an_ip_literal_target() -> None:
+    assert not holds(pred("domain", "keyword:1"), flow("10.1.1.1"))
+
+
+def test_negated_domain_holds_for_an_unknown_domain() -> None:
+    assert holds(pred("domain", "example.com", negated=True), flow("10.1.1.1"))
+
+
+def test_negated_domain_fails_for_a_matching_domain() -> None:
+    assert not holds(pred("domain", "example.com", negated=True), flow("a.example.com"))
+
+
+def test_invalid_regex_is_a_compile_error() -> None:
+    with pytest.raises(RouteCompileError):
+        compile_predicate(pred("domain", "regex:(unclosed"))
+
+
+# --- dip / sip -------------------------------------------------------------------
+
+
+def test_dip_matches_ips_and_cidrs() -> None:
+    p = pred("dip", "203.0.113.0/24", "198.51.100.7")
+    assert holds(p, flow("203.0.113.200"))
+    assert holds(p, flow("198.51.100.7"))
+    assert not holds(p, flow("198.51.100.8"))
+
+
+def test_dip_reads_the_resolved_ip_of_a_domain_target() -> None:
+    p = pred("dip", "203.0.113.0/24")
+    assert holds(p, flow("example.com", resolved="203.0.113.9"))
+    assert not holds(p, flow("example.com", resolved="192.0.2.1"))
+
+
+def test_dip_matches_ipv6_cidrs() -> None:
+    p = pred("dip", "2001:db8:abcd::/48")
+    assert holds(p, flow("2001:db8:abcd:12::1"))
+    assert not holds(p, flow("2001:db8:abce::1"))
+    assert not holds(p, flow("203.0.113.1"))
+
+
+def test_dip_treats_an_ipv4_mapped_target_as_ipv4() -> None:
+    assert holds(pred("dip", "10.0.0.0/8"), flow("::ffff:10.2.3.4"))
+
+
+def test_ipv4_mapped_cidr_matches_plain_ipv4() -> None:
+    assert holds(pred("dip", "::ffff:10.0.0.0/104"), flow("10.9.9.9"))
+
+
+def test_cidr_with_host_bits_is_tolerated() -> None:
+    assert holds(pred("dip", "10.1.2.3/8"), flow("10.200.0.1"))
+
+
+def test_geoip_private_covers_both_families() -> None:
+    p = pred("dip", "geoip:private")
+    for private in (
+        "10.0.0.1",
+        "172.16.5.5",
+        "192.168.0.1",
+        "127.0.0.1",
+        "169.254.1.1",
+        "100.64.0.1",
+        "fd00::1",
+        "fe80::1",
+        "::1",
+    ):
+        assert holds(p, flow(private)), private
+    for public in ("8.8.8.8", "1.1.1.1", "2606:4700::1111"):
+        assert not holds(p, flow(public)), public
+
+
+def test_other_geoip_codes_match_nothing_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        p = pred("dip", "geoip:cn", "203.0.113.0/24")
+        matcher = compile_predicate(p)
+    assert "geoip" in caplog.text
+    assert not matcher.match(flow("1.2.4.8"))
+    assert matcher.match(flow("203.0.113.1"))  # the other alternatives still work
+
+
+def test_sip_reads_the_source_address() -> None:
+    p = pred("sip", "10.10.10.24/32", "10.10.10.25/32")
+    assert holds(p, flow("8.8.8.8", source="10.10.10.25"))
+    assert not holds(p, flow("10.10.10.25", source="10.10.10.26"))
+
+
+def test_negated_sip() -> None:
+    p = pred("sip", "10.0.0.0/8", negated=True)
+    assert holds(p, flow(source="192.168.1.1"))
+    assert not holds(p, flow(source="10.1.1.1"))
+
+
+def test_bad_cidr_is_a_compile_error() -> None:
+    with pytest.raises(RouteCompileError):
+        compile_predicate(pred("dip", "10.0.0.0/33"))
+
+
+# --- ports ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("port", "expected"),
+    [(80, True), (443, True), (8079, False), (8080, True), (8085, True), (8090, True), (8091, False)],
+)
+def test_dport_matches_single_ports_and_inclusive_ranges(port: int, expected: bool) -> None:
+    assert holds(pred("dport", "80", "443", "8080-8090"), flow(port=port)) is expected
+
+
+def test_sport_reads_the_source_port() -> None:
+    p = pred("sport", "1024-65535")
+    assert holds(p, flow(sport=1024))
+    assert not holds(p, flow(port=2000, sport=1023))
+
+
+def test_negated_dport() -> None:
+    assert holds(pred("dport", "53", negated=True), flow(port=443))
+    assert not holds(pred("dport", "53", negated=True), flow(port=53))
+
+
+@pytest.mark.parametrize("bad", ["http", "70000", "90-80", "-1"])
+def test_bad_ports_are_compile_errors(bad: str) -> None:
+    with pytest.raises(RouteCompileError):
+        compile_predicate(pred("dport", bad))
+
+
+# --- l4proto / ipversion ----------------------------------------------------------------
+
+
+def test_l4proto_matches_the_network() -> None:
+    assert holds(pred("l4proto", "udp"), flow(network=Network.UDP))
+    assert not holds(pred("l4proto", "udp"), flow(network=Network.TCP))
+    assert holds(pred("l4proto", "tcp", "udp"), flow(network=Network.TCP))
+    assert holds(pred("l4proto", "tcp", negated=True), flow(network=Network.UDP))
+
+
+@pytest.mark.parametrize(
+    ("spelling", "target", "expected"),
+    [
+        ("4", "1.2.3.4", True),
+        ("ipv4", "1.2.3.4", True),
+        ("6", "1.2.3.4", False),
+        ("ipv6", "2001:db8::1", True),
+        ("4", "2001:db8::1", False),
+    ],
+)
+def test_ipversion_reads_the_destination_family(spelling: str, target: str, expected: bool) -> None:
+    assert holds(pred("ipversion", spelling), flow(target)) is expected
+
+
+def test_ipversion_of_a_resolved_domain() -> None:
+    assert holds(pred("ipversion", "6"), flow("example.com", resolved="2001:db8::5"))
+
+
+def test_ipversion_of_an_ipv4_mapped_target_is_4() -> None:
+    assert holds(pred("ipversion", "4"), flow("::ffff:1.2.3.4"))
+
+
+# --- not observable on a mixed port ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("pname", "NetworkManager"), ("mac", "aa:bb:cc:dd:ee:ff"), ("dscp", "46")]
+)
+def test_unobservable_predicates_never_match_so_their_negation_holds(name: str, value: str) -> None:
+    assert not holds(Predicate(name, (MatchArg("", value),)), flow())
+    assert holds(Predicate(name, (MatchArg("", value),), negated=True), flow())
+
+
+def test_unknown_predicate_is_a_compile_error() -> None:
+    with pytest.raises(RouteCompileError):
+        compile_predicate(pred("country", "cn"))
+
+
+# --- rendering -------------------------------------------------------------------
+
+
+def test_describe_predicate_renders_keys_values_and_negation() -> None:
+    assert describe_predicate(pred("domain", "suffix:ads.example")) == "domain(suffix:ads.example)"
+    assert describe_predicate(pred("dport", "22", "8000-8080", negated=True)) == "!dport(22,8000-8080)"
