@@ -235,17 +235,18 @@ def _key_value(stmt: Stmt) -> tuple[str, str] | None:
     return key, stmt.text[colon + 1 :].strip()
 
 
+def _skip_unknown_block(block: Block, prefix: str, file: str, sink: Sink) -> None:
+    """A nested block where only settings or entries belong: warn once and skip it whole."""
+    sink.warning("unknown-block", join_path(prefix, block.header), "unknown nested block is skipped",
+                 _loc(file, block.line))
+
+
 def _settings(block: Block, prefix: str, file: str, sink: Sink) -> list[Entry]:
     """``key: value`` statements; nested blocks are skipped with ``unknown-block``."""
     out: list[Entry] = []
     for item in block.items:
         if isinstance(item, Block):
-            sink.warning(
-                "unknown-block",
-                join_path(prefix, item.header),
-                "unknown nested block is skipped",
-                _loc(file, item.line),
-            )
+            _skip_unknown_block(item, prefix, file, sink)
             continue
         if item.text.startswith("/*"):
             sink.warning(
@@ -328,12 +329,7 @@ def _entries(block: Block, section: str, file: str, sink: Sink) -> list[Entry]:
     index = 0
     for item in block.items:
         if isinstance(item, Block):
-            sink.warning(
-                "unknown-block",
-                join_path(section, item.header),
-                "unknown nested block is skipped",
-                _loc(file, item.line),
-            )
+            _skip_unknown_block(item, section, file, sink)
             continue
         path = join_path(section, index)
         loc = _loc(file, item.line)
@@ -350,12 +346,7 @@ def _include_paths(block: Block, file: str, sink: Sink, start: int) -> list[Entr
     out: list[Entry] = []
     for item in block.items:
         if isinstance(item, Block):
-            sink.warning(
-                "unknown-block",
-                join_path("include", item.header),
-                "unknown nested block is skipped",
-                _loc(file, item.line),
-            )
+            _skip_unknown_block(item, "include", file, sink)
             continue
         for token in _path_tokens(item.text):
             idx = start + len(out)
@@ -458,12 +449,7 @@ def _routing(block: Block, file: str, sink: Sink, doc: Doc) -> None:
     index = len(doc.rules)
     for item in block.items:
         if isinstance(item, Block):
-            sink.warning(
-                "unknown-block",
-                join_path("routing", item.header),
-                "unknown nested block is skipped",
-                _loc(file, item.line),
-            )
+            _skip_unknown_block(item, "routing", file, sink)
             continue
         loc = _loc(file, item.line)
         if item.text.startswith("/*"):

@@ -302,8 +302,15 @@ class HttpProxyServerConnection:
         # complete. Lets garbage be refused at once instead of after a whole head.
         self._method_probe: bytearray | None = bytearray()
         self._probe_error: ClientProtocolError | None = None
+        self._eof = False
 
     def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the client; ``b""`` means EOF, and nothing may follow it."""
+        if self._eof:
+            if data:
+                raise ClientProtocolError(PROTOCOL, "data-after-eof")
+            return
+        self._eof = not data
         if self._method_probe is not None and data:
             self._probe(data)
         self._h11.receive_data(data)

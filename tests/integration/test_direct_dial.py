@@ -12,11 +12,9 @@ import errno
 import ipaddress
 import os
 import socket
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-import uvloop
 
 from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.errors import Blocked, DialError, DialTimeout
@@ -44,10 +42,6 @@ needs_ipv6 = pytest.mark.skipif(
     reason="this machine has no ::1 (allowed outside CI only)",
 )
 
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Callable[[Coroutine[Any, Any, Any]], Any]:
-    return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
 def listener(host: str) -> socket.socket:

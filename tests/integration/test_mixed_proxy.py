@@ -16,15 +16,14 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import trustme
-import uvloop
-from helpers.peers import IN_CI
+from helpers.peers import require_binary
 from helpers.servers import EchoServer
+from helpers.socks import encode_address
 
 from honk.config.spec import (
     GlobalSpec,
@@ -44,21 +43,8 @@ from honk.core.net import Address, Network
 from honk.inbound.mixed import HANDSHAKE_TIMEOUT, MixedInbound
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 
-CURL = "/usr/bin/curl"
 STEP = 2.0  # seconds: the most any single wait in these tests may take
 
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request) -> Callable[[Coroutine[Any, Any, Any]], Any]:
-    return asyncio.run if request.param == "asyncio" else uvloop.run
-
-
-def _curl() -> str:
-    if os.path.exists(CURL):
-        return CURL
-    if IN_CI:
-        pytest.fail(f"{CURL} is required in CI")
-    pytest.skip(f"{CURL} is not installed (a missing peer skips only outside CI)")
 
 
 # --- origins ----------------------------------------------------------------------------
@@ -201,14 +187,6 @@ async def honk(
 # --- clients -------------------------------------------------------------------------------
 
 
-def _socks_address(host: str, port: int) -> bytes:
-    try:
-        return b"\x01" + socket.inet_aton(host) + struct.pack("!H", port)
-    except OSError:
-        name = host.encode()
-        return bytes((3, len(name))) + name + struct.pack("!H", port)
-
-
 async def socks5_open(
     port: int, host: str, dport: int, *, cmd: int = 1, auth: tuple[str, str] | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, bytes]:
@@ -224,7 +202,7 @@ async def socks5_open(
         status = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
         if status != 0:
             return reader, writer, 0xFF, b""
-    writer.write(bytes((5, cmd, 0)) + _socks_address(host, dport))
+    writer.write(bytes((5, cmd, 0)) + encode_address(host, dport))
     head = await asyncio.wait_for(reader.readexactly(4), STEP)
     tail = await reader.readexactly({1: 6, 4: 18}[head[3]])
     return reader, writer, head[1], tail
@@ -233,7 +211,7 @@ async def socks5_open(
 async def curl(*args: str) -> tuple[int, str, str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     proc = await asyncio.create_subprocess_exec(
-        _curl(),
+        require_binary("curl"),
         "-sS",
         "--max-time",
         "5",
