@@ -14,7 +14,7 @@ venv: $(STAMP)
 # packaging or the _fast sources change. The editable install compiles the kernels.
 $(STAMP): pyproject.toml setup.py $(wildcard honk/_fast/*.py honk/_fast/*.pxd)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77' wheel
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
