@@ -178,3 +178,24 @@ def test_honk_check_rejects_a_broken_file_with_located_errors(tmp_path):
 def test_honkctl_help_describes_the_client():
     out = subprocess.run([sys.executable, "-m", "honk.cli.ctl", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "Inspect and steer a running honk daemon" in out.stdout
+
+
+def test_start_on_a_taken_port_exits_with_a_clear_error_and_code_2(tmp_path):
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    cfg = tmp_path / "honk.dae"
+    cfg.write_text(f"global {{\n    data_dir: ./var\n}}\ninbound {{\n    lan: 'mixed://127.0.0.1:{port}'\n}}\n")
+    try:
+        out = run_cli("run", "-c", str(cfg))
+    finally:
+        holder.close()
+    assert out.returncode == 2
+    assert "honk did not start" in out.stderr and "address already in use" in out.stderr.lower()
+
+
+def test_start_with_an_invalid_file_exits_with_located_errors_and_code_1(tmp_path):
+    cfg = tmp_path / "honk.dae"
+    write_config(cfg, 8080, "no-such-outbound")
+    out = run_cli("run", "-c", str(cfg))
+    assert out.returncode == 1
+    assert "honk.dae:10" in out.stderr and "unknown-outbound" in out.stderr and "did not start" in out.stderr

@@ -80,3 +80,18 @@ def test_repr_of_a_loaded_spec_hides_every_secret(specs):
     for spec in specs.values():
         assert SECRET not in repr(spec)
         assert all(SECRET not in str(d) for d in spec.diagnostics)
+
+
+def test_shipped_demo_configs_mean_the_same_thing():
+    """configs/demo.dae is documented as the same as configs/demo.toml."""
+    from pathlib import Path
+
+    from honk.config.load import load_file
+
+    configs = Path(__file__).resolve().parents[3] / "configs"
+    dae, toml = load_file(configs / "demo.dae"), load_file(configs / "demo.toml")
+    assert dae == toml
+    assert [i.port for i in toml.inbounds] == [7890]
+    assert toml.clash_api is not None and toml.clash_api.external_controller == "127.0.0.1:9090"
+    assert toml.global_.data_dir == str(configs.parent / "var")
+    assert not [d for d in dae.diagnostics + toml.diagnostics if d.severity.value != "info"]
