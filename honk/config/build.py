@@ -8,6 +8,7 @@ path and location; values never appear in messages.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -185,45 +186,28 @@ def _check_dns_target(target: str, index: int, e: Entry, sink: Sink) -> bool:
 # --- inbounds and nodes ----------------------------------------------------------------------
 
 
-def build_inbounds(entries: list[Entry], sink: Sink) -> list[InboundSpec]:
-    out: list[InboundSpec] = []
+def _parse_entries(entries: list[Entry], parse, sink: Sink) -> list[tuple[object, Entry]]:
+    """Parse each entry's link with ``parse(text, tag)``; a refusal becomes a located error."""
+    out = []
     for e in entries:
-        url = V.get_str(e, sink)
-        if url is None:
+        text = V.get_str(e, sink)
+        if text is None:
             continue
         try:
-            spec = parse_inbound_url(url, e.key)
+            parsed = parse(text, e.key)
         except LinkError as exc:
             sink.error(exc.code, e.path, exc.message, e.loc)
             continue
-        out.append(InboundSpec(spec.name, spec.kind, spec.host, spec.port, spec.users, loc=e.loc))
+        out.append((dataclasses.replace(parsed, loc=e.loc), e))
     return out
+
+
+def build_inbounds(entries: list[Entry], sink: Sink) -> list[InboundSpec]:
+    return [spec for spec, _ in _parse_entries(entries, parse_inbound_url, sink)]
 
 
 def build_nodes(entries: list[Entry], sink: Sink) -> list[tuple[NodeSpec, Entry]]:
-    out: list[tuple[NodeSpec, Entry]] = []
-    for e in entries:
-        link = V.get_str(e, sink)
-        if link is None:
-            continue
-        try:
-            node = parse_node_link(link, e.key)
-        except LinkError as exc:
-            sink.error(exc.code, e.path, exc.message, e.loc)
-            continue
-        node = NodeSpec(
-            node.name,
-            node.protocol,
-            node.host,
-            node.port,
-            node.username,
-            node.password,
-            node.params,
-            node.id,
-            loc=e.loc,
-        )
-        out.append((node, e))
-    return out
+    return _parse_entries(entries, parse_node_link, sink)
 
 
 # --- groups ---------------------------------------------------------------------------

@@ -134,6 +134,8 @@ def test_demo_config_serves_on_the_documented_port():
     """`make run` runs exactly this: honk on configs/demo.toml, mixed port 7890."""
     curl = require_binary("curl")
     probe = socket.socket()
+    # The same question honk's bind asks: is there a listener? (TIME_WAIT leftovers don't count.)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(("127.0.0.1", 7890))
     except OSError:
