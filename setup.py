@@ -15,7 +15,11 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNELS = ("movavg",)
+# Kernels compiled from their pure-Python twin (<name>_py.py typed by <name>_c.pxd),
+# and modules written in Cython proper (<name>_c.pyx). A source that does not
+# exist yet is skipped, so the list can name modules before they land.
+KERNELS = ("movavg", "ring", "decay", "beta")
+PYX_MODULES = ("relay",)
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS"))
 REQUIRE_EXTENSIONS = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS"))
 
@@ -51,7 +55,10 @@ def extensions():
             raise
         print("honk: Cython not available; using the pure-Python twins")
         return []
-    exts = [Extension(f"honk._fast.{k}_c", [f"honk/_fast/{k}_py.py"]) for k in KERNELS]
+    exts = [Extension(f"honk._fast.{k}_c", [f"honk/_fast/{k}_py.py"]) for k in KERNELS
+            if os.path.exists(f"honk/_fast/{k}_py.py")]
+    exts += [Extension(f"honk._fast.{m}_c", [f"honk/_fast/{m}_c.pyx"]) for m in PYX_MODULES
+             if os.path.exists(f"honk/_fast/{m}_c.pyx")]
     print(f"honk: compiling {', '.join(e.name for e in exts)} with Cython")
     return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
 

@@ -13,7 +13,9 @@ import os
 import sys
 
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS")) or sys.implementation.name != "cpython"
-KERNELS = ("movavg",)
+# Every selector module honk/_fast/<name>.py; each exposes IMPLEMENTATION.
+KERNELS = tuple(k for k in ("movavg", "ring", "decay", "beta", "relay")
+                if os.path.exists(os.path.join(os.path.dirname(__file__), f"{k}.py")))
 
 
 def implementations() -> dict[str, str]:
