@@ -3,6 +3,10 @@
 Every timer, deadline and idle check in honk reads a :class:`Clock`. The daemon
 uses :class:`MonotonicClock`; tests use :class:`FakeClock` and move time by hand
 with :meth:`FakeClock.advance`, so no test sleeps to synchronise.
+
+Deadlines on a hot path use :meth:`Clock.call_later` (a plain loop timer) or
+:class:`timeout_at` (a deadline scope built on it), not a sleeping task: a
+per-flow task plus ``asyncio.wait`` costs several times more than a timer.
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None:
+        """Stop the timer; cancelling a fired or cancelled timer does nothing."""
 
 
 class Clock(Protocol):
@@ -23,6 +33,9 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None:
         """Suspend the calling task for ``seconds`` of this clock's time."""
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> TimerHandle:
+        """Run ``callback`` on the running loop after ``delay`` seconds of this clock's time."""
 
 
 class MonotonicClock:
@@ -37,18 +50,34 @@ class MonotonicClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
+    def call_later(self, delay: float, callback: Callable[[], object]) -> TimerHandle:
+        return asyncio.get_running_loop().call_later(max(0.0, delay), callback)
+
+
+class _FakeTimer:
+    __slots__ = ("callback", "cancelled")
+
+    def __init__(self, callback: Callable[[], object]) -> None:
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
 
 class FakeClock:
     """A clock that only moves when a test calls :meth:`advance`.
 
-    Sleepers are woken in deadline order by ``advance``; a sleep of zero or less
-    returns after one loop iteration, like ``asyncio.sleep(0)``.
+    Timers (sleeps and ``call_later`` callbacks) fire in deadline order inside
+    ``advance``; a sleep of zero or less returns after one loop iteration, like
+    ``asyncio.sleep(0)``, and a ``call_later`` with a non-positive delay runs on
+    the next loop iteration.
     """
 
     def __init__(self, start: float = 1000.0, wall_offset: float = 1_700_000_000.0) -> None:
         self._now = start
         self._wall_offset = wall_offset
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
@@ -62,20 +91,77 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), fut))
-        await fut
+        timer = self.call_later(seconds, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> TimerHandle:
+        timer = _FakeTimer(callback)
+        if delay <= 0:
+            asyncio.get_running_loop().call_soon(lambda: timer.cancelled or callback())
+            return timer
+        heapq.heappush(self._timers, (self._now + delay, next(self._seq), timer))
+        return timer
 
     @property
     def sleepers(self) -> int:
-        """How many tasks are waiting on this clock (cancelled ones excluded)."""
-        return sum(1 for _, _, f in self._sleepers if not f.done())
+        """How many timers (sleeps and callbacks) are armed and not cancelled."""
+        return sum(1 for _, _, t in self._timers if not t.cancelled)
 
     def advance(self, seconds: float) -> None:
-        """Move time forward and wake every sleeper whose deadline has come."""
+        """Move time forward and fire every timer whose deadline has come, in order."""
         if seconds < 0:
             raise ValueError("a clock does not go backwards")
         self._now += seconds
-        while self._sleepers and self._sleepers[0][0] <= self._now:
-            _, _, fut = heapq.heappop(self._sleepers)
-            if not fut.done():
-                fut.set_result(None)
+        while self._timers and self._timers[0][0] <= self._now:
+            _, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                timer.cancelled = True  # fired: no longer armed
+                timer.callback()
+
+
+class timeout_at:  # noqa: N801 - used like asyncio.timeout_at
+    """``async with timeout_at(clock, deadline):`` cancels the block at ``deadline``
+    (absolute, on ``clock``) and raises :class:`TimeoutError` in its place.
+
+    The same contract as ``asyncio.timeout_at``, but on an injected clock: one
+    loop timer, no extra task. A cancellation from outside is not turned into a
+    timeout.
+    """
+
+    __slots__ = ("_clock", "_deadline", "_task", "_handle", "_expired")
+
+    def __init__(self, clock: Clock, deadline: float) -> None:
+        self._clock = clock
+        self._deadline = deadline
+        self._task: asyncio.Task | None = None
+        self._handle: TimerHandle | None = None
+        self._expired = False
+
+    @property
+    def expired(self) -> bool:
+        return self._expired
+
+    async def __aenter__(self) -> timeout_at:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("timeout_at must be used inside a task")
+        self._task = task
+        self._handle = self._clock.call_later(self._deadline - self._clock.now(), self._expire)
+        return self
+
+    def _expire(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._expired = True
+            self._task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._expired and self._task is not None:
+            # Our cancel was delivered; a cancel from outside as well keeps the count above zero.
+            if self._task.uncancel() == 0 and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+        return False

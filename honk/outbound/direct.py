@@ -26,7 +26,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from honk.core.clock import Clock
+from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialError, DialTimeout
 from honk.core.net import Address, IPAddress
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
@@ -123,7 +123,18 @@ class DirectOutbound:
                 target.host, min(deadline, self._clock.now() + self._connect_timeout)
             )
         connect_deadline = min(deadline, self._clock.now() + self._connect_timeout)
+        if len(addresses) == 1:  # nothing to race: one attempt under one timer
+            return await self._single(addresses[0], target.port, connect_deadline)
         return await self._race(interleave_families(addresses), target.port, connect_deadline)
+
+    async def _single(self, ip: IPAddress, port: int, deadline: float) -> socket.socket:
+        try:
+            async with timeout_at(self._clock, deadline):
+                return await self._attempt(ip, port)
+        except TimeoutError:
+            raise DialTimeout(self.name, "connect", f"port {port}: no connection before the deadline") from None
+        except OSError as exc:
+            raise self._failed([ip], port, [exc]) from None
 
     async def _resolve(self, host: str, deadline: float) -> list[IPAddress]:
         try:

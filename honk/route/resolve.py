@@ -8,13 +8,12 @@ duplicates). It raises :class:`ResolveError` when the name has no address and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from honk.core.clock import Clock
+from honk.core.clock import Clock, timeout_at
 from honk.core.errors import HonkError
 from honk.core.net import IPAddress
 
@@ -39,23 +38,10 @@ async def wait_until(clock: Clock, deadline: float, awaitable: Awaitable[T]) -> 
     """Await ``awaitable`` until ``deadline`` (absolute, on ``clock``).
 
     Raises :class:`TimeoutError` when the deadline passes first; the awaitable
-    is then cancelled. A result that is ready together with the deadline wins.
+    is then cancelled.
     """
-    work = asyncio.ensure_future(awaitable)
-    timer = asyncio.ensure_future(clock.sleep(deadline - clock.now()))
-    try:
-        done, _ = await asyncio.wait((work, timer), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        timer.cancel()
-        if not work.done():
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-        with contextlib.suppress(asyncio.CancelledError):
-            await timer
-    if work in done:
-        return work.result()
-    raise TimeoutError
+    async with timeout_at(clock, deadline):
+        return await awaitable
 
 
 class SystemResolver:
