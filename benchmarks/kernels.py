@@ -1,29 +1,92 @@
-"""The compiled ``_fast`` kernels against their pure-Python twins."""
+"""The compiled ``_fast`` kernels against their pure-Python twins.
+
+Each row times the same loop of calls on the compiled module (``honk`` column)
+and on the twin (``baseline`` column); the ratio is compiled / twin. A kernel
+whose compiled module is not built reports "not built" and the twin's rate.
+"""
 
 from __future__ import annotations
 
+import importlib
 import time
+from collections.abc import Callable
 
-from honk._fast import movavg_py
-
-UPDATES = 2_000_000
+OPS = 2_000_000  # calls per row for the cheap kernels; the Beta row runs OPS // 40
 
 
-def _rate(cls, n: int) -> float:
-    avg = cls()
-    update = avg.update
-    start = time.perf_counter()
+def _movavg_update(mod, n: int) -> None:
+    update = mod.HalvingAverage().update
     for i in range(n):
         update(0.001 * (i & 255))
+
+
+def _ema_update(mod, n: int) -> None:
+    update = mod.Ema().update
+    for i in range(n):
+        update(0.001 * (i & 255))
+
+
+def _weighted_mean_add(mod, n: int) -> None:
+    add = mod.WeightedMean().add
+    for i in range(n):
+        add(0.001 * (i & 255))
+
+
+def _ring_push(mod, n: int) -> None:
+    push = mod.LatencyRing(10).push
+    for i in range(n):
+        push(float(i), 0.001 * (i & 255), (i & 15) == 0)
+
+
+def _decay_add_value(mod, n: int) -> None:
+    counter = mod.DecayedCounter(1800.0)
+    add = counter.add
+    value = counter.value
+    for i in range(n):
+        add(1.0, float(i))
+        value(i + 0.5)
+
+
+def _beta_lower_bound(mod, n: int) -> None:
+    bound = mod.beta_lower_bound
+    for i in range(n):
+        bound(float(i % 97), float(i % 13), 0.95, 1.0, 1.0, 2.0)
+
+
+# (row label, kernel, loop over one implementation module, calls per OPS)
+ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
+    ("movavg.HalvingAverage.update", "movavg", _movavg_update, 1.0),
+    ("movavg.Ema.update", "movavg", _ema_update, 1.0),
+    ("movavg.WeightedMean.add", "movavg", _weighted_mean_add, 1.0),
+    ("ring.LatencyRing.push (cap 10)", "ring", _ring_push, 1.0),
+    ("decay.DecayedCounter add+value", "decay", _decay_add_value, 0.5),
+    ("beta.beta_lower_bound", "beta", _beta_lower_bound, 1 / 40),
+)
+
+
+def _rate(loop: Callable[[object, int], None], mod, n: int) -> float:
+    start = time.perf_counter()
+    loop(mod, n)
     return n / (time.perf_counter() - start)
 
 
 def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
-    n = UPDATES // 10 if quick else UPDATES
-    try:
-        from honk._fast import movavg_c
-    except ImportError:
-        return [("movavg.update (ops/s)", "not built", f"{_rate(movavg_py.HalvingAverage, n):,.0f}", "-")]
-    compiled = _rate(movavg_c.HalvingAverage, n)
-    python = _rate(movavg_py.HalvingAverage, n)
-    return [("movavg.update (ops/s), vs twin", f"{compiled:,.0f}", f"{python:,.0f}", f"{compiled / python:.2f}x")]
+    ops = OPS // 10 if quick else OPS
+    rows = []
+    for label, kernel, loop, share in ROWS:
+        n = max(1, int(ops * share))
+        twin = importlib.import_module(f"honk._fast.{kernel}_py")
+        try:
+            compiled_mod = importlib.import_module(f"honk._fast.{kernel}_c")
+        except ImportError:
+            rows.append((f"{label} (ops/s)", "not built", f"{_rate(loop, twin, n):,.0f}", "-"))
+            continue
+        compiled = _rate(loop, compiled_mod, n)
+        python = _rate(loop, twin, n)
+        rows.append((f"{label} (ops/s), vs twin", f"{compiled:,.0f}", f"{python:,.0f}", f"{compiled / python:.2f}x"))
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print("  ".join(row))

@@ -17,3 +17,18 @@ def load(kernel: str, impl: str):
 @pytest.fixture(params=IMPLS)
 def movavg_mod(request):
     return load("movavg", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def ring_mod(request):
+    return load("ring", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def decay_mod(request):
+    return load("decay", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def beta_mod(request):
+    return load("beta", request.param)
