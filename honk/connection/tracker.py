@@ -53,6 +53,7 @@ class ConnectionInfo:
     download: int  # bytes upstream → client so far
     start: float  # wall-clock seconds since the epoch (clock.wall())
     plane_generation: int  # the Plane generation that routed the flow
+    engine: str = ""  # the relay engine carrying a TCP flow ("native", "copy", ...); "" for others
 
 
 def _as_error(reason: HonkError | str | None) -> HonkError:
@@ -119,6 +120,11 @@ class TrackedFlow:
         return self._handle.last_activity
 
     @property
+    def engine(self) -> str:
+        """Which relay engine carries the flow (the handle's ``engine``), "" if it has none."""
+        return getattr(self._handle, "engine", "")
+
+    @property
     def closing(self) -> bool:
         return self.close_reason is not None
 
@@ -153,6 +159,7 @@ class TrackedFlow:
             download=self._handle.bytes_down,
             start=self.start,
             plane_generation=self.plane_generation,
+            engine=self.engine,
         )
 
 

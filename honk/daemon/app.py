@@ -39,6 +39,7 @@ from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, MonotonicClock
 from honk.daemon.logs import kv, set_level
 from honk.inbound.mixed import MixedInbound
+from honk.relay.native import close_engines
 
 log = logging.getLogger("honk.daemon")
 
@@ -196,6 +197,7 @@ class Daemon:
                 self._sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._sweeper
+            close_engines()  # joins the native relay worker and closes its fds
             log.info("honk stopped")
             self._stopped.set()
 

@@ -15,20 +15,25 @@ buffered (they must be sent upstream first) and whether EOF was seen.
 reference; a native splice engine replaces it by taking the client's fd
 (``transport.get_extra_info("socket")``) after ``detach`` and the upstream fd
 directly, and must pass the same tests in ``tests/unit/relay/``.
-:func:`relay_engine` is the one place that picks the engine.
+:class:`~honk.relay.native.NativeRelay` is that engine (splice in a worker
+thread, :mod:`honk._fast.relay`). :func:`relay_engine` is the one place that
+picks the engine; ``HONK_RELAY=copy|native`` forces a choice (benchmarks,
+debugging), read at each call.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Protocol
 
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.relay.copy import CopyRelay
+from honk.relay.native import NativeRelay, native_available
 from honk.relay.stream import StreamConn
 
-__all__ = ["CopyRelay", "RelayEngine", "StreamConn", "relay_engine"]
+__all__ = ["CopyRelay", "NativeRelay", "RelayEngine", "StreamConn", "relay_engine"]
 
 
 class RelayEngine(Protocol):
@@ -43,5 +48,15 @@ class RelayEngine(Protocol):
 
 
 def relay_engine(clock: Clock) -> RelayEngine:
-    """A new relay; today always the copy engine."""
+    """A new relay for one flow.
+
+    The native engine when it is compiled, else the copy engine.
+    ``HONK_RELAY=copy`` forces the copy engine; ``HONK_RELAY=native`` forces the
+    native one even when only its pure-Python twin is available.
+    """
+    choice = os.environ.get("HONK_RELAY", "").strip().lower()
+    if choice == "copy":
+        return CopyRelay(clock)
+    if choice == "native" or native_available():
+        return NativeRelay(clock)
     return CopyRelay(clock)

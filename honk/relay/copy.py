@@ -15,9 +15,9 @@ Invariants:
   * Half-close: EOF from one side becomes ``write_eof()`` on the other while
     the opposite direction keeps flowing. The flow finishes cleanly once both
     directions have seen EOF; both transports are then closed (flushing).
-  * End classification (the first cause wins): a lost client connection
-    (reset, failed write) is :class:`ClientGone`; a lost upstream connection
-    is :class:`UpstreamFailed`; :meth:`CopyRelay.close` ends with the reason
+  * End classification (the first cause wins), by :mod:`honk.relay.ends`: a
+    lost client connection (reset, failed write) is :class:`ClientGone`; a
+    lost upstream connection is :class:`UpstreamFailed`; both keep the errno; :meth:`CopyRelay.close` ends with the reason
     given (``IdleTimeout`` from the tracker's sweeper, ``FlowClosed`` by
     default). A client's EOF alone is a half-close, not an error.
   * ``bytes_up`` (client → upstream, including pipelined handshake bytes),
@@ -31,7 +31,8 @@ import asyncio
 import socket
 
 from honk.core.clock import Clock
-from honk.core.errors import ClientGone, FlowClosed, HonkError, UpstreamFailed
+from honk.core.errors import FlowClosed, HonkError, UpstreamFailed
+from honk.relay.ends import client_error, upstream_error
 from honk.relay.stream import StreamConn
 
 __all__ = ["CopyRelay", "WRITE_HIGH_WATER"]
@@ -110,9 +111,9 @@ class _Side(asyncio.Protocol):
         self.lost = True
         relay = self.relay
         if exc is not None or not relay._finishing:
-            side = "client" if self.is_client else "upstream"
-            cause = f"{side} connection lost: {exc!r}" if exc else f"{side} connection closed"
-            relay._fail(ClientGone(cause) if self.is_client else UpstreamFailed(cause))
+            err = getattr(exc, "errno", None)
+            detail = "" if exc is None or err is not None else repr(exc)
+            relay._fail(client_error(err, detail) if self.is_client else upstream_error(err, detail))
         relay._side_lost()
 
     def pause_writing(self) -> None:

@@ -1,0 +1,58 @@
+"""Selects the relay engine implementation; the rest of honk imports this.
+
+``Engine`` is ``relay_c.Engine`` (compiled: a worker thread splicing natively)
+when built, else ``relay_py.Engine`` (the twin on the loop's readers/writers).
+``HONK_NO_EXTENSIONS=1`` forces the twin. Both share the constants of
+:mod:`honk._fast.relay_py`.
+"""
+
+from typing import TYPE_CHECKING
+
+from honk._fast import NO_EXTENSIONS
+from honk._fast.relay_py import (
+    END_CANCELLED,
+    END_CLEAN,
+    END_ERROR,
+    EV_BYTES,
+    EV_END,
+    EV_FIRST_BYTE,
+    EV_HALF_CLOSE,
+    EV_OPEN,
+    SIDE_CLIENT,
+    SIDE_LOCAL,
+    SIDE_UPSTREAM,
+    EngineClosed,
+    RelayListener,
+)
+
+if TYPE_CHECKING or NO_EXTENSIONS:
+    from honk._fast.relay_py import Engine
+
+    IMPLEMENTATION = "python"
+else:
+    try:
+        from honk._fast.relay_c import Engine
+
+        IMPLEMENTATION = "compiled"
+    except ImportError:  # a source checkout without a build
+        from honk._fast.relay_py import Engine
+
+        IMPLEMENTATION = "python"
+
+__all__ = [
+    "Engine",
+    "EngineClosed",
+    "IMPLEMENTATION",
+    "RelayListener",
+    "EV_OPEN",
+    "EV_FIRST_BYTE",
+    "EV_BYTES",
+    "EV_HALF_CLOSE",
+    "EV_END",
+    "END_CLEAN",
+    "END_ERROR",
+    "END_CANCELLED",
+    "SIDE_CLIENT",
+    "SIDE_UPSTREAM",
+    "SIDE_LOCAL",
+]

@@ -1,0 +1,131 @@
+# C-level contract of honk._fast.relay_c (the compiled relay engine).
+#
+# Ownership, in one place:
+#   * the asyncio thread owns the slot table (``blocks``/``free_slots``), the
+#     Python objects and the ``events``/``spare`` swap on drain;
+#   * the worker thread owns every ``Flow`` field except ``bytes_*`` (written
+#     by the worker, read atomically by the asyncio thread) from the moment it
+#     takes the ADD command until it publishes the flow's END event; after
+#     END the worker never touches that slot again;
+#   * ``lock`` guards ``cmds`` and ``events`` only; nothing else is shared.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t*, void*)
+    int pthread_mutex_destroy(pthread_mutex_t*)
+    int pthread_mutex_lock(pthread_mutex_t*)
+    int pthread_mutex_unlock(pthread_mutex_t*)
+
+
+# One direction of a flow: src fd -> (pipe | user-space buffer) -> dst fd.
+cdef struct Dir:
+    int pr                # pipe read end, -1 in copy mode
+    int pw                # pipe write end, -1 in copy mode
+    size_t in_pipe        # bytes sitting in the pipe (bytes)
+    char* buf             # user-space bytes owed to dst: the preamble, or the copy buffer
+    size_t off            # first unsent byte in buf
+    size_t len            # end of the unsent bytes in buf
+    size_t cap            # allocated size of buf (bytes)
+    uint8_t copy          # recv/send instead of splice (EINVAL from splice, or forced)
+    uint8_t src_eof       # src returned EOF (or the handshake saw it)
+    uint8_t shut          # shutdown(dst, SHUT_WR) done: this direction is finished
+
+
+cdef struct Flow:
+    uint64_t id           # written by the worker at ADD; CANCEL must match it
+    int fd[2]             # [0] client, [1] upstream
+    Dir d[2]              # [0] up: client -> upstream, [1] down: upstream -> client
+    uint64_t bytes_up     # bytes read from the client (atomic store/load)
+    uint64_t bytes_down   # bytes read from the upstream (atomic store/load)
+    uint64_t rep_up       # last reported totals
+    uint64_t rep_down
+    double next_report    # CLOCK_MONOTONIC seconds before which no BYTES event goes out
+    uint8_t readable[2]   # edge-triggered readiness we have not yet consumed, per fd
+    uint8_t writable[2]
+    uint8_t first_down    # FIRST_BYTE already reported
+    uint8_t ended
+    uint8_t queued        # on the worker's "again" list (budget ran out)
+    uint8_t dirty         # on the worker's "report later" list
+    Flow* prev            # the worker's list of live flows
+    Flow* next
+
+
+cdef struct Cmd:
+    int kind              # CMD_ADD, CMD_CANCEL, CMD_SHUTDOWN
+    Flow* flow
+    uint64_t id
+    int fd[2]
+    char* preamble        # malloc'd, handed to the worker (may be NULL)
+    size_t preamble_len
+    uint8_t client_eof
+    uint8_t copy
+
+
+cdef struct Event:
+    uint64_t id
+    int32_t kind
+    int32_t pad
+    int64_t a
+    int64_t b
+    double t              # CLOCK_MONOTONIC seconds (same clock as time.monotonic())
+
+
+cdef struct Vec:          # a growable array of fixed-size records
+    char* data
+    size_t n
+    size_t cap
+    size_t size
+
+
+cdef class Engine:
+    # shared with the worker (behind lock)
+    cdef pthread_mutex_t lock
+    cdef Vec cmds
+    cdef Vec events
+    # asyncio-thread side
+    cdef Vec spare
+    cdef Flow** blocks
+    cdef uint32_t* free_slots
+    cdef size_t n_free
+    cdef size_t cap_free
+    cdef uint32_t n_slots
+    cdef uint64_t generation
+    cdef dict _listeners
+    cdef object _loop
+    cdef object _thread
+    cdef object __weakref__
+    # worker side
+    cdef int epfd
+    cdef int wake_fd          # commands -> worker
+    cdef int event_fd         # events -> asyncio
+    cdef int pool[64]         # reusable empty pipe pairs (read, write, read, write, ...)
+    cdef int n_pool
+    cdef int pipe_size
+    cdef Flow* live
+    cdef Vec wcmds
+    cdef Vec again
+    cdef Vec dirty
+    cdef Vec local_events
+    cdef char running
+    cdef char stopping
+    cdef char _closed
+    cdef char lock_ready
+    cdef readonly str implementation
+
+    cdef Flow* _slot(self, uint32_t slot)
+    cdef void _free_slot(self, uint32_t slot)
+    cdef void _worker(self) noexcept nogil
+    cdef void _take_commands(self, double now) noexcept nogil
+    cdef void _add(self, Cmd* c, double now) noexcept nogil
+    cdef int _pump(self, Flow* f, int di, double now) noexcept nogil
+    cdef void _service(self, Flow* f, double now) noexcept nogil
+    cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
+    cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil
+    cdef void _report(self, Flow* f, double now) noexcept nogil
+    cdef void _publish(self) noexcept nogil
+    cdef int _take_pipe(self, Dir* d) noexcept nogil
+    cdef void _drop_pipe(self, Dir* d) noexcept nogil

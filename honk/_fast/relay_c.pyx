@@ -1,0 +1,871 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled relay engine: a splice(2) forwarder driven by one worker thread.
+
+Design (and why):
+  * One :class:`Engine` per event loop owns one worker thread that runs an
+    ``epoll_wait`` loop without the GIL. No Python code runs per chunk, per
+    readiness event or per flow inside the worker; Python is touched only by
+    the asyncio thread when it adds a flow, cancels one, reads counters or
+    drains events. One thread (not one per flow) keeps the per-connection cost
+    at two ``epoll_ctl`` calls, two non-blocking switches and a pipe pair
+    taken from a small pool.
+  * Every flow is two fds (client, upstream) registered edge-triggered
+    (``EPOLLIN|EPOLLOUT|EPOLLRDHUP|EPOLLET``) once, so readiness never needs
+    re-arming: the worker remembers "readable"/"writable" per fd and clears
+    them only on ``EAGAIN``. Each direction moves data src -> pipe -> dst with
+    ``splice(SPLICE_F_MOVE|SPLICE_F_NONBLOCK)``: zero-copy. The pipe is
+    drained before src is read again, so backpressure is implicit: while dst
+    answers ``EAGAIN`` the bytes stay in the pipe, src is not read and its
+    receive window closes; ``EPOLLOUT`` on dst resumes the direction.
+  * A direction whose splice fails with ``EINVAL`` (an fd type splice cannot
+    serve) switches to recv/send through a per-direction 64 KiB buffer, chosen
+    automatically per flow; ``add(copy=True)`` forces it (tests). The same
+    buffer carries the handshake's preamble, which is written to the upstream
+    before anything read from the client.
+  * EOF from src becomes ``shutdown(dst, SHUT_WR)`` once the pipe is empty
+    (half-close); the other direction keeps flowing. Both directions shut ->
+    the flow ends cleanly. Any other error ends the flow with (side, errno):
+    side 0 is an error on the client fd, 1 on the upstream fd, 2 local (no
+    pipe, no memory). ``EPOLLERR`` is read with ``SO_ERROR`` so that a reset
+    is noticed even on a direction that is already finished.
+  * A flow does at most 1 MiB per direction per turn before the worker looks
+    at other fds again (fairness); remaining work is retried with a zero
+    timeout, since edge-triggered readiness is not re-announced.
+  * Events go to asyncio through a queue: the worker collects records
+    (flow id, kind, a, b, time) during one loop turn and appends them under
+    the mutex at the end of the turn, writing the eventfd only when the queue
+    was empty. The asyncio thread (``loop.add_reader(eventfd, drain)``) swaps
+    the queue out and calls ``listener.relay_event(kind, a, b, t)``. A flow's
+    END is published only after the turn that ended it, so the worker never
+    touches a slot that the asyncio side may already be reusing.
+  * Byte events are coalesced to one per second per flow (plus final totals
+    just before END). That is enough for the tracker's idle sweeper, whose
+    timeouts are minutes; exact live totals are available at any moment from
+    :meth:`Engine.counters` (relaxed atomic loads of the worker's counters).
+  * Event times come from ``CLOCK_MONOTONIC``: the same clock as
+    ``time.monotonic()`` (honk's MonotonicClock). Code driven by a FakeClock
+    must not use them; the adapter stamps ``last_activity`` with its own
+    clock when it drains an event.
+  * Commands into the worker (ADD, CANCEL, SHUTDOWN) go through a command
+    queue under the same mutex plus a wake eventfd in the epoll set.
+
+Public API (identical in ``relay_py.Engine``): ``Engine(loop=None,
+pipe_size=0)``, ``add(client_fd, upstream_fd, listener, preamble=b"",
+client_eof=False, copy=False) -> id`` (takes ownership of both fds),
+``cancel(id) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
+``active``, ``closed``, ``implementation``. Event kinds and end causes are the
+constants of :mod:`honk._fast.relay_py`.
+"""
+
+import threading
+import weakref
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.errno cimport EAGAIN, EINTR, EINVAL, ENOMEM, errno
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.unistd cimport close, read, write
+
+from honk._fast import relay_py as _py
+
+cdef extern from *:
+    """
+    #include <sys/epoll.h>
+    #include <sys/eventfd.h>
+    #include <sys/ioctl.h>
+    #include <sys/socket.h>
+    #include <fcntl.h>
+    static inline uint64_t honk_load64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+    static inline void honk_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
+    static inline int honk_nonblock(int fd) { int one = 1; return ioctl(fd, FIONBIO, &one); }
+    static inline int honk_so_error(int fd) {
+        int err = 0; socklen_t len = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) return errno;
+        return err;
+    }
+    static inline int honk_epoll_add(int ep, int fd, uint64_t data, uint32_t events) {
+        struct epoll_event ev; ev.events = events; ev.data.u64 = data;
+        return epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+    }
+    static inline void honk_epoll_del(int ep, int fd) {
+        struct epoll_event ev; epoll_ctl(ep, EPOLL_CTL_DEL, fd, &ev);
+    }
+    """
+    uint64_t honk_load64(uint64_t* p) nogil
+    void honk_store64(uint64_t* p, uint64_t v) nogil
+    int honk_nonblock(int fd) nogil
+    int honk_so_error(int fd) nogil
+    int honk_epoll_add(int ep, int fd, uint64_t data, uint32_t events) nogil
+    void honk_epoll_del(int ep, int fd) nogil
+
+    ctypedef union epoll_data_t:
+        uint64_t u64
+    struct epoll_event:
+        uint32_t events
+        epoll_data_t data
+    int epoll_create1(int flags) nogil
+    int epoll_wait(int epfd, epoll_event* events, int maxevents, int timeout) nogil
+    int EPOLL_CLOEXEC, EPOLLIN, EPOLLOUT, EPOLLRDHUP, EPOLLERR, EPOLLHUP, EPOLLET
+    int eventfd(unsigned int initval, int flags) nogil
+    int EFD_NONBLOCK, EFD_CLOEXEC
+    ssize_t splice(int fd_in, void* off_in, int fd_out, void* off_out, size_t len, unsigned int flags) nogil
+    int SPLICE_F_MOVE, SPLICE_F_NONBLOCK
+    int pipe2(int* fds, int flags) nogil
+    int fcntl(int fd, int cmd, ...) nogil
+    int F_SETPIPE_SZ, O_NONBLOCK, O_CLOEXEC
+    ssize_t recv(int fd, void* buf, size_t n, int flags) nogil
+    ssize_t send(int fd, const void* buf, size_t n, int flags) nogil
+    int shutdown(int fd, int how) nogil
+    int SHUT_WR, MSG_DONTWAIT, MSG_NOSIGNAL
+
+
+# Event kinds and end causes: one definition, in the pure-Python twin.
+EV_OPEN = _py.EV_OPEN
+EV_FIRST_BYTE = _py.EV_FIRST_BYTE
+EV_BYTES = _py.EV_BYTES
+EV_HALF_CLOSE = _py.EV_HALF_CLOSE
+EV_END = _py.EV_END
+END_CLEAN = _py.END_CLEAN
+END_ERROR = _py.END_ERROR
+END_CANCELLED = _py.END_CANCELLED
+SIDE_CLIENT = _py.SIDE_CLIENT
+SIDE_UPSTREAM = _py.SIDE_UPSTREAM
+SIDE_LOCAL = _py.SIDE_LOCAL
+EngineClosed = _py.EngineClosed
+
+# The same values as C constants for the worker (checked at import below).
+cdef enum:
+    K_OPEN = 1
+    K_FIRST_BYTE = 2
+    K_BYTES = 3
+    K_HALF_CLOSE = 4
+    K_END = 5
+    C_CLEAN = 0
+    C_ERROR = 1
+    C_CANCELLED = 2
+    S_LOCAL = 2
+    CMD_ADD = 1
+    CMD_CANCEL = 2
+    CMD_SHUTDOWN = 3
+
+assert (K_OPEN, K_FIRST_BYTE, K_BYTES, K_HALF_CLOSE, K_END) == (
+    EV_OPEN, EV_FIRST_BYTE, EV_BYTES, EV_HALF_CLOSE, EV_END)
+assert (C_CLEAN, C_ERROR, C_CANCELLED, S_LOCAL) == (END_CLEAN, END_ERROR, END_CANCELLED, SIDE_LOCAL)
+
+DEF BLOCK_BITS = 8                 # 256 flows per block of slots
+DEF BLOCK_SIZE = 256
+DEF MAX_BLOCKS = 4096              # at most 1,048,576 concurrent flows per engine
+DEF MAX_EVENTS = 256               # readiness events taken per epoll_wait
+DEF TURN_BUDGET = 1048576          # bytes one direction may move per loop turn
+DEF SPLICE_CHUNK = 1048576         # asked per splice into the pipe; the pipe's capacity bounds it
+DEF COPY_BUFFER = 65536            # per-direction buffer in copy mode (bytes)
+DEF POOL_PIPES = 32                # reusable empty pipe pairs kept by the worker
+DEF REPORT_INTERVAL = 1.0          # seconds between coalesced BYTES events of one flow
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef int _vec_push(Vec* v, const void* item) noexcept nogil:
+    cdef size_t cap
+    cdef char* data
+    if v.n == v.cap:
+        cap = v.cap * 2 if v.cap else 64
+        data = <char*>realloc(v.data, cap * v.size)
+        if data == NULL:
+            return -1
+        v.data = data
+        v.cap = cap
+    memcpy(v.data + v.n * v.size, item, v.size)
+    v.n += 1
+    return 0
+
+
+cdef inline void _vec_swap(Vec* a, Vec* b) noexcept nogil:
+    cdef Vec t = a[0]
+    a[0] = b[0]
+    b[0] = t
+
+
+cdef inline void _vec_init(Vec* v, size_t size) noexcept nogil:
+    v.data = NULL
+    v.n = 0
+    v.cap = 0
+    v.size = size
+
+
+cdef inline void _vec_free(Vec* v) noexcept nogil:
+    free(v.data)
+    v.data = NULL
+    v.n = v.cap = 0
+
+
+cdef class Engine:
+    """One relay worker thread bound to one event loop; see the module docstring."""
+
+    def __cinit__(self):
+        self.epfd = -1
+        self.wake_fd = -1
+        self.event_fd = -1
+        self.n_pool = 0
+        self.live = NULL
+        self.blocks = NULL
+        self.free_slots = NULL
+        self._closed = 1  # until __init__ has everything in place
+        _vec_init(&self.cmds, sizeof(Cmd))
+        _vec_init(&self.wcmds, sizeof(Cmd))
+        _vec_init(&self.events, sizeof(Event))
+        _vec_init(&self.spare, sizeof(Event))
+        _vec_init(&self.local_events, sizeof(Event))
+        _vec_init(&self.again, sizeof(Flow*))
+        _vec_init(&self.dirty, sizeof(Flow*))
+
+    def __init__(self, loop=None, *, int pipe_size=0):
+        import asyncio
+
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        self.implementation = "compiled"
+        self.pipe_size = pipe_size
+        self._listeners = {}
+        self.generation = 1
+        self.blocks = <Flow**>calloc(MAX_BLOCKS, sizeof(Flow*))
+        if self.blocks == NULL:
+            raise MemoryError()
+        pthread_mutex_init(&self.lock, NULL)
+        self.lock_ready = 1
+        self.epfd = epoll_create1(EPOLL_CLOEXEC)
+        self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        self.event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if self.epfd < 0 or self.wake_fd < 0 or self.event_fd < 0:
+            err = errno
+            self._release()
+            raise OSError(err, "relay engine setup failed")
+        if honk_epoll_add(self.epfd, self.wake_fd, 0, EPOLLIN) < 0:
+            err = errno
+            self._release()
+            raise OSError(err, "relay engine setup failed")
+        self._loop = weakref.ref(loop)
+        loop.add_reader(self.event_fd, self._drain)
+        self._closed = 0
+        self.running = 1
+        self._thread = threading.Thread(target=self._run, name="honk-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        with nogil:
+            self._worker()
+
+    # -- the asyncio side ------------------------------------------------------------
+
+    @property
+    def active(self):
+        """Flows added and not yet ended (their END event not yet drained)."""
+        return len(self._listeners)
+
+    @property
+    def closed(self):
+        return bool(self._closed)
+
+    cdef Flow* _slot(self, uint32_t slot):
+        return &self.blocks[slot >> BLOCK_BITS][slot & (BLOCK_SIZE - 1)]
+
+    def add(self, int client_fd, int upstream_fd, listener, bytes preamble=b"",
+            bint client_eof=False, bint copy=False):
+        """Relay between two connected stream fds; returns the flow id.
+
+        The engine owns both fds from now on and closes them when the flow
+        ends. ``preamble`` is written to the upstream before any byte read
+        from the client; ``client_eof`` means the client already sent EOF.
+        ``listener.relay_event(kind, a, b, t)`` receives the flow's events on
+        the loop's thread. Raises EngineClosed after ``close()``.
+        """
+        cdef Cmd c
+        cdef uint32_t slot
+        cdef Flow* block
+        cdef Flow* f
+        cdef size_t n = PyBytes_GET_SIZE(preamble)
+        cdef bint was_empty
+        cdef int rc
+        cdef uint64_t one = 1
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        if self.n_free:
+            self.n_free -= 1
+            slot = self.free_slots[self.n_free]
+        else:
+            if self.n_slots >= <uint32_t>(MAX_BLOCKS * BLOCK_SIZE):
+                raise OSError(ENOMEM, "too many concurrent relay flows")
+            if self.blocks[self.n_slots >> BLOCK_BITS] == NULL:
+                block = <Flow*>calloc(BLOCK_SIZE, sizeof(Flow))
+                if block == NULL:
+                    raise MemoryError()
+                self.blocks[self.n_slots >> BLOCK_BITS] = block
+            slot = self.n_slots
+            self.n_slots += 1
+        f = self._slot(slot)
+        # The previous owner of this slot has ended (its END was drained), so the
+        # worker does not touch it until it takes this ADD.
+        honk_store64(&f.bytes_up, 0)
+        honk_store64(&f.bytes_down, 0)
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_ADD
+        c.flow = f
+        c.id = (self.generation << 32) | slot
+        self.generation += 1
+        c.fd[0] = client_fd
+        c.fd[1] = upstream_fd
+        c.client_eof = client_eof
+        c.copy = copy
+        if n:
+            c.preamble = <char*>malloc(n)
+            if c.preamble == NULL:
+                self._free_slot(slot)
+                raise MemoryError()
+            memcpy(c.preamble, PyBytes_AS_STRING(preamble), n)
+            c.preamble_len = n
+        pthread_mutex_lock(&self.lock)
+        was_empty = self.cmds.n == 0
+        rc = _vec_push(&self.cmds, &c)
+        pthread_mutex_unlock(&self.lock)
+        if rc < 0:
+            free(c.preamble)
+            self._free_slot(slot)
+            raise MemoryError()
+        if was_empty:
+            write(self.wake_fd, &one, 8)
+        self._listeners[c.id] = listener
+        return c.id
+
+    cdef void _free_slot(self, uint32_t slot):
+        cdef uint32_t* grown
+        if self.n_free == self.cap_free:
+            grown = <uint32_t*>realloc(self.free_slots, (self.cap_free * 2 + 64) * sizeof(uint32_t))
+            if grown == NULL:
+                return  # the slot is lost, nothing else
+            self.free_slots = grown
+            self.cap_free = self.cap_free * 2 + 64
+        self.free_slots[self.n_free] = slot
+        self.n_free += 1
+
+    def cancel(self, uint64_t flow_id):
+        """End one flow now (END with cause END_CANCELLED); False if it is not live."""
+        cdef Cmd c
+        cdef bint was_empty
+        cdef uint64_t one = 1
+        if self._closed or flow_id not in self._listeners:
+            return False
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_CANCEL
+        c.flow = self._slot(<uint32_t>(flow_id & 0xFFFFFFFF))
+        c.id = flow_id
+        pthread_mutex_lock(&self.lock)
+        was_empty = self.cmds.n == 0
+        _vec_push(&self.cmds, &c)
+        pthread_mutex_unlock(&self.lock)
+        if was_empty:
+            write(self.wake_fd, &one, 8)
+        return True
+
+    def counters(self, uint64_t flow_id):
+        """Live (bytes_up, bytes_down) read from the client / upstream so far, or None once ended."""
+        cdef Flow* f
+        if flow_id not in self._listeners:
+            return None
+        f = self._slot(<uint32_t>(flow_id & 0xFFFFFFFF))
+        return (honk_load64(&f.bytes_up), honk_load64(&f.bytes_down))
+
+    def _drain(self):
+        """Deliver queued events (the loop's reader callback for the eventfd)."""
+        cdef uint64_t value
+        cdef size_t i
+        cdef Event* e
+        cdef object listener
+        read(self.event_fd, &value, 8)  # before the swap: a later append signals again
+        pthread_mutex_lock(&self.lock)
+        _vec_swap(&self.events, &self.spare)
+        pthread_mutex_unlock(&self.lock)
+        listeners = self._listeners
+        for i in range(self.spare.n):
+            e = (<Event*>self.spare.data) + i
+            if e.kind == K_END:
+                listener = listeners.pop(e.id, None)
+                self._free_slot(<uint32_t>(e.id & 0xFFFFFFFF))
+            else:
+                listener = listeners.get(e.id)
+            if listener is None:
+                continue
+            try:
+                listener.relay_event(e.kind, e.a, e.b, e.t)
+            except BaseException as exc:  # a listener's bug must not stop the other flows' events
+                self._report_error(exc)
+        self.spare.n = 0
+
+    def _report_error(self, exc):
+        loop = self._loop() if self._loop is not None else None
+        if loop is not None and not loop.is_closed():
+            loop.call_exception_handler({"message": "relay event listener failed", "exception": exc})
+
+    def close(self):
+        """End every flow (END_CANCELLED, delivered before this returns), stop the worker
+        and close every fd the engine holds. Idempotent; call it on the loop's thread."""
+        cdef Cmd c
+        cdef uint64_t one = 1
+        if self._closed:
+            return
+        self._closed = 1
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_SHUTDOWN
+        pthread_mutex_lock(&self.lock)
+        _vec_push(&self.cmds, &c)
+        pthread_mutex_unlock(&self.lock)
+        write(self.wake_fd, &one, 8)
+        self._thread.join()
+        self.running = 0
+        loop = self._loop()
+        if loop is not None and not loop.is_closed():
+            loop.remove_reader(self.event_fd)
+        self._drain()
+        self._release()
+
+    def _release(self):
+        cdef int i
+        cdef size_t k
+        cdef Cmd* c
+        if self.running:
+            return  # the worker still uses all of it
+        # Commands the worker never took (none after a normal close) still own fds.
+        for k in range(self.cmds.n):
+            c = (<Cmd*>self.cmds.data) + k
+            if c.kind == CMD_ADD:
+                close(c.fd[0])
+                close(c.fd[1])
+                free(c.preamble)
+        self.cmds.n = 0
+        for i in range(self.n_pool):
+            close(self.pool[i])
+        self.n_pool = 0
+        for fd in (self.epfd, self.wake_fd, self.event_fd):
+            if fd >= 0:
+                close(fd)
+        self.epfd = self.wake_fd = self.event_fd = -1
+        if self.blocks != NULL:
+            for i in range(MAX_BLOCKS):
+                free(self.blocks[i])
+            free(self.blocks)
+            self.blocks = NULL
+        free(self.free_slots)
+        self.free_slots = NULL
+        self.n_free = self.cap_free = 0
+        _vec_free(&self.cmds)
+        _vec_free(&self.wcmds)
+        _vec_free(&self.events)
+        _vec_free(&self.spare)
+        _vec_free(&self.local_events)
+        _vec_free(&self.again)
+        _vec_free(&self.dirty)
+        if self.lock_ready:
+            pthread_mutex_destroy(&self.lock)
+            self.lock_ready = 0
+
+    def __dealloc__(self):
+        # Reached only when the worker is not running: the thread holds a reference.
+        if not self.running:
+            self._release()
+
+    # -- the worker --------------------------------------------------------------------
+
+    cdef void _worker(self) noexcept nogil:
+        cdef epoll_event evs[MAX_EVENTS]
+        cdef int n, i, timeout, side, err
+        cdef uint64_t data, value
+        cdef uint32_t ev
+        cdef double now, due, wait
+        cdef Flow* f
+        cdef Flow** items
+        cdef size_t k, m
+        cdef Vec work
+        _vec_init(&work, sizeof(Flow*))
+        while True:
+            timeout = -1
+            if self.again.n:
+                timeout = 0
+            elif self.dirty.n:
+                due = (<Flow**>self.dirty.data)[0].next_report
+                items = <Flow**>self.dirty.data
+                for k in range(1, self.dirty.n):
+                    if items[k].next_report < due:
+                        due = items[k].next_report
+                wait = due - _now()
+                timeout = 0 if wait <= 0 else <int>(wait * 1000.0) + 1
+            n = epoll_wait(self.epfd, evs, MAX_EVENTS, timeout)
+            now = _now()
+            if n < 0:
+                n = 0  # EINTR: just go round
+            # Flows whose turn budget ran out: their readiness is not announced again.
+            if self.again.n:
+                _vec_swap(&self.again, &work)
+                items = <Flow**>work.data
+                for k in range(work.n):
+                    f = items[k]
+                    f.queued = 0
+                    if not f.ended:
+                        self._service(f, now)
+                work.n = 0
+            for i in range(n):
+                data = evs[i].data.u64
+                if data == 0:
+                    read(self.wake_fd, &value, 8)
+                    self._take_commands(now)
+                    continue
+                f = <Flow*>(data & ~(<uint64_t>1))
+                if f.ended:
+                    continue  # ended earlier in this turn
+                side = <int>(data & 1)
+                ev = evs[i].events
+                if ev & EPOLLERR:
+                    err = honk_so_error(f.fd[side])
+                    if err:
+                        self._end(f, C_ERROR, (side << 16) | err, now)
+                        continue
+                if ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR):
+                    f.readable[side] = 1
+                if ev & (EPOLLOUT | EPOLLHUP | EPOLLERR):
+                    f.writable[side] = 1
+                self._service(f, now)
+            if self.stopping:
+                while self.live != NULL:
+                    self._end(self.live, C_CANCELLED, 0, now)
+            # Coalesced byte reports that are due; ended flows leave the list now,
+            # before their END is published (after which their slot may be reused).
+            if self.dirty.n:
+                items = <Flow**>self.dirty.data
+                m = 0
+                for k in range(self.dirty.n):
+                    f = items[k]
+                    if f.ended:
+                        continue
+                    if f.next_report <= now:
+                        f.dirty = 0
+                        self._report(f, now)
+                        continue
+                    items[m] = f
+                    m += 1
+                self.dirty.n = m
+            if self.again.n:
+                items = <Flow**>self.again.data
+                m = 0
+                for k in range(self.again.n):
+                    if not items[k].ended:
+                        items[m] = items[k]
+                        m += 1
+                self.again.n = m
+            self._publish()
+            if self.stopping:
+                break
+        _vec_free(&work)
+
+    cdef void _take_commands(self, double now) noexcept nogil:
+        cdef size_t k
+        cdef Cmd* c
+        pthread_mutex_lock(&self.lock)
+        _vec_swap(&self.cmds, &self.wcmds)
+        pthread_mutex_unlock(&self.lock)
+        for k in range(self.wcmds.n):
+            c = (<Cmd*>self.wcmds.data) + k
+            if c.kind == CMD_ADD:
+                self._add(c, now)
+            elif c.kind == CMD_CANCEL:
+                if c.flow.id == c.id and not c.flow.ended:
+                    self._end(c.flow, C_CANCELLED, 0, now)
+            elif c.kind == CMD_SHUTDOWN:
+                self.stopping = 1
+        self.wcmds.n = 0
+
+    cdef void _add(self, Cmd* c, double now) noexcept nogil:
+        cdef Flow* f = c.flow
+        cdef uint64_t up = f.bytes_up
+        cdef uint64_t down = f.bytes_down
+        cdef int di
+        memset(f, 0, sizeof(Flow))
+        f.bytes_up = up
+        f.bytes_down = down
+        f.id = c.id
+        f.fd[0] = c.fd[0]
+        f.fd[1] = c.fd[1]
+        for di in range(2):
+            f.d[di].pr = -1
+            f.d[di].pw = -1
+            f.d[di].copy = c.copy
+        f.d[0].buf = c.preamble
+        f.d[0].len = c.preamble_len
+        f.d[0].cap = c.preamble_len
+        f.d[0].src_eof = c.client_eof
+        # link into the live list first: _end unlinks
+        f.next = self.live
+        if self.live != NULL:
+            self.live.prev = f
+        self.live = f
+        self._emit(f, K_OPEN, 0, 0, now)
+        for di in range(2):
+            if honk_nonblock(f.fd[di]) < 0:
+                self._end(f, C_ERROR, (di << 16) | errno, now)
+                return
+        if not c.copy:
+            for di in range(2):
+                if self._take_pipe(&f.d[di]) < 0:
+                    self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+                    return
+        for di in range(2):
+            if honk_epoll_add(self.epfd, f.fd[di], (<uint64_t>f) | <uint64_t>di,
+                              EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET) < 0:
+                self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+                return
+        # Sockets are almost always writable at first; readability is announced by
+        # the edge-triggered registration itself.
+        f.writable[0] = 1
+        f.writable[1] = 1
+        self._service(f, now)
+
+    cdef int _take_pipe(self, Dir* d) noexcept nogil:
+        cdef int fds[2]
+        if self.n_pool >= 2:
+            self.n_pool -= 2
+            d.pr = self.pool[self.n_pool]
+            d.pw = self.pool[self.n_pool + 1]
+            return 0
+        if pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0:
+            return -1
+        if self.pipe_size > 0:
+            fcntl(fds[1], F_SETPIPE_SZ, self.pipe_size)
+        d.pr = fds[0]
+        d.pw = fds[1]
+        return 0
+
+    cdef void _drop_pipe(self, Dir* d) noexcept nogil:
+        if d.pr < 0:
+            return
+        if d.in_pipe == 0 and self.n_pool <= 2 * POOL_PIPES - 2:
+            self.pool[self.n_pool] = d.pr
+            self.pool[self.n_pool + 1] = d.pw
+            self.n_pool += 2
+        else:
+            close(d.pr)
+            close(d.pw)
+        d.pr = d.pw = -1
+        d.in_pipe = 0
+
+    cdef void _service(self, Flow* f, double now) noexcept nogil:
+        cdef int r0, r1
+        r0 = self._pump(f, 0, now)
+        if r0 < 0:
+            return
+        r1 = self._pump(f, 1, now)
+        if r1 < 0:
+            return
+        if f.d[0].shut and f.d[1].shut:
+            self._end(f, C_CLEAN, 0, now)
+            return
+        if (r0 > 0 or r1 > 0) and not f.queued:
+            f.queued = 1
+            _vec_push(&self.again, &f)
+        self._report(f, now)
+
+    cdef int _pump(self, Flow* f, int di, double now) noexcept nogil:
+        """Move what one direction can move now: 0 = waiting, 1 = budget spent, -1 = ended."""
+        cdef Dir* d = &f.d[di]
+        cdef int src_side = di
+        cdef int dst_side = 1 - di
+        cdef int src = f.fd[src_side]
+        cdef int dst = f.fd[dst_side]
+        cdef ssize_t n
+        cdef size_t moved = 0
+        cdef char* grown
+        cdef uint64_t* counter = &f.bytes_up if di == 0 else &f.bytes_down
+        if d.shut:
+            return 0
+        while True:
+            # 1. user-space bytes owed to dst (preamble, copy buffer)
+            while d.off < d.len:
+                if not f.writable[dst_side]:
+                    return 0
+                n = send(dst, d.buf + d.off, d.len - d.off, MSG_NOSIGNAL | MSG_DONTWAIT)
+                if n < 0:
+                    if errno == EAGAIN:
+                        f.writable[dst_side] = 0
+                        return 0
+                    if errno == EINTR:
+                        continue
+                    self._end(f, C_ERROR, (dst_side << 16) | errno, now)
+                    return -1
+                d.off += <size_t>n
+            if d.len:
+                d.off = d.len = 0
+                if not d.copy:  # the preamble is sent: give its memory back
+                    free(d.buf)
+                    d.buf = NULL
+                    d.cap = 0
+            # 2. bytes in the pipe
+            while d.in_pipe:
+                if not f.writable[dst_side]:
+                    return 0
+                n = splice(d.pr, NULL, dst, NULL, d.in_pipe, SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
+                if n < 0:
+                    if errno == EAGAIN:
+                        f.writable[dst_side] = 0
+                        return 0
+                    if errno == EINTR:
+                        continue
+                    if errno == EINVAL:  # dst cannot take spliced pages: copy from here on
+                        if d.cap < d.in_pipe:
+                            grown = <char*>realloc(d.buf, d.in_pipe if d.in_pipe > COPY_BUFFER else COPY_BUFFER)
+                            if grown == NULL:
+                                self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                                return -1
+                            d.buf = grown
+                            d.cap = d.in_pipe if d.in_pipe > COPY_BUFFER else COPY_BUFFER
+                        n = read(d.pr, d.buf, d.in_pipe)
+                        if n < 0:
+                            self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+                            return -1
+                        d.off = 0
+                        d.len = <size_t>n
+                        d.in_pipe -= <size_t>n
+                        d.copy = 1
+                        self._drop_pipe(d)
+                        break
+                    self._end(f, C_ERROR, (dst_side << 16) | errno, now)
+                    return -1
+                d.in_pipe -= <size_t>n
+            if d.len:
+                continue  # bytes recovered from the pipe go out first
+            # 3. EOF from src: forward it once everything before it is out
+            if d.src_eof:
+                if shutdown(dst, SHUT_WR) < 0:
+                    self._end(f, C_ERROR, (dst_side << 16) | errno, now)
+                    return -1
+                d.shut = 1
+                self._drop_pipe(d)
+                self._emit(f, K_HALF_CLOSE, di, 0, now)
+                return 0
+            if not f.readable[src_side]:
+                return 0
+            if moved >= TURN_BUDGET:
+                return 1
+            # 4. read src
+            if d.copy:
+                if d.cap < COPY_BUFFER:
+                    grown = <char*>realloc(d.buf, COPY_BUFFER)
+                    if grown == NULL:
+                        self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                        return -1
+                    d.buf = grown
+                    d.cap = COPY_BUFFER
+                n = recv(src, d.buf, d.cap, MSG_DONTWAIT)
+                if n > 0:
+                    d.off = 0
+                    d.len = <size_t>n
+            else:
+                n = splice(src, NULL, d.pw, NULL, SPLICE_CHUNK, SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
+                if n > 0:
+                    d.in_pipe = <size_t>n
+            if n > 0:
+                moved += <size_t>n
+                honk_store64(counter, counter[0] + <uint64_t>n)
+                if di == 1 and not f.first_down:
+                    f.first_down = 1
+                    self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                continue
+            if n == 0:
+                d.src_eof = 1
+                f.readable[src_side] = 0
+                continue
+            # the pipe is empty here, so EAGAIN means src has nothing
+            if errno == EAGAIN:
+                f.readable[src_side] = 0
+                return 0
+            if errno == EINTR:
+                continue
+            if errno == EINVAL and not d.copy:  # src cannot splice: copy from here on
+                d.copy = 1
+                self._drop_pipe(d)
+                continue
+            self._end(f, C_ERROR, (src_side << 16) | errno, now)
+            return -1
+
+    cdef void _report(self, Flow* f, double now) noexcept nogil:
+        cdef uint64_t up = f.bytes_up
+        cdef uint64_t down = f.bytes_down
+        if up == f.rep_up and down == f.rep_down:
+            return
+        if now >= f.next_report:
+            f.rep_up = up
+            f.rep_down = down
+            f.next_report = now + REPORT_INTERVAL
+            self._emit(f, K_BYTES, <int64_t>up, <int64_t>down, now)
+        elif not f.dirty:
+            f.dirty = 1
+            _vec_push(&self.dirty, &f)
+
+    cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil:
+        """End a flow: close its fds, recycle its pipes, publish final totals and END.
+
+        ``side_errno`` is ``(side << 16) | errno`` for C_ERROR (0 otherwise).
+        """
+        cdef int di
+        f.ended = 1
+        for di in range(2):
+            if f.fd[di] >= 0:
+                honk_epoll_del(self.epfd, f.fd[di])
+                close(f.fd[di])
+                f.fd[di] = -1
+            self._drop_pipe(&f.d[di])
+            free(f.d[di].buf)
+            f.d[di].buf = NULL
+        if f.prev != NULL:
+            f.prev.next = f.next
+        else:
+            self.live = f.next
+        if f.next != NULL:
+            f.next.prev = f.prev
+        f.prev = f.next = NULL
+        self._emit(f, K_BYTES, <int64_t>f.bytes_up, <int64_t>f.bytes_down, now)
+        if cause == C_ERROR:
+            self._emit(f, K_END, C_ERROR, side_errno, now)
+        else:
+            self._emit(f, K_END, cause, 0, now)
+
+    cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil:
+        cdef Event e
+        e.id = f.id
+        e.kind = kind
+        e.pad = 0
+        e.a = a
+        e.b = b
+        e.t = now
+        _vec_push(&self.local_events, &e)
+
+    cdef void _publish(self) noexcept nogil:
+        cdef bint was_empty
+        cdef size_t k
+        cdef uint64_t one = 1
+        cdef Event* items
+        if self.local_events.n == 0:
+            return
+        pthread_mutex_lock(&self.lock)
+        was_empty = self.events.n == 0
+        if was_empty:
+            _vec_swap(&self.events, &self.local_events)
+        else:
+            items = <Event*>self.local_events.data
+            for k in range(self.local_events.n):
+                _vec_push(&self.events, items + k)
+            self.local_events.n = 0
+        pthread_mutex_unlock(&self.lock)
+        if was_empty:
+            write(self.event_fd, &one, 8)

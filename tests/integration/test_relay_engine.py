@@ -1,0 +1,575 @@
+"""One conformance suite over every relay engine, on real sockets, on asyncio and uvloop.
+
+Engines: ``copy`` (CopyRelay, the reference), ``native`` (NativeRelay over the
+compiled engine; absent under HONK_NO_EXTENSIONS or without a build) and
+``twin`` (NativeRelay over the pure-Python twin ``relay_py.Engine``).
+
+Layout of every flow: ``lan`` is the test's client socket, whose peer is
+wrapped in a StreamConn the way an inbound hands it over; ``remote`` is the
+test's origin socket, whose peer is the "dialed" upstream socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import hashlib
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from honk._fast import relay as fast_relay
+from honk._fast import relay_py
+from honk.connection.tracker import ConnectionTracker
+from honk.core.clock import FakeClock
+from honk.core.errors import ClientGone, FlowClosed, HonkError, UpstreamFailed
+from honk.core.net import Address, Network
+from honk.relay import relay_engine
+from honk.relay.copy import CopyRelay
+from honk.relay.native import NativeRelay, close_engines
+from honk.relay.stream import StreamConn
+
+STEP = 5.0  # seconds: the most any single wait may take
+GiB = 1024**3
+MiB = 1024**2
+
+ENGINES = ["copy", "twin"]
+if fast_relay.IMPLEMENTATION == "compiled":
+    ENGINES.insert(1, "native")
+
+
+def _engine_class(name: str):
+    if name == "native":
+        from honk._fast.relay_c import Engine
+
+        return Engine
+    return relay_py.Engine
+
+
+class Engines:
+    """Makes relays of one kind on the running loop; ``close()`` closes its native engine."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.clock = FakeClock()
+        self.engine = None
+        if name != "copy":
+            self.engine = _engine_class(name)(asyncio.get_running_loop())
+
+    def relay(self):
+        if self.engine is None:
+            return CopyRelay(self.clock)
+        return NativeRelay(self.clock, self.engine)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+@pytest.fixture(params=ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _tcp_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def _unix_pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def _reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class Flow:
+    """One client connection and one upstream connection around a relay."""
+
+    def __init__(self, pair: Callable[[], tuple[socket.socket, socket.socket]]) -> None:
+        self.lan, self._lan_peer = pair()
+        self.remote, self.upstream = pair()
+        self.client: StreamConn | None = None
+
+    async def client_conn(self) -> StreamConn:
+        conn = StreamConn(ClientGone)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, sock=self._lan_peer)
+        self.client = conn
+        return conn
+
+    async def start(self, relay) -> asyncio.Future[None]:
+        client = self.client or await self.client_conn()
+        return asyncio.ensure_future(relay.run(client, self.upstream))
+
+    def close(self) -> None:
+        for sock in (self.lan, self.remote):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+async def _recv_until_eof(sock: socket.socket) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while chunk := await loop.sock_recv(sock, 65536):
+        out += chunk
+    return bytes(out)
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def listener():
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        yield srv
+
+
+# --- bulk ---------------------------------------------------------------------------------------
+
+_BLOCK = os.urandom(4 * MiB)
+_DIGESTS: dict[int, str] = {}
+
+
+def _expected_digest(total: int) -> str:
+    if total not in _DIGESTS:
+        h = hashlib.sha256()
+        for _ in range(total // len(_BLOCK)):
+            h.update(_BLOCK)
+        _DIGESTS[total] = h.hexdigest()
+    return _DIGESTS[total]
+
+
+def _send_all(sock: socket.socket, total: int) -> None:
+    sock.setblocking(True)
+    view = memoryview(_BLOCK)
+    for _ in range(total // len(_BLOCK)):
+        sock.sendall(view)
+    sock.shutdown(socket.SHUT_WR)
+
+
+def _hash_until_eof(sock: socket.socket, out: list) -> None:
+    sock.setblocking(True)
+    h = hashlib.sha256()
+    buf = bytearray(1 * MiB)
+    view = memoryview(buf)
+    n = 0
+    while got := sock.recv_into(buf):
+        h.update(view[:got])
+        n += got
+    out.extend((n, h.hexdigest()))
+
+
+def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> None:
+    total = 64 * MiB if engine_name == "twin" else GiB
+
+    async def main() -> None:
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            relay = engines.relay()
+            task = await flow.start(relay)
+            up: list = []
+            down: list = []
+            threads = [
+                threading.Thread(target=_send_all, args=(flow.lan, total)),
+                threading.Thread(target=_send_all, args=(flow.remote, total)),
+                threading.Thread(target=_hash_until_eof, args=(flow.remote, up)),
+                threading.Thread(target=_hash_until_eof, args=(flow.lan, down)),
+            ]
+            for t in threads:
+                t.start()
+            await asyncio.to_thread(lambda: [t.join() for t in threads])
+            await asyncio.wait_for(task, STEP)
+            assert up == [total, _expected_digest(total)]
+            assert down == [total, _expected_digest(total)]
+            assert (relay.bytes_up, relay.bytes_down) == (total, total)
+        finally:
+            flow.close()
+            engines.close()
+
+    _expected_digest(total)
+    run(main())
+
+
+# --- half-close ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["client", "upstream"])
+def test_half_close_keeps_the_other_direction_and_ends_cleanly(run, engine_name, listener, first) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            relay = engines.relay()
+            task = await flow.start(relay)
+            a, b = (flow.lan, flow.remote) if first == "client" else (flow.remote, flow.lan)
+            await loop.sock_sendall(a, b"question")
+            a.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(_recv_until_eof(b), STEP) == b"question"  # EOF arrived
+            for _ in range(20):  # the other direction still flows, repeatedly
+                await loop.sock_sendall(b, b"answer" * 100)
+                got = b""
+                while len(got) < 600:
+                    got += await asyncio.wait_for(loop.sock_recv(a, 65536), STEP)
+                assert got == b"answer" * 100
+            assert not task.done()
+            b.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(_recv_until_eof(a), STEP) == b""
+            await asyncio.wait_for(task, STEP)  # clean: no exception
+            expected = (8, 12000) if first == "client" else (12000, 8)
+            assert (relay.bytes_up, relay.bytes_down) == expected
+            if engine_name != "copy":
+                assert relay.half_closed == 0b11
+        finally:
+            flow.close()
+            engines.close()
+
+    run(main())
+
+
+# --- resets -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("who", "expected"), [("client", ClientGone), ("upstream", UpstreamFailed)])
+def test_reset_is_typed_by_side_and_keeps_the_errno(run, engine_name, listener, who, expected) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            relay = engines.relay()
+            task = await flow.start(relay)
+            await loop.sock_sendall(flow.lan, b"ping")
+            assert await asyncio.wait_for(loop.sock_recv(flow.remote, 10), STEP) == b"ping"
+            _reset(flow.lan if who == "client" else flow.remote)
+            with pytest.raises(expected) as info:
+                await asyncio.wait_for(task, STEP)
+            assert info.value.errno == errno.ECONNRESET
+            assert type(info.value) is expected
+        finally:
+            flow.close()
+            engines.close()
+
+    run(main())
+
+
+# --- many flows ------------------------------------------------------------------------------------
+
+
+def test_closing_one_of_100_flows_by_id_leaves_the_others_intact(run, engine_name, listener) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        tracker = ConnectionTracker(engines.clock)
+        flows = [Flow(lambda: _tcp_pair(listener)) for _ in range(100)]
+        try:
+            tasks, ids = [], []
+            for flow in flows:
+                relay = engines.relay()
+                tracked = tracker.open(
+                    relay,
+                    network=Network.TCP,
+                    inbound="t",
+                    source=Address("127.0.0.1", 1),
+                    target=Address("127.0.0.1", 2),
+                    rule="r",
+                    chain=("direct",),
+                    plane_generation=1,
+                )
+                tasks.append(await flow.start(relay))
+                ids.append(tracked.id)
+            assert tracker.snapshot()[0].engine in ("copy", "native", "native-python")
+            victim = 37
+            tracker.close(ids[victim])
+            with pytest.raises(FlowClosed):
+                await asyncio.wait_for(tasks[victim], STEP)
+
+            payload = os.urandom(256 * 1024)
+
+            async def exchange(flow: Flow) -> tuple[bytes, bytes]:
+                async def one_way(src: socket.socket, dst: socket.socket) -> bytes:
+                    sender = asyncio.ensure_future(loop.sock_sendall(src, payload))
+                    got = bytearray()
+                    while len(got) < len(payload):
+                        got += await loop.sock_recv(dst, 65536)
+                    await sender
+                    src.shutdown(socket.SHUT_WR)
+                    return bytes(got)
+
+                return await asyncio.gather(one_way(flow.lan, flow.remote), one_way(flow.remote, flow.lan))
+
+            others = [f for i, f in enumerate(flows) if i != victim]
+            results = await asyncio.wait_for(asyncio.gather(*(exchange(f) for f in others)), 30)
+            assert all(up == payload and down == payload for up, down in results)
+            await asyncio.wait_for(asyncio.gather(*(t for i, t in enumerate(tasks) if i != victim)), STEP)
+        finally:
+            for flow in flows:
+                flow.close()
+            engines.close()
+
+    run(main())
+
+
+def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        async def short(make: Callable[[], object]) -> None:
+            flow = Flow(_unix_pair)
+            try:
+                task = await flow.start(make())
+                await loop.sock_sendall(flow.lan, b"hi")
+                flow.lan.shutdown(socket.SHUT_WR)
+                assert await _recv_until_eof(flow.remote) == b"hi"
+                await loop.sock_sendall(flow.remote, b"yo")
+                flow.remote.shutdown(socket.SHUT_WR)
+                assert await _recv_until_eof(flow.lan) == b"yo"
+                await task
+            finally:
+                flow.close()
+
+        # Engines left by earlier tests' loops would otherwise close (on GC) mid-count.
+        gc.collect()
+        close_engines()
+        # one flow first, so that the loop's own lazily created fds are already there
+        await short(lambda: CopyRelay(FakeClock()))
+        await asyncio.sleep(0.01)
+        before = _fd_count()
+        engines = Engines(engine_name)
+        for _ in range(100):
+            await asyncio.wait_for(asyncio.gather(*(short(engines.relay) for _ in range(100))), 30)
+        # an engine closed with live flows ends them and frees everything too
+        live = [Flow(_unix_pair) for _ in range(10)]
+        relays = [engines.relay() for _ in live]
+        tasks = [await f.start(r) for f, r in zip(live, relays, strict=True)]
+        await asyncio.sleep(0.05)
+        if engines.engine is None:  # the copy engine has no shared engine: close each relay
+            for relay in relays:
+                relay.close()
+        engines.close()
+        for task in tasks:
+            with pytest.raises(FlowClosed):
+                await asyncio.wait_for(task, STEP)
+        for flow in live:
+            flow.close()
+        await asyncio.sleep(0.01)
+        assert _fd_count() == before
+
+    run(main())
+
+
+# --- handshake leftovers ------------------------------------------------------------------------------
+
+
+def test_preamble_and_early_client_eof_reach_upstream_in_order(run, engine_name, listener) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            client = await flow.client_conn()
+            await loop.sock_sendall(flow.lan, b"CONNECT x\r\n\r\npipelined")
+            flow.lan.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := await client.receive():  # read through to EOF, as a slow handshake might
+                data += chunk
+            client.unread(data[len(b"CONNECT x\r\n\r\n") :])
+            client.write(b"HTTP/1.1 200 OK\r\n\r\n")  # the reply queued just before the handoff
+            relay = engines.relay()
+            task = await flow.start(relay)
+
+            assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b"pipelined"
+            await loop.sock_sendall(flow.remote, b"reply")
+            flow.remote.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(_recv_until_eof(flow.lan), STEP) == b"HTTP/1.1 200 OK\r\n\r\nreply"
+            await asyncio.wait_for(task, STEP)
+            assert (relay.bytes_up, relay.bytes_down) == (9, 5)
+        finally:
+            flow.close()
+            engines.close()
+
+    run(main())
+
+
+def test_preamble_precedes_later_client_bytes(run, engine_name, listener) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            client = await flow.client_conn()
+            await loop.sock_sendall(flow.lan, b"first")
+            assert await client.receive() == b"first"
+            client.unread(b"first")
+            task = await flow.start(engines.relay())
+            await loop.sock_sendall(flow.lan, b"+second")
+            flow.lan.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b"first+second"
+            flow.remote.shutdown(socket.SHUT_WR)
+            await asyncio.wait_for(task, STEP)
+        finally:
+            flow.close()
+            engines.close()
+
+    run(main())
+
+
+# --- counters and events -------------------------------------------------------------------------------
+
+
+def test_counters_are_exact_and_first_upstream_byte_is_reported_once(run, engine_name, listener) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        engines = Engines(engine_name)
+        flow = Flow(lambda: _tcp_pair(listener))
+        firsts: list[float] = []
+        try:
+            relay = engines.relay()
+            if isinstance(relay, NativeRelay):
+                original = relay.relay_event
+
+                def spy(kind: int, a: int, b: int, t: float) -> None:
+                    if kind == relay_py.EV_FIRST_BYTE:
+                        firsts.append(t)
+                    original(kind, a, b, t)
+
+                relay.relay_event = spy  # type: ignore[method-assign]
+            task = await flow.start(relay)
+            up = down = 0
+            for i in range(1, 30):
+                await loop.sock_sendall(flow.lan, b"u" * i)
+                up += i
+                got = 0
+                while got < i:
+                    got += len(await asyncio.wait_for(loop.sock_recv(flow.remote, 65536), STEP))
+                await loop.sock_sendall(flow.remote, b"d" * (2 * i))
+                down += 2 * i
+                got = 0
+                while got < 2 * i:
+                    got += len(await asyncio.wait_for(loop.sock_recv(flow.lan, 65536), STEP))
+                assert (relay.bytes_up, relay.bytes_down) == (up, down)  # live, not only at the end
+            flow.lan.shutdown(socket.SHUT_WR)
+            flow.remote.shutdown(socket.SHUT_WR)
+            await asyncio.wait_for(task, STEP)
+            assert (relay.bytes_up, relay.bytes_down) == (up, down)
+            if isinstance(relay, NativeRelay):
+                assert len(firsts) == 1
+                assert relay.first_byte_at == firsts[0]
+        finally:
+            flow.close()
+            engines.close()
+
+    run(main())
+
+
+def test_close_before_run_and_idle_close_end_with_the_reason(run, engine_name, listener) -> None:
+    async def main() -> None:
+        engines = Engines(engine_name)
+        flows = [Flow(lambda: _tcp_pair(listener)) for _ in range(2)]
+        try:
+            early = engines.relay()
+            early.close()
+            with pytest.raises(FlowClosed):
+                await asyncio.wait_for(await flows[0].start(early), STEP)
+            relay = engines.relay()
+            task = await flows[1].start(relay)
+            await asyncio.sleep(0.01)
+            relay.close(UpstreamFailed("operator says so"))
+            relay.close()  # idempotent; the first reason wins
+            with pytest.raises(UpstreamFailed, match="operator says so"):
+                await asyncio.wait_for(task, STEP)
+            assert await asyncio.wait_for(_recv_until_eof(flows[1].remote), STEP) == b""
+        finally:
+            for flow in flows:
+                flow.close()
+            engines.close()
+
+    run(main())
+
+
+# --- the engine API itself (native engines only) ----------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int, int]] = []
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
+        self.events.append((kind, a, b))
+        if kind == relay_py.EV_END:
+            self.ended.set_result((a, b))
+
+
+@pytest.mark.parametrize("name", [e for e in ENGINES if e != "copy"])
+def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> None:
+    async def main() -> None:
+        engine = _engine_class(name)(asyncio.get_running_loop())
+        flow = Flow(lambda: _tcp_pair(listener))
+        try:
+            rec = _Recorder()
+            lan_fd = flow._lan_peer.detach()
+            up_fd = flow.upstream.detach()
+            engine.add(lan_fd, up_fd, rec, b"pre:", False, True)
+            sent = os.urandom(3 * MiB)
+            assert await _push_and_collect(flow.lan, flow.remote, sent) == b"pre:" + sent
+            flow.remote.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(rec.ended, STEP) == (relay_py.END_CLEAN, 0)
+            kinds = [k for k, _, _ in rec.events]
+            assert kinds[0] == relay_py.EV_OPEN and kinds[-1] == relay_py.EV_END
+            assert rec.events[-2] == (
+                relay_py.EV_BYTES,
+                len(sent),
+                0,
+            )  # the preamble is not read from a socket
+            assert kinds.count(relay_py.EV_HALF_CLOSE) == 2
+            assert relay_py.EV_FIRST_BYTE not in kinds
+        finally:
+            flow.close()
+            engine.close()
+
+    run(main())
+
+
+async def _push_and_collect(src: socket.socket, dst: socket.socket, data: bytes) -> bytes:
+    loop = asyncio.get_running_loop()
+
+    async def push() -> None:
+        await loop.sock_sendall(src, data)
+        src.shutdown(socket.SHUT_WR)
+
+    sender = asyncio.ensure_future(push())
+    got = await asyncio.wait_for(_recv_until_eof(dst), STEP)
+    await sender
+    return got
+
+
+def test_relay_engine_honours_honk_relay(monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setenv("HONK_RELAY", "copy")
+    assert isinstance(relay_engine(clock), CopyRelay)
+    monkeypatch.setenv("HONK_RELAY", "native")
+    assert isinstance(relay_engine(clock), NativeRelay)
+    monkeypatch.delenv("HONK_RELAY")
+    expected = NativeRelay if fast_relay.IMPLEMENTATION == "compiled" else CopyRelay
+    assert isinstance(relay_engine(clock), expected)
+
+
+def test_error_types_are_honk_errors() -> None:
+    assert issubclass(ClientGone, HonkError) and issubclass(UpstreamFailed, HonkError)
