@@ -15,6 +15,7 @@ the flow to close with ``IdleTimeout`` and the flow removes its own entry
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,11 +39,22 @@ class FlowHandle(Protocol):
         """Ask the flow to end with ``reason``; must be idempotent and not block."""
 
 
+
+# Flow ids: a random per-process prefix and a counter, formatted like a UUID (what
+# dashboards expect). Unique within the process without a urandom call per flow.
+_FLOW_ID_PREFIX = uuid.uuid4().hex[:16]
+_flow_counter = itertools.count(1)
+
+
+def _next_flow_id() -> str:
+    h = f"{_FLOW_ID_PREFIX}{next(_flow_counter):016x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
     """An immutable snapshot of one live flow."""
 
-    id: str  # uuid4, stable for the flow's life
+    id: str  # UUID-shaped, unique within this process, stable for the flow's life
     network: Network
     inbound: str  # inbound tag
     source: Address  # the client
@@ -94,7 +106,7 @@ class TrackedFlow:
         start: float,
         plane_generation: int,
     ) -> None:
-        self.id = str(uuid.uuid4())
+        self.id = _next_flow_id()
         self.network = network
         self.inbound = inbound
         self.source = source

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -12,6 +13,20 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 class Network(enum.Enum):
     TCP = "tcp"
     UDP = "udp"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_host(host: str) -> tuple[str, IPAddress | None]:
+    """Normalise a host once: an IP literal to its canonical text and value, a name
+    to lower case without its trailing dot. Cached: flows repeat a few hosts, and
+    ``ipaddress`` parsing is slow enough to show per connection."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host.rstrip(".").lower(), None
+    return str(ip), ip
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,33 +40,26 @@ class Address:
 
     host: str
     port: int
+    _ip: IPAddress | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} out of range")
-        host = self.host
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        try:
-            host = str(ipaddress.ip_address(host))
-        except ValueError:
-            host = host.rstrip(".").lower()
+        host, ip = _parse_host(self.host)
         object.__setattr__(self, "host", host)
+        object.__setattr__(self, "_ip", ip)
 
     @property
     def ip(self) -> IPAddress | None:
         """The IP if ``host`` is a literal, else ``None``."""
-        try:
-            return ipaddress.ip_address(self.host)
-        except ValueError:
-            return None
+        return self._ip
 
     @property
     def is_domain(self) -> bool:
-        return self.ip is None
+        return self._ip is None
 
     def __str__(self) -> str:
-        ip = self.ip
+        ip = self._ip
         if ip is not None and ip.version == 6:
             return f"[{self.host}]:{self.port}"
         return f"{self.host}:{self.port}"

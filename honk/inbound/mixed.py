@@ -33,7 +33,7 @@ import h11
 from honk.config.spec import InboundSpec, InboundUser
 from honk.connection.dispatch import Dispatcher, Upstream, format_chain
 from honk.connection.udp import UdpAssociation
-from honk.core.clock import Clock
+from honk.core.clock import Clock, TimerHandle
 from honk.core.errors import (
     AuthenticationFailed,
     Blocked,
@@ -84,25 +84,24 @@ def _check_user(users: tuple[InboundUser, ...], username: str, password: str) ->
 
 
 class _Watchdog:
-    """Fails a stream with an error once a clock deadline passes, unless disarmed first."""
+    """Fails a stream with an error once a clock deadline passes, unless disarmed first.
+
+    A plain clock timer, not a task: one is armed for every accepted connection.
+    """
 
     def __init__(self, clock: Clock, conn: StreamConn) -> None:
         self._clock = clock
         self._conn = conn
-        self._task: asyncio.Task[None] | None = None
+        self._timer: TimerHandle | None = None
 
     def arm(self, seconds: float, error: HonkError) -> None:
         self.disarm()
-        self._task = asyncio.get_running_loop().create_task(self._fire(seconds, error))
-
-    async def _fire(self, seconds: float, error: HonkError) -> None:
-        await self._clock.sleep(seconds)
-        self._conn.fail(error)
+        self._timer = self._clock.call_later(seconds, lambda: self._conn.fail(error))
 
     def disarm(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 _UNKNOWN_SOURCE = Address("0.0.0.0", 0)

@@ -510,6 +510,7 @@ def test_mixed_silent_client_is_cut_off_at_the_handshake_deadline(
             await asyncio.sleep(0)
             assert env.inbound.active == 1
             clock.advance(0.5)
+            data = b""  # an abort may reach the client as a reset rather than an EOF
             with contextlib.suppress(ConnectionResetError):
                 data = await asyncio.wait_for(reader.read(), STEP)
             await close_writer(writer)
