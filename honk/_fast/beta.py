@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 from honk._fast import NO_EXTENSIONS
-from honk._fast.beta_py import DEFAULT_FAILURE_WEIGHT, DEFAULT_PRIOR
+from honk._fast.beta_py import DEFAULT_FAILURE_WEIGHT, DEFAULT_PRIOR, QUANTILE_TOLERANCE
 
 if TYPE_CHECKING or NO_EXTENSIONS:
     from honk._fast.beta_py import (
@@ -41,5 +41,6 @@ __all__ = [
     "regularized_incomplete_beta",
     "DEFAULT_PRIOR",
     "DEFAULT_FAILURE_WEIGHT",
+    "QUANTILE_TOLERANCE",
     "IMPLEMENTATION",
 ]

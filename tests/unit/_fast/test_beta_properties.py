@@ -32,4 +32,7 @@ def test_lower_bound_never_exceeds_upper_bound(s, f, c, w):
 
     lo = beta.beta_lower_bound(s, f, c, failure_weight=w)
     hi = beta.beta_upper_bound(s, f, c, failure_weight=w)
-    assert 0.0 <= lo <= hi <= 1.0
+    assert 0.0 <= lo and hi <= 1.0
+    # Near c = 0.5 both bounds are the median; each is exact only to the inversion's
+    # relative tolerance, so they may cross by that much and no more.
+    assert lo <= hi * (1.0 + 2 * beta.QUANTILE_TOLERANCE)
