@@ -1,31 +1,97 @@
-"""Run every benchmark and print one table of figures and ratios.
+"""Run every benchmark and print the tables of figures and target ratios.
 
     make bench                    # or: .venv/bin/python -m benchmarks [--quick]
 
 * kernels: the compiled ``_fast`` kernels against their pure-Python twins;
-* relay:   honk's mixed port (SOCKS5 CONNECT, direct outbound) against a direct
-  loopback connection, for bulk throughput and connection rate.
+* relay:   honk's mixed port against direct loopback, a splicing forwarder
+  (haproxy), socat, pproxy on uvloop and microsocks, all driven by the native
+  load tool ``benchmarks/loadgen.c`` (see ``benchmarks/relay.py``).
+
+The full run takes about 8 minutes on two cores, ``--quick`` about one. The
+figures and every run's raw output also go to ``benchmarks/results/*.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from pathlib import Path
 
 from benchmarks import kernels, relay
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every `finally`, which stops the subjects
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--quick", action="store_true", help="smaller volumes, for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="one repetition of short runs (~1 minute)")
+    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk)")
+    parser.add_argument("--loadgen-threads", type=int, default=None,
+                        help="client threads of the load tool (default: one per CPU)")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
     args = parser.parse_args()
-    rows: list[tuple[str, str, str, str]] = []
-    rows += kernels.run(quick=args.quick)
-    rows += relay.run(quick=args.quick)
-    width = [max(len(r[i]) for r in rows + [("benchmark", "honk", "baseline", "ratio")]) for i in range(4)]
-    header = ("benchmark", "honk", "baseline", "ratio")
-    for row in [header, tuple("-" * w for w in width), *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate)
+
+    plan = relay.QUICK if args.quick else relay.FULL
+    if args.loadgen_threads:
+        plan = dataclasses.replace(plan, loadgen_threads=args.loadgen_threads)
+    started = time.monotonic()
+    try:  # before anything of ours runs, so the load average is other people's work
+        busy = relay.busy_warning(Path("/proc/loadavg").read_text(), os.cpu_count() or 1)
+    except (OSError, ValueError, IndexError):
+        busy = ""
+    if busy:
+        print(f"warning: {busy}", file=sys.stderr, flush=True)
+
+    kernel_rows: list[tuple[str, str, str, str]] = [] if args.no_kernels else kernels.run(quick=args.quick)
+    print("relay benchmarks:", file=sys.stderr, flush=True)
+    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None)
+    if busy:
+        report.problems.insert(0, busy)
+    elapsed = time.monotonic() - started
+
+    if kernel_rows:
+        print(relay.format_table(["kernel", "honk", "baseline", "ratio"], [list(r) for r in kernel_rows]))
+        print()
+    subjects = report.measured()
+    print(f"relay figures ({'quick' if args.quick else 'full'} run, median of {plan.reps}; "
+          f"{os.cpu_count()} CPUs; MB = 10^6 bytes)")
+    print(relay.figures_table(plan, subjects, report.metrics))
+    print()
+    for s in report.subjects:
+        line = f"  {s.name}: {s.note}" + (f" [{s.version}]" if s.version else "")
+        print(line + (f" -- SKIPPED: {s.skip}" if s.skip else ""))
+    for problem in report.problems:
+        print(f"  problem: {problem}")
+    if report.targets:
+        print()
+        print(relay.targets_table(report.targets))
+        met = sum(t["status"] == "met" for t in report.targets)
+        print(f"targets met: {met} of {len(report.targets)}")
+
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    out = results / time.strftime("relay-%Y%m%d-%H%M%S.json")
+    out.write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+        "kernels": kernel_rows, **report.as_json(),
+    }, indent=2))
+    print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the subjects were stopped on the way out
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,124 +1,688 @@
-"""Relay throughput and connection rate through honk's mixed port, against direct loopback.
+"""Relay benchmarks: honk's mixed port against real peers, all driven by one native load tool.
 
-honk runs as its own process (``honk run``) on a generated config whose only
-route is ``direct``; the load generator runs in this process. The baseline is
-the same load sent straight to the origin server on loopback.
+Every subject runs as its own process on loopback and is measured in the same run:
+
+* ``direct``: no proxy. The load tool connects to its own origin, so this row is
+  the ceiling of the load tool itself (client and origin together).
+* ``haproxy``: ``mode tcp`` with ``option splice-request``/``splice-response``/
+  ``splice-auto``. haproxy does not speak SOCKS, so it forwards to the origin's
+  port directly: its figures are the limit of a kernel-splicing forwarder, not
+  of a SOCKS proxy (no handshake, no per-connection destination).
+* ``socat``: a plain forwarder forking one process per connection (``-b 128 KiB``).
+  Its idle-connection RSS is not measured: 1,000 forked processes share pages.
+* ``pproxy``: the Python SOCKS5 peer, from ``benchmarks/.peers-venv`` where
+  uvloop is installed too. pproxy calls ``uvloop.install()`` by itself whenever
+  ``uvloop`` is importable and prints ``Using uvloop``; the harness checks that
+  line and notes the row if it is missing.
+* ``microsocks``: the C SOCKS5 server from Debian (one thread per connection).
+* ``honk``: ``honk run`` on a generated ``.dae`` config (mixed port, ``fallback:
+  direct``, ``log_level: warn``) with ``HONK_RELAY`` unset; when honk's relay reads
+  ``HONK_RELAY``, an extra ``honk[copy]`` subject runs with ``HONK_RELAY=copy``.
+
+The load tool (``loadgen.c``, built with ``cc -O2`` into ``benchmarks/.build/``)
+holds both ends: an origin thread on a fixed loopback port and an epoll client
+that speaks SOCKS5 no-auth CONNECT or connects directly. Modes: bulk (1 and 8
+streams, up and down, MB/s counted at the receiving end), rate (connect +
+handshake + 100-byte echo + close at concurrency 16 and 64), latency (1-byte
+ping-pong on one connection) and idle (1,000 open connections). The subject's
+CPU time (utime+stime of every process in its process group, plus reaped
+children) and RSS (VmRSS) come from ``/proc``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import re
+import resource
+import select
+import shutil
+import signal
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from helpers.proc import HonkProcess  # noqa: E402
-from helpers.socks import socks5_connect  # noqa: E402
-
-CHUNK = 256 * 1024
-BULK_BYTES = 1 << 30  # 1 GiB per bulk run
-CONNECTIONS = 2_000
-CONCURRENCY = 16
-
-
-class Sink:
-    """Origin server: reads and discards (bulk), or answers 100 bytes then closes (rate)."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=512)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        with conn:
-            if self.mode == "bulk":
-                while conn.recv_into(bytearray(CHUNK)):
-                    pass
-                conn.sendall(b"k")
-            else:
-                data = conn.recv(100)
-                conn.sendall(data)
-
-    def close(self) -> None:
-        self.listener.close()
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BUILD = HERE / ".build"
+PEERS_VENV = HERE / ".peers-venv"
+LOADGEN_SRC = HERE / "loadgen.c"
+LOADGEN = BUILD / "loadgen"
+GIB = 1 << 30
+LOOPBACK = "127.0.0.1"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _connect(proxy, port):
-    if proxy is None:
-        return socket.create_connection(("127.0.0.1", port))
-    sock, rep = socks5_connect(proxy, "127.0.0.1", port)
-    if rep != 0:
-        raise RuntimeError(f"SOCKS5 reply {rep}")
-    return sock
+@dataclass(frozen=True)
+class Plan:
+    """How much of each measurement to run."""
+
+    reps: int
+    bulk_warmup: float
+    bulk_seconds: float
+    rate_warmup: float
+    rate_seconds: float
+    latency_count: int
+    idle_count: int
+    streams: tuple[int, ...] = (1, 8)
+    concurrency: tuple[int, ...] = (16, 64)
+    loadgen_threads: int = min(os.cpu_count() or 1, 8)  # one client thread per core: measured best
 
 
-def bulk(proxy, port: int, total: int) -> float:
-    """MB/s for one stream uploading ``total`` bytes."""
-    sock = _connect(proxy, port)
-    buf = b"\0" * CHUNK
-    start = time.perf_counter()
-    sent = 0
-    while sent < total:
-        sent += sock.send(buf)
-    sock.shutdown(socket.SHUT_WR)
-    sock.recv(1)
-    elapsed = time.perf_counter() - start
-    sock.close()
-    return total / elapsed / 1e6
+FULL = Plan(reps=3, bulk_warmup=0.3, bulk_seconds=2.0, rate_warmup=0.5, rate_seconds=3.0,
+            latency_count=20_000, idle_count=1_000)
+QUICK = Plan(reps=1, bulk_warmup=0.2, bulk_seconds=0.8, rate_warmup=0.3, rate_seconds=1.0,
+             latency_count=5_000, idle_count=1_000)
 
 
-def rate(proxy, port: int, n: int) -> float:
-    """Connections per second: connect, 100-byte echo, close, at CONCURRENCY."""
-
-    def one(_: int) -> None:
-        sock = _connect(proxy, port)
-        sock.sendall(b"x" * 100)
-        got = 0
-        while got < 100:
-            chunk = sock.recv(100)
-            if not chunk:
-                break
-            got += len(chunk)
-        sock.close()
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        list(pool.map(one, range(n)))
-    return n / (time.perf_counter() - start)
+# ---------------------------------------------------------------- parsing and statistics
 
 
-def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
-    total = BULK_BYTES // 8 if quick else BULK_BYTES
-    conns = CONNECTIONS // 4 if quick else CONNECTIONS
-    bulk_sink, rate_sink = Sink("bulk"), Sink("rate")
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "bench.dae"
-        cfg.write_text("global {\n    log_level: info\n    data_dir: ./var\n}\n"
-                       "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-                       "routing {\n    fallback: direct\n}\n")
-        with HonkProcess(cfg, env={"PYTHONWARNINGS": "ignore"}) as honk:
-            proxy = honk.inbound()
-            direct_bulk, honk_bulk = bulk(None, bulk_sink.port, total), bulk(proxy, bulk_sink.port, total)
-            direct_rate, honk_rate = rate(None, rate_sink.port, conns), rate(proxy, rate_sink.port, conns)
-    bulk_sink.close()
-    rate_sink.close()
-    return [
-        ("bulk upload, 1 stream (MB/s), vs direct", f"{honk_bulk:,.0f}", f"{direct_bulk:,.0f}",
-         f"{honk_bulk / direct_bulk:.2f}x"),
-        (f"connect+echo+close, c={CONCURRENCY} (conn/s), vs direct", f"{honk_rate:,.0f}",
-         f"{direct_rate:,.0f}", f"{honk_rate / direct_rate:.2f}x"),
+def parse_kv(line: str) -> dict[str, str]:
+    """``key=value`` words of one load-tool line; other words are ignored."""
+    out: dict[str, str] = {}
+    for word in line.split():
+        key, sep, value = word.partition("=")
+        if sep and key:
+            out[key] = value
+    return out
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def parse_stat(text: str) -> dict[str, int | str]:
+    """The fields of ``/proc/PID/stat`` the harness uses (``comm`` may hold spaces and parentheses)."""
+    rest = text[text.rindex(")") + 2:].split()
+    return {"state": rest[0], "ppid": int(rest[1]), "pgrp": int(rest[2]),
+            "utime": int(rest[11]), "stime": int(rest[12]), "cutime": int(rest[13]), "cstime": int(rest[14])}
+
+
+def parse_vmrss_kb(status: str) -> int:
+    """VmRSS in kB from ``/proc/PID/status``; 0 for a zombie, which has none."""
+    m = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def _group_members(pgid: int) -> Iterator[tuple[int, dict[str, int | str]]]:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = parse_stat(Path(entry.path, "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            continue
+        if stat["pgrp"] == pgid:
+            yield int(entry.name), stat
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds of a process group: each member's own time plus that of the children it reaped."""
+    ticks = sum(int(s["utime"]) + int(s["stime"]) + int(s["cutime"]) + int(s["cstime"])
+                for _, s in _group_members(pgid))
+    return ticks / CLK_TCK
+
+
+def group_rss_kb(pgid: int) -> int:
+    total = 0
+    for pid, _ in _group_members(pgid):
+        with contextlib.suppress(OSError):
+            total += parse_vmrss_kb(Path(f"/proc/{pid}/status").read_text())
+    return total
+
+
+# ---------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class Target:
+    """``subject.metric OP factor x peer.peer_metric``, e.g. honk bulk >= 0.9 x haproxy's."""
+
+    label: str
+    metric: str
+    op: str  # ">=" or "<="
+    factor: float
+    peer: str
+    peer_metric: str = ""
+
+
+def evaluate(target: Target, subject: str, metrics: dict[str, dict[str, float]]) -> dict[str, object]:
+    value = metrics.get(subject, {}).get(target.metric)
+    ref = metrics.get(target.peer, {}).get(target.peer_metric or target.metric)
+    out: dict[str, object] = {"label": target.label, "subject": subject, "peer": target.peer,
+                              "value": value, "reference": ref, "op": target.op, "factor": target.factor}
+    if value is None or ref is None:
+        return {**out, "ratio": None, "status": "n/a"}
+    bound = target.factor * ref
+    met = value >= bound if target.op == ">=" else value <= bound
+    return {**out, "ratio": value / ref if ref else None, "status": "met" if met else "NOT met"}
+
+
+def targets(plan: Plan) -> list[Target]:
+    """The ratios the relay issue asks of honk, each against a peer measured in the same run."""
+    out: list[Target] = []
+    for n in plan.streams:
+        for d in ("up", "down"):
+            what = f"bulk {d}, {n} stream{'s' if n > 1 else ''}"
+            out.append(Target(f"{what} >= 0.9 x haproxy", f"bulk_{d}_{n}", ">=", 0.9, "haproxy"))
+            out.append(Target(f"{what} >= 2 x pproxy", f"bulk_{d}_{n}", ">=", 2.0, "pproxy"))
+    for c in plan.concurrency:
+        out.append(Target(f"conn/s c={c} >= 2 x pproxy", f"rate_{c}", ">=", 2.0, "pproxy"))
+        out.append(Target(f"conn/s c={c} >= 1.0 x microsocks", f"rate_{c}", ">=", 1.0, "microsocks"))
+    out.append(Target("added p50 latency <= 1.5 x haproxy", "added_p50_us", "<=", 1.5, "haproxy"))
+    for n in plan.streams:
+        for d in ("up", "down"):
+            out.append(Target(f"CPU/GiB bulk {d}, {n} stream{'s' if n > 1 else ''} <= 1.5 x haproxy",
+                              f"cpu_{d}_{n}", "<=", 1.5, "haproxy"))
+    out.append(Target("RSS per idle connection <= pproxy", "idle_kb_per_conn", "<=", 1.0, "pproxy"))
+    out.append(Target("idle RSS, demo config <= 1.5 x pproxy idle RSS", "demo_rss_mb", "<=", 1.5, "pproxy",
+                      "start_rss_mb"))
+    return out
+
+
+# ---------------------------------------------------------------- table
+
+
+def metric_rows(plan: Plan) -> list[tuple[str, str, str]]:
+    """(key, label, format) of the figures table, in print order."""
+    rows: list[tuple[str, str, str]] = []
+    for n in plan.streams:
+        for d in ("up", "down"):
+            rows.append((f"bulk_{d}_{n}", f"bulk {d}, {n} stream{'s' if n > 1 else ''} (MB/s)", "{:,.0f}"))
+    for n in plan.streams:
+        for d in ("up", "down"):
+            rows.append((f"cpu_{d}_{n}", f"CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
+    for c in plan.concurrency:
+        rows.append((f"rate_{c}", f"connect+echo+close c={c} (conn/s)", "{:,.0f}"))
+        rows.append((f"rate_{c}_errors", f"  errors, c={c}", "{:,.0f}"))
+    rows += [
+        ("lat_p50_us", "round trip p50 (us)", "{:.1f}"),
+        ("lat_p99_us", "round trip p99 (us)", "{:.1f}"),
+        ("added_p50_us", "added p50 vs direct (us)", "{:+.1f}"),
+        ("start_rss_mb", "RSS after start (MB)", "{:.1f}"),
+        ("idle_kb_per_conn", f"RSS per idle conn, {plan.idle_count:,} open (KB)", "{:.1f}"),
+        ("demo_rss_mb", "RSS after start, demo config (MB)", "{:.1f}"),
+        ("loadgen_cores_bulk", "load tool CPU, bulk (cores busy)", "{:.2f}"),
+        ("loadgen_cores_rate", "load tool CPU, conn rate (cores busy)", "{:.2f}"),
     ]
+    return rows
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """First column left-aligned, the others right-aligned; a dashed rule under the header."""
+    width = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, width, strict=True))).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in width]), *(line(r) for r in rows)])
+
+
+def figures_table(plan: Plan, subjects: list[str], metrics: dict[str, dict[str, float]]) -> str:
+    rows = []
+    for key, label, fmt in metric_rows(plan):
+        values = [metrics.get(s, {}).get(key) for s in subjects]
+        if all(v is None for v in values):
+            continue
+        rows.append([label, *("-" if v is None else fmt.format(v) for v in values)])
+    return format_table(["metric", *subjects], rows)
+
+
+def targets_table(results: list[dict[str, object]]) -> str:
+    def num(v: object) -> str:
+        if not isinstance(v, float | int):
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+
+    rows = []
+    for r in results:
+        ratio = r["ratio"]
+        rows.append([f"{r['subject']}: {r['label']}", num(r["value"]), num(r["reference"]),
+                     "-" if not isinstance(ratio, float) else f"{ratio:.2f}x", str(r["status"])])
+    return format_table(["target", "honk", "peer", "ratio", "status"], rows)
+
+
+# ---------------------------------------------------------------- processes
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def raise_fd_limit() -> None:
+    """1,000 idle proxied connections need ~2,000 descriptors in the subject; children inherit this."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class SubjectFailed(RuntimeError):
+    pass
+
+
+class Running:
+    """One subject process in its own session; :meth:`stop` kills its whole process group."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+        self.pgid = self.proc.pid
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_port(self, port: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SubjectFailed(f"exited with {self.proc.returncode}: {self.log_text()[-800:]}")
+            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, port), timeout=1):
+                return
+            time.sleep(0.05)
+        raise SubjectFailed(f"port {port} not accepting after {timeout}s: {self.log_text()[-800:]}")
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+        self._log.close()
+
+
+# ---------------------------------------------------------------- subjects
+
+
+@dataclass
+class Subject:
+    name: str
+    kind: str  # "direct", "forward" (no SOCKS) or "socks"
+    note: str = ""
+    skip: str = ""
+    version: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    build: Callable[[int, int, Path], list[str]] | None = None  # (port, origin_port, workdir) -> argv
+
+
+def haproxy_config(port: int, origin_port: int) -> str:
+    return f"""global
+    maxconn 4000
+
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option splice-request
+    option splice-response
+    option splice-auto
+
+frontend fe
+    bind {LOOPBACK}:{port}
+    default_backend be
+
+backend be
+    server origin {LOOPBACK}:{origin_port}
+"""
+
+
+def honk_config(port: int) -> str:
+    return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
+            f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
+            "routing {\n    fallback: direct\n}\n")
+
+
+def demo_config(text: str, lan_port: int, api_port: int) -> str:
+    """``configs/demo.toml`` on free ports, with its state in the working directory."""
+    subs = [(r'mixed://127\.0\.0\.1:\d+', f"mixed://{LOOPBACK}:{lan_port}"),
+            (r'(external_controller\s*=\s*")[^"]*(")', rf"\g<1>{LOOPBACK}:{api_port}\g<2>"),
+            (r'(data_dir\s*=\s*")[^"]*(")', r"\g<1>./var\g<2>")]
+    for rx, repl in subs:
+        text, n = re.subn(rx, repl, text)
+        if n != 1:
+            raise ValueError(f"demo config: expected one match of {rx!r}, found {n}")
+    return text
+
+
+def honk_engines() -> list[str]:
+    """Extra ``HONK_RELAY`` values to measure, if honk's relay reads that variable yet."""
+    for path in sorted((ROOT / "honk" / "relay").glob("*.py")):
+        with contextlib.suppress(OSError):
+            if "HONK_RELAY" in path.read_text():
+                return ["copy"]
+    return []
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin:/sbin")
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def subjects() -> list[Subject]:
+    out = [Subject("direct", "direct", note="no proxy: the load tool's own ceiling")]
+
+    haproxy = _which("haproxy")
+    out.append(Subject(
+        "haproxy", "forward", version=_first_line([haproxy, "-v"]) if haproxy else "",
+        note="mode tcp, forced splice-request/-response/-auto, forwards to the origin port (no SOCKS): "
+             "the forwarder limit",
+        skip="" if haproxy else "haproxy not installed (make bench-peers)",
+        build=lambda port, origin, wd: [haproxy or "haproxy", "-db", "-f", _write(wd / "haproxy.cfg",
+                                                                                    haproxy_config(port, origin))]))
+
+    socat = _which("socat")
+    out.append(Subject(
+        "socat", "forward", version=_first_line(["dpkg-query", "-W", "-f=${Version}", "socat"]),
+        note="fork per connection, -b 131072, forwards to the origin port (no SOCKS)",
+        skip="" if socat else "socat not installed (make bench-peers)",
+        build=lambda port, origin, wd: [socat or "socat", "-b", "131072",
+                                        f"TCP-LISTEN:{port},bind={LOOPBACK},reuseaddr,fork,backlog=1024",
+                                        f"TCP:{LOOPBACK}:{origin}"]))
+
+    pproxy = PEERS_VENV / "bin" / "pproxy"
+    peers_python = PEERS_VENV / "bin" / "python"
+    version = ""
+    if peers_python.exists():
+        version = _first_line([str(peers_python), "-c",
+                               "import asyncio, uvloop, importlib.metadata as m; "
+                               "uvloop.install(); asyncio.get_event_loop(); "  # what pproxy's main() does
+                               "print('pproxy', m.version('pproxy'), 'uvloop', uvloop.__version__)"])
+    ok = pproxy.exists() and version.startswith("pproxy")
+    out.append(Subject(
+        "pproxy", "socks", version=version, env={"PYTHONUNBUFFERED": "1"},
+        note="SOCKS5 on uvloop (pproxy installs it itself when importable)",
+        skip="" if ok else f"pproxy on uvloop does not start from {PEERS_VENV} (make bench-peers)",
+        build=lambda port, origin, wd: [str(pproxy), "-l", f"socks5://{LOOPBACK}:{port}"]))
+
+    microsocks = _which("microsocks")
+    out.append(Subject(
+        "microsocks", "socks", version=_first_line(["dpkg-query", "-W", "-f=${Version}", "microsocks"]),
+        note="SOCKS5, thread per connection",
+        skip="" if microsocks else "microsocks not installed (make bench-peers)",
+        build=lambda port, origin, wd: [microsocks or "microsocks", "-i", LOOPBACK, "-p", str(port)]))
+
+    def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
+        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c", _write(wd / "bench.dae", honk_config(port))]
+
+    out.append(Subject("honk", "socks", note="mixed port -> direct, HONK_RELAY unset", build=honk_cmd))
+    for engine in honk_engines():
+        out.append(Subject(f"honk[{engine}]", "socks", note=f"HONK_RELAY={engine}",
+                           env={"HONK_RELAY": engine}, build=honk_cmd))
+    return out
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def subject_env(subject: Subject) -> dict[str, str]:
+    """The harness's environment less ``HONK_RELAY`` (default engine), plus the subject's own."""
+    env = {k: v for k, v in os.environ.items() if k != "HONK_RELAY"}
+    return {**env, **subject.env}
+
+
+# ---------------------------------------------------------------- load tool
+
+
+def build_loadgen() -> Path:
+    """Compile ``loadgen.c`` unless the binary is newer than the source."""
+    if LOADGEN.exists() and LOADGEN.stat().st_mtime >= LOADGEN_SRC.stat().st_mtime:
+        return LOADGEN
+    cc = os.environ.get("CC", "cc")
+    BUILD.mkdir(exist_ok=True)
+    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(LOADGEN), str(LOADGEN_SRC)], check=True)
+    return LOADGEN
+
+
+class LoadGen:
+    def __init__(self, path: Path, origin_port: int, plan: Plan) -> None:
+        self.path, self.origin_port, self.plan = path, origin_port, plan
+
+    def argv(self, mode: str, subject: Subject, port: int | None, *extra: str) -> list[str]:
+        argv = [str(self.path), mode, "--origin-port", str(self.origin_port)]
+        if subject.kind != "direct":
+            argv += ["--target", f"{LOOPBACK}:{port}"]
+        if subject.kind == "socks":
+            argv.append("--socks")
+        return argv + list(extra)
+
+    def run(self, argv: list[str], timeout: float) -> dict[str, str]:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        lines = out.stdout.strip().splitlines()
+        kv = parse_kv(lines[-1]) if lines else {}
+        if out.returncode != 0 or "error" in kv or not kv:
+            raise RuntimeError(f"loadgen {argv[1]} failed ({out.returncode}): {out.stdout.strip()} "
+                               f"{out.stderr.strip()}")
+        return kv
+
+    def bulk(self, subject: Subject, port: int | None, streams: int, direction: str) -> dict[str, str]:
+        p = self.plan
+        argv = self.argv("bulk", subject, port, "--streams", str(streams), "--dir", direction,
+                         "--warmup", str(p.bulk_warmup), "--duration", str(p.bulk_seconds),
+                         "--threads", str(p.loadgen_threads))
+        return self.run(argv, timeout=p.bulk_warmup + p.bulk_seconds + 30)
+
+    def rate(self, subject: Subject, port: int | None, concurrency: int) -> dict[str, str]:
+        p = self.plan
+        argv = self.argv("rate", subject, port, "--concurrency", str(concurrency), "--warmup", str(p.rate_warmup),
+                         "--duration", str(p.rate_seconds), "--threads", str(p.loadgen_threads))
+        return self.run(argv, timeout=p.rate_warmup + p.rate_seconds + 30)
+
+    def latency(self, subject: Subject, port: int | None) -> dict[str, str]:
+        argv = self.argv("latency", subject, port, "--count", str(self.plan.latency_count), "--size", "1")
+        return self.run(argv, timeout=60)
+
+    @contextlib.contextmanager
+    def idle(self, subject: Subject, port: int | None) -> Iterator[dict[str, str]]:
+        """Hold ``idle_count`` open connections through the subject for the body of the ``with``."""
+        argv = self.argv("idle", subject, port, "--count", str(self.plan.idle_count))
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            line = proc.stdout.readline() if ready else ""
+            kv = parse_kv(line)
+            if not line.startswith("ready") or "error" in kv:
+                raise RuntimeError(f"loadgen idle failed: {line.strip()} {proc.stderr.read() if proc.poll() else ''}")
+            yield kv
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+# ---------------------------------------------------------------- measurement
+
+
+@dataclass
+class Report:
+    plan: Plan
+    subjects: list[Subject]
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    runs: list[dict[str, object]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    targets: list[dict[str, object]] = field(default_factory=list)
+
+    def measured(self) -> list[str]:
+        return [s.name for s in self.subjects if not s.skip and s.name in self.metrics]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "plan": asdict(self.plan),
+            "subjects": [{"name": s.name, "kind": s.kind, "note": s.note, "skip": s.skip, "version": s.version,
+                          "env": s.env} for s in self.subjects],
+            "metrics": self.metrics, "runs": self.runs, "problems": self.problems, "targets": self.targets,
+        }
+
+
+def busy_warning(loadavg: str, cpus: int) -> str:
+    """A warning when ``/proc/loadavg`` shows other work competing for the CPUs, else ''."""
+    one_minute = float(loadavg.split()[0])
+    if one_minute > 0.5 * cpus:
+        return (f"load average {one_minute:.2f} on {cpus} CPUs before the run: other work competes "
+                "with the subjects, figures are noisy")
+    return ""
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path) -> None:
+    plan, m = report.plan, report.metrics.setdefault(subject.name, {})
+    running: Running | None = None
+    port: int | None = None
+    try:
+        if subject.build is not None:
+            port = free_port()
+            wd = workdir / re.sub(r"\W", "_", subject.name)
+            wd.mkdir()
+            running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
+            running.wait_port(port)
+            time.sleep(1.0)  # let it settle before the idle RSS
+            m["start_rss_mb"] = group_rss_kb(running.pgid) / 1024
+            if subject.name == "pproxy":
+                uvloop = "Using uvloop" in running.log_text()
+                subject.note += "; it printed 'Using uvloop'" if uvloop else "; WARNING: it did not print 'Using uvloop'"
+        pgid = running.pgid if running else None
+
+        def record(kind: str, **data: object) -> None:
+            report.runs.append({"subject": subject.name, "kind": kind, **data})
+
+        if pgid is not None and subject.name != "socat":
+            before = group_rss_kb(pgid)
+            with lg.idle(subject, port) as kv:
+                time.sleep(0.5)
+                after = group_rss_kb(pgid)
+            m["idle_kb_per_conn"] = (after - before) / plan.idle_count
+            record("idle", rss_before_kb=before, rss_after_kb=after, **kv)
+
+        kv = lg.latency(subject, port)
+        m["lat_p50_us"], m["lat_p99_us"] = float(kv["p50_us"]), float(kv["p99_us"])
+        record("latency", **kv)
+
+        lg_bulk: list[float] = []  # cores the load tool kept busy during the measured windows
+        lg_rate: list[float] = []
+        for streams in plan.streams:
+            for direction in ("up", "down"):
+                mbps, cpu = [], []
+                for _ in range(plan.reps):
+                    cpu0 = group_cpu_seconds(pgid) if pgid else 0.0
+                    kv = lg.bulk(subject, port, streams, direction)
+                    time.sleep(0.1)  # let the subject tear the streams down (socat reaps its children)
+                    cpu_s = group_cpu_seconds(pgid) - cpu0 if pgid else None
+                    mbps.append(float(kv["mbps"]))
+                    lg_bulk.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
+                    if cpu_s is not None:
+                        cpu.append(cpu_s / (int(kv["total_bytes"]) / GIB))
+                    record("bulk", subject_cpu_s=cpu_s, **kv)
+                m[f"bulk_{direction}_{streams}"] = median(mbps)
+                if cpu:
+                    m[f"cpu_{direction}_{streams}"] = median(cpu)
+
+        for c in plan.concurrency:
+            cps, errors = [], 0
+            for _ in range(plan.reps):
+                kv = lg.rate(subject, port, c)
+                cps.append(float(kv["cps"]))
+                lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
+                errors += int(kv["errors"])
+                record("rate", **kv)
+            m[f"rate_{c}"] = median(cps)
+            m[f"rate_{c}_errors"] = errors
+        m["loadgen_cores_bulk"], m["loadgen_cores_rate"] = median(lg_bulk), median(lg_rate)
+    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
+        report.problems.append(f"{subject.name}: {exc}")
+        _say(f"  {subject.name}: FAILED: {exc}")
+    finally:
+        if running is not None:
+            running.stop()
+    m = {k: v for k, v in m.items() if v is not None}
+    report.metrics[subject.name] = m
+
+
+def measure_demo_rss(report: Report, workdir: Path) -> None:
+    """honk's RSS right after start on the demo config (on free ports)."""
+    lan, api = free_port(), free_port()
+    wd = workdir / "honk_demo"
+    wd.mkdir()
+    try:
+        cfg = _write(wd / "demo.toml", demo_config((ROOT / "configs" / "demo.toml").read_text(), lan, api))
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"honk demo config: {exc}")
+        return
+    running = Running([sys.executable, "-m", "honk.cli.daemon", "run", "-c", cfg],
+                      subject_env(Subject("honk", "socks")), wd, wd / "log.txt")
+    try:
+        running.wait_port(lan)
+        time.sleep(1.0)
+        report.metrics.setdefault("honk", {})["demo_rss_mb"] = group_rss_kb(running.pgid) / 1024
+    except SubjectFailed as exc:
+        report.problems.append(f"honk demo config: {exc}")
+    finally:
+        running.stop()
+
+
+def run(plan: Plan, only: set[str] | None = None) -> Report:
+    raise_fd_limit()
+    lg = LoadGen(build_loadgen(), free_port(), plan)
+    report = Report(plan, subjects())
+    with tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp:
+        for subject in report.subjects:
+            if only and subject.name not in only:
+                subject.skip = subject.skip or "not selected"
+            if subject.skip:
+                _say(f"  {subject.name}: skipped: {subject.skip}")
+                continue
+            _say(f"  {subject.name} ...")
+            t0 = time.monotonic()
+            measure_subject(lg, subject, report, Path(tmp))
+            _say(f"  {subject.name} done in {time.monotonic() - t0:.0f}s")
+        if not only or "honk" in only:
+            measure_demo_rss(report, Path(tmp))
+    direct = report.metrics.get("direct", {}).get("lat_p50_us")
+    for m in report.metrics.values():
+        if direct is not None and "lat_p50_us" in m:
+            m["added_p50_us"] = m["lat_p50_us"] - direct
+    honks = [s.name for s in report.subjects if s.name.startswith("honk") and s.name in report.metrics]
+    for name in honks:
+        for t in targets(plan):
+            if name != "honk" and t.metric == "demo_rss_mb":
+                continue  # the demo config runs on the default engine only
+            report.targets.append(evaluate(t, name, report.metrics))
+    return report
