@@ -2,28 +2,24 @@
 
 from typing import TYPE_CHECKING
 
-from honk._fast import NO_EXTENSIONS
+from honk._fast import load
 from honk._fast.movavg_py import EMA_ALPHA, EMA_WARMUP, WEIGHTED_MEAN_SIZE
 
-if TYPE_CHECKING or NO_EXTENSIONS:
+IMPLEMENTATION: str
+if TYPE_CHECKING:
     from honk._fast.movavg_py import Ema, HalvingAverage, WeightedMean, halving_average
-
-    IMPLEMENTATION = "python"
 else:
-    try:
-        from honk._fast.movavg_c import Ema, HalvingAverage, WeightedMean, halving_average
-
-        IMPLEMENTATION = "compiled"
-    except ImportError:  # a source checkout without a build
-        from honk._fast.movavg_py import Ema, HalvingAverage, WeightedMean, halving_average
-
-        IMPLEMENTATION = "python"
+    _impl, IMPLEMENTATION = load("movavg")
+    Ema = _impl.Ema
+    HalvingAverage = _impl.HalvingAverage
+    WeightedMean = _impl.WeightedMean
+    halving_average = _impl.halving_average
 
 __all__ = [
-    "HalvingAverage",
-    "halving_average",
     "Ema",
+    "HalvingAverage",
     "WeightedMean",
+    "halving_average",
     "EMA_ALPHA",
     "EMA_WARMUP",
     "WEIGHTED_MEAN_SIZE",
