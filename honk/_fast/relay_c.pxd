@@ -9,7 +9,7 @@
 #     END the worker never touches that slot again;
 #   * ``lock`` guards ``cmds`` and ``events`` only; nothing else is shared.
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "<pthread.h>" nogil:
@@ -33,6 +33,41 @@ cdef struct Dir:
     uint8_t copy          # recv/send instead of splice (EINVAL from splice, or forced)
     uint8_t src_eof       # src returned EOF (or the handshake saw it)
     uint8_t shut          # shutdown(dst, SHUT_WR) done: this direction is finished
+    uint8_t big           # the pipe was grown to the engine's bulk size (not pooled)
+    uint8_t grow_tried    # growing was tried once (granted or not)
+
+
+cdef enum:
+    HS_BUF = 1024         # bytes of one client's handshake (greeting, request, early payload) read by the worker
+
+
+# A listening socket the worker accepts on (listener mode). Allocated by the
+# asyncio thread, registered by a LISTEN command, freed only by _release.
+cdef struct Lst:
+    uint64_t id           # listener id (key of Engine._lsts)
+    int fd                # the engine's own dup of the listening socket, -1 once closed
+    uint64_t accepted     # connections accepted so far (atomic: read by the asyncio thread)
+    double paused_until   # out of epoll until then after EMFILE & co (0: accepting)
+
+
+# One accepted client in its SOCKS5 handshake. The worker owns it from accept
+# until it emits REQUEST (then the asyncio thread holds it until its command
+# gives it back) or HANDOVER (then the asyncio thread takes the fd and frees it).
+cdef struct Hs:
+    int fd
+    int err               # errno of the read that made the worker hand over (0 if none)
+    uint64_t lid
+    uint8_t state         # HS_GREETING, HS_REQUEST, HS_WAITING, HS_DEAD
+    uint8_t answered      # bytes of our replies already sent to the client
+    uint8_t peer_len
+    uint16_t len          # bytes read into buf
+    uint16_t req_off      # the request starts here in buf
+    uint16_t req_end      # and ends here; buf[req_end:len] is early payload
+    double deadline       # CLOCK_MONOTONIC: hand the client over to Python after this
+    Hs* prev              # the worker's handshake list, oldest first
+    Hs* next
+    char peer[28]         # the client's sockaddr_in / sockaddr_in6
+    char buf[HS_BUF]
 
 
 cdef struct Flow:
@@ -50,6 +85,8 @@ cdef struct Flow:
     uint8_t ended
     uint8_t queued        # on the worker's "again" list (budget ran out)
     uint8_t dirty         # on the worker's "report later" list
+    uint8_t connecting    # listener mode: the upstream connect is in progress, no reply sent yet
+    uint8_t fail_code     # listener mode: the SOCKS5 reply a cancel during the connect sends
     Flow* prev            # the worker's list of live flows
     Flow* next
 
@@ -63,6 +100,13 @@ cdef struct Cmd:
     size_t preamble_len
     uint8_t client_eof
     uint8_t copy
+    # listener mode
+    Hs* hs                # CONNECT/RELAY/REJECT: the handshake the command answers
+    Lst* lst              # LISTEN/UNLISTEN
+    int mark              # CONNECT: SO_MARK for the upstream socket, -1 for none
+    uint8_t code          # REJECT/CANCEL: the SOCKS5 reply code; UNLISTEN: 1 = drop its handshakes
+    uint8_t addr_len      # CONNECT: bytes of addr used
+    char addr[28]         # CONNECT: the upstream sockaddr_in / sockaddr_in6
 
 
 cdef struct Event:
@@ -95,6 +139,9 @@ cdef class Engine:
     cdef uint32_t n_slots
     cdef uint64_t generation
     cdef dict _listeners
+    cdef dict _lsts           # listener id -> (listener object, Lst address)
+    cdef dict _held           # REQUEST tokens (Hs addresses) the asyncio side holds
+    cdef uint64_t next_lid
     cdef object _loop
     cdef object _thread
     cdef object __weakref__
@@ -104,12 +151,20 @@ cdef class Engine:
     cdef int event_fd         # events -> asyncio
     cdef int pool[64]         # reusable empty pipe pairs (read, write, read, write, ...)
     cdef int n_pool
-    cdef int pipe_size
+    cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
+    cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)
     cdef Flow* live
     cdef Vec wcmds
     cdef Vec again
     cdef Vec dirty
     cdef Vec local_events
+    cdef Hs* hs_head          # handshakes the worker is reading, oldest first
+    cdef Hs* hs_tail
+    cdef Vec hs_dead          # Hs freed at the end of the turn (events of this turn may name them)
+    cdef Vec lst_all          # every Lst ever created (asyncio side; freed by _release)
+    cdef Lst* lst_ptrs[64]    # listeners the worker registered (worker side)
+    cdef int lst_n
+    cdef char mark_denied     # SO_MARK answered EPERM once: stop asking
     cdef char running
     cdef char stopping
     cdef char _closed
@@ -121,6 +176,20 @@ cdef class Engine:
     cdef void _worker(self) noexcept nogil
     cdef void _take_commands(self, double now) noexcept nogil
     cdef void _add(self, Cmd* c, double now) noexcept nogil
+    cdef void _accept(self, Lst* l, double now) noexcept nogil
+    cdef void _hs_read(self, Hs* h, double now) noexcept nogil
+    cdef void _hs_unlink(self, Hs* h) noexcept nogil
+    cdef void _hs_release(self, Hs* h, int kind) noexcept nogil
+    cdef void _hs_start(self, Cmd* c, double now) noexcept nogil
+    cdef void _hs_reject(self, Hs* h, int code) noexcept nogil
+    cdef void _connected(self, Flow* f, double now) noexcept nogil
+    cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil
+    cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil
+    cdef object _push(self, Cmd* c)
+    cdef Hs* _take_token(self, token) except NULL
+    cdef object _start_flow(self, Cmd* c, token, listener)
+    cdef object _listener_event(self, Event* e)
+    cdef uint32_t _new_slot(self) except? 0xFFFFFFFF
     cdef int _pump(self, Flow* f, int di, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil

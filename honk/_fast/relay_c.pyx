@@ -28,6 +28,14 @@ Design (and why):
     side 0 is an error on the client fd, 1 on the upstream fd, 2 local (no
     pipe, no memory). ``EPOLLERR`` is read with ``SO_ERROR`` so that a reset
     is noticed even on a direction that is already finished.
+  * Pipes start at the kernel's default 64 KiB (short flows never pay more than
+    that). A direction whose splice fills its pipe is bulk: its pipe grows once
+    to ``pipe_size`` (default BULK_PIPE_SIZE, 1 MiB) with F_SETPIPE_SZ, which
+    moves more per splice and costs less CPU per byte. At most MAX_BIG_PIPES
+    grown pipes exist at once (half of the default ``pipe-user-pages-soft``:
+    beyond that limit the kernel would shrink every new pipe of the user to
+    two pages); a refusal (EPERM, ENOMEM) leaves the default size. Grown pipes
+    are closed, not pooled, when their direction ends.
   * A flow does at most 1 MiB per direction per turn before the worker looks
     at other fds again (fairness); remaining work is retried with a zero
     timeout, since edge-triggered readiness is not re-announced.
@@ -49,10 +57,36 @@ Design (and why):
   * Commands into the worker (ADD, CANCEL, SHUTDOWN) go through a command
     queue under the same mutex plus a wake eventfd in the epoll set.
 
+Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
+  * ``listen(fd, listener)`` registers a dup of a listening socket; the worker
+    ``accept4``s (non-blocking, close-on-exec, ACCEPT_BURST per readiness) and
+    reads each client's first bytes into its ``Hs`` record (epoll tag 3).
+  * Only the common case is served in C: a complete greeting offering no-auth
+    (answered ``05 00``), then a complete CONNECT with a valid IPv4, IPv6 or
+    domain target (the same checks as ``honk.inbound.socks5``). The worker then
+    emits ONE ``EV_REQUEST`` and keeps the client, unread, until the asyncio
+    side answers with ONE command: CONNECT (dial this sockaddr with TCP_NODELAY
+    and SO_MARK; on EPOLLOUT reply ``05 00`` with getsockname's address, queued
+    in the down direction ahead of upstream bytes, emit EV_OPEN and relay; a
+    failed connect is replied with the code its errno maps to and ends), RELAY
+    (the same with an fd Python dialled) or REJECT (reply a code, close).
+    CANCEL with a code during the connect replies that code (the deadline's 0x06:
+    deadlines stay on Python's injected clock).
+  * Everything else -- another first byte, authentication, BIND, UDP ASSOCIATE,
+    malformed or incomplete messages, errors, EOF, a handshake idle for
+    HS_HANDOVER_AFTER seconds -- is handed over (EV_HANDOVER: the fd, the bytes
+    read and how many reply bytes were sent), so refusals and their log lines
+    come from the Python codec alone, with no second implementation in C.
+  * ``Hs`` records are freed at the end of the turn that finished them (events of
+    that turn may still name them), or by the asyncio side after a handover.
+
 Public API (identical in ``relay_py.Engine``): ``Engine(loop=None,
 pipe_size=0)``, ``add(client_fd, upstream_fd, listener, preamble=b"",
 client_eof=False, copy=False) -> id`` (takes ownership of both fds),
-``cancel(id) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
+``cancel(id, code=0) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
+``listen(fd, listener) -> lid``, ``unlisten(lid, drop=False)``, ``accepted(lid)``,
+``hs_connect(token, ip, port, mark, listener) -> id``, ``hs_relay(token, fd,
+listener) -> id``, ``hs_reject(token, code)``,
 ``active``, ``closed``, ``implementation``. Event kinds and end causes are the
 constants of :mod:`honk._fast.relay_py`.
 """
@@ -60,9 +94,9 @@ constants of :mod:`honk._fast.relay_py`.
 import threading
 import weakref
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.errno cimport EAGAIN, EINTR, EINVAL, ENOMEM, errno
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.errno cimport EAGAIN, EINTR, EINVAL, EMFILE, ENFILE, ENOBUFS, ENOMEM, errno
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -77,6 +111,12 @@ cdef extern from *:
     #include <sys/ioctl.h>
     #include <sys/socket.h>
     #include <fcntl.h>
+    #include <errno.h>
+    #include <string.h>
+    #include <unistd.h>
+    #include <netinet/in.h>
+    #include <netinet/tcp.h>
+    #include <arpa/inet.h>
     static inline uint64_t honk_load64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
     static inline void honk_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
     static inline int honk_nonblock(int fd) { int one = 1; return ioctl(fd, FIONBIO, &one); }
@@ -92,6 +132,94 @@ cdef extern from *:
     static inline void honk_epoll_del(int ep, int fd) {
         struct epoll_event ev; epoll_ctl(ep, EPOLL_CTL_DEL, fd, &ev);
     }
+    static inline int honk_epoll_mod(int ep, int fd, uint64_t data, uint32_t events) {
+        struct epoll_event ev; ev.events = events; ev.data.u64 = data;
+        return epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+    }
+    /* the SOCKS5 reply code for a failed connect: honk.inbound.socks5._ERRNO_REPLIES */
+    static inline int honk_reply_code(int err) {
+        switch (err) {
+        case ECONNREFUSED: return 5;
+        case ENETUNREACH: case ENETDOWN: return 3;
+        case EHOSTUNREACH: case EHOSTDOWN: return 4;
+        case ETIMEDOUT: return 6;
+        default: return 1;
+        }
+    }
+    /* A SOCKS5 reply into out (>= 22 bytes): BND is fd's local address when fd >= 0
+       and getsockname works, else 0.0.0.0:0 (what honk's failures carry). */
+    static int honk_build_reply(char *out, int code, int fd) {
+        struct sockaddr_storage ss; socklen_t len = sizeof(ss);
+        out[0] = 5; out[1] = (char)code; out[2] = 0;
+        if (fd >= 0 && getsockname(fd, (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET6) {
+                struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+                out[3] = 4; memcpy(out + 4, &a->sin6_addr, 16); memcpy(out + 20, &a->sin6_port, 2);
+                return 22;
+            }
+            if (ss.ss_family == AF_INET) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+                out[3] = 1; memcpy(out + 4, &a->sin_addr, 4); memcpy(out + 8, &a->sin_port, 2);
+                return 10;
+            }
+        }
+        out[3] = 1; memset(out + 4, 0, 6);
+        return 10;
+    }
+    static inline void honk_send_reply(int fd, int code) {
+        char out[22]; int n = honk_build_reply(out, code, -1);
+        send(fd, out, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    /* an upstream socket for sockaddr addr: non-blocking, TCP_NODELAY, SO_MARK if mark >= 0
+       (*mark_denied set on EPERM), connect started. Returns the fd, or -errno. */
+    static int honk_dial(const char *addr, int addr_len, int mark, char *mark_denied) {
+        const struct sockaddr *sa = (const struct sockaddr *)addr;
+        int one = 1, err;
+        int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -errno;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (mark >= 0 && !*mark_denied) {
+            if (setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) < 0 && errno == EPERM)
+                *mark_denied = 1;
+        }
+        if (connect(fd, sa, (socklen_t)addr_len) < 0 && errno != EINPROGRESS) {
+            err = errno; close(fd); return -err;
+        }
+        return fd;
+    }
+    static inline int honk_accept(int lfd, char *peer, uint8_t *peer_len) {
+        socklen_t len = 28;
+        int fd = accept4(lfd, (struct sockaddr *)peer, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        *peer_len = (uint8_t)(len > 28 ? 28 : len);
+        return fd;
+    }
+    /* "host", port of a sockaddr (ip text into host, >= 46 bytes); -1 if not IP */
+    static int honk_sockaddr_text(const char *addr, char *host) {
+        const struct sockaddr *sa = (const struct sockaddr *)addr;
+        if (sa->sa_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)addr;
+            inet_ntop(AF_INET, &a->sin_addr, host, 46); return ntohs(a->sin_port);
+        }
+        if (sa->sa_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)addr;
+            inet_ntop(AF_INET6, &a->sin6_addr, host, 46); return ntohs(a->sin6_port);
+        }
+        host[0] = 0; return -1;
+    }
+    /* sockaddr for an IP literal and port into out (28 bytes); returns its length or 0 */
+    static int honk_sockaddr(const char *ip, int port, char *out) {
+        memset(out, 0, 28);
+        struct sockaddr_in *a = (struct sockaddr_in *)out;
+        if (inet_pton(AF_INET, ip, &a->sin_addr) == 1) {
+            a->sin_family = AF_INET; a->sin_port = htons((uint16_t)port); return sizeof(*a);
+        }
+        struct sockaddr_in6 *b = (struct sockaddr_in6 *)out;
+        if (inet_pton(AF_INET6, ip, &b->sin6_addr) == 1) {
+            b->sin6_family = AF_INET6; b->sin6_port = htons((uint16_t)port); return sizeof(*b);
+        }
+        return 0;
+    }
+    static inline void honk_ntop(int af, const void *src, char *dst) { inet_ntop(af, src, dst, 46); }
     """
     uint64_t honk_load64(uint64_t* p) nogil
     void honk_store64(uint64_t* p, uint64_t v) nogil
@@ -99,6 +227,16 @@ cdef extern from *:
     int honk_so_error(int fd) nogil
     int honk_epoll_add(int ep, int fd, uint64_t data, uint32_t events) nogil
     void honk_epoll_del(int ep, int fd) nogil
+    int honk_epoll_mod(int ep, int fd, uint64_t data, uint32_t events) nogil
+    int honk_reply_code(int err) nogil
+    int honk_build_reply(char* out, int code, int fd) nogil
+    void honk_send_reply(int fd, int code) nogil
+    int honk_dial(const char* addr, int addr_len, int mark, char* mark_denied) nogil
+    int honk_accept(int lfd, char* peer, uint8_t* peer_len) nogil
+    int honk_sockaddr_text(const char* addr, char* host) nogil
+    int honk_sockaddr(const char* ip, int port, char* out) nogil
+    void honk_ntop(int af, const void* src, char* dst) nogil
+    int AF_INET, AF_INET6
 
     ctypedef union epoll_data_t:
         uint64_t u64
@@ -114,7 +252,7 @@ cdef extern from *:
     int SPLICE_F_MOVE, SPLICE_F_NONBLOCK
     int pipe2(int* fds, int flags) nogil
     int fcntl(int fd, int cmd, ...) nogil
-    int F_SETPIPE_SZ, O_NONBLOCK, O_CLOEXEC
+    int F_SETPIPE_SZ, F_DUPFD_CLOEXEC, O_NONBLOCK, O_CLOEXEC
     ssize_t recv(int fd, void* buf, size_t n, int flags) nogil
     ssize_t send(int fd, const void* buf, size_t n, int flags) nogil
     int shutdown(int fd, int how) nogil
@@ -149,10 +287,29 @@ cdef enum:
     CMD_ADD = 1
     CMD_CANCEL = 2
     CMD_SHUTDOWN = 3
+    # listener mode (see "Listener mode" in the module docstring)
+    K_REQUEST = 10
+    K_HANDOVER = 11
+    K_DROPPED = 12
+    CMD_LISTEN = 4
+    CMD_UNLISTEN = 5
+    CMD_CONNECT = 6
+    CMD_RELAY = 7
+    CMD_REJECT = 8
+    HS_GREETING = 1
+    HS_REQUEST = 2
+    HS_WAITING = 3
+    HS_DEAD = 4
+    TAG_LST = 2               # epoll data: low bits 0/1 = a flow's side, 2 = Lst*, 3 = Hs*
+    TAG_HS = 3
 
 assert (K_OPEN, K_FIRST_BYTE, K_BYTES, K_HALF_CLOSE, K_END) == (
     EV_OPEN, EV_FIRST_BYTE, EV_BYTES, EV_HALF_CLOSE, EV_END)
 assert (C_CLEAN, C_ERROR, C_CANCELLED, S_LOCAL) == (END_CLEAN, END_ERROR, END_CANCELLED, SIDE_LOCAL)
+assert (K_REQUEST, K_HANDOVER, K_DROPPED) == (_py.EV_REQUEST, _py.EV_HANDOVER, _py.EV_DROPPED)
+EV_REQUEST = _py.EV_REQUEST
+EV_HANDOVER = _py.EV_HANDOVER
+EV_DROPPED = _py.EV_DROPPED
 
 DEF BLOCK_BITS = 8                 # 256 flows per block of slots
 DEF BLOCK_SIZE = 256
@@ -161,8 +318,16 @@ DEF MAX_EVENTS = 256               # readiness events taken per epoll_wait
 DEF TURN_BUDGET = 1048576          # bytes one direction may move per loop turn
 DEF SPLICE_CHUNK = 1048576         # asked per splice into the pipe; the pipe's capacity bounds it
 DEF COPY_BUFFER = 65536            # per-direction buffer in copy mode (bytes)
-DEF POOL_PIPES = 32                # reusable empty pipe pairs kept by the worker
+DEF POOL_PIPES = 32                # reusable empty pipe pairs kept by the worker (default-size pipes only)
+DEF DEFAULT_PIPE = 65536           # the kernel's default pipe capacity; a splice that fills it marks a bulk direction
+DEF BULK_PIPE_SIZE = 1048576       # a bulk direction's pipe grows to this: ~30% less CPU/GiB than 64 KiB (fewer splices per byte)
+DEF MAX_BIG_PIPES = 32             # grown pipes at once: 32 MiB, half the default pipe-user-pages-soft (64 MiB per user)
 DEF REPORT_INTERVAL = 1.0          # seconds between coalesced BYTES events of one flow
+DEF ACCEPT_BURST = 64              # accepts per listener readiness before other fds get a turn
+DEF ACCEPT_BACKOFF = 0.1           # seconds a listener rests after EMFILE/ENFILE/ENOBUFS/ENOMEM instead of spinning
+DEF HS_HANDOVER_AFTER = 1.0        # seconds (CLOCK_MONOTONIC) a handshake may idle in the worker; then Python's watchdog
+
+assert HS_HANDOVER_AFTER == _py.HS_HANDOVER_AFTER
 
 
 cdef inline double _now() noexcept nogil:
@@ -224,6 +389,11 @@ cdef class Engine:
         _vec_init(&self.local_events, sizeof(Event))
         _vec_init(&self.again, sizeof(Flow*))
         _vec_init(&self.dirty, sizeof(Flow*))
+        _vec_init(&self.hs_dead, sizeof(Hs*))
+        _vec_init(&self.lst_all, sizeof(Lst*))
+        self.hs_head = NULL
+        self.hs_tail = NULL
+        self.lst_n = 0
 
     def __init__(self, loop=None, *, int pipe_size=0):
         import asyncio
@@ -231,8 +401,10 @@ cdef class Engine:
         if loop is None:
             loop = asyncio.get_running_loop()
         self.implementation = "compiled"
-        self.pipe_size = pipe_size
+        self.pipe_size = BULK_PIPE_SIZE if pipe_size == 0 else pipe_size
         self._listeners = {}
+        self._lsts = {}
+        self._held = {}
         self.generation = 1
         self.blocks = <Flow**>calloc(MAX_BLOCKS, sizeof(Flow*))
         if self.blocks == NULL:
@@ -287,7 +459,6 @@ cdef class Engine:
         """
         cdef Cmd c
         cdef uint32_t slot
-        cdef Flow* block
         cdef Flow* f
         cdef size_t n = PyBytes_GET_SIZE(preamble)
         cdef bint was_empty
@@ -295,24 +466,8 @@ cdef class Engine:
         cdef uint64_t one = 1
         if self._closed:
             raise EngineClosed("relay engine closed")
-        if self.n_free:
-            self.n_free -= 1
-            slot = self.free_slots[self.n_free]
-        else:
-            if self.n_slots >= <uint32_t>(MAX_BLOCKS * BLOCK_SIZE):
-                raise OSError(ENOMEM, "too many concurrent relay flows")
-            if self.blocks[self.n_slots >> BLOCK_BITS] == NULL:
-                block = <Flow*>calloc(BLOCK_SIZE, sizeof(Flow))
-                if block == NULL:
-                    raise MemoryError()
-                self.blocks[self.n_slots >> BLOCK_BITS] = block
-            slot = self.n_slots
-            self.n_slots += 1
+        slot = self._new_slot()
         f = self._slot(slot)
-        # The previous owner of this slot has ended (its END was drained), so the
-        # worker does not touch it until it takes this ADD.
-        honk_store64(&f.bytes_up, 0)
-        honk_store64(&f.bytes_down, 0)
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_ADD
         c.flow = f
@@ -342,6 +497,172 @@ cdef class Engine:
         self._listeners[c.id] = listener
         return c.id
 
+    cdef uint32_t _new_slot(self) except? 0xFFFFFFFF:
+        cdef uint32_t slot
+        cdef Flow* block
+        cdef Flow* f
+        if self.n_free:
+            self.n_free -= 1
+            slot = self.free_slots[self.n_free]
+        else:
+            if self.n_slots >= <uint32_t>(MAX_BLOCKS * BLOCK_SIZE):
+                raise OSError(ENOMEM, "too many concurrent relay flows")
+            if self.blocks[self.n_slots >> BLOCK_BITS] == NULL:
+                block = <Flow*>calloc(BLOCK_SIZE, sizeof(Flow))
+                if block == NULL:
+                    raise MemoryError()
+                self.blocks[self.n_slots >> BLOCK_BITS] = block
+            slot = self.n_slots
+            self.n_slots += 1
+        f = self._slot(slot)
+        # The previous owner of this slot has ended (its END was drained), so the
+        # worker does not touch it until it takes the command that starts it.
+        honk_store64(&f.bytes_up, 0)
+        honk_store64(&f.bytes_down, 0)
+        return slot
+
+    cdef object _push(self, Cmd* c):
+        cdef bint was_empty
+        cdef int rc
+        cdef uint64_t one = 1
+        pthread_mutex_lock(&self.lock)
+        was_empty = self.cmds.n == 0
+        rc = _vec_push(&self.cmds, c)
+        pthread_mutex_unlock(&self.lock)
+        if rc < 0:
+            raise MemoryError()
+        if was_empty:
+            write(self.wake_fd, &one, 8)
+
+    # -- listener mode (asyncio side) ------------------------------------------------------
+
+    def listen(self, int fd, listener):
+        """Accept on the listening socket ``fd`` in the worker; returns the listener id.
+
+        The engine works on its own dup of ``fd`` (the caller keeps ``fd``: closing
+        it after ``shutdown(SHUT_RD)`` stops the listening at once). ``listener``
+        receives ``socks_request(token, src_host, src_port, host, port)``,
+        ``socks_handover(fd, data, answered, err, src_host, src_port)`` and
+        ``socks_dropped()`` on the loop's thread.
+        """
+        cdef Cmd c
+        cdef Lst* l
+        cdef int dup_fd
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        if dup_fd < 0:
+            raise OSError(errno, "dup of the listening socket failed")
+        honk_nonblock(dup_fd)
+        l = <Lst*>calloc(1, sizeof(Lst))
+        if l == NULL or _vec_push(&self.lst_all, &l) < 0:
+            free(l)
+            close(dup_fd)
+            raise MemoryError()
+        self.next_lid += 1
+        l.id = self.next_lid
+        l.fd = dup_fd
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_LISTEN
+        c.lst = l
+        self._lsts[l.id] = (listener, <size_t>l)
+        self._push(&c)
+        return l.id
+
+    def unlisten(self, uint64_t lid, bint drop=False):
+        """Stop accepting on listener ``lid``; ``drop`` also closes the clients still in
+        their handshake in the worker (each reported by ``socks_dropped``)."""
+        cdef Cmd c
+        entry = self._lsts.get(lid)
+        if entry is None or self._closed:
+            return
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_UNLISTEN
+        c.lst = <Lst*><size_t>entry[1]
+        c.code = 1 if drop else 0
+        self._push(&c)
+
+    def accepted(self, uint64_t lid):
+        """How many connections listener ``lid`` has accepted so far."""
+        entry = self._lsts.get(lid)
+        if entry is None or self._closed:  # after close() the Lst records are freed
+            return 0
+        return honk_load64(&(<Lst*><size_t>entry[1]).accepted)
+
+    cdef Hs* _take_token(self, token) except NULL:
+        if self._held.pop(token, None) is None:
+            raise ValueError("unknown or already answered handshake token")
+        return <Hs*><size_t>token
+
+    def hs_connect(self, token, str ip, int port, int mark, listener):
+        """Answer a REQUEST: dial ``ip``:``port`` (non-blocking, TCP_NODELAY, SO_MARK
+        ``mark`` unless -1), reply success with the bound address and relay; a failed
+        connect is replied with its errno's code. Returns the flow id (events go to
+        ``listener``: EV_OPEN once connected, then the usual ones)."""
+        cdef Cmd c
+        cdef char addr[28]
+        cdef int alen
+        cdef bytes raw = ip.encode("ascii")
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        alen = honk_sockaddr(raw, port, addr)
+        if alen == 0:
+            raise ValueError(f"not an IP literal: {ip!r}")
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_CONNECT
+        memcpy(c.addr, addr, 28)
+        c.addr_len = alen
+        c.mark = mark
+        return self._start_flow(&c, token, listener)
+
+    def hs_relay(self, token, int upstream_fd, listener):
+        """Answer a REQUEST with a connected upstream fd (the engine owns it from now on):
+        reply success and relay. Returns the flow id."""
+        cdef Cmd c
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_RELAY
+        c.fd[1] = upstream_fd
+        return self._start_flow(&c, token, listener)
+
+    cdef object _start_flow(self, Cmd* c, token, listener):
+        cdef uint32_t slot
+        c.hs = self._take_token(token)
+        try:
+            slot = self._new_slot()
+        except BaseException:
+            self._held[token] = True
+            raise
+        c.flow = self._slot(slot)
+        c.id = (self.generation << 32) | slot
+        self.generation += 1
+        try:
+            self._push(c)
+        except BaseException:
+            self._held[token] = True
+            self._free_slot(slot)
+            raise
+        self._listeners[c.id] = listener
+        return c.id
+
+    def hs_reject(self, token, int code):
+        """Answer a REQUEST with reply ``code`` and close the client."""
+        cdef Cmd c
+        cdef Hs* h
+        if self._closed:
+            return
+        h = self._take_token(token)
+        memset(&c, 0, sizeof(Cmd))
+        c.kind = CMD_REJECT
+        c.hs = h
+        c.code = code
+        try:
+            self._push(&c)
+        except BaseException:
+            self._held[token] = True
+            raise
+
     cdef void _free_slot(self, uint32_t slot):
         cdef uint32_t* grown
         if self.n_free == self.cap_free:
@@ -353,8 +674,10 @@ cdef class Engine:
         self.free_slots[self.n_free] = slot
         self.n_free += 1
 
-    def cancel(self, uint64_t flow_id):
-        """End one flow now (END with cause END_CANCELLED); False if it is not live."""
+    def cancel(self, uint64_t flow_id, int code=0):
+        """End one flow now (END with cause END_CANCELLED); False if it is not live.
+
+        ``code``: a listener-mode flow still connecting replies it to the client (0: none)."""
         cdef Cmd c
         cdef bint was_empty
         cdef uint64_t one = 1
@@ -364,6 +687,7 @@ cdef class Engine:
         c.kind = CMD_CANCEL
         c.flow = self._slot(<uint32_t>(flow_id & 0xFFFFFFFF))
         c.id = flow_id
+        c.code = code
         pthread_mutex_lock(&self.lock)
         was_empty = self.cmds.n == 0
         _vec_push(&self.cmds, &c)
@@ -393,6 +717,12 @@ cdef class Engine:
         listeners = self._listeners
         for i in range(self.spare.n):
             e = (<Event*>self.spare.data) + i
+            if e.kind >= K_REQUEST:
+                try:
+                    self._listener_event(e)
+                except BaseException as exc:
+                    self._report_error(exc)
+                continue
             if e.kind == K_END:
                 listener = listeners.pop(e.id, None)
                 self._free_slot(<uint32_t>(e.id & 0xFFFFFFFF))
@@ -406,6 +736,55 @@ cdef class Engine:
                 self._report_error(exc)
         self.spare.n = 0
 
+    cdef object _listener_event(self, Event* e):
+        cdef Hs* h = <Hs*>e.a
+        cdef char host[46]
+        cdef char src[46]
+        cdef int src_port, off, port, alen
+        cdef uint8_t* b
+        entry = self._lsts.get(e.id)
+        listener = entry[0] if entry is not None else None
+        if e.kind == K_DROPPED:
+            if listener is not None:
+                listener.socks_dropped()
+            return
+        src_port = honk_sockaddr_text(h.peer, src)
+        src_host = src.decode("ascii")
+        if src_port < 0:
+            src_port = 0
+        if e.kind == K_HANDOVER:
+            fd = h.fd
+            data = PyBytes_FromStringAndSize(h.buf, h.len)
+            answered = h.answered
+            err = h.err
+            free(h)
+            if listener is None:
+                close(fd)
+                return
+            listener.socks_handover(fd, data, answered, err, src_host, src_port)
+            return
+        # K_REQUEST: the worker checked the request; read the target out of it
+        b = <uint8_t*>h.buf
+        off = h.req_off
+        if b[off + 3] == 1:
+            honk_ntop(AF_INET, b + off + 4, host)
+            target = host.decode("ascii")
+            port = (b[off + 8] << 8) | b[off + 9]
+        elif b[off + 3] == 4:
+            honk_ntop(AF_INET6, b + off + 4, host)
+            target = host.decode("ascii")
+            port = (b[off + 20] << 8) | b[off + 21]
+        else:
+            alen = b[off + 4]
+            target = PyBytes_FromStringAndSize(<char*>b + off + 5, alen).decode("ascii")
+            port = (b[off + 5 + alen] << 8) | b[off + 6 + alen]
+        token = <size_t>h
+        self._held[token] = True
+        if listener is None:
+            self.hs_reject(token, 1)
+            return
+        listener.socks_request(token, src_host, src_port, target, port)
+
     def _report_error(self, exc):
         loop = self._loop() if self._loop is not None else None
         if loop is not None and not loop.is_closed():
@@ -416,6 +795,7 @@ cdef class Engine:
         and close every fd the engine holds. Idempotent; call it on the loop's thread."""
         cdef Cmd c
         cdef uint64_t one = 1
+        cdef Hs* h
         if self._closed:
             return
         self._closed = 1
@@ -431,12 +811,18 @@ cdef class Engine:
         if loop is not None and not loop.is_closed():
             loop.remove_reader(self.event_fd)
         self._drain()
+        for token in list(self._held):  # REQUESTs never answered: the worker is gone
+            h = <Hs*><size_t>token
+            close(h.fd)
+            free(h)
+        self._held.clear()
         self._release()
 
     def _release(self):
         cdef int i
         cdef size_t k
         cdef Cmd* c
+        cdef Lst* lp
         if self.running:
             return  # the worker still uses all of it
         # Commands the worker never took (none after a normal close) still own fds.
@@ -446,7 +832,23 @@ cdef class Engine:
                 close(c.fd[0])
                 close(c.fd[1])
                 free(c.preamble)
+            elif c.kind == CMD_CONNECT or c.kind == CMD_RELAY or c.kind == CMD_REJECT:
+                close(c.hs.fd)
+                free(c.hs)
+                if c.kind == CMD_RELAY:
+                    close(c.fd[1])
+            elif c.kind == CMD_LISTEN:
+                pass  # closed with every Lst below
         self.cmds.n = 0
+        for k in range(self.lst_all.n):
+            lp = (<Lst**>self.lst_all.data)[k]
+            if lp.fd >= 0:
+                close(lp.fd)
+            free(lp)
+        _vec_free(&self.lst_all)
+        for k in range(self.hs_dead.n):
+            free((<Hs**>self.hs_dead.data)[k])
+        _vec_free(&self.hs_dead)
         for i in range(self.n_pool):
             close(self.pool[i])
         self.n_pool = 0
@@ -490,17 +892,27 @@ cdef class Engine:
         cdef Flow** items
         cdef size_t k, m
         cdef Vec work
+        cdef Hs* h
+        cdef Lst* l
+        cdef int tag
         _vec_init(&work, sizeof(Flow*))
         while True:
             timeout = -1
-            if self.again.n:
-                timeout = 0
-            elif self.dirty.n:
+            due = -1.0
+            if self.dirty.n:
                 due = (<Flow**>self.dirty.data)[0].next_report
                 items = <Flow**>self.dirty.data
                 for k in range(1, self.dirty.n):
                     if items[k].next_report < due:
                         due = items[k].next_report
+            if self.hs_head != NULL and (due < 0 or self.hs_head.deadline < due):
+                due = self.hs_head.deadline
+            for k in range(<size_t>self.lst_n):
+                if self.lst_ptrs[k].paused_until > 0 and (due < 0 or self.lst_ptrs[k].paused_until < due):
+                    due = self.lst_ptrs[k].paused_until
+            if self.again.n:
+                timeout = 0
+            elif due >= 0:
                 wait = due - _now()
                 timeout = 0 if wait <= 0 else <int>(wait * 1000.0) + 1
             n = epoll_wait(self.epfd, evs, MAX_EVENTS, timeout)
@@ -523,7 +935,16 @@ cdef class Engine:
                     read(self.wake_fd, &value, 8)
                     self._take_commands(now)
                     continue
-                f = <Flow*>(data & ~(<uint64_t>1))
+                tag = <int>(data & 3)
+                if tag == TAG_LST:
+                    self._accept(<Lst*>(data & ~(<uint64_t>3)), now)
+                    continue
+                if tag == TAG_HS:
+                    h = <Hs*>(data & ~(<uint64_t>3))
+                    if h.state == HS_GREETING or h.state == HS_REQUEST:
+                        self._hs_read(h, now)
+                    continue
+                f = <Flow*>(data & ~(<uint64_t>3))
                 if f.ended:
                     continue  # ended earlier in this turn
                 side = <int>(data & 1)
@@ -538,9 +959,22 @@ cdef class Engine:
                 if ev & (EPOLLOUT | EPOLLHUP | EPOLLERR):
                     f.writable[side] = 1
                 self._service(f, now)
+            # Handshakes idle for HS_HANDOVER_AFTER go to Python, whose watchdog runs on the
+            # injected clock.
+            while self.hs_head != NULL and self.hs_head.deadline <= now:
+                self._hs_release(self.hs_head, K_HANDOVER)
+            # Listeners resting after EMFILE & co go back to accepting.
+            for k in range(<size_t>self.lst_n):
+                l = self.lst_ptrs[k]
+                if l.paused_until > 0 and l.paused_until <= now:
+                    l.paused_until = 0
+                    if l.fd >= 0:
+                        honk_epoll_add(self.epfd, l.fd, (<uint64_t>l) | TAG_LST, EPOLLIN)
             if self.stopping:
                 while self.live != NULL:
                     self._end(self.live, C_CANCELLED, 0, now)
+                while self.hs_head != NULL:
+                    self._hs_release(self.hs_head, K_DROPPED)
             # Coalesced byte reports that are due; ended flows leave the list now,
             # before their END is published (after which their slot may be reused).
             if self.dirty.n:
@@ -566,12 +1000,17 @@ cdef class Engine:
                         m += 1
                 self.again.n = m
             self._publish()
+            # Handshakes answered this turn: no event of this turn names them any more.
+            for k in range(self.hs_dead.n):
+                free((<Hs**>self.hs_dead.data)[k])
+            self.hs_dead.n = 0
             if self.stopping:
                 break
         _vec_free(&work)
 
     cdef void _take_commands(self, double now) noexcept nogil:
         cdef size_t k
+        cdef int lk
         cdef Cmd* c
         pthread_mutex_lock(&self.lock)
         _vec_swap(&self.cmds, &self.wcmds)
@@ -582,9 +1021,26 @@ cdef class Engine:
                 self._add(c, now)
             elif c.kind == CMD_CANCEL:
                 if c.flow.id == c.id and not c.flow.ended:
+                    c.flow.fail_code = c.code
                     self._end(c.flow, C_CANCELLED, 0, now)
             elif c.kind == CMD_SHUTDOWN:
                 self.stopping = 1
+                for lk in range(self.lst_n):
+                    if self.lst_ptrs[lk].fd >= 0:
+                        self._unlisten(self.lst_ptrs[lk], 0, now)
+            elif c.kind == CMD_CONNECT or c.kind == CMD_RELAY:
+                self._hs_start(c, now)
+            elif c.kind == CMD_REJECT:
+                self._hs_reject(c.hs, c.code)
+            elif c.kind == CMD_LISTEN:
+                if honk_epoll_add(self.epfd, c.lst.fd, (<uint64_t>c.lst) | TAG_LST, EPOLLIN) < 0:
+                    close(c.lst.fd)
+                    c.lst.fd = -1
+                elif self.lst_n < 64:
+                    self.lst_ptrs[self.lst_n] = c.lst
+                    self.lst_n += 1
+            elif c.kind == CMD_UNLISTEN:
+                self._unlisten(c.lst, c.code, now)
         self.wcmds.n = 0
 
     cdef void _add(self, Cmd* c, double now) noexcept nogil:
@@ -632,6 +1088,274 @@ cdef class Engine:
         f.writable[1] = 1
         self._service(f, now)
 
+    # -- listener mode (worker side) ------------------------------------------------------
+
+    cdef void _accept(self, Lst* l, double now) noexcept nogil:
+        cdef int k, fd
+        cdef Hs* h
+        cdef char peer[28]
+        cdef uint8_t peer_len
+        for k in range(ACCEPT_BURST):
+            if l.fd < 0:
+                return
+            fd = honk_accept(l.fd, peer, &peer_len)
+            if fd < 0:
+                if errno == EINTR:
+                    continue
+                if errno == EINVAL:  # shut down under us (stop_accepting): nothing more comes
+                    self._unlisten(l, 0, now)
+                elif errno == EMFILE or errno == ENFILE or errno == ENOBUFS or errno == ENOMEM:
+                    # Out of descriptors or memory: the listener stays readable, so leave
+                    # epoll for a while rather than spin; the timer pass below re-arms it.
+                    honk_epoll_del(self.epfd, l.fd)
+                    l.paused_until = now + ACCEPT_BACKOFF
+                return  # EAGAIN: edge of the burst, we are called again when readable
+            h = <Hs*>malloc(sizeof(Hs))
+            if h == NULL:
+                close(fd)
+                continue
+            h.fd = fd
+            h.err = 0
+            h.lid = l.id
+            h.state = HS_GREETING
+            h.answered = 0
+            h.len = 0
+            h.req_off = 0
+            h.req_end = 0
+            h.peer_len = peer_len
+            memcpy(h.peer, peer, 28)
+            h.deadline = now + HS_HANDOVER_AFTER
+            h.next = NULL
+            h.prev = self.hs_tail
+            if self.hs_tail != NULL:
+                self.hs_tail.next = h
+            else:
+                self.hs_head = h
+            self.hs_tail = h
+            honk_store64(&l.accepted, l.accepted + 1)
+            if honk_epoll_add(self.epfd, fd, (<uint64_t>h) | TAG_HS, EPOLLIN | EPOLLRDHUP | EPOLLET) < 0:
+                h.err = errno
+                self._hs_release(h, K_HANDOVER)
+                continue
+            self._hs_read(h, now)  # the greeting is often there already
+
+    cdef void _hs_unlink(self, Hs* h) noexcept nogil:
+        if h.prev != NULL:
+            h.prev.next = h.next
+        else:
+            self.hs_head = h.next
+        if h.next != NULL:
+            h.next.prev = h.prev
+        else:
+            self.hs_tail = h.prev
+        h.prev = h.next = NULL
+
+    cdef void _hs_release(self, Hs* h, int kind) noexcept nogil:
+        """End the worker's part of a handshake it still reads: HANDOVER (Python takes the fd
+        and the bytes) or DROPPED (closed here)."""
+        self._hs_unlink(h)
+        if kind == K_DROPPED:
+            close(h.fd)
+            h.fd = -1
+            h.state = HS_DEAD
+            _vec_push(&self.hs_dead, &h)
+            self._emit_lst(h.lid, K_DROPPED, 0, 0.0)
+            return
+        honk_epoll_del(self.epfd, h.fd)
+        h.state = HS_DEAD  # Python frees it after the drain; nothing here touches it again
+        self._emit_lst(h.lid, K_HANDOVER, <int64_t>h, 0.0)
+
+    cdef void _hs_read(self, Hs* h, double now) noexcept nogil:
+        """Read what the client sent and move its handshake on. Only the common case is
+        served here (a complete greeting offering no-auth, then a complete CONNECT); anything
+        else goes to Python with the bytes read so far (see the module docstring)."""
+        cdef ssize_t n
+        cdef int nm, k, end, alen, off
+        cdef uint8_t* b = <uint8_t*>h.buf
+        cdef char hello[2]
+        while True:
+            if h.len >= HS_BUF:
+                self._hs_release(h, K_HANDOVER)
+                return
+            n = recv(h.fd, h.buf + h.len, HS_BUF - h.len, MSG_DONTWAIT)
+            if n < 0:
+                if errno == EAGAIN:
+                    return
+                if errno == EINTR:
+                    continue
+                h.err = errno
+                self._hs_release(h, K_HANDOVER)
+                return
+            if n == 0:  # EOF: Python reads it again and says what it means
+                self._hs_release(h, K_HANDOVER)
+                return
+            h.len += <uint16_t>n
+            if h.state == HS_GREETING:
+                if b[0] != 5 or h.len < 2 or h.len < 2 + b[1]:
+                    self._hs_release(h, K_HANDOVER)
+                    return
+                nm = b[1]
+                for k in range(nm):
+                    if b[2 + k] == 0:
+                        break
+                else:
+                    self._hs_release(h, K_HANDOVER)  # no "no-auth": Python refuses it
+                    return
+                hello[0] = 5
+                hello[1] = 0
+                if send(h.fd, hello, 2, MSG_NOSIGNAL | MSG_DONTWAIT) != 2:
+                    h.err = errno
+                    self._hs_release(h, K_HANDOVER)
+                    return
+                h.answered = 2
+                h.req_off = <uint16_t>(2 + nm)
+                h.state = HS_REQUEST
+            # HS_REQUEST
+            off = h.req_off
+            if h.len == off:
+                continue  # nothing after the greeting yet: read until EAGAIN
+            if h.len < off + 5 or b[off] != 5 or b[off + 1] != 1 or b[off + 2] != 0:
+                self._hs_release(h, K_HANDOVER)
+                return
+            if b[off + 3] == 1:
+                end = off + 4 + 4 + 2
+            elif b[off + 3] == 4:
+                end = off + 4 + 16 + 2
+            elif b[off + 3] == 3:
+                alen = b[off + 4]
+                end = off + 5 + alen + 2
+                if alen == 0 or h.len < end:
+                    self._hs_release(h, K_HANDOVER)
+                    return
+                for k in range(alen):
+                    if b[off + 5 + k] <= 0x20 or b[off + 5 + k] >= 0x7F:
+                        self._hs_release(h, K_HANDOVER)  # Python says bad-domain
+                        return
+            else:
+                self._hs_release(h, K_HANDOVER)
+                return
+            if h.len < end:
+                self._hs_release(h, K_HANDOVER)
+                return
+            h.req_end = <uint16_t>end
+            h.state = HS_WAITING
+            self._hs_unlink(h)
+            self._emit_lst(h.lid, K_REQUEST, <int64_t>h, now)
+            return
+
+    cdef void _hs_reject(self, Hs* h, int code) noexcept nogil:
+        honk_send_reply(h.fd, code)
+        close(h.fd)
+        h.fd = -1
+        h.state = HS_DEAD
+        _vec_push(&self.hs_dead, &h)
+
+    cdef void _hs_start(self, Cmd* c, double now) noexcept nogil:
+        """CONNECT (dial c.addr) or RELAY (c.fd[1] is connected): the flow starts connecting."""
+        cdef Hs* h = c.hs
+        cdef Flow* f = c.flow
+        cdef uint64_t up = f.bytes_up
+        cdef uint64_t down = f.bytes_down
+        cdef int di, fd
+        cdef size_t early
+        memset(f, 0, sizeof(Flow))
+        f.bytes_up = up
+        f.bytes_down = down
+        f.id = c.id
+        f.fd[0] = h.fd
+        f.fd[1] = -1
+        f.connecting = 1
+        f.fail_code = 1
+        for di in range(2):
+            f.d[di].pr = -1
+            f.d[di].pw = -1
+        h.fd = -1
+        h.state = HS_DEAD
+        _vec_push(&self.hs_dead, &h)
+        f.next = self.live
+        if self.live != NULL:
+            self.live.prev = f
+        self.live = f
+        early = h.len - h.req_end
+        if early:
+            f.d[0].buf = <char*>malloc(early)
+            if f.d[0].buf == NULL:
+                self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                return
+            memcpy(f.d[0].buf, h.buf + h.req_end, early)
+            f.d[0].len = early
+            f.d[0].cap = early
+        # the client fd is registered under its Hs: retag it for the flow (re-arms the edge)
+        if honk_epoll_mod(self.epfd, f.fd[0], <uint64_t>f, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET) < 0:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+            return
+        if c.kind == CMD_RELAY:
+            fd = c.fd[1]
+            if honk_nonblock(fd) < 0:
+                close(fd)
+                self._end(f, C_ERROR, (1 << 16) | errno, now)
+                return
+        else:
+            fd = honk_dial(c.addr, c.addr_len, c.mark, &self.mark_denied)
+            if fd < 0:
+                self._end(f, C_ERROR, (1 << 16) | (-fd), now)
+                return
+        f.fd[1] = fd
+        for di in range(2):
+            if self._take_pipe(&f.d[di]) < 0:
+                self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+                return
+        if honk_epoll_add(self.epfd, fd, (<uint64_t>f) | 1, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET) < 0:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+            return
+        f.writable[0] = 1
+        if c.kind == CMD_RELAY:
+            f.writable[1] = 1
+            self._service(f, now)
+        # else: EPOLLOUT (or EPOLLERR) on the upstream says how the connect went
+
+    cdef void _connected(self, Flow* f, double now) noexcept nogil:
+        """The upstream connect finished: reply success (queued ahead of upstream bytes) and relay."""
+        cdef int err = honk_so_error(f.fd[1])
+        cdef char* reply
+        if err:
+            self._end(f, C_ERROR, (1 << 16) | err, now)
+            return
+        reply = <char*>malloc(22)
+        if reply == NULL:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+            return
+        f.d[1].buf = reply
+        f.d[1].len = honk_build_reply(reply, 0, f.fd[1])
+        f.d[1].cap = 22
+        f.connecting = 0
+        self._emit(f, K_OPEN, 1, 0, now)
+
+    cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil:
+        cdef Hs* h
+        cdef Hs* nxt
+        if l.fd >= 0:
+            honk_epoll_del(self.epfd, l.fd)
+            close(l.fd)
+            l.fd = -1
+        if drop:
+            h = self.hs_head
+            while h != NULL:
+                nxt = h.next
+                if h.lid == l.id:
+                    self._hs_release(h, K_DROPPED)
+                h = nxt
+
+    cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil:
+        cdef Event e
+        e.id = lid
+        e.kind = kind
+        e.pad = 0
+        e.a = a
+        e.b = 0
+        e.t = now
+        _vec_push(&self.local_events, &e)
+
     cdef int _take_pipe(self, Dir* d) noexcept nogil:
         cdef int fds[2]
         if self.n_pool >= 2:
@@ -641,8 +1365,6 @@ cdef class Engine:
             return 0
         if pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0:
             return -1
-        if self.pipe_size > 0:
-            fcntl(fds[1], F_SETPIPE_SZ, self.pipe_size)
         d.pr = fds[0]
         d.pw = fds[1]
         return 0
@@ -650,7 +1372,12 @@ cdef class Engine:
     cdef void _drop_pipe(self, Dir* d) noexcept nogil:
         if d.pr < 0:
             return
-        if d.in_pipe == 0 and self.n_pool <= 2 * POOL_PIPES - 2:
+        if d.big:  # grown pipes go back to the kernel: they count against the user's pipe pages
+            d.big = 0
+            self.n_big -= 1
+            close(d.pr)
+            close(d.pw)
+        elif d.in_pipe == 0 and self.n_pool <= 2 * POOL_PIPES - 2:
             self.pool[self.n_pool] = d.pr
             self.pool[self.n_pool + 1] = d.pw
             self.n_pool += 2
@@ -662,6 +1389,12 @@ cdef class Engine:
 
     cdef void _service(self, Flow* f, double now) noexcept nogil:
         cdef int r0, r1
+        if f.connecting:
+            if not f.writable[1]:
+                return
+            self._connected(f, now)
+            if f.ended:
+                return
         r0 = self._pump(f, 0, now)
         if r0 < 0:
             return
@@ -774,6 +1507,14 @@ cdef class Engine:
                 n = splice(src, NULL, d.pw, NULL, SPLICE_CHUNK, SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
                 if n > 0:
                     d.in_pipe = <size_t>n
+                    if n >= DEFAULT_PIPE and not d.grow_tried:
+                        # a bulk direction: a bigger pipe moves more per splice. The kernel
+                        # may refuse (pipe-user-pages-soft/-hard, pipe-max-size): keep 64 KiB.
+                        d.grow_tried = 1
+                        if self.pipe_size > DEFAULT_PIPE and self.n_big < MAX_BIG_PIPES:
+                            if fcntl(d.pw, F_SETPIPE_SZ, self.pipe_size) > 0:
+                                d.big = 1
+                                self.n_big += 1
             if n > 0:
                 moved += <size_t>n
                 honk_store64(counter, counter[0] + <uint64_t>n)
@@ -819,6 +1560,14 @@ cdef class Engine:
         """
         cdef int di
         f.ended = 1
+        if f.connecting and f.fd[0] >= 0:  # listener mode: the client still waits for its reply
+            if cause == C_ERROR:
+                if (side_errno >> 16) == 1:
+                    honk_send_reply(f.fd[0], honk_reply_code(side_errno & 0xFFFF))
+                elif (side_errno >> 16) == S_LOCAL:
+                    honk_send_reply(f.fd[0], 1)
+            elif cause == C_CANCELLED and f.fail_code:
+                honk_send_reply(f.fd[0], f.fail_code)
         for di in range(2):
             if f.fd[di] >= 0:
                 honk_epoll_del(self.epfd, f.fd[di])

@@ -66,10 +66,23 @@ SIDE_CLIENT = 0
 SIDE_UPSTREAM = 1
 SIDE_LOCAL = 2
 
+# Listener mode: events for a listener (``id`` is the listener id), not for a flow.
+EV_REQUEST = 10  # a complete no-auth SOCKS5 CONNECT: answer with hs_connect/hs_relay/hs_reject
+EV_HANDOVER = 11  # anything else: Python serves the client (fd and the bytes read so far)
+EV_DROPPED = 12  # a client still in its handshake was closed (unlisten(drop=True), close())
+
+# Seconds (CLOCK_MONOTONIC) a client may take over its handshake in the engine before
+# it is handed to Python, whose watchdog on the injected clock then applies.
+HS_HANDOVER_AFTER = 1.0
+HS_BUF = 1024  # bytes of one handshake the engine reads at most
+
 TURN_BUDGET = 1024 * 1024  # bytes one direction moves per callback (fairness)
 SPLICE_CHUNK = 1024 * 1024  # asked per splice into the pipe; the pipe's capacity bounds it
 COPY_BUFFER = 64 * 1024  # recv size in copy mode (bytes)
-POOL_PIPES = 32  # reusable empty pipe pairs
+POOL_PIPES = 32  # reusable empty pipe pairs (default-size pipes only)
+DEFAULT_PIPE = 64 * 1024  # the kernel's default pipe capacity; a splice that fills it marks a bulk direction
+BULK_PIPE_SIZE = 1024 * 1024  # a bulk direction's pipe grows to this (fewer splices per byte)
+MAX_BIG_PIPES = 32  # grown pipes at once: half the default pipe-user-pages-soft (64 MiB)
 REPORT_INTERVAL = 1.0  # seconds between coalesced EV_BYTES of one flow
 
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
@@ -91,7 +104,7 @@ class _Error(Exception):
 
 
 class _Dir:
-    __slots__ = ("src", "dst", "pr", "pw", "in_pipe", "buf", "copy", "src_eof", "shut")
+    __slots__ = ("src", "dst", "pr", "pw", "in_pipe", "buf", "copy", "src_eof", "shut", "big", "grow_tried")
 
     def __init__(self, src: int, dst: int, copy: bool) -> None:
         self.src = src  # side index of the source fd
@@ -103,6 +116,8 @@ class _Dir:
         self.copy = copy
         self.src_eof = False
         self.shut = False
+        self.big = False  # the pipe grew to the bulk size (not pooled)
+        self.grow_tried = False
 
 
 class _Flow:
@@ -119,6 +134,8 @@ class _Flow:
         "readers",
         "writers",
         "report_handle",
+        "connecting",
+        "fail_code",
     )
 
     def __init__(self, flow_id: int, fds: tuple[int, int], listener: Any, copy: bool) -> None:
@@ -134,6 +151,40 @@ class _Flow:
         self.readers = [False, False]  # add_reader active per fd
         self.writers = [False, False]
         self.report_handle: asyncio.TimerHandle | None = None
+        self.connecting = False  # listener mode: upstream connect in progress, no reply sent yet
+        self.fail_code = 1  # listener mode: the reply a cancel during the connect sends
+
+
+class _Lst:
+    __slots__ = ("id", "sock", "listener", "accepted")
+
+    def __init__(self, lid: int, sock: Any, listener: Any) -> None:
+        self.id = lid
+        self.sock = sock  # the engine's own dup of the listening socket; None once closed
+        self.listener = listener
+        self.accepted = 0
+
+
+class _Hs:
+    __slots__ = ("fd", "lid", "state", "answered", "buf", "req_off", "req_end", "peer", "err", "timer")
+
+    def __init__(self, fd: int, lid: int, peer: tuple[str, int]) -> None:
+        self.fd = fd
+        self.lid = lid
+        self.state = _HS_GREETING
+        self.answered = 0
+        self.buf = bytearray()
+        self.req_off = 0
+        self.req_end = 0
+        self.peer = peer
+        self.err = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+_HS_GREETING, _HS_REQUEST, _HS_WAITING, _HS_DEAD = 1, 2, 3, 4
+ACCEPT_BURST = 64  # accepts per listener readiness
+ACCEPT_BACKOFF = 0.1  # seconds a listener rests after EMFILE/ENFILE/ENOBUFS/ENOMEM instead of spinning
+_ACCEPT_EXHAUSTED = frozenset({_errno.EMFILE, _errno.ENFILE, _errno.ENOBUFS, _errno.ENOMEM})
 
 
 class Engine:
@@ -143,13 +194,19 @@ class Engine:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, pipe_size: int = 0) -> None:
         self._loop = loop if loop is not None else asyncio.get_running_loop()
-        self._pipe_size = pipe_size
+        self._pipe_size = BULK_PIPE_SIZE if pipe_size == 0 else pipe_size
+        self._n_big = 0
         self._flows: dict[int, _Flow] = {}
         self._next_id = 1
         self._pool: list[tuple[int, int]] = []
         self._events: list[tuple[_Flow, int, int, int, float]] = []
         self._flush_scheduled = False
         self._closed = False
+        self._lsts: dict[int, _Lst] = {}
+        self._hs: dict[int, _Hs] = {}  # handshakes being read, by token
+        self._held: dict[int, _Hs] = {}  # REQUESTs the caller has not answered yet
+        self._next_token = 1
+        self._mark_denied = False
 
     # -- API ---------------------------------------------------------------------------
 
@@ -181,10 +238,11 @@ class Engine:
         self._loop.call_soon(self._start, flow)
         return flow_id
 
-    def cancel(self, flow_id: int) -> bool:
+    def cancel(self, flow_id: int, code: int = 0) -> bool:
         flow = self._flows.get(flow_id)
         if flow is None or flow.ended or self._closed:
             return False
+        flow.fail_code = code
         self._end(flow, END_CANCELLED, 0)
         return True
 
@@ -195,15 +253,311 @@ class Engine:
     def close(self) -> None:
         if self._closed:
             return
+        for lst in list(self._lsts.values()):
+            self._unlisten(lst, True)
         self._closed = True
         for flow in list(self._flows.values()):
             if not flow.ended:
                 self._end(flow, END_CANCELLED, 0)
         self._flush()
+        for hs in list(self._held.values()):
+            os.close(hs.fd)
+        self._held.clear()
         for pr, pw in self._pool:
             os.close(pr)
             os.close(pw)
         self._pool.clear()
+
+    # -- listener mode (see relay_c's module docstring) --------------------------------------
+
+    def listen(self, fd: int, listener: Any) -> int:
+        import socket
+
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        sock = socket.socket(fileno=os.dup(fd))
+        sock.setblocking(False)
+        lid = len(self._lsts) + 1
+        while lid in self._lsts:
+            lid += 1
+        lst = _Lst(lid, sock, listener)
+        self._lsts[lid] = lst
+        self._loop.add_reader(sock.fileno(), self._accept, lst)
+        return lid
+
+    def unlisten(self, lid: int, drop: bool = False) -> None:
+        lst = self._lsts.get(lid)
+        if lst is not None and not self._closed:
+            self._unlisten(lst, drop)
+
+    def _unlisten(self, lst: _Lst, drop: bool) -> None:
+        if lst.sock is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(lst.sock.fileno())
+            lst.sock.close()
+            lst.sock = None
+        if drop:
+            for hs in [h for h in self._hs.values() if h.lid == lst.id]:
+                self._hs_release(hs, EV_DROPPED)
+
+    def accepted(self, lid: int) -> int:
+        lst = self._lsts.get(lid)
+        return 0 if lst is None else lst.accepted
+
+    def _accept(self, lst: _Lst) -> None:
+        for _ in range(ACCEPT_BURST):
+            if lst.sock is None:
+                return
+            try:
+                conn, addr = lst.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno == _errno.EINVAL:  # shut down under us: nothing more comes
+                    self._unlisten(lst, False)
+                elif exc.errno in _ACCEPT_EXHAUSTED:
+                    # Out of descriptors or memory: rest, then listen again, rather than spin.
+                    fd = lst.sock.fileno()
+                    self._loop.remove_reader(fd)
+                    self._loop.call_later(ACCEPT_BACKOFF, self._resume_accepting, lst)
+                return
+            conn.setblocking(False)
+            hs = _Hs(conn.detach(), lst.id, (addr[0], addr[1]))
+            token = self._next_token
+            self._next_token += 1
+            self._hs[token] = hs
+            lst.accepted += 1
+            hs.timer = self._loop.call_later(HS_HANDOVER_AFTER, self._hs_expired, token)
+            self._loop.add_reader(hs.fd, self._hs_read, token)
+            self._hs_read(token)
+
+    def _resume_accepting(self, lst: _Lst) -> None:
+        if lst.sock is not None and not self._closed:
+            self._loop.add_reader(lst.sock.fileno(), self._accept, lst)
+
+    def _hs_expired(self, token: int) -> None:
+        hs = self._hs.get(token)
+        if hs is not None:
+            hs.timer = None
+            self._hs_release(hs, EV_HANDOVER, token)
+
+    def _hs_release(self, hs: _Hs, kind: int, token: int | None = None) -> None:
+        if token is None:
+            token = next(t for t, h in self._hs.items() if h is hs)
+        del self._hs[token]
+        if hs.timer is not None:
+            hs.timer.cancel()
+            hs.timer = None
+        if not self._loop.is_closed():
+            self._loop.remove_reader(hs.fd)
+        if kind == EV_DROPPED:
+            os.close(hs.fd)
+            hs.fd = -1
+        elif kind == EV_REQUEST:
+            self._held[token] = hs
+        hs.state = _HS_WAITING if kind == EV_REQUEST else _HS_DEAD
+        self._queue_lst(hs.lid, kind, (token, hs))
+
+    def _hs_read(self, token: int) -> None:
+        hs = self._hs.get(token)
+        if hs is None:
+            return
+        buf = hs.buf
+        while True:
+            if len(buf) >= HS_BUF:
+                return self._hs_release(hs, EV_HANDOVER, token)
+            try:
+                data = os.read(hs.fd, HS_BUF - len(buf))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                hs.err = exc.errno or 0
+                return self._hs_release(hs, EV_HANDOVER, token)
+            if not data:
+                return self._hs_release(hs, EV_HANDOVER, token)
+            buf += data
+            if hs.state == _HS_GREETING:
+                if buf[0] != 5 or len(buf) < 2 or len(buf) < 2 + buf[1]:
+                    return self._hs_release(hs, EV_HANDOVER, token)
+                if 0 not in buf[2 : 2 + buf[1]]:
+                    return self._hs_release(hs, EV_HANDOVER, token)
+                try:
+                    sent = os.write(hs.fd, b"\x05\x00")
+                except OSError as exc:
+                    hs.err = exc.errno or 0
+                    sent = -1
+                if sent != 2:
+                    return self._hs_release(hs, EV_HANDOVER, token)
+                hs.answered = 2
+                hs.req_off = 2 + buf[1]
+                hs.state = _HS_REQUEST
+            off = hs.req_off
+            if len(buf) == off:
+                continue
+            if len(buf) < off + 5 or buf[off] != 5 or buf[off + 1] != 1 or buf[off + 2] != 0:
+                return self._hs_release(hs, EV_HANDOVER, token)
+            atyp = buf[off + 3]
+            if atyp == 1:
+                end = off + 10
+            elif atyp == 4:
+                end = off + 22
+            elif atyp == 3:
+                alen = buf[off + 4]
+                end = off + 5 + alen + 2
+                if alen == 0 or len(buf) < end:
+                    return self._hs_release(hs, EV_HANDOVER, token)
+                if any(c <= 0x20 or c >= 0x7F for c in buf[off + 5 : off + 5 + alen]):
+                    return self._hs_release(hs, EV_HANDOVER, token)
+            else:
+                return self._hs_release(hs, EV_HANDOVER, token)
+            if len(buf) < end:
+                return self._hs_release(hs, EV_HANDOVER, token)
+            hs.req_end = end
+            return self._hs_release(hs, EV_REQUEST, token)
+
+    def _queue_lst(self, lid: int, kind: int, payload: Any) -> None:
+        self._events.append((lid, kind, payload, 0, time.monotonic()))  # type: ignore[arg-type]
+        if not self._flush_scheduled and not self._closed:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _listener_event(self, lid: Any, kind: int, payload: Any) -> None:
+        import socket
+
+        lst = self._lsts.get(lid)
+        listener = lst.listener if lst is not None else None
+        if kind == EV_DROPPED:
+            if listener is not None:
+                listener.socks_dropped()
+            return
+        token, hs = payload
+        src_host, src_port = hs.peer
+        if kind == EV_HANDOVER:
+            if listener is None:
+                os.close(hs.fd)
+                return
+            listener.socks_handover(hs.fd, bytes(hs.buf), hs.answered, hs.err, src_host, src_port)
+            return
+        buf, off = hs.buf, hs.req_off
+        atyp = buf[off + 3]
+        if atyp == 1:
+            host = socket.inet_ntop(socket.AF_INET, bytes(buf[off + 4 : off + 8]))
+            port = int.from_bytes(buf[off + 8 : off + 10], "big")
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, bytes(buf[off + 4 : off + 20]))
+            port = int.from_bytes(buf[off + 20 : off + 22], "big")
+        else:
+            alen = buf[off + 4]
+            host = bytes(buf[off + 5 : off + 5 + alen]).decode("ascii")
+            port = int.from_bytes(buf[off + 5 + alen : off + 7 + alen], "big")
+        if listener is None:
+            self.hs_reject(token, 1)
+            return
+        listener.socks_request(token, src_host, src_port, host, port)
+
+    def _take_token(self, token: int) -> _Hs:
+        hs = self._held.pop(token, None)
+        if hs is None:
+            raise ValueError("unknown or already answered handshake token")
+        return hs
+
+    def hs_connect(self, token: int, ip: str, port: int, mark: int, listener: Any) -> int:
+        import ipaddress
+
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        address = ipaddress.ip_address(ip)  # ValueError for anything else, as the compiled engine
+        hs = self._take_token(token)
+        return self._start_fast(hs, listener, (address, port, mark), -1)
+
+    def hs_relay(self, token: int, upstream_fd: int, listener: Any) -> int:
+        if self._closed:
+            raise EngineClosed("relay engine closed")
+        hs = self._take_token(token)
+        return self._start_fast(hs, listener, None, upstream_fd)
+
+    def hs_reject(self, token: int, code: int) -> None:
+        if self._closed:
+            return
+        hs = self._take_token(token)
+        _send_quiet(hs.fd, _build_reply(code, -1))
+        os.close(hs.fd)
+        hs.fd = -1
+
+    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int) -> int:
+        flow_id = self._next_id
+        self._next_id += 1
+        flow = _Flow(flow_id, (hs.fd, upstream_fd), listener, False)
+        flow.dirs[0].buf = bytes(hs.buf[hs.req_end :])
+        flow.connecting = True
+        hs.fd = -1
+        self._flows[flow_id] = flow
+        self._loop.call_soon(self._connect, flow, dial)
+        return flow_id
+
+    def _connect(self, flow: _Flow, dial: Any) -> None:
+        import socket
+
+        if flow.ended:
+            return
+        if dial is not None:
+            address, port, mark = dial
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:
+                self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | (exc.errno or 0))
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if mark >= 0 and not self._mark_denied:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_MARK", 36), mark)
+                except PermissionError:
+                    self._mark_denied = True
+            sockaddr = (str(address), port, 0, 0) if family == socket.AF_INET6 else (str(address), port)
+            err = sock.connect_ex(sockaddr)
+            flow.fds[1] = sock.detach()
+            if err not in (0, _errno.EINPROGRESS):
+                self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | err)
+                return
+        else:
+            try:
+                os.set_blocking(flow.fds[1], False)
+            except OSError as exc:
+                self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | (exc.errno or 0))
+                return
+            self._connected(flow)
+            return
+        flow.writers[1] = True
+        self._loop.add_writer(flow.fds[1], self._connected, flow)
+
+    def _connected(self, flow: _Flow) -> None:
+        import socket
+
+        if flow.ended:
+            return
+        if flow.writers[1]:
+            flow.writers[1] = False
+            self._loop.remove_writer(flow.fds[1])
+        sock = socket.socket(fileno=flow.fds[1])
+        try:
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        finally:
+            sock.detach()
+        if err:
+            self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | err)
+            return
+        flow.dirs[1].buf = _build_reply(0, flow.fds[1])
+        flow.connecting = False
+        self._emit(flow, EV_OPEN, 1, 0)
+        try:
+            for d in flow.dirs:
+                self._take_pipe(d)
+        except OSError as exc:
+            self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | (exc.errno or 0))
+            return
+        self._service(flow)
 
     # -- events --------------------------------------------------------------------------
 
@@ -217,6 +571,15 @@ class Engine:
         self._flush_scheduled = False
         events, self._events = self._events, []
         for flow, kind, a, b, t in events:
+            if kind >= EV_REQUEST:
+                try:
+                    self._listener_event(flow, kind, a)
+                except Exception as exc:
+                    if not self._loop.is_closed():
+                        self._loop.call_exception_handler(
+                            {"message": "relay event listener failed", "exception": exc}
+                        )
+                continue
             if kind == EV_END:
                 self._flows.pop(flow.id, None)
             try:
@@ -253,15 +616,30 @@ class Engine:
             d.pr, d.pw = self._pool.pop()
             return
         d.pr, d.pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self._pipe_size > 0:
-            import fcntl
 
+    def _grow(self, d: _Dir) -> None:
+        """A splice filled the default pipe: a bulk direction. Grow its pipe once if allowed."""
+        d.grow_tried = True
+        if self._pipe_size <= DEFAULT_PIPE or self._n_big >= MAX_BIG_PIPES:
+            return
+        import fcntl
+
+        try:
             fcntl.fcntl(d.pw, _F_SETPIPE_SZ, self._pipe_size)
+        except OSError:  # pipe-user-pages-soft/-hard or pipe-max-size: keep the default
+            return
+        d.big = True
+        self._n_big += 1
 
     def _drop_pipe(self, d: _Dir) -> None:
         if d.pr < 0:
             return
-        if d.in_pipe == 0 and len(self._pool) < POOL_PIPES and not self._closed:
+        if d.big:
+            d.big = False
+            self._n_big -= 1
+            os.close(d.pr)
+            os.close(d.pw)
+        elif d.in_pipe == 0 and len(self._pool) < POOL_PIPES and not self._closed:
             self._pool.append((d.pr, d.pw))
         else:
             os.close(d.pr)
@@ -339,6 +717,8 @@ class Engine:
                 else:
                     n = os.splice(src, d.pw, SPLICE_CHUNK, flags=_SPLICE_FLAGS)
                     d.in_pipe = n
+                    if n >= DEFAULT_PIPE and not d.grow_tried:
+                        self._grow(d)
             except BlockingIOError:
                 return
             except InterruptedError:
@@ -408,6 +788,15 @@ class Engine:
 
     def _end(self, flow: _Flow, cause: int, b: int) -> None:
         flow.ended = True
+        if flow.connecting and flow.fds[0] >= 0:  # listener mode: the client waits for its reply
+            code = 0
+            if cause == END_ERROR:
+                side = b >> 16
+                code = _reply_code(b & 0xFFFF) if side == SIDE_UPSTREAM else (1 if side == SIDE_LOCAL else 0)
+            elif cause == END_CANCELLED:
+                code = flow.fail_code
+            if code:
+                _send_quiet(flow.fds[0], _build_reply(code, -1))
         if flow.report_handle is not None:
             flow.report_handle.cancel()
             flow.report_handle = None
@@ -429,6 +818,50 @@ class Engine:
             d.buf = b""
         self._emit(flow, EV_BYTES, flow.counts[0], flow.counts[1])
         self._emit(flow, EV_END, cause, b)
+
+
+_ERRNO_CODES = {
+    _errno.ECONNREFUSED: 5,
+    _errno.ENETUNREACH: 3,
+    _errno.ENETDOWN: 3,
+    _errno.EHOSTUNREACH: 4,
+    _errno.EHOSTDOWN: 4,
+    _errno.ETIMEDOUT: 6,
+}
+
+
+def _reply_code(err: int) -> int:
+    """The SOCKS5 reply code for a failed connect (honk.inbound.socks5._ERRNO_REPLIES)."""
+    return _ERRNO_CODES.get(err, 1)
+
+
+def _build_reply(code: int, fd: int) -> bytes:
+    """A SOCKS5 reply; BND is ``fd``'s local address when ``fd`` >= 0, else 0.0.0.0:0."""
+    import socket
+    import struct
+
+    if fd >= 0:
+        sock = socket.socket(fileno=fd)
+        try:
+            family = sock.family
+            local = sock.getsockname()
+        except OSError:
+            local = None
+        finally:
+            sock.detach()
+        if local is not None:
+            if family == socket.AF_INET6:
+                return bytes((5, code, 0, 4)) + socket.inet_pton(socket.AF_INET6, local[0]) + struct.pack("!H", local[1])
+            if family == socket.AF_INET:
+                return bytes((5, code, 0, 1)) + socket.inet_aton(local[0]) + struct.pack("!H", local[1])
+    return bytes((5, code, 0, 1, 0, 0, 0, 0, 0, 0))
+
+
+def _send_quiet(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
 
 
 def _shutdown_wr(fd: int) -> None:

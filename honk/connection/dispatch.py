@@ -120,6 +120,25 @@ class Dispatcher:
             plane_generation=plane.generation,
         )
 
+    def route_now(self, meta: FlowMeta) -> Routed | None:
+        """:meth:`route` when the plane can decide without awaiting (no DNS needed), else
+        ``None`` (call :meth:`route`). Raises what :meth:`route` raises."""
+        plane = self._plane
+        decide_now = getattr(plane, "decide_now", None)
+        if decide_now is None:
+            return None
+        decision = decide_now(meta)
+        if decision is None:
+            return None
+        return Routed(
+            meta=meta,
+            outbound=decision.route.outbound,
+            rule=decision.route.rule,
+            chain=tuple(decision.selection.chain),
+            leaf=decision.selection.leaf,
+            plane_generation=plane.generation,
+        )
+
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
         routed = await self.route(meta)

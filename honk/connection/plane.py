@@ -52,6 +52,15 @@ class Plane:
     outbounds: dict[str, Outbound]
     spec: Spec
 
+    def decide_now(self, meta: FlowMeta) -> Decision | None:
+        """:meth:`decide` without awaiting: ``None`` when a rule needs the destination IP of
+        a domain target (then call :meth:`decide`, which starts over). Raises what
+        :meth:`decide` raises. Nothing is cached: every flow is routed afresh."""
+        result = self.router.route(meta)
+        if isinstance(result, NeedsResolution):
+            return None
+        return Decision(result, self.groups.resolve(result.outbound, meta.network))
+
     async def decide(self, meta: FlowMeta, resolver: Resolver) -> Decision:
         """Route ``meta`` and resolve the target name to one leaf.
 

@@ -3,6 +3,12 @@
 The first byte decides: ``0x05`` is SOCKS5, anything else is HTTP. Each
 accepted connection is served by its own task, owned by the inbound.
 
+When the relay engine can listen (:func:`honk.inbound.fastpath.fastpath_engine`:
+compiled engine, no inbound users, ``HONK_RELAY`` not ``copy``), the engine's
+worker accepts and serves plain SOCKS5 CONNECTs itself
+(:mod:`honk.inbound.fastpath`); every other client is handed over to the
+path described here, with the bytes the worker already read.
+
 Failure policy (one flow never hurts another):
   * A client that sends malformed bytes, stops half-way, vanishes, or does not
     finish its handshake within :data:`HANDSHAKE_TIMEOUT` (clock seconds) ends
@@ -27,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import socket
+from typing import Any
 
 import h11
 
@@ -59,6 +67,10 @@ log = logging.getLogger("honk.inbound")
 # Seconds (of the injected clock) a client has from accept until its proxy
 # request is complete; a slow or silent client is cut off after this.
 HANDSHAKE_TIMEOUT = 10.0
+
+# Pending connections a fast-path listening socket queues (the kernel caps it at
+# somaxconn): the worker accepts in bursts, a deep queue absorbs connect storms.
+FAST_BACKLOG = 4096
 
 
 def _reason(error: BaseException) -> str:
@@ -108,17 +120,21 @@ _UNKNOWN_SOURCE = Address("0.0.0.0", 0)
 
 
 class _ClientConn(StreamConn):
-    def __init__(self, inbound: MixedInbound) -> None:
+    def __init__(self, inbound: MixedInbound, source: Address = _UNKNOWN_SOURCE,
+                 pre: tuple[bytes, int, int] | None = None) -> None:
         super().__init__(ClientGone)
         self._inbound = inbound
-        self.source = _UNKNOWN_SOURCE
+        self.source = source
+        # handed over by the fast path: (bytes read, reply bytes already sent, errno)
+        self.pre = pre
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        # Read at once: uvloop looks the peer up lazily, which fails after a reset.
-        peer = transport.get_extra_info("peername")
-        if peer:
-            self.source = Address(peer[0], peer[1])
+        if self.source is _UNKNOWN_SOURCE:
+            # Read at once: uvloop looks the peer up lazily, which fails after a reset.
+            peer = transport.get_extra_info("peername")
+            if peer:
+                self.source = Address(peer[0], peer[1])
         self._inbound._accepted(self)
 
 
@@ -131,7 +147,9 @@ class MixedInbound:
     still in its handshake or relay that this inbound serves.
     """
 
-    def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock) -> None:
+    def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock, *, engine: Any = None) -> None:
+        """``engine``: the relay engine for the SOCKS5 fast path (tests pass the compiled
+        engine or its twin); default :func:`~honk.inbound.fastpath.fastpath_engine`."""
         self.spec = spec
         self.name = spec.name
         self._dispatcher = dispatcher
@@ -139,24 +157,57 @@ class MixedInbound:
         self._users = tuple(spec.users)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._engine = engine
+        self._fast: Any = None  # SocksFastPath while the engine serves the port
+        self._fast_socks: list[socket.socket] = []
         self.bound: Address | None = None
 
     async def start(self) -> None:
+        from honk.inbound import fastpath
+
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ClientConn(self), host=self.spec.host, port=self.spec.port, reuse_address=True
-        )
-        sockname = self._server.sockets[0].getsockname()
+        engine = self._engine
+        if engine is None:
+            engine = fastpath.fastpath_engine(self._users, loop)
+        elif self._users:
+            engine = None
+        if engine is not None:
+            socks = fastpath.bind_sockets(self.spec.host, self.spec.port, FAST_BACKLOG)
+            self._fast = fastpath.SocksFastPath(self, engine)
+            try:
+                self._fast.listen(socks)
+            except BaseException:
+                fastpath.close_listening(socks)
+                self._fast = None
+                raise
+            self._fast_socks = socks
+            sockname = socks[0].getsockname()
+        else:
+            self._server = await loop.create_server(
+                lambda: _ClientConn(self), host=self.spec.host, port=self.spec.port, reuse_address=True
+            )
+            sockname = self._server.sockets[0].getsockname()
         self.bound = Address(sockname[0], sockname[1])
         log.info("inbound listening inbound=%s kind=mixed address=%s", self.name, self.bound)
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._fast is not None:
+            from honk.inbound.fastpath import close_listening
+
+            self._fast.stop_accepting()
+            socks, self._fast_socks = self._fast_socks, []
+            close_listening(socks)
 
     async def aclose(self) -> None:
         await self.stop_accepting()
         tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if self._fast is not None:
+            await self._fast.aclose()
+        tasks = list(self._tasks)  # handed over while the fast path closed
         for task in tasks:
             task.cancel()
         if tasks:
@@ -164,13 +215,34 @@ class MixedInbound:
 
     async def wait_closed(self) -> None:
         """Wait until every connection this inbound accepted so far has ended."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        while self._tasks or (self._fast is not None and self._fast.live):
+            if self._tasks:
+                await asyncio.wait(list(self._tasks))
+            else:
+                await self._fast.wait_closed()
 
     @property
     def active(self) -> int:
         """Connections this inbound is serving (handshaking or relaying)."""
-        return len(self._tasks)
+        return len(self._tasks) + (self._fast.live if self._fast is not None else 0)
+
+    def _adopt(self, fd: int, data: bytes, answered: int, err: int, source: Address) -> None:
+        """Serve a client the fast path handed over, as if this loop had accepted it."""
+        conn = _ClientConn(self, source, (data, answered, err))
+        task = asyncio.get_running_loop().create_task(self._wrap(fd, conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wrap(self, fd: int, conn: _ClientConn) -> None:
+        sock = socket.socket(fileno=fd)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, sock=sock)
+        except OSError as exc:
+            sock.close()
+            log.info(
+                "flow ended during handshake inbound=%s source=%s error=%s reason=%s",
+                self.name, conn.source, "ClientGone", _reason(ClientGone(str(exc))),
+            )
 
     def _accepted(self, conn: _ClientConn) -> None:
         task = asyncio.get_running_loop().create_task(self._serve(conn))
@@ -184,12 +256,21 @@ class MixedInbound:
         watchdog = _Watchdog(self._clock, conn)
         watchdog.arm(HANDSHAKE_TIMEOUT, HandshakeTimeout(f"no complete request within {HANDSHAKE_TIMEOUT}s"))
         session: _Session | None = None
+        answered = 0
         try:
-            first = await conn.receive()
+            first = b""
+            if conn.pre is not None:
+                first, answered, err = conn.pre
+                conn.pre = None
+                if err:
+                    raise ClientGone(f"connection lost: errno {err}")
+            if not first:
+                first = await conn.receive()
             if not first:
                 raise ClientGone("closed before sending a byte")
             if first[0] == socks5.VERSION:
                 session = _Socks5Session(self, conn, source, watchdog)
+                session.skip = answered
             else:
                 session = _HttpSession(self, conn, source, watchdog)
             await session.run(first)
@@ -255,6 +336,8 @@ class _Session:
 
 
 class _Socks5Session(_Session):
+    skip = 0  # reply bytes the fast path already sent before handing the client over
+
     async def run(self, first: bytes) -> None:
         codec = socks5.Socks5ServerConnection(require_auth=bool(self.inbound._users))
         codec.receive_data(first)
@@ -271,6 +354,10 @@ class _Socks5Session(_Session):
 
     def _flush(self, codec: socks5.Socks5ServerConnection) -> None:
         out = codec.data_to_send()
+        if self.skip:
+            taken = min(self.skip, len(out))
+            out = out[taken:]
+            self.skip -= taken
         if out and not self.conn.lost:
             self.conn.write(out)
 

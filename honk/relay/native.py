@@ -53,7 +53,8 @@ from honk.relay.stream import StreamConn
 
 __all__ = ["NativeRelay", "close_engines", "native_available", "shared_engine"]
 
-# Capacity asked for each splice pipe (bytes; 0 = the kernel's default, 64 KiB).
+# Size a bulk direction's splice pipe grows to (bytes; 0 = the engine's BULK_PIPE_SIZE, 1 MiB;
+# -1 = never grow, keep the kernel's 64 KiB). Benchmarks and debugging only.
 PIPE_SIZE = int(os.environ.get("HONK_RELAY_PIPE_SIZE", "0"))
 
 # How long run() waits for the handshake's reply to leave the client transport (seconds).

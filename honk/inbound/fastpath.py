@@ -1,0 +1,379 @@
+"""The SOCKS5 CONNECT fast path of the mixed inbound: the relay engine accepts and shakes hands.
+
+Why: per connection, the asyncio path costs a protocol object, a StreamConn, a
+task, the codec, the dial (socket, setsockopt, sock_connect), two reply
+writes, getsockname and the fd handoff to the relay engine (dup, abort,
+eventfd): about 400 µs of CPU on the loop's thread. Here the listening
+socket is given to the relay engine (:meth:`Engine.listen`), whose worker
+thread does every system call of the common case without the GIL, and Python
+does only what needs Python: routing and the connection table.
+
+One client, common case (a complete greeting offering "no authentication",
+then a complete CONNECT to an IPv4, IPv6 or domain target):
+
+1. the worker accepts, answers ``05 00``, checks the request and emits ONE
+   ``socks_request(token, source, target)`` event;
+2. :meth:`SocksFastPath.socks_request` routes the flow (``Dispatcher.route_now``:
+   the plane's sans-I/O router, synchronously; a task only when a rule needs DNS)
+   and sends ONE command: ``hs_connect`` (direct leaf, IP target: the worker dials
+   with TCP_NODELAY and SO_MARK, replies with the bound address and relays),
+   ``hs_relay`` (Python dialled: a domain target through Happy Eyeballs, or any
+   other leaf) or ``hs_reject`` (Blocked, NoRoute, dial errors: the same
+   :func:`~honk.inbound.socks5.reply_for` codes and ``flow refused`` line);
+3. the connect deadline is a timer on the injected clock: when it fires first,
+   the flow is cancelled with reply ``0x06`` and logged as ``DialTimeout``;
+4. ``EV_OPEN`` (connected, reply queued) registers the flow in the tracker with
+   its rule and chain and logs the same ``TCP connection …`` debug line as
+   ``Dispatcher.relay``; the tracker handle is a :class:`FastFlow`, a
+   :class:`~honk.relay.native.NativeRelay` reading the engine's counters, so
+   close by id, the idle sweeper and shutdown drain work unchanged.
+
+Everything else is handed over: HTTP, SOCKS5 asking for authentication, BIND,
+UDP ASSOCIATE, malformed or truncated bytes, a message split over several
+reads, a client that errs or takes longer than ``HS_HANDOVER_AFTER`` (one
+second of CLOCK_MONOTONIC) over its handshake. The worker stops reading and
+emits ``socks_handover(fd, data, answered, err, …)``; the inbound wraps the fd
+in its usual ``_ClientConn`` and serves it exactly as an asyncio-accepted
+connection, replaying ``data`` through the same codec and skipping the
+``answered`` reply bytes the worker already sent. Refusals and the
+``flow ended during handshake …`` lines therefore come from one codec, not a
+C copy of it; a handed-over client gets the full ``HANDSHAKE_TIMEOUT`` of the
+injected clock from the handover on.
+
+Per connection on the loop's thread: one request event, one command, one
+timer, one :class:`FastFlow`, one tracker entry, the relay's coalesced events.
+Routing is never cached. The pure-Python twin of the engine implements the
+same listener mode on the event loop, so the same tests run over both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as _errno
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+from honk._fast import relay as _relay
+from honk.connection.dispatch import Routed, format_chain
+from honk.core.errors import Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
+from honk.core.net import Address, FlowMeta, Network
+from honk.inbound.socks5 import reply_for
+from honk.outbound.block import BlockOutbound
+from honk.outbound.direct import ConnectFailed, DirectOutbound
+from honk.relay.native import NativeRelay, native_available, shared_engine
+
+if TYPE_CHECKING:
+    from honk.inbound.mixed import MixedInbound
+
+__all__ = ["FastFlow", "SocksFastPath", "fastpath_engine"]
+
+log = logging.getLogger("honk.inbound")
+conn_log = logging.getLogger("honk.connection")  # the logger of Dispatcher.relay's line
+
+# Reply code for a connect cancelled by its deadline (Reply.TTL_EXPIRED, as reply_for(DialTimeout)).
+_TIMEOUT_CODE = 0x06
+_GENERAL_FAILURE = 0x01
+
+
+def fastpath_engine(inbound_users: tuple, loop: asyncio.AbstractEventLoop) -> Any:
+    """The engine to give the listening socket to, or ``None`` for the asyncio path.
+
+    ``HONK_FASTPATH``: ``auto`` (default: on when the compiled engine is built),
+    ``on`` (also over the pure-Python twin, e.g. with ``HONK_NO_EXTENSIONS=1``),
+    ``off``. Never with inbound users (authentication is Python's) or with
+    ``HONK_RELAY=copy``. Read at each inbound start.
+    """
+    choice = os.environ.get("HONK_FASTPATH", "auto").strip().lower()
+    if choice in ("off", "0", "no", "false") or inbound_users:
+        return None
+    if os.environ.get("HONK_RELAY", "").strip().lower() == "copy":
+        return None
+    if choice in ("auto", "") and not native_available():
+        return None
+    engine = shared_engine(loop)
+    return engine if hasattr(engine, "listen") else None
+
+
+class FastFlow(NativeRelay):
+    """One fast-path flow: the engine's listener for it and its tracker handle."""
+
+    def __init__(self, path: SocksFastPath, routed: Routed) -> None:
+        super().__init__(path.clock, path.engine)
+        self.routed = routed
+        self.tracked: Any = None
+        self.timer: Any = None
+        self._path = path
+
+    def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
+        if kind == _relay.EV_OPEN:
+            self._path._opened(self)
+        elif kind == _relay.EV_END:
+            if self.tracked is None:  # ended before it connected
+                self._ended = True
+                self._id = None
+                self._path._refused(self, a, b)
+            else:
+                super().relay_event(kind, a, b, t)
+                self._path._ended(self)
+        else:
+            super().relay_event(kind, a, b, t)
+
+    def deadline(self) -> None:
+        """The connect deadline passed: reply 0x06 unless the flow connected meanwhile."""
+        self.timer = None
+        if self.tracked is None and self._id is not None and self._error is None:
+            port = self.routed.meta.target.port
+            self._error = DialTimeout(self.routed.leaf.name, "connect", f"port {port}: no connection before the deadline")
+            self._engine.cancel(self._id, _TIMEOUT_CODE)
+
+
+class SocksFastPath:
+    """The engine-side listener of one mixed inbound (see the module docstring)."""
+
+    def __init__(self, inbound: MixedInbound, engine: Any) -> None:
+        self.inbound = inbound
+        self.engine = engine
+        self.clock = inbound._clock
+        self._dispatcher = inbound._dispatcher
+        self._lids: list[int] = []
+        self._resolved = 0  # accepted connections the engine has told us about
+        self._flows: set[FastFlow] = set()  # from the command until END
+        self._tasks: set[asyncio.Task[None]] = set()  # routing that needs DNS, dials by Python
+        self._changed: asyncio.Future[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def listen(self, socks: list[socket.socket]) -> None:
+        for sock in socks:
+            self._lids.append(self.engine.listen(sock.fileno(), self))
+
+    def stop_accepting(self) -> None:
+        if not self.engine.closed:
+            for lid in self._lids:
+                self.engine.unlisten(lid)
+
+    async def aclose(self) -> None:
+        """End every client this path serves: in the worker's handshake, routing or relaying."""
+        if not self.engine.closed:
+            for lid in self._lids:
+                self.engine.unlisten(lid, True)
+        for task in list(self._tasks):
+            task.cancel()
+        for flow in list(self._flows):
+            if flow._id is not None:
+                flow.close(FlowClosed("inbound closed"))
+        await self.wait_closed()
+
+    @property
+    def live(self) -> int:
+        """Clients in the worker's handshake, being routed or dialled, or relaying."""
+        engine = self.engine
+        in_worker = 0
+        if not engine.closed:
+            in_worker = sum(engine.accepted(lid) for lid in self._lids) - self._resolved
+        return max(in_worker, 0) + len(self._flows) + len(self._tasks)
+
+    async def wait_closed(self) -> None:
+        while self.live:
+            if self._changed is None or self._changed.done():
+                self._changed = asyncio.get_running_loop().create_future()
+            await self._changed
+
+    def _changed_now(self) -> None:
+        changed = self._changed
+        if changed is not None and not changed.done():
+            changed.set_result(None)
+
+    # -- engine events --------------------------------------------------------------------
+
+    def socks_dropped(self) -> None:
+        self._resolved += 1
+        self._changed_now()
+
+    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+        self._resolved += 1
+        self.inbound._adopt(fd, data, answered, err, Address(src_host, src_port))
+        self._changed_now()
+
+    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
+        self._resolved += 1
+        if self.engine.closed:  # delivered by close(): the engine frees the handshake itself
+            return
+        source = Address(src_host, src_port)
+        target = Address(host, port)
+        meta = FlowMeta(Network.TCP, source, target, self.inbound.name)
+        try:
+            routed = self._dispatcher.route_now(meta)
+            if routed is None:
+                self._spawn(self._route_and_dial(token, meta))
+            else:
+                self._dial(token, routed)
+        except HonkError as exc:
+            self._reject(token, source, target, exc)
+        except Exception:
+            log.exception("flow crashed inbound=%s source=%s", self.inbound.name, source)
+            self.engine.hs_reject(token, _GENERAL_FAILURE)
+
+    # -- one flow ------------------------------------------------------------------------------
+
+    def _dial(self, token: int, routed: Routed) -> None:
+        """Send the one command that answers a routed request."""
+        leaf = routed.leaf
+        target = routed.meta.target
+        if target.ip is not None and type(leaf) is DirectOutbound and leaf._connect is None:
+            flow = FastFlow(self, routed)
+            mark = leaf._mark
+            flow._id = self.engine.hs_connect(token, target.host, target.port, -1 if mark is None else mark, flow)
+            self._flows.add(flow)
+            timeout = min(self._dispatcher.global_spec.connect_timeout, leaf.connect_timeout)
+            flow.timer = self.clock.call_later(timeout, flow.deadline)
+        elif type(leaf) is BlockOutbound:
+            self._reject(token, routed.meta.source, target, Blocked(f"{leaf.name}: {target} is blocked"))
+        else:
+            self._spawn(self._dial_async(token, routed))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._changed_now()
+
+    async def _route_and_dial(self, token: int, meta: FlowMeta) -> None:
+        try:
+            routed = await self._dispatcher.route(meta)
+        except HonkError as exc:
+            self._reject(token, meta.source, meta.target, exc)
+            return
+        except BaseException:
+            self._abandon(token)
+            raise
+        self._dial(token, routed)
+
+    async def _dial_async(self, token: int, routed: Routed) -> None:
+        meta = routed.meta
+        deadline = self.clock.now() + self._dispatcher.global_spec.connect_timeout
+        try:
+            sock = await routed.leaf.dial_tcp(meta.target, deadline)
+        except HonkError as exc:
+            self._reject(token, meta.source, meta.target, exc)
+            return
+        except BaseException:
+            self._abandon(token)
+            raise
+        flow = FastFlow(self, routed)
+        fd = sock.detach()
+        try:
+            flow._id = self.engine.hs_relay(token, fd, flow)
+        except BaseException:
+            os.close(fd)
+            self._abandon(token)
+            raise
+        self._flows.add(flow)
+
+    def _abandon(self, token: int) -> None:
+        if not self.engine.closed:
+            try:
+                self.engine.hs_reject(token, _GENERAL_FAILURE)
+            except (ValueError, _relay.EngineClosed):
+                pass
+
+    def _reject(self, token: int, source: Address, target: Address, error: HonkError) -> None:
+        self.inbound._refused(source, target, error)
+        self.engine.hs_reject(token, int(reply_for(error)))
+
+    def _opened(self, flow: FastFlow) -> None:
+        if flow.timer is not None:
+            flow.timer.cancel()
+            flow.timer = None
+        routed = flow.routed
+        meta = routed.meta
+        flow.last_activity = self.clock.now()
+        flow.tracked = self._dispatcher.track(routed, flow)
+        conn_log.debug(
+            "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
+            meta.inbound,
+            meta.source,
+            meta.target,
+            routed.rule,
+            format_chain(routed.chain),
+        )
+        if flow._error is not None and flow._id is not None:  # closed while it connected
+            self.engine.cancel(flow._id)
+
+    def _ended(self, flow: FastFlow) -> None:
+        self._flows.discard(flow)
+        flow.tracked.release()
+        self._changed_now()
+
+    def _refused(self, flow: FastFlow, cause: int, detail: int) -> None:
+        """END before EV_OPEN: the connect failed, timed out or was cancelled (reply sent)."""
+        if flow.timer is not None:
+            flow.timer.cancel()
+            flow.timer = None
+        self._flows.discard(flow)
+        meta = flow.routed.meta
+        error = flow._error
+        if error is None:
+            side, err = detail >> 16, detail & 0xFFFF
+            if cause == _relay.END_ERROR and side == _relay.SIDE_CLIENT:
+                error = ClientGone(f"client went away during the connect: {os.strerror(err)}")
+            elif cause == _relay.END_ERROR:
+                name = flow.routed.leaf.name
+                error = ConnectFailed(name, f"{meta.target}: {os.strerror(err)}", err, (OSError(err, os.strerror(err)),))
+            else:
+                error = FlowClosed("relay engine closed")
+        flow._error = error
+        if isinstance(error, ClientGone):
+            log.debug(
+                "flow ended inbound=%s source=%s error=%s reason=%s",
+                self.inbound.name, meta.source, type(error).__name__, "client-gone",
+            )
+        elif not isinstance(error, FlowClosed):
+            self.inbound._refused(meta.source, meta.target, error)
+        self._changed_now()
+
+
+def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets for ``host``:``port`` as ``loop.create_server`` binds them
+    (every address ``host`` resolves to, SO_REUSEADDR, IPV6_V6ONLY when several)."""
+    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    seen = set()
+    unique = []
+    for info in infos:
+        if (info[0], info[4]) not in seen:
+            seen.add((info[0], info[4]))
+            unique.append(info)
+    socks: list[socket.socket] = []
+    try:
+        for family, type_, proto, _name, addr in unique:
+            sock = socket.socket(family, type_, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(unique) > 1:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as exc:
+                raise OSError(exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}") from None
+            sock.listen(backlog)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def close_listening(socks: list[socket.socket]) -> None:
+    """Stop listening now: ``shutdown`` takes the port back even while the engine's dup lives."""
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RD)
+        except OSError as exc:
+            if exc.errno not in (_errno.ENOTCONN, _errno.EINVAL):
+                log.debug("shutdown of a listening socket failed: %s", exc)
+        sock.close()

@@ -1,0 +1,543 @@
+"""The SOCKS5 CONNECT fast path of the mixed inbound, over the compiled engine and its twin.
+
+Each test builds a MixedInbound whose listening socket is served by one relay
+engine (``native``: relay_c, when built; ``twin``: relay_py), on asyncio and on
+uvloop, and checks what a client and the operator see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from helpers.servers import EchoServer
+from helpers.socks import encode_address
+
+from honk._fast import relay as fast_relay
+from honk._fast import relay_py
+from honk.config.spec import (
+    GlobalSpec,
+    InboundSpec,
+    InboundUser,
+    MatchArg,
+    Predicate,
+    RoutingSpec,
+    RuleSpec,
+    Spec,
+)
+from honk.connection.dispatch import Dispatcher
+from honk.connection.plane import SystemResolver, build_plane
+from honk.connection.tracker import ConnectionTracker
+from honk.core.clock import Clock, FakeClock, MonotonicClock
+from honk.core.net import Address
+from honk.inbound.mixed import MixedInbound
+from honk.relay.native import close_engines
+
+STEP = 5.0
+ENGINES = ["twin"]
+if fast_relay.IMPLEMENTATION == "compiled":
+    ENGINES.insert(0, "native")
+
+
+@pytest.fixture(params=ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _make_engine(name: str):
+    if name == "native":
+        from honk._fast.relay_c import Engine
+
+        return Engine(asyncio.get_running_loop())
+    return relay_py.Engine(asyncio.get_running_loop())
+
+
+def _rule(predicate: str, value: str, outbound: str, key: str = "") -> RuleSpec:
+    return RuleSpec(predicates=(Predicate(predicate, (MatchArg(key, value),)),), outbound=outbound)
+
+
+BLOCKED = _rule("domain", "blocked.test", "block", key="full")
+
+
+@dataclass
+class Env:
+    inbound: MixedInbound
+    tracker: ConnectionTracker
+    clock: Clock
+    engine: object
+
+    @property
+    def port(self) -> int:
+        assert self.inbound.bound is not None
+        return self.inbound.bound.port
+
+
+@contextlib.asynccontextmanager
+async def honk(
+    engine_name: str,
+    *,
+    rules: tuple[RuleSpec, ...] = (BLOCKED,),
+    users: tuple[InboundUser, ...] = (),
+    clock: Clock | None = None,
+    host: str = "127.0.0.1",
+) -> AsyncIterator[Env]:
+    clock = clock or MonotonicClock()
+    glob = GlobalSpec(connect_timeout=2.0)
+    ispec = InboundSpec(name="lan", kind="mixed", host=host, port=0, users=users)
+    spec = Spec(global_=glob, inbounds=(ispec,), routing=RoutingSpec(rules=rules, fallback="direct"))
+    tracker = ConnectionTracker(clock)
+    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, 2.0))
+    engine = _make_engine(engine_name)
+    inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
+    await inbound.start()
+    try:
+        assert (inbound._fast is not None) == (not users)
+        yield Env(inbound, tracker, clock, engine)
+    finally:
+        await inbound.aclose()
+        tracker.close_all("test over")
+        await asyncio.wait_for(tracker.wait_idle(), STEP)
+        engine.close()
+
+
+async def socks5_open(
+    port: int, host: str, dport: int, *, cmd: int = 1, auth: tuple[str, str] | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"\x05\x01" + (b"\x02" if auth else b"\x00"))
+    method = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
+    if method == 0xFF:
+        return reader, writer, 0xFF, b""
+    if auth:
+        user, password = (a.encode() for a in auth)
+        writer.write(b"\x01" + bytes((len(user),)) + user + bytes((len(password),)) + password)
+        status = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
+        if status != 0:
+            return reader, writer, 0xFF, b""
+    writer.write(bytes((5, cmd, 0)) + encode_address(host, dport))
+    head = await asyncio.wait_for(reader.readexactly(4), STEP)
+    tail = await asyncio.wait_for(reader.readexactly({1: 6, 4: 18}[head[3]]), STEP)
+    return reader, writer, head[1], tail
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+
+
+async def _echo_round(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:
+    writer.write(data)
+    return await asyncio.wait_for(reader.readexactly(len(data)), STEP)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+class Echo6:
+    """An echo server on ::1."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        self.sock.bind(("::1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        import threading
+
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# --- CONNECT ------------------------------------------------------------------------------------
+
+
+def test_fastpath_connects_ipv4_and_domain_targets_and_relays(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="honk.connection")
+
+    async def main() -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+                for host in ("127.0.0.1", "localhost"):
+                    reader, writer, rep, bound = await socks5_open(env.port, host, echo.port)
+                    assert rep == 0
+                    assert socket.inet_ntoa(bound[:4]) == "127.0.0.1" and struct.unpack("!H", bound[4:])[0] > 0
+                    assert await _echo_round(reader, writer, b"ping " + host.encode()) == b"ping " + host.encode()
+                    [info] = env.tracker.snapshot()
+                    assert info.target == Address(host, echo.port)
+                    assert info.engine in ("native", "native-python")
+                    writer.write_eof()
+                    assert await asyncio.wait_for(reader.read(), STEP) == b""
+                    await asyncio.wait_for(env.tracker.wait_idle(), STEP)
+                    await close_writer(writer)
+
+    run(main())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TCP connection ")]
+    assert len(lines) == 2
+    assert lines[0].startswith("TCP connection inbound=lan source=127.0.0.1:")
+    assert lines[0].endswith("rule=fallback chain=direct")
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+def test_fastpath_connects_an_ipv6_target(run, engine_name) -> None:
+    async def main() -> None:
+        echo = Echo6()
+        try:
+            async with honk(engine_name) as env:
+                reader, writer, rep, bound = await socks5_open(env.port, "::1", echo.port)
+                assert rep == 0
+                assert socket.inet_ntop(socket.AF_INET6, bound[:16]) == "::1"
+                assert await _echo_round(reader, writer, b"six") == b"six"
+                [info] = env.tracker.snapshot()
+                assert info.target == Address("::1", echo.port)
+                await close_writer(writer)
+        finally:
+            echo.close()
+
+    run(main())
+
+
+def test_fastpath_pipelined_payload_after_the_request_goes_upstream_first(run, engine_name) -> None:
+    async def main() -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                # greeting, request and payload in one write, as optimistic clients do
+                writer.write(b"\x05\x01\x00" + b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port) + b"early")
+                got = await asyncio.wait_for(reader.readexactly(2 + 10 + 5), STEP)
+                assert got[:2] == b"\x05\x00"  # method
+                assert got[2:6] == b"\x05\x00\x00\x01"  # success, IPv4 bound address
+                assert got[12:] == b"early"  # echoed: it reached the upstream after the request
+                await close_writer(writer)
+
+    run(main())
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def test_fastpath_blocked_target_gets_reply_2(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="honk.inbound")
+
+    async def main() -> None:
+        async with honk(engine_name, rules=(BLOCKED, _rule("dport", "9", "block"))) as env:
+            for host, port in (("blocked.test", 80), ("127.0.0.1", 9)):
+                reader, writer, rep, _ = await socks5_open(env.port, host, port)
+                assert rep == 0x02
+                assert await asyncio.wait_for(reader.read(), STEP) == b""
+                await close_writer(writer)
+            assert env.tracker.snapshot() == []
+
+    run(main())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("flow refused")]
+    assert len(lines) == 2 and all("error=Blocked" in line for line in lines)
+
+
+def test_fastpath_refused_connect_gets_reply_5(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+
+    async def main() -> None:
+        async with honk(engine_name) as env:
+            reader, writer, rep, bound = await socks5_open(env.port, "127.0.0.1", closed_port)
+            assert rep == 0x05
+            assert bound == b"\x00" * 6
+            assert await asyncio.wait_for(reader.read(), STEP) == b""
+            await close_writer(writer)
+            await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+
+    run(main())
+    assert any(
+        "flow refused inbound=lan" in r.getMessage() and "error=ConnectFailed" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_fastpath_connect_deadline_on_the_injected_clock_gets_reply_6(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+
+    async def main() -> None:
+        clock = FakeClock()
+        # A listener whose backlog is full: further connects to it never complete.
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        fillers = []
+        try:
+            for _ in range(8):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(full.getsockname())
+                fillers.append(s)
+            async with honk(engine_name, clock=clock) as env:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", full.getsockname()[1]))
+                assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+                while clock.sleepers == 0:  # the connect deadline is armed
+                    await asyncio.sleep(0.001)
+                clock.advance(1.9)
+                await asyncio.sleep(0.05)
+                assert env.inbound.active == 1
+                clock.advance(0.2)
+                head = await asyncio.wait_for(reader.readexactly(10), STEP)
+                assert head[1] == 0x06
+                assert await asyncio.wait_for(reader.read(), STEP) == b""
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+        finally:
+            for s in fillers:
+                s.close()
+            full.close()
+
+    run(main())
+    assert any("error=DialTimeout" in r.getMessage() for r in caplog.records)
+
+
+# --- handover -------------------------------------------------------------------------------------
+
+
+def test_fastpath_hands_http_bind_and_udp_associate_to_python(run, engine_name) -> None:
+    async def main() -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                writer.write(f"CONNECT 127.0.0.1:{echo.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STEP)
+                assert head.startswith(b"HTTP/1.1 200")
+                assert await _echo_round(reader, writer, b"via http") == b"via http"
+                await close_writer(writer)
+
+                _, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", 1, cmd=2)
+                assert rep == 0x07
+                await close_writer(writer)
+
+                reader, writer, rep, bound = await socks5_open(env.port, "0.0.0.0", 0, cmd=3)
+                assert rep == 0
+                assert struct.unpack("!H", bound[4:6])[0] > 0
+                await close_writer(writer)
+                await asyncio.wait_for(env.tracker.wait_idle(), STEP)
+
+    run(main())
+
+
+def test_inbound_with_users_keeps_the_python_path(run, engine_name) -> None:
+    async def main() -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name, users=(InboundUser("alice", "s3cret"),)) as env:
+                reader, writer, rep, _ = await socks5_open(
+                    env.port, "127.0.0.1", echo.port, auth=("alice", "s3cret")
+                )
+                assert rep == 0
+                assert await _echo_round(reader, writer, b"authed") == b"authed"
+                await close_writer(writer)
+                _, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
+                assert rep == 0xFF
+                await close_writer(writer)
+
+    run(main())
+
+
+def test_fastpath_bad_clients_end_only_their_own_flow_with_the_log_line(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+
+    async def send_and_close(port: int, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        got = b""
+        with contextlib.suppress(OSError):
+            writer.write(data)
+            await writer.drain()
+            writer.write_eof()
+            got = await asyncio.wait_for(reader.read(), STEP)
+        await close_writer(writer)
+        return got
+
+    async def vanish(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x05\x01\x00")
+        assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+        writer.write(b"\x05\x01\x00\x03\x0aexam")
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def main() -> list[bytes]:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+                healthy = await socks5_open(env.port, "127.0.0.1", echo.port)
+                results = await asyncio.gather(
+                    send_and_close(env.port, b"\x16garbage"),
+                    send_and_close(env.port, b"\x05\x02\x00"),
+                    send_and_close(env.port, b"\x05\x01\x00\x04\x01\x00"),  # bad version in the request
+                    send_and_close(env.port, b"\x05\x01\x00\x05\x09\x00\x01" + bytes(6)),  # unknown command
+                    send_and_close(env.port, b"\x05\x01\x00\x05\x01\x00\x07" + bytes(6)),  # unknown atyp
+                    vanish(env.port),
+                )
+                reader, writer, rep, _ = healthy
+                assert rep == 0
+                assert await _echo_round(reader, writer, b"still fine") == b"still fine"
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                return results
+
+    results = run(main())
+    assert results[3].startswith(b"\x05\x00\x05\x07")  # 0x07 after the method choice, as the codec says
+    assert results[4].startswith(b"\x05\x00\x05\x08")
+    lines = [r.getMessage() for r in caplog.records if "flow ended during handshake" in r.getMessage()]
+    reasons = sorted(line.split("reason=")[1] for line in lines)
+    assert reasons == ["bad-address-type", "bad-command", "bad-request", "bad-version", "client-gone", "truncated"], lines
+    assert all("inbound=lan source=127.0.0.1:" in line for line in lines)
+
+
+def test_fastpath_slow_client_is_handed_over_and_cut_off_on_the_injected_clock(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+
+    async def main() -> None:
+        clock = FakeClock()
+        async with honk(engine_name, clock=clock) as env:
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+            writer.write(b"\x05\x01\x00")
+            assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+            assert env.inbound.active == 1
+            while clock.sleepers == 0:  # handed over after HS_HANDOVER_AFTER: the watchdog is armed
+                await asyncio.sleep(0.01)
+            clock.advance(10.0)
+            data = b""
+            with contextlib.suppress(ConnectionResetError):
+                data = await asyncio.wait_for(reader.read(), STEP)
+            assert data == b""
+            await close_writer(writer)
+            await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+
+    run(main())
+    assert any("error=HandshakeTimeout reason=timeout" in r.getMessage() for r in caplog.records)
+
+
+# --- the connection table ---------------------------------------------------------------------------
+
+
+def test_fastpath_tracker_lists_flows_with_rule_and_chain_and_close_by_id_ends_one(run, engine_name) -> None:
+    async def main() -> None:
+        with EchoServer() as echo:
+            rules = (BLOCKED, _rule("dport", str(echo.port), "direct"))
+            async with honk(engine_name, rules=rules) as env:
+                clients = [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(3)]
+                for reader, writer, rep, _ in clients:
+                    assert rep == 0
+                    assert await _echo_round(reader, writer, b"abcd") == b"abcd"
+                infos = env.tracker.snapshot()
+                assert len(infos) == 3
+                for info in infos:
+                    assert info.rule == f"dport({echo.port})"
+                    assert info.chain == ("direct",)
+                    assert info.inbound == "lan"
+                    assert (info.upload, info.download) == (4, 4)
+                victim = infos[1]
+                assert env.tracker.close(victim.id)
+                ends = []
+                for reader, writer, _, _ in clients:
+                    try:
+                        writer.write(b"x")
+                        ends.append(await asyncio.wait_for(reader.read(1), 0.5))
+                    except (TimeoutError, ConnectionResetError):
+                        ends.append(None)
+                assert ends.count(b"") == 1 and ends.count(b"x") == 2
+                assert len(env.tracker.snapshot()) == 2
+                for _, writer, _, _ in clients:
+                    await close_writer(writer)
+                await asyncio.wait_for(env.tracker.wait_idle(), STEP)
+
+    run(main())
+
+
+def test_fastpath_aclose_ends_live_flows_and_stop_accepting_frees_the_port(run, engine_name) -> None:
+    async def main() -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+                reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
+                assert rep == 0
+                port = env.port
+                await env.inbound.stop_accepting()
+                with socket.socket() as again:  # the port is free at once
+                    again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    again.bind(("127.0.0.1", port))
+                assert await _echo_round(reader, writer, b"alive") == b"alive"  # live flows stay
+                await env.inbound.aclose()
+                with contextlib.suppress(ConnectionResetError):
+                    assert await asyncio.wait_for(reader.read(), STEP) == b""
+                await close_writer(writer)
+                assert env.inbound.active == 0
+
+    run(main())
+
+
+# --- resources -------------------------------------------------------------------------------------
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
+    total = 10_000 if engine_name == "native" else 2_000
+
+    async def flows(count: int) -> None:
+        with EchoServer() as echo:
+            async with honk(engine_name) as env:
+
+                async def one() -> None:
+                    reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
+                    assert rep == 0
+                    assert await _echo_round(reader, writer, b"hi") == b"hi"
+                    writer.write_eof()
+                    assert await asyncio.wait_for(reader.read(), STEP) == b""
+                    await close_writer(writer)
+
+                for _ in range(max(count // 50, 1)):
+                    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(min(count, 50)))), 30)
+                await asyncio.wait_for(env.tracker.wait_idle(), STEP)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+
+    async def main() -> None:
+        gc.collect()
+        close_engines()
+        await flows(1)  # the loop's own lazily created fds exist after this
+        await asyncio.sleep(0.05)
+        before = _fd_count()
+        await flows(total)
+        await asyncio.sleep(0.05)
+        assert _fd_count() == before
+
+    run(main())
+
