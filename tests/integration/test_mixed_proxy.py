@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import pytest
 import trustme
+from helpers.aio import close_writer, rule, socks5_open
 from helpers.peers import require_binary
 from helpers.servers import EchoServer
-from helpers.socks import encode_address
 
 from honk.config.spec import (
     GlobalSpec,
@@ -152,10 +152,6 @@ class Env:
         return self.inbound.bound.port
 
 
-def _rule(predicate: str, value: str, outbound: str, key: str = "") -> RuleSpec:
-    return RuleSpec(predicates=(Predicate(predicate, (MatchArg(key, value),)),), outbound=outbound)
-
-
 BLOCK_TEST_DOMAIN = RuleSpec(
     predicates=(Predicate("domain", (MatchArg("full", "blocked.test"),)),), outbound="block"
 )
@@ -187,27 +183,6 @@ async def honk(
 # --- clients -------------------------------------------------------------------------------
 
 
-async def socks5_open(
-    port: int, host: str, dport: int, *, cmd: int = 1, auth: tuple[str, str] | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, bytes]:
-    """SOCKS5 handshake; returns the streams, the reply code (0xFF: method/auth refused), and the bound address."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"\x05\x01" + (b"\x02" if auth else b"\x00"))
-    method = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
-    if method == 0xFF:
-        return reader, writer, 0xFF, b""
-    if auth:
-        user, password = (a.encode() for a in auth)
-        writer.write(b"\x01" + bytes((len(user),)) + user + bytes((len(password),)) + password)
-        status = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
-        if status != 0:
-            return reader, writer, 0xFF, b""
-    writer.write(bytes((5, cmd, 0)) + encode_address(host, dport))
-    head = await asyncio.wait_for(reader.readexactly(4), STEP)
-    tail = await reader.readexactly({1: 6, 4: 18}[head[3]])
-    return reader, writer, head[1], tail
-
-
 async def curl(*args: str) -> tuple[int, str, str]:
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     proc = await asyncio.create_subprocess_exec(
@@ -222,12 +197,6 @@ async def curl(*args: str) -> tuple[int, str, str]:
     )
     out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()
-
-
-async def close_writer(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
 
 
 # --- curl ------------------------------------------------------------------------------------
@@ -384,7 +353,7 @@ def test_mixed_socks5_bind_gets_reply_7(run) -> None:
 
 def test_mixed_tracker_lists_open_flow_with_rule_and_chain_then_drops_it(run, echo: EchoServer) -> None:
     async def main() -> None:
-        rules = (BLOCK_TEST_DOMAIN, _rule("dport", str(echo.port), "direct"))
+        rules = (BLOCK_TEST_DOMAIN, rule("dport", str(echo.port), "direct"))
         async with honk(rules=rules) as env:
             reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
             assert rep == 0
@@ -596,7 +565,7 @@ def test_mixed_udp_associate_round_trip_and_removal_when_control_closes(run) -> 
 
 def test_mixed_udp_associate_drops_blocked_targets_and_strangers(run) -> None:
     udp_echo = UdpEcho()
-    rules = (_rule("dport", str(udp_echo.port), "block"),)
+    rules = (rule("dport", str(udp_echo.port), "block"),)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -702,7 +671,7 @@ def test_mixed_swap_plane_routes_new_flows_while_established_flows_keep_their_so
             blocking = Spec(
                 global_=env.dispatcher.global_spec,
                 inbounds=(env.inbound.spec,),
-                routing=RoutingSpec(rules=(_rule("dport", str(echo.port), "block"),), fallback="direct"),
+                routing=RoutingSpec(rules=(rule("dport", str(echo.port), "block"),), fallback="direct"),
             )
             env.dispatcher.swap_plane(build_plane(blocking, env.clock, 2))
 

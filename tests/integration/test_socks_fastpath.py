@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from helpers.aio import close_writer, rule, socks5_open
 from helpers.servers import EchoServer
 from helpers.socks import encode_address
 
@@ -27,8 +28,6 @@ from honk.config.spec import (
     GlobalSpec,
     InboundSpec,
     InboundUser,
-    MatchArg,
-    Predicate,
     RoutingSpec,
     RuleSpec,
     Spec,
@@ -60,11 +59,7 @@ def _make_engine(name: str):
     return relay_py.Engine(asyncio.get_running_loop())
 
 
-def _rule(predicate: str, value: str, outbound: str, key: str = "") -> RuleSpec:
-    return RuleSpec(predicates=(Predicate(predicate, (MatchArg(key, value),)),), outbound=outbound)
-
-
-BLOCKED = _rule("domain", "blocked.test", "block", key="full")
+BLOCKED = rule("domain", "blocked.test", "block", key="full")
 
 
 @dataclass
@@ -106,32 +101,6 @@ async def honk(
         tracker.close_all("test over")
         await asyncio.wait_for(tracker.wait_idle(), STEP)
         engine.close()
-
-
-async def socks5_open(
-    port: int, host: str, dport: int, *, cmd: int = 1, auth: tuple[str, str] | None = None
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"\x05\x01" + (b"\x02" if auth else b"\x00"))
-    method = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
-    if method == 0xFF:
-        return reader, writer, 0xFF, b""
-    if auth:
-        user, password = (a.encode() for a in auth)
-        writer.write(b"\x01" + bytes((len(user),)) + user + bytes((len(password),)) + password)
-        status = (await asyncio.wait_for(reader.readexactly(2), STEP))[1]
-        if status != 0:
-            return reader, writer, 0xFF, b""
-    writer.write(bytes((5, cmd, 0)) + encode_address(host, dport))
-    head = await asyncio.wait_for(reader.readexactly(4), STEP)
-    tail = await asyncio.wait_for(reader.readexactly({1: 6, 4: 18}[head[3]]), STEP)
-    return reader, writer, head[1], tail
-
-
-async def close_writer(writer: asyncio.StreamWriter) -> None:
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
 
 
 async def _echo_round(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:
@@ -249,7 +218,7 @@ def test_fastpath_blocked_target_gets_reply_2(run, engine_name, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="honk.inbound")
 
     async def main() -> None:
-        async with honk(engine_name, rules=(BLOCKED, _rule("dport", "9", "block"))) as env:
+        async with honk(engine_name, rules=(BLOCKED, rule("dport", "9", "block"))) as env:
             for host, port in (("blocked.test", 80), ("127.0.0.1", 9)):
                 reader, writer, rep, _ = await socks5_open(env.port, host, port)
                 assert rep == 0x02
@@ -450,7 +419,7 @@ def test_fastpath_slow_client_is_handed_over_and_cut_off_on_the_injected_clock(r
 def test_fastpath_tracker_lists_flows_with_rule_and_chain_and_close_by_id_ends_one(run, engine_name) -> None:
     async def main() -> None:
         with EchoServer() as echo:
-            rules = (BLOCKED, _rule("dport", str(echo.port), "direct"))
+            rules = (BLOCKED, rule("dport", str(echo.port), "direct"))
             async with honk(engine_name, rules=rules) as env:
                 clients = [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(3)]
                 for reader, writer, rep, _ in clients:
