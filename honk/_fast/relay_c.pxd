@@ -87,6 +87,7 @@ cdef struct Flow:
     uint8_t dirty         # on the worker's "report later" list
     uint8_t connecting    # listener mode: the upstream connect is in progress, no reply sent yet
     uint8_t fail_code     # listener mode: the SOCKS5 reply a cancel during the connect sends
+    uint8_t owned         # both fds are the worker's alone (listener mode): close() drops their epoll entries
     Flow* prev            # the worker's list of live flows
     Flow* next
 

@@ -1266,6 +1266,7 @@ cdef class Engine:
         f.fd[1] = -1
         f.connecting = 1
         f.fail_code = 1
+        f.owned = 1  # accepted by the worker; the upstream fd is the worker's or detached from Python
         for di in range(2):
             f.d[di].pr = -1
             f.d[di].pw = -1
@@ -1570,7 +1571,10 @@ cdef class Engine:
                 honk_send_reply(f.fd[0], f.fail_code)
         for di in range(2):
             if f.fd[di] >= 0:
-                honk_epoll_del(self.epfd, f.fd[di])
+                # An fd dup'ed from an asyncio transport may share its file with a descriptor
+                # that is still open, which would keep the epoll entry alive after close().
+                if not f.owned:
+                    honk_epoll_del(self.epfd, f.fd[di])
                 close(f.fd[di])
                 f.fd[di] = -1
             self._drop_pipe(&f.d[di])
