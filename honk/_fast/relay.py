@@ -8,7 +8,7 @@ when built, else ``relay_py.Engine`` (the twin on the loop's readers/writers).
 
 from typing import TYPE_CHECKING
 
-from honk._fast import NO_EXTENSIONS
+from honk._fast import load
 from honk._fast.relay_py import (
     END_CANCELLED,
     END_CLEAN,
@@ -25,19 +25,12 @@ from honk._fast.relay_py import (
     RelayListener,
 )
 
-if TYPE_CHECKING or NO_EXTENSIONS:
+IMPLEMENTATION: str
+if TYPE_CHECKING:
     from honk._fast.relay_py import Engine
-
-    IMPLEMENTATION = "python"
 else:
-    try:
-        from honk._fast.relay_c import Engine
-
-        IMPLEMENTATION = "compiled"
-    except ImportError:  # a source checkout without a build
-        from honk._fast.relay_py import Engine
-
-        IMPLEMENTATION = "python"
+    _impl, IMPLEMENTATION = load("relay")
+    Engine = _impl.Engine
 
 __all__ = [
     "Engine",
