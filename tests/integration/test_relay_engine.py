@@ -18,11 +18,11 @@ import gc
 import hashlib
 import os
 import socket
-import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
+from helpers.sockets import reset, tcp_pair, unix_pair
 
 from honk._fast import relay as fast_relay
 from honk._fast import relay_py
@@ -72,29 +72,21 @@ class Engines:
             self.engine.close()
 
 
+@contextlib.contextmanager
+def one_tcp_flow(engine_name: str, listener: socket.socket) -> Iterator[tuple[Engines, Flow]]:
+    """The engines under test and one client/upstream TCP flow; both closed afterwards."""
+    engines = Engines(engine_name)
+    flow = Flow(lambda: tcp_pair(listener))
+    try:
+        yield engines, flow
+    finally:
+        flow.close()
+        engines.close()
+
+
 @pytest.fixture(params=ENGINES)
 def engine_name(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _tcp_pair(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
-    a = socket.create_connection(listener.getsockname())
-    b, _ = listener.accept()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
-
-
-def _unix_pair() -> tuple[socket.socket, socket.socket]:
-    a, b = socket.socketpair()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
-
-
-def _reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
 
 
 class Flow:
@@ -178,9 +170,7 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
     total = 64 * MiB if engine_name == "twin" else GiB
 
     async def main() -> None:
-        engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
-        try:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
             relay = engines.relay()
             task = await flow.start(relay)
             up: list = []
@@ -198,9 +188,6 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
             assert up == [total, _expected_digest(total)]
             assert down == [total, _expected_digest(total)]
             assert (relay.bytes_up, relay.bytes_down) == (total, total)
-        finally:
-            flow.close()
-            engines.close()
 
     _expected_digest(total)
     run(main())
@@ -213,9 +200,7 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
 def test_half_close_keeps_the_other_direction_and_ends_cleanly(run, engine_name, listener, first) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
-        try:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
             relay = engines.relay()
             task = await flow.start(relay)
             a, b = (flow.lan, flow.remote) if first == "client" else (flow.remote, flow.lan)
@@ -236,9 +221,6 @@ def test_half_close_keeps_the_other_direction_and_ends_cleanly(run, engine_name,
             assert (relay.bytes_up, relay.bytes_down) == expected
             if engine_name != "copy":
                 assert relay.half_closed == 0b11
-        finally:
-            flow.close()
-            engines.close()
 
     run(main())
 
@@ -250,21 +232,16 @@ def test_half_close_keeps_the_other_direction_and_ends_cleanly(run, engine_name,
 def test_reset_is_typed_by_side_and_keeps_the_errno(run, engine_name, listener, who, expected) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
-        try:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
             relay = engines.relay()
             task = await flow.start(relay)
             await loop.sock_sendall(flow.lan, b"ping")
             assert await asyncio.wait_for(loop.sock_recv(flow.remote, 10), STEP) == b"ping"
-            _reset(flow.lan if who == "client" else flow.remote)
+            reset(flow.lan if who == "client" else flow.remote)
             with pytest.raises(expected) as info:
                 await asyncio.wait_for(task, STEP)
             assert info.value.errno == errno.ECONNRESET
             assert type(info.value) is expected
-        finally:
-            flow.close()
-            engines.close()
 
     run(main())
 
@@ -277,7 +254,7 @@ def test_closing_one_of_100_flows_by_id_leaves_the_others_intact(run, engine_nam
         loop = asyncio.get_running_loop()
         engines = Engines(engine_name)
         tracker = ConnectionTracker(engines.clock)
-        flows = [Flow(lambda: _tcp_pair(listener)) for _ in range(100)]
+        flows = [Flow(lambda: tcp_pair(listener)) for _ in range(100)]
         try:
             tasks, ids = [], []
             for flow in flows:
@@ -331,7 +308,7 @@ def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
         loop = asyncio.get_running_loop()
 
         async def short(make: Callable[[], object]) -> None:
-            flow = Flow(_unix_pair)
+            flow = Flow(unix_pair)
             try:
                 task = await flow.start(make())
                 await loop.sock_sendall(flow.lan, b"hi")
@@ -355,7 +332,7 @@ def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
         for _ in range(100):
             await asyncio.wait_for(asyncio.gather(*(short(engines.relay) for _ in range(100))), 30)
         # an engine closed with live flows ends them and frees everything too
-        live = [Flow(_unix_pair) for _ in range(10)]
+        live = [Flow(unix_pair) for _ in range(10)]
         relays = [engines.relay() for _ in live]
         tasks = [await f.start(r) for f, r in zip(live, relays, strict=True)]
         await asyncio.sleep(0.05)
@@ -380,9 +357,7 @@ def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
 def test_preamble_and_early_client_eof_reach_upstream_in_order(run, engine_name, listener) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
-        try:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
             client = await flow.client_conn()
             await loop.sock_sendall(flow.lan, b"CONNECT x\r\n\r\npipelined")
             flow.lan.shutdown(socket.SHUT_WR)
@@ -400,9 +375,6 @@ def test_preamble_and_early_client_eof_reach_upstream_in_order(run, engine_name,
             assert await asyncio.wait_for(_recv_until_eof(flow.lan), STEP) == b"HTTP/1.1 200 OK\r\n\r\nreply"
             await asyncio.wait_for(task, STEP)
             assert (relay.bytes_up, relay.bytes_down) == (9, 5)
-        finally:
-            flow.close()
-            engines.close()
 
     run(main())
 
@@ -410,9 +382,7 @@ def test_preamble_and_early_client_eof_reach_upstream_in_order(run, engine_name,
 def test_preamble_precedes_later_client_bytes(run, engine_name, listener) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
-        try:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
             client = await flow.client_conn()
             await loop.sock_sendall(flow.lan, b"first")
             assert await client.receive() == b"first"
@@ -423,9 +393,6 @@ def test_preamble_precedes_later_client_bytes(run, engine_name, listener) -> Non
             assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b"first+second"
             flow.remote.shutdown(socket.SHUT_WR)
             await asyncio.wait_for(task, STEP)
-        finally:
-            flow.close()
-            engines.close()
 
     run(main())
 
@@ -437,7 +404,7 @@ def test_counters_are_exact_and_first_upstream_byte_is_reported_once(run, engine
     async def main() -> None:
         loop = asyncio.get_running_loop()
         engines = Engines(engine_name)
-        flow = Flow(lambda: _tcp_pair(listener))
+        flow = Flow(lambda: tcp_pair(listener))
         firsts: list[float] = []
         try:
             relay = engines.relay()
@@ -481,7 +448,7 @@ def test_counters_are_exact_and_first_upstream_byte_is_reported_once(run, engine
 def test_close_before_run_and_idle_close_end_with_the_reason(run, engine_name, listener) -> None:
     async def main() -> None:
         engines = Engines(engine_name)
-        flows = [Flow(lambda: _tcp_pair(listener)) for _ in range(2)]
+        flows = [Flow(lambda: tcp_pair(listener)) for _ in range(2)]
         try:
             early = engines.relay()
             early.close()
@@ -521,7 +488,7 @@ class _Recorder:
 def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> None:
     async def main() -> None:
         engine = _engine_class(name)(asyncio.get_running_loop())
-        flow = Flow(lambda: _tcp_pair(listener))
+        flow = Flow(lambda: tcp_pair(listener))
         try:
             rec = _Recorder()
             lan_fd = flow._lan_peer.detach()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import struct
 
 import pytest
+from helpers.sockets import reset, tcp_pair
 
 from honk.core.clock import FakeClock
 from honk.core.errors import ClientGone, FlowClosed, IdleTimeout, UpstreamFailed
@@ -21,24 +21,10 @@ from honk.relay.copy import WRITE_HIGH_WATER, CopyRelay
 from honk.relay.stream import StreamConn
 
 
-def _tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        a = socket.create_connection(listener.getsockname())
-        b, _ = listener.accept()
-    a.setblocking(False)
-    b.setblocking(False)
-    return a, b
-
-
-def _reset(sock: socket.socket) -> None:
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
 class Rig:
     def __init__(self) -> None:
-        self.lan, lan_peer = _tcp_pair()
-        self.remote, self.upstream = _tcp_pair()
+        self.lan, lan_peer = tcp_pair()
+        self.remote, self.upstream = tcp_pair()
         self._lan_peer = lan_peer
         self.client: StreamConn | None = None
         self.clock = FakeClock()
@@ -149,7 +135,7 @@ async def test_relay_reports_lan_reset_as_client_gone(rig: Rig) -> None:
     run = asyncio.ensure_future(relay.run(client, rig.upstream))
     await asyncio.sleep(0)
 
-    _reset(rig.lan)
+    reset(rig.lan)
 
     with pytest.raises(ClientGone):
         await asyncio.wait_for(run, 2)
@@ -162,7 +148,7 @@ async def test_relay_reports_upstream_reset_as_upstream_failed(rig: Rig) -> None
     run = asyncio.ensure_future(relay.run(client, rig.upstream))
     await asyncio.sleep(0)
 
-    _reset(rig.remote)
+    reset(rig.remote)
 
     with pytest.raises(UpstreamFailed):
         await asyncio.wait_for(run, 2)
@@ -195,7 +181,7 @@ async def test_relay_closed_before_it_runs_ends_at_once(rig: Rig) -> None:
 
 async def test_relay_client_gone_before_takeover_is_client_gone(rig: Rig) -> None:
     client = await rig.client_conn()
-    _reset(rig.lan)
+    reset(rig.lan)
     with contextlib.suppress(ClientGone):
         while await client.receive():
             pass

@@ -1,0 +1,32 @@
+"""Connected socket pairs and resets for relay tests."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+
+def tcp_pair(listener: socket.socket | None = None) -> tuple[socket.socket, socket.socket]:
+    """Two connected non-blocking TCP sockets on loopback (through ``listener`` if given)."""
+    if listener is None:
+        with socket.create_server(("127.0.0.1", 0)) as own:
+            return tcp_pair(own)
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def unix_pair() -> tuple[socket.socket, socket.socket]:
+    """Two connected non-blocking Unix stream sockets (no ephemeral ports used up)."""
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    return a, b
+
+
+def reset(sock: socket.socket) -> None:
+    """Close ``sock`` with an RST instead of a FIN (SO_LINGER on, zero timeout)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
