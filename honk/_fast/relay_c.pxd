@@ -23,10 +23,10 @@ cdef extern from "<pthread.h>" nogil:
 
 # One direction of a flow: src fd -> (pipe | user-space buffer) -> dst fd.
 cdef struct Dir:
-    int pr                # pipe read end, -1 in copy mode
-    int pw                # pipe write end, -1 in copy mode
+    int pr                # pipe read end; -1 in copy mode and before the direction splices
+    int pw                # pipe write end; -1 likewise
     size_t in_pipe        # bytes sitting in the pipe (bytes)
-    char* buf             # user-space bytes owed to dst: the preamble, or the copy buffer
+    char* buf             # user-space bytes owed to dst: the preamble, a short send's rest, or the copy buffer
     size_t off            # first unsent byte in buf
     size_t len            # end of the unsent bytes in buf
     size_t cap            # allocated size of buf (bytes)
@@ -81,6 +81,7 @@ cdef struct Flow:
     double next_report    # CLOCK_MONOTONIC seconds before which no BYTES event goes out
     uint8_t readable[2]   # edge-triggered readiness we have not yet consumed, per fd
     uint8_t writable[2]
+    uint8_t rdhup[2]      # FIN, HUP or an error announced on the fd: read on to EOF, a short read proves nothing
     uint8_t first_down    # FIRST_BYTE already reported
     uint8_t ended
     uint8_t queued        # on the worker's "again" list (budget ran out)
@@ -151,6 +152,7 @@ cdef class Engine:
     cdef int wake_fd          # commands -> worker
     cdef int event_fd         # events -> asyncio
     cdef int pool[64]         # reusable empty pipe pairs (read, write, read, write, ...)
+    cdef char scratch[16384]  # THROUGH_CHUNK: a direction's small reads pass through here on their way to dst
     cdef int n_pool
     cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
     cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)
@@ -192,6 +194,7 @@ cdef class Engine:
     cdef object _listener_event(self, Event* e)
     cdef uint32_t _new_slot(self) except? 0xFFFFFFFF
     cdef int _pump(self, Flow* f, int di, double now) noexcept nogil
+    cdef int _pass_through(self, Flow* f, int di, size_t n, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil

@@ -514,6 +514,92 @@ def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> No
     run(main())
 
 
+def _pipe_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    return count
+
+
+@pytest.mark.skipif("native" not in ENGINES, reason="the compiled engine is not built")
+def test_native_short_flows_hold_no_pipe_and_a_bulk_direction_takes_one(run, listener) -> None:
+    async def main() -> None:
+        engine = _engine_class("native")(asyncio.get_running_loop())
+        flows = [Flow(lambda: tcp_pair(listener)) for _ in range(20)]
+        try:
+            before = _pipe_fds()
+            for flow in flows:
+                engine.add(flow._lan_peer.detach(), flow.upstream.detach(), _Recorder())
+            for flow in flows:  # a request and its answer, then the flow idles
+                flow.lan.sendall(b"q" * 100)
+                assert await _recv_exactly(flow.remote, 100) == b"q" * 100
+                flow.remote.sendall(b"a" * 300)
+                assert await _recv_exactly(flow.lan, 300) == b"a" * 300
+            assert _pipe_fds() == before
+            bulk = os.urandom(3 * MiB)
+            await asyncio.get_running_loop().sock_sendall(flows[0].lan, bulk)
+            assert await _recv_exactly(flows[0].remote, len(bulk)) == bulk
+            assert _pipe_fds() == before + 2  # the up direction of flow 0 splices through its pipe
+        finally:
+            for flow in flows:
+                flow.close()
+            engine.close()
+
+    run(main())
+
+
+def test_small_writes_against_a_stalled_reader_arrive_in_order(run, engine_name, listener) -> None:
+    """A short send parks its rest; bytes read later queue behind it, whatever path a direction takes."""
+
+    async def main() -> None:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
+            # a small send buffer towards a reader that does not read: the relay's sends come up short
+            flow.upstream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            relay = engines.relay()
+            task = await flow.start(relay)
+            sent = bytearray()
+            for i in range(5000):  # one small read per piece: the relay never sees a full buffer
+                piece = bytes([i % 251]) * 1000
+                flow.lan.send(piece)
+                sent += piece
+                if not await _relay_read(relay, len(sent), 0.2):
+                    break  # stalled: the last piece was read and only partly sent on
+            else:
+                pytest.fail("the relay never stalled against a reader that does not read")
+            for i in range(3):  # these wait behind the parked rest
+                flow.lan.send(b"later%d" % i)
+                sent += b"later%d" % i
+            flow.lan.shutdown(socket.SHUT_WR)
+            got = await asyncio.wait_for(_recv_until_eof(flow.remote), STEP)
+            assert got == bytes(sent)
+            flow.remote.shutdown(socket.SHUT_WR)
+            await asyncio.wait_for(task, STEP)
+
+    run(main())
+
+
+async def _relay_read(relay, total: int, within: float) -> bool:
+    """Whether the relay has read ``total`` client bytes within ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while relay.bytes_up < total:
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.001)
+    return True
+
+
+async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    out = bytearray()
+    while len(out) < n:
+        chunk = await asyncio.wait_for(loop.sock_recv(sock, n - len(out)), STEP)
+        assert chunk, "EOF before the expected bytes"
+        out += chunk
+    return bytes(out)
+
+
 async def _push_and_collect(src: socket.socket, dst: socket.socket, data: bytes) -> bytes:
     loop = asyncio.get_running_loop()
 
