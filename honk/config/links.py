@@ -16,6 +16,7 @@ credential, or any other value from it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import re
@@ -150,21 +151,12 @@ def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
         password=url.password,
         params=url.params,
     )
-    return _with_id(node)
+    return with_node_id(node)
 
 
-def _with_id(node: NodeSpec) -> NodeSpec:
-    return NodeSpec(
-        name=node.name,
-        protocol=node.protocol,
-        host=node.host,
-        port=node.port,
-        username=node.username,
-        password=node.password,
-        params=node.params,
-        id=derive_node_id(node),
-        loc=node.loc,
-    )
+def with_node_id(node: NodeSpec) -> NodeSpec:
+    """``node`` with its derived :func:`derive_node_id` identity (every construction path ends here)."""
+    return dataclasses.replace(node, id=derive_node_id(node))
 
 
 def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
@@ -205,14 +197,16 @@ def derive_node_id(node: NodeSpec) -> uuid.UUID:
     ``protocol|host|port|credential-fingerprint|dial-shape``.
 
     The name is not part of it, so renaming a node keeps its id. The credential
-    fingerprint is the SHA-256 of ``username NUL password`` (empty when the link
-    has no credentials); the dial shape is the sorted non-display query
+    fingerprint is the SHA-256 of ``username NUL password [NUL cipher]`` (empty
+    when the link has no credentials); the dial shape is the sorted non-display query
     parameters. Each field escapes ``\\`` and ``|`` before joining.
     """
-    if node.username is None and node.password is None:
+    if node.username is None and node.password is None and node.encryption is None:
         fingerprint = ""
     else:
         material = (node.username or "") + "\0" + (node.password or "")
+        if node.encryption is not None:  # Shadowsocks: the cipher is part of the credential
+            material += "\0" + node.encryption
         fingerprint = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
     shape = "&".join(
         f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in DISPLAY_PARAMS)

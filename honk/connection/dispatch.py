@@ -66,6 +66,7 @@ class Upstream:
 
     routed: Routed
     sock: socket.socket
+    framing: Any = None  # DialedStream.framing: None for a plain stream
 
 
 def format_chain(chain: Sequence[str]) -> str:
@@ -143,8 +144,8 @@ class Dispatcher:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
         routed = await self.route(meta)
         deadline = self.clock.now() + self.global_spec.connect_timeout
-        sock = await routed.leaf.dial_tcp(meta.target, deadline)
-        return Upstream(routed, sock)
+        dialed = await routed.leaf.dial_tcp(meta.target, deadline)
+        return Upstream(routed, dialed.sock, dialed.framing)
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:
         """Register a flow the caller relays itself (HTTP forwarding, UDP)."""

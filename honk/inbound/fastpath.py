@@ -258,7 +258,7 @@ class SocksFastPath:
         meta = routed.meta
         deadline = self.clock.now() + self._dispatcher.global_spec.connect_timeout
         try:
-            sock = await routed.leaf.dial_tcp(meta.target, deadline)
+            sock = (await routed.leaf.dial_tcp(meta.target, deadline)).sock
         except HonkError as exc:
             self._reject(token, meta.source, meta.target, exc)
             return

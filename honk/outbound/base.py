@@ -1,18 +1,49 @@
 """The outbound interface every leaf protocol implements.
 
-A leaf dials the upstream side of one flow. TCP dials return a connected,
-non-blocking ``socket.socket`` so the relay engine can drive the file
-descriptor directly (splice on plain streams in the fast path). Protocols that
-need user-space framing (AEAD, TLS) will return a stream object instead; that
-extension comes with those protocols.
+A leaf dials the upstream side of one flow. A TCP dial returns a
+:class:`DialedStream`: a connected, non-blocking ``socket.socket`` the relay
+engine drives by its file descriptor, plus the framing the relay must apply to
+the bytes (``None`` for plain streams, which splice; a Shadowsocks stream
+carries its AEAD state, which the engine's copy path applies).
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from honk.core.errors import HonkError
 from honk.core.net import Address
+
+# A UDP endpoint delivers each reply as (payload, the address that sent it).
+DatagramSink = Callable[[bytes, Address], None]
+# Called once when an endpoint stops for good (None: closed by its owner).
+EndpointLost = Callable[[HonkError | None], None]
+
+
+class PacketEndpoint(Protocol):
+    """A UDP path through one leaf for one association: datagrams to any target,
+    replies from any source. Sending never blocks; a datagram that cannot be
+    sent is dropped (UDP semantics) and counted by the endpoint."""
+
+    def send(self, payload: bytes, target: Address) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+
+@dataclass(slots=True)
+class DialedStream:
+    """The upstream of one TCP flow, connected and past the protocol's handshake."""
+
+    sock: socket.socket
+    # What the relay applies between the client's bytes and this socket; None: plain bytes.
+    # Each framed protocol defines its own (honk.proto.shadowsocks.ShadowsocksFraming).
+    framing: Any = None
 
 
 class Outbound(Protocol):
@@ -25,7 +56,7 @@ class Outbound(Protocol):
     def supports_udp(self) -> bool:
         """Whether this leaf can carry UDP flows at all."""
 
-    async def dial_tcp(self, target: Address, deadline: float) -> socket.socket:
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         """Open a TCP connection to ``target`` through this leaf.
 
         ``deadline`` is an absolute time on the dialer's clock. Raises
@@ -33,4 +64,12 @@ class Outbound(Protocol):
         :class:`honk.core.errors.DialTimeout` when the deadline passes,
         :class:`honk.core.errors.DialError` (with ``phase``) for other failures,
         :class:`honk.core.errors.NotSupported` if the protocol cannot dial yet.
+        """
+
+    async def dial_udp(self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None) -> PacketEndpoint:
+        """Open a UDP path through this leaf; replies go to ``receive``.
+
+        Raises :class:`honk.core.errors.NotSupported` when the leaf cannot carry
+        UDP, and the dial errors of :meth:`dial_tcp` for its setup (a SOCKS5
+        association needs a TCP control connection, for example).
         """

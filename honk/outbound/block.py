@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 from honk.core.errors import Blocked
 from honk.core.net import Address
+from honk.outbound.base import DialedStream
 
 
 class BlockOutbound:
@@ -21,7 +20,7 @@ class BlockOutbound:
         # UDP routed here is refused the same way, not reported as unsupported.
         return True
 
-    async def dial_tcp(self, target: Address, deadline: float) -> socket.socket:
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         raise Blocked(f"{self.name}: {target} is blocked")
 
     def __repr__(self) -> str:

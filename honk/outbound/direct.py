@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialError, DialTimeout
 from honk.core.net import Address, IPAddress
+from honk.outbound.base import DialedStream
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,11 @@ class DirectOutbound:
     def __repr__(self) -> str:
         return f"DirectOutbound(name={self.name!r})"
 
-    async def dial_tcp(self, target: Address, deadline: float) -> socket.socket:
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+        return DialedStream(await self.connect(target, deadline))
+
+    async def connect(self, target: Address, deadline: float) -> socket.socket:
+        """A connected, non-blocking socket to ``target`` (proxy outbounds reach their server with it)."""
         ip = target.ip
         if ip is not None:
             addresses = [ip]

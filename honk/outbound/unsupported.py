@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 from honk.core.errors import NotSupported
 from honk.core.net import Address
+from honk.outbound.base import DialedStream
 
 
 class UnsupportedOutbound:
@@ -20,7 +19,7 @@ class UnsupportedOutbound:
     def supports_udp(self) -> bool:
         return False
 
-    async def dial_tcp(self, target: Address, deadline: float) -> socket.socket:
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         raise NotSupported(
             f"{self.name}: dialing {self.protocol} nodes is not supported by this version of honk"
         )

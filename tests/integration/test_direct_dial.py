@@ -110,7 +110,7 @@ def test_direct_dials_a_local_ipv4_listener(run) -> None:
             port = server.getsockname()[1]
             direct = DirectOutbound(clock, CONNECT_TIMEOUT)
             sock = await asyncio.wait_for(
-                direct.dial_tcp(Address("127.0.0.1", port), clock.now() + SAFETY), SAFETY
+                direct.connect(Address("127.0.0.1", port), clock.now() + SAFETY), SAFETY
             )
             with sock:
                 assert sock.getpeername() == ("127.0.0.1", port)
@@ -128,7 +128,7 @@ def test_direct_dials_a_local_ipv6_listener(run) -> None:
         with listener("::1") as server:
             port = server.getsockname()[1]
             direct = DirectOutbound(clock, CONNECT_TIMEOUT)
-            sock = await asyncio.wait_for(direct.dial_tcp(Address("::1", port), clock.now() + SAFETY), SAFETY)
+            sock = await asyncio.wait_for(direct.connect(Address("::1", port), clock.now() + SAFETY), SAFETY)
             with sock:
                 assert sock.family == socket.AF_INET6
                 assert sock.getpeername()[:2] == ("::1", port)
@@ -148,7 +148,7 @@ def test_direct_resolves_localhost_with_the_system_resolver(run) -> None:
             try:
                 direct = DirectOutbound(clock, CONNECT_TIMEOUT)
                 sock = await asyncio.wait_for(
-                    direct.dial_tcp(Address("localhost", port), clock.now() + SAFETY), SAFETY
+                    direct.connect(Address("localhost", port), clock.now() + SAFETY), SAFETY
                 )
                 with sock:
                     assert sock.getpeername()[1] == port
@@ -167,7 +167,7 @@ def listener_on(host: str, port: int) -> socket.socket:
     return sock
 
 
-def test_direct_sets_the_bypass_mark_when_permitted(run) -> None:
+def test_direct_dial_is_a_plain_stream_with_the_bypass_mark_when_permitted(run) -> None:
     try:
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, SO_MARK, 1)
@@ -179,9 +179,10 @@ def test_direct_sets_the_bypass_mark_when_permitted(run) -> None:
         clock = MonotonicClock()
         with listener("127.0.0.1") as server:
             direct = DirectOutbound(clock, CONNECT_TIMEOUT)
-            sock = await direct.dial_tcp(Address("127.0.0.1", server.getsockname()[1]), clock.now() + SAFETY)
-            with sock:
-                mark = sock.getsockopt(socket.SOL_SOCKET, SO_MARK)
+            dialed = await direct.dial_tcp(Address("127.0.0.1", server.getsockname()[1]), clock.now() + SAFETY)
+            with dialed.sock:
+                mark = dialed.sock.getsockopt(socket.SOL_SOCKET, SO_MARK)
+        assert dialed.framing is None  # a plain stream: the relay splices it
         assert mark == (BYPASS_MARK if permitted else 0)
 
     run(scenario())
@@ -197,7 +198,7 @@ def test_refused_connection_is_a_typed_dial_error_with_errno(run) -> None:
             direct = DirectOutbound(clock, CONNECT_TIMEOUT)
             with pytest.raises(DialError) as info:
                 await asyncio.wait_for(
-                    direct.dial_tcp(Address("127.0.0.1", hole.getsockname()[1]), clock.now() + SAFETY), SAFETY
+                    direct.connect(Address("127.0.0.1", hole.getsockname()[1]), clock.now() + SAFETY), SAFETY
                 )
         error = info.value
         assert isinstance(error, ConnectFailed) and not isinstance(error, DialTimeout)
@@ -214,7 +215,7 @@ def test_resolution_failure_is_a_resolve_phase_dial_error(run) -> None:
         clock = FakeClock()
         direct = DirectOutbound(clock, CONNECT_TIMEOUT, resolver=fails)
         with pytest.raises(DialError) as info:
-            await direct.dial_tcp(Address("nx.invalid", 80), clock.now() + 10)
+            await direct.connect(Address("nx.invalid", 80), clock.now() + 10)
         assert info.value.phase == "resolve" and not isinstance(info.value, DialTimeout)
 
     run(scenario())
@@ -235,7 +236,7 @@ def test_closed_first_family_falls_over_to_the_other_at_once(run) -> None:
                     clock, CONNECT_TIMEOUT, resolver=fixed_resolver("::1", "127.0.0.1"), connect=connector
                 )
                 sock = await asyncio.wait_for(
-                    direct.dial_tcp(Address("dual.test", port), clock.now() + 10), SAFETY
+                    direct.connect(Address("dual.test", port), clock.now() + 10), SAFETY
                 )
                 with sock:
                     assert sock.getpeername() == ("127.0.0.1", port)
@@ -256,7 +257,7 @@ def test_next_attempt_starts_after_the_attempt_delay_and_the_loser_is_closed(run
             direct = DirectOutbound(
                 clock, CONNECT_TIMEOUT, resolver=fixed_resolver("::1", "127.0.0.1"), connect=connector
             )
-            dial = asyncio.ensure_future(direct.dial_tcp(Address("dual.test", port), clock.now() + 10))
+            dial = asyncio.ensure_future(direct.connect(Address("dual.test", port), clock.now() + 10))
             await until(lambda: len(connector.attempts) == 1 and clock.sleepers == 2)  # deadline + stagger
             clock.advance(CONNECTION_ATTEMPT_DELAY - 0.001)
             for _ in range(20):
@@ -283,7 +284,7 @@ def test_interleaving_starts_with_the_first_returned_family(run) -> None:
             resolver=fixed_resolver("127.0.0.2", "127.0.0.3", "::1"),
             connect=connector,
         )
-        dial = asyncio.ensure_future(direct.dial_tcp(Address("dual.test", 9), clock.now() + 10))
+        dial = asyncio.ensure_future(direct.connect(Address("dual.test", 9), clock.now() + 10))
         for expected in (1, 2, 3):
             await until(lambda n=expected: len(connector.attempts) == n)
             clock.advance(CONNECTION_ATTEMPT_DELAY)
@@ -300,7 +301,7 @@ def test_connect_deadline_expiry_is_dial_timeout(run) -> None:
         clock = FakeClock()
         connector = RecordingConnector(hang={"127.0.0.1"})
         direct = DirectOutbound(clock, CONNECT_TIMEOUT, connect=connector)
-        dial = asyncio.ensure_future(direct.dial_tcp(Address("127.0.0.1", 9), clock.now() + 60))
+        dial = asyncio.ensure_future(direct.connect(Address("127.0.0.1", 9), clock.now() + 60))
         await until(lambda: len(connector.attempts) == 1 and clock.sleepers == 1)
         clock.advance(CONNECT_TIMEOUT - 0.001)
         for _ in range(20):
@@ -321,7 +322,7 @@ def test_overall_deadline_before_connect_timeout_wins(run) -> None:
         clock = FakeClock()
         connector = RecordingConnector(hang={"127.0.0.1"})
         direct = DirectOutbound(clock, CONNECT_TIMEOUT, connect=connector)
-        dial = asyncio.ensure_future(direct.dial_tcp(Address("127.0.0.1", 9), clock.now() + 0.5))
+        dial = asyncio.ensure_future(direct.connect(Address("127.0.0.1", 9), clock.now() + 0.5))
         await until(lambda: len(connector.attempts) == 1)
         clock.advance(0.5)
         with pytest.raises(DialTimeout):
@@ -338,7 +339,7 @@ def test_resolution_deadline_expiry_is_a_resolve_phase_timeout(run) -> None:
     async def scenario() -> None:
         clock = FakeClock()
         direct = DirectOutbound(clock, CONNECT_TIMEOUT, resolver=hangs)
-        dial = asyncio.ensure_future(direct.dial_tcp(Address("slow.test", 80), clock.now() + 60))
+        dial = asyncio.ensure_future(direct.connect(Address("slow.test", 80), clock.now() + 60))
         await until(lambda: clock.sleepers == 1)
         clock.advance(CONNECT_TIMEOUT)
         with pytest.raises(DialTimeout) as info:
@@ -353,7 +354,7 @@ def test_cancelling_a_dial_closes_its_attempts(run) -> None:
         clock = FakeClock()
         connector = RecordingConnector(hang={"127.0.0.1"})
         direct = DirectOutbound(clock, CONNECT_TIMEOUT, connect=connector)
-        dial = asyncio.ensure_future(direct.dial_tcp(Address("127.0.0.1", 9), clock.now() + 60))
+        dial = asyncio.ensure_future(direct.connect(Address("127.0.0.1", 9), clock.now() + 60))
         await until(lambda: len(connector.attempts) == 1)
         dial.cancel()
         with pytest.raises(asyncio.CancelledError):
