@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/demo.toml
 
-.PHONY: venv build peers run test test-twins bench bench-peers lint clean
+.PHONY: venv build build-deps peers run test test-twins bench bench-peers lint clean
 
 venv: $(STAMP)
 
@@ -19,17 +19,38 @@ $(STAMP): pyproject.toml setup.py $(wildcard honk/_fast/*.py honk/_fast/*.pxd)
 	touch $(STAMP)
 
 # Compile the _fast kernels in place; a failure here is an error, not a fallback.
-build: venv
+build: build-deps venv
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python setup.py -q build_ext --inplace
 
-# Real peer programs the tests talk to (Debian packages). Installed only when missing.
-PEER_PACKAGES := curl
+# The relay engine links OpenSSL's libcrypto (Shadowsocks AEAD): its headers come from
+# libssl-dev, installed only when missing.
+build-deps:
+	@test -f /usr/include/openssl/evp.h || { \
+	  echo "installing libssl-dev (OpenSSL headers for the relay engine)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq \
+	  && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq libssl-dev; }
+
+# Real peer programs the tests talk to (Debian packages), as command:package pairs.
+# A package is installed only when its command is missing; a failed install fails
+# `make peers`, so CI never runs without a peer. RUNLEVEL=1 keeps the packages'
+# init scripts from starting system instances (danted, tinyproxy, ss-server): the
+# tests start their own on free ports with their own configs.
+PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
+                 tinyproxy:tinyproxy haproxy:haproxy
 peers:
-	@missing=""; for p in $(PEER_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for pair in $(PEER_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing test peers:$$missing"; \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq \
+	  && $$SUDO env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends $$missing \
+	  || { echo "make peers: could not install$$missing" >&2; exit 1; }; \
+	  for pair in $(PEER_PACKAGES); do \
+	    command -v $${pair%%:*} >/dev/null 2>&1 || { echo "make peers: $${pair%%:*} still missing" >&2; exit 1; }; \
+	  done; \
 	fi
 
 run: venv
@@ -48,21 +69,24 @@ test-twins: venv
 # installed only when missing; one that cannot be installed is skipped with the
 # reason, and the benchmark then leaves its rows out. pproxy and uvloop go into a
 # venv of their own so honk's venv stays clean.
-BENCH_PACKAGES := haproxy socat microsocks
+# command:package pairs, as PEER_PACKAGES (shadowsocks-libev: ss-local and ss-server).
+BENCH_PACKAGES := haproxy:haproxy socat:socat microsocks:microsocks ss-local:shadowsocks-libev
 PEERS_VENV     := benchmarks/.peers-venv
 # pproxy 2.7.9 calls uvloop.install() itself when uvloop is importable, then
 # asyncio.get_event_loop(); uvloop 0.22+ no longer creates a loop there, hence the pin.
 UVLOOP         := uvloop<0.22
 PPROXY_CHECK   := import asyncio, pproxy, uvloop; uvloop.install(); asyncio.get_event_loop()
 bench-peers:
-	@missing=""; for p in $(BENCH_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for pair in $(BENCH_PACKAGES); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing benchmark peers:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; else SUDO=none; fi; \
 	  if [ "$$SUDO" = none ]; then echo "skipping$$missing: not root and no sudo"; \
 	  else $$SUDO apt-get update -qq || echo "apt-get update failed"; \
 	    for p in $$missing; do \
-	      $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$p >/dev/null \
+	      $$SUDO env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -qq $$p >/dev/null \
 	        || echo "skipping $$p: apt-get install $$p failed"; \
 	    done; \
 	  fi; \

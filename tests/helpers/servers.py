@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import socket
 import threading
 
@@ -47,6 +48,62 @@ class EchoServer:
                 c.close()
 
     def __enter__(self) -> EchoServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+SHUTDOWN_POLL = 0.02  # seconds: how often HttpOrigin's serving thread checks for close()
+
+
+class _OriginHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        origin: HttpOrigin = self.server.origin  # type: ignore[attr-defined]
+        with origin.lock:
+            origin.paths.append(self.path)
+        body = HttpOrigin.body_for(self.path)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class HttpOrigin:
+    """A plain HTTP/1.1 server on 127.0.0.1 answering every GET with :meth:`body_for` its path.
+
+    ``paths`` records each request's target, so a test can tell the request really arrived.
+    """
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.lock = threading.Lock()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OriginHandler)
+        self._server.daemon_threads = True
+        self._server.origin = self  # type: ignore[attr-defined]
+        self.port = self._server.server_address[1]
+        # serve_forever notices shutdown() only between polls; its default 0.5 s would stall each close.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def body_for(path: str) -> bytes:
+        return f"honk test origin: {path}".encode()
+
+    def url(self, path: str = "/", host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> HttpOrigin:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,3 +30,15 @@ def reset(sock: socket.socket) -> None:
     """Close ``sock`` with an RST instead of a FIN (SO_LINGER on, zero timeout)."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
+    """Send ``payload`` on a blocking socket and read back as many bytes (fewer at EOF)."""
+    sock.sendall(payload)
+    got = b""
+    while len(got) < len(payload):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got

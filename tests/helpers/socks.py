@@ -16,25 +16,25 @@ def socks5_connect(proxy: tuple[str, int], host: str, port: int, *, timeout: flo
     sock = socket.create_connection(proxy, timeout=timeout)
     method = 0x02 if auth else 0x00
     sock.sendall(bytes([5, 1, method]))
-    ver, chosen = _recv_exact(sock, 2)
+    ver, chosen = recv_exact(sock, 2)
     if chosen == 0xFF:
         return sock, 0xFF
     if chosen == 0x02:
         user, password = (a.encode() for a in auth)  # type: ignore[union-attr]
         sock.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
-        _, status = _recv_exact(sock, 2)
+        _, status = recv_exact(sock, 2)
         if status != 0:
             return sock, 0xFF
     sock.sendall(bytes([5, 1, 0]) + encode_address(host, port))
-    head = _recv_exact(sock, 4)
+    head = recv_exact(sock, 4)
     rep, atyp = head[1], head[3]
     if atyp == 1:
-        _recv_exact(sock, 4 + 2)
+        recv_exact(sock, 4 + 2)
     elif atyp == 4:
-        _recv_exact(sock, 16 + 2)
+        recv_exact(sock, 16 + 2)
     elif atyp == 3:
-        (n,) = _recv_exact(sock, 1)
-        _recv_exact(sock, n + 2)
+        (n,) = recv_exact(sock, 1)
+        recv_exact(sock, n + 2)
     return sock, rep
 
 
@@ -48,7 +48,8 @@ def encode_address(host: str, port: int) -> bytes:
     return bytes([kind]) + ip.packed + struct.pack("!H", port)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket; ConnectionError at an early EOF."""
     buf = b""
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))

@@ -12,6 +12,7 @@ import pytest
 from helpers.peers import IN_CI, require_binary
 from helpers.proc import HonkProcess
 from helpers.servers import EchoServer
+from helpers.sockets import roundtrip
 from helpers.socks import socks5_connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,17 +34,6 @@ def write_config(path: Path, echo_port: int, target: str, grace: str = "5s") -> 
         "    fallback: direct\n"
         "}\n"
     )
-
-
-def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
-    sock.sendall(payload)
-    got = b""
-    while len(got) < len(payload):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        got += chunk
-    return got
 
 
 @pytest.fixture
