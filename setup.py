@@ -20,6 +20,9 @@ from setuptools.command.build_ext import build_ext
 # exist yet is skipped, so the list can name modules before they land.
 KERNELS = ("movavg", "ring", "decay", "beta")
 PYX_MODULES = ("relay",)
+# C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
+# AEAD chunks with OpenSSL's libcrypto (headers from libssl-dev).
+LIBRARIES = {"relay": ["crypto"]}
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS"))
 REQUIRE_EXTENSIONS = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS"))
 
@@ -57,8 +60,8 @@ def extensions():
         return []
     exts = [Extension(f"honk._fast.{k}_c", [f"honk/_fast/{k}_py.py"]) for k in KERNELS
             if os.path.exists(f"honk/_fast/{k}_py.py")]
-    exts += [Extension(f"honk._fast.{m}_c", [f"honk/_fast/{m}_c.pyx"]) for m in PYX_MODULES
-             if os.path.exists(f"honk/_fast/{m}_c.pyx")]
+    exts += [Extension(f"honk._fast.{m}_c", [f"honk/_fast/{m}_c.pyx"], libraries=LIBRARIES.get(m, []))
+             for m in PYX_MODULES if os.path.exists(f"honk/_fast/{m}_c.pyx")]
     print(f"honk: compiling {', '.join(e.name for e in exts)} with Cython")
     return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
 

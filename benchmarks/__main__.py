@@ -5,7 +5,9 @@
 * kernels: the compiled ``_fast`` kernels against their pure-Python twins;
 * relay:   honk's mixed port against direct loopback, a splicing forwarder
   (haproxy), socat, pproxy on uvloop and microsocks, all driven by the native
-  load tool ``benchmarks/loadgen.c`` (see ``benchmarks/relay.py``).
+  load tool ``benchmarks/loadgen.c`` (see ``benchmarks/relay.py``);
+* shadowsocks: honk with an ``ss://`` node against shadowsocks-libev's ss-local,
+  both into one ss-server per cipher (bulk, one stream; ``--no-ss`` skips them).
 
 The full run takes about 8 minutes on two cores, ``--quick`` about one. The
 figures and every run's raw output also go to ``benchmarks/results/*.json``.
@@ -33,7 +35,9 @@ def _terminate(signum: int, _frame: object) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="one repetition of short runs (~1 minute)")
-    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk)")
+    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk or "
+                                       "ss-local,honk[ss]; a Shadowsocks subject also by name:tag)")
+    parser.add_argument("--no-ss", action="store_true", help="skip the Shadowsocks rows (ss-local, honk[ss])")
     parser.add_argument("--loadgen-threads", type=int, default=None,
                         help="client threads of the load tool (default: one per CPU)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
@@ -54,7 +58,7 @@ def main() -> None:
 
     kernel_rows: list[tuple[str, str, str, str]] = [] if args.no_kernels else kernels.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
-    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None)
+    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None, shadowsocks=not args.no_ss)
     if busy:
         report.problems.insert(0, busy)
     elapsed = time.monotonic() - started
@@ -63,10 +67,17 @@ def main() -> None:
         print(relay.format_table(["kernel", "honk", "baseline", "ratio"], [list(r) for r in kernel_rows]))
         print()
     subjects = report.measured()
+    ss = [s.name for s in report.subjects if s.sink is not None and s.name in subjects]
+    plain = [name for name in subjects if name not in ss]
     print(f"relay figures ({'quick' if args.quick else 'full'} run, median of {plan.reps}; "
           f"{os.cpu_count()} CPUs; MB = 10^6 bytes)")
-    print(relay.figures_table(plan, subjects, report.metrics))
-    print()
+    if plain:
+        print(relay.figures_table(plan, plain, report.metrics))
+        print()
+    if ss:
+        print("Shadowsocks (each pair into the same ss-server sink; CPU = the client's, sink CPU = ss-server's)")
+        print(relay.figures_table(plan, ss, report.metrics))
+        print()
     for s in report.subjects:
         line = f"  {s.name}: {s.note}" + (f" [{s.version}]" if s.version else "")
         print(line + (f" -- SKIPPED: {s.skip}" if s.skip else ""))

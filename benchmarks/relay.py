@@ -19,6 +19,14 @@ Every subject runs as its own process on loopback and is measured in the same ru
   direct``, ``log_level: warn``) with ``HONK_RELAY`` unset; when honk's relay reads
   ``HONK_RELAY``, an extra ``honk[copy]`` subject runs with ``HONK_RELAY=copy``.
 
+Shadowsocks rows, per cipher (aes-256-gcm as ``aes256``, chacha20-ietf-poly1305 as
+``chacha``), both subjects against one ``ss-server`` sink the harness starts for that
+cipher (which dials the origin): ``ss-local:<tag>`` (shadowsocks-libev's SOCKS5
+client) and ``honk[ss]:<tag>`` (honk's mixed port with an ``ss://`` node and
+``routing { fallback: <node> }``). Only bulk, one stream up and down, is measured:
+MB/s, the client's CPU seconds per GiB, and the sink's separately. ``--only
+ss-local,honk[ss]`` selects every cipher's row of each.
+
 The load tool (``loadgen.c``, built with ``cc -O2`` into ``benchmarks/.build/``)
 holds both ends: an origin thread on a fixed loopback port and an epoll client
 that speaks SOCKS5 no-auth CONNECT or connects directly. Modes: bulk (1 and 8
@@ -31,6 +39,7 @@ children) and RSS (VmRSS) come from ``/proc``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import os
@@ -74,6 +83,7 @@ class Plan:
     streams: tuple[int, ...] = (1, 8)
     concurrency: tuple[int, ...] = (16, 64)
     loadgen_threads: int = min(os.cpu_count() or 1, 8)  # one client thread per core: measured best
+    ss_streams: tuple[int, ...] = (1,)  # bulk streams measured through the Shadowsocks subjects
 
 
 FULL = Plan(reps=3, bulk_warmup=0.3, bulk_seconds=2.0, rate_warmup=0.5, rate_seconds=3.0,
@@ -188,6 +198,19 @@ def targets(plan: Plan) -> list[Target]:
     return out
 
 
+def ss_targets(plan: Plan, tag: str) -> list[Target]:
+    """What the Shadowsocks relay issue asks of ``honk[ss]:<tag>``, against ss-local on the same sink:
+    at least its bulk throughput, at most its CPU per GiB."""
+    out: list[Target] = []
+    peer = f"ss-local:{tag}"
+    for n in plan.ss_streams:
+        for d in ("up", "down"):
+            what = f"bulk {d}, {n} stream{'s' if n > 1 else ''}"
+            out.append(Target(f"{what} >= 1.0 x {peer}", f"bulk_{d}_{n}", ">=", 1.0, peer))
+            out.append(Target(f"client CPU/GiB {what} <= 1.0 x {peer}", f"cpu_{d}_{n}", "<=", 1.0, peer))
+    return out
+
+
 # ---------------------------------------------------------------- table
 
 
@@ -200,6 +223,9 @@ def metric_rows(plan: Plan) -> list[tuple[str, str, str]]:
     for n in plan.streams:
         for d in ("up", "down"):
             rows.append((f"cpu_{d}_{n}", f"CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
+    for n in plan.ss_streams:
+        for d in ("up", "down"):
+            rows.append((f"sink_cpu_{d}_{n}", f"ss-server sink CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
     for c in plan.concurrency:
         rows.append((f"rate_{c}", f"connect+echo+close c={c} (conn/s)", "{:,.0f}"))
         rows.append((f"rate_{c}_errors", f"  errors, c={c}", "{:,.0f}"))
@@ -325,6 +351,29 @@ class Subject:
     version: str = ""
     env: dict[str, str] = field(default_factory=dict)
     build: Callable[[int, int, Path], list[str]] | None = None  # (port, origin_port, workdir) -> argv
+    sink: SsSink | None = None  # Shadowsocks subjects: the ss-server they relay into (bulk rows only)
+
+    def selected(self, only: set[str]) -> bool:
+        """Named in ``--only``, by its full name or the part before ``:`` (``honk[ss]`` = every cipher)."""
+        return self.name in only or self.name.partition(":")[0] in only
+
+
+# Shadowsocks ciphers measured (the short tag names the rows) and the sinks' password.
+SS_CIPHERS = {"aes256": "aes-256-gcm", "chacha": "chacha20-ietf-poly1305"}
+SS_PASSWORD = "honk-bench"
+
+
+@dataclass
+class SsSink:
+    """One ``ss-server`` the Shadowsocks subjects of a cipher relay into; it dials the origin."""
+
+    tag: str
+    method: str
+    port: int
+    running: Running | None = None
+
+    def argv(self, binary: str) -> list[str]:
+        return [binary, "-s", LOOPBACK, "-p", str(self.port), "-k", SS_PASSWORD, "-m", self.method]
 
 
 def haproxy_config(port: int, origin_port: int) -> str:
@@ -353,6 +402,15 @@ def honk_config(port: int) -> str:
     return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
             f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
             "routing {\n    fallback: direct\n}\n")
+
+
+def honk_ss_config(port: int, sink: SsSink) -> str:
+    """honk's mixed port routing everything to one ``ss://`` node (SIP002 link) on ``sink``."""
+    userinfo = base64.urlsafe_b64encode(f"{sink.method}:{SS_PASSWORD}".encode()).decode().rstrip("=")
+    return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
+            f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
+            f"node {{\n    sink: 'ss://{userinfo}@{LOOPBACK}:{sink.port}#sink'\n}}\n\n"
+            "routing {\n    fallback: sink\n}\n")
 
 
 def demo_config(text: str, lan_port: int, api_port: int) -> str:
@@ -439,6 +497,31 @@ def subjects() -> list[Subject]:
     for engine in honk_engines():
         out.append(Subject(f"honk[{engine}]", "socks", note=f"HONK_RELAY={engine}",
                            env={"HONK_RELAY": engine}, build=honk_cmd))
+    out += ss_subjects()
+    return out
+
+
+def ss_subjects() -> list[Subject]:
+    """``ss-local:<tag>`` and ``honk[ss]:<tag>`` per cipher, each pair sharing one sink."""
+    ss_local, ss_server = _which("ss-local"), _which("ss-server")
+    version = _first_line(["dpkg-query", "-W", "-f=${Version}", "shadowsocks-libev"])
+    missing = "" if ss_local and ss_server else "shadowsocks-libev not installed (make bench-peers)"
+    out: list[Subject] = []
+    for tag, method in SS_CIPHERS.items():
+        sink = SsSink(tag, method, free_port())
+
+        def local_cmd(port: int, origin: int, wd: Path, sink: SsSink = sink) -> list[str]:
+            return [ss_local or "ss-local", "-s", LOOPBACK, "-p", str(sink.port), "-b", LOOPBACK, "-l", str(port),
+                    "-k", SS_PASSWORD, "-m", sink.method]
+
+        def honk_cmd(port: int, origin: int, wd: Path, sink: SsSink = sink) -> list[str]:
+            return [sys.executable, "-m", "honk.cli.daemon", "run", "-c",
+                    _write(wd / "bench.dae", honk_ss_config(port, sink))]
+
+        out.append(Subject(f"ss-local:{tag}", "socks", version=version, skip=missing, sink=sink, build=local_cmd,
+                           note=f"shadowsocks-libev ss-local ({method}) -> the {tag} ss-server sink"))
+        out.append(Subject(f"honk[ss]:{tag}", "socks", skip=missing, sink=sink, build=honk_cmd,
+                           note=f"mixed port -> ss:// node ({method}) -> the {tag} ss-server sink, HONK_RELAY unset"))
     return out
 
 
@@ -636,6 +719,72 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
     report.metrics[subject.name] = m
 
 
+def measure_ss_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path) -> None:
+    """Bulk through a Shadowsocks subject into its sink: MB/s, the client's CPU/GiB and the sink's."""
+    plan, m = report.plan, report.metrics.setdefault(subject.name, {})
+    sink = subject.sink
+    assert sink is not None and subject.build is not None
+    running: Running | None = None
+    try:
+        if sink.running is None:
+            raise SubjectFailed(f"its ss-server sink ({sink.tag}) is not running")
+        port = free_port()
+        wd = workdir / re.sub(r"\W", "_", subject.name)
+        wd.mkdir()
+        running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
+        running.wait_port(port)
+        for streams in plan.ss_streams:
+            for direction in ("up", "down"):
+                mbps, cpu, sink_cpu = [], [], []
+                for _ in range(plan.reps):
+                    cpu0, sink0 = group_cpu_seconds(running.pgid), group_cpu_seconds(sink.running.pgid)
+                    kv = lg.bulk(subject, port, streams, direction)
+                    time.sleep(0.1)  # let both ends tear the streams down
+                    cpu_s = group_cpu_seconds(running.pgid) - cpu0
+                    sink_s = group_cpu_seconds(sink.running.pgid) - sink0
+                    gib = int(kv["total_bytes"]) / GIB
+                    mbps.append(float(kv["mbps"]))
+                    cpu.append(cpu_s / gib)
+                    sink_cpu.append(sink_s / gib)
+                    report.runs.append({"subject": subject.name, "kind": "bulk", "subject_cpu_s": cpu_s,
+                                        "sink_cpu_s": sink_s, **kv})
+                m[f"bulk_{direction}_{streams}"] = median(mbps)
+                m[f"cpu_{direction}_{streams}"] = median(cpu)
+                m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
+    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError) as exc:
+        report.problems.append(f"{subject.name}: {exc}")
+        _say(f"  {subject.name}: FAILED: {exc}")
+    finally:
+        if running is not None:
+            running.stop()
+    report.metrics[subject.name] = {k: v for k, v in m.items() if v is not None}
+
+
+@contextlib.contextmanager
+def ss_sinks(subjects: list[Subject], workdir: Path, report: Report) -> Iterator[None]:
+    """Start the ss-server sink of every selected Shadowsocks subject for the body of the ``with``."""
+    binary = _which("ss-server") or "ss-server"
+    sinks = {s.sink.tag: s.sink for s in subjects if s.sink is not None and not s.skip}
+    try:
+        for sink in sinks.values():
+            wd = workdir / f"ss-server_{sink.tag}"
+            wd.mkdir()
+            running = Running(sink.argv(binary), subject_env(Subject("ss-server", "forward")), wd, wd / "log.txt")
+            try:
+                running.wait_port(sink.port)
+            except SubjectFailed as exc:
+                running.stop()
+                report.problems.append(f"ss-server sink {sink.tag}: {exc}")
+                continue
+            sink.running = running
+        yield
+    finally:
+        for sink in sinks.values():
+            if sink.running is not None:
+                sink.running.stop()
+                sink.running = None
+
+
 def measure_demo_rss(report: Report, workdir: Path) -> None:
     """honk's RSS right after start on the demo config (on free ports)."""
     lan, api = free_port(), free_port()
@@ -658,31 +807,39 @@ def measure_demo_rss(report: Report, workdir: Path) -> None:
         running.stop()
 
 
-def run(plan: Plan, only: set[str] | None = None) -> Report:
+def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True) -> Report:
     raise_fd_limit()
     lg = LoadGen(build_loadgen(), free_port(), plan)
-    report = Report(plan, subjects())
+    report = Report(plan, [s for s in subjects() if shadowsocks or s.sink is None])
     with tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp:
         for subject in report.subjects:
-            if only and subject.name not in only:
+            if only and not subject.selected(only):
                 subject.skip = subject.skip or "not selected"
-            if subject.skip:
-                _say(f"  {subject.name}: skipped: {subject.skip}")
-                continue
-            _say(f"  {subject.name} ...")
-            t0 = time.monotonic()
-            measure_subject(lg, subject, report, Path(tmp))
-            _say(f"  {subject.name} done in {time.monotonic() - t0:.0f}s")
+        with ss_sinks(report.subjects, Path(tmp), report):
+            for subject in report.subjects:
+                if subject.skip:
+                    _say(f"  {subject.name}: skipped: {subject.skip}")
+                    continue
+                _say(f"  {subject.name} ...")
+                t0 = time.monotonic()
+                if subject.sink is not None:
+                    measure_ss_subject(lg, subject, report, Path(tmp))
+                else:
+                    measure_subject(lg, subject, report, Path(tmp))
+                _say(f"  {subject.name} done in {time.monotonic() - t0:.0f}s")
         if not only or "honk" in only:
             measure_demo_rss(report, Path(tmp))
     direct = report.metrics.get("direct", {}).get("lat_p50_us")
     for m in report.metrics.values():
         if direct is not None and "lat_p50_us" in m:
             m["added_p50_us"] = m["lat_p50_us"] - direct
-    honks = [s.name for s in report.subjects if s.name.startswith("honk") and s.name in report.metrics]
-    for name in honks:
+    honks = [s for s in report.subjects if s.name.startswith("honk") and s.name in report.metrics]
+    for subject in honks:
+        if subject.sink is not None:  # Shadowsocks rows are held against ss-local, not the plain peers
+            report.targets += [evaluate(t, subject.name, report.metrics) for t in ss_targets(plan, subject.sink.tag)]
+            continue
         for t in targets(plan):
-            if name != "honk" and t.metric == "demo_rss_mb":
+            if subject.name != "honk" and t.metric == "demo_rss_mb":
                 continue  # the demo config runs on the default engine only
-            report.targets.append(evaluate(t, name, report.metrics))
+            report.targets.append(evaluate(t, subject.name, report.metrics))
     return report

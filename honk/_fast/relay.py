@@ -18,6 +18,9 @@ from honk._fast.relay_py import (
     EV_FIRST_BYTE,
     EV_HALF_CLOSE,
     EV_OPEN,
+    FRAMING_AUTH,
+    FRAMING_PROTOCOL,
+    FRAMING_TRUNCATED,
     SIDE_CLIENT,
     SIDE_LOCAL,
     SIDE_UPSTREAM,
@@ -48,4 +51,7 @@ __all__ = [
     "SIDE_CLIENT",
     "SIDE_UPSTREAM",
     "SIDE_LOCAL",
+    "FRAMING_AUTH",
+    "FRAMING_PROTOCOL",
+    "FRAMING_TRUNCATED",
 ]

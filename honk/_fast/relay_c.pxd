@@ -12,6 +12,13 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
+cdef extern from "<openssl/evp.h>" nogil:
+    ctypedef struct EVP_CIPHER_CTX:
+        pass
+    ctypedef struct EVP_CIPHER:
+        pass
+
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
         pass
@@ -39,6 +46,23 @@ cdef struct Dir:
 
 cdef enum:
     HS_BUF = 1024         # bytes of one client's handshake (greeting, request, early payload) read by the worker
+
+
+# The Shadowsocks AEAD state of one framed flow (SIP004). Built by the asyncio thread
+# (add/hs_relay) from the framing object, owned by the worker from the command on,
+# freed when the flow ends.
+cdef struct Aead:
+    EVP_CIPHER_CTX* sealer    # client -> upstream, keyed with the encryptor's subkey
+    EVP_CIPHER_CTX* opener    # upstream -> client, keyed once the server's salt is in
+    const EVP_CIPHER* cipher
+    char* pend                # upstream bytes of an incomplete salt or chunk kept between reads (CHUNK_WIRE bytes)
+    uint32_t pend_len
+    int32_t plen              # payload length of the chunk whose length header is open (-1: none)
+    uint8_t key_len           # subkey and salt size (bytes)
+    uint8_t keyed             # opener has the server's subkey
+    uint8_t seal_nonce[12]    # little-endian counters, one step per AEAD operation
+    uint8_t open_nonce[12]
+    uint8_t master[32]
 
 
 # A listening socket the worker accepts on (listener mode). Allocated by the
@@ -89,6 +113,7 @@ cdef struct Flow:
     uint8_t connecting    # listener mode: the upstream connect is in progress, no reply sent yet
     uint8_t fail_code     # listener mode: the SOCKS5 reply a cancel during the connect sends
     uint8_t owned         # both fds are the worker's alone (listener mode): close() drops their epoll entries
+    Aead* aead            # Shadowsocks framing (both directions copy through it), or NULL for plain bytes
     Flow* prev            # the worker's list of live flows
     Flow* next
 
@@ -102,6 +127,7 @@ cdef struct Cmd:
     size_t preamble_len
     uint8_t client_eof
     uint8_t copy
+    Aead* aead            # ADD/RELAY: the flow's framing (handed to the worker), or NULL
     # listener mode
     Hs* hs                # CONNECT/RELAY/REJECT: the handshake the command answers
     Lst* lst              # LISTEN/UNLISTEN
@@ -153,6 +179,10 @@ cdef class Engine:
     cdef int event_fd         # events -> asyncio
     cdef int pool[64]         # reusable empty pipe pairs (read, write, read, write, ...)
     cdef char scratch[16384]  # THROUGH_CHUNK: a direction's small reads pass through here on their way to dst
+    cdef char* fin            # framed reads: CHUNK_WIRE bytes for a kept partial chunk, then FRAMED_READ (worker, lazy)
+    cdef char* fout           # framed output: sealed chunks or opened plaintext on their way to dst (worker, lazy)
+    cdef uint64_t n_auth      # framed flows ended by an upstream tag that did not verify (atomic)
+    cdef uint64_t n_proto     # framed flows ended by broken upstream framing (atomic)
     cdef int n_pool
     cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
     cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)
@@ -195,6 +225,10 @@ cdef class Engine:
     cdef uint32_t _new_slot(self) except? 0xFFFFFFFF
     cdef int _pump(self, Flow* f, int di, double now) noexcept nogil
     cdef int _pass_through(self, Flow* f, int di, size_t n, double now) noexcept nogil
+    cdef int _send_rest(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil
+    cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil
+    cdef int _framed_start(self, Flow* f, double now) noexcept nogil
+    cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil

@@ -68,6 +68,34 @@ Design (and why):
   * Commands into the worker (ADD, CANCEL, SHUTDOWN) go through a command
     queue under the same mutex plus a wake eventfd in the epoll set.
 
+Framed flows (Shadowsocks AEAD, SIP004; ``add(..., framing=)``, ``hs_relay(..., framing)``):
+  * The asyncio thread turns the ``ShadowsocksFraming`` into an ``Aead`` record: the
+    client direction's subkey and next nonce (the outbound already sent the salt and
+    the address chunk) and the master key; the worker owns it from the command on.
+    The worker calls OpenSSL's EVP AEAD (AES-GCM, ChaCha20-Poly1305) itself, without
+    the GIL: no Python runs per chunk.
+  * Both directions copy (never splice). Up: one ``recv`` of up to FRAMED_READ bytes
+    (16 maximal chunks) becomes maximal chunks (payload up to 0x3FFF) in the engine's
+    output buffer and goes out in one ``send``; the preamble or the handshake's early
+    payload is sealed the same way before anything else. Down: one ``recv`` lands
+    right after the bytes kept from the last read (an incomplete salt or chunk, at
+    most CHUNK_WIRE), every complete chunk is opened, the plaintext goes out in one
+    ``send`` and the incomplete rest is kept again. The server's subkey is derived
+    (HKDF-SHA1, two or three HMAC-SHA1) once its salt is in. A short send keeps the
+    rest in the direction's buffer, as for plain bytes: backpressure is unchanged.
+  * What the upstream sends wrong ends the flow as ``END_ERROR`` on side 1 with a
+    framing errno (counted, see :meth:`Engine.framing_errors`): FRAMING_AUTH
+    (EBADMSG: a tag did not verify; plaintext opened in the same read is dropped),
+    FRAMING_PROTOCOL (EPROTO: a length over 0x3FFF), FRAMING_TRUNCATED (ENODATA:
+    EOF inside the salt or a chunk). EOF before the first byte, or between chunks,
+    is a clean half-close. Client EOF: nothing more is sealed, and the upstream is
+    shut (SHUT_WR) once the pending chunks are out.
+  * Counters count what each socket delivered: plaintext from the client, wire bytes
+    (salt, tags and all) from the upstream.
+  * Memory: two engine-wide FRAMED_BUF buffers (allocated with the first framed flow);
+    per flow, the ``Aead`` record, a CHUNK_WIRE buffer once a read ends inside a
+    chunk, and the directions' buffers when a send comes up short.
+
 Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
   * ``listen(fd, listener)`` registers a dup of a listening socket; the worker
     ``accept4``s (non-blocking, close-on-exec, ACCEPT_BURST per readiness) and
@@ -94,11 +122,12 @@ Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
 
 Public API (identical in ``relay_py.Engine``): ``Engine(loop=None,
 pipe_size=0)``, ``add(client_fd, upstream_fd, listener, preamble=b"",
-client_eof=False, copy=False) -> id`` (takes ownership of both fds),
+client_eof=False, copy=False, *, framing=None) -> id`` (takes ownership of both fds),
 ``cancel(id, code=0) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
+``framing_errors() -> (auth, protocol)``,
 ``listen(fd, listener) -> lid``, ``unlisten(lid, drop=False)``, ``accepted(lid)``,
 ``hs_connect(token, ip, port, mark, listener) -> id``, ``hs_relay(token, fd,
-listener) -> id``, ``hs_reject(token, code)``,
+listener, framing=None) -> id``, ``hs_reject(token, code)``,
 ``active``, ``closed``, ``implementation``. Event kinds and end causes are the
 constants of :mod:`honk._fast.relay_py`.
 """
@@ -108,7 +137,7 @@ import weakref
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.errno cimport EAGAIN, EINTR, EINVAL, EMFILE, ENFILE, ENOBUFS, ENOMEM, errno
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
@@ -269,6 +298,98 @@ cdef extern from *:
     ssize_t send(int fd, const void* buf, size_t n, int flags) nogil
     int shutdown(int fd, int how) nogil
     int SHUT_WR, MSG_DONTWAIT, MSG_NOSIGNAL
+    int EBADMSG, EPROTO, ENODATA, EIO
+
+
+# Shadowsocks AEAD (SIP004) on OpenSSL's EVP interface: the worker seals and opens chunks
+# with these, without the GIL; nothing here allocates per chunk.
+cdef extern from *:
+    """
+    #include <openssl/crypto.h>
+    #include <openssl/evp.h>
+    #include <openssl/hmac.h>
+    /* SIP004: nonces are 12-byte little-endian counters, one step per AEAD operation */
+    static inline void honk_nonce_next(uint8_t *n) {
+        for (int i = 0; i < 12; i++) if (++n[i]) break;
+    }
+    /* out = seal(in[0:n]) followed by the 16-byte tag; 0, or -1 if OpenSSL failed */
+    static int honk_seal(EVP_CIPHER_CTX *ctx, uint8_t *nonce, const uint8_t *in, int n, uint8_t *out) {
+        int len;
+        if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1) return -1;
+        if (n > 0 && EVP_EncryptUpdate(ctx, out, &len, in, n) != 1) return -1;
+        if (EVP_EncryptFinal_ex(ctx, out + n, &len) != 1) return -1;
+        if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, out + n) != 1) return -1;
+        honk_nonce_next(nonce);
+        return 0;
+    }
+    /* out[0:n] = open(in[0:n]), checked against the tag at in[n:n+16]; 0, or -1 if it does not verify */
+    static int honk_open(EVP_CIPHER_CTX *ctx, uint8_t *nonce, const uint8_t *in, int n, uint8_t *out) {
+        int len;
+        uint8_t tag[16];
+        memcpy(tag, in + n, 16);
+        if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1) return -1;
+        if (n > 0 && EVP_DecryptUpdate(ctx, out, &len, in, n) != 1) return -1;
+        if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, 16, tag) != 1) return -1;
+        if (EVP_DecryptFinal_ex(ctx, out + n, &len) != 1) return -1;
+        honk_nonce_next(nonce);
+        return 0;
+    }
+    /* the subkey for salt: HKDF-SHA1(key=master, salt, info="ss-subkey") of len bytes (RFC 5869:
+       one HMAC to extract, one per 20-byte block to expand) */
+    static int honk_ss_subkey(const uint8_t *master, int len, const uint8_t *salt, uint8_t *out) {
+        uint8_t prk[20], block[20], t[20 + 9 + 1];
+        unsigned int mdlen = 0;
+        int done = 0, prev = 0, take, rc = 0;
+        uint8_t i = 1;
+        if (HMAC(EVP_sha1(), salt, len, master, (size_t)len, prk, &mdlen) == NULL) return -1;
+        while (done < len) {
+            if (prev) memcpy(t, block, 20);
+            memcpy(t + prev, "ss-subkey", 9);
+            t[prev + 9] = i++;
+            if (HMAC(EVP_sha1(), prk, 20, t, (size_t)(prev + 10), block, &mdlen) == NULL) { rc = -1; break; }
+            take = len - done < 20 ? len - done : 20;
+            memcpy(out + done, block, take);
+            done += take;
+            prev = 20;
+        }
+        OPENSSL_cleanse(prk, sizeof(prk));
+        OPENSSL_cleanse(block, sizeof(block));
+        OPENSSL_cleanse(t, sizeof(t));
+        return rc;
+    }
+    /* 1 aes-128-gcm, 2 aes-256-gcm, 3 chacha20-ietf-poly1305 */
+    static const EVP_CIPHER *honk_ss_cipher(int id) {
+        switch (id) {
+        case 1: return EVP_aes_128_gcm();
+        case 2: return EVP_aes_256_gcm();
+        case 3: return EVP_chacha20_poly1305();
+        default: return NULL;
+        }
+    }
+    /* a context for cipher c with 12-byte nonces, keyed when key is not NULL; NULL on failure */
+    static EVP_CIPHER_CTX *honk_aead_ctx(const EVP_CIPHER *c, const uint8_t *key, int enc) {
+        EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+        if (ctx == NULL) return NULL;
+        if (EVP_CipherInit_ex(ctx, c, NULL, NULL, NULL, enc) != 1
+            || EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1
+            || (key != NULL && EVP_CipherInit_ex(ctx, NULL, NULL, key, NULL, enc) != 1)) {
+            EVP_CIPHER_CTX_free(ctx);
+            return NULL;
+        }
+        return ctx;
+    }
+    static inline int honk_aead_key(EVP_CIPHER_CTX *ctx, const uint8_t *key, int enc) {
+        return EVP_CipherInit_ex(ctx, NULL, NULL, key, NULL, enc) == 1 ? 0 : -1;
+    }
+    """
+    int honk_seal(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
+    int honk_open(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
+    int honk_ss_subkey(const uint8_t* master, int len, const uint8_t* salt, uint8_t* out) nogil
+    const EVP_CIPHER* honk_ss_cipher(int id) nogil
+    EVP_CIPHER_CTX* honk_aead_ctx(const EVP_CIPHER* c, const uint8_t* key, int enc) nogil
+    int honk_aead_key(EVP_CIPHER_CTX* ctx, const uint8_t* key, int enc) nogil
+    void EVP_CIPHER_CTX_free(EVP_CIPHER_CTX* ctx) nogil
+    void OPENSSL_cleanse(void* p, size_t n) nogil
 
 
 # Event kinds and end causes: one definition, in the pure-Python twin.
@@ -340,7 +461,86 @@ DEF ACCEPT_BURST = 64              # accepts per listener readiness before other
 DEF ACCEPT_BACKOFF = 0.1           # seconds a listener rests after EMFILE/ENFILE/ENOBUFS/ENOMEM instead of spinning
 DEF HS_HANDOVER_AFTER = 1.0        # seconds (CLOCK_MONOTONIC) a handshake may idle in the worker; then Python's watchdog
 
+DEF SS_MAX_PAYLOAD = 0x3FFF        # SIP004: a chunk's payload length is capped at 0x3FFF
+DEF SS_TAG = 16                    # SIP004: bytes of an AEAD tag
+DEF SS_HEAD = 18                   # a chunk's sealed length field: 2 bytes + its tag
+DEF SS_OVERHEAD = 34               # bytes a chunk adds to its payload: SS_HEAD + the payload's tag
+DEF CHUNK_WIRE = 16417             # the largest chunk on the wire: SS_HEAD + SS_MAX_PAYLOAD + SS_TAG
+DEF FRAMED_READ = 262128           # bytes one framed read asks for: 16 maximal chunks (16 x 0x3FFF)
+DEF FRAMED_BUF = 278545            # CHUNK_WIRE + FRAMED_READ: size of fin and of fout
+
 assert HS_HANDOVER_AFTER == _py.HS_HANDOVER_AFTER
+assert FRAMED_READ == _py.FRAMED_READ and SS_MAX_PAYLOAD == _py.SS_MAX_PAYLOAD
+assert (EBADMSG, EPROTO, ENODATA) == (_py.FRAMING_AUTH, _py.FRAMING_PROTOCOL, _py.FRAMING_TRUNCATED)
+FRAMING_AUTH = _py.FRAMING_AUTH
+FRAMING_PROTOCOL = _py.FRAMING_PROTOCOL
+FRAMING_TRUNCATED = _py.FRAMING_TRUNCATED
+
+# Shadowsocks AEAD ciphers the engine frames: name -> (key and salt size, honk_ss_cipher id).
+_CIPHERS = {"aes-128-gcm": (16, 1), "aes-256-gcm": (32, 2), "chacha20-ietf-poly1305": (32, 3)}
+
+
+cdef Aead* _aead_new(framing) except NULL:
+    """The worker's AEAD state for a Shadowsocks framing object (see relay_py's module docstring)."""
+    cdef Aead* a
+    cdef bytes master, subkey, nonce
+    cdef int key_len, cid
+    spec = _CIPHERS.get(getattr(framing, "cipher", None))
+    if spec is None:
+        raise ValueError("framing: unsupported cipher")
+    key_len, cid = spec
+    encryptor = framing.encryptor
+    master = bytes(framing.master)
+    subkey = bytes(encryptor.subkey)
+    if len(master) != key_len or len(subkey) != key_len:
+        raise ValueError("framing: key size does not match the cipher")
+    if not getattr(encryptor, "salt_sent", True):
+        raise ValueError("framing: the client's salt has not been sent")
+    counter = int(encryptor.nonce)
+    if not 0 <= counter < 1 << 96:
+        raise ValueError("framing: nonce counter out of range")
+    nonce = counter.to_bytes(12, "little")
+    a = <Aead*>calloc(1, sizeof(Aead))
+    if a == NULL:
+        raise MemoryError()
+    a.key_len = key_len
+    a.plen = -1
+    memcpy(a.master, PyBytes_AS_STRING(master), key_len)
+    memcpy(a.seal_nonce, PyBytes_AS_STRING(nonce), 12)
+    a.cipher = honk_ss_cipher(cid)
+    a.sealer = honk_aead_ctx(a.cipher, <const uint8_t*>PyBytes_AS_STRING(subkey), 1)
+    a.opener = honk_aead_ctx(a.cipher, NULL, 0)
+    if a.cipher == NULL or a.sealer == NULL or a.opener == NULL:
+        _aead_free(a)
+        raise OSError(EIO, "framing: OpenSSL refused the cipher")
+    return a
+
+
+cdef void _aead_free(Aead* a) noexcept nogil:
+    if a == NULL:
+        return
+    EVP_CIPHER_CTX_free(a.sealer)
+    EVP_CIPHER_CTX_free(a.opener)
+    OPENSSL_cleanse(a.master, 32)
+    free(a.pend)
+    free(a)
+
+
+cdef ssize_t _seal_chunks(Aead* a, const uint8_t* p, size_t n, uint8_t* out) noexcept nogil:
+    """Seal n plaintext bytes as maximal chunks into out (n + SS_OVERHEAD per chunk); bytes written or -1."""
+    cdef size_t pos = 0, o = 0, k
+    cdef uint8_t head[2]
+    while pos < n:
+        k = n - pos if n - pos < SS_MAX_PAYLOAD else SS_MAX_PAYLOAD
+        head[0] = <uint8_t>(k >> 8)
+        head[1] = <uint8_t>(k & 0xFF)
+        if honk_seal(a.sealer, a.seal_nonce, head, 2, out + o) < 0:
+            return -1
+        if honk_seal(a.sealer, a.seal_nonce, p + pos, <int>k, out + o + SS_HEAD) < 0:
+            return -1
+        o += k + SS_OVERHEAD
+        pos += k
+    return <ssize_t>o
 
 
 cdef inline double _now() noexcept nogil:
@@ -394,6 +594,8 @@ cdef class Engine:
         self.live = NULL
         self.blocks = NULL
         self.free_slots = NULL
+        self.fin = NULL
+        self.fout = NULL
         self._closed = 1  # until __init__ has everything in place
         _vec_init(&self.cmds, sizeof(Cmd))
         _vec_init(&self.wcmds, sizeof(Cmd))
@@ -461,14 +663,17 @@ cdef class Engine:
         return &self.blocks[slot >> BLOCK_BITS][slot & (BLOCK_SIZE - 1)]
 
     def add(self, int client_fd, int upstream_fd, listener, bytes preamble=b"",
-            bint client_eof=False, bint copy=False):
+            bint client_eof=False, bint copy=False, *, framing=None):
         """Relay between two connected stream fds; returns the flow id.
 
         The engine owns both fds from now on and closes them when the flow
         ends. ``preamble`` is written to the upstream before any byte read
         from the client; ``client_eof`` means the client already sent EOF.
-        ``listener.relay_event(kind, a, b, t)`` receives the flow's events on
-        the loop's thread. Raises EngineClosed after ``close()``.
+        ``framing`` (a ``ShadowsocksFraming``) makes a framed flow: client bytes
+        (the preamble too) are sealed on their way up, upstream bytes opened on
+        their way down. ``listener.relay_event(kind, a, b, t)`` receives the
+        flow's events on the loop's thread. Raises EngineClosed after ``close()``,
+        ValueError for a framing the engine cannot carry.
         """
         cdef Cmd c
         cdef uint32_t slot
@@ -477,9 +682,16 @@ cdef class Engine:
         cdef bint was_empty
         cdef int rc
         cdef uint64_t one = 1
+        cdef Aead* aead = NULL
         if self._closed:
             raise EngineClosed("relay engine closed")
-        slot = self._new_slot()
+        if framing is not None:
+            aead = _aead_new(framing)
+        try:
+            slot = self._new_slot()
+        except BaseException:
+            _aead_free(aead)
+            raise
         f = self._slot(slot)
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_ADD
@@ -490,9 +702,11 @@ cdef class Engine:
         c.fd[1] = upstream_fd
         c.client_eof = client_eof
         c.copy = copy
+        c.aead = aead
         if n:
             c.preamble = <char*>malloc(n)
             if c.preamble == NULL:
+                _aead_free(aead)
                 self._free_slot(slot)
                 raise MemoryError()
             memcpy(c.preamble, PyBytes_AS_STRING(preamble), n)
@@ -503,12 +717,19 @@ cdef class Engine:
         pthread_mutex_unlock(&self.lock)
         if rc < 0:
             free(c.preamble)
+            _aead_free(aead)
             self._free_slot(slot)
             raise MemoryError()
         if was_empty:
             write(self.wake_fd, &one, 8)
         self._listeners[c.id] = listener
         return c.id
+
+    def framing_errors(self):
+        """(auth, protocol): framed flows ended so far because an upstream tag did not verify
+        (END errno FRAMING_AUTH), or because the upstream broke the framing (FRAMING_PROTOCOL:
+        a length over 0x3FFF; FRAMING_TRUNCATED: EOF inside the salt or a chunk)."""
+        return (honk_load64(&self.n_auth), honk_load64(&self.n_proto))
 
     cdef uint32_t _new_slot(self) except? 0xFFFFFFFF:
         cdef uint32_t slot
@@ -628,16 +849,22 @@ cdef class Engine:
         c.mark = mark
         return self._start_flow(&c, token, listener)
 
-    def hs_relay(self, token, int upstream_fd, listener):
+    def hs_relay(self, token, int upstream_fd, listener, framing=None):
         """Answer a REQUEST with a connected upstream fd (the engine owns it from now on):
-        reply success and relay. Returns the flow id."""
+        reply success and relay, through ``framing`` if given (as ``add``). Returns the flow id."""
         cdef Cmd c
         if self._closed:
             raise EngineClosed("relay engine closed")
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_RELAY
         c.fd[1] = upstream_fd
-        return self._start_flow(&c, token, listener)
+        if framing is not None:
+            c.aead = _aead_new(framing)
+        try:
+            return self._start_flow(&c, token, listener)
+        except BaseException:
+            _aead_free(c.aead)
+            raise
 
     cdef object _start_flow(self, Cmd* c, token, listener):
         cdef uint32_t slot
@@ -845,11 +1072,13 @@ cdef class Engine:
                 close(c.fd[0])
                 close(c.fd[1])
                 free(c.preamble)
+                _aead_free(c.aead)
             elif c.kind == CMD_CONNECT or c.kind == CMD_RELAY or c.kind == CMD_REJECT:
                 close(c.hs.fd)
                 free(c.hs)
                 if c.kind == CMD_RELAY:
                     close(c.fd[1])
+                    _aead_free(c.aead)
             elif c.kind == CMD_LISTEN:
                 pass  # closed with every Lst below
         self.cmds.n = 0
@@ -865,6 +1094,9 @@ cdef class Engine:
         for i in range(self.n_pool):
             close(self.pool[i])
         self.n_pool = 0
+        free(self.fin)
+        free(self.fout)
+        self.fin = self.fout = NULL
         for fd in (self.epfd, self.wake_fd, self.event_fd):
             if fd >= 0:
                 close(fd)
@@ -1077,12 +1309,15 @@ cdef class Engine:
         f.d[0].len = c.preamble_len
         f.d[0].cap = c.preamble_len
         f.d[0].src_eof = c.client_eof
+        f.aead = c.aead
         # link into the live list first: _end unlinks
         f.next = self.live
         if self.live != NULL:
             self.live.prev = f
         self.live = f
         self._emit(f, K_OPEN, 0, 0, now)
+        if f.aead != NULL and self._framed_start(f, now) < 0:
+            return
         for di in range(2):
             if honk_nonblock(f.fd[di]) < 0:
                 self._end(f, C_ERROR, (di << 16) | errno, now)
@@ -1277,6 +1512,7 @@ cdef class Engine:
         f.connecting = 1
         f.fail_code = 1
         f.owned = 1  # accepted by the worker; the upstream fd is the worker's or detached from Python
+        f.aead = c.aead
         for di in range(2):
             f.d[di].pr = -1
             f.d[di].pw = -1
@@ -1296,6 +1532,9 @@ cdef class Engine:
             memcpy(f.d[0].buf, h.buf + h.req_end, early)
             f.d[0].len = early
             f.d[0].cap = early
+        if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.aead != NULL and self._framed_start(f, now) < 0:
+            close(c.fd[1])
+            return
         # the client fd is registered under its Hs: retag it for the flow (re-arms the edge)
         if honk_epoll_mod(self.epfd, f.fd[0], <uint64_t>f, EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET) < 0:
             self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
@@ -1501,7 +1740,9 @@ cdef class Engine:
             if moved >= TURN_BUDGET:
                 return 1
             # 4. read src
-            if d.copy:
+            if f.aead != NULL:  # framed: after room for a kept partial chunk (see _framed)
+                n = recv(src, self.fin + CHUNK_WIRE, FRAMED_READ, MSG_DONTWAIT)
+            elif d.copy:
                 if d.cap < COPY_BUFFER:
                     grown = <char*>realloc(d.buf, COPY_BUFFER)
                     if grown == NULL:
@@ -1535,8 +1776,13 @@ cdef class Engine:
                 if di == 1 and not f.first_down:
                     f.first_down = 1
                     self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                if f.aead != NULL and self._framed(f, di, <size_t>n, now) < 0:
+                    return -1
                 continue
             if n == 0:
+                if di == 1 and f.aead != NULL and (f.aead.pend_len or f.aead.plen >= 0):
+                    self._framing_failed(f, ENODATA, now)  # EOF inside the salt or a chunk: truncated
+                    return -1
                 d.src_eof = 1
                 f.readable[src_side] = 0
                 continue
@@ -1561,8 +1807,22 @@ cdef class Engine:
         a shorter one drained src (unless its FIN was announced: then read on to EOF).
         """
         cdef Dir* d = &f.d[di]
+        if self._send_rest(f, di, self.scratch, n, now) < 0:
+            return -1
+        if n == THROUGH_CHUNK:
+            if self._take_pipe(d) < 0:
+                self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
+                return -1
+        elif not f.rdhup[di]:
+            f.readable[di] = 0
+        return 0
+
+    cdef int _send_rest(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil:
+        """Send n bytes on to dst; a short send keeps the rest in d.buf (sent first next time).
+        0, or -1 if the flow ended."""
+        cdef Dir* d = &f.d[di]
         cdef int dst_side = 1 - di
-        cdef ssize_t sent = send(f.fd[dst_side], self.scratch, n, MSG_NOSIGNAL | MSG_DONTWAIT)
+        cdef ssize_t sent = send(f.fd[dst_side], data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
         cdef char* grown
         if sent < 0:
             if errno != EAGAIN and errno != EINTR:
@@ -1578,16 +1838,124 @@ cdef class Engine:
                     return -1
                 d.buf = grown
                 d.cap = n - <size_t>sent
-            memcpy(d.buf, self.scratch + sent, n - <size_t>sent)
+            memcpy(d.buf, data + sent, n - <size_t>sent)
             d.off = 0
             d.len = n - <size_t>sent
-        if n == THROUGH_CHUNK:
-            if self._take_pipe(d) < 0:
-                self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
-                return -1
-        elif not f.rdhup[di]:
-            f.readable[di] = 0
         return 0
+
+    # -- framed flows (Shadowsocks AEAD, SIP004) --------------------------------------------
+
+    cdef int _framed_start(self, Flow* f, double now) noexcept nogil:
+        """A framed flow starts: both directions copy (never splice), the engine's framing buffers
+        exist, and the preamble in d[0].buf is replaced by its sealed chunks. 0, or -1 if it ended."""
+        cdef Dir* d = &f.d[0]
+        cdef char* sealed
+        cdef ssize_t n
+        f.d[0].copy = 1
+        f.d[1].copy = 1
+        if self.fin == NULL:
+            self.fin = <char*>malloc(FRAMED_BUF)
+            self.fout = <char*>malloc(FRAMED_BUF)
+            if self.fin == NULL or self.fout == NULL:
+                free(self.fin)
+                free(self.fout)
+                self.fin = self.fout = NULL
+                self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                return -1
+        if d.len == 0:
+            return 0
+        sealed = <char*>malloc(d.len + (d.len + SS_MAX_PAYLOAD - 1) // SS_MAX_PAYLOAD * SS_OVERHEAD)
+        if sealed == NULL:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+            return -1
+        n = _seal_chunks(f.aead, <uint8_t*>d.buf, d.len, <uint8_t*>sealed)
+        free(d.buf)
+        d.buf = sealed
+        d.off = 0
+        d.len = d.cap = <size_t>n if n > 0 else 0
+        if n < 0:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+            return -1
+        return 0
+
+    cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil:
+        """Seal (up) or open (down) the n bytes just read into fin + CHUNK_WIRE, then send the
+        result on to dst. 0, or -1 if the flow ended.
+
+        Up: the plaintext becomes maximal chunks (payload up to 0x3FFF). Down: the bytes kept
+        from the last read (an incomplete salt or chunk) are put back just before the new ones,
+        every complete chunk is opened, and the incomplete rest is kept again.
+        """
+        cdef Aead* a = f.aead
+        cdef uint8_t* p
+        cdef uint8_t* out = <uint8_t*>self.fout
+        cdef ssize_t sealed
+        cdef size_t total, pos = 0, o = 0
+        cdef uint8_t head[2]
+        cdef uint8_t key[32]
+        if n < FRAMED_READ and not f.rdhup[di]:
+            f.readable[di] = 0  # a short read drained src
+        if di == 0:
+            sealed = _seal_chunks(a, <uint8_t*>self.fin + CHUNK_WIRE, n, out)
+            if sealed < 0:
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            return self._send_rest(f, 0, self.fout, <size_t>sealed, now)
+        total = a.pend_len + n
+        p = <uint8_t*>self.fin + CHUNK_WIRE - a.pend_len
+        if a.pend_len:
+            memcpy(p, a.pend, a.pend_len)
+        if not a.keyed and total >= a.key_len:
+            # the server's salt is in: its subkey opens everything from here on
+            if honk_ss_subkey(a.master, a.key_len, p, key) < 0 or honk_aead_key(a.opener, key, 0) < 0:
+                OPENSSL_cleanse(key, 32)
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            OPENSSL_cleanse(key, 32)
+            a.keyed = 1
+            pos = a.key_len
+        while a.keyed:
+            if a.plen < 0:
+                if total - pos < SS_HEAD:
+                    break
+                if honk_open(a.opener, a.open_nonce, p + pos, 2, head) < 0:
+                    self._framing_failed(f, EBADMSG, now)
+                    return -1
+                a.plen = (head[0] << 8) | head[1]
+                if a.plen > SS_MAX_PAYLOAD:  # SIP004: the two high bits are reserved, zero
+                    self._framing_failed(f, EPROTO, now)
+                    return -1
+                pos += SS_HEAD
+            if total - pos < <size_t>a.plen + SS_TAG:
+                break
+            if honk_open(a.opener, a.open_nonce, p + pos, a.plen, out + o) < 0:
+                self._framing_failed(f, EBADMSG, now)
+                return -1
+            o += <size_t>a.plen
+            pos += <size_t>a.plen + SS_TAG
+            a.plen = -1
+        # keep the incomplete rest (less than CHUNK_WIRE bytes) for the next read
+        if total > pos:
+            if a.pend == NULL:
+                a.pend = <char*>malloc(CHUNK_WIRE)
+                if a.pend == NULL:
+                    self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                    return -1
+            memcpy(a.pend, p + pos, total - pos)
+        a.pend_len = <uint32_t>(total - pos)
+        if o == 0:
+            return 0
+        return self._send_rest(f, 1, self.fout, o, now)
+
+    cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil:
+        """End a framed flow for what its upstream sent, on the upstream side, and count it:
+        EBADMSG (a tag did not verify), EPROTO (a length over 0x3FFF), ENODATA (EOF inside
+        the salt or a chunk)."""
+        if err == EBADMSG:
+            honk_store64(&self.n_auth, self.n_auth + 1)
+        else:
+            honk_store64(&self.n_proto, self.n_proto + 1)
+        self._end(f, C_ERROR, (1 << 16) | err, now)
 
     cdef void _report(self, Flow* f, double now) noexcept nogil:
         cdef uint64_t up = f.bytes_up
@@ -1629,6 +1997,8 @@ cdef class Engine:
             self._drop_pipe(&f.d[di])
             free(f.d[di].buf)
             f.d[di].buf = NULL
+        _aead_free(f.aead)
+        f.aead = NULL
         if f.prev != NULL:
             f.prev.next = f.next
         else:

@@ -21,6 +21,15 @@ as the compiled engine's are):
   with side ``SIDE_CLIENT``/``SIDE_UPSTREAM`` (the fd the error came from) or
   ``SIDE_LOCAL`` (no pipe, no memory).
 
+Framed flows (``add(..., framing=)``, ``hs_relay(..., framing)``, a
+``ShadowsocksFraming``) copy both ways through the codec objects themselves:
+client bytes through ``framing.encryptor``, upstream bytes through
+``framing.decryptor``. A failure of what the upstream sent ends the flow with
+``END_ERROR``, side ``SIDE_UPSTREAM`` and errno ``FRAMING_AUTH`` (a tag did not
+verify), ``FRAMING_PROTOCOL`` (a length over 0x3FFF) or ``FRAMING_TRUNCATED``
+(EOF inside the salt or a chunk), counted by ``framing_errors()``; see the
+compiled engine's docstring for the rest, which is the same.
+
 ``t`` is ``time.monotonic()`` seconds (CLOCK_MONOTONIC, as in the compiled
 engine). The engine owns the two fds from ``add`` on and closes them when the
 flow ends; ``close()`` ends every flow with ``END_CANCELLED`` (delivered before it
@@ -50,6 +59,10 @@ __all__ = [
     "SIDE_CLIENT",
     "SIDE_UPSTREAM",
     "SIDE_LOCAL",
+    "FRAMING_AUTH",
+    "FRAMING_PROTOCOL",
+    "FRAMING_TRUNCATED",
+    "decryptor_pending",
 ]
 
 EV_OPEN = 1
@@ -84,6 +97,14 @@ DEFAULT_PIPE = 64 * 1024  # the kernel's default pipe capacity; a splice that fi
 BULK_PIPE_SIZE = 1024 * 1024  # a bulk direction's pipe grows to this (fewer splices per byte)
 MAX_BIG_PIPES = 32  # grown pipes at once: half the default pipe-user-pages-soft (64 MiB)
 REPORT_INTERVAL = 1.0  # seconds between coalesced EV_BYTES of one flow
+
+# Framed flows (Shadowsocks AEAD, SIP004). An END_ERROR on SIDE_UPSTREAM of a framed flow with
+# one of these errnos is the framing's verdict on what the upstream sent, not a socket error:
+FRAMING_AUTH = _errno.EBADMSG  # a salt, length or payload tag did not verify (wrong key, altered bytes)
+FRAMING_PROTOCOL = _errno.EPROTO  # a chunk length over SS_MAX_PAYLOAD
+FRAMING_TRUNCATED = _errno.ENODATA  # EOF inside the salt or a chunk
+SS_MAX_PAYLOAD = 0x3FFF  # SIP004: a chunk's payload length is capped at 0x3FFF
+FRAMED_READ = 16 * SS_MAX_PAYLOAD  # bytes one framed read asks for: 16 maximal chunks
 
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 _F_SETPIPE_SZ = 1031
@@ -136,6 +157,7 @@ class _Flow:
         "report_handle",
         "connecting",
         "fail_code",
+        "framing",
     )
 
     def __init__(self, flow_id: int, fds: tuple[int, int], listener: Any, copy: bool) -> None:
@@ -153,6 +175,15 @@ class _Flow:
         self.report_handle: asyncio.TimerHandle | None = None
         self.connecting = False  # listener mode: upstream connect in progress, no reply sent yet
         self.fail_code = 1  # listener mode: the reply a cancel during the connect sends
+        self.framing: Any = None  # a ShadowsocksFraming: client bytes are sealed, upstream bytes opened
+
+    def frame(self, framing: Any, preamble: bytes) -> bytes:
+        """Make this a framed flow (both directions copy through the codec); the sealed preamble."""
+        _check_framing(framing)
+        self.framing = framing
+        for d in self.dirs:
+            d.copy = True
+        return framing.encryptor.encrypt(preamble) if preamble else b""
 
 
 class _Lst:
@@ -207,6 +238,7 @@ class Engine:
         self._held: dict[int, _Hs] = {}  # REQUESTs the caller has not answered yet
         self._next_token = 1
         self._mark_denied = False
+        self._framing_errors = [0, 0]  # framed flows ended by FRAMING_AUTH; FRAMING_PROTOCOL or _TRUNCATED
 
     # -- API ---------------------------------------------------------------------------
 
@@ -226,13 +258,17 @@ class Engine:
         preamble: bytes = b"",
         client_eof: bool = False,
         copy: bool = False,
+        *,
+        framing: Any = None,
     ) -> int:
         if self._closed:
             raise EngineClosed("relay engine closed")
+        flow = _Flow(self._next_id, (client_fd, upstream_fd), listener, copy)
+        flow.dirs[0].buf = bytes(preamble)
+        if framing is not None:
+            flow.dirs[0].buf = flow.frame(framing, flow.dirs[0].buf)
         flow_id = self._next_id
         self._next_id += 1
-        flow = _Flow(flow_id, (client_fd, upstream_fd), listener, copy)
-        flow.dirs[0].buf = bytes(preamble)
         flow.dirs[0].src_eof = client_eof
         self._flows[flow_id] = flow
         self._loop.call_soon(self._start, flow)
@@ -245,6 +281,11 @@ class Engine:
         flow.fail_code = code
         self._end(flow, END_CANCELLED, 0)
         return True
+
+    def framing_errors(self) -> tuple[int, int]:
+        """(auth, protocol): framed flows ended with FRAMING_AUTH / FRAMING_PROTOCOL or
+        FRAMING_TRUNCATED so far."""
+        return (self._framing_errors[0], self._framing_errors[1])
 
     def counters(self, flow_id: int) -> tuple[int, int] | None:
         flow = self._flows.get(flow_id)
@@ -470,11 +511,13 @@ class Engine:
         hs = self._take_token(token)
         return self._start_fast(hs, listener, (address, port, mark), -1)
 
-    def hs_relay(self, token: int, upstream_fd: int, listener: Any) -> int:
+    def hs_relay(self, token: int, upstream_fd: int, listener: Any, framing: Any = None) -> int:
         if self._closed:
             raise EngineClosed("relay engine closed")
+        if framing is not None:
+            _check_framing(framing)
         hs = self._take_token(token)
-        return self._start_fast(hs, listener, None, upstream_fd)
+        return self._start_fast(hs, listener, None, upstream_fd, framing)
 
     def hs_reject(self, token: int, code: int) -> None:
         if self._closed:
@@ -484,11 +527,13 @@ class Engine:
         os.close(hs.fd)
         hs.fd = -1
 
-    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int) -> int:
+    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int, framing: Any = None) -> int:
         flow_id = self._next_id
         self._next_id += 1
         flow = _Flow(flow_id, (hs.fd, upstream_fd), listener, False)
         flow.dirs[0].buf = bytes(hs.buf[hs.req_end :])
+        if framing is not None:
+            flow.dirs[0].buf = flow.frame(framing, flow.dirs[0].buf)
         flow.connecting = True
         hs.fd = -1
         self._flows[flow_id] = flow
@@ -553,7 +598,8 @@ class Engine:
         self._emit(flow, EV_OPEN, 1, 0)
         try:
             for d in flow.dirs:
-                self._take_pipe(d)
+                if not d.copy:
+                    self._take_pipe(d)
         except OSError as exc:
             self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | (exc.errno or 0))
             return
@@ -710,7 +756,16 @@ class Engine:
             if moved >= TURN_BUDGET:
                 return  # level-triggered: the loop calls again
             try:
-                if d.copy:
+                if flow.framing is not None:
+                    data = os.read(src, FRAMED_READ)
+                    n = len(data)
+                    if n:
+                        flow.counts[d.src] += n  # before the codec, which may end the flow
+                        if d.src == SIDE_UPSTREAM and not flow.first_down:
+                            flow.first_down = True
+                            self._emit(flow, EV_FIRST_BYTE, 0, 0)
+                        d.buf = self._framed(flow, d, data)
+                elif d.copy:
                     data = os.read(src, COPY_BUFFER)
                     n = len(data)
                     d.buf = data
@@ -730,13 +785,31 @@ class Engine:
                     continue
                 raise _Error(d.src, exc.errno or 0) from None
             if n == 0:
+                if flow.framing is not None and d.src == SIDE_UPSTREAM and decryptor_pending(flow.framing.decryptor):
+                    self._framing_errors[1] += 1
+                    raise _Error(SIDE_UPSTREAM, FRAMING_TRUNCATED)
                 d.src_eof = True
                 continue
             moved += n
-            flow.counts[d.src] += n
+            if flow.framing is None:
+                flow.counts[d.src] += n
             if d.src == SIDE_UPSTREAM and not flow.first_down:
                 flow.first_down = True
                 self._emit(flow, EV_FIRST_BYTE, 0, 0)
+
+    def _framed(self, flow: _Flow, d: _Dir, data: bytes) -> bytes:
+        """Seal client bytes, or open upstream bytes (an auth or protocol error ends the flow)."""
+        framing = flow.framing
+        if d.src == SIDE_CLIENT:
+            return framing.encryptor.encrypt(data)
+        from honk.proto.shadowsocks import ShadowsocksAuthError, ShadowsocksError
+
+        try:
+            return framing.decryptor.feed(data)
+        except ShadowsocksError as exc:
+            auth = isinstance(exc, ShadowsocksAuthError)
+            self._framing_errors[0 if auth else 1] += 1
+            raise _Error(SIDE_UPSTREAM, FRAMING_AUTH if auth else FRAMING_PROTOCOL) from None
 
     def _interest(self, flow: _Flow) -> None:
         """Read src while its direction holds nothing for dst; else wait for dst to drain."""
@@ -855,6 +928,27 @@ def _build_reply(code: int, fd: int) -> bytes:
             if family == socket.AF_INET:
                 return bytes((5, code, 0, 1)) + socket.inet_aton(local[0]) + struct.pack("!H", local[1])
     return bytes((5, code, 0, 1, 0, 0, 0, 0, 0, 0))
+
+
+# Shadowsocks AEAD ciphers the engines frame (the compiled engine's _CIPHERS).
+_FRAMED_CIPHERS = frozenset({"aes-128-gcm", "aes-256-gcm", "chacha20-ietf-poly1305"})
+
+
+def _check_framing(framing: Any) -> None:
+    """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new)."""
+    if getattr(framing, "cipher", None) not in _FRAMED_CIPHERS:
+        raise ValueError("framing: unsupported cipher")
+    if not getattr(framing.encryptor, "salt_sent", True):
+        raise ValueError("framing: the client's salt has not been sent")
+
+
+def decryptor_pending(decryptor: Any) -> bool:
+    """Whether a stream decryptor holds part of a salt or chunk (so EOF now truncates it)."""
+    pending = getattr(decryptor, "pending", None)
+    if pending is not None:
+        return bool(pending)
+    # honk.proto.shadowsocks.StreamDecryptor keeps unread bytes and an opened length privately
+    return bool(decryptor._buf) or decryptor._payload_len >= 0
 
 
 def _send_quiet(fd: int, data: bytes) -> None:

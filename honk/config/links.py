@@ -7,8 +7,23 @@ Supported node schemes: ``socks5://`` (and ``socks5h://``, the same protocol),
 
 Credentials and the fragment are percent-decoded. ``socks5`` requires an
 explicit port; ``http``/``https`` follow the nodes reference ("a URL-shaped
-share link defaults an omitted port to 443"). Other known proxy schemes are
-rejected as not supported by this version; anything else is an unknown scheme.
+share link defaults an omitted port to 443").
+
+Shadowsocks (``ss://``, SIP002 and the older whole-link base64 form)::
+
+    ss://base64url(method:password)@host:port[/][?plugin=...][#name]
+    ss://pct(method):pct(password)@host:port[/][?...][#name]
+    ss://base64(method:password@host:port)[#name]
+
+Base64 may use either alphabet, with or without padding. Decoded credentials
+are literal (no percent-decoding); in the base64 form the last ``@`` ends the
+credentials, so a password may contain ``@``, and the credentials may
+themselves be base64. Only the AEAD ciphers of :mod:`honk.proto.shadowsocks`
+are accepted (``unsupported-cipher`` otherwise), and a link that needs a
+SIP003 plugin is refused (``unsupported-plugin``): honk runs no plugins.
+
+Other known proxy schemes are rejected as not supported by this version;
+anything else is an unknown scheme.
 
 Errors raise :class:`LinkError` whose message never contains the link, a
 credential, or any other value from it.
@@ -16,6 +31,8 @@ credential, or any other value from it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import ipaddress
@@ -25,11 +42,11 @@ from dataclasses import dataclass
 from urllib.parse import unquote as pct_decode
 
 from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
+from honk.proto.shadowsocks import CIPHERS as SS_CIPHERS
 
 NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
 DEFAULT_PORTS = {"http": 443, "https": 443}  # socks5: an explicit port is required
 KNOWN_UNSUPPORTED = (
-    "ss",
     "ssr",
     "vmess",
     "vless",
@@ -82,13 +99,17 @@ def parse_url(text: str, *, allow_zero_port: bool = False) -> ParsedUrl:
         username = pct_decode(user)
         password = pct_decode(pw) if colon else ""
     host, port = _host_port(hostport, allow_zero=allow_zero_port)
+    return ParsedUrl(scheme, username, password, host, port, _query_params(query), pct_decode(fragment))
+
+
+def _query_params(query: str) -> tuple[tuple[str, str], ...]:
     params: list[tuple[str, str]] = []
     for piece in query.split("&"):
         if not piece:
             continue
         k, _, v = piece.partition("=")
         params.append((pct_decode(k.replace("+", " ")), pct_decode(v.replace("+", " "))))
-    return ParsedUrl(scheme, username, password, host, port, tuple(params), pct_decode(fragment))
+    return tuple(params)
 
 
 def _host_port(text: str, *, allow_zero: bool = False) -> tuple[str, int | None]:
@@ -133,6 +154,8 @@ def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
     scheme = m.group(1).lower() if m else ""
     if scheme in KNOWN_UNSUPPORTED:
         raise LinkError("unsupported-scheme", f"the {scheme} protocol is not supported by this version")
+    if scheme == "ss" and m is not None:
+        return _parse_ss(link.strip()[m.end() :], tag)
     if scheme not in NODE_SCHEMES:
         raise LinkError("unknown-scheme", "share link uses an unknown scheme")
     url = parse_url(link)
@@ -150,6 +173,83 @@ def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
         username=url.username,
         password=url.password,
         params=url.params,
+    )
+    return with_node_id(node)
+
+
+# --- Shadowsocks --------------------------------------------------------------------
+
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/_\-]+")
+
+
+def _base64_text(text: str) -> str | None:
+    """``text`` decoded as base64 (either alphabet, padding optional) to UTF-8, or None."""
+    s = text.strip().rstrip("=")
+    if not _BASE64_TEXT.fullmatch(s) or len(s) % 4 == 1:
+        return None
+    s = s.replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(s + "=" * (-len(s) % 4), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _ss_credentials(text: str, *, percent_encoded: bool) -> tuple[str, str]:
+    """``method:password`` from the userinfo; it may be base64 of the pair (decoded literally)."""
+    if ":" in text:
+        method, _, password = text.partition(":")
+        if percent_encoded:
+            return pct_decode(method), pct_decode(password)
+        return method, password
+    decoded = _base64_text(pct_decode(text) if percent_encoded else text)
+    if decoded is None or ":" not in decoded:
+        raise LinkError("invalid-credentials", "ss credentials are neither method:password nor its base64")
+    method, _, password = decoded.partition(":")
+    return method, password
+
+
+def _parse_ss(body: str, tag: str | None) -> NodeSpec:
+    """The part of an ``ss://`` link after the scheme, as a node (forms: module docstring)."""
+    body, _, fragment = body.partition("#")
+    body, _, query = body.partition("?")
+    userinfo, at, rest = body.rpartition("@")
+    if at:  # SIP002
+        method, password = _ss_credentials(userinfo, percent_encoded=True)
+        hostport, _, _path = rest.partition("/")
+    else:  # the whole-link base64 form
+        decoded = _base64_text(pct_decode(body.rstrip("/")))
+        if decoded is None or "@" not in decoded:
+            raise LinkError("invalid-link", "ss link is neither SIP002 nor base64 of method:password@host:port")
+        credentials, _, hostport = decoded.rpartition("@")
+        method, password = _ss_credentials(credentials, percent_encoded=False)
+    method = method.lower()
+    if method not in SS_CIPHERS:
+        raise LinkError(
+            "unsupported-cipher",
+            "the Shadowsocks cipher is not supported (use " + ", ".join(SS_CIPHERS) + ")",
+        )
+    if not password:
+        raise LinkError("missing-password", "an ss link needs a password")
+    host, port = _host_port(hostport)
+    if not host:
+        raise LinkError("missing-host", "share link has no host")
+    if port is None:
+        raise LinkError("missing-port", "an ss link needs an explicit port")
+    params = []
+    for key, value in _query_params(query):
+        if key == "plugin":
+            if value:
+                raise LinkError("unsupported-plugin", "the node needs a SIP003 plugin; honk runs none")
+            continue  # an empty plugin is no plugin
+        params.append((key, value))
+    node = NodeSpec(
+        name=tag or pct_decode(fragment) or f"ss-{host}",
+        protocol="ss",
+        host=host,
+        port=port,
+        password=password,
+        params=tuple(params),
+        encryption=method,
     )
     return with_node_id(node)
 

@@ -176,7 +176,7 @@ class Dispatcher:
             format_chain(routed.chain),
         )
         try:
-            await engine.run(client, upstream.sock)
+            await engine.run(client, upstream.sock, upstream.framing)
         except HonkError as exc:
             return exc
         finally:

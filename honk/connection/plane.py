@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from dataclasses import dataclass
 
 from honk.config.spec import Spec
@@ -22,7 +23,8 @@ from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress
 from honk.group.manager import GroupTable, Selection
 from honk.outbound.base import Outbound
-from honk.outbound.registry import build_outbounds
+from honk.outbound.registry import build_outbounds, retire_runtimes
+from honk.outbound.runtime import NodeRuntime
 from honk.route.resolve import Resolver, SystemResolver
 from honk.route.router import NeedsResolution, RouteDecision, Router
 
@@ -51,6 +53,12 @@ class Plane:
     groups: GroupTable
     outbounds: dict[str, Outbound]
     spec: Spec
+    # proxy leaves' runtimes by NodeId; the next plane reuses those of unchanged nodes
+    runtimes: dict[uuid.UUID, NodeRuntime] = dataclasses.field(default_factory=dict)
+
+    def retire(self, previous: Plane | None) -> int:
+        """Close the runtimes of ``previous`` this plane does not use (call after publishing)."""
+        return retire_runtimes(previous.runtimes, self.runtimes) if previous is not None else 0
 
     def decide_now(self, meta: FlowMeta) -> Decision | None:
         """:meth:`decide` without awaiting: ``None`` when a rule needs the destination IP of
@@ -95,15 +103,17 @@ def build_plane(spec: Spec, clock: Clock, generation: int, previous: Plane | Non
     """Build every part of a Plane from ``spec``.
 
     Selector choices of ``previous`` survive for groups and members that still
-    exist. Raises :class:`~honk.route.matchers.RouteCompileError` for a rule
+    exist, and unchanged nodes (same NodeId) keep their runtimes; call
+    :meth:`Plane.retire` once the new plane is published. Raises :class:`~honk.route.matchers.RouteCompileError` for a rule
     that cannot be compiled.
     """
     router = Router.compile(spec.routing)
-    outbounds = build_outbounds(spec, clock)
+    outbounds, runtimes = build_outbounds(spec, clock, previous.runtimes if previous is not None else None)
     choices = previous.groups.choices() if previous is not None else None
     groups = GroupTable.build(spec, outbounds, previous_choices=choices)
     targets = {rule.outbound for rule in spec.routing.rules} | {spec.routing.fallback}
     for name in sorted(targets):
         if name not in groups and name not in outbounds:
             log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)
-    return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec)
+    return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec,
+                 runtimes=runtimes)

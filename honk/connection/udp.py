@@ -10,9 +10,15 @@ Theory of operation:
     from anywhere else is dropped. Replies are wrapped in the SOCKS5 UDP
     header carrying the replying address.
   * Each new target is routed through the dispatcher's plane once. ``block``
-    drops its datagrams (debug log); a leaf other than ``direct`` cannot carry
-    UDP here yet (``NotSupported``: dropped, logged). Domain targets are
-    resolved once per association and cached. Datagrams that arrive while a
+    drops its datagrams (debug log), and so does a leaf whose capabilities have
+    no UDP (``NotSupported``: dropped, logged). ``direct`` targets go out of the
+    association's own sockets; domain targets are resolved once per
+    association and cached. Any other leaf carries UDP on its own endpoint
+    (``leaf.dial_udp``: a SOCKS5 association, Shadowsocks packets), one per
+    leaf per association, dialled on first use; the proxy resolves domain
+    targets itself and its replies are accepted as it reports them. An
+    endpoint that ends (its server went away) drops the routes through it, so
+    the next datagram routes and dials afresh. Datagrams that arrive while a
     target is being routed wait in a small queue.
   * The association is one tracker entry with network ``udp`` (its target and
     rule are those of the first routed datagram). It ends when its control
@@ -34,6 +40,7 @@ from honk.connection.tracker import TrackedFlow
 from honk.core.errors import Blocked, ClientProtocolError, FlowClosed, HonkError, NotSupported
 from honk.core.net import Address, FlowMeta, Network
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
+from honk.outbound.base import PacketEndpoint
 
 __all__ = ["MAX_PENDING_DATAGRAMS", "UdpAssociation"]
 
@@ -45,7 +52,9 @@ MAX_PENDING_DATAGRAMS = 32
 
 @dataclass(frozen=True, slots=True)
 class _Route:
-    sockaddr: tuple[str, int] | None  # None: drop datagrams to this target
+    sockaddr: tuple[str, int] | None  # None: drop datagrams to this target (unless proxied)
+    endpoint: PacketEndpoint | None = None  # a proxy leaf's endpoint, with the target as routed
+    target: Address | None = None
 
 
 _DROP = _Route(None)
@@ -96,6 +105,8 @@ class UdpAssociation:
         self._client_addr: tuple | None = None
         self._client_transport: asyncio.DatagramTransport | None = None
         self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
+        self._endpoints: dict[str, PacketEndpoint] = {}  # proxy leaf name → its endpoint
+        self._dialing: dict[str, asyncio.Future[PacketEndpoint]] = {}
         self._routes: dict[Address, _Route] = {}
         self._pending: dict[Address, list[bytes]] = {}
         self._resolved: dict[str, str] = {}  # domain → IP, cached per association
@@ -149,6 +160,9 @@ class UdpAssociation:
         for transport in self._remotes.values():
             transport.close()
         self._remotes.clear()
+        for endpoint in list(self._endpoints.values()):
+            endpoint.close()
+        self._endpoints.clear()
         self._pending.clear()
         if self._flow is not None:
             self._flow.release()
@@ -192,6 +206,10 @@ class UdpAssociation:
         task.add_done_callback(self._tasks.discard)
 
     def _send(self, route: _Route, payload: bytes) -> None:
+        if route.endpoint is not None:
+            assert route.target is not None
+            route.endpoint.send(payload, route.target)
+            return
         if route.sockaddr is None:
             return
         family = socket.AF_INET6 if ":" in route.sockaddr[0] else socket.AF_INET
@@ -233,8 +251,8 @@ class UdpAssociation:
         if leaf.protocol == "block":
             log.debug("udp target blocked association=%s target=%s rule=%s", self.id, target, routed.rule)
             return _DROP
-        if leaf.protocol != "direct":
-            error = NotSupported(f"outbound {leaf.name} cannot carry UDP yet")
+        if not leaf.capabilities.udp:
+            error = NotSupported(f"outbound {leaf.name} cannot carry UDP")
             log.info(
                 "udp target dropped association=%s target=%s chain=%s error=%s",
                 self.id,
@@ -243,6 +261,10 @@ class UdpAssociation:
                 type(error).__name__,
             )
             return _DROP
+        if leaf.protocol != "direct":
+            endpoint = await self._endpoint(leaf)
+            self._note_first_route(target, routed)
+            return _Route(None, endpoint, target)
         ip = await self._resolve(target)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         await self._remote_socket(family)
@@ -275,11 +297,50 @@ class UdpAssociation:
             return
         self._remotes[family] = transport
 
+    async def _endpoint(self, leaf) -> PacketEndpoint:  # noqa: ANN001 - an Outbound
+        """The association's endpoint through ``leaf``, dialled once and shared by its targets."""
+        name = leaf.name
+        endpoint = self._endpoints.get(name)
+        if endpoint is not None and not endpoint.closed:
+            return endpoint
+        dialing = self._dialing.get(name)
+        if dialing is None:
+            deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
+            dialing = asyncio.ensure_future(
+                leaf.dial_udp(self._from_endpoint, deadline, on_lost=lambda error: self._endpoint_lost(name, error))
+            )
+            self._dialing[name] = dialing
+            dialing.add_done_callback(lambda _: self._dialing.pop(name, None))
+        endpoint = await asyncio.shield(dialing)
+        if self._closed.is_set():
+            endpoint.close()
+            raise FlowClosed("the association ended while its endpoint was dialled")
+        self._endpoints[name] = endpoint
+        return endpoint
+
+    def _endpoint_lost(self, name: str, error: HonkError | None) -> None:
+        endpoint = self._endpoints.pop(name, None)
+        if endpoint is None or self._closed.is_set():
+            return
+        log.info("udp endpoint ended association=%s outbound=%s error=%s", self.id, name,
+                 type(error).__name__ if error is not None else "-")
+        for target, route in list(self._routes.items()):
+            if route.endpoint is endpoint:
+                del self._routes[target]  # the next datagram routes and dials again
+
     def _note_first_route(self, target: Address, routed: Routed) -> None:
         if self._flow is not None and not self._flow.rule:
             self._flow.retarget(target, routed.rule, routed.chain)
 
     # -- remote → client --------------------------------------------------------------
+
+    def _from_endpoint(self, data: bytes, source: Address) -> None:
+        """A reply through a proxy leaf: the proxy reports where it came from."""
+        if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
+            return
+        self.last_activity = self._clock.now()
+        self.bytes_down += len(data)
+        self._client_transport.sendto(build_udp_datagram(source, data), self._client_addr)
 
     def _from_remote(self, data: bytes, addr: tuple) -> None:
         if self._closed.is_set() or self._client_addr is None or self._client_transport is None:

@@ -58,7 +58,7 @@ class DialError(HonkError):
     """An outbound could not establish the upstream connection.
 
     ``phase`` is one of ``resolve``, ``connect``, ``tls``, ``handshake``,
-    ``auth``; ``outbound`` is the leaf's name.
+    ``auth``, ``target``; ``outbound`` is the leaf's name.
     """
 
     def __init__(self, outbound: str, phase: str, message: str) -> None:
@@ -69,6 +69,33 @@ class DialError(HonkError):
 
 class DialTimeout(DialError):
     """The dial deadline passed before the upstream connection was ready."""
+
+
+class ProxyAuthFailed(DialError):
+    """The proxy refused the node's credentials (phase ``auth``)."""
+
+    def __init__(self, outbound: str, message: str) -> None:
+        super().__init__(outbound, "auth", message)
+
+
+class TargetRefused(DialError):
+    """The proxy is fine but would not reach the target (phase ``target``).
+
+    ``reply`` is the refusal as a SOCKS5 reply code (an HTTP proxy's status is
+    mapped onto one), so a SOCKS5 inbound can pass it on unchanged.
+    """
+
+    def __init__(self, outbound: str, reply: int, message: str) -> None:
+        super().__init__(outbound, "target", message)
+        self.reply = reply
+
+
+class ConfigRefused(HonkError):
+    """The node's configuration cannot be dialled (an unsupported option, for example)."""
+
+
+class CapacityRefused(HonkError):
+    """A local limit refused the dial (sessions, sockets, ports): nothing was sent upstream."""
 
 
 class NotSupported(HonkError):

@@ -258,7 +258,7 @@ class SocksFastPath:
         meta = routed.meta
         deadline = self.clock.now() + self._dispatcher.global_spec.connect_timeout
         try:
-            sock = (await routed.leaf.dial_tcp(meta.target, deadline)).sock
+            dialed = await routed.leaf.dial_tcp(meta.target, deadline)
         except HonkError as exc:
             self._reject(token, meta.source, meta.target, exc)
             return
@@ -266,9 +266,10 @@ class SocksFastPath:
             self._abandon(token)
             raise
         flow = FastFlow(self, routed)
-        fd = sock.detach()
+        flow.framing = dialed.framing
+        fd = dialed.sock.detach()
         try:
-            flow._id = self.engine.hs_relay(token, fd, flow)
+            flow._id = self.engine.hs_relay(token, fd, flow, dialed.framing)
         except BaseException:
             os.close(fd)
             self._abandon(token)

@@ -31,6 +31,7 @@ each upstream connection is one flow in the tracker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import socket
@@ -58,6 +59,7 @@ from honk.core.net import Address, FlowMeta, Network
 from honk.inbound import http as http_proto
 from honk.inbound import socks5
 from honk.inbound.http import MAX_HEAD_SIZE, HttpProxyServerConnection, ProxyRequest
+from honk.relay.native import framed_socket
 from honk.relay.stream import StreamConn
 
 __all__ = ["HANDSHAKE_TIMEOUT", "MixedInbound"]
@@ -391,11 +393,11 @@ class _Socks5Session(_Session):
             self.inbound._refused(self.source, target, exc)
             self._reply(codec, socks5.reply_for(exc))
             return
-        try:
-            local = upstream.sock.getsockname()
-            bound = Address(local[0], local[1])
-        except OSError:
-            bound = None
+        bound = None  # 0.0.0.0:0 unless the upstream is an IP socket (a bridged one is not)
+        if upstream.sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                local = upstream.sock.getsockname()
+                bound = Address(local[0], local[1])
         try:
             self._reply(codec, socks5.Reply.SUCCEEDED, bound)
         except HonkError:
@@ -567,9 +569,13 @@ class _HttpSession(_Session):
         if upstream is None:
             return None
         conn = StreamConn(UpstreamFailed)
+        sock = upstream.sock
         try:
-            await asyncio.get_running_loop().create_connection(lambda: conn, sock=upstream.sock)
-        except OSError as exc:
+            if upstream.framing is not None:  # h11 needs plain bytes: a socket whose far end the engine frames
+                sock = framed_socket(upstream.sock, upstream.framing)
+            await asyncio.get_running_loop().create_connection(lambda: conn, sock=sock)
+        except (OSError, ValueError) as exc:
+            sock.close()
             upstream.sock.close()
             error = UpstreamFailed(f"upstream socket unusable: {exc!r}")
             self._send_error(error)

@@ -39,6 +39,7 @@ from honk.core.errors import (
     DialTimeout,
     NoRoute,
     NotSupported,
+    TargetRefused,
 )
 from honk.core.net import Address
 
@@ -100,6 +101,10 @@ class Reply(enum.IntEnum):
     TTL_EXPIRED = 0x06  # honk sends it for a dial timeout, as most servers do
     COMMAND_NOT_SUPPORTED = 0x07
     ADDRESS_TYPE_NOT_SUPPORTED = 0x08
+
+
+# the failure codes RFC 1928 defines (0x01..0x08)
+_REPLY_CODES = frozenset(int(r) for r in Reply if r != Reply.SUCCEEDED)
 
 
 class _NeedData:
@@ -455,12 +460,15 @@ def reply_for(error: BaseException) -> Reply:
     Blocked and NoRoute → ``0x02`` (the ruleset refuses or cannot place the
     flow); DialTimeout → ``0x06``; other DialErrors by errno (refused ``0x05``,
     network unreachable ``0x03``, host unreachable ``0x04``, a failed
-    ``resolve`` phase ``0x04``), else ``0x01``; NotSupported → ``0x07``.
+    ``resolve`` phase ``0x04``), else ``0x01``; an upstream proxy's refusal
+    (TargetRefused) keeps its code; NotSupported → ``0x07``.
     """
     if isinstance(error, Blocked | NoRoute):
         return Reply.NOT_ALLOWED
     if isinstance(error, DialTimeout):
         return Reply.TTL_EXPIRED
+    if isinstance(error, TargetRefused) and error.reply in _REPLY_CODES:
+        return Reply(error.reply)  # an upstream proxy's own refusal, passed on
     if isinstance(error, DialError):
         code = _errno_of(error)
         if code in _ERRNO_REPLIES:

@@ -36,6 +36,17 @@ class PacketEndpoint(Protocol):
     def closed(self) -> bool: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a leaf can carry."""
+
+    tcp: bool = True
+    udp: bool = False
+    # how UDP travels: "none", "direct" (plain datagrams), "socks5-associate",
+    # "shadowsocks" (per-packet AEAD); later protocols add theirs
+    udp_mode: str = "none"
+
+
 @dataclass(slots=True)
 class DialedStream:
     """The upstream of one TCP flow, connected and past the protocol's handshake."""
@@ -51,6 +62,13 @@ class Outbound(Protocol):
 
     name: str  # display name: the node tag, or "direct" / "block"
     protocol: str  # "direct", "block", "socks5", ...
+    # The node's runtime (see honk.outbound.runtime); the registry sets it on proxy
+    # leaves right after building them. None for direct and block.
+    runtime: Any
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """TCP, UDP and the UDP mode."""
 
     @property
     def supports_udp(self) -> bool:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from honk.core.errors import Blocked
 from honk.core.net import Address
-from honk.outbound.base import DialedStream
+from honk.outbound.base import Capabilities, DialedStream
 
 
 class BlockOutbound:
     """Refuses every flow with :class:`Blocked`; the inbound answers with its refusal."""
 
     protocol = "block"
+    runtime = None
 
     def __init__(self, name: str = "block") -> None:
         self.name = name
@@ -19,6 +20,10 @@ class BlockOutbound:
     def supports_udp(self) -> bool:
         # UDP routed here is refused the same way, not reported as unsupported.
         return True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(tcp=True, udp=True, udp_mode="none")
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         raise Blocked(f"{self.name}: {target} is blocked")

@@ -29,12 +29,13 @@ from collections.abc import Awaitable, Callable
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialError, DialTimeout
 from honk.core.net import Address, IPAddress
-from honk.outbound.base import DialedStream
+from honk.outbound.base import Capabilities, DialedStream
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
 
 log = logging.getLogger(__name__)
 
 CONNECTION_ATTEMPT_DELAY = 0.250  # seconds; RFC 8305 section 5 recommended default
+_DIRECT_CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="direct")
 BYPASS_MARK = 0x100  # fwmark upstream honk puts on its own upstream sockets so TPROXY skips them
 SO_MARK = getattr(socket, "SO_MARK", 36)  # Linux value; older Pythons lack the constant
 
@@ -81,6 +82,7 @@ class DirectOutbound:
     """
 
     protocol = "direct"
+    runtime = None
 
     def __init__(
         self,
@@ -106,6 +108,10 @@ class DirectOutbound:
     @property
     def supports_udp(self) -> bool:
         return True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _DIRECT_CAPABILITIES
 
     @property
     def connect_timeout(self) -> float:
@@ -140,6 +146,10 @@ class DirectOutbound:
             raise DialTimeout(self.name, "connect", f"port {port}: no connection before the deadline") from None
         except OSError as exc:
             raise self._failed([ip], port, [exc]) from None
+
+    async def resolve(self, host: str, deadline: float) -> list[IPAddress]:
+        """The addresses of ``host`` by this outbound's resolver, with typed ``resolve`` errors."""
+        return await self._resolve(host, deadline)
 
     async def _resolve(self, host: str, deadline: float) -> list[IPAddress]:
         try:
@@ -238,6 +248,10 @@ class DirectOutbound:
             sock.close()
             raise
         return sock
+
+    def mark_socket(self, sock: socket.socket) -> None:
+        """Put the bypass mark on ``sock`` (a leaf's own UDP socket, for example)."""
+        self._apply_mark(sock)
 
     def _apply_mark(self, sock: socket.socket) -> None:
         if self._mark is None:

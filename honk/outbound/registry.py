@@ -1,20 +1,30 @@
-"""Build the leaf outbounds of a Spec, keyed by name.
+"""Build the leaf outbounds of a Spec, keyed by name, and own their runtimes.
 
 Leaf protocols register a factory by protocol name; a declared node whose
 protocol has no factory yet becomes an :class:`UnsupportedOutbound`, so groups
 and rules can still name it and dialing it fails with ``NotSupported``.
+
+Every proxy leaf gets the :class:`~honk.outbound.runtime.NodeRuntime` of its
+NodeId: the one passed in ``runtimes`` (from the plane being replaced) when
+the node is unchanged, else a new one. Identity is the NodeId alone, which
+covers everything that decides how the node is dialled; a rename keeps it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 
 from honk.config.spec import BUILTIN_OUTBOUNDS, GlobalSpec, NodeSpec, Spec
 from honk.core.clock import Clock
 from honk.outbound.base import Outbound
 from honk.outbound.block import BlockOutbound
 from honk.outbound.direct import DirectOutbound
+from honk.outbound.http import HttpOutbound
+from honk.outbound.runtime import NodeRuntime
+from honk.outbound.shadowsocks import ShadowsocksOutbound
+from honk.outbound.socks5 import Socks5Outbound
 from honk.outbound.unsupported import UnsupportedOutbound
 
 log = logging.getLogger(__name__)
@@ -39,11 +49,20 @@ register_protocol(
     "direct", lambda node, glob, clock: DirectOutbound(clock, glob.connect_timeout, name=node.name)
 )
 register_protocol("block", lambda node, glob, clock: BlockOutbound(name=node.name))
+register_protocol("ss", ShadowsocksOutbound)
+register_protocol("socks5", Socks5Outbound)
+register_protocol("http", HttpOutbound)
+register_protocol("https", HttpOutbound)
 
 
-def build_outbounds(spec: Spec, clock: Clock) -> dict[str, Outbound]:
-    """One leaf per name: the built-in ``direct`` and ``block`` first, then the
-    declared nodes; the first declaration of a name wins."""
+def build_outbounds(
+    spec: Spec, clock: Clock, runtimes: Mapping[uuid.UUID, NodeRuntime] | None = None
+) -> tuple[dict[str, Outbound], dict[uuid.UUID, NodeRuntime]]:
+    """One leaf per name -- the built-in ``direct`` and ``block`` first, then the
+    declared nodes; the first declaration of a name wins -- and the runtimes of
+    the proxy leaves by NodeId (reused from ``runtimes`` when present)."""
+    previous = runtimes or {}
+    used: dict[uuid.UUID, NodeRuntime] = {}
     glob = spec.global_
     outbounds: dict[str, Outbound] = {
         "direct": DirectOutbound(clock, glob.connect_timeout),
@@ -61,6 +80,23 @@ def build_outbounds(spec: Spec, clock: Clock) -> dict[str, Outbound]:
         factory = _FACTORIES.get(node.protocol)
         if factory is None:
             outbounds[node.name] = UnsupportedOutbound(node.name, node.protocol)
-        else:
-            outbounds[node.name] = factory(node, glob, clock)
-    return outbounds
+            continue
+        leaf = factory(node, glob, clock)
+        if node.protocol not in BUILTIN_OUTBOUNDS:
+            runtime = used.get(node.id) or previous.get(node.id)
+            if runtime is None or runtime.closed:
+                runtime = NodeRuntime(node.id, node.name)
+            runtime.name = node.name
+            leaf.runtime = used[node.id] = runtime
+        outbounds[node.name] = leaf
+    return outbounds, used
+
+
+def retire_runtimes(old: Mapping[uuid.UUID, NodeRuntime], new: Mapping[uuid.UUID, NodeRuntime]) -> int:
+    """Close the runtimes of ``old`` that ``new`` no longer uses; returns how many."""
+    retired = 0
+    for node_id, runtime in old.items():
+        if new.get(node_id) is not runtime:
+            runtime.close()
+            retired += 1
+    return retired

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from honk.core.errors import NotSupported
 from honk.core.net import Address
-from honk.outbound.base import DialedStream
+from honk.outbound.base import Capabilities, DialedStream
 
 
 class UnsupportedOutbound:
@@ -14,10 +14,15 @@ class UnsupportedOutbound:
     def __init__(self, name: str, protocol: str) -> None:
         self.name = name
         self.protocol = protocol
+        self.runtime = None
 
     @property
     def supports_udp(self) -> bool:
         return False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(tcp=False, udp=False)
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         raise NotSupported(

@@ -11,7 +11,9 @@ directions saw EOF) or raises the typed end (``ClientGone``,
 through; ``client.detach()`` yields the transport, the bytes it had already
 buffered (they must be sent upstream first) and whether EOF was seen.
 ``upstream_sock`` is the connected non-blocking socket from
-``Outbound.dial_tcp``. :class:`~honk.relay.copy.CopyRelay` is the pure-Python
+``Outbound.dial_tcp``; ``framing`` is that dial's ``DialedStream.framing``
+(``None`` for plain bytes; a Shadowsocks stream's AEAD state otherwise, which the
+relay applies). :class:`~honk.relay.copy.CopyRelay` is the pure-Python
 reference; a native splice engine replaces it by taking the client's fd
 (``transport.get_extra_info("socket")``) after ``detach`` and the upstream fd
 directly, and must pass the same tests in ``tests/unit/relay/``.
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Protocol
+from typing import Any, Protocol
 
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
@@ -42,7 +44,7 @@ class RelayEngine(Protocol):
     bytes_down: int
     last_activity: float
 
-    async def run(self, client: StreamConn, upstream: socket.socket) -> None: ...
+    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None: ...
 
     def close(self, reason: HonkError | None = None) -> None: ...
 

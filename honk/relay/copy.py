@@ -23,12 +23,20 @@ Invariants:
   * ``bytes_up`` (client → upstream, including pipelined handshake bytes),
     ``bytes_down`` and ``last_activity`` (``clock.now()`` of the last chunk)
     are read live by the connection tracker; only this relay writes them.
+  * Framing (``run(..., framing)``, a ``ShadowsocksFraming``): client bytes go
+    through ``framing.encryptor`` on their way up, upstream bytes through
+    ``framing.decryptor`` on their way down, in the protocols' callbacks. The
+    codec's errors end the flow as they are; EOF from the upstream inside a
+    chunk is ``ShadowsocksProtocolError("truncated")``. Counters count what
+    each socket delivered (plaintext from the client, wire bytes from the
+    upstream), as the native engine's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 from honk.core.clock import Clock
 from honk.core.errors import FlowClosed, HonkError, UpstreamFailed
@@ -76,6 +84,14 @@ class _Side(asyncio.Protocol):
             relay.bytes_up += len(data)
         else:
             relay.bytes_down += len(data)
+        framing = relay._framing
+        if framing is not None:
+            if self.is_client:
+                data = framing.encryptor.encrypt(data)
+            else:
+                data = relay._unframe(data)
+            if not data:
+                return
         self.peer.send(data)
 
     def send(self, data: bytes) -> None:
@@ -87,6 +103,9 @@ class _Side(asyncio.Protocol):
             transport.write(data)
 
     def eof_received(self) -> bool:
+        relay = self.relay
+        if not self.is_client and relay._framing is not None and relay._truncated():
+            return True
         self.read_done = True
         self.peer.shutdown_write()
         self.relay._maybe_finish()
@@ -158,14 +177,16 @@ class CopyRelay:
         self._done: asyncio.Future[None] | None = None
         self._started = False  # both transports are wrapped (or setup failed)
         self._open = 0
+        self._framing: Any = None
 
     @property
     def error(self) -> HonkError | None:
         return self._error
 
-    async def run(self, client: StreamConn, upstream: socket.socket) -> None:
+    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None:
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        self._framing = framing
         if self._error is not None:  # closed before it started
             client.abort()
             upstream.close()
@@ -193,7 +214,7 @@ class CopyRelay:
                 if preamble:
                     self.bytes_up += len(preamble)
                     self.last_activity = self.clock.now()
-                    self._upstream.send(preamble)
+                    self._upstream.send(preamble if framing is None else framing.encryptor.encrypt(preamble))
                 if eof:
                     self._client.eof_received()
         # Only now may the flow count as ended: before this point ``_open`` did not
@@ -223,6 +244,26 @@ class CopyRelay:
         self._client.abort()
         self._upstream.abort()
         self._maybe_done()
+
+    def _unframe(self, data: bytes) -> bytes:
+        """Upstream wire bytes -> the plaintext they complete; a codec error ends the flow."""
+        from honk.proto.shadowsocks import ShadowsocksError
+
+        try:
+            return self._framing.decryptor.feed(data)
+        except ShadowsocksError as exc:
+            self._fail(exc)
+            return b""
+
+    def _truncated(self) -> bool:
+        """The upstream's EOF came inside its salt or a chunk: end the flow with a protocol error."""
+        from honk._fast.relay_py import decryptor_pending
+        from honk.proto.shadowsocks import ShadowsocksProtocolError
+
+        if not decryptor_pending(self._framing.decryptor):
+            return False
+        self._fail(ShadowsocksProtocolError("truncated", "the upstream closed inside a chunk"))
+        return True
 
     def _maybe_finish(self) -> None:
         if self._client.read_done and self._upstream.read_done and not self._finishing:

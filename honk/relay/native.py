@@ -23,6 +23,15 @@ Streams the engine cannot carry as plain fds (a TLS transport, anything that
 is not a connected SOCK_STREAM socket) are relayed by an internal
 :class:`CopyRelay` instead; ``engine`` then says ``copy``.
 
+Framed upstreams (``run(..., framing)`` with a ``ShadowsocksFraming``) go to the
+engine with their AEAD state: the worker seals client bytes and opens upstream
+chunks itself (no Python per chunk). An END on the upstream side with one of the
+engine's FRAMING_* errnos becomes the codec's typed error
+(:class:`~honk.proto.shadowsocks.ShadowsocksAuthError` for a tag that does not
+verify, :class:`~honk.proto.shadowsocks.ShadowsocksProtocolError` for an
+oversized length or a truncated stream). :func:`framed_socket` gives code that
+needs a plain socket (the HTTP forwarder) one whose far end the engine frames.
+
 Counters: ``bytes_up``/``bytes_down`` are read live from the engine (exact at
 any moment; they count bytes read from each side, preamble included);
 ``last_activity`` is ``clock.now()`` when the adapter last drained a byte event
@@ -51,7 +60,7 @@ from honk.relay.copy import CopyRelay
 from honk.relay.ends import client_error, local_error, upstream_error
 from honk.relay.stream import StreamConn
 
-__all__ = ["NativeRelay", "close_engines", "native_available", "shared_engine"]
+__all__ = ["NativeRelay", "close_engines", "framed_socket", "framing_error", "native_available", "shared_engine"]
 
 # Size a bulk direction's splice pipe grows to (bytes; 0 = the engine's BULK_PIPE_SIZE, 1 MiB;
 # -1 = never grow, keep the kernel's 64 KiB). Benchmarks and debugging only.
@@ -90,6 +99,50 @@ def close_engines() -> int:
     return len(engines)
 
 
+def framing_error(err: int) -> HonkError | None:
+    """The codec's typed error for an engine FRAMING_* errno (upstream side), else None."""
+    if err not in (_relay.FRAMING_AUTH, _relay.FRAMING_PROTOCOL, _relay.FRAMING_TRUNCATED):
+        return None
+    from honk.proto.shadowsocks import ShadowsocksAuthError, ShadowsocksProtocolError
+
+    if err == _relay.FRAMING_AUTH:
+        return ShadowsocksAuthError("bad-tag", "an upstream chunk did not verify")
+    if err == _relay.FRAMING_PROTOCOL:
+        return ShadowsocksProtocolError("chunk-too-long")
+    return ShadowsocksProtocolError("truncated", "the upstream closed inside a chunk")
+
+
+class _Bridge:
+    """Engine events of a :func:`framed_socket` bridge: nothing to track, the plain end carries the flow."""
+
+    def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
+        pass
+
+
+def framed_socket(upstream: socket.socket, framing: Any, engine: Any = None) -> socket.socket:
+    """A plain connected stream socket standing for the framed ``upstream``.
+
+    The engine (default: the running loop's) takes ``upstream`` over and relays
+    between it and the other end of a socket pair, sealing and opening through
+    ``framing``; the caller reads and writes plain bytes on the returned socket.
+    A framing failure closes the pair (the caller sees EOF or a reset).
+    """
+    if engine is None:
+        engine = shared_engine()
+    plain, inner = socket.socketpair()
+    plain.setblocking(False)
+    inner_fd = inner.detach()
+    upstream_fd = upstream.detach()
+    try:
+        engine.add(inner_fd, upstream_fd, _Bridge(), framing=framing)
+    except Exception:
+        os.close(inner_fd)
+        os.close(upstream_fd)
+        plain.close()
+        raise
+    return plain
+
+
 class _Discard(asyncio.Protocol):
     """The client transport's last protocol, while it is being aborted."""
 
@@ -119,6 +172,7 @@ class NativeRelay:
         self._ended = False
         self._done: asyncio.Future[None] | None = None
         self._copy: CopyRelay | None = None
+        self.framing: Any = None  # the upstream's framing (run() sets it; the fast path before hs_relay)
 
     # -- what the tracker reads ---------------------------------------------------------
 
@@ -148,12 +202,13 @@ class NativeRelay:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def run(self, client: StreamConn, upstream: socket.socket) -> None:
+    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None:
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
+        self.framing = framing
         transport = client.transport
         if self._error is None and not _eligible(transport, upstream):
-            await self._run_copy(client, upstream)
+            await self._run_copy(client, upstream, framing)
             return
         if self._error is None and transport is not None and not await _flushed(transport):
             self._error = client_error(errno.ETIMEDOUT, "the handshake reply was not taken")
@@ -183,7 +238,7 @@ class NativeRelay:
             self._base_up = self._up = len(preamble)
             self.last_activity = self.clock.now()
         try:
-            self._id = self._engine.add(client_fd, upstream_fd, self, preamble, eof)
+            self._id = self._engine.add(client_fd, upstream_fd, self, preamble, eof, framing=framing)
         except Exception as exc:
             os.close(client_fd)
             os.close(upstream_fd)
@@ -197,11 +252,11 @@ class NativeRelay:
         if self._error is not None:
             raise self._error
 
-    async def _run_copy(self, client: StreamConn, upstream: socket.socket) -> None:
+    async def _run_copy(self, client: StreamConn, upstream: socket.socket, framing: Any) -> None:
         self.engine = "copy"
         self._copy = CopyRelay(self.clock)
         try:
-            await self._copy.run(client, upstream)
+            await self._copy.run(client, upstream, framing)
         finally:
             self.last_activity = self._copy.last_activity
 
@@ -237,7 +292,8 @@ class NativeRelay:
                     if side == _relay.SIDE_CLIENT:
                         self._error = client_error(err)
                     elif side == _relay.SIDE_UPSTREAM:
-                        self._error = upstream_error(err)
+                        framed = framing_error(err) if self.framing is not None else None
+                        self._error = framed if framed is not None else upstream_error(err)
                     else:
                         self._error = local_error(err)
                 elif a == _relay.END_CANCELLED:

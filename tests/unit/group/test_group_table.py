@@ -32,7 +32,7 @@ def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> Gr
 
 def table(*groups: GroupSpec, nodes=("a", "b", "c"), previous=None) -> GroupTable:
     spec = Spec(nodes=tuple(node(n) for n in nodes), groups=groups)
-    return GroupTable.build(spec, build_outbounds(spec, FakeClock()), previous_choices=previous)
+    return GroupTable.build(spec, build_outbounds(spec, FakeClock())[0], previous_choices=previous)
 
 
 def chain(t: GroupTable, name: str, network: Network = Network.TCP) -> tuple[str, ...]:

@@ -13,7 +13,9 @@ from honk.core.errors import Blocked, NotSupported
 from honk.core.net import Address
 from honk.outbound.block import BlockOutbound
 from honk.outbound.direct import BYPASS_MARK, CONNECTION_ATTEMPT_DELAY, DirectOutbound, interleave_families
+from honk.outbound.http import HttpOutbound
 from honk.outbound.registry import build_outbounds, register_protocol
+from honk.outbound.socks5 import Socks5Outbound
 from honk.outbound.unsupported import UnsupportedOutbound
 
 TARGET = Address("example.com", 443)
@@ -37,7 +39,7 @@ def test_named_constants_match_rfc_8305_and_upstream() -> None:
 
 
 def test_registry_always_has_direct_and_block() -> None:
-    outbounds = build_outbounds(Spec(), FakeClock())
+    outbounds = build_outbounds(Spec(), FakeClock())[0]
     assert isinstance(outbounds["direct"], DirectOutbound)
     assert isinstance(outbounds["block"], BlockOutbound)
 
@@ -49,12 +51,14 @@ def test_registry_builds_nodes_by_protocol() -> None:
             NodeSpec("web", "http", "127.0.0.1", 8080),
             NodeSpec("lan-direct", "direct"),
             NodeSpec("sink", "block"),
+            NodeSpec("later", "vmess", "127.0.0.1", 443),
         )
     )
-    outbounds = build_outbounds(spec, FakeClock())
-    assert list(outbounds) == ["direct", "block", "hk", "web", "lan-direct", "sink"]
-    assert isinstance(outbounds["hk"], UnsupportedOutbound)
-    assert outbounds["web"].protocol == "http"
+    outbounds, _ = build_outbounds(spec, FakeClock())
+    assert list(outbounds) == ["direct", "block", "hk", "web", "lan-direct", "sink", "later"]
+    assert isinstance(outbounds["hk"], Socks5Outbound)
+    assert isinstance(outbounds["web"], HttpOutbound) and outbounds["web"].protocol == "http"
+    assert isinstance(outbounds["later"], UnsupportedOutbound)
     assert (
         isinstance(outbounds["lan-direct"], DirectOutbound) and outbounds["lan-direct"].name == "lan-direct"
     )
@@ -70,7 +74,7 @@ def test_registry_first_declared_name_wins(caplog: pytest.LogCaptureFixture) -> 
         )
     )
     with caplog.at_level(logging.WARNING):
-        outbounds = build_outbounds(spec, FakeClock())
+        outbounds, _ = build_outbounds(spec, FakeClock())
     assert outbounds["hk"].protocol == "socks5"
     assert isinstance(outbounds["direct"], DirectOutbound)
     assert "more than once" in caplog.text and "built-in" in caplog.text
@@ -78,7 +82,7 @@ def test_registry_first_declared_name_wins(caplog: pytest.LogCaptureFixture) -> 
 
 def test_registry_uses_the_configured_connect_timeout() -> None:
     spec = Spec(global_=GlobalSpec(connect_timeout=1.5))
-    assert build_outbounds(spec, FakeClock())["direct"].connect_timeout == 1.5
+    assert build_outbounds(spec, FakeClock())[0]["direct"].connect_timeout == 1.5
 
 
 def test_registering_a_protocol_twice_is_rejected() -> None:

@@ -1,0 +1,159 @@
+"""HTTP CONNECT nodes: ``http://`` (plain) and ``https://`` (TLS to the proxy).
+
+Plain: the CONNECT request goes out, the response head is read by peeking, so
+exactly the head is consumed and any tunnel bytes the proxy sent right after
+it (a target that speaks first) stay in the socket for the relay. The socket
+is then a plain stream.
+
+TLS: stdlib ``ssl`` over the server connection (SNI from the ``sni`` parameter
+or the node's host; verification on unless ``allowInsecure``/``allow_insecure``/
+``insecure`` says otherwise; the system trust store, which honours
+``SSL_CERT_FILE``). The tunnel lives in an asyncio transport, so the relay gets
+it through :func:`~honk.outbound.bridge.bridge_stream`.
+
+Failures: TLS errors are phase ``tls``; ``407``/``401`` are :class:`ProxyAuthFailed`;
+other refusals are :class:`TargetRefused` (see :mod:`honk.proto.http_connect`).
+HTTP proxies carry no UDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+
+from honk.config.spec import GlobalSpec, NodeSpec
+from honk.core.clock import Clock, timeout_at
+from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
+from honk.core.net import Address
+from honk.outbound.base import Capabilities, DialedStream
+from honk.outbound.bridge import bridge_stream
+from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope, recv_some, wait_readable
+from honk.proto.http_connect import MAX_RESPONSE_HEAD, check_status, connect_request, parse_connect_response
+from honk.relay.stream import StreamConn
+
+__all__ = ["HttpOutbound", "tls_verification"]
+
+_CAPABILITIES = Capabilities(tcp=True, udp=False)
+_PEEK_LIMIT = MAX_RESPONSE_HEAD + 4
+
+# Share-link booleans that switch certificate verification off or leave it on.
+_INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
+_TRUE = frozenset({"true", "yes", "1", "on"})
+_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
+
+
+def tls_verification(params: tuple[tuple[str, str], ...]) -> bool:
+    """Whether to verify the server certificate; ConfigRefused for unknown or conflicting values."""
+    verdicts = set()
+    for key, value in params:
+        if key in _INSECURE_KEYS:
+            word = value.strip().lower()
+            if word in _TRUE:
+                verdicts.add(False)
+            elif word in _FALSE:
+                verdicts.add(True)
+            else:
+                raise ConfigRefused(f"{key} must be a boolean")
+    if len(verdicts) > 1:
+        raise ConfigRefused("certificate verification parameters disagree")
+    return verdicts.pop() if verdicts else True
+
+
+class HttpOutbound(ProxyLeaf):
+    def __init__(self, node: NodeSpec, glob: GlobalSpec, clock: Clock) -> None:
+        super().__init__(node, glob, clock)
+        self.protocol = node.protocol  # "http" or "https"
+        self._username = node.username if node.username else None
+        self._password = node.password
+        self._tls = node.protocol == "https"
+        params = dict(node.params)
+        self._sni = params.get("sni") or params.get("peer") or node.host
+        self._context: ssl.SSLContext | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+        request = connect_request(target, self._username, self._password)
+        sock = await self.connect_server(deadline)
+        try:
+            if self._tls:
+                stream = await self._tunnel_over_tls(sock, request, deadline)  # owns sock from here
+            else:
+                try:
+                    await self._tunnel(sock, request, deadline)
+                except BaseException:
+                    sock.close()
+                    raise
+                stream = sock
+        except HonkError as exc:
+            self.count(exc)
+            raise
+        self.count(None)
+        return DialedStream(stream)
+
+    async def _tunnel(self, sock: socket.socket, request: bytes, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
+            await loop.sock_sendall(sock, request)
+            head = bytearray()
+            while True:
+                await wait_readable(sock)
+                peeked = sock.recv(_PEEK_LIMIT - len(head), socket.MSG_PEEK)
+                if not peeked:
+                    raise ServerClosed()
+                response = parse_connect_response(bytes(head + peeked), self.name)
+                if response is None:
+                    head += await recv_some(sock, len(peeked))  # all of it is head: take it
+                    continue
+                rest = response.head_length - len(head)
+                while rest:  # exactly the head; tunnel bytes stay queued
+                    rest -= len(await recv_some(sock, rest))
+                check_status(response, self.name)
+                return
+
+    async def _tunnel_over_tls(self, sock: socket.socket, request: bytes, deadline: float) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                context = self._tls_context()
+                async with timeout_at(self.clock, deadline):
+                    _, conn = await loop.create_connection(
+                        lambda: StreamConn(UpstreamFailed), sock=sock, ssl=context, server_hostname=self._sni
+                    )
+            except BaseException:
+                sock.close()  # a failed handshake closes its transport; this covers the rest
+                raise
+        except TimeoutError:
+            raise DialTimeout(self.name, "tls", "no TLS handshake before the deadline") from None
+        except ssl.SSLError as exc:
+            raise DialError(self.name, "tls", exc.reason or type(exc).__name__) from None
+        except (OSError, HonkError) as exc:
+            raise DialError(self.name, "tls", f"the TLS handshake failed: {exc}") from None
+        try:
+            async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
+                conn.write(request)
+                head = b""
+                while (response := parse_connect_response(head, self.name)) is None:
+                    data = await conn.receive()
+                    if not data:
+                        raise ServerClosed()
+                    head += data
+                check_status(response, self.name)
+                if len(head) > response.head_length:
+                    conn.unread(head[response.head_length :])  # the target's first bytes
+        except BaseException:
+            conn.abort()
+            raise
+        return bridge_stream(conn)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._context is None:
+            context = ssl.create_default_context()
+            if not tls_verification(self.node.params):
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            self._context = context
+        return self._context

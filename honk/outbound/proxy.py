@@ -1,0 +1,112 @@
+"""What every leaf that talks to a proxy server shares.
+
+:class:`ProxyLeaf` reaches the node's server with a
+:class:`~honk.outbound.direct.DirectOutbound` named after the node (Happy
+Eyeballs, the bypass mark, typed ``resolve``/``connect`` errors), runs the
+protocol's handshake under the dial deadline, and counts each dial's outcome
+on the node's :class:`~honk.outbound.runtime.NodeRuntime`.
+
+:func:`handshake_scope` turns what can go wrong while a handshake reads and
+writes into the typed errors of the ``handshake`` phase: the deadline passing
+(:class:`DialTimeout`), the server closing or resetting the connection, a
+socket error. The protocol codecs raise their own typed errors (auth, target
+refusals, malformed bytes); those pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+from honk.config.spec import GlobalSpec, NodeSpec
+from honk.core.clock import Clock, timeout_at
+from honk.core.errors import DialError, DialTimeout, HonkError
+from honk.core.net import Address
+from honk.outbound.direct import DirectOutbound
+from honk.outbound.runtime import NodeRuntime
+
+__all__ = ["ProxyLeaf", "ServerClosed", "handshake_scope", "recv_some"]
+
+
+class ServerClosed(Exception):
+    """The proxy server closed the connection in the middle of a handshake."""
+
+
+async def recv_some(sock: socket.socket, limit: int) -> bytes:
+    """At most ``limit`` bytes from ``sock``; raises :class:`ServerClosed` at EOF."""
+    data = await asyncio.get_running_loop().sock_recv(sock, limit)
+    if not data:
+        raise ServerClosed()
+    return data
+
+
+async def wait_readable(sock: socket.socket) -> None:
+    """Wait until ``sock`` has bytes (or EOF) to read, without reading them."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+@contextlib.asynccontextmanager
+async def handshake_scope(clock: Clock, deadline: float, outbound: str, protocol: str) -> AsyncIterator[None]:
+    """Run a handshake body under ``deadline`` with its failures typed (phase ``handshake``)."""
+    try:
+        async with timeout_at(clock, deadline):
+            yield
+    except TimeoutError:
+        raise DialTimeout(outbound, "handshake", f"{protocol}: no answer before the deadline") from None
+    except ServerClosed:
+        raise DialError(outbound, "handshake", f"{protocol}: the server closed the connection") from None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise DialError(outbound, "handshake", f"{protocol}: {why}") from None
+
+
+class ProxyLeaf:
+    """Base of leaves that dial through a proxy server (SOCKS5, HTTP, Shadowsocks...)."""
+
+    protocol = "proxy"
+
+    def __init__(self, node: NodeSpec, glob: GlobalSpec, clock: Clock) -> None:
+        self.node = node
+        self.name = node.name
+        self.id = node.id
+        self.clock = clock
+        self.server = Address(node.host, node.port)
+        self.connector = DirectOutbound(clock, glob.connect_timeout, name=node.name)
+        self.runtime: NodeRuntime | None = None  # set by the registry
+
+    @property
+    def supports_udp(self) -> bool:
+        return bool(self.capabilities.udp)
+
+    @property
+    def capabilities(self):  # noqa: ANN201 - each leaf returns its Capabilities
+        raise NotImplementedError
+
+    async def connect_server(self, deadline: float) -> socket.socket:
+        """A connected socket to the node's server (its failures are counted)."""
+        try:
+            return await self.connector.connect(self.server, deadline)
+        except HonkError as exc:
+            self.count(exc)
+            raise
+
+    def count(self, outcome: HonkError | None) -> None:
+        """Record one dial's outcome on the runtime: ``ok`` or the failure's phase."""
+        if self.runtime is None:
+            return
+        if outcome is None:
+            self.runtime.dials["ok"] += 1
+        else:
+            self.runtime.dials[getattr(outcome, "phase", type(outcome).__name__)] += 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, id={self.id})"

@@ -1,0 +1,84 @@
+"""A node's runtime: the reusable resources one node owns, and who keeps it warm.
+
+The registry creates one :class:`NodeRuntime` per :class:`~uuid.UUID` node
+identity and hands the same object to every rebuilt outbound of that node, so a
+reload or a subscription refresh that leaves a node's configuration unchanged
+(same NodeId) keeps its runtime: its bridges, UDP endpoints and counters. A node
+whose configuration changed has a new NodeId and starts with a new runtime; the
+old one is closed once the plane that used it is replaced.
+
+The runtime owns what a node *shares* between flows (pools, sessions,
+carriers, warm connections) and closes it when the node goes. What belongs to
+one flow (a TLS bridge, a UDP association's endpoint) stays with that flow,
+so retiring a node never cuts a live connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import uuid
+from collections import Counter
+from typing import Protocol
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class WarmOwner(enum.IntFlag):
+    """Who asked for a node to be kept warm; it stays warm while any bit is set."""
+
+    STARTUP = 1  # startup preconnect
+    SELECTOR_PIN = 2  # a Selector's chosen member
+    UDP_WARM = 4  # the UDP warm set
+
+
+class NodeRuntime:
+    """Resources and counters of one node (by NodeId), shared across plane generations."""
+
+    def __init__(self, node_id: uuid.UUID, name: str) -> None:
+        self.node_id = node_id
+        self.name = name  # display name of the latest generation that uses it
+        self.warm = WarmOwner(0)
+        # dial outcomes by kind: "ok", or a failure phase ("connect", "auth", "target", ...)
+        self.dials: Counter[str] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._resources: set[Closable] = set()
+        self.closed = False
+
+    def own_task(self, task: asyncio.Task[None]) -> None:
+        """Cancel ``task`` when the runtime closes (it leaves the set when it finishes)."""
+        if self.closed:
+            task.cancel()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def own(self, resource: Closable) -> None:
+        """Close ``resource`` when the runtime closes, unless :meth:`release` comes first."""
+        if self.closed:
+            resource.close()
+            return
+        self._resources.add(resource)
+
+    def release(self, resource: Closable) -> None:
+        self._resources.discard(resource)
+
+    @property
+    def open_resources(self) -> int:
+        return len(self._resources) + len(self._tasks)
+
+    def close(self) -> None:
+        """Stop everything the node owns; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for resource in list(self._resources):
+            resource.close()
+        self._resources.clear()
+
+    def __repr__(self) -> str:
+        return f"NodeRuntime(node_id={self.node_id}, name={self.name!r}, closed={self.closed})"
