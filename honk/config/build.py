@@ -46,7 +46,6 @@ ACCEPTED_GLOBAL_KEYS = frozenset(
         "wan_interface",
         "auto_config_kernel_parameter",
         "nfqueue_enable",
-        "store_subscribe",
         "dial_mode",
         "allow_insecure",
         "sniffing_timeout",
@@ -137,6 +136,10 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                     sink.error("invalid-value", e.path, "data_dir must not be empty", e.loc)
                 else:
                     g[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(s)))
+        elif key == "store_subscribe":
+            flag = V.get_bool(e, sink)
+            if flag is not None:
+                g[key] = flag
         elif key in ACCEPTED_GLOBAL_KEYS:
             continue
         else:
@@ -409,6 +412,7 @@ def merge(docs: list[Doc]) -> Doc:
         merged.global_.extend(d.global_)
         merged.inbounds.extend(d.inbounds)
         merged.nodes.extend(d.nodes)
+        merged.subscriptions.extend(d.subscriptions)
         merged.groups.extend(d.groups)
         merged.rules.extend(d.rules)
         merged.fallbacks.extend(d.fallbacks)

@@ -18,7 +18,9 @@ Reading happens in two steps.
    ``node``, ``subscription``, ``group``, ``routing``, ``dns``, ``include``,
    ``experimental``) and flattens them into :class:`~honk.config.tree.Entry`
    lists with key paths. Setting values stay as written (``raw=True``); the
-   builder reads them with :mod:`honk.config.values`.
+   builder reads them with :mod:`honk.config.values`. Subscription entries
+   (``tag: 'url'(UA)``, bare URLs, ``tag: {`` blocks) are split here into
+   :class:`~honk.config.tree.SubscriptionDecl` objects.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import re
 from dataclasses import dataclass, field
 
 from honk.config.diagnostics import SourceLoc
-from honk.config.tree import Doc, Entry, GroupDecl, Sink, join_path
-from honk.config.values import QUOTE_OPENERS, QUOTES
+from honk.config.tree import Doc, Entry, GroupDecl, Sink, SubscriptionDecl, join_path
+from honk.config.values import QUOTE_OPENERS, QUOTES, quote_mask, unquote
 
 
 @dataclass(slots=True)
@@ -408,7 +410,9 @@ def to_doc(root: Block, file: str, sink: Sink) -> Doc:
             doc.inbounds.extend(_entries(item, "inbound", file, sink))
         elif name == "node":
             doc.nodes.extend(_entries(item, "node", file, sink))
-        elif name in ("subscription", "dns"):
+        elif name == "subscription":
+            _subscriptions(item, file, sink, doc)
+        elif name == "dns":
             doc.unsupported.append((name, loc))
         elif name == "group":
             _groups(item, file, sink, doc)
@@ -421,6 +425,150 @@ def to_doc(root: Block, file: str, sink: Sink) -> Doc:
         elif name:
             sink.warning("unknown-section", name, "unknown section is skipped", loc)
     return doc
+
+
+# --- subscriptions ---------------------------------------------------------------------
+
+_SKIP = object()  # an entry tail that makes the whole entry be skipped (already reported)
+
+
+def _subscriptions(block: Block, file: str, sink: Sink, doc: Doc) -> None:
+    """``subscription`` entries, inline or block form (upstream subscription reference).
+
+    Untagged entries get the key path ``subscription[N]``, where ``N`` counts
+    every entry of the block in source order, skipped ones and blocks included.
+    """
+    for ordinal, item in enumerate(block.items):
+        loc = _loc(file, item.line)
+        if isinstance(item, Block):
+            tag = _block_tag(item.header)
+            path = join_path("subscription", tag) if tag else join_path("subscription", ordinal)
+            doc.subscriptions.append(SubscriptionDecl(tag, path, loc, _settings(item, path, file, sink)))
+            continue
+        path = join_path("subscription", ordinal)
+        if item.text.startswith("/*"):
+            sink.warning("unsupported-comment", path, "'/* */' comments are not supported", loc)
+            continue
+        parsed = split_subscription_entry(item.text, path, loc, sink)
+        if parsed is None:
+            continue
+        tag, url, user_agent = parsed
+        if tag is None and "://" not in url:
+            sink.warning("invalid-statement", path, "expected '[tag:] url'; statement ignored", loc)
+            continue
+        if tag:
+            path = join_path("subscription", tag)
+        entries = [Entry("url", url, path, loc)]
+        if user_agent is not None:
+            entries.append(Entry("ua", user_agent, path, loc))
+        doc.subscriptions.append(SubscriptionDecl(tag, path, loc, entries))
+
+
+def _block_tag(header: str) -> str:
+    """``paid:`` (or ``'paid':``, or ``paid``) as the tag of a block-form subscription."""
+    h = header.strip()
+    if h.endswith(":"):
+        h = h[:-1]
+    return unquote(h)
+
+
+def split_subscription_entry(
+    text: str, path: str, loc: SourceLoc, sink: Sink
+) -> tuple[str | None, str, str | None] | None:
+    """An inline subscription: ``[tag:] url`` where a quoted URL may carry a ``(UA)`` suffix.
+
+    Returns ``(tag, url, user_agent)``; the tag is None when there is none, ''
+    when it is explicitly empty (validation rejects that). None: the entry is
+    skipped (reported here or by the lexer).
+    """
+    s = text.strip()
+    tag: str | None = None
+    if s and s[0] in QUOTES:
+        end = _close_quote(s)
+        if end < 0:
+            return None  # already reported by the lexer
+        head, rest = s[1:end], s[end + 1 :]
+        after = rest.lstrip()
+        if not after.startswith(":"):
+            # A quoted URL without an explicit tag; a tag may sit inside the quotes.
+            user_agent = _url_suffix(rest, path, loc, sink)
+            if user_agent is _SKIP:
+                return None
+            tag, url = _embedded_tag(head)
+            return tag, url, user_agent  # type: ignore[return-value]
+        tag = head
+        value = after[1:].strip()
+    else:
+        m = _BARE_TAG.match(s)
+        if not m or s[m.end() :].startswith("//"):
+            return None, s, None  # a bare URL; parentheses in it are data
+        tag = m.group(1)
+        if m.group(2):
+            sink.info("entry-tag-normalized", path, "whitespace before the tag colon is ignored", loc)
+        value = s[m.end() :].strip()
+    if value and value[0] in QUOTES:
+        end = _close_quote(value)
+        if end < 0:
+            return None
+        user_agent = _url_suffix(value[end + 1 :], path, loc, sink)
+        if user_agent is _SKIP:
+            return None
+        return tag, value[1:end], user_agent  # type: ignore[return-value]
+    return tag, value, None
+
+
+def _embedded_tag(text: str) -> tuple[str | None, str]:
+    """``paid:https://...`` -> ``("paid", "https://...")``; a colon that starts ``://`` is no tag."""
+    colon = text.find(":")
+    if colon > 0 and not text.startswith("//", colon + 1):
+        return text[:colon].strip(), text[colon + 1 :].strip()
+    return None, text
+
+
+def _url_suffix(tail: str, path: str, loc: SourceLoc, sink: Sink) -> str | None | object:
+    """What follows a quoted subscription URL: nothing, ``(UA)``, or a glued ``#`` comment.
+
+    Returns the User-Agent (None when absent or empty), or ``_SKIP``.
+    """
+    t = tail.strip()
+    if not t:
+        return None
+    if t.startswith("#"):
+        sink.info("legacy-glued-hash", path, "put whitespace before a comment", loc)
+        return None
+    if not t.startswith("("):
+        sink.warning("trailing-entry-text", path, "text after the quoted URL; entry skipped", loc)
+        return _SKIP
+    close = _close_paren(t)
+    if close < 0:
+        sink.warning("trailing-entry-text", path, "the User-Agent suffix is not closed; entry skipped", loc)
+        return _SKIP
+    after = t[close + 1 :]
+    if after.startswith("#"):
+        sink.info("legacy-glued-hash", path, "put whitespace before a comment", loc)
+    elif after.strip():
+        sink.warning("legacy-ua-boundary", path, "text after the User-Agent suffix; entry skipped", loc)
+        return _SKIP
+    return unquote(t[1:close]) or None
+
+
+def _close_paren(text: str) -> int:
+    """Index of the ``)`` closing the ``(`` at 0, skipping quoted spans; -1 if it never closes."""
+    mask, _ = quote_mask(text)
+    depth = 0
+    for i, c in enumerate(text):
+        if mask[i]:
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+# --- groups ------------------------------------------------------------------------------
 
 
 def _groups(block: Block, file: str, sink: Sink, doc: Doc) -> None:

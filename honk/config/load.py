@@ -40,7 +40,13 @@ from honk.config.build import (
 from honk.config.diagnostics import ConfigError, Severity, SourceLoc
 from honk.config.spec import BUILTIN_OUTBOUNDS, RoutingSpec, Spec
 from honk.config.tree import Doc, Sink
-from honk.config.validate import check_groups, check_inbounds, check_nodes, check_targets
+from honk.config.validate import (
+    check_groups,
+    check_inbounds,
+    check_nodes,
+    check_subscriptions,
+    check_targets,
+)
 
 __all__ = ["load_file", "load_text", "FORMATS"]
 
@@ -161,7 +167,10 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
     inbounds = build_inbounds(doc.inbounds, sink)
     check_inbounds(inbounds, sink)
     nodes = check_nodes(build_nodes(doc.nodes, sink), sink)
-    groups = check_groups(build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink)
+    subscriptions = check_subscriptions(doc.subscriptions, sink)
+    groups = check_groups(
+        build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink, subscriptions=bool(subscriptions)
+    )
     rules, fallback, fallback_entry = build_routing(doc.rules, doc.fallbacks, sink)
     outbounds = set(BUILTIN_OUTBOUNDS) | {n.name for n in nodes} | {g.name for g in groups}
     targets = [(r.outbound, e) for r, e in rules]
@@ -182,6 +191,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         groups=tuple(groups),
         routing=RoutingSpec(tuple(r for r, _ in rules), fallback),
         clash_api=clash_api,
+        subscriptions=tuple(subscriptions),
         source=source,
         diagnostics=tuple(d for d in sink.items if d.severity is not Severity.ERROR),
     )

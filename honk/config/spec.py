@@ -34,6 +34,7 @@ DEFAULT_UDP_IDLE_TIMEOUT = 60.0  # seconds a UDP association may stay silent
 DEFAULT_SHUTDOWN_GRACE = 5.0  # seconds live flows get on SIGTERM before they are closed
 DEFAULT_CLASH_API_CONTROLLER = "127.0.0.1:9090"
 MAX_TOP_LEVEL_GROUPS = 250  # "at most 250 top-level user groups"
+DEFAULT_SUBSCRIPTION_INTERVAL = 86400.0  # seconds; subscription `interval` "86400s"
 
 BUILTIN_OUTBOUNDS = ("direct", "block")
 
@@ -86,6 +87,7 @@ class GlobalSpec:
     relay_idle_timeout: float = DEFAULT_RELAY_IDLE_TIMEOUT  # seconds
     udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE  # seconds
+    store_subscribe: bool = True  # keep each subscription's last accepted body for offline starts
 
 
 # --- inbounds --------------------------------------------------------------------
@@ -137,6 +139,31 @@ class NodeSpec:
     # subtag(...) filters read it. Not part of the identity.
     subscription: str = field(default="", compare=False)
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+# --- subscriptions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSpec:
+    """A remote node list from ``subscription { ... }``.
+
+    ``name`` is the tag ``subtag(...)`` filters match (a tagless dae entry is
+    named after its URL host). The URL often carries an access token, so it is
+    kept out of ``repr``.
+    """
+
+    name: str
+    url: str = field(repr=False)
+    user_agent: str | None = None  # None: requests identify as honk/<version>
+    interval: float = DEFAULT_SUBSCRIPTION_INTERVAL  # seconds between refreshes; 0 disables refreshing
+    cache: bool = True  # keep the last accepted body in the state db (with global.store_subscribe)
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+    @property
+    def fetch_identity(self) -> tuple[str, str]:
+        """What makes two declarations the same remote source: URL and configured User-Agent."""
+        return (self.url, self.user_agent or "")
 
 
 # --- groups ----------------------------------------------------------------------
@@ -251,6 +278,7 @@ class Spec:
     groups: tuple[GroupSpec, ...] = ()
     routing: RoutingSpec = RoutingSpec()
     clash_api: ClashApiSpec | None = None
+    subscriptions: tuple[SubscriptionSpec, ...] = ()
     source: str = field(default="", compare=False)
     diagnostics: tuple[Diagnostic, ...] = field(default=(), compare=False, repr=False)
 

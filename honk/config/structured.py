@@ -45,7 +45,17 @@ Layout (TOML shown; a JSON document is the same object)::
     [experimental.cache_file]
     enabled = true
 
-``dns`` and ``subscription`` are read but not supported yet (one warning).
+    [subscription]
+    paid = "https://sub.example/token"   # name = url, or a table:
+    [subscription.backup]
+    url = "https://other.example/sub"
+    ua = "clash"                     # User-Agent override ("user_agent" also works)
+    interval = "12h"                 # seconds (number) or a duration; 0 disables refreshing
+    cache = false                    # keep the body out of the subscription store
+    # or a list of tables that each name themselves:
+    # [[subscription]]  name = "paid"  url = "https://..."
+
+``dns`` is read but not supported yet (one warning).
 Values that take text in dae take strings here; rule and filter strings use the
 dae expression grammar. Neither tomllib nor json reports positions, so
 :class:`Locator` scans the source text to find the line of each key path.
@@ -59,7 +69,7 @@ import tomllib
 from typing import Any
 
 from honk.config.diagnostics import SourceLoc
-from honk.config.tree import Doc, Entry, GroupDecl, Sink, join_path
+from honk.config.tree import Doc, Entry, GroupDecl, Sink, SubscriptionDecl, join_path
 
 Path = tuple[str | int, ...]
 
@@ -316,6 +326,18 @@ def parse(text: str, fmt: str, file: str, sink: Sink) -> tuple[dict[str, Any] | 
     return data, Locator.for_json(text)
 
 
+# Keys of a structured subscription table -> the setting they give (the dae block
+# form's names, plus the upstream model's names as aliases).
+SUBSCRIPTION_KEYS = {
+    "url": "url",
+    "ua": "ua",
+    "user_agent": "ua",
+    "interval": "interval",
+    "update_interval": "interval",
+    "cache": "cache",
+}
+
+
 class _Reader:
     def __init__(self, fmt: str, file: str, locator: Locator, sink: Sink) -> None:
         self.doc = Doc(file=file, fmt=fmt)
@@ -364,7 +386,9 @@ class _Reader:
                 self.read_routing(value)
             elif name == "experimental":
                 self.read_experimental(value)
-            elif name in ("dns", "subscription"):
+            elif name == "subscription":
+                self.read_subscriptions(value)
+            elif name == "dns":
                 doc.unsupported.append((name, self.loc(name)))
             else:
                 self.sink.warning("unknown-section", name, "unknown section is skipped", self.loc(name))
@@ -394,6 +418,48 @@ class _Reader:
                 target.append(self.entry(tag, body[field], section, tag, field, shown=(section, tag)))
             else:
                 target.append(self.entry(tag, body, section, tag))
+
+    def read_subscriptions(self, value: object) -> None:
+        """A table of ``name = url`` / ``[subscription.name]`` tables, or a list of
+        tables that each carry their ``name``."""
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                tbl = self.table(item, "subscription", i)
+                if tbl is None:
+                    continue
+                name = tbl.get("name")
+                if not isinstance(name, str):
+                    self.sink.error(
+                        "missing-value",
+                        join_path("subscription", i),
+                        "a subscription needs a 'name' string",
+                        self.loc("subscription", i),
+                    )
+                    continue
+                fields = {k: v for k, v in tbl.items() if k != "name"}
+                self.read_subscription(name, fields, ("subscription", i))
+            return
+        tbl = self.table(value, "subscription")
+        for name, body in (tbl or {}).items():
+            if isinstance(body, dict):
+                self.read_subscription(name, body, ("subscription", name))
+            else:
+                path = join_path("subscription", name)
+                entry = self.entry("url", body, "subscription", name)
+                self.doc.subscriptions.append(
+                    SubscriptionDecl(name, path, entry.loc, [entry], structured=True)
+                )
+
+    def read_subscription(self, name: str, body: dict[str, Any], where: Path) -> None:
+        entries: list[Entry] = []
+        for key, v in body.items():
+            canonical = SUBSCRIPTION_KEYS.get(key)
+            if canonical is None:
+                self.unknown(*where, key)
+                continue
+            entries.append(self.entry(canonical, v, *where, key))
+        path = join_path(*where)
+        self.doc.subscriptions.append(SubscriptionDecl(name, path, self.loc(*where), entries, structured=True))
 
     def read_group(self, name: str, body: object) -> None:
         tbl = self.table(body, "group", name)

@@ -39,6 +39,18 @@ class GroupDecl:
 
 
 @dataclass(slots=True)
+class SubscriptionDecl:
+    """One ``subscription`` entry: its settings (``url``, ``ua``, ``interval``,
+    ``cache``) as entries, whether written inline (``tag: 'url'(UA)``) or as a block."""
+
+    name: str | None  # the explicit tag; None: tagless (dae names it after the URL host)
+    path: str
+    loc: SourceLoc
+    entries: list[Entry] = field(default_factory=list)
+    structured: bool = False  # from TOML/JSON: a name is required
+
+
+@dataclass(slots=True)
 class Doc:
     """One file's contribution to the configuration, in source order."""
 
@@ -47,6 +59,7 @@ class Doc:
     global_: list[Entry] = field(default_factory=list)
     inbounds: list[Entry] = field(default_factory=list)
     nodes: list[Entry] = field(default_factory=list)
+    subscriptions: list[SubscriptionDecl] = field(default_factory=list)
     groups: list[GroupDecl] = field(default_factory=list)
     rules: list[Entry] = field(default_factory=list)
     fallbacks: list[Entry] = field(default_factory=list)

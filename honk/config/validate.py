@@ -9,22 +9,37 @@
   node or builtin; ``final`` names an outbound; ``default`` names a member;
   nested tags name groups (``unknown-subgroup`` warning otherwise).
 * routing: every target and the fallback name an outbound.
+* subscriptions: a non-empty name (tagless dae entries take the URL host) and
+  an ``http``/``https`` URL with a host (``invalid-subscription-url``); a
+  second declaration of the same URL and User-Agent is dropped
+  (``duplicate-subscription``). Equal names are fine: ``subtag(name)`` then
+  selects the nodes of both.
+
+Subscription nodes are not known while a file is checked, so a group that may
+take them (it has node filter lines, or none at all) is not faulted for a
+``default`` that names no configured node.
 """
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
+from honk.config import values as V
 from honk.config.build import GroupParts
 from honk.config.spec import (
     BUILTIN_OUTBOUNDS,
+    DEFAULT_SUBSCRIPTION_INTERVAL,
     MAX_TOP_LEVEL_GROUPS,
     GroupSpec,
     InboundSpec,
     NodeFilter,
     NodeSpec,
+    SubscriptionSpec,
 )
-from honk.config.tree import Entry, Sink
+from honk.config.tree import Entry, Sink, SubscriptionDecl
+
+SUBSCRIPTION_SCHEMES = ("http", "https")
 
 
 def check_nodes(nodes: list[tuple[NodeSpec, Entry]], sink: Sink) -> list[NodeSpec]:
@@ -66,7 +81,99 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
         listens.add((inbound.host, inbound.port))
 
 
-def check_groups(parts: list[GroupParts], nodes: list[NodeSpec], sink: Sink) -> list[GroupSpec]:
+def check_subscriptions(decls: list[SubscriptionDecl], sink: Sink) -> list[SubscriptionSpec]:
+    kept: list[SubscriptionSpec] = []
+    identities: set[tuple[str, str]] = set()
+    for decl in decls:
+        spec = _build_subscription(decl, sink)
+        if spec is None:
+            continue
+        if spec.fetch_identity in identities:
+            sink.warning(
+                "duplicate-subscription",
+                decl.path,
+                "another subscription has the same URL and User-Agent; this one is ignored",
+                decl.loc,
+            )
+            continue
+        identities.add(spec.fetch_identity)
+        kept.append(spec)
+    return kept
+
+
+def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec | None:
+    url: str | None = None
+    url_entry: Entry | None = None
+    values: dict[str, object] = {}
+    ok = True
+    for e in decl.entries:
+        key = e.key or ""
+        if key == "url":
+            url, url_entry = V.get_str(e, sink), e
+            ok = ok and url is not None
+        elif key == "ua":
+            ua = V.get_str(e, sink)
+            ok = ok and ua is not None
+            values["user_agent"] = ua or None  # an empty override means the default
+        elif key == "interval":
+            seconds = V.get_seconds(e, sink)  # unparseable text is 0 (refresh off), with a warning
+            ok = ok and seconds is not None
+            values["interval"] = seconds
+        elif key == "cache":
+            flag = V.get_bool(e, sink)
+            ok = ok and flag is not None
+            values["cache"] = flag
+        else:
+            _unknown(sink, e)
+    if url_entry is None:
+        sink.error("missing-value", decl.path, "a subscription needs a url", decl.loc)
+        return None
+    if not ok or url is None:
+        return None
+    host = _http_url_host(url)
+    if host is None:
+        sink.error(
+            "invalid-subscription-url",
+            url_entry.path,
+            "a subscription URL must be http:// or https:// with a host",
+            url_entry.loc,
+        )
+        return None
+    name = decl.name if decl.name is not None or decl.structured else host
+    if not name:
+        sink.error("invalid-value", decl.path, "a subscription needs a non-empty name", decl.loc)
+        return None
+    return SubscriptionSpec(
+        name=name,
+        url=url,
+        user_agent=values.get("user_agent"),  # type: ignore[arg-type]
+        interval=values.get("interval", DEFAULT_SUBSCRIPTION_INTERVAL),  # type: ignore[arg-type]
+        cache=values.get("cache", True),  # type: ignore[arg-type]
+        loc=decl.loc,
+    )
+
+
+def _http_url_host(url: str) -> str | None:
+    """The host of an ``http``/``https`` URL (unbracketed, lower case), or None if it is not one."""
+    if any(c.isspace() or ord(c) < 0x20 for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in SUBSCRIPTION_SCHEMES or not parts.hostname:
+        return None
+    return parts.hostname
+
+
+def _unknown(sink: Sink, e: Entry) -> None:
+    sink.warning("unknown-key", e.path, "unknown key is ignored", e.loc)
+
+
+def check_groups(
+    parts: list[GroupParts], nodes: list[NodeSpec], sink: Sink, *, subscriptions: bool = False
+) -> list[GroupSpec]:
     node_names = {n.name for n in nodes}
     if len(parts) > MAX_TOP_LEVEL_GROUPS:
         extra = parts[MAX_TOP_LEVEL_GROUPS]
@@ -106,6 +213,8 @@ def check_groups(parts: list[GroupParts], nodes: list[NodeSpec], sink: Sink) -> 
             e = p.final_entry
             sink.error("unknown-final", e.path, "final names no node, group or builtin outbound", e.loc)
         if g.default is not None and p.default_entry is not None:
+            if subscriptions and (g.filters or not g.has_filter_lines):
+                continue  # the default may be a subscription node, known only at run time
             if g.default not in members(g, nodes):
                 e = p.default_entry
                 sink.error("unknown-default", e.path, "default names no member of this group", e.loc)
@@ -136,15 +245,17 @@ def _arg_matches(key: str, value: str, name: str, builtin: bool) -> bool:
     return False
 
 
-def filter_matches(f: NodeFilter, name: str, *, builtin: bool = False) -> bool:
+def filter_matches(f: NodeFilter, name: str, *, builtin: bool = False, subscription: str = "") -> bool:
     spelled = False
     for term in f.terms:
         if term.kind == "name":
             hit = any(_arg_matches(a.key, a.value, name, builtin) for a in term.args)
             if hit and not term.negated and any(a.key == "" and a.value == name for a in term.args):
                 spelled = True
-        else:  # subtag: no node comes from a subscription yet
-            hit = False
+        else:  # subtag: the tag of the subscription the node came from ('' for configured nodes)
+            hit = bool(subscription) and any(
+                _arg_matches(a.key, a.value, subscription, builtin) for a in term.args
+            )
         if hit == term.negated:
             return False
     return spelled if builtin else True
@@ -156,6 +267,6 @@ def members(group: GroupSpec, nodes: list[NodeSpec]) -> set[str]:
         return {n.name for n in nodes}
     out = set(group.subgroups)
     for f in group.filters:
-        out.update(n.name for n in nodes if filter_matches(f, n.name))
+        out.update(n.name for n in nodes if filter_matches(f, n.name, subscription=n.subscription))
         out.update(b for b in BUILTIN_OUTBOUNDS if filter_matches(f, b, builtin=True))
     return out

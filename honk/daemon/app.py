@@ -17,6 +17,13 @@ through one ``asyncio.Lock``:
 * ``shutdown()`` (SIGTERM/SIGINT) stops accepting, lets live flows finish
   within the grace period, then closes what is left.
 
+Subscriptions: a :class:`SubscriptionManager` owns the nodes each subscription
+provides. The running spec is the file's spec with those nodes appended
+(:func:`merge_nodes`; configured nodes win name clashes). Start waits a bounded
+time for first fetches; afterwards every published change of the node set is
+applied through the same path as a reload (a new plane generation), and a
+reload keeps the nodes of subscriptions whose URL and User-Agent stay.
+
 This is the foundation's "full rebuild" reload; the plan → prepare → commit
 reconciler replaces the middle of ``reload()`` later.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -39,7 +47,9 @@ from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, MonotonicClock
 from honk.daemon.logs import kv, set_level
 from honk.inbound.mixed import MixedInbound
+from honk.outbound.direct import DirectOutbound
 from honk.relay.native import close_engines
+from honk.subscription.manager import FIRST_FETCH_WAIT, NodesBySubscription, SubscriptionManager, merge_nodes
 
 log = logging.getLogger("honk.daemon")
 
@@ -62,7 +72,11 @@ class Daemon:
         self.config_path = Path(config_path)
         self._forced_log_level = log_level  # `honk run --debug` outranks the file's log_level
         self.clock: Clock = clock or MonotonicClock()
-        self.spec: Spec | None = None
+        self.spec: Spec | None = None  # what runs: the file's spec plus subscription nodes
+        self.config: Spec | None = None  # the file's spec as loaded
+        self.subscriptions: SubscriptionManager | None = None
+        self._applying: set[asyncio.Task[None]] = set()  # subscription changes waiting for the lock
+        self._closing = False
         self.plane: Plane | None = None
         self.tracker = ConnectionTracker(self.clock)
         self.dispatcher: Dispatcher | None = None
@@ -80,24 +94,65 @@ class Daemon:
         log_diagnostics(spec.diagnostics, during="start")
         self._set_log_level(spec)
         Path(spec.global_.data_dir).mkdir(parents=True, exist_ok=True)
-        self._generation = 1
-        plane = build_plane(spec, self.clock, self._generation)
-        resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
-        self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
+        config, subscriptions = spec, self._subscription_manager(spec)
         started: dict[str, MixedInbound] = {}
         try:
+            await subscriptions.start()
+            await subscriptions.wait_settled(FIRST_FETCH_WAIT)
+            spec = self._effective(config, subscriptions.nodes())
+            self._generation = 1
+            plane = build_plane(spec, self.clock, self._generation)
+            resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
+            self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
             for ispec in spec.inbounds:
                 started[ispec.name] = await self._bind(ispec)
         except BaseException:
             for inbound in started.values():
                 await inbound.stop_accepting()
+            await subscriptions.stop()
             raise
-        self.spec, self.plane, self.inbounds = spec, plane, started
+        self.spec, self.config, self.plane, self.inbounds = spec, config, plane, started
+        self.subscriptions = subscriptions
+        if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
+            self._on_subscription_nodes(subscriptions.nodes())  # published while the plane was being built
         self._sweeper = asyncio.get_running_loop().create_task(
             self.tracker.run_sweeper(SWEEP_INTERVAL), name="honk-idle-sweeper"
         )
         log.info("honk ready %s", kv(config=str(self.config_path), generation=self._generation,
                                      **{f"inbound.{n}": str(i.bound) for n, i in started.items()}))
+
+    def _subscription_manager(self, config: Spec) -> SubscriptionManager:
+        glob = config.global_
+        return SubscriptionManager(
+            config.subscriptions,
+            glob.data_dir if glob.store_subscribe else None,
+            self.clock,
+            DirectOutbound(self.clock, glob.connect_timeout).dial_tcp,
+            self._on_subscription_nodes,
+        )
+
+    @staticmethod
+    def _effective(config: Spec, nodes: NodesBySubscription) -> Spec:
+        """The spec that runs: the file's nodes, then the subscriptions' nodes."""
+        if not nodes:
+            return config
+        return dataclasses.replace(config, nodes=merge_nodes(config.nodes, nodes))
+
+    def _on_subscription_nodes(self, nodes: NodesBySubscription) -> None:
+        """The manager's publish callback: apply the new node set once the lock is free."""
+        if self._closing:
+            return
+        task = asyncio.get_running_loop().create_task(self._apply_subscriptions(), name="honk-subscription-apply")
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
+
+    async def _apply_subscriptions(self) -> None:
+        async with self._lock:
+            if self._closing or self.spec is None or self.config is None or self.subscriptions is None:
+                return  # start() builds with the latest nodes itself
+            spec = self._effective(self.config, self.subscriptions.nodes())
+            if _node_view(spec) != _node_view(self.spec):
+                await self._apply(spec, cause="subscription")
 
     def _set_log_level(self, spec: Spec) -> None:
         set_level(self._forced_log_level or spec.global_.log_level)
@@ -125,17 +180,28 @@ class Daemon:
                 log.error("reload rejected; the running configuration is unchanged %s",
                           kv(error=type(exc).__name__, reason=exc.strerror or str(exc)))
                 return False
-            return await self._apply(spec)
+            assert self.config is not None and self.subscriptions is not None  # set by start()
+            if spec.global_.store_subscribe != self.config.global_.store_subscribe:
+                log.error("reload rejected; the running configuration is unchanged %s",
+                          kv(error="restart-required", key="global.store_subscribe"))
+                return False
+            log_diagnostics(spec.diagnostics, during="reload")
+            carried = self.subscriptions.carried(spec.subscriptions)
+            if not await self._apply(self._effective(spec, carried)):
+                return False
+            self.config = spec
+            await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
+            return True
 
-    async def _apply(self, spec: Spec) -> bool:
+    async def _apply(self, spec: Spec, cause: str = "reload") -> bool:
+        """Build and swap in a plane for ``spec``; ``cause`` ("reload", "subscription") names the log lines."""
         assert self.spec is not None and self.dispatcher is not None  # set by start()
-        log_diagnostics(spec.diagnostics, during="reload")
         generation = self._generation + 1
         try:
             plane = build_plane(spec, self.clock, generation, previous=self.plane)
         except Exception as exc:  # noqa: BLE001 - a plane that cannot be built must not replace the old one
-            log.error("reload rejected; the running configuration is unchanged %s",
-                      kv(error=type(exc).__name__, reason=str(exc)))
+            log.error("%s rejected; the running configuration is unchanged %s",
+                      cause, kv(error=type(exc).__name__, reason=str(exc)))
             return False
 
         old = {i.name: i for i in self.spec.inbounds}
@@ -150,13 +216,14 @@ class Daemon:
         except OSError as exc:
             for inbound in bound.values():
                 await inbound.stop_accepting()
-            log.error("reload rejected; the running configuration is unchanged %s",
-                      kv(error="bind-failed", reason=exc.strerror or str(exc)))
+            log.error("%s rejected; the running configuration is unchanged %s",
+                      cause, kv(error="bind-failed", reason=exc.strerror or str(exc)))
             return False
 
         # Commit: nothing below may fail the reload.
         resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
         self.dispatcher.swap_plane(plane, spec.global_, resolver)
+        plane.retire(self.plane)  # shared resources of removed or changed nodes
         self._set_log_level(spec)
         for name in old.keys() - keep:
             await self.inbounds.pop(name).stop_accepting()
@@ -167,15 +234,20 @@ class Daemon:
                 log.error("inbound could not be rebound %s", kv(inbound=name, reason=exc.strerror or str(exc)))
         self.inbounds.update(bound)
         self.spec, self.plane, self._generation = spec, plane, generation
-        log.info("reload applied %s", kv(generation=generation, inbounds_kept=len(keep),
-                                         inbounds_started=len(bound), live_flows=len(self.tracker)))
+        log.info("%s applied %s", cause, kv(generation=generation, nodes=len(spec.nodes), inbounds_kept=len(keep),
+                                            inbounds_started=len(bound), live_flows=len(self.tracker)))
         return True
 
     # --- shutdown ------------------------------------------------------------
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop accepting, wait up to ``grace`` seconds for live flows, then close the rest."""
+        self._closing = True
+        for task in self._applying:
+            task.cancel()
         async with self._lock:
+            if self.subscriptions is not None:
+                await self.subscriptions.stop()
             if grace is None:
                 grace = self.spec.global_.shutdown_grace if self.spec else 0.0
             for inbound in self.inbounds.values():
@@ -197,6 +269,9 @@ class Daemon:
                 self._sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._sweeper
+            if self.plane is not None:
+                for runtime in self.plane.runtimes.values():
+                    runtime.close()
             close_engines()  # joins the native relay worker and closes its fds
             log.info("honk stopped")
             self._stopped.set()
@@ -232,3 +307,8 @@ class Daemon:
         finally:
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+
+
+def _node_view(spec: Spec) -> tuple:
+    """The node set as routing sees it: ids, names and subscription tags, in order."""
+    return tuple((n.id, n.name, n.subscription) for n in spec.nodes)

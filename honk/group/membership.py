@@ -6,8 +6,10 @@ Rules, in the order they apply:
   * Otherwise each node-filter line is an AND of its terms; lines are OR-ed.
     ``name(...)`` arguments are alternatives: bare (or ``full:``) is an exact
     match, ``keyword:`` a substring, ``regex:`` ``re.search``; all
-    case-sensitive. ``subtag(...)`` matches nothing yet (no subscriptions), so
-    ``!subtag(...)`` always holds. ``!`` negates one term.
+    case-sensitive. ``subtag(...)`` applies the same argument forms to the tag
+    of the subscription a node came from (``NodeSpec.subscription``); a node
+    declared in the configuration has none, so ``subtag(...)`` never selects it
+    and ``!subtag(...)`` always holds for it. ``!`` negates one term.
   * The built-in ``direct`` and ``block`` are outbounds, not pool members: a
     line admits one only when a non-negated ``name(...)`` term spells it
     exactly and the line's other terms hold for it. Keyword, regex and the
@@ -48,10 +50,9 @@ _ArgTest = Callable[[str, bool], bool]
 
 
 def _compile_arg(group: str, kind: str, arg: MatchArg) -> _ArgTest:
+    """A test of one argument against a name (for ``subtag``: against a subscription tag)."""
     key = arg.key.strip().lower()
     value = arg.value.strip()
-    if kind == "subtag":
-        return lambda name, builtin: False
     if key in ("", "full"):
         return lambda name, builtin: name == value
     if key == "keyword":
@@ -78,9 +79,14 @@ class _CompiledTerm:
     tests: tuple[_ArgTest, ...]
     negated: bool
     exact_names: frozenset[str]  # names a non-negated name() term spells exactly
+    on_subscription: bool  # subtag(...): the tests read the node's subscription tag
 
-    def holds(self, name: str, builtin: bool) -> bool:
-        hit = any(test(name, builtin) for test in self.tests)
+    def holds(self, name: str, builtin: bool, subscription: str) -> bool:
+        if self.on_subscription:
+            # builtins and configured nodes come from no subscription
+            hit = bool(subscription) and not builtin and any(t(subscription, False) for t in self.tests)
+        else:
+            hit = any(test(name, builtin) for test in self.tests)
         return hit is not self.negated
 
 
@@ -89,21 +95,26 @@ def _compile_term(group: str, term: FilterTerm) -> _CompiledTerm:
     exact: frozenset[str] = frozenset()
     if term.kind == "name" and not term.negated:
         exact = frozenset(a.value.strip() for a in term.args if a.key.strip().lower() in ("", "full"))
-    return _CompiledTerm(tests, term.negated, exact)
+    return _CompiledTerm(tests, term.negated, exact, term.kind == "subtag")
 
 
-def _line_admits(terms: tuple[_CompiledTerm, ...], name: str, builtin: bool) -> bool:
+def _line_admits(terms: tuple[_CompiledTerm, ...], name: str, builtin: bool, subscription: str) -> bool:
     if builtin and not any(name in t.exact_names for t in terms):
         return False
-    return all(t.holds(name, builtin) for t in terms)
+    return all(t.holds(name, builtin, subscription) for t in terms)
 
 
-def compile_filters(group: str, filters: tuple[NodeFilter, ...]) -> Callable[[str, bool], bool]:
-    """A predicate ``(name, is_builtin) -> bool`` for OR-ed filter lines."""
+def compile_filters(group: str, filters: tuple[NodeFilter, ...]) -> Callable[..., bool]:
+    """A predicate ``(name, is_builtin, subscription='') -> bool`` for OR-ed filter lines;
+    ``subscription`` is the tag of the subscription the node came from."""
     lines = tuple(tuple(_compile_term(group, t) for t in line.terms) for line in filters)
     # an empty line (no terms) selects nothing, like an empty filter upstream
     lines = tuple(line for line in lines if line)
-    return lambda name, builtin: any(_line_admits(line, name, builtin) for line in lines)
+
+    def admits(name: str, builtin: bool, subscription: str = "") -> bool:
+        return any(_line_admits(line, name, builtin, subscription) for line in lines)
+
+    return admits
 
 
 def resolve_membership(
@@ -114,7 +125,12 @@ def resolve_membership(
     ``group_names`` are the tags of every declared group; a nested tag not
     among them contributes nothing (logged).
     """
-    node_names = list(dict.fromkeys(n.name for n in nodes if n.name not in BUILTIN_OUTBOUNDS))
+    # a duplicate name binds its first declaration, and so does that node's subscription tag
+    origin: dict[str, str] = {}
+    for n in nodes:
+        if n.name not in BUILTIN_OUTBOUNDS:
+            origin.setdefault(n.name, n.subscription)
+    node_names = list(origin)
     subgroups: list[str] = []
     for tag in dict.fromkeys(group.subgroups):
         if tag == group.name:
@@ -128,6 +144,6 @@ def resolve_membership(
         return Membership(tuple(node_names), ())
 
     admits = compile_filters(group.name, group.filters)
-    picked = [name for name in node_names if admits(name, False)]
+    picked = [name for name in node_names if admits(name, False, origin[name])]
     picked += [name for name in BUILTIN_OUTBOUNDS if admits(name, True)]
     return Membership(tuple(picked), tuple(subgroups))

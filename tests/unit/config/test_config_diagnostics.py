@@ -242,7 +242,7 @@ CASES = [
     (
         "unsupported-scheme",
         "dae",
-        "node {\n    'ss://YWVzOnMzY3JldFBX@h.example:8388#s3cretPW'\n}\n",
+        "node {\n    'vmess://YWVzOnMzY3JldFBX@h.example:8388#s3cretPW'\n}\n",
         E,
         "unsupported-scheme",
         "node[0]",
@@ -387,13 +387,13 @@ CASES = [
         4,
     ),
     (
-        "subscription-not-yet-supported",
+        "subscription-url-not-http",
         "dae",
-        "subscription {\n    paid: 'https://s3cretPW.example/sub'\n}\n",
-        W,
-        "not-yet-supported",
-        "subscription",
-        1,
+        "subscription {\n    paid: 'ftp://s3cretPW.example/sub'\n}\n",
+        E,
+        "invalid-subscription-url",
+        "subscription.paid",
+        2,
     ),
     ("empty-dae-document", "dae", "# nothing here\n", E, "empty-document", "document", 0),
     # structured formats
@@ -523,9 +523,9 @@ def test_unparseable_millisecond_setting_keeps_its_default():
 
 
 def test_not_yet_supported_sections_warn_once_each():
-    text = "subscription {\n a: b\n}\nsubscription {\n c: d\n}\ndns {\n upstream {\n x: y\n }\n}\n"
+    text = "dns {\n a: b\n}\ndns {\n upstream {\n x: y\n }\n}\n"
     outcome = run(text)
-    assert [d.key_path for d in outcome.find("not-yet-supported")] == ["subscription", "dns"]
+    assert [d.key_path for d in outcome.find("not-yet-supported")] == ["dns"]
 
 
 def test_config_error_lists_every_diagnostic_errors_first():
