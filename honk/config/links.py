@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote as pct_decode
 
 from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
-from honk.proto.shadowsocks import CIPHERS as SS_CIPHERS
+from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
 
 NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
 DEFAULT_PORTS = {"http": 443, "https": 443}  # socks5: an explicit port is required

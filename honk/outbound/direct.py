@@ -14,12 +14,14 @@ Theory of operation:
 
 Errors: a resolution failure is ``DialError(phase="resolve")`` (``DialTimeout``
 if its deadline passed); connection failures are :class:`ConnectFailed`
-(``phase="connect"``, with ``errno``); the connect deadline is ``DialTimeout``.
+(``phase="connect"``, with ``errno``); the connect deadline is ``DialTimeout``;
+no socket to dial with (EMFILE and the like) is :class:`CapacityRefused`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import socket
@@ -27,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from honk.core.clock import Clock, timeout_at
-from honk.core.errors import DialError, DialTimeout
+from honk.core.errors import CapacityRefused, DialError, DialTimeout
 from honk.core.net import Address, IPAddress
 from honk.outbound.base import Capabilities, DialedStream
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 
 CONNECTION_ATTEMPT_DELAY = 0.250  # seconds; RFC 8305 section 5 recommended default
 _DIRECT_CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="direct")
+# socket() errors that mean "this process or host is out of sockets": CapacityRefused
+_NO_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 BYPASS_MARK = 0x100  # fwmark upstream honk puts on its own upstream sockets so TPROXY skips them
 SO_MARK = getattr(socket, "SO_MARK", 36)  # Linux value; older Pythons lack the constant
 
@@ -234,7 +238,12 @@ class DirectOutbound:
 
     async def _attempt(self, ip: IPAddress, port: int) -> socket.socket:
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            if exc.errno in _NO_CAPACITY:  # nothing was sent: a local limit, not the network
+                raise CapacityRefused(f"{self.name}: no socket for the dial ({exc.strerror})") from None
+            raise
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

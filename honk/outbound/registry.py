@@ -12,6 +12,7 @@ covers everything that decides how the node is dialled; a rename keeps it.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,10 +22,7 @@ from honk.core.clock import Clock
 from honk.outbound.base import Outbound
 from honk.outbound.block import BlockOutbound
 from honk.outbound.direct import DirectOutbound
-from honk.outbound.http import HttpOutbound
 from honk.outbound.runtime import NodeRuntime
-from honk.outbound.shadowsocks import ShadowsocksOutbound
-from honk.outbound.socks5 import Socks5Outbound
 from honk.outbound.unsupported import UnsupportedOutbound
 
 log = logging.getLogger(__name__)
@@ -49,10 +47,24 @@ register_protocol(
     "direct", lambda node, glob, clock: DirectOutbound(clock, glob.connect_timeout, name=node.name)
 )
 register_protocol("block", lambda node, glob, clock: BlockOutbound(name=node.name))
-register_protocol("ss", ShadowsocksOutbound)
-register_protocol("socks5", Socks5Outbound)
-register_protocol("http", HttpOutbound)
-register_protocol("https", HttpOutbound)
+
+
+def _on_first_use(module: str, name: str) -> OutboundFactory:
+    """A factory that imports its leaf module when a node of the protocol is first built,
+    so a configuration pays only for the protocols it uses (Shadowsocks pulls in
+    ``cryptography``, HTTPS the ``ssl`` module)."""
+
+    def build(node: NodeSpec, glob: GlobalSpec, clock: Clock) -> Outbound:
+        leaf_class = getattr(importlib.import_module(module), name)
+        return leaf_class(node, glob, clock)
+
+    return build
+
+
+register_protocol("socks5", _on_first_use("honk.outbound.socks5", "Socks5Outbound"))
+register_protocol("http", _on_first_use("honk.outbound.http", "HttpOutbound"))
+register_protocol("https", _on_first_use("honk.outbound.http", "HttpOutbound"))
+register_protocol("ss", _on_first_use("honk.outbound.shadowsocks", "ShadowsocksOutbound"))
 
 
 def build_outbounds(

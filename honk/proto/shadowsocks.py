@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from honk.core.errors import ClientProtocolError, HonkError
 from honk.core.net import Address
 from honk.inbound.socks5 import encode_address, parse_address
+from honk.proto.ss_methods import CIPHERS, LENGTH_SIZE, MAX_PAYLOAD, SUBKEY_INFO, Cipher
 
 __all__ = [
     "CIPHERS",
@@ -51,28 +52,6 @@ __all__ = [
     "open_packet",
     "seal_packet",
 ]
-
-MAX_PAYLOAD = 0x3FFF  # SIP004: the two high bits of a chunk's length are reserved (must be zero)
-LENGTH_SIZE = 2  # SIP004: the chunk length field is a 2-byte big-endian integer
-SUBKEY_INFO = b"ss-subkey"  # SIP004: the HKDF info string
-
-
-@dataclass(frozen=True, slots=True)
-class Cipher:
-    """One AEAD method: sizes in bytes, from the SIP004 method table."""
-
-    name: str
-    key_size: int
-    salt_size: int
-    nonce_size: int
-    tag_size: int
-
-
-CIPHERS: dict[str, Cipher] = {
-    "aes-128-gcm": Cipher("aes-128-gcm", 16, 16, 12, 16),
-    "aes-256-gcm": Cipher("aes-256-gcm", 32, 32, 12, 16),
-    "chacha20-ietf-poly1305": Cipher("chacha20-ietf-poly1305", 32, 32, 12, 16),
-}
 
 _AEADS = {
     "aes-128-gcm": AESGCM,

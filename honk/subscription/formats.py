@@ -44,12 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from honk.config.links import LinkError, normalise_host, parse_node_link, with_node_id
 from honk.config.spec import NodeSpec
 from honk.core.errors import HonkError
-from honk.proto.shadowsocks import CIPHERS as SS_CIPHERS
+from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -77,7 +75,6 @@ _B64_URLSAFE = str.maketrans("-_", "+/")
 _DIGITS = re.compile(r"\d{1,5}")
 _BIGGEST_NUMBER = 10**64  # numeric credentials beyond this are not credentials
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
 
 CLASH_TYPES = {"socks5": "socks5", "http": "http", "ss": "ss", "shadowsocks": "ss"}
 SINGBOX_TYPES = {"socks": "socks5", "http": "http", "shadowsocks": "ss"}
@@ -257,8 +254,11 @@ def _load_json(text: str) -> Any:
 
 
 def _load_yaml(text: str) -> Any:
+    import yaml  # only Clash bodies need it: a daemon without subscriptions never loads it
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
     try:
-        return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     except Exception:  # noqa: BLE001 - any failure of the third-party decoder means "not YAML"
         return _UNREADABLE
 

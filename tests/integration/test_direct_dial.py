@@ -374,3 +374,31 @@ def test_block_raises_blocked(run) -> None:
             await BlockOutbound().dial_tcp(Address("127.0.0.1", 80), deadline=0.0)
 
     run(scenario())
+
+
+def test_no_free_file_descriptor_is_a_capacity_refusal_not_a_network_error(run) -> None:
+    import resource
+
+    from honk.core.errors import CapacityRefused
+
+    async def scenario() -> None:
+        clock = MonotonicClock()
+        direct = DirectOutbound(clock, CONNECT_TIMEOUT)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lowest_free = next(fd for fd in range(soft) if not _is_open(fd))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # every fd below the limit is taken
+        try:
+            with pytest.raises(CapacityRefused):
+                await direct.dial_tcp(Address("127.0.0.1", 9), clock.now() + SAFETY)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    run(scenario())
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
