@@ -46,6 +46,7 @@ from honk.config.validate import (
     check_nodes,
     check_subscriptions,
     check_targets,
+    detour_targets,
 )
 
 __all__ = ["load_file", "load_text", "FORMATS"]
@@ -176,7 +177,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
     targets = [(r.outbound, e) for r, e in rules]
     if fallback_entry is not None:
         targets.append((fallback, fallback_entry))
-    check_targets(targets, outbounds, sink)
+    check_targets(targets + detour_targets(doc.subscriptions), outbounds, sink)
     clash_api = build_clash_api(doc.clash_api, sink)
     check_cache_file(doc.cache_file, sink)
     warned: set[str] = set()

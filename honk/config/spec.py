@@ -158,6 +158,8 @@ class SubscriptionSpec:
     user_agent: str | None = None  # None: requests identify as honk/<version>
     interval: float = DEFAULT_SUBSCRIPTION_INTERVAL  # seconds between refreshes; 0 disables refreshing
     cache: bool = True  # keep the last accepted body in the state db (with global.store_subscribe)
+    # the node or group downloads go through (a name declared in the file); None: direct
+    detour: str | None = None
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 
     @property

@@ -335,6 +335,7 @@ SUBSCRIPTION_KEYS = {
     "interval": "interval",
     "update_interval": "interval",
     "cache": "cache",
+    "detour": "detour",
 }
 
 

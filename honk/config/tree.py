@@ -41,7 +41,7 @@ class GroupDecl:
 @dataclass(slots=True)
 class SubscriptionDecl:
     """One ``subscription`` entry: its settings (``url``, ``ua``, ``interval``,
-    ``cache``) as entries, whether written inline (``tag: 'url'(UA)``) or as a block."""
+    ``cache``, ``detour``) as entries, whether written inline (``tag: 'url'(UA)``) or as a block."""
 
     name: str | None  # the explicit tag; None: tagless (dae names it after the URL host)
     path: str

@@ -123,6 +123,10 @@ def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec 
             flag = V.get_bool(e, sink)
             ok = ok and flag is not None
             values["cache"] = flag
+        elif key == "detour":
+            via = V.get_str(e, sink)
+            ok = ok and via is not None
+            values["detour"] = via or None  # empty: direct
         else:
             _unknown(sink, e)
     if url_entry is None:
@@ -149,6 +153,7 @@ def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec 
         user_agent=values.get("user_agent"),  # type: ignore[arg-type]
         interval=values.get("interval", DEFAULT_SUBSCRIPTION_INTERVAL),  # type: ignore[arg-type]
         cache=values.get("cache", True),  # type: ignore[arg-type]
+        detour=values.get("detour"),  # type: ignore[arg-type]
         loc=decl.loc,
     )
 
@@ -219,6 +224,19 @@ def check_groups(
                 e = p.default_entry
                 sink.error("unknown-default", e.path, "default names no member of this group", e.loc)
     return [p.spec for p in kept]
+
+
+def detour_targets(decls: list[SubscriptionDecl]) -> list[tuple[str, Entry]]:
+    """The ``detour`` entries of subscriptions, for :func:`check_targets` (a subscription's
+    own nodes cannot carry its download: the name must be declared in the file)."""
+    found = []
+    for decl in decls:
+        for e in decl.entries:
+            if e.key == "detour" and isinstance(e.value, str):
+                name = V.unquote(e.value) if e.raw else e.value.strip()
+                if name:
+                    found.append((name, e))
+    return found
 
 
 def check_targets(targets: list[tuple[str, Entry]], outbounds: set[str], sink: Sink) -> None:

@@ -45,10 +45,14 @@ from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, MonotonicClock
+from honk.core.errors import NoRoute
+from honk.core.net import Address, Network
 from honk.daemon.logs import kv, set_level
 from honk.inbound.mixed import MixedInbound
+from honk.outbound.base import DialedStream
 from honk.outbound.direct import DirectOutbound
 from honk.relay.native import close_engines
+from honk.subscription.fetch import Dial
 from honk.subscription.manager import FIRST_FETCH_WAIT, NodesBySubscription, SubscriptionManager, merge_nodes
 
 log = logging.getLogger("honk.daemon")
@@ -77,6 +81,7 @@ class Daemon:
         self.subscriptions: SubscriptionManager | None = None
         self._applying: set[asyncio.Task[None]] = set()  # subscription changes waiting for the lock
         self._closing = False
+        self._fetch_plane: Plane | None = None  # only while start() waits for detoured first fetches
         self.plane: Plane | None = None
         self.tracker = ConnectionTracker(self.clock)
         self.dispatcher: Dispatcher | None = None
@@ -95,13 +100,18 @@ class Daemon:
         self._set_log_level(spec)
         Path(spec.global_.data_dir).mkdir(parents=True, exist_ok=True)
         config, subscriptions = spec, self._subscription_manager(spec)
+        if any(s.detour for s in config.subscriptions):
+            # first downloads through a node of the file, before the real plane exists
+            self._fetch_plane = build_plane(config, self.clock, 0)
         started: dict[str, MixedInbound] = {}
         try:
             await subscriptions.start()
             await subscriptions.wait_settled(FIRST_FETCH_WAIT)
             spec = self._effective(config, subscriptions.nodes())
             self._generation = 1
-            plane = build_plane(spec, self.clock, self._generation)
+            plane = build_plane(spec, self.clock, self._generation, previous=self._fetch_plane)
+            plane.retire(self._fetch_plane)
+            self._fetch_plane = None
             resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
             self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
             for ispec in spec.inbounds:
@@ -129,7 +139,20 @@ class Daemon:
             self.clock,
             DirectOutbound(self.clock, glob.connect_timeout).dial_tcp,
             self._on_subscription_nodes,
+            dial_via=self._dial_via,
         )
+
+    def _dial_via(self, name: str) -> Dial:
+        """Dial through the node or group ``name`` of the plane current at each download."""
+
+        async def dial(target: Address, deadline: float) -> DialedStream:
+            plane = self.plane or self._fetch_plane
+            if plane is None:
+                raise NoRoute(f"{name}: no plane to resolve the subscription detour in")
+            leaf = plane.groups.resolve(name, Network.TCP).leaf
+            return await leaf.dial_tcp(target, deadline)
+
+        return dial
 
     @staticmethod
     def _effective(config: Spec, nodes: NodesBySubscription) -> Spec:

@@ -2,9 +2,10 @@
 
 Theory of operation:
   * The connection is dialled through an honk outbound (``dial(Address, deadline)``,
-    for example ``DirectOutbound.dial_tcp``) and must be a plain stream: a framed
-    one (Shadowsocks) cannot carry TLS from here yet and is refused
-    (``framed-outbound``).
+    for example ``DirectOutbound.dial_tcp``). A framed stream (a Shadowsocks
+    detour) is turned into a plain socket by the relay engine
+    (:func:`honk.relay.native.framed_socket`), so TLS and HTTP run over it as
+    over any other.
   * ``https`` runs stdlib TLS on that socket through asyncio, verifying the
     certificate against ``ssl_context`` (the system store by default) and the
     URL's host. h11 writes the request and parses the response, so
@@ -43,6 +44,7 @@ from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialTimeout, HonkError
 from honk.core.net import Address
 from honk.outbound.base import DialedStream
+from honk.relay.native import framed_socket
 from honk.subscription.formats import MAX_BODY_BYTES
 
 __all__ = ["MAX_REDIRECTS", "USER_AGENT", "Dial", "FetchResult", "SubscriptionFetchError", "fetch"]
@@ -60,7 +62,7 @@ Dial = Callable[[Address, float], Awaitable[DialedStream]]
 class SubscriptionFetchError(HonkError):
     """A download failed. ``reason`` is a static slug:
 
-    ``invalid-url``, ``invalid-request`` (a User-Agent HTTP cannot carry), ``dial-failed``, ``framed-outbound``, ``tls``,
+    ``invalid-url``, ``invalid-request`` (a User-Agent HTTP cannot carry), ``dial-failed``, ``tls``,
     ``connection``, ``timeout``, ``malformed-response``, ``http-status``
     (``status`` says which), ``unsupported-encoding``, ``body-too-large``,
     ``too-many-redirects``, ``redirect-invalid``, ``redirect-scheme``,
@@ -194,9 +196,12 @@ async def _get(
     except (HonkError, OSError) as exc:
         raise SubscriptionFetchError("dial-failed") from exc
     sock = stream.sock
-    if stream.framing is not None:
-        sock.close()
-        raise SubscriptionFetchError("framed-outbound")
+    if stream.framing is not None:  # a Shadowsocks detour: the relay engine frames a plain socket
+        try:
+            sock = framed_socket(sock, stream.framing)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise SubscriptionFetchError("dial-failed") from exc
     tls = url.scheme == "https"
     try:
         reader, writer = await asyncio.open_connection(

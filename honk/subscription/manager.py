@@ -104,6 +104,8 @@ class SubscriptionManager:
 
     ``data_dir`` None disables the store (``global.store_subscribe: false``).
     ``dial`` opens the connections downloads use (``DirectOutbound.dial_tcp``);
+    a subscription with a ``detour`` downloads through ``dial_via(detour)``
+    instead (the daemon resolves the name in its current plane at each fetch);
     ``publish`` receives ``{tag: nodes}`` whenever the node set changes.
     """
 
@@ -117,11 +119,13 @@ class SubscriptionManager:
         *,
         ssl_context: ssl.SSLContext | None = None,
         fetch_timeout: float = FETCH_TIMEOUT,
+        dial_via: Callable[[str], Dial] | None = None,
     ) -> None:
         self._specs = tuple(specs)
         self._data_dir = data_dir
         self._clock = clock
         self._dial = dial
+        self._dial_via = dial_via
         self._publish = publish
         self._ssl_context = ssl_context
         self._fetch_timeout = fetch_timeout
@@ -282,7 +286,7 @@ class SubscriptionManager:
         try:
             result = await fetch(
                 spec.url,
-                dial=self._dial,
+                dial=self._dial_via(spec.detour) if spec.detour and self._dial_via else self._dial,
                 clock=self._clock,
                 deadline=self._clock.now() + self._fetch_timeout,
                 user_agent=spec.user_agent,

@@ -302,14 +302,15 @@ def test_a_server_that_never_answers_fails_at_the_deadline_on_the_injected_clock
     assert run(scenario()) == "timeout"
 
 
-def test_a_framed_outbound_is_refused_for_fetching(run, origin):
-    node = parse_node_link(f"ss://{SS_USERINFO}@127.0.0.1:{origin.port}#ss")
+def test_a_download_through_a_shadowsocks_outbound_reaches_the_origin(run, origin):
+    from helpers.peerservers import ss_server
+
+    origin.replies["/sub"] = Reply(body=BODY_A)
     clock = MonotonicClock()
-    leaf = ShadowsocksOutbound(node, GlobalSpec(), clock)
-    with pytest.raises(SubscriptionFetchError) as info:
-        run(fetch(origin.url("/sub"), dial=leaf.dial_tcp, clock=clock, deadline=clock.now() + STEP))
-    assert info.value.reason == "framed-outbound"
-    assert origin.requests == []
+    with ss_server("aes-256-gcm", SECRET, udp=False) as peer:
+        leaf = ShadowsocksOutbound(parse_node_link(f"ss://{SS_USERINFO}@127.0.0.1:{peer.port}#ss"), GlobalSpec(), clock)
+        result = run(fetch(origin.url("/sub"), dial=leaf.dial_tcp, clock=clock, deadline=clock.now() + STEP))
+    assert result.body == BODY_A and [path for path, _ in origin.requests] == ["/sub"]
 
 
 # --- the manager on a FakeClock ---------------------------------------------------------------
@@ -664,5 +665,38 @@ def test_a_refresh_gives_a_changed_node_a_new_runtime_and_keeps_the_others(tmp_p
             "routing {\n    fallback: direct\n}\n"
         )
         run(main(origin))
+    finally:
+        origin.close()
+
+
+def test_a_subscription_with_a_detour_downloads_through_that_node(tmp_path, run):
+    """The detour names a node of the file; its runtime counts the download's dial."""
+    from helpers.peerservers import microsocks
+
+    from honk.daemon.app import Daemon
+
+    async def main() -> None:
+        daemon = Daemon(cfg)
+        await daemon.start()
+        try:
+            plane = daemon.plane
+            assert plane is not None and "socks-hk" in plane.outbounds  # the body arrived
+            assert plane.outbounds["up"].runtime.dials["ok"] >= 1  # through the detour
+        finally:
+            await daemon.shutdown(0.0)
+
+    cfg = tmp_path / "honk.dae"
+    origin = SubServer()
+    try:
+        origin.replies["/sub"] = Reply(body=b"socks5://127.0.0.1:1080#socks-hk\n")
+        with microsocks("honk", "detour") as peer:
+            cfg.write_text(
+                "global {\n    data_dir: ./var\n}\n"
+                "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
+                f"node {{\n    up: 'socks5://honk:detour@127.0.0.1:{peer.port}'\n}}\n"
+                f"subscription {{\n    paid: {{\n        url: '{origin.url('/sub')}'\n        detour: up\n    }}\n}}\n"
+                "routing {\n    fallback: direct\n}\n"
+            )
+            run(main())
     finally:
         origin.close()

@@ -294,3 +294,31 @@ def test_arbitrary_subscription_entries_load_or_raise_config_error(body):
         return
     for sub in spec.subscriptions:
         assert sub.name and sub.url.lower().startswith(("http://", "https://"))
+
+
+def test_a_detour_names_the_node_or_group_downloads_go_through():
+    (spec,) = subs(
+        "node {\n    up: 'socks5://127.0.0.1:1080'\n}\n"
+        "subscription {\n    paid: {\n        url: 'https://sub.example/a'\n        detour: up\n    }\n}\n"
+    )
+    assert spec.detour == "up"
+    (plain,) = subs("subscription {\n    paid: 'https://sub.example/a'\n}\n")
+    assert plain.detour is None  # direct
+
+
+def test_a_detour_naming_no_outbound_is_a_located_error():
+    outcome = run(
+        "subscription {\n    paid: {\n        url: 'https://sub.example/a'\n        detour: nowhere\n    }\n}\n", "dae"
+    )
+    assert outcome.spec is None
+    (error,) = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]
+    assert error.code == "unknown-outbound" and error.loc.line == 4 and "nowhere" not in str(error)
+
+
+def test_a_structured_detour_means_the_same():
+    toml = (
+        '[node]\nup = "socks5://127.0.0.1:1080"\n'
+        '[[subscription]]\nname = "paid"\nurl = "https://sub.example/a"\ndetour = "up"\n'
+    )
+    (spec,) = subs(toml, "toml")
+    assert spec.detour == "up"
