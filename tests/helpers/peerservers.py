@@ -55,17 +55,23 @@ class PeerStartError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SocksPeer:
-    """A SOCKS5 server; ``username``/``password`` are set when it demands RFC 1929 authentication."""
+class _Listening:
+    """Where a peer listens."""
 
     host: str
     port: int
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
 
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
+
+
+@dataclass(frozen=True)
+class SocksPeer(_Listening):
+    """A SOCKS5 server; ``username``/``password`` are set when it demands RFC 1929 authentication."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     @property
     def auth(self) -> tuple[str, str] | None:
@@ -73,32 +79,20 @@ class SocksPeer:
 
 
 @dataclass(frozen=True)
-class ShadowsocksPeer:
+class ShadowsocksPeer(_Listening):
     """An ss-server: TCP on ``port``, and UDP on the same port when ``udp`` is set."""
 
-    host: str
-    port: int
     method: str
     password: str = field(repr=False)
     udp: bool
 
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
-
 
 @dataclass(frozen=True)
-class HttpProxyPeer:
+class HttpProxyPeer(_Listening):
     """A plain HTTP proxy that allows CONNECT to any port; Basic credentials when ``username`` is set."""
 
-    host: str
-    port: int
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
 
     @property
     def url(self) -> str:
@@ -110,7 +104,7 @@ class HttpProxyPeer:
 
 
 @dataclass(frozen=True)
-class TlsProxyPeer:
+class TlsProxyPeer(_Listening):
     """An HTTP proxy reached over TLS (``https://`` proxy): a TLS front before a plain proxy.
 
     The front's certificate is issued by ``ca`` for ``server_names``; ``ca_path`` holds the
@@ -118,18 +112,12 @@ class TlsProxyPeer:
     Credentials, when set, are the plain proxy's.
     """
 
-    host: str
-    port: int
     ca: trustme.CA
     ca_path: Path
     server_names: tuple[str, ...]
     backend_port: int
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return (self.host, self.port)
 
     @property
     def url(self) -> str:
