@@ -1,12 +1,15 @@
 """Give the relay engine a plain socket for a stream it cannot carry itself.
 
 The relay engine drives file descriptors (splice, or its own AEAD framing).
-A stream that exists only as an asyncio transport -- TLS to an ``https://``
-proxy, for example -- is bridged: a UNIX socketpair, one end handed to the
+A stream that exists only as an asyncio channel -- TLS to an ``https://``
+proxy, a protocol framed in Python over TLS or WebSocket
+(:mod:`honk.outbound.channel`) -- is bridged: a UNIX socketpair, one end handed to the
 relay as the upstream socket, the other pumped to and from the transport by a
 task that lives exactly as long as the flow: it ends when either side ends,
 so the relay closing its end (a flow closed at shutdown, say) stops it.
-Half-closes cross the bridge both ways; an error on either side closes both.
+Half-closes cross the bridge both ways; an error on either side closes both
+and is logged with its type and reason. The relay sees the socketpair end as
+a plain close: a UNIX socket has no reset to carry the failure further.
 
 The bridge costs one extra copy per byte in Python; it is for protocols whose
 transform lives in asyncio, not for plain streams.
@@ -16,18 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 
-from honk.relay.stream import StreamConn
+from honk.daemon.logs import kv
+from honk.outbound.channel import Channel
 
 __all__ = ["bridge_stream"]
 
 PUMP_CHUNK = 256 * 1024  # bytes read from the relay's end per turn
 
+log = logging.getLogger("honk.outbound.bridge")
+
 _pumps: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
 
-def bridge_stream(conn: StreamConn) -> socket.socket:
+def bridge_stream(conn: Channel) -> socket.socket:
     """A connected non-blocking socket whose bytes are ``conn``'s, both ways."""
     outer, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     outer.setblocking(False)
@@ -38,7 +45,7 @@ def bridge_stream(conn: StreamConn) -> socket.socket:
     return outer
 
 
-async def _pump(conn: StreamConn, inner: socket.socket) -> None:
+async def _pump(conn: Channel, inner: socket.socket) -> None:
     loop = asyncio.get_running_loop()
 
     async def transport_to_inner() -> None:
@@ -57,8 +64,12 @@ async def _pump(conn: StreamConn, inner: socket.socket) -> None:
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if any(t.exception() is not None for t in done if not t.cancelled()):
-                break  # one side failed: tear both down
+            failed = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+            if failed:  # one side failed: tear both down
+                error = failed[0]
+                log.info("bridged stream failed %s", kv(error=type(error).__name__,
+                                                        reason=getattr(error, "reason", "") or str(error)))
+                break
     finally:
         for t in tasks:
             t.cancel()

@@ -1,0 +1,152 @@
+"""Channels stacked under the relay bridge, over real loopback sockets.
+
+The far end plays a WebSocket server by hand (unmasked frames, RFC 6455) and a
+toy framing (length-prefixed, XOR-ed) stands for a proxy protocol's codec, so
+what is tested is the stacking: order, EOF, pings, close, and the bridge to a
+plain socket the relay engine can drive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import socket
+import struct
+
+from helpers.sockets import tcp_pair
+
+from honk.core.errors import HonkError, UpstreamFailed
+from honk.outbound.bridge import bridge_stream
+from honk.outbound.channel import CodecChannel, WsChannel
+from honk.relay.stream import StreamConn
+
+STEP = 5.0
+
+
+class _Truncated(HonkError):
+    pass
+
+
+class ToyCodec:
+    """Length-prefixed chunks, each byte XOR 0x5A: just enough framing to see stacking."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    @staticmethod
+    def encode(data: bytes) -> bytes:
+        return struct.pack("!I", len(data)) + bytes(b ^ 0x5A for b in data)
+
+    def decode(self, data: bytes) -> bytes:
+        self._buf += data
+        out = bytearray()
+        while len(self._buf) >= 4:
+            (n,) = struct.unpack_from("!I", self._buf)
+            if len(self._buf) < 4 + n:
+                break
+            out += bytes(b ^ 0x5A for b in self._buf[4 : 4 + n])
+            del self._buf[: 4 + n]
+        return bytes(out)
+
+    def at_eof(self) -> None:
+        if self._buf:
+            raise _Truncated("stopped inside a chunk")
+
+
+def _unmask_client_frames(data: bytes) -> tuple[bytes, list[int], int]:
+    """Payload bytes of complete client frames, their opcodes, and how many bytes were used."""
+    out, ops, pos = bytearray(), [], 0
+    while len(data) - pos >= 2:
+        op, n = data[pos] & 0x0F, data[pos + 1] & 0x7F
+        head = 2
+        if n == 126:
+            if len(data) - pos < 4:
+                break
+            n, head = struct.unpack_from("!H", data, pos + 2)[0], 4
+        elif n == 127:
+            if len(data) - pos < 10:
+                break
+            n, head = struct.unpack_from("!Q", data, pos + 2)[0], 10
+        if len(data) - pos < head + 4 + n:
+            break
+        mask = data[pos + head : pos + head + 4]
+        body = data[pos + head + 4 : pos + head + 4 + n]
+        out += bytes(b ^ mask[i % 4] for i, b in enumerate(body))
+        ops.append(op)
+        pos += head + 4 + n
+    return bytes(out), ops, pos
+
+
+def _server_frame(op: int, payload: bytes) -> bytes:
+    n = len(payload)
+    if n < 126:
+        return struct.pack("!BB", 0x80 | op, n) + payload
+    if n < 1 << 16:
+        return struct.pack("!BBH", 0x80 | op, 126, n) + payload
+    return struct.pack("!BBQ", 0x80 | op, 127, n) + payload
+
+
+async def _stream_conn(sock: socket.socket) -> StreamConn:
+    conn = StreamConn(UpstreamFailed)
+    await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, sock=sock)
+    return conn
+
+
+def test_codec_over_websocket_bridged_to_a_plain_socket_carries_both_ways(run) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        near, far = tcp_pair()
+        codec = ToyCodec()
+        channel = CodecChannel(WsChannel(await _stream_conn(near)), ToyCodec.encode, codec.decode,
+                               at_eof=codec.at_eof)
+        plain = bridge_stream(channel)
+        payload = os.urandom(300_000)
+        await loop.sock_sendall(plain, payload)
+        got, used, wire = b"", 0, b""
+        while len(got) < 4 + len(payload) + 16:  # the toy framing's bytes, inside WebSocket frames
+            wire += await asyncio.wait_for(loop.sock_recv(far, 65536), STEP)
+            got_now, ops, used = _unmask_client_frames(wire)
+            got = got_now
+            if ToyCodec().decode(got) == payload:
+                break
+        assert set(ops) == {0x2}  # binary messages only
+        assert ToyCodec().decode(got) == payload
+        # the server answers with a ping, then data split over two frames, then a close
+        answer = os.urandom(70_000)
+        framed = ToyCodec.encode(answer)
+        await loop.sock_sendall(far, _server_frame(0x9, b"hi") + _server_frame(0x2, framed[:1000])
+                                + _server_frame(0x0, framed[1000:]) + _server_frame(0x8, struct.pack("!H", 1000)))
+        back = bytearray()
+        while chunk := await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP):
+            back += chunk
+        assert hashlib.sha256(back).digest() == hashlib.sha256(answer).digest()  # then EOF at the close
+        rest = wire[used:] + await asyncio.wait_for(loop.sock_recv(far, 65536), STEP)
+        pong, ops, _ = _unmask_client_frames(rest)
+        assert ops[0] == 0xA and pong.startswith(b"hi")  # the ping was answered
+        plain.close()
+        far.close()
+
+    run(main())
+
+
+def test_a_server_stopping_inside_a_frame_ends_the_bridge_with_a_logged_typed_error(run, caplog) -> None:
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        near, far = tcp_pair()
+        codec = ToyCodec()
+        plain = bridge_stream(CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode,
+                                           at_eof=codec.at_eof))
+        await loop.sock_sendall(far, ToyCodec.encode(b"complete") + ToyCodec.encode(b"cut short")[:6])
+        far.shutdown(socket.SHUT_WR)
+        got = bytearray()
+        while chunk := await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP):
+            got += chunk
+        plain.close()
+        far.close()
+        return bytes(got)
+
+    with caplog.at_level(logging.INFO, logger="honk.outbound.bridge"):
+        assert run(main()) == b"complete"  # the whole chunk arrives, the cut one never does
+    assert "bridged stream failed error=_Truncated" in caplog.text
