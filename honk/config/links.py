@@ -22,6 +22,21 @@ themselves be base64. Only the AEAD ciphers of :mod:`honk.proto.shadowsocks`
 are accepted (``unsupported-cipher`` otherwise), and a link that needs a
 SIP003 plugin is refused (``unsupported-plugin``): honk runs no plugins.
 
+VMess, VLESS and Trojan (transports TCP and WebSocket, optionally over TLS)::
+
+    vmess://base64(JSON)         the v2rayN form: v, ps, add, port, id, aid, scy, net,
+                                 type, host, path, tls, sni, alpn
+    vless://uuid@host[:port][/]?type=&security=&sni=&path=&host=&alpn=&flow=[#name]
+    trojan://password@host[:port][/]?sni=&type=&path=&host=&allowInsecure=[#name]
+
+Their dial shape is normalised into ``params`` (``type``, ``security``, ``sni``,
+``host``, ``path``, ``alpn``, ``allowInsecure``; see :func:`_v2_shape`), so equal
+dials get equal ids however the link spelled them. VMess needs alterId 0 (the AEAD
+header; ``unsupported-alter-id`` otherwise) and one of the ciphers in
+:data:`VMESS_CIPHERS`; VLESS needs no ``flow`` (``unsupported-flow``) and defaults to
+TLS, as upstream's canonical VLESS links do; Trojan always runs over TLS. UUIDs must be
+valid and are stored in canonical lowercase form.
+
 Other known proxy schemes are rejected as not supported by this version;
 anything else is an unknown scheme.
 
@@ -36,6 +51,7 @@ import binascii
 import dataclasses
 import hashlib
 import ipaddress
+import json
 import re
 import uuid
 from dataclasses import dataclass
@@ -46,17 +62,27 @@ from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
 
 NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
 DEFAULT_PORTS = {"http": 443, "https": 443}  # socks5: an explicit port is required
+DEFAULT_V2_PORT = 443  # vless/trojan: a URL-shaped link defaults an omitted port to 443 (nodes reference)
 KNOWN_UNSUPPORTED = (
     "ssr",
-    "vmess",
-    "vless",
-    "trojan",
     "hysteria2",
     "hy2",
     "tuic",
     "anytls",
     "juicity",
 )
+V2_SCHEMES = ("vmess", "vless", "trojan")
+# VMess body ciphers honk dials, as v2ray names them ("auto": the client picks; the
+# legacy "zero" and the pre-AEAD ciphers are refused).
+VMESS_CIPHERS = ("aes-128-gcm", "chacha20-poly1305", "none", "auto")
+VMESS_DEFAULT_CIPHER = "auto"  # v2rayN: an absent or empty `scy` means auto
+V2_TRANSPORTS = ("tcp", "ws")  # stream transports honk dials ("" means tcp)
+V2_SECURITIES = ("none", "tls")
+# Upstream nodes reference: share-link verification booleans, compared after strip + lower-casing.
+INSECURE_TRUE = frozenset({"true", "yes", "1", "on"})
+INSECURE_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
+INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
+REALITY_KEYS = ("pbk", "sid", "spx")  # REALITY parameters: a transport honk does not dial
 INBOUND_SCHEMES = ("mixed",)
 # query parameters that are display metadata, not part of how a node is dialled
 DISPLAY_PARAMS = frozenset({"remark", "remarks", "name", "tag"})
@@ -156,6 +182,10 @@ def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
         raise LinkError("unsupported-scheme", f"the {scheme} protocol is not supported by this version")
     if scheme == "ss" and m is not None:
         return _parse_ss(link.strip()[m.end() :], tag)
+    if scheme == "vmess" and m is not None:
+        return _parse_vmess(link.strip()[m.end() :], tag)
+    if scheme in ("vless", "trojan") and m is not None:
+        return _parse_vless_trojan(scheme, link.strip()[m.end() :], tag)
     if scheme not in NODE_SCHEMES:
         raise LinkError("unknown-scheme", "share link uses an unknown scheme")
     url = parse_url(link)
@@ -250,6 +280,201 @@ def _parse_ss(body: str, tag: str | None) -> NodeSpec:
         password=password,
         params=tuple(params),
         encryption=method,
+    )
+    return with_node_id(node)
+
+
+# --- VMess, VLESS and Trojan -------------------------------------------------------
+
+
+def _one(claims: list[tuple[str, str]], what: str) -> str:
+    """The single value the non-empty (stripped) ``claims`` agree on, or "" when there are none."""
+    values = {v.strip() for _, v in claims if v.strip()}
+    if len(values) > 1:
+        raise LinkError(f"conflicting-{what}", f"the link gives conflicting {what} values")
+    return values.pop() if values else ""
+
+
+def _insecure(claims: list[tuple[str, str]]) -> bool:
+    """Whether the verification claims disable certificate checks (upstream's boolean rules)."""
+    verdicts = set()
+    for _, value in claims:
+        text = value.strip().lower()
+        if text in INSECURE_TRUE:
+            verdicts.add(True)
+        elif text in INSECURE_FALSE:
+            verdicts.add(False)
+        else:
+            raise LinkError("invalid-allow-insecure", "allowInsecure must be a true or false word")
+    if len(verdicts) > 1:
+        raise LinkError("conflicting-allow-insecure", "the link's certificate-verification claims disagree")
+    return verdicts == {True}
+
+
+def _uuid(text: str) -> str:
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise LinkError("invalid-uuid", "the user id is not a valid UUID") from None
+
+
+def _v2_shape(
+    *,
+    transport: str,
+    security: str,
+    sni: str,
+    host: str,
+    path: str,
+    alpn: str,
+    insecure: bool,
+) -> tuple[tuple[str, str], ...]:
+    """The normalised dial shape: transport, TLS posture and their parameters, empties left out.
+
+    ``host`` is the WebSocket Host header; outside WebSocket it only stands in for a
+    missing SNI under TLS (upstream's rule), so it is dropped there. TLS-only fields
+    are dropped without TLS.
+    """
+    transport = transport.strip().lower() or "tcp"
+    if transport not in V2_TRANSPORTS:
+        raise LinkError("unsupported-transport", "the transport is not supported (use tcp or ws)")
+    security = security.strip().lower() or "none"
+    if security not in V2_SECURITIES:
+        raise LinkError("unsupported-security", "the stream security is not supported (use none or tls)")
+    host, sni = host.strip(), sni.strip()
+    if transport == "ws":
+        path = path or "/"  # an empty WebSocket path is the root: the same dial
+    else:
+        sni = sni or (host if security == "tls" else "")
+        host = ""
+        path = ""
+    alpn = ",".join(p.strip() for p in alpn.split(",") if p.strip())
+    shape = [("type", transport), ("security", security), ("host", host), ("path", path)]
+    if security == "tls":
+        shape += [("sni", normalise_host(sni) if sni else ""), ("alpn", alpn),
+                  ("allowInsecure", "1" if insecure else "")]
+    return tuple((k, v) for k, v in shape if v)
+
+
+def _parse_vless_trojan(scheme: str, body: str, tag: str | None) -> NodeSpec:
+    """The part of a ``vless://`` or ``trojan://`` link after the scheme, as a node."""
+    body, _, fragment = body.partition("#")
+    body, _, query = body.partition("?")
+    authority, _, _path = body.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    credential = pct_decode(userinfo)
+    if not at or not credential:
+        what = "a user id" if scheme == "vless" else "a password"
+        raise LinkError("missing-credentials", f"a {scheme} link needs {what} before '@'")
+    host, port = _host_port(hostport)
+    if not host:
+        raise LinkError("missing-host", "share link has no host")
+    params = _query_params(query)
+
+    def claims(*keys: str) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in params if k in keys]
+
+    if any(v.strip() for _, v in claims(*REALITY_KEYS)):
+        raise LinkError("unsupported-security", "REALITY is not supported")
+    if _one(claims("headerType"), "header-type").lower() not in ("", "none"):
+        raise LinkError("unsupported-transport", "TCP header obfuscation is not supported")
+    security = _one(claims("security"), "security").lower()
+    username = password = None
+    if scheme == "vless":
+        if _one(claims("flow"), "flow"):
+            raise LinkError("unsupported-flow", "VLESS flows (XTLS Vision) are not supported")
+        if _one(claims("encryption"), "encryption").lower() not in ("", "none"):
+            raise LinkError("unsupported-encryption", "VLESS encryption other than none is not supported")
+        username = _uuid(credential)
+        security = security or "tls"  # upstream: canonical VLESS links default to TLS
+    else:
+        if security not in ("", "tls"):
+            raise LinkError("unsupported-security", "trojan runs only over TLS")
+        password = credential
+        security = "tls"
+    shape = _v2_shape(
+        transport=_one(claims("type", "network"), "transport"),
+        security=security,
+        sni=_one(claims("sni", "peer"), "sni"),
+        host=_one(claims("host"), "host"),
+        path=_one(claims("path"), "path"),
+        alpn=_one(claims("alpn"), "alpn"),
+        insecure=_insecure(claims(*INSECURE_KEYS)),
+    )
+    name = tag or pct_decode(fragment) or _one(claims("remark", "remarks"), "remark") or f"{scheme}-{host}"
+    node = NodeSpec(
+        name=name,
+        protocol=scheme,
+        host=host,
+        port=port if port is not None else DEFAULT_V2_PORT,
+        username=username,
+        password=password,
+        params=shape,
+    )
+    return with_node_id(node)
+
+
+def _json_text(obj: dict[str, object], key: str) -> str:
+    """A v2rayN JSON field as text: strings as they are, integers written out, absent/null as ""."""
+    value = obj.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise LinkError("invalid-field", f"the vmess field '{key}' must be text or a number")
+
+
+def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
+    """The part of a ``vmess://`` link after the scheme (v2rayN's base64 JSON), as a node."""
+    body = body.partition("#")[0]
+    decoded = _base64_text(pct_decode(body))
+    if decoded is None:
+        raise LinkError("invalid-link", "a vmess link must be base64 of a JSON object")
+    try:
+        obj = json.loads(decoded)
+    except (ValueError, RecursionError):
+        raise LinkError("invalid-link", "a vmess link must be base64 of a JSON object") from None
+    if not isinstance(obj, dict):
+        raise LinkError("invalid-link", "a vmess link must be base64 of a JSON object")
+    aid = _json_text(obj, "aid").strip() or "0"
+    if not aid.isascii() or not aid.isdigit():
+        raise LinkError("invalid-alter-id", "the vmess alterId must be a number")
+    if int(aid) > 0:
+        raise LinkError("unsupported-alter-id", "vmess alterId must be 0 (the legacy header is not supported)")
+    cipher = _json_text(obj, "scy").strip().lower() or VMESS_DEFAULT_CIPHER
+    if cipher not in VMESS_CIPHERS:
+        raise LinkError("unsupported-cipher", "the vmess cipher is not supported (use " + ", ".join(VMESS_CIPHERS) + ")")
+    address = _json_text(obj, "add").strip()
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    host = normalise_host(address)
+    if not host:
+        raise LinkError("missing-host", "share link has no host")
+    port_text = _json_text(obj, "port").strip()
+    if not port_text:
+        raise LinkError("missing-port", "a vmess link needs a port")
+    port = _port(port_text)
+    if _json_text(obj, "type").strip().lower() not in ("", "none"):
+        raise LinkError("unsupported-transport", "TCP header obfuscation is not supported")
+    tls = _json_text(obj, "tls").strip().lower()
+    shape = _v2_shape(
+        transport=_json_text(obj, "net"),
+        security=tls,
+        sni=_json_text(obj, "sni"),
+        host=_json_text(obj, "host"),
+        path=_json_text(obj, "path"),
+        alpn=_json_text(obj, "alpn"),
+        insecure=False,
+    )
+    node = NodeSpec(
+        name=tag or _json_text(obj, "ps") or f"vmess-{host}",
+        protocol="vmess",
+        host=host,
+        port=port,
+        username=_uuid(_json_text(obj, "id")),
+        params=shape,
+        encryption=cipher,
     )
     return with_node_id(node)
 

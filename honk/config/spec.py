@@ -133,7 +133,7 @@ class NodeSpec:
     username: str | None = field(default=None, repr=False)
     password: str | None = field(default=None, repr=False)
     params: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    encryption: str | None = None  # the Shadowsocks cipher (lowercase), None for other protocols
+    encryption: str | None = None  # the Shadowsocks or VMess cipher (lowercase), None for other protocols
     id: uuid.UUID = field(default=uuid.UUID(int=0))
     # tag of the subscription that provided the node ('' for nodes declared in the config);
     # subtag(...) filters read it. Not part of the identity.

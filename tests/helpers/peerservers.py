@@ -13,6 +13,7 @@ No helper reads or touches a system instance's config, pid file, log or port.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import select
@@ -22,6 +23,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+import uuid as uuidlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,14 @@ PORT_TAKEN = "in use"  # each server's EADDRINUSE message contains this ("Addres
 # The SIP004 AEAD ciphers honk's Shadowsocks outbound supports; ss-server knows them by these names.
 SS_METHODS = ("aes-128-gcm", "aes-256-gcm", "chacha20-ietf-poly1305")
 TLS_NAMES = (LOOPBACK, "localhost")  # what the TLS front's certificate is issued for by default
+
+# v2ray (Debian's 4.34) as a VMess/VLESS/Trojan peer.
+V2RAY_PROTOCOLS = ("vmess", "vless", "trojan")
+V2RAY_TRANSPORTS = ("tcp", "ws")
+# VMess body ciphers a v2ray client may ask for ("auto" lets v2ray pick by CPU; "zero" is out of scope).
+VMESS_SECURITIES = ("aes-128-gcm", "chacha20-poly1305", "none", "auto")
+V2RAY_WS_PATH = "/honk-ws"  # the WebSocket path the server serves when none is given
+V2RAY_MUX_CONCURRENCY = 8  # v2ray's own default: logical streams per Mux.Cool carrier
 
 Probe = Callable[[], bool]
 
@@ -138,6 +148,59 @@ class TlsProxyPeer(_Listening):
         return ctx
 
 
+@dataclass(frozen=True)
+class V2rayPeer(_Listening):
+    """A v2ray server taking one ``protocol`` inbound over ``transport`` (``tls`` on top when set).
+
+    VMess authenticates by ``uuid`` (alterId 0, so only the AEAD header); VLESS by ``uuid``
+    too (decryption none); Trojan by ``password``. ``security`` is the VMess body cipher a
+    client asks for (the server takes whichever the client picks). ``ws_path`` is the
+    WebSocket path when ``transport`` is ``ws``. With ``tls`` the certificate is issued by
+    ``ca`` for ``server_names``; ``ca_path`` holds the CA as PEM. ``mux`` is what a
+    :func:`v2ray_client` of this server does by default (the server accepts both).
+    ``access_log`` lists every request the server accepted, one line each
+    (``... accepted tcp:host:port``, a logical stream inside a Mux.Cool carrier too);
+    :meth:`carriers` counts the physical connections open to it.
+    """
+
+    protocol: str
+    transport: str
+    tls: bool
+    mux: bool
+    security: str
+    uuid: str = field(repr=False)
+    password: str = field(repr=False)
+    ws_path: str
+    access_log: Path
+    ca: trustme.CA | None = None
+    ca_path: Path | None = None
+    server_names: tuple[str, ...] = ()
+
+    @property
+    def ca_pem(self) -> bytes:
+        if self.ca is None:
+            raise ValueError("this v2ray server does not use TLS")
+        return self.ca.cert_pem.bytes()
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts only this server's CA."""
+        ctx = ssl.create_default_context()
+        ctx.load_verify_locations(cadata=self.ca_pem.decode())
+        return ctx
+
+    def accepted(self) -> list[str]:
+        """The access log's ``accepted`` lines so far (v2ray writes each as the request arrives)."""
+        try:
+            text = self.access_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.splitlines() if " accepted " in line]
+
+    def carriers(self) -> int:
+        """How many TCP connections to this server are established right now (client ends, from /proc)."""
+        return established_to(self.port)
+
+
 # --- readiness probes ---------------------------------------------------------------------
 
 
@@ -164,6 +227,15 @@ def udp_bound(port: int) -> Probe:
             return any(line.split()[1] in wanted for line in table)
 
     return probe
+
+
+def established_to(port: int) -> int:
+    """The number of established TCP connections whose remote end is loopback ``port`` (from /proc/net/tcp)."""
+    remote = f"0100007F:{port:04X}"  # little-endian IPv4 and hex port
+    established = "01"  # TCP_ESTABLISHED in the kernel's st column
+    with open("/proc/net/tcp") as table:
+        next(table)  # header line
+        return sum(1 for line in table if (cols := line.split())[2] == remote and cols[3] == established)
 
 
 # --- one server process -------------------------------------------------------------------
@@ -424,17 +496,19 @@ def tinyproxy(user: str | None = None, password: str | None = None) -> Iterator[
 
 @contextlib.contextmanager
 def tls_front(backend_port: int, *, ca: trustme.CA | None = None,
-              server_names: Sequence[str] = TLS_NAMES) -> Iterator[TlsProxyPeer]:
+              server_names: Sequence[str] = TLS_NAMES,
+              leaf: trustme.LeafCert | None = None) -> Iterator[TlsProxyPeer]:
     """haproxy terminating TLS on a free port and passing the plain bytes to ``backend_port``.
 
-    The certificate is issued by ``ca`` (a new trustme CA by default) for ``server_names``.
+    The certificate is issued by ``ca`` (a new trustme CA by default) for ``server_names``,
+    or is ``leaf`` when given (an expired one, say).
     """
     binary = require_binary("haproxy")
     ca = ca or trustme.CA()
     with _workdir("haproxy") as tmp:
         work = Path(tmp)
         pem = work / "front.pem"  # key and chain in one file, as haproxy's `crt` wants
-        ca.issue_cert(*server_names).private_key_and_cert_chain_pem.write_to_path(str(pem))
+        (leaf or ca.issue_cert(*server_names)).private_key_and_cert_chain_pem.write_to_path(str(pem))
         ca_path = work / "ca.pem"
         ca.cert_pem.write_to_path(str(ca_path))
         conf = work / "haproxy.cfg"
@@ -468,3 +542,135 @@ def https_proxy(user: str | None = None, password: str | None = None, *,
     with tinyproxy(user, password) as plain, tls_front(plain.port, ca=ca) as front:
         yield TlsProxyPeer(front.host, front.port, front.ca, front.ca_path, front.server_names,
                            plain.port, user, password)
+
+
+# --- v2ray: VMess, VLESS and Trojan -------------------------------------------------------
+
+
+def _v2ray_stream(transport: str, tls: bool, ws_path: str, tls_settings: dict[str, object]) -> dict[str, object]:
+    """v2ray's ``streamSettings`` for one side of the connection."""
+    stream: dict[str, object] = {"network": transport, "security": "tls" if tls else "none"}
+    if transport == "ws":
+        stream["wsSettings"] = {"path": ws_path}
+    if tls:
+        stream["tlsSettings"] = tls_settings
+    return stream
+
+
+def _v2ray_argv(binary: str, conf: Path, config: dict[str, object]) -> list[str]:
+    conf.write_text(json.dumps(config, indent=1))
+    # v2ray 4.x: -config takes a file; it stays in the foreground and logs to stdout.
+    return [binary, "-config", str(conf)]
+
+
+@contextlib.contextmanager
+def v2ray_server(protocol: str, *, transport: str = "tcp", tls: bool = False, mux: bool = False,
+                 security: str = "aes-128-gcm", uuid: str | None = None, password: str | None = None,
+                 ws_path: str = V2RAY_WS_PATH, ca: trustme.CA | None = None,
+                 server_names: Sequence[str] = TLS_NAMES) -> Iterator[V2rayPeer]:
+    """v2ray serving ``protocol`` (vmess, vless or trojan) over ``transport`` (tcp or ws), TLS when ``tls``.
+
+    VLESS and Trojan always run over TLS (their only protection), so ``tls`` is forced on for
+    them. A missing ``uuid``/``password`` is a fresh random one. Requests leave through a
+    ``freedom`` outbound, UDP included (VMess, VLESS and Trojan all carry UDP in v2ray).
+    The certificate is issued by ``ca`` (a new trustme CA by default) for ``server_names``.
+    """
+    if protocol not in V2RAY_PROTOCOLS:
+        raise ValueError(f"protocol must be one of {V2RAY_PROTOCOLS}")
+    if transport not in V2RAY_TRANSPORTS:
+        raise ValueError(f"transport must be one of {V2RAY_TRANSPORTS}")
+    if security not in VMESS_SECURITIES:
+        raise ValueError(f"security must be one of {VMESS_SECURITIES}")
+    binary = require_binary("v2ray")
+    tls = tls or protocol in ("vless", "trojan")
+    user_id = uuid or str(uuidlib.uuid4())
+    secret = password or uuidlib.uuid4().hex
+    with _workdir("v2ray-server") as tmp:
+        work = Path(tmp)
+        conf = work / "server.json"
+        access_log = work / "access.log"
+        tls_settings: dict[str, object] = {}
+        ca_path: Path | None = None
+        if tls:
+            ca = ca or trustme.CA()
+            cert = ca.issue_cert(*server_names)
+            cert.private_key_pem.write_to_path(str(work / "key.pem"))
+            cert.cert_chain_pems[0].write_to_path(str(work / "cert.pem"))
+            ca_path = work / "ca.pem"
+            ca.cert_pem.write_to_path(str(ca_path))
+            tls_settings = {"certificates": [{"certificateFile": str(work / "cert.pem"),
+                                              "keyFile": str(work / "key.pem")}]}
+        else:
+            ca = None
+        clients: dict[str, list[dict[str, object]]] = {
+            "vmess": [{"id": user_id, "alterId": 0}],
+            "vless": [{"id": user_id}],
+            "trojan": [{"password": secret}],
+        }
+        settings: dict[str, object] = {"clients": clients[protocol]}
+        if protocol == "vless":
+            settings["decryption"] = "none"
+
+        def launch(port: int) -> tuple[list[str], list[Probe]]:
+            config = {
+                "log": {"loglevel": "warning", "access": str(access_log)},
+                "inbounds": [{
+                    "listen": LOOPBACK, "port": port, "protocol": protocol, "settings": settings,
+                    "streamSettings": _v2ray_stream(transport, tls, ws_path, tls_settings),
+                }],
+                "outbounds": [{"protocol": "freedom", "settings": {}}],
+            }
+            return _v2ray_argv(binary, conf, config), [tcp_accepts(port)]
+
+        with _serving("v2ray-server", work, launch) as port:
+            yield V2rayPeer(LOOPBACK, port, protocol, transport, tls, mux, security, user_id, secret,
+                            ws_path, access_log, ca, ca_path, tuple(server_names) if tls else ())
+
+
+@contextlib.contextmanager
+def v2ray_client(server: V2rayPeer, *, mux: bool | None = None, server_name: str | None = None,
+                 security: str | None = None) -> Iterator[SocksPeer]:
+    """A v2ray client: a SOCKS5 server (no auth; CONNECT and UDP ASSOCIATE) whose traffic goes to ``server``.
+
+    ``mux`` (default: the server's ``mux``) turns on Mux.Cool. Over TLS the client trusts only
+    the server's CA and asks for ``server_name`` (default: the first of the server's names).
+    ``security`` overrides the VMess cipher the server suggests.
+    """
+    binary = require_binary("v2ray")
+    use_mux = server.mux if mux is None else mux
+    with _workdir("v2ray-client") as tmp:
+        work = Path(tmp)
+        conf = work / "client.json"
+        tls_settings: dict[str, object] = {}
+        if server.tls:
+            # "verify" certificates are CAs this client trusts in addition to the system's.
+            tls_settings = {"serverName": server_name or server.server_names[0], "allowInsecure": False,
+                            "certificates": [{"usage": "verify", "certificateFile": str(server.ca_path)}]}
+        if server.protocol == "trojan":
+            settings: dict[str, object] = {
+                "servers": [{"address": server.host, "port": server.port, "password": server.password}]}
+        else:
+            user: dict[str, object] = {"id": server.uuid}
+            if server.protocol == "vmess":
+                user.update(alterId=0, security=security or server.security)
+            else:
+                user["encryption"] = "none"
+            settings = {"vnext": [{"address": server.host, "port": server.port, "users": [user]}]}
+        outbound = {
+            "protocol": server.protocol, "settings": settings,
+            "streamSettings": _v2ray_stream(server.transport, server.tls, server.ws_path, tls_settings),
+            "mux": {"enabled": use_mux, "concurrency": V2RAY_MUX_CONCURRENCY},
+        }
+
+        def launch(port: int) -> tuple[list[str], list[Probe]]:
+            config = {
+                "log": {"loglevel": "warning"},
+                "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
+                              "settings": {"auth": "noauth", "udp": True, "ip": LOOPBACK}}],
+                "outbounds": [outbound],
+            }
+            # The SOCKS inbound relays UDP on the same port as TCP.
+            return _v2ray_argv(binary, conf, config), [tcp_accepts(port), udp_bound(port)]
+
+        with _serving("v2ray-client", work, launch, pick_port=free_tcp_udp_port) as port:
+            yield SocksPeer(LOOPBACK, port)

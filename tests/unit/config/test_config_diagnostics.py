@@ -242,7 +242,7 @@ CASES = [
     (
         "unsupported-scheme",
         "dae",
-        "node {\n    'vmess://YWVzOnMzY3JldFBX@h.example:8388#s3cretPW'\n}\n",
+        "node {\n    'tuic://YWVzOnMzY3JldFBX@h.example:8388#s3cretPW'\n}\n",
         E,
         "unsupported-scheme",
         "node[0]",

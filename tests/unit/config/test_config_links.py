@@ -36,7 +36,7 @@ def test_http_links_default_to_port_443():
         ("socks5://:1080", "missing-host"),
         ("socks5://[::1:1080", "invalid-host"),
         ("socks5://::1:1080", "invalid-host"),
-        ("trojan://secret@h:443", "unsupported-scheme"),
+        ("anytls://secret@h:443", "unsupported-scheme"),
         ("hysteria2://secret@h:443", "unsupported-scheme"),
         ("gopher://h:70", "unknown-scheme"),
         ("10.0.0.1:1080", "unknown-scheme"),

@@ -121,9 +121,9 @@ def test_comments_blank_lines_and_shadowrocket_metadata_are_skipped_without_diag
 def test_unsupported_and_malformed_links_are_skipped_with_their_line_and_a_static_reason():
     body = (
         "# header\n"
-        f"vmess://{SECRET}\n"
+        f"tuic://{SECRET}\n"
         f"socks5://alice:{SECRET}@198.51.100.7:1080#edge-socks\n"
-        f"trojan://{SECRET}@example.com:443\n"
+        f"hysteria2://{SECRET}@example.com:443\n"
         "socks5://nohost-port.example\n"
         f"ss://{SS_USERINFO}@203.0.113.9:8388/?plugin=obfs-local%3Bobfs%3Dhttp#needs-plugin\n"
     )
@@ -147,7 +147,7 @@ def test_first_occurrence_of_a_node_id_wins_and_later_ones_name_it():
 
 def test_a_body_with_no_usable_node_is_a_typed_error_carrying_the_reasons():
     with pytest.raises(SubscriptionError) as info:
-        parse_body(f"vmess://{SECRET}\nREMARKS=x\n".encode())
+        parse_body(f"tuic://{SECRET}\nREMARKS=x\n".encode())
     assert info.value.reason == "no-usable-node"
     assert [d.reason for d in info.value.diagnostics] == ["unsupported-scheme"]
     assert SECRET not in str(info.value)
