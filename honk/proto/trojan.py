@@ -1,0 +1,162 @@
+"""The client side of Trojan (trojan-gfw protocol, as v2ray speaks it), without I/O.
+
+Theory of operation:
+  * The request is ``hex(SHA-224(password)) CRLF command address CRLF``, the
+    address in SOCKS5 form (``ATYP ADDR PORT``, ATYP 1/3/4). The payload
+    follows at once; the server sends no response header, so the server's
+    bytes on a CONNECT stream are the target's bytes.
+  * After a UDP ASSOCIATE request, every datagram in either direction is
+    ``address length(2) CRLF payload``. Towards the server the address is the
+    destination; from the server it is the source.
+    :class:`TrojanUdpDecoder` reads the server's direction.
+  * Feeding ``b""`` means EOF; EOF inside a packet is a
+    :class:`TrojanProtocolError`, and a decoder that failed refuses all
+    further input.
+
+A wrong password is not detectable here: a Trojan server answers it by
+falling back to its decoy site, so the glue sees a foreign stream, not an error.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from typing import NoReturn
+
+from honk.core.errors import ClientProtocolError, HonkError
+from honk.core.net import Address
+from honk.inbound.socks5 import encode_address, parse_address
+
+__all__ = [
+    "CRLF",
+    "MAX_UDP_PAYLOAD",
+    "TrojanClient",
+    "TrojanCommand",
+    "TrojanError",
+    "TrojanProtocolError",
+    "TrojanUdpDecoder",
+    "encode_udp_packet",
+    "password_hash",
+]
+
+CRLF = b"\r\n"
+HASH_SIZE = 56  # hex of a 28-byte SHA-224 digest
+# v2ray's trojan codec (proxy/trojan/protocol.go, maxLength) writes at most this many bytes per UDP packet
+MAX_UDP_PAYLOAD = 8192
+
+_LENGTH = struct.Struct("!H")
+
+
+class TrojanCommand(enum.IntEnum):
+    CONNECT = 0x01
+    UDP_ASSOCIATE = 0x03
+
+
+# --- errors ----------------------------------------------------------------------
+
+
+class TrojanError(HonkError):
+    """A Trojan stream could not be read; ``reason`` is a stable slug."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"trojan: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
+class TrojanProtocolError(TrojanError):
+    """The server's UDP framing is malformed (bad address, missing CRLF, truncation)."""
+
+
+# --- request ---------------------------------------------------------------------
+
+
+def password_hash(password: str) -> bytes:
+    """The 56 ASCII bytes that authenticate a Trojan request: lower-case hex SHA-224."""
+    return hashlib.sha224(password.encode("utf-8")).hexdigest().encode("ascii")
+
+
+class TrojanClient:
+    """One Trojan request. The password is hashed at construction and not kept."""
+
+    def __init__(self, password: str, command: TrojanCommand, target: Address) -> None:
+        self._hash = password_hash(password)
+        self.command = TrojanCommand(command)
+        self.target = target
+
+    def __repr__(self) -> str:  # the hash is as good as the password
+        return f"TrojanClient(command={self.command.name}, target={self.target})"
+
+    def request_header(self) -> bytes:
+        """The bytes to send before the first payload byte (or the first UDP packet)."""
+        return self._hash + CRLF + bytes((int(self.command),)) + encode_address(self.target) + CRLF
+
+
+# --- UDP -------------------------------------------------------------------------
+
+
+def encode_udp_packet(address: Address, payload: bytes | bytearray | memoryview) -> bytes:
+    """One UDP ASSOCIATE packet for ``address``. Raises ValueError above :data:`MAX_UDP_PAYLOAD`."""
+    if len(payload) > MAX_UDP_PAYLOAD:
+        raise ValueError(f"a Trojan UDP packet holds at most {MAX_UDP_PAYLOAD} bytes")
+    return encode_address(address) + _LENGTH.pack(len(payload)) + CRLF + bytes(payload)
+
+
+class TrojanUdpDecoder:
+    """Splits the server's UDP ASSOCIATE stream into ``(source, payload)`` pairs."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._failed: TrojanProtocolError | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether part of a packet is buffered: an EOF now truncates it."""
+        return bool(self._buf)
+
+    @property
+    def failed(self) -> bool:
+        return self._failed is not None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[Address, bytes]]:
+        """Packets completed by ``data``; ``b""`` means EOF.
+
+        Raises :class:`TrojanProtocolError` (``bad-address-type``,
+        ``bad-domain``, ``empty-domain``, ``missing-crlf``,
+        ``truncated-packet``); after that every call raises again.
+        """
+        if self._failed is not None:
+            raise TrojanProtocolError(self._failed.reason, "the stream already failed")
+        if not data:
+            if self._buf:
+                self._fail(TrojanProtocolError("truncated-packet", "EOF inside a UDP packet"))
+            return []
+        buf = self._buf
+        buf += data
+        out: list[tuple[Address, bytes]] = []
+        pos = 0
+        while pos < len(buf):
+            try:
+                parsed = parse_address(buf, pos)
+            except ClientProtocolError as exc:  # the SOCKS5 codec blames a client; here it is the server
+                self._fail(TrojanProtocolError(exc.reason))
+            if parsed is None:
+                break
+            source, at = parsed
+            if len(buf) < at + 4:
+                break
+            (length,) = _LENGTH.unpack_from(buf, at)
+            if buf[at + 2 : at + 4] != CRLF:
+                self._fail(TrojanProtocolError("missing-crlf"))
+            end = at + 4 + length
+            if len(buf) < end:
+                break
+            out.append((source, bytes(buf[at + 4 : end])))
+            pos = end
+        del buf[:pos]
+        return out
+
+    def _fail(self, error: TrojanProtocolError) -> NoReturn:
+        self._failed = error
+        self._buf = bytearray()
+        raise error from None  # the SOCKS5 codec's error is not the story
