@@ -23,42 +23,19 @@ import socket
 import ssl
 
 from honk.config.spec import GlobalSpec, NodeSpec
-from honk.core.clock import Clock, timeout_at
-from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
+from honk.core.clock import Clock
+from honk.core.errors import HonkError
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
 from honk.outbound.bridge import bridge_stream
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope, recv_some, wait_readable
+from honk.outbound.tls import tls_connect, tls_context, tls_verification
 from honk.proto.http_connect import MAX_RESPONSE_HEAD, check_status, connect_request, parse_connect_response
-from honk.relay.stream import StreamConn
 
-__all__ = ["HttpOutbound", "tls_verification"]
+__all__ = ["HttpOutbound"]
 
 _CAPABILITIES = Capabilities(tcp=True, udp=False)
 _PEEK_LIMIT = MAX_RESPONSE_HEAD + 4
-
-# Share-link booleans that switch certificate verification off or leave it on.
-_INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
-_TRUE = frozenset({"true", "yes", "1", "on"})
-_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
-
-
-def tls_verification(params: tuple[tuple[str, str], ...]) -> bool:
-    """Whether to verify the server certificate; ConfigRefused for unknown or conflicting values."""
-    verdicts = set()
-    for key, value in params:
-        if key in _INSECURE_KEYS:
-            word = value.strip().lower()
-            if word in _TRUE:
-                verdicts.add(False)
-            elif word in _FALSE:
-                verdicts.add(True)
-            else:
-                raise ConfigRefused(f"{key} must be a boolean")
-    if len(verdicts) > 1:
-        raise ConfigRefused("certificate verification parameters disagree")
-    return verdicts.pop() if verdicts else True
-
 
 class HttpOutbound(ProxyLeaf):
     def __init__(self, node: NodeSpec, glob: GlobalSpec, clock: Clock) -> None:
@@ -115,23 +92,7 @@ class HttpOutbound(ProxyLeaf):
                 return
 
     async def _tunnel_over_tls(self, sock: socket.socket, request: bytes, deadline: float) -> socket.socket:
-        loop = asyncio.get_running_loop()
-        try:
-            try:
-                context = self._tls_context()
-                async with timeout_at(self.clock, deadline):
-                    _, conn = await loop.create_connection(
-                        lambda: StreamConn(UpstreamFailed), sock=sock, ssl=context, server_hostname=self._sni
-                    )
-            except BaseException:
-                sock.close()  # a failed handshake closes its transport; this covers the rest
-                raise
-        except TimeoutError:
-            raise DialTimeout(self.name, "tls", "no TLS handshake before the deadline") from None
-        except ssl.SSLError as exc:
-            raise DialError(self.name, "tls", exc.reason or type(exc).__name__) from None
-        except (OSError, HonkError) as exc:
-            raise DialError(self.name, "tls", f"the TLS handshake failed: {exc}") from None
+        conn = await tls_connect(sock, self._tls_context(), self._sni, self.clock, deadline, self.name)
         try:
             async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
                 conn.write(request)
@@ -151,9 +112,5 @@ class HttpOutbound(ProxyLeaf):
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._context is None:
-            context = ssl.create_default_context()
-            if not tls_verification(self.node.params):
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            self._context = context
+            self._context = tls_context(tls_verification(self.node.params))
         return self._context

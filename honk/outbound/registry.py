@@ -65,6 +65,9 @@ register_protocol("socks5", _on_first_use("honk.outbound.socks5", "Socks5Outboun
 register_protocol("http", _on_first_use("honk.outbound.http", "HttpOutbound"))
 register_protocol("https", _on_first_use("honk.outbound.http", "HttpOutbound"))
 register_protocol("ss", _on_first_use("honk.outbound.shadowsocks", "ShadowsocksOutbound"))
+register_protocol("trojan", _on_first_use("honk.outbound.trojan", "TrojanOutbound"))
+register_protocol("vless", _on_first_use("honk.outbound.vless", "VlessOutbound"))
+register_protocol("vmess", _on_first_use("honk.outbound.vmess", "VmessOutbound"))
 
 
 def build_outbounds(

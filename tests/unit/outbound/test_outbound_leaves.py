@@ -51,7 +51,7 @@ def test_registry_builds_nodes_by_protocol() -> None:
             NodeSpec("web", "http", "127.0.0.1", 8080),
             NodeSpec("lan-direct", "direct"),
             NodeSpec("sink", "block"),
-            NodeSpec("later", "vmess", "127.0.0.1", 443),
+            NodeSpec("later", "hysteria2", "127.0.0.1", 443),
         )
     )
     outbounds, _ = build_outbounds(spec, FakeClock())

@@ -1,0 +1,100 @@
+"""The stream under a v2ray-family protocol: TCP, TLS, WebSocket, from the node's link.
+
+:class:`TransportSpec` reads the dial-shaping parameters of a share link
+(``type`` tcp|ws, ``security`` none|tls, ``sni``, ``host``, ``path``, ``alpn``
+and the verification booleans); :func:`open_transport` dials the node's server
+through its leaf and stacks TLS and the WebSocket upgrade on it, under the dial
+deadline. The result is a :class:`~honk.outbound.channel.Channel` the protocol's
+codec stacks on next.
+
+Failures keep their phases: ``resolve``/``connect`` from the leaf's connector,
+``tls`` from :mod:`honk.outbound.tls`, ``handshake`` for a refused or foreign
+WebSocket upgrade (the server's status or a wrong accept value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from honk.core.errors import ConfigRefused, DialError, UpstreamFailed
+from honk.outbound.channel import Channel, WsChannel
+from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope
+from honk.outbound.tls import tls_connect, tls_context, tls_verification
+from honk.proto.websocket import WebSocketError, client_handshake, parse_handshake_response
+from honk.relay.stream import StreamConn
+
+__all__ = ["TransportSpec", "open_transport"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSpec:
+    network: str = "tcp"  # "tcp" or "ws"
+    tls: bool = False
+    server_name: str = ""  # SNI; the node's host when empty
+    ws_host: str = ""  # the upgrade's Host header; the server name or host when empty
+    ws_path: str = "/"
+    alpn: tuple[str, ...] = ()
+    verify: bool = True
+
+    @classmethod
+    def from_params(cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False) -> TransportSpec:
+        """The transport a link describes; ConfigRefused for one honk does not speak."""
+        p = dict(params)
+        network = (p.get("type") or p.get("net") or "tcp").lower()
+        if network not in ("tcp", "ws"):
+            raise ConfigRefused(f"transport {network!r} is not supported (tcp, ws)")
+        security = (p.get("security") or ("tls" if tls_default else "none")).lower()
+        if security not in ("none", "tls", ""):
+            raise ConfigRefused(f"security {security!r} is not supported (none, tls)")
+        alpn = tuple(a.strip() for a in p.get("alpn", "").split(",") if a.strip())
+        return cls(
+            network=network,
+            tls=security == "tls",
+            server_name=p.get("sni") or p.get("peer") or "",
+            ws_host=p.get("host", ""),
+            ws_path=p.get("path") or "/",
+            alpn=alpn,
+            verify=tls_verification(params),
+        )
+
+
+async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> Channel:
+    """The node's server reached, TLS and the WebSocket upgrade done; ready for the protocol."""
+    sock = await leaf.connect_server(deadline)
+    host = leaf.server.host
+    if spec.tls:
+        context = tls_context(spec.verify, spec.alpn)
+        conn = await tls_connect(sock, context, spec.server_name or host, leaf.clock, deadline, leaf.name)
+    else:
+        conn = StreamConn(UpstreamFailed)
+        try:
+            await asyncio.get_running_loop().create_connection(lambda: conn, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+    if spec.network != "ws":
+        return conn
+    try:
+        await _upgrade(conn, leaf, spec.ws_host or spec.server_name or host, spec.ws_path, deadline)
+    except BaseException:
+        conn.abort()
+        raise
+    return WsChannel(conn)
+
+
+async def _upgrade(conn: StreamConn, leaf: ProxyLeaf, host: str, path: str, deadline: float) -> None:
+    request, key = client_handshake(host, path)
+    async with handshake_scope(leaf.clock, deadline, leaf.name, "WebSocket"):
+        conn.write(request)
+        head = b""
+        try:
+            while (length := parse_handshake_response(head, key)) is None:
+                data = await conn.receive()
+                if not data:
+                    raise ServerClosed()
+                head += data
+        except WebSocketError as exc:
+            raise DialError(leaf.name, "handshake", str(exc)) from None
+        if len(head) > length:
+            conn.unread(head[length:])  # the first frames arrived with the answer
