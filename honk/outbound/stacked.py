@@ -18,9 +18,11 @@ from honk.core.errors import ConfigRefused, HonkError
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
 from honk.outbound.bridge import bridge_stream
-from honk.outbound.channel import CodecChannel
+from honk.outbound.channel import Channel, CodecChannel
+from honk.outbound.mux import mux_requested, pool_for
 from honk.outbound.proxy import ProxyLeaf
 from honk.outbound.transport import TransportSpec, open_transport
+from honk.proto.mux import MUX_COOL_TARGET
 
 __all__ = ["StackedLeaf", "Stream"]
 
@@ -47,6 +49,7 @@ class Stream:
 
 class StackedLeaf(ProxyLeaf):
     tls_default = False  # Trojan runs over TLS unless its link says otherwise
+    mux_capable = False  # VMess and VLESS carry Mux.Cool (honk.outbound.mux) when the node asks
 
     def __init__(self, node: NodeSpec, glob: GlobalSpec, clock: Clock) -> None:
         super().__init__(node, glob, clock)
@@ -67,13 +70,44 @@ class StackedLeaf(ProxyLeaf):
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         if isinstance(self._transport, ConfigRefused):
             raise self._transport
+        if self.mux:
+            return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
+        return DialedStream(bridge_stream(await self._framed(stream, deadline)))
+
+    async def open_channel(self, deadline: float) -> Channel:
+        """The node's transport up, for a stream the subclass frames itself (UDP); the dial is counted."""
+        if isinstance(self._transport, ConfigRefused):
+            raise self._transport
         try:
             channel = await open_transport(self, self._transport, deadline)
         except HonkError as exc:
             self.count(exc)
             raise
-        channel.write(stream.header)
         self.count(None)
-        framed = CodecChannel(channel, stream.encode, stream.decode, eof=stream.eof, at_eof=stream.at_eof)
-        return DialedStream(bridge_stream(framed))
+        return channel
+
+    async def _framed(self, stream: Stream, deadline: float) -> CodecChannel:
+        """The transport with ``stream``'s header sent and its framing stacked on."""
+        channel = await self.open_channel(deadline)
+        channel.write(stream.header)
+        return CodecChannel(channel, stream.encode, stream.decode, eof=stream.eof, at_eof=stream.at_eof)
+
+    def udp_deadline(self) -> float:
+        """The deadline for opening a UDP stream after the dial (VMess/VLESS open one per target)."""
+        return self.clock.now() + self.connector.connect_timeout
+
+    # -- Mux.Cool (honk.outbound.mux) ----------------------------------------------
+
+    @property
+    def mux(self) -> bool:
+        """Whether TCP flows go as logical streams on a shared carrier (``mux`` in the node's params)."""
+        return self.mux_capable and mux_requested(self.node.params)
+
+    def mux_stream(self) -> Stream:
+        """The carrier's framing: the protocol's stream to v1.mux.cool (a subclass may use its mux command)."""
+        return self.stream(MUX_COOL_TARGET)
+
+    async def open_mux_carrier(self, deadline: float) -> Channel:
+        """A new carrier: the node's transport with the protocol's mux stream stacked on it."""
+        return await self._framed(self.mux_stream(), deadline)

@@ -7,30 +7,46 @@ transport is up; the body is sealed in chunks with the node's security
 sealed response header, checked against the request: another UUID shows as a
 server that closes without answering, a forged response as an authentication
 error. The legacy MD5 header (alterId > 0) is refused when the node is dialled.
+
+UDP: a request with the UDP command carries datagrams for its one target, one
+sealed chunk each, both ways; the endpoint keeps one such stream per target
+(:class:`~honk.outbound.stream_datagram.PerTargetDatagramEndpoint`).
 """
 
 from __future__ import annotations
 
 from honk.core.errors import ConfigRefused
 from honk.core.net import Address
+from honk.outbound.base import Capabilities, DatagramSink, EndpointLost
 from honk.outbound.stacked import StackedLeaf, Stream
-from honk.proto.vmess import COMMAND_TCP, VmessClient, VmessProtocolError
+from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
+from honk.proto.vmess import COMMAND_TCP, COMMAND_UDP, VmessClient, VmessProtocolError
 
-__all__ = ["VmessOutbound"]
+__all__ = ["VmessOutbound", "VmessUdpCodec"]
+
+_CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="vmess-udp")
 
 
 class VmessOutbound(StackedLeaf):
     protocol = "vmess"
+    mux_capable = True  # the carrier is a TCP request to v1.mux.cool, which v2ray's inbound hands to its mux server
 
-    def stream(self, target: Address) -> Stream:
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    def _client(self, command: int, target: Address) -> VmessClient:
         params = dict(self.node.params)
         if params.get("aid", "0") not in ("", "0"):
             raise ConfigRefused(f"{self.name}: VMess alterId > 0 (the legacy MD5 header) is not supported")
         security = self.node.encryption or "auto"
         try:
-            client = VmessClient(self.node.username or "", security, COMMAND_TCP, target, self.clock.wall())
+            return VmessClient(self.node.username or "", security, command, target, self.clock.wall())
         except ValueError as exc:
             raise ConfigRefused(f"{self.name}: {exc}") from None
+
+    def stream(self, target: Address) -> Stream:
+        client = self._client(COMMAND_TCP, target)
         decoder = client.response_decoder()
 
         def at_eof() -> None:
@@ -38,3 +54,37 @@ class VmessOutbound(StackedLeaf):
                 raise VmessProtocolError("no-response", "the server closed before answering (wrong id?)")
 
         return Stream(client.request_header(), decoder.feed, at_eof, client.encrypt, client.eof)
+
+    async def dial_udp(
+        self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
+    ) -> PerTargetDatagramEndpoint:
+        if isinstance(self._transport, ConfigRefused):  # refused at the dial, as for TCP
+            raise self._transport
+        self._client(COMMAND_UDP, self.server)  # a bad id or alterId is refused here, not later
+        return PerTargetDatagramEndpoint(
+            self.name,
+            lambda: self.open_channel(self.udp_deadline()),
+            lambda target: VmessUdpCodec(self._client(COMMAND_UDP, target)),
+            receive,
+            on_lost,
+        )
+
+
+class VmessUdpCodec:
+    """One VMess UDP stream's framing: one sealed chunk per datagram; replies come from the request's target."""
+
+    def __init__(self, client: VmessClient) -> None:
+        self._client = client
+        self._header: bytes | None = client.request_header()
+        self._decoder = client.response_decoder()
+
+    def encode(self, payload: bytes, target: Address) -> bytes:
+        chunk = self._client.encrypt(payload)  # ValueError: empty or above one chunk
+        header, self._header = self._header, None
+        return header + chunk if header is not None else chunk
+
+    def decode(self, data: bytes) -> list[tuple[bytes, Address]]:
+        if not data and not self._decoder.header_received:
+            raise VmessProtocolError("no-response", "the server closed before answering (wrong id?)")
+        target = self._client.target
+        return [(payload, target) for payload in self._decoder.feed_packets(data)]

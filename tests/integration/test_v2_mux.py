@@ -1,0 +1,215 @@
+"""Mux.Cool carriers (honk.outbound.mux) against a real v2ray server and a loopback echo server.
+
+A node whose params carry ``mux=1`` dials every TCP flow as a logical stream on
+one shared carrier: the tests count the physical connections v2ray sees and the
+carriers honk's pool holds, move a distinct payload through each stream with a
+SHA-256 check, end one stream, kill the carrier, and let an idle carrier time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from helpers.peerservers import v2ray_server
+from helpers.servers import EchoServer
+
+import honk.outbound.mux as mux
+from honk.config.links import parse_node_link, with_node_id
+from honk.config.spec import GlobalSpec, Spec
+from honk.core.clock import Clock, FakeClock, MonotonicClock
+from honk.core.errors import CapacityRefused
+from honk.core.net import Address
+from honk.outbound.mux import MUX_IDLE_TIMEOUT, MuxPool, pool_for
+from honk.outbound.registry import build_outbounds
+from honk.proto.mux import MuxError
+
+STEP = 10.0  # seconds: the bound on any one exchange or poll
+STREAMS = 50
+PAYLOAD = 64 * 1024
+POLL = 0.01  # seconds between checks of a polled condition
+
+Pipe = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def _link(peer) -> str:
+    if peer.protocol == "vmess":
+        fields = {"v": "2", "ps": "node", "add": peer.host, "port": str(peer.port), "id": peer.uuid,
+                  "aid": "0", "scy": "aes-128-gcm", "net": "tcp", "tls": ""}
+        return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
+    return (f"vless://{peer.uuid}@{peer.host}:{peer.port}?security=tls&sni=localhost&type=tcp"
+            "&encryption=none#node")
+
+
+def _mux_leaf(peer, clock: Clock | None = None):
+    """The node of ``peer``'s link with ``mux=1`` in its params (links do not carry it), built by the registry."""
+    node = parse_node_link(_link(peer), "node")
+    node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
+    spec = Spec(global_=GlobalSpec(connect_timeout=STEP), nodes=(node,))
+    leaf = build_outbounds(spec, clock or MonotonicClock())[0]["node"]
+    assert leaf.mux and leaf.runtime is not None
+    return leaf
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds, for at most STEP seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + STEP
+    while not condition():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(POLL)
+
+
+async def _open(leaf, echo: EchoServer) -> Pipe:
+    dialed = await leaf.dial_tcp(Address("127.0.0.1", echo.port), leaf.clock.now() + STEP)
+    return await asyncio.open_connection(sock=dialed.sock)
+
+
+async def _round_trip(pipe: Pipe, payload: bytes) -> bool:
+    reader, writer = pipe
+    writer.write(payload)
+    got = await asyncio.wait_for(reader.readexactly(len(payload)), STEP)
+    return hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
+
+
+async def _all_round_trip(pipes: list[Pipe]) -> list[bool]:
+    return list(await asyncio.gather(*(_round_trip(p, os.urandom(PAYLOAD)) for p in pipes)))
+
+
+async def _close(pipes: list[Pipe]) -> None:
+    for _, writer in pipes:
+        writer.close()
+    for _, writer in pipes:
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def _with_streams(leaf, echo: EchoServer, count: int,
+                  body: Callable[[MuxPool, list[Pipe]], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    async def main() -> None:
+        pipes = list(await asyncio.gather(*(_open(leaf, echo) for _ in range(count))))
+        try:
+            await body(pool_for(leaf), pipes)
+        finally:
+            await _close(pipes)
+            pool_for(leaf).close()
+
+    return main
+
+
+@pytest.fixture
+def trust(monkeypatch):
+    def use(peer) -> None:
+        if peer.ca_path is not None:
+            monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+
+    return use
+
+
+@pytest.mark.parametrize("protocol", ["vmess", "vless"])
+def test_fifty_concurrent_streams_share_one_carrier_and_each_echoes_its_own_data(run, trust, protocol) -> None:
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True] * STREAMS
+        assert pool.carrier_count == 1 and pool.opened == 1
+        assert len(pool.carriers[0].sessions) == STREAMS
+        assert peer.carriers() == 1
+
+    with EchoServer() as echo, v2ray_server(protocol, mux=True) as peer:
+        trust(peer)
+        leaf = _mux_leaf(peer)
+        run(_with_streams(leaf, echo, STREAMS, body)())
+
+
+def test_ending_one_stream_leaves_the_other_forty_nine_working(run) -> None:
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True] * STREAMS
+        carrier = pool.carriers[0]
+        await _close(pipes[:1])
+        await _until(lambda: len(carrier.sessions) == STREAMS - 1, "the ended stream's session to go")
+        assert await _all_round_trip(pipes[1:]) == [True] * (STREAMS - 1)
+        assert pool.carriers == [carrier] and not carrier.closed
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        run(_with_streams(_mux_leaf(peer), echo, STREAMS, body)())
+
+
+def test_killing_the_carrier_ends_all_fifty_streams_with_one_error(run, caplog) -> None:
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True] * STREAMS
+        carrier = pool.carriers[0]
+        streams = list(carrier.streams.values())
+        assert len(streams) == STREAMS
+        caplog.clear()
+        carrier.channel.abort()  # the physical connection dies under the 50 streams
+        for reader, _ in pipes:
+            assert await asyncio.wait_for(reader.read(), STEP) == b""
+        errors = {id(s.error) for s in streams}
+        assert len(errors) == 1 and isinstance(streams[0].error, MuxError)
+        failures = [r for r in caplog.records if r.name == "honk.outbound.mux" and "carrier failed" in r.message]
+        assert len(failures) == 1 and f"streams={STREAMS}" in failures[0].getMessage()
+        assert pool.carrier_count == 0 and leaf.runtime.open_resources == 0
+
+    caplog.set_level(logging.INFO, logger="honk.outbound.mux")
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer)
+        run(_with_streams(leaf, echo, STREAMS, body)())
+
+
+def test_a_carrier_without_streams_closes_after_the_idle_timeout(run) -> None:
+    clock = FakeClock(wall_offset=time.time() - 1000.0)  # VMess headers carry the wall time v2ray checks
+
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True]
+        carrier = pool.carriers[0]
+        await _close(pipes)
+        await _until(lambda: carrier.sessions.idle, "the carrier to have no session")
+        clock.advance(MUX_IDLE_TIMEOUT - 1)
+        assert pool.carrier_count == 1 and not carrier.closed
+        clock.advance(1)
+        assert pool.carrier_count == 0 and carrier.closed
+        await _until(lambda: peer.carriers() == 0, "v2ray to see the carrier close")
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer, clock)
+        run(_with_streams(leaf, echo, 1, body)())
+
+
+def test_a_full_carrier_opens_another_and_full_carriers_refuse_the_dial(run, monkeypatch) -> None:
+    per_carrier = 2
+    monkeypatch.setattr(mux, "MAX_STREAMS_PER_CARRIER", per_carrier)
+    full = per_carrier * mux.MAX_CARRIERS_PER_NODE
+
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True] * full
+        assert pool.carrier_count == mux.MAX_CARRIERS_PER_NODE
+        with pytest.raises(CapacityRefused):
+            await _open(leaf, echo)
+        assert peer.carriers() == mux.MAX_CARRIERS_PER_NODE
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer)
+        run(_with_streams(leaf, echo, full, body)())
+
+
+def test_closing_the_node_runtime_closes_its_carriers(run) -> None:
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        assert await _all_round_trip(pipes) == [True, True]
+        carrier = pool.carriers[0]
+        leaf.runtime.close()
+        assert carrier.closed and pool.carrier_count == 0
+        for reader, _ in pipes:
+            assert await asyncio.wait_for(reader.read(), STEP) == b""
+        await _until(lambda: peer.carriers() == 0, "v2ray to see the carrier close")
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer)
+        run(_with_streams(leaf, echo, 2, body)())
