@@ -25,16 +25,13 @@ import socket
 import ssl
 from collections.abc import Sequence
 
+from honk.config.links import INSECURE_FALSE, INSECURE_KEYS, INSECURE_TRUE
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
 from honk.relay.stream import StreamConn
 
 __all__ = ["TlsFailed", "tls_connect", "tls_context", "tls_verification"]
 
-# Share-link booleans that switch certificate verification off or leave it on.
-_INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
-_TRUE = frozenset({"true", "yes", "1", "on"})
-_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
 _VERIFY_REASONS = {
@@ -57,11 +54,11 @@ def tls_verification(params: tuple[tuple[str, str], ...]) -> bool:
     """Whether to verify the server certificate; ConfigRefused for unknown or conflicting values."""
     verdicts = set()
     for key, value in params:
-        if key in _INSECURE_KEYS:
+        if key in INSECURE_KEYS:
             word = value.strip().lower()
-            if word in _TRUE:
+            if word in INSECURE_TRUE:
                 verdicts.add(False)
-            elif word in _FALSE:
+            elif word in INSECURE_FALSE:
                 verdicts.add(True)
             else:
                 raise ConfigRefused(f"{key} must be a boolean")

@@ -16,26 +16,22 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
 from helpers.aio import close_writer, socks5_open
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
+from helpers.inprocess import honk_via
 from helpers.peers import require_binary
 from helpers.peerservers import SS_METHODS, danted, https_proxy, microsocks, ss_server, tinyproxy
 from helpers.servers import EchoServer, HttpOrigin
 from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
-from honk.connection.dispatch import Dispatcher
-from honk.connection.plane import SystemResolver, build_plane
-from honk.connection.tracker import ConnectionTracker
+from honk.config.spec import GlobalSpec, Spec
 from honk.core.clock import MonotonicClock
 from honk.core.errors import DialError, DialTimeout, ProxyAuthFailed, TargetRefused
 from honk.core.net import Address
-from honk.inbound.mixed import MixedInbound
 from honk.outbound.registry import build_outbounds
 
 STEP = 5.0  # seconds any single wait may take
@@ -214,32 +210,6 @@ def test_a_broken_server_is_a_typed_setup_error_within_the_deadline_and_spares_o
 # --- honk's mixed port, one node -------------------------------------------------------------
 
 
-@dataclass
-class _Honk:
-    port: int
-    tracker: ConnectionTracker
-
-
-@contextlib.asynccontextmanager
-async def _honk_via(link: str) -> AsyncIterator[_Honk]:
-    clock = MonotonicClock()
-    glob = GlobalSpec(connect_timeout=STEP)
-    inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(parse_node_link(link, "node"),),
-                routing=RoutingSpec(rules=(), fallback="node"))
-    tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, STEP))
-    inbound = MixedInbound(inbound_spec, dispatcher, clock)
-    await inbound.start()
-    try:
-        assert inbound.bound is not None
-        yield _Honk(inbound.bound.port, tracker)
-    finally:
-        await inbound.aclose()
-        tracker.close_all("test over")
-        await asyncio.wait_for(tracker.wait_idle(), STEP)
-
-
 async def _curl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         require_binary("curl"), "-sS", "--max-time", "5", *args,
@@ -254,9 +224,9 @@ async def _curl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str
 @pytest.mark.parametrize("client", ["socks5h", "http"])
 def test_curl_through_honk_reaches_the_origin_via_each_node(run, origin, peer, client, monkeypatch) -> None:
     async def main(link: str) -> None:
-        async with _honk_via(link) as honk:
+        async with honk_via(link) as port:
             path = f"/via/{peer}/{client}"
-            code, body, err = await _curl("-x", f"{client}://127.0.0.1:{honk.port}", origin.url(path))
+            code, body, err = await _curl("-x", f"{client}://127.0.0.1:{port}", origin.url(path))
             assert (code, body) == (0, HttpOrigin.body_for(path).decode()), err
 
     with _peer(peer, ("honk", "secret") if peer.endswith("+auth") else None) as (link, ca_path):
@@ -268,8 +238,8 @@ def test_curl_through_honk_reaches_the_origin_via_each_node(run, origin, peer, c
 @pytest.mark.parametrize("node", ["danted", *(f"ss-{m}" for m in SS_METHODS)])
 def test_honk_carries_socks5_udp_through_a_proxy_node(run, node) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
-        async with _honk_via(link) as honk:
-            reader, writer, code, tail = await socks5_open(honk.port, "0.0.0.0", 0, cmd=3)
+        async with honk_via(link) as port:
+            reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
             assert code == 0
             relay_port = int.from_bytes(tail[4:6], "big")
             loop = asyncio.get_running_loop()

@@ -14,21 +14,17 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 
 import pytest
+from helpers.inprocess import honk_via
 from helpers.peerservers import v2ray_server
 from helpers.servers import EchoServer, HttpOrigin
 
 from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
-from honk.connection.dispatch import Dispatcher
-from honk.connection.plane import SystemResolver, build_plane
-from honk.connection.tracker import ConnectionTracker
+from honk.config.spec import GlobalSpec, Spec
 from honk.core.clock import MonotonicClock
 from honk.core.errors import DialError, HonkError
 from honk.core.net import Address
-from honk.inbound.mixed import MixedInbound
 from honk.outbound.registry import build_outbounds
 
 STEP = 10.0
@@ -123,30 +119,10 @@ def test_a_wrong_server_name_is_a_tls_name_error(run, trust, protocol) -> None:
         assert info.value.phase == "tls" and info.value.reason == "certificate-name"
 
 
-@contextlib.asynccontextmanager
-async def _honk_via(link: str) -> AsyncIterator[int]:
-    clock = MonotonicClock()
-    glob = GlobalSpec(connect_timeout=STEP)
-    inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(parse_node_link(link, "node"),),
-                routing=RoutingSpec(rules=(), fallback="node"))
-    tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, STEP))
-    inbound = MixedInbound(inbound_spec, dispatcher, clock)
-    await inbound.start()
-    try:
-        assert inbound.bound is not None
-        yield inbound.bound.port
-    finally:
-        await inbound.aclose()
-        tracker.close_all("test over")
-        await asyncio.wait_for(tracker.wait_idle(), STEP)
-
-
 @pytest.mark.parametrize("protocol", ["trojan", "vless", "vmess"])
 def test_curl_through_honk_reaches_the_origin_via_v2ray(run, trust, protocol) -> None:
     async def main(link: str, origin: HttpOrigin) -> None:
-        async with _honk_via(link) as port:
+        async with honk_via(link) as port:
             proc = await asyncio.create_subprocess_exec(
                 "curl", "-sS", "--max-time", "10", "--socks5-hostname", f"127.0.0.1:{port}", origin.url("/v2"),
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -16,23 +16,19 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from helpers.aio import close_writer, socks5_open
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
+from helpers.inprocess import honk_via
 from helpers.peerservers import v2ray_server
 from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
-from honk.connection.dispatch import Dispatcher
-from honk.connection.plane import SystemResolver, build_plane
-from honk.connection.tracker import ConnectionTracker
+from honk.config.spec import GlobalSpec, Spec
 from honk.core.clock import MonotonicClock
 from honk.core.errors import HonkError
 from honk.core.net import Address
-from honk.inbound.mixed import MixedInbound
 from honk.outbound import stream_datagram
 from honk.outbound.registry import build_outbounds
 
@@ -196,30 +192,10 @@ def test_closing_the_endpoint_reports_no_error(run, monkeypatch) -> None:
         run(main(_link(peer), dns))
 
 
-@contextlib.asynccontextmanager
-async def _honk_via(link: str) -> AsyncIterator[int]:
-    clock = MonotonicClock()
-    glob = GlobalSpec(connect_timeout=STEP)
-    inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(parse_node_link(link, "node"),),
-                routing=RoutingSpec(rules=(), fallback="node"))
-    tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, STEP))
-    inbound = MixedInbound(inbound_spec, dispatcher, clock)
-    await inbound.start()
-    try:
-        assert inbound.bound is not None
-        yield inbound.bound.port
-    finally:
-        await inbound.aclose()
-        tracker.close_all("test over")
-        await asyncio.wait_for(tracker.wait_idle(), STEP)
-
-
 @pytest.mark.parametrize(("protocol", "transport"), [("vmess", "tcp"), ("vless", "tcp"), ("trojan", "tcp")])
 def test_honk_carries_socks5_udp_through_a_v2ray_node(run, monkeypatch, protocol, transport) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
-        async with _honk_via(link) as port:
+        async with honk_via(link) as port:
             reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
             assert code == 0
             relay_port = int.from_bytes(tail[4:6], "big")
