@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 
 from honk.config.links import parse_node_link
@@ -36,3 +37,26 @@ async def honk_via(link: str, *, connect_timeout: float = STEP) -> AsyncIterator
         await inbound.aclose()
         tracker.close_all("test over")
         await asyncio.wait_for(tracker.wait_idle(), STEP)
+
+
+async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, qid: int) -> tuple[int, int, list[str]]:
+    """A DNS query from a SOCKS5 UDP ASSOCIATE client of honk (routing to the node of ``link``)
+    to ``dns_address``; returns the parsed answer after checking it names the responder as its source."""
+    from helpers.aio import close_writer, socks5_open
+    from helpers.dns import build_query, parse_answer
+    from helpers.socks import encode_address
+
+    async with honk_via(link) as port:
+        reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
+        assert code == 0
+        relay_port = int.from_bytes(tail[4:6], "big")
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.setblocking(False)
+            udp.connect(("127.0.0.1", relay_port))
+            header = b"\x00\x00\x00" + encode_address(*dns_address)
+            await loop.sock_sendall(udp, header + build_query(name, qid))
+            reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
+        await close_writer(writer)
+    assert reply.startswith(header)  # the answer names the responder as its source
+    return parse_answer(reply[len(header):])

@@ -19,13 +19,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from helpers.aio import close_writer, socks5_open
+from helpers.aio import close_writer
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
-from helpers.inprocess import honk_via
+from helpers.inprocess import dns_through_honk, honk_via
 from helpers.peers import require_binary
 from helpers.peerservers import SS_METHODS, danted, https_proxy, microsocks, ss_server, tinyproxy
 from helpers.servers import EchoServer, HttpOrigin
-from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link
 from honk.config.spec import GlobalSpec, Spec
@@ -238,20 +237,7 @@ def test_curl_through_honk_reaches_the_origin_via_each_node(run, origin, peer, c
 @pytest.mark.parametrize("node", ["danted", *(f"ss-{m}" for m in SS_METHODS)])
 def test_honk_carries_socks5_udp_through_a_proxy_node(run, node) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
-        async with honk_via(link) as port:
-            reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
-            assert code == 0
-            relay_port = int.from_bytes(tail[4:6], "big")
-            loop = asyncio.get_running_loop()
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                udp.setblocking(False)
-                udp.connect(("127.0.0.1", relay_port))
-                header = b"\x00\x00\x00" + encode_address(dns.host, dns.port)
-                await loop.sock_sendall(udp, header + build_query(DNS_NAME, 7))
-                reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
-            assert reply.startswith(header)  # the answer names the responder as its source
-            assert parse_answer(reply[len(header):]) == (7, 0, [DNS_ANSWER])
-            await close_writer(writer)
+        assert await dns_through_honk(link, dns.address, DNS_NAME, 7) == (7, 0, [DNS_ANSWER])
 
     with _udp_node(node) as link, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
         run(main(link, dns))

@@ -14,15 +14,12 @@ import asyncio
 import base64
 import contextlib
 import json
-import socket
 import time
 
 import pytest
-from helpers.aio import close_writer, socks5_open
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
-from helpers.inprocess import honk_via
+from helpers.inprocess import dns_through_honk
 from helpers.peerservers import v2ray_server
-from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link
 from honk.config.spec import GlobalSpec, Spec
@@ -195,20 +192,7 @@ def test_closing_the_endpoint_reports_no_error(run, monkeypatch) -> None:
 @pytest.mark.parametrize(("protocol", "transport"), [("vmess", "tcp"), ("vless", "tcp"), ("trojan", "tcp")])
 def test_honk_carries_socks5_udp_through_a_v2ray_node(run, monkeypatch, protocol, transport) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
-        async with honk_via(link) as port:
-            reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
-            assert code == 0
-            relay_port = int.from_bytes(tail[4:6], "big")
-            loop = asyncio.get_running_loop()
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                udp.setblocking(False)
-                udp.connect(("127.0.0.1", relay_port))
-                header = b"\x00\x00\x00" + encode_address(dns.host, dns.port)
-                await loop.sock_sendall(udp, header + build_query(DNS_NAME, 9))
-                reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
-            assert reply.startswith(header)  # the answer names the responder as its source
-            assert parse_answer(reply[len(header):]) == (9, 0, [DNS_ANSWER])
-            await close_writer(writer)
+        assert await dns_through_honk(link, dns.address, DNS_NAME, 9) == (9, 0, [DNS_ANSWER])
 
     with _v2ray(protocol, transport, monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
         run(main(_link(peer), dns))
