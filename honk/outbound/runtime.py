@@ -15,7 +15,6 @@ so retiring a node never cuts a live connection.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import uuid
 from collections import Counter
@@ -43,17 +42,8 @@ class NodeRuntime:
         self.warm = WarmOwner(0)
         # dial outcomes by kind: "ok", or a failure phase ("connect", "auth", "target", ...)
         self.dials: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._resources: set[Closable] = set()
         self.closed = False
-
-    def own_task(self, task: asyncio.Task[None]) -> None:
-        """Cancel ``task`` when the runtime closes (it leaves the set when it finishes)."""
-        if self.closed:
-            task.cancel()
-            return
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def own(self, resource: Closable) -> None:
         """Close ``resource`` when the runtime closes, unless :meth:`release` comes first."""
@@ -67,15 +57,13 @@ class NodeRuntime:
 
     @property
     def open_resources(self) -> int:
-        return len(self._resources) + len(self._tasks)
+        return len(self._resources)
 
     def close(self) -> None:
         """Stop everything the node owns; idempotent."""
         if self.closed:
             return
         self.closed = True
-        for task in list(self._tasks):
-            task.cancel()
         for resource in list(self._resources):
             resource.close()
         self._resources.clear()
