@@ -1756,8 +1756,16 @@ cdef class Engine:
                     d.len = <size_t>n
             elif d.pr < 0:
                 n = recv(src, self.scratch, THROUGH_CHUNK, MSG_DONTWAIT)
-                if n > 0 and self._pass_through(f, di, <size_t>n, now) < 0:
-                    return -1
+                if n > 0:
+                    # counted before it is sent on: whoever sees the bytes arrive sees them counted
+                    moved += <size_t>n
+                    honk_store64(counter, counter[0] + <uint64_t>n)
+                    if di == 1 and not f.first_down:
+                        f.first_down = 1
+                        self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                    if self._pass_through(f, di, <size_t>n, now) < 0:
+                        return -1
+                    continue
             else:
                 n = splice(src, NULL, d.pw, NULL, SPLICE_CHUNK, SPLICE_F_MOVE | SPLICE_F_NONBLOCK)
                 if n > 0:
