@@ -14,8 +14,15 @@ from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import MonotonicClock
 from honk.inbound.mixed import MixedInbound
+from honk.outbound.registry import build_outbounds
 
 STEP = 10.0  # seconds: connect timeout and the bound on draining at the end
+
+
+def leaf_from_link(link: str, *, connect_timeout: float = STEP, clock=None):  # noqa: ANN001, ANN201
+    """The leaf the registry builds for the node of ``link`` (named ``node``), with its runtime."""
+    spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), nodes=(parse_node_link(link, "node"),))
+    return build_outbounds(spec, clock or MonotonicClock())[0]["node"]
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,7 @@ No helper reads or touches a system instance's config, pid file, log or port.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -175,6 +176,22 @@ class V2rayPeer(_Listening):
     ca: trustme.CA | None = None
     ca_path: Path | None = None
     server_names: tuple[str, ...] = ()
+
+    def share_link(self, *, uuid: str | None = None, password: str | None = None, sni: str = "localhost",
+                   security: str | None = None) -> str:
+        """A node link for this server (the v2rayN JSON form for VMess); the arguments override
+        the credentials, the TLS server name and the VMess cipher."""
+        if self.protocol == "vmess":
+            fields = {"v": "2", "ps": "node", "add": self.host, "port": str(self.port), "id": uuid or self.uuid,
+                      "aid": "0", "scy": security or self.security, "net": self.transport, "path": self.ws_path,
+                      "tls": "tls" if self.tls else "", "sni": sni if self.tls else ""}
+            return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
+        params = f"security=tls&sni={sni}&type={self.transport}"
+        if self.transport == "ws":
+            params += f"&path={self.ws_path}"
+        if self.protocol == "trojan":
+            return f"trojan://{password or self.password}@{self.host}:{self.port}?{params}#node"
+        return f"vless://{uuid or self.uuid}@{self.host}:{self.port}?{params}&encryption=none#node"
 
     @property
     def ca_pem(self) -> bytes:

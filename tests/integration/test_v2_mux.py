@@ -9,11 +9,9 @@ SHA-256 check, end one stream, kill the carrier, and let an idle carrier time ou
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import time
@@ -41,18 +39,9 @@ POLL = 0.01  # seconds between checks of a polled condition
 Pipe = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def _link(peer) -> str:
-    if peer.protocol == "vmess":
-        fields = {"v": "2", "ps": "node", "add": peer.host, "port": str(peer.port), "id": peer.uuid,
-                  "aid": "0", "scy": "aes-128-gcm", "net": "tcp", "tls": ""}
-        return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
-    return (f"vless://{peer.uuid}@{peer.host}:{peer.port}?security=tls&sni=localhost&type=tcp"
-            "&encryption=none#node")
-
-
 def _mux_leaf(peer, clock: Clock | None = None):
     """The node of ``peer``'s link with ``mux=1`` in its params (links do not carry it), built by the registry."""
-    node = parse_node_link(_link(peer), "node")
+    node = parse_node_link(peer.share_link(), "node")
     node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
     spec = Spec(global_=GlobalSpec(connect_timeout=STEP), nodes=(node,))
     leaf = build_outbounds(spec, clock or MonotonicClock())[0]["node"]

@@ -8,47 +8,21 @@ through each. Bad credentials and wrong server names end in typed errors.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import json
 import os
 import time
 
 import pytest
-from helpers.inprocess import honk_via
+from helpers.inprocess import honk_via, leaf_from_link
 from helpers.peerservers import v2ray_server
 from helpers.servers import EchoServer, HttpOrigin
 
-from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, Spec
-from honk.core.clock import MonotonicClock
 from honk.core.errors import DialError, HonkError
 from honk.core.net import Address
-from honk.outbound.registry import build_outbounds
 
 STEP = 10.0
 MiB = 1024 * 1024
-
-
-def _link(peer, *, uuid: str | None = None, password: str | None = None, sni: str = "localhost",
-          security: str = "aes-128-gcm") -> str:
-    if peer.protocol == "vmess":
-        fields = {"v": "2", "ps": "node", "add": peer.host, "port": str(peer.port), "id": uuid or peer.uuid,
-                  "aid": "0", "scy": security, "net": peer.transport, "path": peer.ws_path,
-                  "tls": "tls" if peer.tls else "", "sni": sni if peer.tls else ""}
-        return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
-    params = f"security=tls&sni={sni}&type={peer.transport}"
-    if peer.transport == "ws":
-        params += f"&path={peer.ws_path}"
-    if peer.protocol == "trojan":
-        return f"trojan://{password or peer.password}@{peer.host}:{peer.port}?{params}#node"
-    return f"vless://{uuid or peer.uuid}@{peer.host}:{peer.port}?{params}&encryption=none#node"
-
-
-def _leaf(link: str):
-    spec = Spec(global_=GlobalSpec(connect_timeout=STEP), nodes=(parse_node_link(link, "node"),))
-    return build_outbounds(spec, MonotonicClock())[0]["node"]
 
 
 async def _echo_through(leaf, echo: EchoServer, payload: bytes, read_timeout: float = STEP) -> bytes:
@@ -78,7 +52,7 @@ def test_a_payload_crosses_both_ways_through_v2ray(run, trust, protocol, transpo
     with EchoServer() as echo, v2ray_server(protocol, transport=transport, tls=True) as peer:
         trust(peer)
         payload = os.urandom(4 * MiB)
-        got = run(_echo_through(_leaf(_link(peer)), echo, payload))
+        got = run(_echo_through(leaf_from_link(peer.share_link()), echo, payload))
         assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
 
 
@@ -87,7 +61,7 @@ def test_a_payload_crosses_both_ways_through_v2ray(run, trust, protocol, transpo
 def test_vmess_carries_a_payload_both_ways_with_each_security(run, security, transport) -> None:
     with EchoServer() as echo, v2ray_server("vmess", transport=transport, security=security) as peer:
         payload = os.urandom(4 * MiB)
-        got = run(_echo_through(_leaf(_link(peer, security=security)), echo, payload))
+        got = run(_echo_through(leaf_from_link(peer.share_link(security=security)), echo, payload))
         assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
 
 
@@ -95,7 +69,7 @@ def test_vmess_over_tls_and_websocket(run, trust) -> None:
     with EchoServer() as echo, v2ray_server("vmess", transport="ws", tls=True) as peer:
         trust(peer)
         payload = os.urandom(MiB)
-        assert run(_echo_through(_leaf(_link(peer)), echo, payload)) == payload
+        assert run(_echo_through(leaf_from_link(peer.share_link()), echo, payload)) == payload
 
 
 @pytest.mark.parametrize("protocol", ["trojan", "vless", "vmess"])
@@ -105,9 +79,9 @@ def test_wrong_credentials_never_reach_the_target(run, trust, protocol) -> None:
     with EchoServer() as echo, v2ray_server(protocol, transport="tcp", tls=protocol != "vmess") as peer:
         if peer.tls:
             trust(peer)
-        link = _link(peer, uuid="00000000-0000-4000-8000-000000000000", password="not-the-password")
+        link = peer.share_link(uuid="00000000-0000-4000-8000-000000000000", password="not-the-password")
         with pytest.raises((HonkError, asyncio.IncompleteReadError, TimeoutError)):
-            run(_echo_through(_leaf(link), echo, b"secret bytes", read_timeout=2.0))
+            run(_echo_through(leaf_from_link(link), echo, b"secret bytes", read_timeout=2.0))
 
 
 @pytest.mark.parametrize("protocol", ["trojan", "vless"])
@@ -115,7 +89,7 @@ def test_a_wrong_server_name_is_a_tls_name_error(run, trust, protocol) -> None:
     with EchoServer() as echo, v2ray_server(protocol, transport="tcp", tls=True) as peer:
         trust(peer)
         with pytest.raises(DialError) as info:
-            run(_echo_through(_leaf(_link(peer, sni="other.example")), echo, b"x"))
+            run(_echo_through(leaf_from_link(peer.share_link(sni="other.example")), echo, b"x"))
         assert info.value.phase == "tls" and info.value.reason == "certificate-name"
 
 
@@ -133,4 +107,4 @@ def test_curl_through_honk_reaches_the_origin_via_v2ray(run, trust, protocol) ->
     with HttpOrigin() as origin, v2ray_server(protocol, transport="tcp", tls=protocol != "vmess") as peer:
         if peer.tls:
             trust(peer)
-        run(main(_link(peer), origin))
+        run(main(peer.share_link(), origin))

@@ -11,23 +11,17 @@ carrying a SOCKS5 UDP ASSOCIATE client's query through each node kind.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import json
 import time
 
 import pytest
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
-from helpers.inprocess import dns_through_honk
+from helpers.inprocess import dns_through_honk, leaf_from_link
 from helpers.peerservers import v2ray_server
 
-from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, Spec
-from honk.core.clock import MonotonicClock
 from honk.core.errors import HonkError
 from honk.core.net import Address
 from honk.outbound import stream_datagram
-from honk.outbound.registry import build_outbounds
 
 STEP = 10.0  # seconds any single wait may take
 DNS_NAME = "udp.honk.test"
@@ -40,25 +34,6 @@ NODES = [("vmess", "tcp"), ("vmess", "ws"), ("vless", "tcp"), ("trojan", "tcp"),
 UDP_MODES = {"vmess": "vmess-udp", "vless": "vless-udp", "trojan": "trojan-udp"}
 
 Reply = tuple[bytes, Address]
-
-
-def _link(peer) -> str:
-    if peer.protocol == "vmess":
-        fields = {"v": "2", "ps": "node", "add": peer.host, "port": str(peer.port), "id": peer.uuid,
-                  "aid": "0", "scy": "aes-128-gcm", "net": peer.transport, "path": peer.ws_path,
-                  "tls": "tls" if peer.tls else "", "sni": "localhost" if peer.tls else ""}
-        return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
-    params = f"security=tls&sni=localhost&type={peer.transport}"
-    if peer.transport == "ws":
-        params += f"&path={peer.ws_path}"
-    if peer.protocol == "trojan":
-        return f"trojan://{peer.password}@{peer.host}:{peer.port}?{params}#node"
-    return f"vless://{peer.uuid}@{peer.host}:{peer.port}?{params}&encryption=none#node"
-
-
-def _leaf(link: str):
-    spec = Spec(global_=GlobalSpec(connect_timeout=STEP), nodes=(parse_node_link(link, "node"),))
-    return build_outbounds(spec, MonotonicClock())[0]["node"]
 
 
 @contextlib.contextmanager
@@ -87,7 +62,7 @@ async def _until(condition, what: str) -> None:
 def test_a_dns_query_crosses_the_node_and_the_answer_names_the_responder(run, monkeypatch, protocol,
                                                                           transport) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
-        leaf = _leaf(link)
+        leaf = leaf_from_link(link)
         assert (leaf.capabilities.udp, leaf.capabilities.udp_mode) == (True, UDP_MODES[protocol])
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         endpoint = await leaf.dial_udp(lambda data, source: replies.put_nowait((data, source)),
@@ -102,13 +77,13 @@ def test_a_dns_query_crosses_the_node_and_the_answer_names_the_responder(run, mo
         assert endpoint.closed
 
     with _v2ray(protocol, transport, monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
-        run(main(_link(peer), dns))
+        run(main(peer.share_link(), dns))
 
 
 def test_one_vmess_endpoint_reaches_two_targets_on_a_stream_each(run, monkeypatch) -> None:
     async def main(link: str, first: UdpDnsResponder, second: UdpDnsResponder) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
-        endpoint = await _leaf(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
+        endpoint = await leaf_from_link(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
                                               time.monotonic() + STEP)
         try:
             data, source = await _ask(endpoint, replies, first, DNS_NAME, 1)
@@ -121,7 +96,7 @@ def test_one_vmess_endpoint_reaches_two_targets_on_a_stream_each(run, monkeypatc
 
     with (_v2ray("vmess", "tcp", monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as first,
           UdpDnsResponder({OTHER_NAME: OTHER_ANSWER}) as second):
-        run(main(_link(peer), first, second))
+        run(main(peer.share_link(), first, second))
         udp_requests = [line for line in peer.accepted() if " accepted udp:" in line]
         assert len(udp_requests) == 2, udp_requests
 
@@ -132,7 +107,7 @@ def test_past_the_stream_bound_the_oldest_target_stream_is_closed_and_reopens_on
     async def main(peer, responders: list[UdpDnsResponder]) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         lost: list[HonkError | None] = []
-        endpoint = await _leaf(_link(peer)).dial_udp(lambda data, source: replies.put_nowait((data, source)),
+        endpoint = await leaf_from_link(peer.share_link()).dial_udp(lambda data, source: replies.put_nowait((data, source)),
                                                      time.monotonic() + STEP, lost.append)
         try:
             for qid, dns in enumerate([*responders, responders[0]]):
@@ -159,7 +134,7 @@ def test_the_endpoint_reports_its_loss_once_when_the_server_goes_away(run, monke
             peer = server.enter_context(_v2ray(protocol, "tcp", monkeypatch))
             replies: asyncio.Queue[Reply] = asyncio.Queue()
             lost: list[HonkError | None] = []
-            endpoint = await _leaf(_link(peer)).dial_udp(
+            endpoint = await leaf_from_link(peer.share_link()).dial_udp(
                 lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP, lost.append
             )
             await _ask(endpoint, replies, dns, DNS_NAME, 3)
@@ -178,7 +153,7 @@ def test_closing_the_endpoint_reports_no_error(run, monkeypatch) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         lost: list[HonkError | None] = []
-        endpoint = await _leaf(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
+        endpoint = await leaf_from_link(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
                                               time.monotonic() + STEP, lost.append)
         await _ask(endpoint, replies, dns, DNS_NAME, 5)
         endpoint.close()
@@ -186,7 +161,7 @@ def test_closing_the_endpoint_reports_no_error(run, monkeypatch) -> None:
         assert lost == [None]
 
     with _v2ray("trojan", "tcp", monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
-        run(main(_link(peer), dns))
+        run(main(peer.share_link(), dns))
 
 
 @pytest.mark.parametrize(("protocol", "transport"), [("vmess", "tcp"), ("vless", "tcp"), ("trojan", "tcp")])
@@ -195,4 +170,4 @@ def test_honk_carries_socks5_udp_through_a_v2ray_node(run, monkeypatch, protocol
         assert await dns_through_honk(link, dns.address, DNS_NAME, 9) == (9, 0, [DNS_ANSWER])
 
     with _v2ray(protocol, transport, monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
-        run(main(_link(peer), dns))
+        run(main(peer.share_link(), dns))
