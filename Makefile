@@ -70,7 +70,8 @@ test-twins: venv
 # reason, and the benchmark then leaves its rows out. pproxy and uvloop go into a
 # venv of their own so honk's venv stays clean.
 # command:package pairs, as PEER_PACKAGES (shadowsocks-libev: ss-local and ss-server).
-BENCH_PACKAGES := haproxy:haproxy socat:socat microsocks:microsocks ss-local:shadowsocks-libev
+BENCH_PACKAGES := haproxy:haproxy socat:socat microsocks:microsocks ss-local:shadowsocks-libev \
+                  v2ray:v2ray
 PEERS_VENV     := benchmarks/.peers-venv
 # pproxy 2.7.9 calls uvloop.install() itself when uvloop is importable, then
 # asyncio.get_event_loop(); uvloop 0.22+ no longer creates a loop there, hence the pin.
@@ -99,7 +100,7 @@ bench-peers:
 	  || echo "skipping pproxy: pproxy with $(UVLOOP) does not install or start its loop in $(PEERS_VENV)"; \
 	fi
 
-# Relay benchmarks against real peers, plus the kernels; about 8 minutes
+# Relay benchmarks against real peers, plus the kernels; about 12 minutes
 # (BENCH_ARGS=--quick for a one-minute smoke run). Not part of `make test`.
 BENCH_ARGS ?=
 bench: build peers bench-peers

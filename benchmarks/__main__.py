@@ -7,10 +7,15 @@
   (haproxy), socat, pproxy on uvloop and microsocks, all driven by the native
   load tool ``benchmarks/loadgen.c`` (see ``benchmarks/relay.py``);
 * shadowsocks: honk with an ``ss://`` node against shadowsocks-libev's ss-local,
-  both into one ss-server per cipher (bulk, one stream; ``--no-ss`` skips them).
+  both into one ss-server per cipher (bulk, one stream; ``--no-ss`` skips them);
+* v2ray: honk with a ``vmess://``, ``trojan://`` or ``vless://`` node against a
+  v2ray client, both into one v2ray server per protocol (VMess over TCP, Trojan
+  and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
+  skips them).
 
-The full run takes about 8 minutes on two cores, ``--quick`` about one. The
-figures and every run's raw output also go to ``benchmarks/results/*.json``.
+The full run takes about 12 minutes on two cores (the v2ray rows about 4 of them),
+``--quick`` about two. The figures and every run's raw output also go to
+``benchmarks/results/*.json``.
 """
 
 from __future__ import annotations
@@ -34,10 +39,13 @@ def _terminate(signum: int, _frame: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--quick", action="store_true", help="one repetition of short runs (~1 minute)")
-    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk or "
-                                       "ss-local,honk[ss]; a Shadowsocks subject also by name:tag)")
+    parser.add_argument("--quick", action="store_true", help="one repetition of short runs (~2 minutes)")
+    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk, "
+                                       "ss-local,honk[ss] or v2ray,honk[v2ray]; a paired subject also "
+                                       "by name:tag, e.g. honk[v2ray]:vmess)")
     parser.add_argument("--no-ss", action="store_true", help="skip the Shadowsocks rows (ss-local, honk[ss])")
+    parser.add_argument("--no-v2ray", action="store_true",
+                        help="skip the VMess, Trojan and VLESS rows (v2ray, honk[v2ray])")
     parser.add_argument("--loadgen-threads", type=int, default=None,
                         help="client threads of the load tool (default: one per CPU)")
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
@@ -58,7 +66,8 @@ def main() -> None:
 
     kernel_rows: list[tuple[str, str, str, str]] = [] if args.no_kernels else kernels.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
-    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None, shadowsocks=not args.no_ss)
+    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
+                       shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
     if busy:
         report.problems.insert(0, busy)
     elapsed = time.monotonic() - started
@@ -67,16 +76,19 @@ def main() -> None:
         print(relay.format_table(["kernel", "honk", "baseline", "ratio"], [list(r) for r in kernel_rows]))
         print()
     subjects = report.measured()
-    ss = [s.name for s in report.subjects if s.sink is not None and s.name in subjects]
-    plain = [name for name in subjects if name not in ss]
+    paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
+    for s in report.subjects:
+        if s.sink is not None and s.name in subjects:
+            paired.setdefault(s.sink.heading, []).append(s.name)
+    plain = [name for name in subjects if not any(name in names for names in paired.values())]
     print(f"relay figures ({'quick' if args.quick else 'full'} run, median of {plan.reps}; "
           f"{os.cpu_count()} CPUs; MB = 10^6 bytes)")
     if plain:
         print(relay.figures_table(plan, plain, report.metrics))
         print()
-    if ss:
-        print("Shadowsocks (each pair into the same ss-server sink; CPU = the client's, sink CPU = ss-server's)")
-        print(relay.figures_table(plan, ss, report.metrics))
+    for heading, names in paired.items():
+        print(heading)
+        print(relay.figures_table(plan, names, report.metrics))
         print()
     for s in report.subjects:
         line = f"  {s.name}: {s.note}" + (f" [{s.version}]" if s.version else "")

@@ -19,13 +19,24 @@ Every subject runs as its own process on loopback and is measured in the same ru
   direct``, ``log_level: warn``) with ``HONK_RELAY`` unset; when honk's relay reads
   ``HONK_RELAY``, an extra ``honk[copy]`` subject runs with ``HONK_RELAY=copy``.
 
-Shadowsocks rows, per cipher (aes-256-gcm as ``aes256``, chacha20-ietf-poly1305 as
-``chacha``), both subjects against one ``ss-server`` sink the harness starts for that
-cipher (which dials the origin): ``ss-local:<tag>`` (shadowsocks-libev's SOCKS5
-client) and ``honk[ss]:<tag>`` (honk's mixed port with an ``ss://`` node and
-``routing { fallback: <node> }``). Only bulk, one stream up and down, is measured:
-MB/s, the client's CPU seconds per GiB, and the sink's separately. ``--only
-ss-local,honk[ss]`` selects every cipher's row of each.
+Paired rows measure a protocol's own client against honk on the same server. Per
+tag the harness starts one sink (a :class:`Sink`, which dials the origin) and two
+subjects relay into it: ``<peer>:<tag>``, the protocol's SOCKS5 client, and
+``honk[<family>]:<tag>``, honk's mixed port with the sink as its one node (a share
+link) and ``routing { fallback: <node> }``. Bulk is measured on one stream up and
+down: MB/s, the client's CPU seconds per GiB, and the sink's separately.
+``--only ss-local,honk[ss]`` selects every tag's row of each; ``honk[ss]:chacha``
+just one.
+
+* Shadowsocks, per cipher (aes-256-gcm as ``aes256``, chacha20-ietf-poly1305 as
+  ``chacha``): an ``ss-server`` sink, ``ss-local:<tag>`` and ``honk[ss]:<tag>``.
+  Bulk only; honk is held to ss-local's throughput and CPU per GiB.
+* v2ray, per protocol (see :mod:`benchmarks.v2ray`; ``vmess`` over TCP with
+  aes-128-gcm, ``trojan`` and ``vless`` over TLS): a v2ray server sink with a
+  ``freedom`` outbound, ``v2ray:<tag>`` (a v2ray client) and ``honk[v2ray]:<tag>``.
+  The connection rate is measured too; honk is held to the v2ray client's
+  throughput and connection rate. The TLS sinks make a throwaway CA when they
+  start: the v2ray client trusts it in its config, honk through ``SSL_CERT_FILE``.
 
 The load tool (``loadgen.c``, built with ``cc -O2`` into ``benchmarks/.build/``)
 holds both ends: an origin thread on a fixed loopback port and an epoll client
@@ -42,6 +53,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import importlib.util
+import json
 import os
 import re
 import resource
@@ -54,9 +67,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from benchmarks import v2ray
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -83,7 +100,7 @@ class Plan:
     streams: tuple[int, ...] = (1, 8)
     concurrency: tuple[int, ...] = (16, 64)
     loadgen_threads: int = min(os.cpu_count() or 1, 8)  # one client thread per core: measured best
-    ss_streams: tuple[int, ...] = (1,)  # bulk streams measured through the Shadowsocks subjects
+    sink_streams: tuple[int, ...] = (1,)  # bulk streams measured through the subjects of a sink
 
 
 FULL = Plan(reps=3, bulk_warmup=0.3, bulk_seconds=2.0, rate_warmup=0.5, rate_seconds=3.0,
@@ -203,11 +220,25 @@ def ss_targets(plan: Plan, tag: str) -> list[Target]:
     at least its bulk throughput, at most its CPU per GiB."""
     out: list[Target] = []
     peer = f"ss-local:{tag}"
-    for n in plan.ss_streams:
+    for n in plan.sink_streams:
         for d in ("up", "down"):
             what = f"bulk {d}, {n} stream{'s' if n > 1 else ''}"
             out.append(Target(f"{what} >= 1.0 x {peer}", f"bulk_{d}_{n}", ">=", 1.0, peer))
             out.append(Target(f"client CPU/GiB {what} <= 1.0 x {peer}", f"cpu_{d}_{n}", "<=", 1.0, peer))
+    return out
+
+
+def v2ray_targets(plan: Plan, tag: str) -> list[Target]:
+    """What the v2ray relay issue asks of ``honk[v2ray]:<tag>``, against the v2ray client on the same
+    sink: at least its bulk throughput and at least its connection rate."""
+    out: list[Target] = []
+    peer = f"v2ray:{tag}"
+    for n in plan.sink_streams:
+        for d in ("up", "down"):
+            out.append(Target(f"bulk {d}, {n} stream{'s' if n > 1 else ''} >= 1.0 x {peer}", f"bulk_{d}_{n}",
+                              ">=", 1.0, peer))
+    for c in plan.concurrency:
+        out.append(Target(f"conn/s c={c} >= 1.0 x {peer}", f"rate_{c}", ">=", 1.0, peer))
     return out
 
 
@@ -223,9 +254,9 @@ def metric_rows(plan: Plan) -> list[tuple[str, str, str]]:
     for n in plan.streams:
         for d in ("up", "down"):
             rows.append((f"cpu_{d}_{n}", f"CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
-    for n in plan.ss_streams:
+    for n in plan.sink_streams:
         for d in ("up", "down"):
-            rows.append((f"sink_cpu_{d}_{n}", f"ss-server sink CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
+            rows.append((f"sink_cpu_{d}_{n}", f"sink CPU, bulk {d} {n} (s/GiB)", "{:.2f}"))
     for c in plan.concurrency:
         rows.append((f"rate_{c}", f"connect+echo+close c={c} (conn/s)", "{:,.0f}"))
         rows.append((f"rate_{c}_errors", f"  errors, c={c}", "{:,.0f}"))
@@ -351,7 +382,7 @@ class Subject:
     version: str = ""
     env: dict[str, str] = field(default_factory=dict)
     build: Callable[[int, int, Path], list[str]] | None = None  # (port, origin_port, workdir) -> argv
-    sink: SsSink | None = None  # Shadowsocks subjects: the ss-server they relay into (bulk rows only)
+    sink: Sink | None = None  # a pair's subjects: the server they relay into (see measure_sink_subject)
 
     def selected(self, only: set[str]) -> bool:
         """Named in ``--only``, by its full name or the part before ``:`` (``honk[ss]`` = every cipher)."""
@@ -364,16 +395,121 @@ SS_PASSWORD = "honk-bench"
 
 
 @dataclass
-class SsSink:
-    """One ``ss-server`` the Shadowsocks subjects of a cipher relay into; it dials the origin."""
+class Sink:
+    """One server a pair of subjects relays into, started once for both; it dials the origin.
+
+    The pair is ``<peer>:<tag>`` (the protocol's own client) and ``honk[<family>]:<tag>``
+    (honk's mixed port with the node :meth:`link`). Both get :meth:`env` on top of
+    their own environment.
+    """
+
+    family: ClassVar[str]  # "ss" or "v2ray": the ``honk[...]`` name and the --no-* switch
+    peer: ClassVar[str]  # the reference client's subject name before ``:``
+    server: ClassVar[str]  # the sink program, for messages
+    heading: ClassVar[str]  # printed above the family's figures
+    rate: ClassVar[bool] = False  # connection rate measured too, not only bulk
 
     tag: str
-    method: str
     port: int
-    running: Running | None = None
+    running: Running | None = field(default=None, init=False)
 
-    def argv(self, binary: str) -> list[str]:
-        return [binary, "-s", LOOPBACK, "-p", str(self.port), "-k", SS_PASSWORD, "-m", self.method]
+    def command(self, wd: Path) -> list[str]:
+        """Write the sink's files into ``wd``; its argv."""
+        raise NotImplementedError
+
+    def client_command(self, port: int, wd: Path) -> list[str]:
+        """The reference client with its SOCKS5 port on ``port``."""
+        raise NotImplementedError
+
+    def link(self) -> str:
+        """The node link honk is given for this sink."""
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def targets(self, plan: Plan) -> list[Target]:
+        raise NotImplementedError
+
+
+@dataclass
+class SsSink(Sink):
+    """An ``ss-server`` with one cipher; ``ss-local`` is the reference client."""
+
+    family: ClassVar[str] = "ss"
+    peer: ClassVar[str] = "ss-local"
+    server: ClassVar[str] = "ss-server"
+    heading: ClassVar[str] = ("Shadowsocks (each pair into the same ss-server sink; "
+                              "CPU = the client's, sink CPU = ss-server's)")
+
+    method: str = ""
+
+    def command(self, wd: Path) -> list[str]:
+        return [_which("ss-server") or "ss-server", "-s", LOOPBACK, "-p", str(self.port), "-k", SS_PASSWORD,
+                "-m", self.method]
+
+    def client_command(self, port: int, wd: Path) -> list[str]:
+        return [_which("ss-local") or "ss-local", "-s", LOOPBACK, "-p", str(self.port), "-b", LOOPBACK,
+                "-l", str(port), "-k", SS_PASSWORD, "-m", self.method]
+
+    def link(self) -> str:
+        """SIP002: the userinfo is ``method:password`` in URL-safe base64."""
+        userinfo = base64.urlsafe_b64encode(f"{self.method}:{SS_PASSWORD}".encode()).decode().rstrip("=")
+        return f"ss://{userinfo}@{LOOPBACK}:{self.port}#sink"
+
+    def targets(self, plan: Plan) -> list[Target]:
+        return ss_targets(plan, self.tag)
+
+
+@dataclass
+class V2raySink(Sink):
+    """A v2ray server for one tag of :mod:`benchmarks.v2ray`; a v2ray client is the reference.
+
+    Over TLS the sink makes a throwaway CA and a certificate for localhost when it starts
+    (:attr:`ca_file`); the v2ray client trusts it in its config, honk through ``SSL_CERT_FILE``.
+    """
+
+    family: ClassVar[str] = "v2ray"
+    peer: ClassVar[str] = "v2ray"
+    server: ClassVar[str] = "v2ray server"
+    heading: ClassVar[str] = ("VMess, Trojan and VLESS (each pair into the same v2ray server sink; "
+                              "CPU = the client's, sink CPU = the v2ray server's)")
+    rate: ClassVar[bool] = True
+
+    secret: str = ""  # the user id for VMess and VLESS, the password for Trojan
+    ca_file: str = field(default="", init=False)
+
+    def command(self, wd: Path) -> list[str]:
+        cert = key = ""
+        if v2ray.uses_tls(self.tag):
+            import trustme  # a test dependency of honk; only the TLS sinks need it
+
+            ca = trustme.CA()
+            leaf = ca.issue_cert(*v2ray.TLS_NAMES)
+            cert, key, self.ca_file = str(wd / "cert.pem"), str(wd / "key.pem"), str(wd / "ca.pem")
+            leaf.cert_chain_pems[0].write_to_path(cert)
+            leaf.private_key_pem.write_to_path(key)
+            ca.cert_pem.write_to_path(self.ca_file)
+        config = v2ray.server_config(self.tag, self.port, self.secret, cert, key)
+        return self._argv(wd / "server.json", config)
+
+    def client_command(self, port: int, wd: Path) -> list[str]:
+        return self._argv(wd / "client.json", v2ray.client_config(self.tag, port, self.port, self.secret,
+                                                                  self.ca_file))
+
+    @staticmethod
+    def _argv(path: Path, config: dict[str, object]) -> list[str]:
+        # v2ray 4.x stays in the foreground on -config and logs to stdout, which goes to the log file.
+        return [_which("v2ray") or "v2ray", "-config", _write(path, json.dumps(config, indent=1))]
+
+    def link(self) -> str:
+        return v2ray.share_link(self.tag, self.port, self.secret)
+
+    def env(self) -> dict[str, str]:
+        return {"SSL_CERT_FILE": self.ca_file} if self.ca_file else {}
+
+    def targets(self, plan: Plan) -> list[Target]:
+        return v2ray_targets(plan, self.tag)
 
 
 def haproxy_config(port: int, origin_port: int) -> str:
@@ -404,12 +540,11 @@ def honk_config(port: int) -> str:
             "routing {\n    fallback: direct\n}\n")
 
 
-def honk_ss_config(port: int, sink: SsSink) -> str:
-    """honk's mixed port routing everything to one ``ss://`` node (SIP002 link) on ``sink``."""
-    userinfo = base64.urlsafe_b64encode(f"{sink.method}:{SS_PASSWORD}".encode()).decode().rstrip("=")
+def honk_node_config(port: int, link: str) -> str:
+    """honk's mixed port routing everything to one node given by its share ``link``."""
     return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
             f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
-            f"node {{\n    sink: 'ss://{userinfo}@{LOOPBACK}:{sink.port}#sink'\n}}\n\n"
+            f"node {{\n    sink: '{link}'\n}}\n\n"
             "routing {\n    fallback: sink\n}\n")
 
 
@@ -497,31 +632,55 @@ def subjects() -> list[Subject]:
     for engine in honk_engines():
         out.append(Subject(f"honk[{engine}]", "socks", note=f"HONK_RELAY={engine}",
                            env={"HONK_RELAY": engine}, build=honk_cmd))
-    out += ss_subjects()
+    out += ss_subjects() + v2ray_subjects()
     return out
+
+
+def sink_subjects(sink: Sink, skip: str, version: str, peer_note: str, honk_note: str) -> list[Subject]:
+    """The pair relaying into ``sink``: ``<peer>:<tag>`` and ``honk[<family>]:<tag>``."""
+
+    def peer_cmd(port: int, origin: int, wd: Path) -> list[str]:
+        return sink.client_command(port, wd)
+
+    def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
+        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c",
+                _write(wd / "bench.dae", honk_node_config(port, sink.link()))]
+
+    return [Subject(f"{sink.peer}:{sink.tag}", "socks", version=version, skip=skip, sink=sink, build=peer_cmd,
+                    note=peer_note),
+            Subject(f"honk[{sink.family}]:{sink.tag}", "socks", skip=skip, sink=sink, build=honk_cmd,
+                    note=f"{honk_note}, HONK_RELAY unset")]
 
 
 def ss_subjects() -> list[Subject]:
     """``ss-local:<tag>`` and ``honk[ss]:<tag>`` per cipher, each pair sharing one sink."""
-    ss_local, ss_server = _which("ss-local"), _which("ss-server")
     version = _first_line(["dpkg-query", "-W", "-f=${Version}", "shadowsocks-libev"])
-    missing = "" if ss_local and ss_server else "shadowsocks-libev not installed (make bench-peers)"
+    missing = ("" if _which("ss-local") and _which("ss-server")
+               else "shadowsocks-libev not installed (make bench-peers)")
     out: list[Subject] = []
     for tag, method in SS_CIPHERS.items():
-        sink = SsSink(tag, method, free_port())
+        sink = SsSink(tag, free_port(), method=method)
+        out += sink_subjects(sink, missing, version,
+                             f"shadowsocks-libev ss-local ({method}) -> the {tag} ss-server sink",
+                             f"mixed port -> ss:// node ({method}) -> the {tag} ss-server sink")
+    return out
 
-        def local_cmd(port: int, origin: int, wd: Path, sink: SsSink = sink) -> list[str]:
-            return [ss_local or "ss-local", "-s", LOOPBACK, "-p", str(sink.port), "-b", LOOPBACK, "-l", str(port),
-                    "-k", SS_PASSWORD, "-m", sink.method]
 
-        def honk_cmd(port: int, origin: int, wd: Path, sink: SsSink = sink) -> list[str]:
-            return [sys.executable, "-m", "honk.cli.daemon", "run", "-c",
-                    _write(wd / "bench.dae", honk_ss_config(port, sink))]
-
-        out.append(Subject(f"ss-local:{tag}", "socks", version=version, skip=missing, sink=sink, build=local_cmd,
-                           note=f"shadowsocks-libev ss-local ({method}) -> the {tag} ss-server sink"))
-        out.append(Subject(f"honk[ss]:{tag}", "socks", skip=missing, sink=sink, build=honk_cmd,
-                           note=f"mixed port -> ss:// node ({method}) -> the {tag} ss-server sink, HONK_RELAY unset"))
+def v2ray_subjects() -> list[Subject]:
+    """``v2ray:<tag>`` and ``honk[v2ray]:<tag>`` for VMess, Trojan and VLESS; a v2ray server per pair."""
+    binary = _which("v2ray")
+    version = _first_line([binary, "-version"]) if binary else ""
+    missing = "" if binary else "v2ray not installed (make bench-peers)"
+    has_trustme = importlib.util.find_spec("trustme") is not None
+    out: list[Subject] = []
+    for tag in v2ray.TAGS:
+        sink = V2raySink(tag, free_port(), secret=uuid.uuid4().hex if tag == "trojan" else str(uuid.uuid4()))
+        what = v2ray.describe(tag)
+        skip = missing or ("" if has_trustme or not v2ray.uses_tls(tag)
+                           else "trustme (for the TLS certificate) not importable; make venv")
+        out += sink_subjects(sink, skip, version,
+                             f"v2ray client, SOCKS5 -> {what} -> the {tag} v2ray server sink",
+                             f"mixed port -> {tag}:// node ({what}) -> the {tag} v2ray server sink")
     return out
 
 
@@ -531,9 +690,9 @@ def _write(path: Path, text: str) -> str:
 
 
 def subject_env(subject: Subject) -> dict[str, str]:
-    """The harness's environment less ``HONK_RELAY`` (default engine), plus the subject's own."""
+    """The harness's environment less ``HONK_RELAY`` (default engine), plus the sink's and the subject's."""
     env = {k: v for k, v in os.environ.items() if k != "HONK_RELAY"}
-    return {**env, **subject.env}
+    return {**env, **(subject.sink.env() if subject.sink is not None else {}), **subject.env}
 
 
 # ---------------------------------------------------------------- load tool
@@ -680,7 +839,6 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
         record("latency", **kv)
 
         lg_bulk: list[float] = []  # cores the load tool kept busy during the measured windows
-        lg_rate: list[float] = []
         for streams in plan.streams:
             for direction in ("up", "down"):
                 mbps, cpu = [], []
@@ -698,16 +856,7 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
                 if cpu:
                     m[f"cpu_{direction}_{streams}"] = median(cpu)
 
-        for c in plan.concurrency:
-            cps, errors = [], 0
-            for _ in range(plan.reps):
-                kv = lg.rate(subject, port, c)
-                cps.append(float(kv["cps"]))
-                lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
-                errors += int(kv["errors"])
-                record("rate", **kv)
-            m[f"rate_{c}"] = median(cps)
-            m[f"rate_{c}_errors"] = errors
+        lg_rate = measure_rates(lg, subject, port, report)
         m["loadgen_cores_bulk"], m["loadgen_cores_rate"] = median(lg_bulk), median(lg_rate)
     except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
         report.problems.append(f"{subject.name}: {exc}")
@@ -719,21 +868,39 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
     report.metrics[subject.name] = m
 
 
-def measure_ss_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path) -> None:
-    """Bulk through a Shadowsocks subject into its sink: MB/s, the client's CPU/GiB and the sink's."""
+def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report) -> list[float]:
+    """connect+echo+close per second at each of the plan's concurrencies; the load tool's busy cores."""
+    plan, m = report.plan, report.metrics.setdefault(subject.name, {})
+    lg_rate: list[float] = []
+    for c in plan.concurrency:
+        cps, errors = [], 0
+        for _ in range(plan.reps):
+            kv = lg.rate(subject, port, c)
+            cps.append(float(kv["cps"]))
+            lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
+            errors += int(kv["errors"])
+            report.runs.append({"subject": subject.name, "kind": "rate", **kv})
+        m[f"rate_{c}"] = median(cps)
+        m[f"rate_{c}_errors"] = errors
+    return lg_rate
+
+
+def measure_sink_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path) -> None:
+    """Bulk through a subject into its sink: MB/s, the client's CPU/GiB and the sink's; then the
+    connection rate when the sink's family asks for it."""
     plan, m = report.plan, report.metrics.setdefault(subject.name, {})
     sink = subject.sink
     assert sink is not None and subject.build is not None
     running: Running | None = None
     try:
         if sink.running is None:
-            raise SubjectFailed(f"its ss-server sink ({sink.tag}) is not running")
+            raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
         port = free_port()
         wd = workdir / re.sub(r"\W", "_", subject.name)
         wd.mkdir()
         running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
         running.wait_port(port)
-        for streams in plan.ss_streams:
+        for streams in plan.sink_streams:
             for direction in ("up", "down"):
                 mbps, cpu, sink_cpu = [], [], []
                 for _ in range(plan.reps):
@@ -751,9 +918,15 @@ def measure_ss_subject(lg: LoadGen, subject: Subject, report: Report, workdir: P
                 m[f"bulk_{direction}_{streams}"] = median(mbps)
                 m[f"cpu_{direction}_{streams}"] = median(cpu)
                 m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
+        if sink.rate:
+            measure_rates(lg, subject, port, report)
     except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError) as exc:
-        report.problems.append(f"{subject.name}: {exc}")
-        _say(f"  {subject.name}: FAILED: {exc}")
+        why = str(exc)
+        tail = running.log_text().strip()[-800:] if running is not None else ""
+        if tail and tail not in why:  # the subject's own words on what went wrong
+            why += f"; its log: {tail}"
+        report.problems.append(f"{subject.name}: {why}")
+        _say(f"  {subject.name}: FAILED: {why}")
     finally:
         if running is not None:
             running.stop()
@@ -761,25 +934,29 @@ def measure_ss_subject(lg: LoadGen, subject: Subject, report: Report, workdir: P
 
 
 @contextlib.contextmanager
-def ss_sinks(subjects: list[Subject], workdir: Path, report: Report) -> Iterator[None]:
-    """Start the ss-server sink of every selected Shadowsocks subject for the body of the ``with``."""
-    binary = _which("ss-server") or "ss-server"
-    sinks = {s.sink.tag: s.sink for s in subjects if s.sink is not None and not s.skip}
+def sinks(subjects: list[Subject], workdir: Path, report: Report) -> Iterator[None]:
+    """Start the sink of every selected subject that has one for the body of the ``with``."""
+    started = {(s.sink.family, s.sink.tag): s.sink for s in subjects if s.sink is not None and not s.skip}
     try:
-        for sink in sinks.values():
-            wd = workdir / f"ss-server_{sink.tag}"
+        for sink in started.values():
+            wd = workdir / re.sub(r"\W", "_", f"{sink.server}_{sink.tag}")
             wd.mkdir()
-            running = Running(sink.argv(binary), subject_env(Subject("ss-server", "forward")), wd, wd / "log.txt")
+            try:
+                argv = sink.command(wd)
+            except (OSError, ImportError, ValueError) as exc:
+                report.problems.append(f"{sink.server} sink {sink.tag}: {exc}")
+                continue
+            running = Running(argv, subject_env(Subject(sink.server, "forward")), wd, wd / "log.txt")
             try:
                 running.wait_port(sink.port)
             except SubjectFailed as exc:
                 running.stop()
-                report.problems.append(f"ss-server sink {sink.tag}: {exc}")
+                report.problems.append(f"{sink.server} sink {sink.tag}: {exc}")
                 continue
             sink.running = running
         yield
     finally:
-        for sink in sinks.values():
+        for sink in started.values():
             if sink.running is not None:
                 sink.running.stop()
                 sink.running = None
@@ -807,15 +984,18 @@ def measure_demo_rss(report: Report, workdir: Path) -> None:
         running.stop()
 
 
-def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True) -> Report:
+def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True,
+        v2ray_rows: bool = True) -> Report:
+    """Measure every subject (less the Shadowsocks or v2ray pairs when switched off) and judge the targets."""
     raise_fd_limit()
     lg = LoadGen(build_loadgen(), free_port(), plan)
-    report = Report(plan, [s for s in subjects() if shadowsocks or s.sink is None])
+    wanted = {"ss": shadowsocks, "v2ray": v2ray_rows}
+    report = Report(plan, [s for s in subjects() if s.sink is None or wanted[s.sink.family]])
     with tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp:
         for subject in report.subjects:
             if only and not subject.selected(only):
                 subject.skip = subject.skip or "not selected"
-        with ss_sinks(report.subjects, Path(tmp), report):
+        with sinks(report.subjects, Path(tmp), report):
             for subject in report.subjects:
                 if subject.skip:
                     _say(f"  {subject.name}: skipped: {subject.skip}")
@@ -823,7 +1003,7 @@ def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True) -> R
                 _say(f"  {subject.name} ...")
                 t0 = time.monotonic()
                 if subject.sink is not None:
-                    measure_ss_subject(lg, subject, report, Path(tmp))
+                    measure_sink_subject(lg, subject, report, Path(tmp))
                 else:
                     measure_subject(lg, subject, report, Path(tmp))
                 _say(f"  {subject.name} done in {time.monotonic() - t0:.0f}s")
@@ -835,8 +1015,8 @@ def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True) -> R
             m["added_p50_us"] = m["lat_p50_us"] - direct
     honks = [s for s in report.subjects if s.name.startswith("honk") and s.name in report.metrics]
     for subject in honks:
-        if subject.sink is not None:  # Shadowsocks rows are held against ss-local, not the plain peers
-            report.targets += [evaluate(t, subject.name, report.metrics) for t in ss_targets(plan, subject.sink.tag)]
+        if subject.sink is not None:  # a pair's honk is held against its own peer, not the plain ones
+            report.targets += [evaluate(t, subject.name, report.metrics) for t in subject.sink.targets(plan)]
             continue
         for t in targets(plan):
             if subject.name != "honk" and t.metric == "demo_rss_mb":

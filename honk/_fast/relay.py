@@ -20,6 +20,7 @@ from honk._fast.relay_py import (
     EV_OPEN,
     FRAMING_AUTH,
     FRAMING_PROTOCOL,
+    FRAMING_SILENT,
     FRAMING_TRUNCATED,
     SIDE_CLIENT,
     SIDE_LOCAL,
@@ -53,5 +54,6 @@ __all__ = [
     "SIDE_LOCAL",
     "FRAMING_AUTH",
     "FRAMING_PROTOCOL",
+    "FRAMING_SILENT",
     "FRAMING_TRUNCATED",
 ]

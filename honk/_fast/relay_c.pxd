@@ -48,21 +48,38 @@ cdef enum:
     HS_BUF = 1024         # bytes of one client's handshake (greeting, request, early payload) read by the worker
 
 
-# The Shadowsocks AEAD state of one framed flow (SIP004). Built by the asyncio thread
-# (add/hs_relay) from the framing object, owned by the worker from the command on,
-# freed when the flow ends.
+# The framing state of one framed flow: Shadowsocks AEAD (SIP004) or a VMess body
+# (``vmess`` set). Built by the asyncio thread (add/hs_relay) from the framing object,
+# owned by the worker from the command on, freed when the flow ends.
 cdef struct Aead:
-    EVP_CIPHER_CTX* sealer    # client -> upstream, keyed with the encryptor's subkey
-    EVP_CIPHER_CTX* opener    # upstream -> client, keyed once the server's salt is in
+    EVP_CIPHER_CTX* sealer    # client -> upstream, keyed with the encryptor's subkey (VMess: the body key; NULL for none)
+    EVP_CIPHER_CTX* opener    # upstream -> client, keyed once the server's salt is in (VMess: from the start)
     const EVP_CIPHER* cipher
-    char* pend                # upstream bytes of an incomplete salt or chunk kept between reads (CHUNK_WIRE bytes)
+    char* pend                # upstream bytes of an incomplete salt, header or chunk kept between reads
     uint32_t pend_len
-    int32_t plen              # payload length of the chunk whose length header is open (-1: none)
+    int32_t plen              # wire length of the open chunk's payload part once its length is read (-1: none)
     uint8_t key_len           # subkey and salt size (bytes)
-    uint8_t keyed             # opener has the server's subkey
-    uint8_t seal_nonce[12]    # little-endian counters, one step per AEAD operation
+    uint8_t keyed             # opener has the server's subkey (VMess: the response header checked)
+    uint8_t seal_nonce[12]    # little-endian counters, one step per AEAD operation (VMess: count + IV bytes 2..11)
     uint8_t open_nonce[12]
     uint8_t master[32]
+    # VMess only (see "VMess bodies" in relay_c's docstring)
+    uint8_t vmess
+    uint8_t tag               # bytes of a chunk's tag: 16, or 0 for security none
+    uint8_t check             # the response header's first byte must echo it
+    uint8_t got_any           # a byte of the response arrived (EOF before it: the server never answered)
+    uint8_t ended             # the response's empty chunk arrived: nothing may follow
+    int32_t hlen              # the response header's sealed length once its length field is open (-1: not yet)
+    uint16_t seal_count       # chunk counts, the first two nonce bytes
+    uint16_t open_count
+    uint32_t seal_mask_pos
+    uint32_t open_mask_pos
+    uint64_t seal_mask[25]    # SHAKE128 sponges over the request and response body IVs (option M)
+    uint64_t open_mask[25]
+    uint8_t hdr_len_key[16]   # AES-128-GCM key and nonce of the response header's length field
+    uint8_t hdr_len_nonce[12]
+    uint8_t hdr_key[16]       # ... and of the response header itself
+    uint8_t hdr_nonce[12]
 
 
 # A listening socket the worker accepts on (listener mode). Allocated by the
@@ -229,6 +246,10 @@ cdef class Engine:
     cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil
     cdef int _framed_start(self, Flow* f, double now) noexcept nogil
     cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil
+    cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil
+    cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil
+    cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil
+    cdef int _vmess_end(self, Flow* f, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil

@@ -90,6 +90,18 @@ Framed flows (Shadowsocks AEAD, SIP004; ``add(..., framing=)``, ``hs_relay(..., 
     EOF inside the salt or a chunk). EOF before the first byte, or between chunks,
     is a clean half-close. Client EOF: nothing more is sealed, and the upstream is
     shut (SHUT_WR) once the pending chunks are out.
+  * VMess bodies (a ``VmessFraming``, ``framing.engine_keys()``; the outbound already
+    sent the request header): up, chunks of a 2-byte length XOR the next two bytes of a
+    SHAKE128 stream over the request IV, then the payload sealed with a nonce of a
+    16-bit chunk count and IV bytes 2..11 (plain for security none); the client's EOF
+    queues the empty chunk before the FIN. Down, the response header first (a sealed
+    length and a sealed header under their own AES-128-GCM keys; its first byte must
+    echo the request's check byte, else FRAMING_AUTH), then chunks as above with the
+    response IV and key (up to VMESS_WIRE on the wire); the empty chunk ends the body
+    and anything after it is FRAMING_PROTOCOL. EOF before any response byte is
+    FRAMING_SILENT (ENOMSG: v2ray closes on an id it does not know); inside the header
+    or a chunk, FRAMING_TRUNCATED. The SHAKE128 sponge (Keccak-f[1600]) is written out
+    here because OpenSSL 3.0 cannot squeeze an XOF incrementally.
   * Counters count what each socket delivered: plaintext from the client, wire bytes
     (salt, tags and all) from the upstream.
   * Memory: two engine-wide FRAMED_BUF buffers (allocated with the first framed flow);
@@ -298,7 +310,7 @@ cdef extern from *:
     ssize_t send(int fd, const void* buf, size_t n, int flags) nogil
     int shutdown(int fd, int how) nogil
     int SHUT_WR, MSG_DONTWAIT, MSG_NOSIGNAL
-    int EBADMSG, EPROTO, ENODATA, EIO
+    int EBADMSG, EPROTO, ENODATA, ENOMSG, EIO
 
 
 # Shadowsocks AEAD (SIP004) on OpenSSL's EVP interface: the worker seals and opens chunks
@@ -381,6 +393,69 @@ cdef extern from *:
     static inline int honk_aead_key(EVP_CIPHER_CTX *ctx, const uint8_t *key, int enc) {
         return EVP_CipherInit_ex(ctx, NULL, NULL, key, NULL, enc) == 1 ? 0 : -1;
     }
+
+    /* VMess chunk masks (option M) are a SHAKE128 stream over the body IV, read two bytes at
+       a time. OpenSSL 3.0 cannot keep squeezing an XOF, so the sponge is here: Keccak-f[1600]
+       (FIPS 202), lanes addressed byte by byte so it does not depend on the host's byte order. */
+    #define HONK_SHAKE128_RATE 168
+    static const uint64_t honk_keccak_rc[24] = {
+        0x0000000000000001ULL, 0x0000000000008082ULL, 0x800000000000808aULL, 0x8000000080008000ULL,
+        0x000000000000808bULL, 0x0000000080000001ULL, 0x8000000080008081ULL, 0x8000000000008009ULL,
+        0x000000000000008aULL, 0x0000000000000088ULL, 0x0000000080008009ULL, 0x000000008000000aULL,
+        0x000000008000808bULL, 0x800000000000008bULL, 0x8000000000008089ULL, 0x8000000000008003ULL,
+        0x8000000000008002ULL, 0x8000000000000080ULL, 0x000000000000800aULL, 0x800000008000000aULL,
+        0x8000000080008081ULL, 0x8000000000008080ULL, 0x0000000080000001ULL, 0x8000000080008008ULL};
+    /* rho offsets and pi destinations along the lane walk that starts at lane 1 */
+    static const uint8_t honk_keccak_rho[24] = {
+        1, 3, 6, 10, 15, 21, 28, 36, 45, 55, 2, 14, 27, 41, 56, 8, 25, 43, 62, 18, 39, 61, 20, 44};
+    static const uint8_t honk_keccak_pi[24] = {
+        10, 7, 11, 17, 18, 3, 5, 16, 8, 21, 24, 4, 15, 23, 19, 13, 12, 2, 20, 14, 22, 9, 6, 1};
+    static inline uint64_t honk_rotl(uint64_t x, int n) { return (x << n) | (x >> (64 - n)); }
+    static void honk_keccak_f(uint64_t *a) {
+        uint64_t c[5], t, u;
+        for (int round = 0; round < 24; round++) {
+            for (int x = 0; x < 5; x++) c[x] = a[x] ^ a[x + 5] ^ a[x + 10] ^ a[x + 15] ^ a[x + 20];
+            for (int x = 0; x < 5; x++) {
+                t = c[(x + 4) % 5] ^ honk_rotl(c[(x + 1) % 5], 1);
+                for (int y = 0; y < 25; y += 5) a[y + x] ^= t;
+            }
+            t = a[1];
+            for (int i = 0; i < 24; i++) {
+                u = a[honk_keccak_pi[i]];
+                a[honk_keccak_pi[i]] = honk_rotl(t, honk_keccak_rho[i]);
+                t = u;
+            }
+            for (int y = 0; y < 25; y += 5) {
+                for (int x = 0; x < 5; x++) c[x] = a[y + x];
+                for (int x = 0; x < 5; x++) a[y + x] = c[x] ^ (~c[(x + 1) % 5] & c[(x + 2) % 5]);
+            }
+            a[0] ^= honk_keccak_rc[round];
+        }
+    }
+    static inline uint8_t honk_lane_byte(const uint64_t *a, int i) { return (uint8_t)(a[i >> 3] >> (8 * (i & 7))); }
+    static inline void honk_lane_xor(uint64_t *a, int i, uint8_t b) { a[i >> 3] ^= (uint64_t)b << (8 * (i & 7)); }
+    /* absorb a short message (less than one rate block) with SHAKE's padding; squeezing starts at *pos = 0 */
+    static void honk_shake128_init(uint64_t *a, uint32_t *pos, const uint8_t *msg, int n) {
+        memset(a, 0, 25 * sizeof(uint64_t));
+        for (int i = 0; i < n; i++) honk_lane_xor(a, i, msg[i]);
+        honk_lane_xor(a, n, 0x1F);
+        honk_lane_xor(a, HONK_SHAKE128_RATE - 1, 0x80);
+        honk_keccak_f(a);
+        *pos = 0;
+    }
+    /* the next two bytes of the stream, big-endian (the rate is even: a pair never straddles blocks) */
+    static inline uint16_t honk_shake128_next16(uint64_t *a, uint32_t *pos) {
+        if (*pos + 2 > HONK_SHAKE128_RATE) { honk_keccak_f(a); *pos = 0; }
+        uint16_t v = (uint16_t)((honk_lane_byte(a, *pos) << 8) | honk_lane_byte(a, *pos + 1));
+        *pos += 2;
+        return v;
+    }
+    /* VMess body nonces: a big-endian 16-bit chunk count, then bytes 2..11 of the body IV */
+    static inline void honk_vmess_nonce(uint8_t *nonce, uint16_t *count) {
+        nonce[0] = (uint8_t)(*count >> 8);
+        nonce[1] = (uint8_t)*count;
+        (*count)++;
+    }
     """
     int honk_seal(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
     int honk_open(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
@@ -390,6 +465,9 @@ cdef extern from *:
     int honk_aead_key(EVP_CIPHER_CTX* ctx, const uint8_t* key, int enc) nogil
     void EVP_CIPHER_CTX_free(EVP_CIPHER_CTX* ctx) nogil
     void OPENSSL_cleanse(void* p, size_t n) nogil
+    void honk_shake128_init(uint64_t* a, uint32_t* pos, const uint8_t* msg, int n) nogil
+    uint16_t honk_shake128_next16(uint64_t* a, uint32_t* pos) nogil
+    void honk_vmess_nonce(uint8_t* nonce, uint16_t* count) nogil
 
 
 # Event kinds and end causes: one definition, in the pure-Python twin.
@@ -466,25 +544,86 @@ DEF SS_TAG = 16                    # SIP004: bytes of an AEAD tag
 DEF SS_HEAD = 18                   # a chunk's sealed length field: 2 bytes + its tag
 DEF SS_OVERHEAD = 34               # bytes a chunk adds to its payload: SS_HEAD + the payload's tag
 DEF CHUNK_WIRE = 16417             # the largest chunk on the wire: SS_HEAD + SS_MAX_PAYLOAD + SS_TAG
+DEF VMESS_WIRE = 65537             # the largest VMess chunk on the wire: a 2-byte length of up to 0xFFFF bytes
+DEF VMESS_HEADER_MAX = 259         # a VMess response header: check, option, command id and length, command body
 DEF FRAMED_READ = 262128           # bytes one framed read asks for: 16 maximal chunks (16 x 0x3FFF)
-DEF FRAMED_BUF = 278545            # CHUNK_WIRE + FRAMED_READ: size of fin and of fout
+DEF FRAMED_BUF = 327665            # VMESS_WIRE + FRAMED_READ: size of fin (kept bytes, then a read) and of fout
 
 assert HS_HANDOVER_AFTER == _py.HS_HANDOVER_AFTER
 assert FRAMED_READ == _py.FRAMED_READ and SS_MAX_PAYLOAD == _py.SS_MAX_PAYLOAD
-assert (EBADMSG, EPROTO, ENODATA) == (_py.FRAMING_AUTH, _py.FRAMING_PROTOCOL, _py.FRAMING_TRUNCATED)
+assert (EBADMSG, EPROTO, ENODATA, ENOMSG) == (
+    _py.FRAMING_AUTH, _py.FRAMING_PROTOCOL, _py.FRAMING_TRUNCATED, _py.FRAMING_SILENT)
 FRAMING_AUTH = _py.FRAMING_AUTH
 FRAMING_PROTOCOL = _py.FRAMING_PROTOCOL
 FRAMING_TRUNCATED = _py.FRAMING_TRUNCATED
+FRAMING_SILENT = _py.FRAMING_SILENT
 
 # Shadowsocks AEAD ciphers the engine frames: name -> (key and salt size, honk_ss_cipher id).
 _CIPHERS = {"aes-128-gcm": (16, 1), "aes-256-gcm": (32, 2), "chacha20-ietf-poly1305": (32, 3)}
 
 
+# VMess body securities the engine frames: name -> honk_ss_cipher id (0: none, plain chunks).
+_VMESS_SECURITIES = {"aes-128-gcm": 1, "chacha20-poly1305": 3, "none": 0}
+
+
+cdef bytes _sized(value, int size, str what):
+    cdef bytes b = bytes(value)
+    if len(b) != size:
+        raise ValueError(f"framing: {what} must be {size} bytes")
+    return b
+
+
+cdef Aead* _vmess_new(framing) except NULL:
+    """The worker's state for a VMess framing object (``framing.engine_keys()``, see relay_py)."""
+    cdef Aead* a
+    cdef int cid, key_size
+    cdef bytes seal_key, seal_iv, open_key, open_iv, len_key, len_nonce, hdr_key, hdr_nonce
+    security, k1, v1, k2, v2, k3, n3, k4, n4, check = framing.engine_keys()
+    if security not in _VMESS_SECURITIES:
+        raise ValueError("framing: unsupported VMess security")
+    cid = _VMESS_SECURITIES[security]
+    key_size = 32 if cid == 3 else 16
+    seal_iv = _sized(v1, 16, "the request body IV")
+    open_iv = _sized(v2, 16, "the response body IV")
+    len_key = _sized(k3, 16, "a header key")
+    len_nonce = _sized(n3, 12, "a header nonce")
+    hdr_key = _sized(k4, 16, "a header key")
+    hdr_nonce = _sized(n4, 12, "a header nonce")
+    seal_key = _sized(k1, key_size, "the request body key") if cid else b""
+    open_key = _sized(k2, key_size, "the response body key") if cid else b""
+    a = <Aead*>calloc(1, sizeof(Aead))
+    if a == NULL:
+        raise MemoryError()
+    a.vmess = 1
+    a.plen = -1
+    a.hlen = -1
+    a.check = <uint8_t>(int(check) & 0xFF)
+    a.tag = SS_TAG if cid else 0
+    memcpy(a.hdr_len_key, PyBytes_AS_STRING(len_key), 16)
+    memcpy(a.hdr_len_nonce, PyBytes_AS_STRING(len_nonce), 12)
+    memcpy(a.hdr_key, PyBytes_AS_STRING(hdr_key), 16)
+    memcpy(a.hdr_nonce, PyBytes_AS_STRING(hdr_nonce), 12)
+    memcpy(a.seal_nonce, PyBytes_AS_STRING(seal_iv), 12)  # bytes 0..1 become the chunk count
+    memcpy(a.open_nonce, PyBytes_AS_STRING(open_iv), 12)
+    honk_shake128_init(a.seal_mask, &a.seal_mask_pos, <const uint8_t*>PyBytes_AS_STRING(seal_iv), 16)
+    honk_shake128_init(a.open_mask, &a.open_mask_pos, <const uint8_t*>PyBytes_AS_STRING(open_iv), 16)
+    if cid:
+        a.cipher = honk_ss_cipher(cid)
+        a.sealer = honk_aead_ctx(a.cipher, <const uint8_t*>PyBytes_AS_STRING(seal_key), 1)
+        a.opener = honk_aead_ctx(a.cipher, <const uint8_t*>PyBytes_AS_STRING(open_key), 0)
+        if a.cipher == NULL or a.sealer == NULL or a.opener == NULL:
+            _aead_free(a)
+            raise OSError(EIO, "framing: OpenSSL refused the cipher")
+    return a
+
+
 cdef Aead* _aead_new(framing) except NULL:
-    """The worker's AEAD state for a Shadowsocks framing object (see relay_py's module docstring)."""
+    """The worker's framing state for a framing object (see relay_py's module docstring)."""
     cdef Aead* a
     cdef bytes master, subkey, nonce
     cdef int key_len, cid
+    if getattr(framing, "kind", "shadowsocks") == "vmess":
+        return _vmess_new(framing)
     spec = _CIPHERS.get(getattr(framing, "cipher", None))
     if spec is None:
         raise ValueError("framing: unsupported cipher")
@@ -521,15 +660,56 @@ cdef void _aead_free(Aead* a) noexcept nogil:
         return
     EVP_CIPHER_CTX_free(a.sealer)
     EVP_CIPHER_CTX_free(a.opener)
-    OPENSSL_cleanse(a.master, 32)
-    free(a.pend)
+    cdef char* pend = a.pend
+    OPENSSL_cleanse(a, sizeof(Aead))  # keys, nonces and mask sponges
+    free(pend)
     free(a)
 
 
+cdef int _open_once(const uint8_t* key, const uint8_t* nonce12, const uint8_t* p, int n, uint8_t* out) noexcept nogil:
+    """Open one AES-128-GCM seal (n bytes + tag) with its own key and nonce: 0, EBADMSG, or EIO."""
+    cdef uint8_t nonce[12]
+    cdef int rc
+    cdef EVP_CIPHER_CTX* ctx = honk_aead_ctx(honk_ss_cipher(1), key, 0)
+    if ctx == NULL:
+        return EIO
+    memcpy(nonce, nonce12, 12)
+    rc = honk_open(ctx, nonce, p, n, out)
+    EVP_CIPHER_CTX_free(ctx)
+    return EBADMSG if rc < 0 else 0
+
+
+cdef ssize_t _vmess_chunk(Aead* a, const uint8_t* p, size_t k, uint8_t* out) noexcept nogil:
+    """One VMess chunk of k payload bytes into out (k + 2 + tag bytes; k == 0 is the ending chunk); its size or -1."""
+    cdef uint16_t size = <uint16_t>(k + a.tag)
+    cdef uint16_t masked = size ^ honk_shake128_next16(a.seal_mask, &a.seal_mask_pos)
+    cdef uint8_t nonce[12]
+    out[0] = <uint8_t>(masked >> 8)
+    out[1] = <uint8_t>(masked & 0xFF)
+    if a.sealer == NULL:
+        memcpy(out + 2, p, k)
+    else:
+        memcpy(nonce, a.seal_nonce, 12)  # a copy: honk_seal steps it, which must not reach the IV bytes
+        honk_vmess_nonce(nonce, &a.seal_count)
+        if honk_seal(a.sealer, nonce, p, <int>k, out + 2) < 0:
+            return -1
+    return <ssize_t>(2 + size)
+
+
 cdef ssize_t _seal_chunks(Aead* a, const uint8_t* p, size_t n, uint8_t* out) noexcept nogil:
-    """Seal n plaintext bytes as maximal chunks into out (n + SS_OVERHEAD per chunk); bytes written or -1."""
+    """Seal n plaintext bytes as maximal chunks into out (at most n + SS_OVERHEAD per chunk); bytes written or -1."""
     cdef size_t pos = 0, o = 0, k
+    cdef ssize_t w
     cdef uint8_t head[2]
+    if a.vmess:
+        while pos < n:
+            k = n - pos if n - pos < SS_MAX_PAYLOAD else SS_MAX_PAYLOAD
+            w = _vmess_chunk(a, p + pos, k, out + o)
+            if w < 0:
+                return -1
+            o += <size_t>w
+            pos += k
+        return <ssize_t>o
     while pos < n:
         k = n - pos if n - pos < SS_MAX_PAYLOAD else SS_MAX_PAYLOAD
         head[0] = <uint8_t>(k >> 8)
@@ -1741,15 +1921,10 @@ cdef class Engine:
                 return 1
             # 4. read src
             if f.aead != NULL:  # framed: after room for a kept partial chunk (see _framed)
-                n = recv(src, self.fin + CHUNK_WIRE, FRAMED_READ, MSG_DONTWAIT)
+                n = recv(src, self.fin + VMESS_WIRE, FRAMED_READ, MSG_DONTWAIT)
             elif d.copy:
-                if d.cap < COPY_BUFFER:
-                    grown = <char*>realloc(d.buf, COPY_BUFFER)
-                    if grown == NULL:
-                        self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
-                        return -1
-                    d.buf = grown
-                    d.cap = COPY_BUFFER
+                if self._reserve(f, d, COPY_BUFFER, now) < 0:
+                    return -1
                 n = recv(src, d.buf, d.cap, MSG_DONTWAIT)
                 if n > 0:
                     d.off = 0
@@ -1788,8 +1963,14 @@ cdef class Engine:
                     return -1
                 continue
             if n == 0:
-                if di == 1 and f.aead != NULL and (f.aead.pend_len or f.aead.plen >= 0):
-                    self._framing_failed(f, ENODATA, now)  # EOF inside the salt or a chunk: truncated
+                if di == 1 and f.aead != NULL and f.aead.vmess and not f.aead.got_any:
+                    self._framing_failed(f, ENOMSG, now)  # the server closed without answering
+                    return -1
+                if di == 1 and f.aead != NULL and (f.aead.pend_len or f.aead.plen >= 0
+                                                   or (f.aead.vmess and not f.aead.keyed)):
+                    self._framing_failed(f, ENODATA, now)  # EOF inside the salt, header or a chunk: truncated
+                    return -1
+                if di == 0 and f.aead != NULL and f.aead.vmess and self._vmess_end(f, now) < 0:
                     return -1
                 d.src_eof = 1
                 f.readable[src_side] = 0
@@ -1887,7 +2068,7 @@ cdef class Engine:
         return 0
 
     cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil:
-        """Seal (up) or open (down) the n bytes just read into fin + CHUNK_WIRE, then send the
+        """Seal (up) or open (down) the n bytes just read into fin + VMESS_WIRE, then send the
         result on to dst. 0, or -1 if the flow ended.
 
         Up: the plaintext becomes maximal chunks (payload up to 0x3FFF). Down: the bytes kept
@@ -1904,15 +2085,17 @@ cdef class Engine:
         if n < FRAMED_READ and not f.rdhup[di]:
             f.readable[di] = 0  # a short read drained src
         if di == 0:
-            sealed = _seal_chunks(a, <uint8_t*>self.fin + CHUNK_WIRE, n, out)
+            sealed = _seal_chunks(a, <uint8_t*>self.fin + VMESS_WIRE, n, out)
             if sealed < 0:
                 self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
                 return -1
             return self._send_rest(f, 0, self.fout, <size_t>sealed, now)
         total = a.pend_len + n
-        p = <uint8_t*>self.fin + CHUNK_WIRE - a.pend_len
+        p = <uint8_t*>self.fin + VMESS_WIRE - a.pend_len
         if a.pend_len:
             memcpy(p, a.pend, a.pend_len)
+        if a.vmess:
+            return self._vmess_open(f, p, total, now)
         if not a.keyed and total >= a.key_len:
             # the server's salt is in: its subkey opens everything from here on
             if honk_ss_subkey(a.master, a.key_len, p, key) < 0 or honk_aead_key(a.opener, key, 0) < 0:
@@ -1942,18 +2125,118 @@ cdef class Engine:
             o += <size_t>a.plen
             pos += <size_t>a.plen + SS_TAG
             a.plen = -1
-        # keep the incomplete rest (less than CHUNK_WIRE bytes) for the next read
-        if total > pos:
+        return self._keep_and_send(f, p + pos, total - pos, CHUNK_WIRE, o, now)
+
+    cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil:
+        """Grow d's buffer to at least size bytes: 0, or -1 if the flow ended for want of memory."""
+        cdef char* grown
+        if d.cap >= size:
+            return 0
+        grown = <char*>realloc(d.buf, size)
+        if grown == NULL:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+            return -1
+        d.buf = grown
+        d.cap = size
+        return 0
+
+    cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil:
+        """Keep the incomplete rest of a read (n < cap bytes) for the next one, then send the o
+        opened bytes in fout on to the client. 0, or -1 if the flow ended."""
+        cdef Aead* a = f.aead
+        if n:
             if a.pend == NULL:
-                a.pend = <char*>malloc(CHUNK_WIRE)
+                a.pend = <char*>malloc(cap)
                 if a.pend == NULL:
                     self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
                     return -1
-            memcpy(a.pend, p + pos, total - pos)
-        a.pend_len = <uint32_t>(total - pos)
+            memcpy(a.pend, rest, n)
+        a.pend_len = <uint32_t>n
         if o == 0:
             return 0
         return self._send_rest(f, 1, self.fout, o, now)
+
+    cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil:
+        """Open the VMess response in p[0:total] (kept bytes, then the new read): its sealed header
+        once, then every complete chunk; send the plaintext on and keep the incomplete rest."""
+        cdef Aead* a = f.aead
+        cdef uint8_t* out = <uint8_t*>self.fout
+        cdef size_t pos = 0, o = 0
+        cdef uint32_t size
+        cdef int err
+        cdef uint8_t head[2]
+        cdef uint8_t header[VMESS_HEADER_MAX]
+        cdef uint8_t nonce[12]
+        a.got_any = 1
+        while not a.keyed:
+            if a.hlen < 0:
+                if total - pos < SS_HEAD:
+                    break
+                err = _open_once(a.hdr_len_key, a.hdr_len_nonce, p + pos, 2, head)
+                if err:
+                    self._framing_failed(f, err, now)
+                    return -1
+                a.hlen = (head[0] << 8) | head[1]
+                if a.hlen < 4 or a.hlen > VMESS_HEADER_MAX:
+                    self._framing_failed(f, EPROTO, now)
+                    return -1
+                pos += SS_HEAD
+            if total - pos < <size_t>a.hlen + SS_TAG:
+                break
+            err = _open_once(a.hdr_key, a.hdr_nonce, p + pos, a.hlen, header)
+            if err == 0 and header[0] != a.check:
+                err = EBADMSG  # a response to another request
+            elif err == 0 and header[2] != 0 and a.hlen < 4 + header[3]:
+                err = EPROTO  # a command longer than the header
+            if err:
+                self._framing_failed(f, err, now)
+                return -1
+            pos += <size_t>a.hlen + SS_TAG
+            a.keyed = 1
+        while a.keyed and not a.ended:
+            if a.plen < 0:
+                if total - pos < 2:
+                    break
+                size = ((p[pos] << 8) | p[pos + 1]) ^ honk_shake128_next16(a.open_mask, &a.open_mask_pos)
+                if size < a.tag:
+                    self._framing_failed(f, EPROTO, now)
+                    return -1
+                a.plen = <int32_t>size
+                pos += 2
+            if total - pos < <size_t>a.plen:
+                break
+            if a.opener == NULL:
+                memcpy(out + o, p + pos, a.plen)
+            else:
+                memcpy(nonce, a.open_nonce, 12)
+                honk_vmess_nonce(nonce, &a.open_count)
+                if honk_open(a.opener, nonce, p + pos, a.plen - a.tag, out + o) < 0:
+                    self._framing_failed(f, EBADMSG, now)
+                    return -1
+            if a.plen == a.tag:
+                a.ended = 1  # the empty chunk: the server's side of the body is over
+            o += <size_t>(a.plen - a.tag)
+            pos += <size_t>a.plen
+            a.plen = -1
+        if a.ended and total > pos:
+            self._framing_failed(f, EPROTO, now)  # bytes after the ending chunk
+            return -1
+        return self._keep_and_send(f, p + pos, total - pos, VMESS_WIRE, o, now)
+
+    cdef int _vmess_end(self, Flow* f, double now) noexcept nogil:
+        """The client is done: queue VMess's empty chunk, which goes out before the upstream's FIN.
+        0, or -1 if the flow ended."""
+        cdef Dir* d = &f.d[0]
+        cdef ssize_t w
+        if self._reserve(f, d, SS_HEAD, now) < 0:
+            return -1
+        w = _vmess_chunk(f.aead, NULL, 0, <uint8_t*>d.buf)
+        if w < 0:
+            self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+            return -1
+        d.off = 0
+        d.len = <size_t>w
+        return 0
 
     cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil:
         """End a framed flow for what its upstream sent, on the upstream side, and count it:

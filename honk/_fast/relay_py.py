@@ -22,13 +22,16 @@ as the compiled engine's are):
   ``SIDE_LOCAL`` (no pipe, no memory).
 
 Framed flows (``add(..., framing=)``, ``hs_relay(..., framing)``, a
-``ShadowsocksFraming``) copy both ways through the codec objects themselves:
-client bytes through ``framing.encryptor``, upstream bytes through
-``framing.decryptor``. A failure of what the upstream sent ends the flow with
-``END_ERROR``, side ``SIDE_UPSTREAM`` and errno ``FRAMING_AUTH`` (a tag did not
-verify), ``FRAMING_PROTOCOL`` (a length over 0x3FFF) or ``FRAMING_TRUNCATED``
-(EOF inside the salt or a chunk), counted by ``framing_errors()``; see the
-compiled engine's docstring for the rest, which is the same.
+``ShadowsocksFraming`` or a ``VmessFraming``) copy both ways through the codec
+objects themselves: client bytes through ``framing.encryptor``, upstream bytes
+through ``framing.decryptor``, and the client's EOF sends ``framing.end()``
+first. A failure of what the upstream sent ends the flow with ``END_ERROR``,
+side ``SIDE_UPSTREAM`` and errno ``FRAMING_AUTH`` (a tag or check did not
+verify), ``FRAMING_PROTOCOL`` (broken framing: a length out of bounds),
+``FRAMING_TRUNCATED`` (EOF inside the salt, header or a chunk) or
+``FRAMING_SILENT`` (EOF before a VMess server answered at all), counted by
+``framing_errors()``; ``framing.error_for(errno)`` is the codec's typed error
+for each. See the compiled engine's docstring for the rest, which is the same.
 
 ``t`` is ``time.monotonic()`` seconds (CLOCK_MONOTONIC, as in the compiled
 engine). The engine owns the two fds from ``add`` on and closes them when the
@@ -61,6 +64,7 @@ __all__ = [
     "SIDE_LOCAL",
     "FRAMING_AUTH",
     "FRAMING_PROTOCOL",
+    "FRAMING_SILENT",
     "FRAMING_TRUNCATED",
     "decryptor_pending",
 ]
@@ -102,7 +106,8 @@ REPORT_INTERVAL = 1.0  # seconds between coalesced EV_BYTES of one flow
 # one of these errnos is the framing's verdict on what the upstream sent, not a socket error:
 FRAMING_AUTH = _errno.EBADMSG  # a salt, length or payload tag did not verify (wrong key, altered bytes)
 FRAMING_PROTOCOL = _errno.EPROTO  # a chunk length over SS_MAX_PAYLOAD
-FRAMING_TRUNCATED = _errno.ENODATA  # EOF inside the salt or a chunk
+FRAMING_TRUNCATED = _errno.ENODATA  # EOF inside the salt, a response header or a chunk
+FRAMING_SILENT = _errno.ENOMSG  # EOF before any byte of a response that must come (VMess: a refused id)
 SS_MAX_PAYLOAD = 0x3FFF  # SIP004: a chunk's payload length is capped at 0x3FFF
 FRAMED_READ = 16 * SS_MAX_PAYLOAD  # bytes one framed read asks for: 16 maximal chunks
 
@@ -184,6 +189,12 @@ class _Flow:
         for d in self.dirs:
             d.copy = True
         return framing.encryptor.encrypt(preamble) if preamble else b""
+
+    def framing_eof(self) -> int:
+        """0 if the upstream's EOF now is clean, else the FRAMING_* errno it means."""
+        if not self.framing.answered:
+            return FRAMING_SILENT
+        return FRAMING_TRUNCATED if decryptor_pending(self.framing.decryptor) else 0
 
 
 class _Lst:
@@ -785,9 +796,11 @@ class Engine:
                     continue
                 raise _Error(d.src, exc.errno or 0) from None
             if n == 0:
-                if flow.framing is not None and d.src == SIDE_UPSTREAM and decryptor_pending(flow.framing.decryptor):
+                if flow.framing is not None and d.src == SIDE_UPSTREAM and (err := flow.framing_eof()):
                     self._framing_errors[1] += 1
-                    raise _Error(SIDE_UPSTREAM, FRAMING_TRUNCATED)
+                    raise _Error(SIDE_UPSTREAM, err)
+                if flow.framing is not None and d.src == SIDE_CLIENT:
+                    d.buf = flow.framing.end()  # goes out before the upstream's FIN
                 d.src_eof = True
                 continue
             moved += n
@@ -802,12 +815,10 @@ class Engine:
         framing = flow.framing
         if d.src == SIDE_CLIENT:
             return framing.encryptor.encrypt(data)
-        from honk.proto.shadowsocks import ShadowsocksAuthError, ShadowsocksError
-
         try:
             return framing.decryptor.feed(data)
-        except ShadowsocksError as exc:
-            auth = isinstance(exc, ShadowsocksAuthError)
+        except framing.errors as exc:
+            auth = isinstance(exc, framing.auth_errors)
             self._framing_errors[0 if auth else 1] += 1
             raise _Error(SIDE_UPSTREAM, FRAMING_AUTH if auth else FRAMING_PROTOCOL) from None
 
@@ -936,6 +947,9 @@ _FRAMED_CIPHERS = frozenset({"aes-128-gcm", "aes-256-gcm", "chacha20-ietf-poly13
 
 def _check_framing(framing: Any) -> None:
     """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new)."""
+    if getattr(framing, "kind", None) == "vmess":
+        framing.engine_keys()  # ValueError for a body already begun, as the compiled engine
+        return
     if getattr(framing, "cipher", None) not in _FRAMED_CIPHERS:
         raise ValueError("framing: unsupported cipher")
     if not getattr(framing.encryptor, "salt_sent", True):

@@ -26,12 +26,15 @@ VMess, VLESS and Trojan (transports TCP and WebSocket, optionally over TLS)::
 
     vmess://base64(JSON)         the v2rayN form: v, ps, add, port, id, aid, scy, net,
                                  type, host, path, tls, sni, alpn
-    vless://uuid@host[:port][/]?type=&security=&sni=&path=&host=&alpn=&flow=[#name]
-    trojan://password@host[:port][/]?sni=&type=&path=&host=&allowInsecure=[#name]
+    vless://uuid@host[:port][/]?type=&security=&sni=&path=&host=&alpn=&flow=&ca=[#name]
+    trojan://password@host[:port][/]?sni=&type=&path=&host=&allowInsecure=&ca=[#name]
 
 Their dial shape is normalised into ``params`` (``type``, ``security``, ``sni``,
-``host``, ``path``, ``alpn``, ``allowInsecure``; see :func:`_v2_shape`), so equal
-dials get equal ids however the link spelled them. VMess needs alterId 0 (the AEAD
+``host``, ``path``, ``alpn``, ``allowInsecure``, ``ca``; see :func:`v2_shape`), so
+equal dials get equal ids however the link spelled them. ``ca`` is honk's own
+parameter: the path of a PEM file whose CA the node's TLS trusts instead of the
+system store (read at dial time, :func:`honk.outbound.tls.read_ca`); ``https://``
+links carry it as a plain query parameter. VMess needs alterId 0 (the AEAD
 header; ``unsupported-alter-id`` otherwise) and one of the ciphers in
 :data:`VMESS_CIPHERS`; VLESS needs no ``flow`` (``unsupported-flow``) and defaults to
 TLS, as upstream's canonical VLESS links do; Trojan always runs over TLS. UUIDs must be
@@ -82,6 +85,7 @@ V2_SECURITIES = ("none", "tls")
 INSECURE_TRUE = frozenset({"true", "yes", "1", "on"})
 INSECURE_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
 INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
+CA_KEY = "ca"  # honk's per-node CA parameter: a path to a PEM file (no upstream spelling exists)
 REALITY_KEYS = ("pbk", "sid", "spx")  # REALITY parameters: a transport honk does not dial
 INBOUND_SCHEMES = ("mixed",)
 # query parameters that are display metadata, not part of how a node is dialled
@@ -318,7 +322,7 @@ def _uuid(text: str) -> str:
         raise LinkError("invalid-uuid", "the user id is not a valid UUID") from None
 
 
-def _v2_shape(
+def v2_shape(
     *,
     transport: str,
     security: str,
@@ -327,6 +331,7 @@ def _v2_shape(
     path: str,
     alpn: str,
     insecure: bool,
+    ca: str = "",
 ) -> tuple[tuple[str, str], ...]:
     """The normalised dial shape: transport, TLS posture and their parameters, empties left out.
 
@@ -351,7 +356,7 @@ def _v2_shape(
     shape = [("type", transport), ("security", security), ("host", host), ("path", path)]
     if security == "tls":
         shape += [("sni", normalise_host(sni) if sni else ""), ("alpn", alpn),
-                  ("allowInsecure", "1" if insecure else "")]
+                  ("allowInsecure", "1" if insecure else ""), (CA_KEY, ca.strip())]
     return tuple((k, v) for k, v in shape if v)
 
 
@@ -391,7 +396,7 @@ def _parse_vless_trojan(scheme: str, body: str, tag: str | None) -> NodeSpec:
             raise LinkError("unsupported-security", "trojan runs only over TLS")
         password = credential
         security = "tls"
-    shape = _v2_shape(
+    shape = v2_shape(
         transport=_one(claims("type", "network"), "transport"),
         security=security,
         sni=_one(claims("sni", "peer"), "sni"),
@@ -399,6 +404,7 @@ def _parse_vless_trojan(scheme: str, body: str, tag: str | None) -> NodeSpec:
         path=_one(claims("path"), "path"),
         alpn=_one(claims("alpn"), "alpn"),
         insecure=_insecure(claims(*INSECURE_KEYS)),
+        ca=_one(claims(CA_KEY), "ca"),
     )
     name = tag or pct_decode(fragment) or _one(claims("remark", "remarks"), "remark") or f"{scheme}-{host}"
     node = NodeSpec(
@@ -458,7 +464,7 @@ def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
     if _json_text(obj, "type").strip().lower() not in ("", "none"):
         raise LinkError("unsupported-transport", "TCP header obfuscation is not supported")
     tls = _json_text(obj, "tls").strip().lower()
-    shape = _v2_shape(
+    shape = v2_shape(
         transport=_json_text(obj, "net"),
         security=tls,
         sni=_json_text(obj, "sni"),

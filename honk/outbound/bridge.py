@@ -8,8 +8,14 @@ relay as the upstream socket, the other pumped to and from the transport by a
 task that lives exactly as long as the flow: it ends when either side ends,
 so the relay closing its end (a flow closed at shutdown, say) stops it.
 Half-closes cross the bridge both ways; an error on either side closes both
-and is logged with its type and reason. The relay sees the socketpair end as
-a plain close: a UNIX socket has no reset to carry the failure further.
+and is logged once, at INFO, as ``bridged stream failed`` with the
+outbound's name (when the caller gives it), the error's type and its
+``reason`` (the codec's slug: VLESS ``no-response``, Trojan
+``closed-before-data``...). When a write fails because the server is gone,
+the server's side is let finish first and its error, if any, is the one
+logged: the write only found out later. That line is the flow's only record
+of why it ended: the relay sees the socketpair end as a plain close, since a
+UNIX socket has no reset to carry the failure further.
 
 The bridge costs one extra copy per byte in Python; it is for protocols whose
 transform lives in asyncio, not for plain streams.
@@ -22,30 +28,32 @@ import contextlib
 import logging
 import socket
 
+from honk.core.errors import UpstreamFailed
 from honk.daemon.logs import kv
 from honk.outbound.channel import Channel
 
 __all__ = ["bridge_stream"]
 
 PUMP_CHUNK = 256 * 1024  # bytes read from the relay's end per turn
+VERDICT_WAIT = 1.0  # seconds a failed write waits for the server's side to say how it ended (a guard only)
 
 log = logging.getLogger("honk.outbound.bridge")
 
 _pumps: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
 
-def bridge_stream(conn: Channel) -> socket.socket:
-    """A connected non-blocking socket whose bytes are ``conn``'s, both ways."""
+def bridge_stream(conn: Channel, outbound: str = "") -> socket.socket:
+    """A connected non-blocking socket whose bytes are ``conn``'s, both ways; ``outbound`` names it in the log."""
     outer, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     outer.setblocking(False)
     inner.setblocking(False)
-    task = asyncio.get_running_loop().create_task(_pump(conn, inner))
+    task = asyncio.get_running_loop().create_task(_pump(conn, inner, outbound))
     _pumps.add(task)
     task.add_done_callback(_pumps.discard)
     return outer
 
 
-async def _pump(conn: Channel, inner: socket.socket) -> None:
+async def _pump(conn: Channel, inner: socket.socket, outbound: str) -> None:
     loop = asyncio.get_running_loop()
 
     async def transport_to_inner() -> None:
@@ -55,20 +63,27 @@ async def _pump(conn: Channel, inner: socket.socket) -> None:
 
     async def inner_to_transport() -> None:
         while data := await loop.sock_recv(inner, PUMP_CHUNK):
-            conn.write(data)
-            await conn.drain()
+            try:
+                conn.write(data)
+                await conn.drain()
+            except UpstreamFailed:
+                # The server's side is gone, so its reading half ends at once; how it ended (a
+                # codec's typed error at EOF, say) is the flow's story, not this write's.
+                await asyncio.wait([download], timeout=VERDICT_WAIT)
+                raise
         conn.write_eof()
 
-    tasks = [loop.create_task(transport_to_inner()), loop.create_task(inner_to_transport())]
+    download = loop.create_task(transport_to_inner())
+    tasks = [download, loop.create_task(inner_to_transport())]  # in the order their errors are reported
     try:
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            failed = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+            failed = [
+                t.exception() for t in tasks if t in done and not t.cancelled() and t.exception() is not None
+            ]
             if failed:  # one side failed: tear both down
-                error = failed[0]
-                log.info("bridged stream failed %s", kv(error=type(error).__name__,
-                                                        reason=getattr(error, "reason", "") or str(error)))
+                _log_failure(failed[0], outbound)
                 break
     finally:
         for t in tasks:
@@ -76,5 +91,13 @@ async def _pump(conn: Channel, inner: socket.socket) -> None:
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
-        conn.close()
-        inner.close()
+        try:
+            conn.close()
+        finally:
+            inner.close()  # the relay's end sees EOF whatever the transport's close did
+
+
+def _log_failure(error: BaseException, outbound: str) -> None:
+    fields = {"outbound": outbound} if outbound else {}
+    fields.update(error=type(error).__name__, reason=getattr(error, "reason", "") or str(error))
+    log.info("bridged stream failed %s", kv(**fields))

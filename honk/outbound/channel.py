@@ -6,8 +6,9 @@ pumps: ``receive()`` (bytes, ``b""`` at EOF), ``write``, ``drain``,
 or TLS through asyncio) is one; the classes here stack on another channel:
 
 * :class:`WsChannel`: WebSocket binary messages (``honk.proto.websocket``) after
-  the upgrade; pings are answered; a server close is EOF; ``write_eof`` sends a
-  close frame, since WebSocket has no half-close.
+  the upgrade; pings are answered; a server close is EOF. WebSocket has no
+  half-close: ``write_eof`` keeps the connection open both ways (the server's
+  answer may still be coming) and ``close`` sends the close frame.
 * :class:`CodecChannel`: a proxy protocol's framing: ``encode`` seals what the
   client sends, ``decode`` opens what the server sends (typed errors from the
   codec end the flow), ``eof`` is what the protocol sends when the client is
@@ -20,9 +21,11 @@ So a VMess-over-WebSocket-over-TLS stream is
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from honk.core.errors import HonkError
 from honk.proto.websocket import WsDecoder, WsEncoder
 
 __all__ = ["Channel", "CodecChannel", "WsChannel"]
@@ -87,9 +90,15 @@ class WsChannel(_Stacked):
             self.inner.write(self._encoder.binary(data))
 
     def write_eof(self) -> None:
+        """Nothing: WebSocket has no half-close, and a close frame now would end the server's
+        direction too (v2ray stops sending once it reads one). The frame goes out with close()."""
+
+    def close(self) -> None:
         if not self._closing:
             self._closing = True
-            self.inner.write(self._encoder.close())
+            with contextlib.suppress(HonkError, OSError):  # the server may be gone already
+                self.inner.write(self._encoder.close())
+        self.inner.close()
 
 
 class CodecChannel(_Stacked):

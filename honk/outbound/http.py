@@ -29,7 +29,7 @@ from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
 from honk.outbound.bridge import bridge_stream
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope, recv_some, wait_readable
-from honk.outbound.tls import tls_connect, tls_context, tls_verification
+from honk.outbound.tls import ca_path, read_ca, tls_connect, tls_context, tls_verification
 from honk.proto.http_connect import MAX_RESPONSE_HEAD, check_status, connect_request, parse_connect_response
 
 __all__ = ["HttpOutbound"]
@@ -54,10 +54,11 @@ class HttpOutbound(ProxyLeaf):
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         request = connect_request(target, self._username, self._password)
+        context = self._tls_context() if self._tls else None  # a bad CA file refuses before any connect
         sock = await self.connect_server(deadline)
         try:
-            if self._tls:
-                stream = await self._tunnel_over_tls(sock, request, deadline)  # owns sock from here
+            if context is not None:
+                stream = await self._tunnel_over_tls(sock, context, request, deadline)  # owns sock from here
             else:
                 try:
                     await self._tunnel(sock, request, deadline)
@@ -91,8 +92,9 @@ class HttpOutbound(ProxyLeaf):
                 check_status(response, self.name)
                 return
 
-    async def _tunnel_over_tls(self, sock: socket.socket, request: bytes, deadline: float) -> socket.socket:
-        conn = await tls_connect(sock, self._tls_context(), self._sni, self.clock, deadline, self.name)
+    async def _tunnel_over_tls(self, sock: socket.socket, context: ssl.SSLContext, request: bytes,
+                               deadline: float) -> socket.socket:
+        conn = await tls_connect(sock, context, self._sni, self.clock, deadline, self.name)
         try:
             async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
                 conn.write(request)
@@ -108,9 +110,12 @@ class HttpOutbound(ProxyLeaf):
         except BaseException:
             conn.abort()
             raise
-        return bridge_stream(conn)
+        return bridge_stream(conn, self.name)
 
     def _tls_context(self) -> ssl.SSLContext:
+        ca = ca_path(self.node.params)
+        if ca:  # read at each dial, so a replaced CA file counts from the next one
+            return tls_context(tls_verification(self.node.params), ca=read_ca(ca, self.name))
         if self._context is None:
             self._context = tls_context(tls_verification(self.node.params))
         return self._context

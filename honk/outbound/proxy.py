@@ -19,11 +19,13 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialError, DialTimeout, HonkError
 from honk.core.net import Address
+from honk.outbound.base import DialedStream
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.runtime import NodeRuntime
 
@@ -98,6 +100,23 @@ class ProxyLeaf:
         except HonkError as exc:
             self.count(exc)
             raise
+
+    async def open_framed(self, header: bytes, framing: Any, deadline: float, what: str) -> DialedStream:
+        """The node's server reached and ``header`` sent, both under the deadline; the relay
+        engine applies ``framing`` to everything after it (Shadowsocks, VMess over plain TCP)."""
+        sock = await self.connect_server(deadline)
+        try:
+            async with handshake_scope(self.clock, deadline, self.name, what):
+                await asyncio.get_running_loop().sock_sendall(sock, header)
+        except HonkError as exc:
+            sock.close()
+            self.count(exc)
+            raise
+        except BaseException:
+            sock.close()
+            raise
+        self.count(None)
+        return DialedStream(sock, framing)
 
     def count(self, outcome: HonkError | None) -> None:
         """Record one dial's outcome on the runtime: ``ok`` or the failure's phase."""

@@ -18,7 +18,6 @@ datagram to an open port.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from honk.config.spec import GlobalSpec, NodeSpec
@@ -28,7 +27,7 @@ from honk.core.net import Address, IPAddress
 from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
 from honk.outbound.datagram import ProxyDatagramEndpoint
 from honk.outbound.direct import DirectOutbound
-from honk.outbound.proxy import ProxyLeaf, handshake_scope
+from honk.outbound.proxy import ProxyLeaf
 from honk.proto.shadowsocks import (
     CIPHERS,
     ShadowsocksAuthError,
@@ -76,22 +75,10 @@ class ShadowsocksOutbound(ProxyLeaf):
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         cipher = self._usable_cipher()
         header = _address_header(self.name, target)
-        sock = await self.connect_server(deadline)
         framing = ShadowsocksFraming(
             cipher, self._master, StreamEncryptor(cipher, self._master), StreamDecryptor(cipher, self._master)
         )
-        try:
-            async with handshake_scope(self.clock, deadline, self.name, "Shadowsocks"):
-                await asyncio.get_running_loop().sock_sendall(sock, framing.encryptor.encrypt(header))
-        except HonkError as exc:
-            sock.close()
-            self.count(exc)
-            raise
-        except BaseException:
-            sock.close()
-            raise
-        self.count(None)
-        return DialedStream(sock, framing)
+        return await self.open_framed(framing.encryptor.encrypt(header), framing, deadline, "Shadowsocks")
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None

@@ -73,7 +73,7 @@ class StackedLeaf(ProxyLeaf):
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
-        return DialedStream(bridge_stream(await self._framed(stream, deadline)))
+        return DialedStream(bridge_stream(await self._framed(stream, deadline), self.name))
 
     async def open_channel(self, deadline: float) -> Channel:
         """The node's transport up, for a stream the subclass frames itself (UDP); the dial is counted."""

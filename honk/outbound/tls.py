@@ -15,7 +15,17 @@ deadline; its failures are :class:`TlsFailed` (a ``DialError`` of phase
 
 Verification is on unless the node's link says otherwise
 (:func:`tls_verification`); the trust store is the system's, which honours
-``SSL_CERT_FILE``. ALPN protocols are offered when the node names them.
+``SSL_CERT_FILE``, unless the node names its own CA. ALPN protocols are offered
+when the node names them.
+
+A node's own CA is its ``ca`` parameter (:func:`ca_path`): the path of a PEM file
+holding one or more CA certificates (a relative path is taken from the daemon's
+working directory). It replaces the system store for that node
+only: a server certificate must chain to one of them, so a private CA does not
+widen what other nodes trust, and the node does not fall back to public CAs.
+:func:`read_ca` reads the file each time a context is built (at the dial), so a
+replaced file counts from the next dial; a missing, unreadable or non-PEM file is
+a :class:`~honk.core.errors.ConfigRefused` naming the node and the path.
 """
 
 from __future__ import annotations
@@ -25,12 +35,14 @@ import socket
 import ssl
 from collections.abc import Sequence
 
-from honk.config.links import INSECURE_FALSE, INSECURE_KEYS, INSECURE_TRUE
+from honk.config.links import CA_KEY, INSECURE_FALSE, INSECURE_KEYS, INSECURE_TRUE
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
 from honk.relay.stream import StreamConn
 
-__all__ = ["TlsFailed", "tls_connect", "tls_context", "tls_verification"]
+__all__ = ["TlsFailed", "ca_path", "read_ca", "tls_connect", "tls_context", "tls_verification"]
+
+MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigger is a wrong path
 
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
@@ -67,8 +79,36 @@ def tls_verification(params: tuple[tuple[str, str], ...]) -> bool:
     return verdicts.pop() if verdicts else True
 
 
-def tls_context(verify: bool, alpn: Sequence[str] = ()) -> ssl.SSLContext:
-    context = ssl.create_default_context()
+def ca_path(params: tuple[tuple[str, str], ...]) -> str:
+    """The node's CA file (its ``ca`` parameter), "" when it names none; ConfigRefused when they disagree."""
+    paths = {value.strip() for key, value in params if key == CA_KEY and value.strip()}
+    if len(paths) > 1:
+        raise ConfigRefused("the node's ca parameters name different files")
+    return paths.pop() if paths else ""
+
+
+def read_ca(path: str, node: str) -> str:
+    """The PEM text of ``node``'s CA file, checked to hold a certificate; "" when ``path`` is ""."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CA_BYTES + 1)
+    except OSError as exc:
+        raise ConfigRefused(f"{node}: cannot read the CA file {path!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CA_BYTES:
+        raise ConfigRefused(f"{node}: the CA file {path!r} is over {MAX_CA_BYTES} bytes")
+    try:
+        text = data.decode("ascii")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except (UnicodeDecodeError, ValueError, ssl.SSLError):  # ValueError: no data at all
+        raise ConfigRefused(f"{node}: the CA file {path!r} holds no PEM certificate") from None
+    return text
+
+
+def tls_context(verify: bool, alpn: Sequence[str] = (), ca: str = "") -> ssl.SSLContext:
+    """A client context; ``ca`` (PEM text from :func:`read_ca`) replaces the system trust store."""
+    context = ssl.create_default_context(cadata=ca) if ca else ssl.create_default_context()
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

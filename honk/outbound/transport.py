@@ -1,10 +1,10 @@
 """The stream under a v2ray-family protocol: TCP, TLS, WebSocket, from the node's link.
 
 :class:`TransportSpec` reads the dial-shaping parameters of a share link
-(``type`` tcp|ws, ``security`` none|tls, ``sni``, ``host``, ``path``, ``alpn``
-and the verification booleans); :func:`open_transport` dials the node's server
-through its leaf and stacks TLS and the WebSocket upgrade on it, under the dial
-deadline. The result is a :class:`~honk.outbound.channel.Channel` the protocol's
+(``type`` tcp|ws, ``security`` none|tls, ``sni``, ``host``, ``path``, ``alpn``,
+the verification booleans and the node's own ``ca`` file); :func:`open_transport`
+dials the node's server through its leaf and stacks TLS and the WebSocket upgrade
+on it, under the dial deadline. The result is a :class:`~honk.outbound.channel.Channel` the protocol's
 codec stacks on next.
 
 Failures keep their phases: ``resolve``/``connect`` from the leaf's connector,
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from honk.core.errors import ConfigRefused, DialError, UpstreamFailed
 from honk.outbound.channel import Channel, WsChannel
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope
-from honk.outbound.tls import tls_connect, tls_context, tls_verification
+from honk.outbound.tls import ca_path, read_ca, tls_connect, tls_context, tls_verification
 from honk.proto.websocket import WebSocketError, client_handshake, parse_handshake_response
 from honk.relay.stream import StreamConn
 
@@ -36,6 +36,12 @@ class TransportSpec:
     ws_path: str = "/"
     alpn: tuple[str, ...] = ()
     verify: bool = True
+    ca: str = ""  # path of a PEM CA file trusted instead of the system store; read at each dial
+
+    @property
+    def plain(self) -> bool:
+        """TCP with nothing stacked on it: a protocol framed by the relay engine can run on the socket itself."""
+        return self.network == "tcp" and not self.tls
 
     @classmethod
     def from_params(cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False) -> TransportSpec:
@@ -56,15 +62,17 @@ class TransportSpec:
             ws_path=p.get("path") or "/",
             alpn=alpn,
             verify=tls_verification(params),
+            ca=ca_path(params),
         )
 
 
 async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> Channel:
     """The node's server reached, TLS and the WebSocket upgrade done; ready for the protocol."""
+    # the context first: a node whose CA file is unusable is refused before anything is dialled
+    context = tls_context(spec.verify, spec.alpn, read_ca(spec.ca, leaf.name)) if spec.tls else None
     sock = await leaf.connect_server(deadline)
     host = leaf.server.host
-    if spec.tls:
-        context = tls_context(spec.verify, spec.alpn)
+    if context is not None:
         conn = await tls_connect(sock, context, spec.server_name or host, leaf.clock, deadline, leaf.name)
     else:
         conn = StreamConn(UpstreamFailed)

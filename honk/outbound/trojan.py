@@ -1,10 +1,20 @@
 """Trojan nodes: the password's SHA-224 and the target, then the stream, over TLS.
 
-The header goes out right after the TLS handshake; Trojan has no response, so
-a wrong password is not reported by the protocol: the server falls back to its
-decoy (or closes), which the client sees as bytes that are not the target's or
-an early EOF. The link's ``security``/``type``/``sni``/``path``/``host`` shape
-the transport (TLS by default).
+The header goes out right after the TLS handshake. The link's
+``security``/``type``/``sni``/``path``/``host`` shape the transport (TLS by
+default).
+
+Trojan has no response and no denial message, so a wrong password is not
+reported by the protocol: a server with a fallback answers with its decoy
+site (bytes honk cannot tell from the target's), one without closes at once
+(v2ray 4.34: under a millisecond after the request, on loopback). That close
+before any byte is the best signal there is: the flow ends with a
+``closed-before-data`` :class:`~honk.proto.trojan.TrojanError`, logged by the
+bridge (:mod:`honk.outbound.bridge`). A target that accepts and closes
+without a byte ends the same way; its client sees the same EOF either way.
+A server that stays silent is not an error (the target may have nothing to
+say yet): the relay's idle timeout ends such a flow, and there is no
+first-response deadline.
 
 UDP: one stream with the UDP ASSOCIATE command carries datagrams to any target,
 each framed with its address; replies carry their source. Like v2ray's
@@ -19,7 +29,13 @@ from honk.core.net import Address
 from honk.outbound.base import Capabilities, DatagramSink, EndpointLost
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import StreamDatagramEndpoint
-from honk.proto.trojan import TrojanClient, TrojanCommand, TrojanUdpDecoder, encode_udp_packet
+from honk.proto.trojan import (
+    TrojanClient,
+    TrojanCommand,
+    TrojanStreamWatch,
+    TrojanUdpDecoder,
+    encode_udp_packet,
+)
 
 __all__ = ["TrojanOutbound", "TrojanUdpCodec"]
 
@@ -40,7 +56,13 @@ class TrojanOutbound(StackedLeaf):
         return self.node.password
 
     def stream(self, target: Address) -> Stream:
-        return Stream(TrojanClient(self._password(), TrojanCommand.CONNECT, target).request_header())
+        header = TrojanClient(self._password(), TrojanCommand.CONNECT, target).request_header()
+        watch = TrojanStreamWatch()
+
+        def at_eof() -> None:
+            watch.feed(b"")  # raises closed-before-data if the server never sent a byte
+
+        return Stream(header, watch.feed, at_eof)
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None

@@ -1,9 +1,19 @@
 """VLESS nodes (no flow): UUID and target, then the stream; the server's answer starts with a short header.
 
 VLESS carries no encryption of its own, so links normally put it over TLS
-(``security=tls``). A server that refuses the UUID closes the connection
-without answering: the client sees EOF before the response header, a
-``truncated-header`` protocol error.
+(``security=tls``).
+
+Failures after the dial end the flow through the bridge
+(:mod:`honk.outbound.bridge`), which logs them with their reason:
+
+* a server that refuses the UUID closes without answering (v2ray 4.34 does
+  so as soon as it has read the header): ``no-response``;
+* a server speaking another protocol answers bytes that are not a VLESS
+  header: ``bad-version`` (over TLS such a server fails the handshake first,
+  a :class:`~honk.outbound.tls.TlsFailed` at the dial);
+* a server that stays silent is not an error: the target may simply have
+  nothing to say yet. The relay's idle timeout ends such a flow; there is no
+  separate first-response deadline.
 
 UDP: a request with the UDP command carries datagrams for its one target,
 each with a 2-byte length, after the same response header; the endpoint keeps
@@ -39,14 +49,7 @@ class VlessOutbound(StackedLeaf):
             raise ConfigRefused(f"{self.name}: the VLESS id is not a UUID") from None
 
     def stream(self, target: Address) -> Stream:
-        client = self._client(VlessCommand.TCP, target)
-        decoder = client.response_decoder()
-
-        def at_eof() -> None:
-            if not decoder.header_done:
-                decoder.feed(b"")  # raises truncated-header
-
-        return Stream(client.request_header(), decoder.feed, at_eof)
+        return _response_stream(self._client(VlessCommand.TCP, target))
 
     def mux_stream(self) -> Stream:
         """A Mux.Cool carrier: VLESS's mux command, whose header names no target."""
@@ -54,13 +57,7 @@ class VlessOutbound(StackedLeaf):
             client = VlessClient(self.node.username or "", VlessCommand.MUX, None)
         except ValueError:
             raise ConfigRefused(f"{self.name}: the VLESS id is not a UUID") from None
-        decoder = client.response_decoder()
-
-        def at_eof() -> None:
-            if not decoder.header_done:
-                decoder.feed(b"")  # raises truncated-header
-
-        return Stream(client.request_header(), decoder.feed, at_eof)
+        return _response_stream(client)
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
@@ -75,6 +72,17 @@ class VlessOutbound(StackedLeaf):
             receive,
             on_lost,
         )
+
+
+def _response_stream(client: VlessClient) -> Stream:
+    """``client``'s request, and the server's side opened by its response decoder."""
+    decoder = client.response_decoder()
+
+    def at_eof() -> None:
+        if not decoder.header_done:
+            decoder.feed(b"")  # raises no-response or truncated-header
+
+    return Stream(client.request_header(), decoder.feed, at_eof)
 
 
 class VlessUdpCodec:
@@ -94,7 +102,7 @@ class VlessUdpCodec:
 
     def decode(self, data: bytes) -> list[tuple[bytes, Address]]:
         if not self._response.header_done:
-            data = self._response.feed(data)  # EOF here raises truncated-header
+            data = self._response.feed(data)  # EOF here raises no-response or truncated-header
             if not data:
                 return []
         return [(payload, self._target) for payload in self._packets.feed(data)]

@@ -3,7 +3,9 @@
 The request header (sealed with the UUID's command key and the wall-clock
 time, which the server checks within two minutes) goes out right after the
 transport is up; the body is sealed in chunks with the node's security
-(aes-128-gcm, chacha20-poly1305, or none). The server's first bytes are its
+(aes-128-gcm, chacha20-poly1305, or none): on plain TCP by the relay engine
+(:class:`~honk.proto.vmess.VmessFraming`), over TLS, WebSocket or Mux.Cool in
+Python through the bridge. The server's first bytes are its
 sealed response header, checked against the request: another UUID shows as a
 server that closes without answering, a forged response as an authentication
 error. The legacy MD5 header (alterId > 0) is refused when the node is dialled.
@@ -17,10 +19,11 @@ from __future__ import annotations
 
 from honk.core.errors import ConfigRefused
 from honk.core.net import Address
-from honk.outbound.base import Capabilities, DatagramSink, EndpointLost
+from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
-from honk.proto.vmess import COMMAND_TCP, COMMAND_UDP, VmessClient, VmessProtocolError
+from honk.outbound.transport import TransportSpec
+from honk.proto.vmess import COMMAND_TCP, COMMAND_UDP, VmessClient, VmessFraming, VmessProtocolError
 
 __all__ = ["VmessOutbound", "VmessUdpCodec"]
 
@@ -44,6 +47,14 @@ class VmessOutbound(StackedLeaf):
             return VmessClient(self.node.username or "", security, command, target, self.clock.wall())
         except ValueError as exc:
             raise ConfigRefused(f"{self.name}: {exc}") from None
+
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+        transport = self._transport
+        if isinstance(transport, TransportSpec) and transport.plain and not self.mux:
+            # on plain TCP the relay engine frames the body itself: no bridge, no Python per chunk
+            client = self._client(COMMAND_TCP, target)
+            return await self.open_framed(client.request_header(), VmessFraming(client), deadline, "VMess")
+        return await super().dial_tcp(target, deadline)
 
     def stream(self, target: Address) -> Stream:
         client = self._client(COMMAND_TCP, target)

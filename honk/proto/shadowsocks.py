@@ -21,9 +21,11 @@ There is no replay filter: the client side never needs one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -282,6 +284,23 @@ class ShadowsocksFraming:
     master: bytes = field(repr=False)
     encryptor: StreamEncryptor = field(repr=False)
     decryptor: StreamDecryptor = field(repr=False)
+
+    kind: ClassVar[str] = "shadowsocks"
+    errors: ClassVar[tuple[type[HonkError], ...]] = (ShadowsocksError,)
+    auth_errors: ClassVar[tuple[type[HonkError], ...]] = (ShadowsocksAuthError,)
+    answered: ClassVar[bool] = True  # EOF before the server's salt is a plain close, not a refusal
+
+    def end(self) -> bytes:
+        """What the client's EOF sends before the upstream's FIN: nothing (the FIN says it)."""
+        return b""
+
+    def error_for(self, err: int) -> HonkError:
+        """The typed error for a relay engine's FRAMING_* errno."""
+        if err == errno.EBADMSG:
+            return ShadowsocksAuthError("bad-tag", "an upstream chunk did not verify")
+        if err == errno.EPROTO:
+            return ShadowsocksProtocolError("chunk-too-long")
+        return ShadowsocksProtocolError("truncated", "the upstream closed inside a chunk")
 
 
 # --- UDP -------------------------------------------------------------------------

@@ -13,8 +13,11 @@ Theory of operation:
     :class:`TrojanProtocolError`, and a decoder that failed refuses all
     further input.
 
-A wrong password is not detectable here: a Trojan server answers it by
-falling back to its decoy site, so the glue sees a foreign stream, not an error.
+Trojan has no denial message. A server with a fallback answers a wrong
+password with its decoy site, which is indistinguishable from the target's
+bytes; one without (v2ray 4.34 by default) closes the connection at once,
+having sent nothing. :class:`TrojanStreamWatch` turns that close into
+``closed-before-data``, the best signal the protocol leaves.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "TrojanCommand",
     "TrojanError",
     "TrojanProtocolError",
+    "TrojanStreamWatch",
     "TrojanUdpDecoder",
     "encode_udp_packet",
     "password_hash",
@@ -90,6 +94,39 @@ class TrojanClient:
     def request_header(self) -> bytes:
         """The bytes to send before the first payload byte (or the first UDP packet)."""
         return self._hash + CRLF + bytes((int(self.command),)) + encode_address(self.target) + CRLF
+
+
+# --- CONNECT ---------------------------------------------------------------------
+
+
+class TrojanStreamWatch:
+    """The server's direction of a CONNECT stream: the target's bytes, passed through untouched.
+
+    It watches for the one trace a refusal leaves: an EOF before any byte.
+    v2ray without a fallback reads the request, finds no such user and
+    closes within milliseconds. The same EOF comes from a target that
+    accepted and closed without a byte, so ``closed-before-data`` says what
+    happened on the wire, not that the password was wrong.
+    """
+
+    def __init__(self) -> None:
+        self._seen = False
+
+    @property
+    def seen(self) -> bool:
+        """Whether the server has sent at least one byte."""
+        return self._seen
+
+    def feed(self, data: bytes) -> bytes:
+        """``data`` itself; ``b""`` means EOF, a :class:`TrojanError` (``closed-before-data``) if nothing came."""
+        if data:
+            self._seen = True
+            return data
+        if not self._seen:
+            raise TrojanError(
+                "closed-before-data", "the server closed without sending a byte (wrong password?)"
+            )
+        return b""
 
 
 # --- UDP -------------------------------------------------------------------------

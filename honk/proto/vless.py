@@ -13,7 +13,8 @@ Theory of operation:
     datagram, both ways (:func:`encode_udp_packet`, :class:`VlessUdpDecoder`).
   * Feeding ``b""`` means EOF. EOF inside a header or a packet is a
     :class:`VlessProtocolError`; a decoder that failed refuses all further
-    input.
+    input. EOF before the first byte of the response is ``no-response``: VLESS
+    has no denial message, and that is how a server refuses an unknown UUID.
 
 The port-then-address helpers live here because Mux.Cool (and VMess) share
 the layout and its address-type numbering, which differs from SOCKS5's.
@@ -216,14 +217,20 @@ class VlessResponseDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> bytes:
         """Payload completed by ``data``; ``b""`` means EOF.
 
-        Raises :class:`VlessProtocolError` (``bad-version``,
-        ``truncated-header``); after that every call raises again.
+        Raises :class:`VlessProtocolError` (``bad-version``: the first byte
+        is not the version, as when the server speaks another protocol;
+        ``no-response``: EOF before any byte; ``truncated-header``: EOF
+        inside the header); after that every call raises again.
         """
         if self._failed is not None:
             raise VlessProtocolError(self._failed.reason, "the stream already failed")
         if self._done:
             return bytes(data)
         if not data:
+            if not self._buf:  # the header is kept until complete, so nothing came at all
+                self._fail(
+                    VlessProtocolError("no-response", "the server closed before answering (wrong id?)")
+                )
             self._fail(VlessProtocolError("truncated-header", "EOF inside the response header"))
         self._buf += data
         buf = self._buf

@@ -31,6 +31,7 @@ The legacy MD5-authenticated header (``alterId > 0``) is not implemented;
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import os
 import struct
@@ -54,6 +55,7 @@ __all__ = [
     "VmessAuthError",
     "VmessClient",
     "VmessError",
+    "VmessFraming",
     "VmessProtocolError",
     "VmessResponseDecoder",
     "auth_id",
@@ -282,13 +284,20 @@ class _Mask:
         return value
 
 
+def _cipher_key(security: Security, key: bytes) -> bytes:
+    """The key the body cipher runs with: the body key, stretched for ChaCha20-Poly1305."""
+    if security is Security.CHACHA20_POLY1305:
+        # v2ray stretches the 16-byte body key: MD5(key) + MD5(MD5(key)).
+        first = hashlib.md5(key, usedforsecurity=False).digest()
+        return first + hashlib.md5(first, usedforsecurity=False).digest()
+    return key
+
+
 def _body_aead(security: Security, key: bytes) -> AESGCM | ChaCha20Poly1305 | None:
     if security is Security.AES_128_GCM:
         return AESGCM(key)
     if security is Security.CHACHA20_POLY1305:
-        # v2ray stretches the 16-byte body key: MD5(key) + MD5(MD5(key)).
-        first = hashlib.md5(key, usedforsecurity=False).digest()
-        return ChaCha20Poly1305(first + hashlib.md5(first, usedforsecurity=False).digest())
+        return ChaCha20Poly1305(_cipher_key(security, key))
     return None
 
 
@@ -438,7 +447,9 @@ class VmessResponseDecoder:
         self._len_nonce = kdf(iv, SALT_RESP_LEN_IV)[:NONCE_SIZE]
         self._hdr_aead = AESGCM(kdf(key, SALT_RESP_KEY)[:16])
         self._hdr_nonce = kdf(iv, SALT_RESP_IV)[:NONCE_SIZE]
+        self._keys = (key, iv)
         self._buf = bytearray()
+        self.received = 0  # bytes fed so far: none at EOF means the server never answered
         self._phase = _Phase.HEADER_LENGTH
         self._need = _SEALED_LEN
         self._last = False
@@ -451,6 +462,11 @@ class VmessResponseDecoder:
     @property
     def failed(self) -> bool:
         return self._phase is _Phase.FAILED
+
+    @property
+    def pending(self) -> bool:
+        """Whether EOF now would cut the response short (inside its header or a chunk)."""
+        return not self.header_received or bool(self._buf) or self._phase is _Phase.CHUNK_BODY
 
     def feed(self, data: bytes) -> bytes:
         """Plaintext completed by ``data`` (possibly empty)."""
@@ -466,6 +482,7 @@ class VmessResponseDecoder:
                 raise VmessProtocolError("data-after-end")
             return []
         self._buf += data
+        self.received += len(data)
         try:
             return self._drain()
         except VmessError:
@@ -529,3 +546,68 @@ class VmessResponseDecoder:
         if header[2] != 0 and len(header) < 4 + header[3]:
             raise VmessProtocolError("truncated-response-command")
         self.header_received = True
+
+
+# --- the relay's view ------------------------------------------------------------
+
+
+class VmessFraming:
+    """What the relay applies to a dialed VMess TCP stream (``DialedStream.framing``).
+
+    The request header is already sent; the body starts here: client bytes are
+    sealed as chunks from the first, the server's bytes open with its response
+    header. Both relay engines carry it: the compiled one from
+    :meth:`engine_keys` (no Python per chunk), the twin and the asyncio copy
+    relay through ``encryptor``/``decryptor`` themselves.
+    """
+
+    kind = "vmess"
+    errors: tuple[type[HonkError], ...] = (VmessError,)
+    auth_errors: tuple[type[HonkError], ...] = (VmessAuthError,)
+
+    def __init__(self, client: VmessClient) -> None:
+        if client.command != COMMAND_TCP:
+            raise ValueError("only a TCP command's body is relayed as a stream")
+        self.security = client.security
+        self.encryptor = client
+        self.decryptor = client.response_decoder()
+
+    @property
+    def answered(self) -> bool:
+        """Whether any byte of the server's response arrived."""
+        return self.decryptor.received > 0
+
+    def end(self) -> bytes:
+        """What the client's EOF sends before the upstream's FIN: the empty chunk."""
+        return self.encryptor.eof()
+
+    def engine_keys(self) -> tuple[str, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]:
+        """(security, request key, request IV, response key, response IV, the response header's
+        length key and nonce, its key and nonce, check byte), for a body not yet begun."""
+        client = self.encryptor
+        writer = client._writer
+        if writer._count or writer.mask._pos or self.decryptor.received:
+            raise ValueError("framing: the VMess body has already begun")
+        key, iv = self.decryptor._keys
+        return (
+            self.security.name.lower().replace("_", "-"),
+            _cipher_key(self.security, client.body_key),
+            client.body_iv,
+            _cipher_key(self.security, key),
+            iv,
+            kdf(key, SALT_RESP_LEN_KEY)[:16],
+            kdf(iv, SALT_RESP_LEN_IV)[:NONCE_SIZE],
+            kdf(key, SALT_RESP_KEY)[:16],
+            kdf(iv, SALT_RESP_IV)[:NONCE_SIZE],
+            client.response_check,
+        )
+
+    def error_for(self, err: int) -> HonkError:
+        """The typed error for a relay engine's FRAMING_* errno."""
+        if err == errno.EBADMSG:
+            return VmessAuthError("bad-tag", "a response header or chunk did not verify")
+        if err == errno.ENOMSG:
+            return VmessProtocolError("no-response", "the server closed before answering (wrong id?)")
+        if err == errno.ENODATA:
+            return VmessProtocolError("truncated", "the server closed inside its response header or a chunk")
+        return VmessProtocolError("bad-framing", "the response broke VMess framing")

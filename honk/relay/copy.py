@@ -106,6 +106,10 @@ class _Side(asyncio.Protocol):
         relay = self.relay
         if not self.is_client and relay._framing is not None and relay._truncated():
             return True
+        if self.is_client and relay._framing is not None:
+            tail = relay._framing.end()  # VMess ends its body with an empty chunk before the FIN
+            if tail:
+                self.peer.send(tail)
         self.read_done = True
         self.peer.shutdown_write()
         self.relay._maybe_finish()
@@ -247,22 +251,23 @@ class CopyRelay:
 
     def _unframe(self, data: bytes) -> bytes:
         """Upstream wire bytes -> the plaintext they complete; a codec error ends the flow."""
-        from honk.proto.shadowsocks import ShadowsocksError
-
         try:
             return self._framing.decryptor.feed(data)
-        except ShadowsocksError as exc:
+        except self._framing.errors as exc:
             self._fail(exc)
             return b""
 
     def _truncated(self) -> bool:
-        """The upstream's EOF came inside its salt or a chunk: end the flow with a protocol error."""
-        from honk._fast.relay_py import decryptor_pending
-        from honk.proto.shadowsocks import ShadowsocksProtocolError
+        """The upstream's EOF came before its answer or inside a chunk: end the flow with the codec's error."""
+        from honk._fast.relay_py import FRAMING_SILENT, FRAMING_TRUNCATED, decryptor_pending
 
-        if not decryptor_pending(self._framing.decryptor):
+        framing = self._framing
+        if not framing.answered:
+            self._fail(framing.error_for(FRAMING_SILENT))
+            return True
+        if not decryptor_pending(framing.decryptor):
             return False
-        self._fail(ShadowsocksProtocolError("truncated", "the upstream closed inside a chunk"))
+        self._fail(framing.error_for(FRAMING_TRUNCATED))
         return True
 
     def _maybe_finish(self) -> None:

@@ -99,17 +99,11 @@ def close_engines() -> int:
     return len(engines)
 
 
-def framing_error(err: int) -> HonkError | None:
-    """The codec's typed error for an engine FRAMING_* errno (upstream side), else None."""
-    if err not in (_relay.FRAMING_AUTH, _relay.FRAMING_PROTOCOL, _relay.FRAMING_TRUNCATED):
+def framing_error(err: int, framing: Any) -> HonkError | None:
+    """``framing``'s typed error for an engine FRAMING_* errno (upstream side), else None."""
+    if err not in (_relay.FRAMING_AUTH, _relay.FRAMING_PROTOCOL, _relay.FRAMING_TRUNCATED, _relay.FRAMING_SILENT):
         return None
-    from honk.proto.shadowsocks import ShadowsocksAuthError, ShadowsocksProtocolError
-
-    if err == _relay.FRAMING_AUTH:
-        return ShadowsocksAuthError("bad-tag", "an upstream chunk did not verify")
-    if err == _relay.FRAMING_PROTOCOL:
-        return ShadowsocksProtocolError("chunk-too-long")
-    return ShadowsocksProtocolError("truncated", "the upstream closed inside a chunk")
+    return framing.error_for(err)
 
 
 class _Bridge:
@@ -292,7 +286,7 @@ class NativeRelay:
                     if side == _relay.SIDE_CLIENT:
                         self._error = client_error(err)
                     elif side == _relay.SIDE_UPSTREAM:
-                        framed = framing_error(err) if self.framing is not None else None
+                        framed = framing_error(err, self.framing) if self.framing is not None else None
                         self._error = framed if framed is not None else upstream_error(err)
                     else:
                         self._error = local_error(err)

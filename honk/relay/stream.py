@@ -56,7 +56,8 @@ class StreamConn(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
-        return True  # keep the write side open: a reply may still be owed
+        # keep the write side open: a reply may still be owed (TLS cannot half-close, and asyncio warns if asked)
+        return self.transport is None or self.transport.get_extra_info("sslcontext") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True

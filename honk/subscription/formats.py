@@ -11,17 +11,34 @@
 * SIP008 JSON: ``{"servers": [...]}`` or a bare array of server objects
   (Shadowsocks only);
 * Clash YAML or JSON: a top-level ``proxies`` sequence (``socks5``, ``http``,
-  ``ss``/``shadowsocks``);
-* sing-box JSON: ``outbounds`` (``socks``, ``http``, ``shadowsocks``; the
-  structural ``selector``, ``urltest``, ``direct``, ``block`` and ``dns`` are
-  not nodes and are passed over silently).
+  ``ss``/``shadowsocks``, ``vmess``, ``vless``, ``trojan``);
+* sing-box JSON: ``outbounds`` (``socks``, ``http``, ``shadowsocks``,
+  ``vmess``, ``vless``, ``trojan``; the structural ``selector``, ``urltest``,
+  ``direct``, ``block`` and ``dns`` are not nodes and are passed over silently).
+
+A VMess, VLESS or Trojan entry becomes the node its share link gives (the same
+dial shape through :func:`honk.config.links.v2_shape`, so the same id), over TCP or
+WebSocket, with or without TLS (Trojan always with). Clash reads ``uuid``,
+``alterId``, ``cipher``, ``password``, ``tls``, ``servername``/``sni``,
+``skip-cert-verify``, ``alpn``, ``flow``, ``network`` and ``ws-opts`` (``path``,
+``headers.Host``; the older ``ws-path``/``ws-headers`` too); sing-box reads
+``uuid``, ``security``, ``alter_id``, ``password``, ``flow``, ``tls``
+(``enabled``, ``server_name``, ``insecure``, ``alpn``, ``certificate_path`` as the
+node's ``ca``) and ``transport`` (``ws``: ``path``, ``headers.Host``). What honk
+cannot dial skips the entry: other transports (``unsupported-transport``),
+REALITY or plaintext Trojan (``unsupported-security``), a flow
+(``unsupported-flow``), alterId above 0 (``unsupported-alter-id``), multiplexing,
+ECH, certificate pins, client certificates or an inline sing-box certificate
+(``unsupported-feature``). Client-side options that do not change what the
+server accepts are not carried: uTLS fingerprints, WebSocket early data, other
+WebSocket headers, packet encodings, VMess padding and authenticated length.
 
 Detection order: a body that starts with ``{`` or ``[`` and decodes as JSON is
 structured; otherwise a body with a ``scheme://`` line is a link list; otherwise
 a body that decodes as base64 is a link list; otherwise YAML is tried.
 
 Admission: an entry that cannot become a node of a protocol this version
-dials (socks5, http, https, ss) is skipped with an :class:`EntryDiagnostic`
+dials (socks5, http, https, ss, vmess, vless, trojan) is skipped with an :class:`EntryDiagnostic`
 (1-based line or array position, a static reason slug; never the entry, its
 name or a credential). The first occurrence of a node id wins; later ones are
 ``duplicate-node`` diagnostics naming the first's index. At most
@@ -44,7 +61,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from honk.config.links import LinkError, normalise_host, parse_node_link, with_node_id
+from honk.config.links import (
+    VMESS_CIPHERS,
+    VMESS_DEFAULT_CIPHER,
+    LinkError,
+    normalise_host,
+    parse_node_link,
+    v2_shape,
+    with_node_id,
+)
 from honk.config.spec import NodeSpec
 from honk.core.errors import HonkError
 from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
@@ -65,7 +90,7 @@ MAX_DIAGNOSTICS = 128  # "at most 128 nonterminal diagnostics" per body, then on
 # one huge YAML anchor across many entries; the bound keeps hashing them cheap.
 MAX_FIELD_CHARS = 4096
 TRUNCATED = "subscription-diagnostics-truncated"
-SUPPORTED_PROTOCOLS = frozenset({"socks5", "http", "https", "ss"})
+SUPPORTED_PROTOCOLS = frozenset({"socks5", "http", "https", "ss", "vmess", "vless", "trojan"})
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _LINK_LINE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -76,8 +101,9 @@ _DIGITS = re.compile(r"\d{1,5}")
 _BIGGEST_NUMBER = 10**64  # numeric credentials beyond this are not credentials
 
 
-CLASH_TYPES = {"socks5": "socks5", "http": "http", "ss": "ss", "shadowsocks": "ss"}
-SINGBOX_TYPES = {"socks": "socks5", "http": "http", "shadowsocks": "ss"}
+V2_TYPES = {"vmess": "vmess", "vless": "vless", "trojan": "trojan"}
+CLASH_TYPES = {"socks5": "socks5", "http": "http", "ss": "ss", "shadowsocks": "ss", **V2_TYPES}
+SINGBOX_TYPES = {"socks": "socks5", "http": "http", "shadowsocks": "ss", **V2_TYPES}
 SINGBOX_STRUCTURAL = frozenset({"selector", "urltest", "direct", "block", "dns"})
 
 
@@ -416,9 +442,13 @@ def _tls_params(sni: object, insecure: bool) -> tuple[tuple[str, str], ...]:
 
 def _agreeing(entry: dict[str, Any], *keys: str) -> object:
     """The one value several alias keys give (absent/blank ones ignored); disagreement skips."""
+    return _same(*(entry.get(key) for key in keys))
+
+
+def _same(*values: object) -> object:
+    """The one value the non-absent, non-blank ``values`` agree on (None if none); disagreement skips."""
     found: list[object] = []
-    for key in keys:
-        value = entry.get(key)
+    for value in values:
         if value is None or (isinstance(value, str) and not value.strip()):
             continue
         found.append(value)
@@ -442,6 +472,8 @@ def _clash_entry(entry: Any) -> NodeSpec:
     port = _port(entry.get("port"))
     name = _name(entry.get("name"), f"{kind}-{host}:{port}")
     tls = _flag(entry.get("tls"), "invalid-tls")
+    if protocol in V2_TYPES:
+        return _clash_v2(protocol, entry, name, host, port, tls)
     if protocol == "ss":
         if tls or _flag(entry.get("udp-over-tcp"), "invalid-udp-over-tcp"):
             raise _Skip("unsupported-feature")
@@ -484,6 +516,8 @@ def _singbox_entry(entry: Any) -> NodeSpec | None:
     host = _server(entry.get("server"))
     port = _port(entry.get("server_port"))
     name = _name(entry.get("tag"), f"{kind}-{host}:{port}")
+    if protocol in V2_TYPES:
+        return _singbox_v2(protocol, entry, name, host, port)
     if protocol == "ss":
         _no_plugin(entry.get("plugin"), entry.get("plugin_opts"))
         if _enabled(entry.get("udp_over_tcp")):
@@ -512,3 +546,214 @@ def _enabled(block: object) -> bool:
     if isinstance(block, dict):
         return block.get("enabled") is True
     return block is True
+
+
+# --- VMess, VLESS and Trojan entries -----------------------------------------------------
+
+
+def _v2_node(
+    name: str,
+    protocol: str,
+    host: str,
+    port: int,
+    credential: object,
+    *,
+    transport: str,
+    security: str,
+    sni: object = None,
+    ws_host: object = None,
+    path: object = None,
+    alpn: str = "",
+    insecure: bool = False,
+    ca: object = None,
+    cipher: str | None = None,
+) -> NodeSpec:
+    """A VMess/VLESS/Trojan node built like its share link, so both give one node and one id."""
+    if protocol == "trojan":
+        secret = _text(credential, "invalid-password")
+        if not secret:
+            raise _Skip("missing-password")
+        username, password = None, secret
+    else:
+        username, password = _uuid(credential), None
+    try:
+        shape = v2_shape(
+            transport=transport,
+            security=security,
+            sni=_text(sni, "invalid-sni") or "",
+            host=_text(ws_host, "invalid-host") or "",
+            path=_text(path, "invalid-path") or "",
+            alpn=alpn,
+            insecure=insecure,
+            ca=_text(ca, "invalid-ca") or "",
+        )
+    except LinkError as exc:
+        raise _Skip(exc.code) from None
+    node = NodeSpec(name, protocol, host, port, username=username, password=password, params=shape,
+                    encryption=cipher)
+    return with_node_id(node)
+
+
+def _uuid(value: object) -> str:
+    text = _text(value, "invalid-uuid")
+    if not text or not text.strip():
+        raise _Skip("missing-uuid")
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise _Skip("invalid-uuid") from None
+
+
+def _vmess_cipher(value: object) -> str:
+    cipher = (_text(value, "invalid-cipher") or "").strip().lower() or VMESS_DEFAULT_CIPHER
+    if cipher not in VMESS_CIPHERS:
+        raise _Skip("unsupported-cipher")
+    return cipher
+
+
+def _alter_id(value: object) -> None:
+    """Only alterId 0 (the AEAD header) is dialled; absent or blank means 0."""
+    text = (_text(value, "invalid-alter-id") or "").strip() or "0"
+    if not text.isascii() or not text.isdigit():
+        raise _Skip("invalid-alter-id")
+    if int(text) > 0:
+        raise _Skip("unsupported-alter-id")
+
+
+def _no_flow(value: object) -> None:
+    if (_text(value, "invalid-flow") or "").strip():
+        raise _Skip("unsupported-flow")  # XTLS flows (Vision)
+
+
+def _alpn(value: object) -> str:
+    """ALPN as the share links write it: a list (or a comma-separated string) joined by commas."""
+    if value is None or isinstance(value, str):
+        return _text(value, "invalid-alpn") or ""
+    if isinstance(value, list):
+        return ",".join(_text(item, "invalid-alpn") or "" for item in value)
+    raise _Skip("invalid-alpn")
+
+
+def _word(value: object, reason: str) -> str:
+    """A keyword field (network, transport type) lower-cased; absent or blank is ""."""
+    return (_text(value, reason) or "").strip().lower()
+
+
+def _host_header(headers: object) -> object:
+    """The Host of a WebSocket header map (any case); a list must hold one value."""
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise _Skip("invalid-headers")
+    hosts = [value for key, value in headers.items() if isinstance(key, str) and key.lower() == "host"]
+    if len(hosts) > 1:
+        raise _Skip("conflicting-fields")
+    host = hosts[0] if hosts else None
+    if isinstance(host, list):
+        if len(host) > 1:
+            raise _Skip("unsupported-feature")  # a Host chosen per connection
+        host = host[0] if host else None
+    return host
+
+
+def _clash_on(value: object) -> bool:
+    """A Clash option block (``smux``, ``ech-opts``) or flag that is switched on."""
+    if isinstance(value, dict):
+        return value.get("enabled") is True or value.get("enable") is True
+    return value is True
+
+
+def _clash_v2(protocol: str, entry: dict[str, Any], name: str, host: str, port: int, tls: bool) -> NodeSpec:
+    if entry.get("reality-opts"):
+        raise _Skip("unsupported-security")
+    if _clash_on(entry.get("smux")) or _clash_on(entry.get("ech-opts")):
+        raise _Skip("unsupported-feature")
+    if any(entry.get(key) for key in ("fingerprint", "certificate", "private-key")):
+        raise _Skip("unsupported-feature")  # a certificate pin, a client certificate
+    network = _word(entry.get("network"), "invalid-network") or "tcp"
+    path = ws_host = None
+    if network == "ws":
+        opts = entry.get("ws-opts")
+        if opts is None:
+            opts = {}
+        if not isinstance(opts, dict):
+            raise _Skip("invalid-ws-opts")
+        if opts.get("v2ray-http-upgrade") is True:
+            raise _Skip("unsupported-transport")  # HTTPUpgrade, not WebSocket
+        path = _same(opts.get("path"), entry.get("ws-path"))
+        ws_host = _same(_host_header(opts.get("headers")), _host_header(entry.get("ws-headers")))
+    elif network != "tcp":
+        raise _Skip("unsupported-transport")  # http, h2, grpc, ...
+    cipher = None
+    if protocol == "vmess":
+        _alter_id(_agreeing(entry, "alterId", "alter-id", "aid"))
+        cipher = _vmess_cipher(entry.get("cipher"))
+        credential = entry.get("uuid")
+    elif protocol == "vless":
+        _no_flow(entry.get("flow"))
+        if _word(entry.get("encryption"), "invalid-encryption") not in ("", "none"):
+            raise _Skip("unsupported-encryption")
+        credential = entry.get("uuid")
+    else:
+        credential = entry.get("password")
+        tls = True  # Trojan always runs over TLS
+    insecure = _agreeing(entry, "skip-cert-verify", "skip_cert_verify", "insecure")
+    return _v2_node(
+        name, protocol, host, port, credential,
+        transport=network,
+        security="tls" if tls else "none",
+        sni=_agreeing(entry, "sni", "servername", "server-name"),
+        ws_host=ws_host,
+        path=path,
+        alpn=_alpn(entry.get("alpn")),
+        insecure=_flag(insecure, "invalid-skip-cert-verify"),
+        cipher=cipher,
+    )
+
+
+def _singbox_v2(protocol: str, entry: dict[str, Any], name: str, host: str, port: int) -> NodeSpec:
+    tls = entry.get("tls")
+    if tls is not None and not isinstance(tls, dict):
+        raise _Skip("invalid-tls")
+    tls = tls or {}
+    secure = _flag(tls.get("enabled"), "invalid-tls")
+    sni = alpn = ca = None
+    insecure = False
+    if secure:
+        if _enabled(tls.get("reality")):
+            raise _Skip("unsupported-security")
+        if _enabled(tls.get("ech")) or tls.get("certificate") or tls.get("disable_sni") is True:
+            raise _Skip("unsupported-feature")  # an inline CA is not a file honk can name
+        sni, alpn, ca = tls.get("server_name"), tls.get("alpn"), tls.get("certificate_path")
+        insecure = _flag(tls.get("insecure"), "invalid-tls")
+    elif protocol == "trojan":
+        raise _Skip("unsupported-security")  # a Trojan share link always means TLS
+    transport = entry.get("transport")
+    if transport is not None and not isinstance(transport, dict):
+        raise _Skip("invalid-transport")
+    transport = transport or {}
+    network = _word(transport.get("type"), "invalid-transport") or "tcp"
+    if network not in ("tcp", "ws"):
+        raise _Skip("unsupported-transport")  # http, grpc, quic, httpupgrade
+    cipher = None
+    if protocol == "vmess":
+        _alter_id(entry.get("alter_id"))
+        cipher = _vmess_cipher(entry.get("security"))
+        credential = entry.get("uuid")
+    elif protocol == "vless":
+        _no_flow(entry.get("flow"))
+        credential = entry.get("uuid")
+    else:
+        credential = entry.get("password")
+    return _v2_node(
+        name, protocol, host, port, credential,
+        transport=network,
+        security="tls" if secure else "none",
+        sni=sni,
+        ws_host=_host_header(transport.get("headers")) if network == "ws" else None,
+        path=transport.get("path") if network == "ws" else None,
+        alpn=_alpn(alpn),
+        insecure=insecure,
+        ca=ca,
+        cipher=cipher,
+    )

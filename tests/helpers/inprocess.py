@@ -4,34 +4,51 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 from collections.abc import AsyncIterator
 
-from honk.config.links import parse_node_link
-from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
+from honk.config.links import parse_node_link, with_node_id
+from honk.config.spec import GlobalSpec, InboundSpec, NodeSpec, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import MonotonicClock
+from honk.core.net import Address
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.registry import build_outbounds
+from honk.relay.native import framed_socket
 
 STEP = 10.0  # seconds: connect timeout and the bound on draining at the end
 
 
-def leaf_from_link(link: str, *, connect_timeout: float = STEP, clock=None):  # noqa: ANN001, ANN201
-    """The leaf the registry builds for the node of ``link`` (named ``node``), with its runtime."""
-    spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), nodes=(parse_node_link(link, "node"),))
+def node_from_link(link: str, params: tuple[tuple[str, str], ...] = ()) -> NodeSpec:
+    """The node of ``link`` (named ``node``) with ``params`` added (``("mux", "1")``: links do not carry it)."""
+    node = parse_node_link(link, "node")
+    return with_node_id(dataclasses.replace(node, params=(*node.params, *params))) if params else node
+
+
+def leaf_from_link(link: str, *, connect_timeout: float = STEP, clock=None,  # noqa: ANN001, ANN201
+                   params: tuple[tuple[str, str], ...] = ()):
+    """The leaf the registry builds for the node of ``link`` (see node_from_link), with its runtime."""
+    spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), nodes=(node_from_link(link, params),))
     return build_outbounds(spec, clock or MonotonicClock())[0]["node"]
 
 
+async def open_through(leaf, target: Address, deadline: float) -> socket.socket:  # noqa: ANN001
+    """A plain socket to ``target`` through ``leaf``: the dialled stream, its framing applied by the relay engine."""
+    dialed = await leaf.dial_tcp(target, deadline)
+    return dialed.sock if dialed.framing is None else framed_socket(dialed.sock, dialed.framing)
+
+
 @contextlib.asynccontextmanager
-async def honk_via(link: str, *, connect_timeout: float = STEP) -> AsyncIterator[int]:
+async def honk_via(link: str, *, connect_timeout: float = STEP,
+                   params: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[int]:
     """A mixed inbound on a free loopback port whose fallback is the node of ``link``; yields the port."""
     clock = MonotonicClock()
     glob = GlobalSpec(connect_timeout=connect_timeout)
     inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(parse_node_link(link, "node"),),
+    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(node_from_link(link, params),),
                 routing=RoutingSpec(rules=(), fallback="node"))
     tracker = ConnectionTracker(clock)
     dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, connect_timeout))
@@ -46,14 +63,15 @@ async def honk_via(link: str, *, connect_timeout: float = STEP) -> AsyncIterator
         await asyncio.wait_for(tracker.wait_idle(), STEP)
 
 
-async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, qid: int) -> tuple[int, int, list[str]]:
+async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, qid: int,
+                           params: tuple[tuple[str, str], ...] = ()) -> tuple[int, int, list[str]]:
     """A DNS query from a SOCKS5 UDP ASSOCIATE client of honk (routing to the node of ``link``)
     to ``dns_address``; returns the parsed answer after checking it names the responder as its source."""
     from helpers.aio import close_writer, socks5_open
     from helpers.dns import build_query, parse_answer
     from helpers.socks import encode_address
 
-    async with honk_via(link) as port:
+    async with honk_via(link, params=params) as port:
         reader, writer, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
         assert code == 0
         relay_port = int.from_bytes(tail[4:6], "big")

@@ -3,6 +3,8 @@
 The server is haproxy terminating TLS (tests/helpers/peerservers.py ``tls_front``)
 with certificates from trustme: trusted, self-signed (another CA), expired, and
 issued for another name. A plain TCP server stands for "speaks another protocol".
+A node's own CA (its ``ca`` link parameter) is exercised through the transport a
+VLESS link describes, with no ``SSL_CERT_FILE`` in the environment.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ import trustme
 from helpers.peerservers import tls_front
 from helpers.servers import EchoServer
 
+from honk.config.links import parse_node_link
+from honk.config.spec import GlobalSpec
 from honk.core.clock import MonotonicClock
-from honk.core.errors import ConfigRefused, DialTimeout
-from honk.outbound.tls import TlsFailed, tls_connect, tls_context, tls_verification
+from honk.core.errors import ConfigRefused, DialError, DialTimeout
+from honk.outbound.proxy import ProxyLeaf
+from honk.outbound.tls import TlsFailed, ca_path, tls_connect, tls_context, tls_verification
+from honk.outbound.transport import TransportSpec, open_transport
 
 STEP = 5.0
 
@@ -113,6 +119,84 @@ def test_link_booleans_decide_verification(params, verify) -> None:
 def test_unknown_or_conflicting_verification_values_are_refused(params) -> None:
     with pytest.raises(ConfigRefused):
         tls_verification(params)
+
+
+# --- a node's own CA ---------------------------------------------------------------------
+
+UUID = "b831381d-6324-4d53-ad4f-8cda48b30811"
+
+
+async def _node_handshake(port: int, query: str) -> None:
+    """TLS to 127.0.0.1:``port`` through the transport of a VLESS link with ``query``."""
+    node = parse_node_link(f"vless://{UUID}@127.0.0.1:{port}?security=tls&sni=localhost&{query}#ca-node")
+    leaf = ProxyLeaf(node, GlobalSpec(connect_timeout=STEP), MonotonicClock())
+    channel = await open_transport(leaf, TransportSpec.from_params(node.params, node.host), leaf.clock.now() + STEP)
+    channel.abort()
+
+
+@pytest.fixture
+def no_system_ca(monkeypatch):
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+
+
+@pytest.fixture
+def private_ca(tmp_path) -> tuple[trustme.CA, str]:
+    ca = trustme.CA()
+    path = tmp_path / "private-ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return ca, str(path)
+
+
+def test_a_node_with_its_own_ca_accepts_a_certificate_from_it(run, echo, no_system_ca, private_ca) -> None:
+    ca, path = private_ca
+    with tls_front(echo.port, ca=ca) as front:
+        run(_node_handshake(front.port, f"ca={path}"))
+
+
+def test_without_its_ca_the_same_server_is_untrusted(run, echo, no_system_ca, private_ca) -> None:
+    ca, _ = private_ca
+    with tls_front(echo.port, ca=ca) as front:
+        with pytest.raises(TlsFailed) as info:
+            run(_node_handshake(front.port, ""))
+        assert info.value.reason == "certificate-untrusted"
+
+
+def test_a_nodes_ca_replaces_the_system_store_rather_than_adding_to_it(
+    run, echo, trusting, private_ca
+) -> None:
+    _, path = private_ca  # the server's CA is in SSL_CERT_FILE, the node names another one
+    with tls_front(echo.port, ca=trusting) as front:
+        run(_node_handshake(front.port, ""))
+        with pytest.raises(TlsFailed) as info:
+            run(_node_handshake(front.port, f"ca={path}"))
+        assert info.value.reason == "certificate-untrusted"
+
+
+@pytest.mark.parametrize(
+    "content", [None, b"", b"not a certificate\n", b"\xff\xfe-----BEGIN CERTIFICATE-----"]
+)
+def test_an_unusable_ca_file_is_refused_at_the_dial_naming_the_node_and_the_path(
+    run, tmp_path, content
+) -> None:
+    path = tmp_path / "missing.pem" if content is None else tmp_path / "bad.pem"
+    if content is not None:
+        path.write_bytes(content)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with pytest.raises(ConfigRefused) as info:
+            run(_node_handshake(port, f"ca={path}"))
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # refused before anything was dialled
+    assert "ca-node" in str(info.value) and str(path) in str(info.value)
+    assert not isinstance(info.value, DialError)
+
+
+def test_a_node_naming_two_different_ca_files_is_refused() -> None:
+    assert ca_path((("ca", " /etc/a.pem "), ("ca", "/etc/a.pem"))) == "/etc/a.pem"
+    with pytest.raises(ConfigRefused):
+        ca_path((("ca", "/etc/a.pem"), ("ca", "/etc/b.pem")))
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import os
@@ -18,17 +17,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from helpers.inprocess import leaf_from_link
 from helpers.peerservers import v2ray_server
 from helpers.servers import EchoServer
 
 import honk.outbound.mux as mux
-from honk.config.links import parse_node_link, with_node_id
-from honk.config.spec import GlobalSpec, Spec
-from honk.core.clock import Clock, FakeClock, MonotonicClock
+from honk.core.clock import Clock, FakeClock
 from honk.core.errors import CapacityRefused
 from honk.core.net import Address
 from honk.outbound.mux import MUX_IDLE_TIMEOUT, MuxPool, pool_for
-from honk.outbound.registry import build_outbounds
 from honk.proto.mux import MuxError
 
 STEP = 10.0  # seconds: the bound on any one exchange or poll
@@ -41,10 +38,7 @@ Pipe = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 def _mux_leaf(peer, clock: Clock | None = None):
     """The node of ``peer``'s link with ``mux=1`` in its params (links do not carry it), built by the registry."""
-    node = parse_node_link(peer.share_link(), "node")
-    node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
-    spec = Spec(global_=GlobalSpec(connect_timeout=STEP), nodes=(node,))
-    leaf = build_outbounds(spec, clock or MonotonicClock())[0]["node"]
+    leaf = leaf_from_link(peer.share_link(), clock=clock, params=(("mux", "1"),))
     assert leaf.mux and leaf.runtime is not None
     return leaf
 

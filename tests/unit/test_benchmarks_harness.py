@@ -1,13 +1,18 @@
-"""The relay benchmark harness's parsing, statistics and verdicts (no subject is started here)."""
+"""The relay benchmark harness's parsing, statistics, configs and verdicts (no subject is started here)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 
-from benchmarks import relay
+from benchmarks import relay, v2ray
+from honk.config.links import parse_node_link
+from honk.config.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,3 +138,155 @@ def test_default_honk_runs_without_honk_relay(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("HONK_RELAY", "copy")
     assert "HONK_RELAY" not in relay.subject_env(relay.Subject("honk", "socks"))
     assert relay.subject_env(relay.Subject("honk[copy]", "socks", env={"HONK_RELAY": "copy"}))["HONK_RELAY"] == "copy"
+
+
+# --- paired rows: Shadowsocks and v2ray sinks ----------------------------------------------
+
+SECRET = str(uuid.UUID(int=7))
+
+
+def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> None:
+    for tag in v2ray.TAGS:
+        cfg = v2ray.server_config(tag, 9100, SECRET, "/c.pem", "/k.pem")
+        (inbound,) = cfg["inbounds"]
+        assert (inbound["listen"], inbound["port"], inbound["protocol"]) == ("127.0.0.1", 9100, tag)
+        assert cfg["outbounds"] == [{"protocol": "freedom", "settings": {}}]
+        assert cfg["log"]["access"] == "none"  # no access log: a connection costs the relay only
+        tls = inbound["streamSettings"]["security"]
+        assert tls == ("tls" if tag in ("trojan", "vless") else "none")
+
+
+def test_v2ray_vmess_sink_is_aead_only_and_vless_has_no_decryption() -> None:
+    vmess = v2ray.server_config("vmess", 1, SECRET)["inbounds"][0]["settings"]
+    assert vmess == {"clients": [{"id": SECRET, "alterId": 0}]}
+    vless = v2ray.server_config("vless", 1, SECRET, "/c", "/k")["inbounds"][0]["settings"]
+    assert vless == {"clients": [{"id": SECRET}], "decryption": "none"}
+    trojan = v2ray.server_config("trojan", 1, "pw", "/c", "/k")["inbounds"][0]
+    assert trojan["settings"] == {"clients": [{"password": "pw"}]}
+    certificates = trojan["streamSettings"]["tlsSettings"]["certificates"]
+    assert certificates == [{"certificateFile": "/c", "keyFile": "/k"}]
+
+
+def test_v2ray_tls_configs_refuse_to_go_without_their_files() -> None:
+    with pytest.raises(ValueError):
+        v2ray.server_config("trojan", 1, "pw")
+    with pytest.raises(ValueError):
+        v2ray.client_config("vless", 1, 2, SECRET)
+    with pytest.raises(ValueError):
+        v2ray.share_link("shadowsocks", 1, SECRET)
+
+
+def test_v2ray_client_is_a_socks_port_into_the_sink() -> None:
+    cfg = v2ray.client_config("vmess", 9200, 9100, SECRET)
+    (inbound,) = cfg["inbounds"]
+    assert (inbound["port"], inbound["protocol"], inbound["settings"]["auth"]) == (9200, "socks", "noauth")
+    (outbound,) = cfg["outbounds"]
+    (server,) = outbound["settings"]["vnext"]
+    assert (server["address"], server["port"]) == ("127.0.0.1", 9100)
+    assert server["users"] == [{"id": SECRET, "alterId": 0, "security": "aes-128-gcm"}]
+    assert outbound["mux"] == {"enabled": False} and outbound["streamSettings"]["security"] == "none"
+
+
+def test_v2ray_tls_client_trusts_only_the_given_ca_for_localhost() -> None:
+    trojan = v2ray.client_config("trojan", 9200, 9100, "pw", "/ca.pem")["outbounds"][0]
+    assert trojan["settings"] == {"servers": [{"address": "127.0.0.1", "port": 9100, "password": "pw"}]}
+    tls = trojan["streamSettings"]["tlsSettings"]
+    assert tls == {"serverName": "localhost", "allowInsecure": False,
+                   "certificates": [{"usage": "verify", "certificateFile": "/ca.pem"}]}
+    vless = v2ray.client_config("vless", 9200, 9100, SECRET, "/ca.pem")["outbounds"][0]
+    assert vless["settings"]["vnext"][0]["users"] == [{"id": SECRET, "encryption": "none"}]
+
+
+def test_vmess_link_is_the_v2rayn_json_form_with_aes_128_gcm() -> None:
+    link = v2ray.share_link("vmess", 9100, SECRET)
+    fields = json.loads(base64.b64decode(link.removeprefix("vmess://")))
+    assert fields["add"] == "127.0.0.1" and fields["port"] == "9100" and fields["id"] == SECRET
+    assert (fields["aid"], fields["scy"], fields["net"], fields["tls"]) == ("0", "aes-128-gcm", "tcp", "")
+
+
+@pytest.mark.parametrize("tag", v2ray.TAGS)
+def test_honk_reads_each_v2ray_link_as_the_sink(tag: str) -> None:
+    node = parse_node_link(v2ray.share_link(tag, 9100, SECRET))
+    assert (node.protocol, node.host, node.port) == (tag, "127.0.0.1", 9100)
+    if tag == "vmess":
+        assert node.encryption == "aes-128-gcm"
+    else:
+        assert ("security", "tls") in node.params and ("sni", "localhost") in node.params
+
+
+def test_honk_node_config_routes_everything_to_the_one_node() -> None:
+    sink = relay.SsSink("aes256", 9100, method="aes-256-gcm")
+    spec = load_text(relay.honk_node_config(8123, sink.link()), "dae")
+    (node,) = spec.nodes
+    assert (node.protocol, node.port, node.encryption) == ("ss", 9100, "aes-256-gcm")
+    assert spec.routing.fallback == node.name and not spec.routing.rules
+    assert "mixed://127.0.0.1:8123" in relay.honk_node_config(8123, sink.link())
+
+
+def test_ss_sink_link_is_sip002() -> None:
+    link = relay.SsSink("chacha", 9100, method="chacha20-ietf-poly1305").link()
+    userinfo = link.removeprefix("ss://").partition("@")[0]
+    assert base64.urlsafe_b64decode(userinfo + "=" * (-len(userinfo) % 4)).decode() == \
+        f"chacha20-ietf-poly1305:{relay.SS_PASSWORD}"
+
+
+def test_tls_sink_makes_its_ca_and_honk_trusts_it_through_ssl_cert_file(tmp_path: Path) -> None:
+    sink = relay.V2raySink("trojan", 9100, secret="pw")
+    argv = sink.command(tmp_path)
+    config = json.loads(Path(argv[-1]).read_text())
+    (cert,) = config["inbounds"][0]["streamSettings"]["tlsSettings"]["certificates"]
+    assert Path(cert["certificateFile"]).is_file() and Path(cert["keyFile"]).is_file()
+    assert Path(sink.ca_file).read_text().startswith("-----BEGIN CERTIFICATE-----")
+    (honk,) = [s for s in relay.sink_subjects(sink, "", "", "", "") if s.name.startswith("honk")]
+    assert relay.subject_env(honk)["SSL_CERT_FILE"] == sink.ca_file
+
+
+def test_plain_vmess_sink_sets_no_trust_store() -> None:
+    sink = relay.V2raySink("vmess", 9100, secret=SECRET)
+    assert sink.env() == {}
+
+
+def test_pairs_are_named_by_peer_family_and_tag() -> None:
+    names = [s.name for s in relay.sink_subjects(relay.V2raySink("vless", 1, secret=SECRET), "", "", "", "")]
+    assert names == ["v2ray:vless", "honk[v2ray]:vless"]
+    ss = relay.SsSink("aes256", 1, method="aes-256-gcm")
+    names = [s.name for s in relay.sink_subjects(ss, "", "", "", "")]
+    assert names == ["ss-local:aes256", "honk[ss]:aes256"]
+
+
+def test_only_selects_a_family_or_one_tag() -> None:
+    subject = relay.Subject("honk[v2ray]:vmess", "socks")
+    assert subject.selected({"honk[v2ray]"}) and subject.selected({"honk[v2ray]:vmess"})
+    assert not subject.selected({"v2ray"}) and not subject.selected({"honk[v2ray]:vless"})
+    assert relay.Subject("v2ray:trojan", "socks").selected({"v2ray"})
+
+
+def test_v2ray_rows_are_skipped_when_v2ray_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = relay._which
+    monkeypatch.setattr(relay, "_which", lambda name: None if name == "v2ray" else real(name))
+    rows = relay.v2ray_subjects()
+    assert [s.name for s in rows] == [f"{who}:{tag}" for tag in v2ray.TAGS
+                                      for who in ("v2ray", "honk[v2ray]")]
+    assert {s.skip for s in rows} == {"v2ray not installed (make bench-peers)"}
+
+
+def test_v2ray_targets_ask_bulk_and_connection_rate_of_the_v2ray_client() -> None:
+    got = relay.v2ray_targets(relay.FULL, "trojan")
+    assert {t.peer for t in got} == {"v2ray:trojan"}
+    assert {(t.metric, t.op, t.factor) for t in got} == {
+        ("bulk_up_1", ">=", 1.0), ("bulk_down_1", ">=", 1.0), ("rate_16", ">=", 1.0), ("rate_64", ">=", 1.0)}
+    assert relay.V2raySink("trojan", 1).targets(relay.FULL) == got
+
+
+def test_ss_targets_stay_bulk_and_cpu_against_ss_local() -> None:
+    got = relay.SsSink("chacha", 1, method="chacha20-ietf-poly1305").targets(relay.FULL)
+    assert {t.peer for t in got} == {"ss-local:chacha"}
+    assert {t.metric for t in got} == {"bulk_up_1", "bulk_down_1", "cpu_up_1", "cpu_down_1"}
+
+
+def test_a_pair_is_judged_against_its_own_peer() -> None:
+    metrics = {"v2ray:vmess": {"bulk_up_1": 355.0, "rate_16": 2000.0},
+               "honk[v2ray]:vmess": {"bulk_up_1": 400.0, "rate_16": 1000.0}}
+    verdicts = {t.metric: relay.evaluate(t, "honk[v2ray]:vmess", metrics)["status"]
+                for t in relay.v2ray_targets(relay.QUICK, "vmess")}
+    assert verdicts == {"bulk_up_1": "met", "bulk_down_1": "n/a", "rate_16": "NOT met", "rate_64": "n/a"}

@@ -183,6 +183,23 @@ def test_trojan_without_tls_or_password_is_refused():
     assert code_of("trojan://pw@:443") == "missing-host"
 
 
+# --- a node's own CA ----------------------------------------------------------------------
+
+
+def test_the_ca_parameter_is_kept_under_tls_and_is_part_of_the_identity():
+    node = parse_node_link("trojan://pw@tj.example:443?sni=tj.example&ca=%2Fetc%2Fhonk%2Fprivate%20ca.pem")
+    assert node.params == (("type", "tcp"), ("security", "tls"), ("sni", "tj.example"),
+                           ("ca", "/etc/honk/private ca.pem"))
+    assert node.id != parse_node_link("trojan://pw@tj.example:443?sni=tj.example").id
+
+
+def test_the_ca_parameter_is_dropped_without_tls_and_two_different_ones_are_refused():
+    assert parse_node_link(f"vless://{UUID}@h.example:80?security=none&ca=/a.pem").params == (
+        ("type", "tcp"), ("security", "none"))
+    assert parse_node_link(f"vless://{UUID}@h.example?ca=/a.pem&ca=%20/a.pem").params[-1] == ("ca", "/a.pem")
+    assert code_of(f"vless://{UUID}@h.example?ca=/a.pem&ca=/b.pem") == "conflicting-ca"
+
+
 def test_untagged_links_without_a_fragment_are_named_by_scheme_and_host():
     assert parse_node_link("trojan://pw@tj.example").name == "trojan-tj.example"
     assert parse_node_link(f"vless://{UUID}@[2001:db8::1]:443").name == "vless-2001:db8::1"

@@ -1,4 +1,4 @@
-"""The Trojan client codec: password hash, request bytes, UDP framing, typed failures."""
+"""The Trojan client codec: password hash, request bytes, the CONNECT stream's watch, UDP framing, typed failures."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from honk.proto.trojan import (
     MAX_UDP_PAYLOAD,
     TrojanClient,
     TrojanCommand,
+    TrojanError,
     TrojanProtocolError,
+    TrojanStreamWatch,
     TrojanUdpDecoder,
     encode_udp_packet,
     password_hash,
@@ -98,6 +100,34 @@ def test_a_bad_frame_after_good_ones_fails_the_decoder() -> None:
     assert dec.feed(good) == [(Address("1.1.1.1", 53), b"ok")]
     with pytest.raises(TrojanProtocolError):
         dec.feed(good + b"\x09")
+
+
+# --- CONNECT -----------------------------------------------------------------------
+
+
+def test_the_connect_stream_passes_the_servers_bytes_through_unchanged() -> None:
+    watch = TrojanStreamWatch()
+    data = b"HTTP/1.1 200 OK\r\n"
+    assert watch.feed(data) is data  # no copy on the data path
+    assert watch.seen
+
+
+def test_eof_before_any_byte_is_closed_before_data() -> None:
+    watch = TrojanStreamWatch()
+    with pytest.raises(TrojanError) as info:
+        watch.feed(b"")
+    assert info.value.reason == "closed-before-data"
+    assert not isinstance(info.value, TrojanProtocolError)  # nothing was malformed: the server said nothing
+    assert isinstance(info.value, HonkError)
+
+
+def test_eof_after_the_first_byte_is_a_clean_end() -> None:
+    watch = TrojanStreamWatch()
+    watch.feed(b"x")
+    assert watch.feed(b"") == b""
+
+
+# --- UDP ---------------------------------------------------------------------------
 
 
 def test_eof_inside_a_udp_packet_is_truncated_packet_and_a_clean_eof_is_not() -> None:

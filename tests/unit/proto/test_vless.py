@@ -130,14 +130,24 @@ def test_wrong_response_version_is_a_protocol_error_and_sticks() -> None:
         dec.feed(b"\x00\x00")
 
 
-@pytest.mark.parametrize("partial", [b"", b"\x00", b"\x00\x04ab"])
+@pytest.mark.parametrize("partial", [b"\x00", b"\x00\x04ab"])
 def test_eof_inside_the_response_header_is_truncated_header(partial: bytes) -> None:
     dec = VlessResponseDecoder()
-    if partial:
-        assert dec.feed(partial) == b""
+    assert dec.feed(partial) == b""
     with pytest.raises(VlessProtocolError) as info:
         dec.feed(b"")
     assert info.value.reason == "truncated-header"
+
+
+def test_eof_before_any_response_byte_is_no_response_and_sticks() -> None:
+    dec = VlessResponseDecoder()  # how v2ray answers an unknown UUID: a close, not one byte
+    with pytest.raises(VlessProtocolError) as info:
+        dec.feed(b"")
+    assert info.value.reason == "no-response"
+    assert dec.failed
+    with pytest.raises(VlessProtocolError) as again:
+        dec.feed(b"\x00\x00")
+    assert again.value.reason == "no-response"
 
 
 def test_eof_after_the_header_is_a_clean_end() -> None:

@@ -19,18 +19,30 @@ import gc
 import hashlib
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from helpers.engines import (
+    ENGINES,
+    RELAYS,
+    STEP,
+    FramedRig,
+    Recorder,
+    engine_class,
+    framed_rig,
+    poll,
+    recv_exactly,
+    recv_until_eof,
+    relay_of,
+    upstream_failure,
+)
 from helpers.sockets import tcp_pair, unix_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from honk._fast import relay as fast_relay
 from honk._fast import relay_py
-from honk.core.clock import FakeClock
 from honk.core.errors import ClientGone
 from honk.proto.shadowsocks import (
     CIPHERS,
@@ -43,54 +55,16 @@ from honk.proto.shadowsocks import (
     derive_subkey,
     master_key,
 )
-from honk.relay.copy import CopyRelay
-from honk.relay.native import NativeRelay, close_engines
+from honk.relay.native import close_engines
 from honk.relay.stream import StreamConn
 
-STEP = 5.0  # seconds: the most any single wait may take
 MiB = 1024**2
 ADDRESS = b"\x01\x7f\x00\x00\x01\x00\x50"  # the target header dial_tcp sent: 127.0.0.1:80
 CHUNK_OVERHEAD = 2 + 16 + 16  # SIP004: sealed length (2 + tag) + the payload's tag
 SWEEP = (1, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD + 7)
 
-ENGINES = ["twin"]
-if fast_relay.IMPLEMENTATION == "compiled":
-    ENGINES.insert(0, "compiled")
-
-
-def _engine_class(name: str) -> Any:
-    if name == "compiled":
-        from honk._fast.relay_c import Engine
-
-        return Engine
-    return relay_py.Engine
-
-
 def _master(cipher: str) -> bytes:
     return master_key("framing test", CIPHERS[cipher].key_size)
-
-
-@pytest.fixture(params=ENGINES)
-async def engine(request: pytest.FixtureRequest):
-    eng = _engine_class(request.param)(asyncio.get_running_loop())
-    yield eng
-    eng.close()
-
-
-class Recorder:
-    """A flow's listener: its events, and a future for its END."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[int, int, int]] = []
-        self.ended: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
-
-    def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
-        self.events.append((kind, a, b))
-        if kind == relay_py.EV_END and not self.ended.done():
-            self.ended.set_result((a, b))
-
-    async def end(self) -> tuple[int, int]:
-        return await asyncio.wait_for(asyncio.shield(self.ended), STEP)
 
 
 class Server:
@@ -133,62 +107,17 @@ class Server:
         await asyncio.get_running_loop().sock_sendall(self.sock, data)
 
 
-class Rig:
-    """One framed flow on ``engine``: the client socket, the server end, the recorder."""
-
-    def __init__(self, engine: Any, cipher: str, pair: Callable[[], tuple[socket.socket, socket.socket]] = unix_pair,
-                 preamble: bytes = b"", before_add: bytes = b"") -> None:
-        master = _master(cipher)
-        enc = StreamEncryptor(cipher, master)
-        self.lan, lan_peer = pair()
-        self.srv, upstream = pair()
-        self.server = Server(self.srv, cipher, master, enc)
-        self.framing = ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
-        self.rec = Recorder()
-        if before_add:  # already queued when the engine takes over: its first read sees all of it
-            self.lan.sendall(before_add)
-        self.id = engine.add(lan_peer.detach(), upstream.detach(), self.rec, preamble, framing=self.framing)
-
-    def close(self) -> None:
-        for sock in (self.lan, self.srv):
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
 @contextlib.contextmanager
-def rig(engine: Any, cipher: str = "aes-256-gcm", **kwargs: Any) -> Iterator[Rig]:
-    r = Rig(engine, cipher, **kwargs)
-    try:
+def rig(engine: Any, cipher: str = "aes-256-gcm", **kwargs: Any) -> Iterator[FramedRig]:
+    """A Shadowsocks flow: dial_tcp already sent the salt and address chunk (see Server)."""
+    master = _master(cipher)
+    enc = StreamEncryptor(cipher, master)
+
+    def make(srv: socket.socket) -> tuple[Server, ShadowsocksFraming]:
+        return Server(srv, cipher, master, enc), ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
+
+    with framed_rig(engine, make, **kwargs) as r:
         yield r
-    finally:
-        r.close()
-
-
-async def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    loop = asyncio.get_running_loop()
-    out = bytearray()
-    while len(out) < n:
-        data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), STEP)
-        assert data, f"EOF after {len(out)} of {n} bytes"
-        out += data
-    return bytes(out)
-
-
-async def recv_until_eof(sock: socket.socket) -> bytes:
-    loop = asyncio.get_running_loop()
-    out = bytearray()
-    while data := await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), STEP):
-        out += data
-    return bytes(out)
-
-
-async def poll(condition: Callable[[], bool], what: str) -> None:
-    """Wait (bounded) until ``condition()`` holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + STEP
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
 
 
 def chunk_lengths(cipher: str, master: bytes, wire: bytes) -> list[int]:
@@ -205,10 +134,6 @@ def chunk_lengths(cipher: str, master: bytes, wire: bytes) -> list[int]:
         nonce += 2
     assert pos == len(wire)
     return out
-
-
-def _expected_end(err: int) -> tuple[int, int]:
-    return (relay_py.END_ERROR, (relay_py.SIDE_UPSTREAM << 16) | err)
 
 
 # --- data both ways ---------------------------------------------------------------------
@@ -286,7 +211,7 @@ async def test_a_flipped_byte_ends_only_that_flow_as_an_upstream_auth_failure(en
                   "payload-tag": len(wire) - 1}[where]
         wire[offset] ^= 0x01
         await bad.server.send_wire(bytes(wire))
-        assert await bad.rec.end() == _expected_end(relay_py.FRAMING_AUTH)
+        assert await bad.rec.end() == upstream_failure(relay_py.FRAMING_AUTH)
         assert engine.framing_errors() == (1, 0)
         assert await recv_until_eof(bad.lan) == b""  # nothing of the forged chunk reached the client
         # the other flow on the engine goes on
@@ -305,7 +230,7 @@ async def test_an_oversized_chunk_length_is_an_upstream_protocol_error(engine) -
         # a correctly sealed length of 0x4000: authentic, but over the SIP004 cap
         aead = AESGCM(enc.subkey)
         await r.server.send_wire(aead.encrypt(enc.nonce.to_bytes(12, "little"), (MAX_PAYLOAD + 1).to_bytes(2, "big"), None))
-        assert await r.rec.end() == _expected_end(relay_py.FRAMING_PROTOCOL)
+        assert await r.rec.end() == upstream_failure(relay_py.FRAMING_PROTOCOL)
         assert engine.framing_errors() == (0, 1)
         assert await recv_until_eof(r.lan) == b""
 
@@ -318,7 +243,7 @@ async def test_upstream_eof_inside_the_salt_or_a_chunk_is_a_truncation(engine, c
         keep = {"salt": 7, "length": first + 9, "payload": len(wire) - 3}[cut]
         await r.server.send_wire(wire[:keep])
         r.srv.shutdown(socket.SHUT_WR)
-        assert await r.rec.end() == _expected_end(relay_py.FRAMING_TRUNCATED)
+        assert await r.rec.end() == upstream_failure(relay_py.FRAMING_TRUNCATED)
         assert engine.framing_errors() == (0, 1)
         assert await recv_until_eof(r.lan) == (b"" if cut == "salt" else b"complete")
 
@@ -489,7 +414,7 @@ async def test_hs_relay_seals_the_early_payload_and_replies_in_clear(engine) -> 
 )
 def test_any_split_of_the_server_stream_opens_to_the_same_bytes(engine_name, payloads, cuts) -> None:
     async def main() -> None:
-        engine = _engine_class(engine_name)(asyncio.get_running_loop())
+        engine = engine_class(engine_name)(asyncio.get_running_loop())
         try:
             with rig(engine, "chacha20-ietf-poly1305") as r:
                 plain = b"".join(os.urandom(n) for n in payloads)
@@ -512,22 +437,6 @@ def test_any_split_of_the_server_stream_opens_to_the_same_bytes(engine_name, pay
 # --- the relays over a framed upstream ------------------------------------------------------
 
 
-RELAYS = ["copy", *(f"native-{e}" for e in ENGINES)]
-
-
-@contextlib.contextmanager
-def _relay(kind: str) -> Iterator[Any]:
-    clock = FakeClock()
-    if kind == "copy":
-        yield CopyRelay(clock)
-        return
-    engine = _engine_class(kind.removeprefix("native-"))(asyncio.get_running_loop())
-    try:
-        yield NativeRelay(clock, engine)
-    finally:
-        engine.close()
-
-
 async def _relay_rig(relay: Any, cipher: str = "aes-128-gcm"):
     """A relay run over a framed upstream: (client socket, server end, run task)."""
     lan, lan_peer = tcp_pair()
@@ -545,7 +454,7 @@ async def _relay_rig(relay: Any, cipher: str = "aes-128-gcm"):
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_carry_a_framed_upstream_and_finish_cleanly(kind) -> None:
     loop = asyncio.get_running_loop()
-    with _relay(kind) as relay:
+    with relay_of(kind) as relay:
         lan, server, task = await _relay_rig(relay)
         try:
             payload = os.urandom(MiB)
@@ -564,7 +473,7 @@ async def test_relays_carry_a_framed_upstream_and_finish_cleanly(kind) -> None:
 
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_end_with_shadowsocks_auth_error_on_a_bad_tag(kind) -> None:
-    with _relay(kind) as relay:
+    with relay_of(kind) as relay:
         lan, server, task = await _relay_rig(relay)
         try:
             wire = bytearray(server.enc.encrypt(b"tampered"))
@@ -580,7 +489,7 @@ async def test_relays_end_with_shadowsocks_auth_error_on_a_bad_tag(kind) -> None
 
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_end_with_a_truncated_protocol_error_on_eof_inside_a_chunk(kind) -> None:
-    with _relay(kind) as relay:
+    with relay_of(kind) as relay:
         lan, server, task = await _relay_rig(relay)
         try:
             await server.send_wire(server.enc.encrypt(b"never finished")[:-5])

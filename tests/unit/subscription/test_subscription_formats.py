@@ -242,7 +242,7 @@ def test_clash_numeric_credentials_become_decimal_text_and_other_types_skip():
 
 def test_clash_unknown_types_and_missing_fields_are_located():
     parsed = parse_body(clash(
-        {"name": "v", "type": "vmess", "server": "h.example", "port": 443, "uuid": SECRET},
+        {"name": "h", "type": "hysteria2", "server": "h.example", "port": 443, "password": SECRET},
         "not an object",
         {"name": "no-type", "server": "h.example", "port": 1},
         {"name": "no-server", "type": "socks5", "port": 1},
@@ -273,7 +273,7 @@ def test_clash_entry_without_a_name_gets_type_server_and_port():
 def test_sing_box_structural_outbounds_are_passed_over_silently_and_others_are_diagnosed():
     body = {"outbounds": [
         {"type": "urltest", "tag": "auto", "outbounds": ["x"]},
-        {"type": "vless", "tag": "v", "server": "h.example", "server_port": 443, "uuid": SECRET},
+        {"type": "tuic", "tag": "t", "server": "h.example", "server_port": 443, "uuid": SECRET},
         {"type": "socks", "tag": "chained", "server": "h.example", "server_port": 1, "detour": "v"},
         {"type": "socks", "tag": "four", "server": "h.example", "server_port": 2, "version": "4a"},
         {"type": "http", "tag": "tls", "server": "h.example", "server_port": 443,

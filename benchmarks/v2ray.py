@@ -1,0 +1,105 @@
+"""v2ray configs and node links for the benchmark's VMess, Trojan and VLESS rows.
+
+Pure functions, no process is started here: :mod:`benchmarks.relay` writes what
+they return and runs v2ray on it. Each tag names its protocol and how it is
+carried, as the relay issue measures it:
+
+* ``vmess``: VMess over plain TCP, body cipher aes-128-gcm, alterId 0 (AEAD header);
+* ``trojan``: Trojan over TLS;
+* ``vless``: VLESS over TLS, no flow (decryption/encryption none).
+
+``secret`` is the user id (a UUID) for VMess and VLESS and the password for Trojan.
+The TLS certificate is issued for ``localhost`` and 127.0.0.1; clients ask for
+``localhost`` (:data:`SERVER_NAME`). Access logs are off on both ends so that a
+connection costs v2ray no more than the relay itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+LOOPBACK = "127.0.0.1"
+SERVER_NAME = "localhost"
+TLS_NAMES = (SERVER_NAME, LOOPBACK)
+VMESS_SECURITY = "aes-128-gcm"
+TAGS = ("vmess", "trojan", "vless")  # each tag is also the protocol's name in v2ray
+_TLS_TAGS = frozenset({"trojan", "vless"})
+_LOG = {"loglevel": "warning", "access": "none"}  # "none": no access log at all (empty would mean stdout)
+
+
+def uses_tls(tag: str) -> bool:
+    return _check(tag) in _TLS_TAGS
+
+
+def describe(tag: str) -> str:
+    """How the tag's protocol is carried, for the subject notes."""
+    return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS"}[_check(tag)]
+
+
+def server_config(tag: str, port: int, secret: str, cert_file: str = "",
+                  key_file: str = "") -> dict[str, object]:
+    """The sink: ``tag``'s inbound on loopback ``port``, everything out through ``freedom``."""
+    clients = {"vmess": [{"id": secret, "alterId": 0}], "trojan": [{"password": secret}],
+               "vless": [{"id": secret}]}
+    settings: dict[str, object] = {"clients": clients[_check(tag)]}
+    if tag == "vless":
+        settings["decryption"] = "none"
+    stream: dict[str, object] = {"network": "tcp", "security": "none"}
+    if uses_tls(tag):
+        if not (cert_file and key_file):
+            raise ValueError(f"{tag} runs over TLS: give the certificate and key files")
+        stream = {"network": "tcp", "security": "tls",
+                  "tlsSettings": {"certificates": [{"certificateFile": cert_file, "keyFile": key_file}]}}
+    return {
+        "log": _LOG,
+        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": tag, "settings": settings,
+                      "streamSettings": stream}],
+        "outbounds": [{"protocol": "freedom", "settings": {}}],
+    }
+
+
+def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: str = "") -> dict[str, object]:
+    """The reference client: a SOCKS5 inbound (no auth) on ``port``, ``tag``'s outbound to the sink.
+
+    Over TLS it trusts ``ca_file`` (on top of the system's store) and asks for :data:`SERVER_NAME`.
+    """
+    if _check(tag) == "trojan":
+        server = {"address": LOOPBACK, "port": server_port, "password": secret}
+        settings: dict[str, object] = {"servers": [server]}
+    else:
+        user: dict[str, object] = ({"id": secret, "alterId": 0, "security": VMESS_SECURITY} if tag == "vmess"
+                                   else {"id": secret, "encryption": "none"})
+        settings = {"vnext": [{"address": LOOPBACK, "port": server_port, "users": [user]}]}
+    stream: dict[str, object] = {"network": "tcp", "security": "none"}
+    if uses_tls(tag):
+        if not ca_file:
+            raise ValueError(f"{tag} runs over TLS: give the CA file the client trusts")
+        stream = {"network": "tcp", "security": "tls",
+                  "tlsSettings": {"serverName": SERVER_NAME, "allowInsecure": False,
+                                  "certificates": [{"usage": "verify", "certificateFile": ca_file}]}}
+    return {
+        "log": _LOG,
+        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
+                      "settings": {"auth": "noauth", "udp": False}}],
+        "outbounds": [{"protocol": tag, "settings": settings, "streamSettings": stream,
+                       "mux": {"enabled": False}}],
+    }
+
+
+def share_link(tag: str, server_port: int, secret: str) -> str:
+    """The node link honk is given for the sink: v2rayN's base64 JSON for VMess, URLs for the others."""
+    if _check(tag) == "vmess":
+        fields = {"v": "2", "ps": "sink", "add": LOOPBACK, "port": str(server_port), "id": secret, "aid": "0",
+                  "scy": VMESS_SECURITY, "net": "tcp", "type": "none", "tls": ""}
+        return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
+    params = f"security=tls&sni={SERVER_NAME}&type=tcp"
+    if tag == "trojan":
+        return f"trojan://{secret}@{LOOPBACK}:{server_port}?{params}#sink"
+    return f"vless://{secret}@{LOOPBACK}:{server_port}?{params}&encryption=none#sink"
+
+
+def _check(tag: str) -> str:
+    if tag not in TAGS:
+        raise ValueError(f"v2ray tag must be one of {TAGS}, not {tag!r}")
+    return tag
