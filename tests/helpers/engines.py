@@ -68,6 +68,32 @@ class Recorder:
         return await asyncio.wait_for(asyncio.shield(self.ended), STEP)
 
 
+class FramedServer:
+    """The test's server end of a framed flow: ``take`` opens the wire bytes a read brought."""
+
+    sock: socket.socket
+
+    def take(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    async def recv_plain(self, n: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        out = bytearray()
+        while len(out) < n:
+            data = await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP)
+            assert data, f"EOF after {len(out)} of {n} bytes"
+            out += self.take(data)
+        assert len(out) == n
+        return bytes(out)
+
+    async def recv_until_eof(self) -> bytes:
+        loop = asyncio.get_running_loop()
+        out = bytearray()
+        while data := await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP):
+            out += self.take(data)
+        return bytes(out)
+
+
 class FramedRig:
     """One framed flow on ``engine``: the test's client socket ``lan``, its server end ``srv``
     (played by ``server``, which ``make(srv)`` builds with the flow's ``framing``), the recorder."""

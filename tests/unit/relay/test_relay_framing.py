@@ -29,6 +29,7 @@ from helpers.engines import (
     RELAYS,
     STEP,
     FramedRig,
+    FramedServer,
     Recorder,
     engine_class,
     framed_rig,
@@ -67,7 +68,7 @@ def _master(cipher: str) -> bytes:
     return master_key("framing test", CIPHERS[cipher].key_size)
 
 
-class Server:
+class Server(FramedServer):
     """The test's Shadowsocks server end of one flow."""
 
     def __init__(self, sock: socket.socket, cipher: str, master: bytes, client_enc: StreamEncryptor) -> None:
@@ -81,24 +82,9 @@ class Server:
         assert self.dec.feed(dialled) == ADDRESS
         self.wire = bytearray(dialled)  # every byte of the client's direction, from the salt on
 
-    async def recv_plain(self, n: int) -> bytes:
-        loop = asyncio.get_running_loop()
-        out = bytearray()
-        while len(out) < n:
-            data = await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP)
-            assert data, f"EOF after {len(out)} of {n} bytes"
-            self.wire += data
-            out += self.dec.feed(data)
-        assert len(out) == n
-        return bytes(out)
-
-    async def recv_until_eof(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        out = bytearray()
-        while data := await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP):
-            self.wire += data
-            out += self.dec.feed(data)
-        return bytes(out)
+    def take(self, data: bytes) -> bytes:
+        self.wire += data
+        return self.dec.feed(data)
 
     async def send_plain(self, data: bytes) -> None:
         await asyncio.get_running_loop().sock_sendall(self.sock, self.enc.encrypt(data))

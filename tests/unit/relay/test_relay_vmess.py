@@ -25,6 +25,7 @@ from helpers.engines import (
     RELAYS,
     STEP,
     FramedRig,
+    FramedServer,
     Recorder,
     engine_class,
     framed_rig,
@@ -62,7 +63,7 @@ TARGET = Address("127.0.0.1", 80)
 LARGEST_CHUNK = 0xFFFF  # a chunk's 2-byte length bounds what a server may send at once
 
 
-class Server:
+class Server(FramedServer):
     """The test's VMess server end of one flow (the request header is already consumed)."""
 
     def __init__(self, sock: socket.socket, client: VmessClient) -> None:
@@ -106,24 +107,14 @@ class Server:
             self._size = None
         return bytes(out)
 
-    async def recv_plain(self, n: int) -> bytes:
-        loop = asyncio.get_running_loop()
-        out = bytearray()
-        while len(out) < n:
-            data = await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP)
-            assert data, f"EOF after {len(out)} of {n} bytes"
-            self._buf += data
-            out += self._open()
-        return bytes(out)
+    def take(self, data: bytes) -> bytes:
+        self._buf += data
+        return self._open()
 
     async def recv_until_eof(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        out = bytearray()
-        while data := await asyncio.wait_for(loop.sock_recv(self.sock, 1 << 20), STEP):
-            self._buf += data
-            out += self._open()
+        out = await super().recv_until_eof()
         assert not self._buf, "bytes after the ending chunk"
-        return bytes(out)
+        return out
 
 
 def _client(security: str) -> VmessClient:
