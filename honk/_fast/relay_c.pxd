@@ -249,7 +249,9 @@ cdef class Engine:
     cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil
     cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil
     cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil
+    cdef int _framed_eof(self, Flow* f, int di, double now) noexcept nogil
     cdef int _vmess_end(self, Flow* f, double now) noexcept nogil
+    cdef void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil

@@ -545,12 +545,13 @@ DEF SS_HEAD = 18                   # a chunk's sealed length field: 2 bytes + it
 DEF SS_OVERHEAD = 34               # bytes a chunk adds to its payload: SS_HEAD + the payload's tag
 DEF CHUNK_WIRE = 16417             # the largest chunk on the wire: SS_HEAD + SS_MAX_PAYLOAD + SS_TAG
 DEF VMESS_WIRE = 65537             # the largest VMess chunk on the wire: a 2-byte length of up to 0xFFFF bytes
-DEF VMESS_HEADER_MAX = 259         # a VMess response header: check, option, command id and length, command body
+DEF VMESS_HEADER_MAX = 259         # a VMess response header: check, option, command id and length, command body (4 + 255)
 DEF FRAMED_READ = 262128           # bytes one framed read asks for: 16 maximal chunks (16 x 0x3FFF)
 DEF FRAMED_BUF = 327665            # VMESS_WIRE + FRAMED_READ: size of fin (kept bytes, then a read) and of fout
 
 assert HS_HANDOVER_AFTER == _py.HS_HANDOVER_AFTER
 assert FRAMED_READ == _py.FRAMED_READ and SS_MAX_PAYLOAD == _py.SS_MAX_PAYLOAD
+assert VMESS_HEADER_MAX == _py.VMESS_HEADER_MAX
 assert (EBADMSG, EPROTO, ENODATA, ENOMSG) == (
     _py.FRAMING_AUTH, _py.FRAMING_PROTOCOL, _py.FRAMING_TRUNCATED, _py.FRAMING_SILENT)
 FRAMING_AUTH = _py.FRAMING_AUTH
@@ -702,7 +703,7 @@ cdef ssize_t _seal_chunks(Aead* a, const uint8_t* p, size_t n, uint8_t* out) noe
     cdef ssize_t w
     cdef uint8_t head[2]
     if a.vmess:
-        while pos < n:
+        while pos < n:  # VMess allows longer chunks; the same bound keeps one buffer size for both
             k = n - pos if n - pos < SS_MAX_PAYLOAD else SS_MAX_PAYLOAD
             w = _vmess_chunk(a, p + pos, k, out + o)
             if w < 0:
@@ -1934,10 +1935,7 @@ cdef class Engine:
                 if n > 0:
                     # counted before it is sent on: whoever sees the bytes arrive sees them counted
                     moved += <size_t>n
-                    honk_store64(counter, counter[0] + <uint64_t>n)
-                    if di == 1 and not f.first_down:
-                        f.first_down = 1
-                        self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                    self._took(f, di, counter, <size_t>n, now)
                     if self._pass_through(f, di, <size_t>n, now) < 0:
                         return -1
                     continue
@@ -1955,22 +1953,12 @@ cdef class Engine:
                                 self.n_big += 1
             if n > 0:
                 moved += <size_t>n
-                honk_store64(counter, counter[0] + <uint64_t>n)
-                if di == 1 and not f.first_down:
-                    f.first_down = 1
-                    self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                self._took(f, di, counter, <size_t>n, now)
                 if f.aead != NULL and self._framed(f, di, <size_t>n, now) < 0:
                     return -1
                 continue
             if n == 0:
-                if di == 1 and f.aead != NULL and f.aead.vmess and not f.aead.got_any:
-                    self._framing_failed(f, ENOMSG, now)  # the server closed without answering
-                    return -1
-                if di == 1 and f.aead != NULL and (f.aead.pend_len or f.aead.plen >= 0
-                                                   or (f.aead.vmess and not f.aead.keyed)):
-                    self._framing_failed(f, ENODATA, now)  # EOF inside the salt, header or a chunk: truncated
-                    return -1
-                if di == 0 and f.aead != NULL and f.aead.vmess and self._vmess_end(f, now) < 0:
+                if f.aead != NULL and self._framed_eof(f, di, now) < 0:
                     return -1
                 d.src_eof = 1
                 f.readable[src_side] = 0
@@ -2127,6 +2115,13 @@ cdef class Engine:
             a.plen = -1
         return self._keep_and_send(f, p + pos, total - pos, CHUNK_WIRE, o, now)
 
+    cdef inline void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil:
+        """n bytes read from side di: counted, and the first from the upstream announced."""
+        honk_store64(counter, counter[0] + <uint64_t>n)
+        if di == 1 and not f.first_down:
+            f.first_down = 1
+            self._emit(f, K_FIRST_BYTE, 0, 0, now)
+
     cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil:
         """Grow d's buffer to at least size bytes: 0, or -1 if the flow ended for want of memory."""
         cdef char* grown
@@ -2222,6 +2217,21 @@ cdef class Engine:
             self._framing_failed(f, EPROTO, now)  # bytes after the ending chunk
             return -1
         return self._keep_and_send(f, p + pos, total - pos, VMESS_WIRE, o, now)
+
+    cdef int _framed_eof(self, Flow* f, int di, double now) noexcept nogil:
+        """EOF on a framed flow's side di: from the upstream, a verdict if its answer was cut
+        short (or, for VMess, never began); from the client, VMess's ending chunk is queued.
+        0, or -1 if the flow ended."""
+        cdef Aead* a = f.aead
+        if di == 0:
+            return self._vmess_end(f, now) if a.vmess else 0
+        if a.vmess and not a.got_any:
+            self._framing_failed(f, ENOMSG, now)  # the server closed without answering
+            return -1
+        if a.pend_len or a.plen >= 0 or (a.vmess and not a.keyed):
+            self._framing_failed(f, ENODATA, now)  # EOF inside the salt, header or a chunk: truncated
+            return -1
+        return 0
 
     cdef int _vmess_end(self, Flow* f, double now) noexcept nogil:
         """The client is done: queue VMess's empty chunk, which goes out before the upstream's FIN.

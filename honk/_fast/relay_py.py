@@ -110,6 +110,7 @@ FRAMING_TRUNCATED = _errno.ENODATA  # EOF inside the salt, a response header or 
 FRAMING_SILENT = _errno.ENOMSG  # EOF before any byte of a response that must come (VMess: a refused id)
 SS_MAX_PAYLOAD = 0x3FFF  # SIP004: a chunk's payload length is capped at 0x3FFF
 FRAMED_READ = 16 * SS_MAX_PAYLOAD  # bytes one framed read asks for: 16 maximal chunks
+VMESS_HEADER_MAX = 4 + 255  # a VMess response header: check, option, command id and length, a command body
 
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 _F_SETPIPE_SZ = 1031

@@ -33,7 +33,7 @@ Their dial shape is normalised into ``params`` (``type``, ``security``, ``sni``,
 ``host``, ``path``, ``alpn``, ``allowInsecure``, ``ca``; see :func:`v2_shape`), so
 equal dials get equal ids however the link spelled them. ``ca`` is honk's own
 parameter: the path of a PEM file whose CA the node's TLS trusts instead of the
-system store (read at dial time, :func:`honk.outbound.tls.read_ca`); ``https://``
+system store (read at dial time, :func:`honk.outbound.tls.client_context`); ``https://``
 links carry it as a plain query parameter. VMess needs alterId 0 (the AEAD
 header; ``unsupported-alter-id`` otherwise) and one of the ciphers in
 :data:`VMESS_CIPHERS`; VLESS needs no ``flow`` (``unsupported-flow``) and defaults to
@@ -57,6 +57,7 @@ import ipaddress
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote as pct_decode
 
@@ -299,20 +300,30 @@ def _one(claims: list[tuple[str, str]], what: str) -> str:
     return values.pop() if values else ""
 
 
-def _insecure(claims: list[tuple[str, str]]) -> bool:
-    """Whether the verification claims disable certificate checks (upstream's boolean rules)."""
+def insecure_claimed(values: Iterable[str]) -> bool:
+    """Whether certificate-verification words (upstream's booleans) turn checks off: ValueError
+    ``"invalid"`` for a word that is not a boolean, ``"conflicting"`` when they disagree."""
     verdicts = set()
-    for _, value in claims:
+    for value in values:
         text = value.strip().lower()
         if text in INSECURE_TRUE:
             verdicts.add(True)
         elif text in INSECURE_FALSE:
             verdicts.add(False)
         else:
-            raise LinkError("invalid-allow-insecure", "allowInsecure must be a true or false word")
+            raise ValueError("invalid")
     if len(verdicts) > 1:
-        raise LinkError("conflicting-allow-insecure", "the link's certificate-verification claims disagree")
+        raise ValueError("conflicting")
     return verdicts == {True}
+
+
+def _insecure(claims: list[tuple[str, str]]) -> bool:
+    try:
+        return insecure_claimed(v for _, v in claims)
+    except ValueError as exc:
+        if str(exc) == "invalid":
+            raise LinkError("invalid-allow-insecure", "allowInsecure must be a true or false word") from None
+        raise LinkError("conflicting-allow-insecure", "the link's certificate-verification claims disagree") from None
 
 
 def _uuid(text: str) -> str:

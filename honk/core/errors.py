@@ -31,6 +31,20 @@ class ClientProtocolError(HonkError):
         self.reason = reason
 
 
+class CodecError(HonkError):
+    """A proxy protocol's codec refused bytes or settings (a subclass per protocol names it).
+
+    ``reason`` is a short stable slug such as ``bad-tag`` or ``no-response`` that
+    logs and metrics can count; ``detail`` only adds words to the message.
+    """
+
+    protocol = "codec"  # each protocol's subclass says its name, which leads the message
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{self.protocol}: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
 class ClientGone(HonkError):
     """The client closed, reset or stopped answering before the flow finished."""
 

@@ -29,7 +29,7 @@ from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
 from honk.outbound.bridge import bridge_stream
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope, recv_some, wait_readable
-from honk.outbound.tls import ca_path, read_ca, tls_connect, tls_context, tls_verification
+from honk.outbound.tls import ca_path, client_context, tls_connect, tls_verification
 from honk.proto.http_connect import MAX_RESPONSE_HEAD, check_status, connect_request, parse_connect_response
 
 __all__ = ["HttpOutbound"]
@@ -46,7 +46,6 @@ class HttpOutbound(ProxyLeaf):
         self._tls = node.protocol == "https"
         params = dict(node.params)
         self._sni = params.get("sni") or params.get("peer") or node.host
-        self._context: ssl.SSLContext | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -113,9 +112,4 @@ class HttpOutbound(ProxyLeaf):
         return bridge_stream(conn, self.name)
 
     def _tls_context(self) -> ssl.SSLContext:
-        ca = ca_path(self.node.params)
-        if ca:  # read at each dial, so a replaced CA file counts from the next one
-            return tls_context(tls_verification(self.node.params), ca=read_ca(ca, self.name))
-        if self._context is None:
-            self._context = tls_context(tls_verification(self.node.params))
-        return self._context
+        return client_context(tls_verification(self.node.params), (), ca_path(self.node.params), self.name)

@@ -67,9 +67,14 @@ class StackedLeaf(ProxyLeaf):
     def stream(self, target: Address) -> Stream:
         raise NotImplementedError
 
-    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+    def transport(self) -> TransportSpec:
+        """The node's transport; its ConfigRefused when the link asked for one honk does not speak."""
         if isinstance(self._transport, ConfigRefused):
             raise self._transport
+        return self._transport
+
+    async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+        self.transport()
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
@@ -77,10 +82,9 @@ class StackedLeaf(ProxyLeaf):
 
     async def open_channel(self, deadline: float) -> Channel:
         """The node's transport up, for a stream the subclass frames itself (UDP); the dial is counted."""
-        if isinstance(self._transport, ConfigRefused):
-            raise self._transport
+        transport = self.transport()
         try:
-            channel = await open_transport(self, self._transport, deadline)
+            channel = await open_transport(self, transport, deadline)
         except HonkError as exc:
             self.count(exc)
             raise

@@ -23,26 +23,31 @@ holding one or more CA certificates (a relative path is taken from the daemon's
 working directory). It replaces the system store for that node
 only: a server certificate must chain to one of them, so a private CA does not
 widen what other nodes trust, and the node does not fall back to public CAs.
-:func:`read_ca` reads the file each time a context is built (at the dial), so a
-replaced file counts from the next dial; a missing, unreadable or non-PEM file is
-a :class:`~honk.core.errors.ConfigRefused` naming the node and the path.
+:func:`client_context` builds each distinct context once (loading a trust store
+costs milliseconds) and checks at every dial, by one ``stat``, whether the file
+it was built from changed, so a replaced file counts from the next dial; a
+missing, unreadable or non-PEM file is a :class:`~honk.core.errors.ConfigRefused`
+naming the node and the path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import socket
 import ssl
 from collections.abc import Sequence
 
-from honk.config.links import CA_KEY, INSECURE_FALSE, INSECURE_KEYS, INSECURE_TRUE
+from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
 from honk.relay.stream import StreamConn
 
-__all__ = ["TlsFailed", "ca_path", "read_ca", "tls_connect", "tls_context", "tls_verification"]
+__all__ = ["TlsFailed", "ca_path", "client_context", "tls_connect", "tls_verification"]
 
 MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigger is a wrong path
+CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; nodes share them
 
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
@@ -64,19 +69,12 @@ class TlsFailed(DialError):
 
 def tls_verification(params: tuple[tuple[str, str], ...]) -> bool:
     """Whether to verify the server certificate; ConfigRefused for unknown or conflicting values."""
-    verdicts = set()
-    for key, value in params:
-        if key in INSECURE_KEYS:
-            word = value.strip().lower()
-            if word in INSECURE_TRUE:
-                verdicts.add(False)
-            elif word in INSECURE_FALSE:
-                verdicts.add(True)
-            else:
-                raise ConfigRefused(f"{key} must be a boolean")
-    if len(verdicts) > 1:
-        raise ConfigRefused("certificate verification parameters disagree")
-    return verdicts.pop() if verdicts else True
+    try:
+        return not insecure_claimed(value for key, value in params if key in INSECURE_KEYS)
+    except ValueError as exc:
+        if str(exc) == "invalid":
+            raise ConfigRefused("certificate verification parameters must be booleans") from None
+        raise ConfigRefused("certificate verification parameters disagree") from None
 
 
 def ca_path(params: tuple[tuple[str, str], ...]) -> str:
@@ -87,34 +85,69 @@ def ca_path(params: tuple[tuple[str, str], ...]) -> str:
     return paths.pop() if paths else ""
 
 
-def read_ca(path: str, node: str) -> str:
-    """The PEM text of ``node``'s CA file, checked to hold a certificate; "" when ``path`` is ""."""
+class _BadCa(Exception):
+    """A CA file unfit to verify with (the caller names the node)."""
+
+
+def _file_version(path: str | None) -> tuple[str, int, int] | None:
+    """(path, mtime, size): what tells a replaced file from the one a context was built with."""
     if not path:
-        return ""
+        return None
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_CA_BYTES + 1)
-    except OSError as exc:
-        raise ConfigRefused(f"{node}: cannot read the CA file {path!r}: {exc.strerror or exc}") from None
-    if len(data) > MAX_CA_BYTES:
-        raise ConfigRefused(f"{node}: the CA file {path!r} is over {MAX_CA_BYTES} bytes")
-    try:
-        text = data.decode("ascii")
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
-    except (UnicodeDecodeError, ValueError, ssl.SSLError):  # ValueError: no data at all
-        raise ConfigRefused(f"{node}: the CA file {path!r} holds no PEM certificate") from None
-    return text
+        st = os.stat(path)
+    except OSError:
+        return None  # the store the context falls back to, or the read below, says what is wrong
+    return (path, st.st_mtime_ns, st.st_size)
 
 
-def tls_context(verify: bool, alpn: Sequence[str] = (), ca: str = "") -> ssl.SSLContext:
-    """A client context; ``ca`` (PEM text from :func:`read_ca`) replaces the system trust store."""
-    context = ssl.create_default_context(cadata=ca) if ca else ssl.create_default_context()
+def client_context(verify: bool, alpn: Sequence[str], ca: str, node: str) -> ssl.SSLContext:
+    """The context ``node`` dials with: shared by every dial with the same verification, ALPN
+    and trust store, and rebuilt when that store's file changes (a node's ``ca`` file, or the
+    system's default bundle), so building it stays off the per-dial path while a replaced
+    file still counts from the next dial. An unusable ``ca`` file is ConfigRefused."""
+    if ca:
+        store: tuple[object, ...] = ("node", _file_version(ca) or (ca, 0, 0))
+    else:
+        paths = ssl.get_default_verify_paths()  # SSL_CERT_FILE / SSL_CERT_DIR or the system's
+        store = ("system", _file_version(paths.cafile), paths.capath)
+    try:
+        return _shared_context(verify, tuple(alpn), ca, store)
+    except _BadCa as exc:
+        raise ConfigRefused(f"{node}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=CONTEXT_CACHE)
+def _shared_context(verify: bool, alpn: tuple[str, ...], ca: str, store: tuple[object, ...]) -> ssl.SSLContext:
+    if ca:
+        try:
+            context = ssl.create_default_context(cadata=_read_ca(ca))
+        except (ValueError, ssl.SSLError):  # text without a certificate, or a broken one
+            raise _BadCa(f"the CA file {ca!r} holds no PEM certificate") from None
+    else:
+        context = ssl.create_default_context()
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if alpn:
         context.set_alpn_protocols(list(alpn))
     return context
+
+
+def _read_ca(path: str) -> str:
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CA_BYTES + 1)
+    except OSError as exc:
+        raise _BadCa(f"cannot read the CA file {path!r}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CA_BYTES:
+        raise _BadCa(f"the CA file {path!r} is over {MAX_CA_BYTES} bytes")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        text = ""
+    if not text.strip():  # create_default_context would quietly take the system store for ""
+        raise _BadCa(f"the CA file {path!r} holds no PEM certificate")
+    return text
 
 
 def _classify(outbound: str, exc: ssl.SSLError) -> TlsFailed:

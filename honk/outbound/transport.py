@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from honk.core.errors import ConfigRefused, DialError, UpstreamFailed
 from honk.outbound.channel import Channel, WsChannel
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope
-from honk.outbound.tls import ca_path, read_ca, tls_connect, tls_context, tls_verification
+from honk.outbound.tls import ca_path, client_context, tls_connect, tls_verification
 from honk.proto.websocket import WebSocketError, client_handshake, parse_handshake_response
 from honk.relay.stream import StreamConn
 
@@ -69,7 +69,7 @@ class TransportSpec:
 async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> Channel:
     """The node's server reached, TLS and the WebSocket upgrade done; ready for the protocol."""
     # the context first: a node whose CA file is unusable is refused before anything is dialled
-    context = tls_context(spec.verify, spec.alpn, read_ca(spec.ca, leaf.name)) if spec.tls else None
+    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name) if spec.tls else None
     sock = await leaf.connect_server(deadline)
     host = leaf.server.host
     if context is not None:

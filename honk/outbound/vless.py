@@ -42,7 +42,7 @@ class VlessOutbound(StackedLeaf):
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES
 
-    def _client(self, command: VlessCommand, target: Address) -> VlessClient:
+    def _client(self, command: VlessCommand, target: Address | None) -> VlessClient:
         try:
             return VlessClient(self.node.username or "", command, target)
         except ValueError:
@@ -53,17 +53,12 @@ class VlessOutbound(StackedLeaf):
 
     def mux_stream(self) -> Stream:
         """A Mux.Cool carrier: VLESS's mux command, whose header names no target."""
-        try:
-            client = VlessClient(self.node.username or "", VlessCommand.MUX, None)
-        except ValueError:
-            raise ConfigRefused(f"{self.name}: the VLESS id is not a UUID") from None
-        return _response_stream(client)
+        return _response_stream(self._client(VlessCommand.MUX, None))
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
     ) -> PerTargetDatagramEndpoint:
-        if isinstance(self._transport, ConfigRefused):  # refused at the dial, as for TCP
-            raise self._transport
+        self.transport()  # refused at the dial, as for TCP
         self._client(VlessCommand.UDP, self.server)  # a bad id is refused now, not at the first datagram
         return PerTargetDatagramEndpoint(
             self.name,

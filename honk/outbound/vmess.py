@@ -22,7 +22,6 @@ from honk.core.net import Address
 from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
-from honk.outbound.transport import TransportSpec
 from honk.proto.vmess import COMMAND_TCP, COMMAND_UDP, VmessClient, VmessFraming, VmessProtocolError
 
 __all__ = ["VmessOutbound", "VmessUdpCodec"]
@@ -49,8 +48,7 @@ class VmessOutbound(StackedLeaf):
             raise ConfigRefused(f"{self.name}: {exc}") from None
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
-        transport = self._transport
-        if isinstance(transport, TransportSpec) and transport.plain and not self.mux:
+        if self.transport().plain and not self.mux:
             # on plain TCP the relay engine frames the body itself: no bridge, no Python per chunk
             client = self._client(COMMAND_TCP, target)
             return await self.open_framed(client.request_header(), VmessFraming(client), deadline, "VMess")
@@ -69,8 +67,7 @@ class VmessOutbound(StackedLeaf):
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
     ) -> PerTargetDatagramEndpoint:
-        if isinstance(self._transport, ConfigRefused):  # refused at the dial, as for TCP
-            raise self._transport
+        self.transport()  # refused at the dial, as for TCP
         self._client(COMMAND_UDP, self.server)  # a bad id or alterId is refused here, not later
         return PerTargetDatagramEndpoint(
             self.name,

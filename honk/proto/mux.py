@@ -25,10 +25,10 @@ import enum
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NoReturn
 
-from honk.core.errors import CapacityRefused, HonkError
+from honk.core.errors import CapacityRefused, CodecError
 from honk.core.net import Address, Network
+from honk.proto.splitter import StreamSplitter
 from honk.proto.vless import AddressFormatError, encode_port_address, parse_port_address
 
 __all__ = [
@@ -92,12 +92,10 @@ _STATUSES = frozenset(int(s) for s in SessionStatus)
 # --- errors ----------------------------------------------------------------------
 
 
-class MuxError(HonkError):
+class MuxError(CodecError):
     """A Mux.Cool carrier or session failed; ``reason`` is a stable slug."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"mux: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
+    protocol = "mux"
 
 
 class MuxProtocolError(MuxError):
@@ -153,40 +151,21 @@ def encode_frame(frame: MuxFrame) -> bytes:
     return b"".join(parts)
 
 
-class MuxDecoder:
-    """Splits a carrier's byte stream into :class:`MuxFrame` objects, in any split."""
+class MuxDecoder(StreamSplitter[MuxFrame]):
+    """Splits a carrier's byte stream into :class:`MuxFrame` objects, in any split.
 
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._failed: MuxProtocolError | None = None
+    Raises :class:`MuxProtocolError` (``metadata-too-short``,
+    ``metadata-too-long``, ``bad-status``, ``bad-network``,
+    ``bad-address-type``, ``bad-domain``, ``empty-domain``,
+    ``truncated-address``, ``truncated-frame``); after that every feed
+    raises again.
+    """
 
-    @property
-    def pending(self) -> bool:
-        """Whether part of a frame is buffered: an EOF now truncates it."""
-        return bool(self._buf)
+    error = MuxProtocolError
+    truncated = ("truncated-frame", "EOF inside a frame")
+    stream = "carrier"
 
-    @property
-    def failed(self) -> bool:
-        return self._failed is not None
-
-    def feed(self, data: bytes | bytearray | memoryview) -> list[MuxFrame]:
-        """Frames completed by ``data``; ``b""`` means EOF.
-
-        Raises :class:`MuxProtocolError` (``metadata-too-short``,
-        ``metadata-too-long``, ``bad-status``, ``bad-network``,
-        ``bad-address-type``, ``bad-domain``, ``empty-domain``,
-        ``truncated-address``, ``truncated-frame``); after that every call
-        raises again.
-        """
-        if self._failed is not None:
-            raise MuxProtocolError(self._failed.reason, "the carrier already failed")
-        if not data:
-            if self._buf:
-                self._fail(MuxProtocolError("truncated-frame", "EOF inside a frame"))
-            return []
-        buf = self._buf
-        buf += data
-        out: list[MuxFrame] = []
+    def _split(self, buf: bytearray, out: list[MuxFrame]) -> int:
         pos = 0
         while len(buf) - pos >= 2:
             (meta_len,) = _U16.unpack_from(buf, pos)
@@ -210,8 +189,7 @@ class MuxDecoder:
                 frame = _with_data(frame, bytes(buf[meta_end + 2 : end]))
             out.append(frame)
             pos = end
-        del buf[:pos]
-        return out
+        return pos
 
     def _metadata(self, meta: bytes) -> MuxFrame:
         session_id, status, option = _HEAD.unpack_from(meta)
@@ -234,11 +212,6 @@ class MuxDecoder:
             target = parsed[0]
         data = b"" if option & OPTION_DATA else None  # a placeholder until the data arrives
         return MuxFrame(session_id, kind, data, bool(option & OPTION_ERROR), network, target)
-
-    def _fail(self, error: MuxProtocolError) -> NoReturn:
-        self._failed = error
-        self._buf = bytearray()
-        raise error from None
 
 
 def _with_data(frame: MuxFrame, data: bytes) -> MuxFrame:

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from honk.core.errors import ClientProtocolError, HonkError
+from honk.core.errors import ClientProtocolError, CodecError, HonkError
 from honk.core.net import Address
 from honk.inbound.socks5 import encode_address, parse_address
 from honk.proto.ss_methods import CIPHERS, LENGTH_SIZE, MAX_PAYLOAD, SUBKEY_INFO, Cipher
@@ -65,12 +65,10 @@ _AEADS = {
 # --- errors ----------------------------------------------------------------------
 
 
-class ShadowsocksError(HonkError):
+class ShadowsocksError(CodecError):
     """A Shadowsocks stream or packet could not be opened; ``reason`` is a stable slug."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"shadowsocks: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
+    protocol = "shadowsocks"
 
 
 class ShadowsocksAuthError(ShadowsocksError):

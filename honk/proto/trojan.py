@@ -25,11 +25,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
-from typing import NoReturn
 
-from honk.core.errors import ClientProtocolError, HonkError
+from honk.core.errors import ClientProtocolError, CodecError
 from honk.core.net import Address
 from honk.inbound.socks5 import encode_address, parse_address
+from honk.proto.splitter import StreamSplitter
 
 __all__ = [
     "CRLF",
@@ -60,12 +60,10 @@ class TrojanCommand(enum.IntEnum):
 # --- errors ----------------------------------------------------------------------
 
 
-class TrojanError(HonkError):
+class TrojanError(CodecError):
     """A Trojan stream could not be read; ``reason`` is a stable slug."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"trojan: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
+    protocol = "trojan"
 
 
 class TrojanProtocolError(TrojanError):
@@ -139,38 +137,18 @@ def encode_udp_packet(address: Address, payload: bytes | bytearray | memoryview)
     return encode_address(address) + _LENGTH.pack(len(payload)) + CRLF + bytes(payload)
 
 
-class TrojanUdpDecoder:
-    """Splits the server's UDP ASSOCIATE stream into ``(source, payload)`` pairs."""
+class TrojanUdpDecoder(StreamSplitter[tuple[Address, bytes]]):
+    """Splits the server's UDP ASSOCIATE stream into ``(source, payload)`` pairs.
 
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._failed: TrojanProtocolError | None = None
+    Raises :class:`TrojanProtocolError` (``bad-address-type``, ``bad-domain``,
+    ``empty-domain``, ``missing-crlf``, ``truncated-packet``); after that every
+    feed raises again.
+    """
 
-    @property
-    def pending(self) -> bool:
-        """Whether part of a packet is buffered: an EOF now truncates it."""
-        return bool(self._buf)
+    error = TrojanProtocolError
+    truncated = ("truncated-packet", "EOF inside a UDP packet")
 
-    @property
-    def failed(self) -> bool:
-        return self._failed is not None
-
-    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[Address, bytes]]:
-        """Packets completed by ``data``; ``b""`` means EOF.
-
-        Raises :class:`TrojanProtocolError` (``bad-address-type``,
-        ``bad-domain``, ``empty-domain``, ``missing-crlf``,
-        ``truncated-packet``); after that every call raises again.
-        """
-        if self._failed is not None:
-            raise TrojanProtocolError(self._failed.reason, "the stream already failed")
-        if not data:
-            if self._buf:
-                self._fail(TrojanProtocolError("truncated-packet", "EOF inside a UDP packet"))
-            return []
-        buf = self._buf
-        buf += data
-        out: list[tuple[Address, bytes]] = []
+    def _split(self, buf: bytearray, out: list[tuple[Address, bytes]]) -> int:
         pos = 0
         while pos < len(buf):
             try:
@@ -190,10 +168,4 @@ class TrojanUdpDecoder:
                 break
             out.append((source, bytes(buf[at + 4 : end])))
             pos = end
-        del buf[:pos]
-        return out
-
-    def _fail(self, error: TrojanProtocolError) -> NoReturn:
-        self._failed = error
-        self._buf = bytearray()
-        raise error from None  # the SOCKS5 codec's error is not the story
+        return pos

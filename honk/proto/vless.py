@@ -28,8 +28,9 @@ import struct
 import uuid as uuidlib
 from typing import NoReturn
 
-from honk.core.errors import HonkError
+from honk.core.errors import CodecError
 from honk.core.net import Address
+from honk.proto.splitter import StreamSplitter
 
 __all__ = [
     "ATYP_DOMAIN",
@@ -73,12 +74,10 @@ class VlessCommand(enum.IntEnum):
 # --- errors ----------------------------------------------------------------------
 
 
-class VlessError(HonkError):
+class VlessError(CodecError):
     """A VLESS stream could not be read; ``reason`` is a stable slug."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"vless: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
+    protocol = "vless"
 
 
 class VlessProtocolError(VlessError):
@@ -262,39 +261,17 @@ def encode_udp_packet(payload: bytes | bytearray | memoryview) -> bytes:
     return _LENGTH.pack(len(payload)) + bytes(payload)
 
 
-class VlessUdpDecoder:
-    """Splits a VLESS UDP stream (after the response header) into datagrams."""
+class VlessUdpDecoder(StreamSplitter[bytes]):
+    """Splits a VLESS UDP stream (after the response header) into datagrams.
 
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._failed: VlessProtocolError | None = None
+    Raises :class:`VlessProtocolError` (``truncated-packet``) at an EOF inside
+    a packet; after that every feed raises again.
+    """
 
-    @property
-    def pending(self) -> bool:
-        """Whether part of a packet is buffered: an EOF now truncates it."""
-        return bool(self._buf)
+    error = VlessProtocolError
+    truncated = ("truncated-packet", "EOF inside a UDP packet")
 
-    @property
-    def failed(self) -> bool:
-        return self._failed is not None
-
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        """Datagrams completed by ``data``; ``b""`` means EOF.
-
-        Raises :class:`VlessProtocolError` (``truncated-packet``) at an EOF
-        inside a packet; after that every call raises again.
-        """
-        if self._failed is not None:
-            raise VlessProtocolError(self._failed.reason, "the stream already failed")
-        if not data:
-            if self._buf:
-                self._failed = VlessProtocolError("truncated-packet", "EOF inside a UDP packet")
-                self._buf = bytearray()
-                raise self._failed
-            return []
-        buf = self._buf
-        buf += data
-        out: list[bytes] = []
+    def _split(self, buf: bytearray, out: list[bytes]) -> int:
         pos = 0
         while len(buf) - pos >= 2:
             (length,) = _LENGTH.unpack_from(buf, pos)
@@ -303,5 +280,4 @@ class VlessUdpDecoder:
                 break
             out.append(bytes(buf[pos + 2 : end]))
             pos = end
-        del buf[:pos]
-        return out
+        return pos

@@ -43,7 +43,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
-from honk.core.errors import HonkError
+from honk.config.links import VMESS_CIPHERS
+from honk.core.errors import CodecError, HonkError
 from honk.core.net import Address
 
 __all__ = [
@@ -117,17 +118,17 @@ SECURITIES: dict[str, Security] = {
     # v2ray's "auto" picks AES-GCM on hardware with AES instructions, as this is.
     "auto": Security.AES_128_GCM,
 }
+SECURITY_NAMES = {security: name for name, security in SECURITIES.items() if name != "auto"}
+assert set(SECURITIES) == set(VMESS_CIPHERS), "the link parser and the codec name the same securities"
 
 
 # --- errors ----------------------------------------------------------------------
 
 
-class VmessError(HonkError):
+class VmessError(CodecError):
     """VMess bytes or settings were refused; ``reason`` is a stable slug."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"vmess: {reason}" + (f" ({detail})" if detail else ""))
-        self.reason = reason
+    protocol = "vmess"
 
 
 class VmessAuthError(VmessError):
@@ -310,6 +311,7 @@ class _ChunkCodec:
         self.mask = _Mask(iv)
         self._iv_tail = iv[2:NONCE_SIZE]
         self._count = 0
+        self.sealed = 0  # chunks sealed so far
 
     def _nonce(self) -> bytes:
         nonce = struct.pack("!H", self._count & 0xFFFF) + self._iv_tail
@@ -318,6 +320,7 @@ class _ChunkCodec:
 
     def seal(self, payload: bytes) -> bytes:
         size = len(payload) + self.overhead
+        self.sealed += 1
         head = struct.pack("!H", size ^ self.mask.next())
         if self.aead is None:
             return head + payload
@@ -405,6 +408,11 @@ class VmessClient:
             self._writer.seal(bytes(view[i : i + MAX_PAYLOAD])) for i in range(0, len(view), MAX_PAYLOAD)
         )
 
+    @property
+    def body_begun(self) -> bool:
+        """Whether a chunk was sealed: the body's nonce count and mask have moved on."""
+        return self._writer.sealed > 0
+
     def eof(self) -> bytes:
         """The empty chunk that ends the request direction."""
         if self._ended:
@@ -443,11 +451,17 @@ class VmessResponseDecoder:
         self._check = check
         self._masked = bool(options & OPTION_CHUNK_MASKING)
         self._reader = _ChunkCodec(security, key, iv)
-        self._len_aead = AESGCM(kdf(key, SALT_RESP_LEN_KEY)[:16])
-        self._len_nonce = kdf(iv, SALT_RESP_LEN_IV)[:NONCE_SIZE]
-        self._hdr_aead = AESGCM(kdf(key, SALT_RESP_KEY)[:16])
-        self._hdr_nonce = kdf(iv, SALT_RESP_IV)[:NONCE_SIZE]
-        self._keys = (key, iv)
+        self.key, self.iv = key, iv  # the response body key and IV
+        # the response header's length field and body, each sealed under its own key and nonce
+        self.header_keys = (
+            kdf(key, SALT_RESP_LEN_KEY)[:16],
+            kdf(iv, SALT_RESP_LEN_IV)[:NONCE_SIZE],
+            kdf(key, SALT_RESP_KEY)[:16],
+            kdf(iv, SALT_RESP_IV)[:NONCE_SIZE],
+        )
+        len_key, self._len_nonce, hdr_key, self._hdr_nonce = self.header_keys
+        self._len_aead = AESGCM(len_key)
+        self._hdr_aead = AESGCM(hdr_key)
         self._buf = bytearray()
         self.received = 0  # bytes fed so far: none at EOF means the server never answered
         self._phase = _Phase.HEADER_LENGTH
@@ -568,7 +582,6 @@ class VmessFraming:
     def __init__(self, client: VmessClient) -> None:
         if client.command != COMMAND_TCP:
             raise ValueError("only a TCP command's body is relayed as a stream")
-        self.security = client.security
         self.encryptor = client
         self.decryptor = client.response_decoder()
 
@@ -584,21 +597,16 @@ class VmessFraming:
     def engine_keys(self) -> tuple[str, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]:
         """(security, request key, request IV, response key, response IV, the response header's
         length key and nonce, its key and nonce, check byte), for a body not yet begun."""
-        client = self.encryptor
-        writer = client._writer
-        if writer._count or writer.mask._pos or self.decryptor.received:
+        client, decoder = self.encryptor, self.decryptor
+        if client.body_begun or decoder.received:
             raise ValueError("framing: the VMess body has already begun")
-        key, iv = self.decryptor._keys
         return (
-            self.security.name.lower().replace("_", "-"),
-            _cipher_key(self.security, client.body_key),
+            SECURITY_NAMES[client.security],
+            _cipher_key(client.security, client.body_key),
             client.body_iv,
-            _cipher_key(self.security, key),
-            iv,
-            kdf(key, SALT_RESP_LEN_KEY)[:16],
-            kdf(iv, SALT_RESP_LEN_IV)[:NONCE_SIZE],
-            kdf(key, SALT_RESP_KEY)[:16],
-            kdf(iv, SALT_RESP_IV)[:NONCE_SIZE],
+            _cipher_key(client.security, decoder.key),
+            decoder.iv,
+            *decoder.header_keys,
             client.response_check,
         )
 

@@ -457,13 +457,18 @@ def _same(*values: object) -> object:
     return found[0] if found else None
 
 
-def _clash_entry(entry: Any) -> NodeSpec:
+def _entry_type(entry: Any) -> str:
+    """A structured entry's ``type``, lower-cased; skipped when the entry is no object or has none."""
     if not isinstance(entry, dict):
         raise _Skip("not-an-object")
     kind = entry.get("type")
     if not isinstance(kind, str):
         raise _Skip("missing-type")
-    kind = kind.strip().lower()
+    return kind.strip().lower()
+
+
+def _clash_entry(entry: Any) -> NodeSpec:
+    kind = _entry_type(entry)
     protocol = CLASH_TYPES.get(kind)
     if protocol is None:
         raise _Skip("unsupported-protocol")
@@ -500,12 +505,7 @@ def _sip008_entry(entry: Any) -> NodeSpec:
 
 
 def _singbox_entry(entry: Any) -> NodeSpec | None:
-    if not isinstance(entry, dict):
-        raise _Skip("not-an-object")
-    kind = entry.get("type")
-    if not isinstance(kind, str):
-        raise _Skip("missing-type")
-    kind = kind.strip().lower()
+    kind = _entry_type(entry)
     if kind in SINGBOX_STRUCTURAL:
         return None  # groups and builtins of the profile, not proxy nodes
     protocol = SINGBOX_TYPES.get(kind)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from helpers.sockets import unix_pair
@@ -50,6 +50,19 @@ def relay_of(kind: str) -> Iterator[Any]:
         yield NativeRelay(clock, engine)
     finally:
         engine.close()
+
+
+@contextlib.asynccontextmanager
+async def relay_flow(kind: str, start: Callable[[Any], Awaitable[tuple[socket.socket, Any, Any]]]):
+    """One flow on a relay of ``kind``: ``start(relay)`` gives (client socket, server end, run task);
+    yields (relay, client socket, server end, run task) and closes both sockets after."""
+    with relay_of(kind) as relay:
+        lan, server, task = await start(relay)
+        try:
+            yield relay, lan, server, task
+        finally:
+            lan.close()
+            server.sock.close()
 
 
 class Recorder:

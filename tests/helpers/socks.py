@@ -57,3 +57,50 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError(f"proxy closed after {len(buf)} of {n} bytes")
         buf += chunk
     return buf
+
+
+# RFC 1928 §5, §7: address types, and the header of an unfragmented UDP datagram (RSV, FRAG 0).
+ATYP_IPV4, ATYP_DOMAIN, ATYP_IPV6 = 0x01, 0x03, 0x04
+UDP_HEADER_PREFIX = b"\x00\x00\x00"
+
+
+def read_address(data: bytes, offset: int) -> tuple[str, int, int]:
+    """host, port and the offset past a SOCKS5 address (ATYP, address, port) at ``offset``."""
+    atyp = data[offset]
+    if atyp == ATYP_IPV4:
+        host, end = str(ipaddress.IPv4Address(data[offset + 1:offset + 5])), offset + 5
+    elif atyp == ATYP_IPV6:
+        host, end = str(ipaddress.IPv6Address(data[offset + 1:offset + 17])), offset + 17
+    elif atyp == ATYP_DOMAIN:
+        n = data[offset + 1]
+        host, end = data[offset + 2:offset + 2 + n].decode(), offset + 2 + n
+    else:
+        raise AssertionError(f"unknown SOCKS5 address type {atyp}")
+    return host, struct.unpack_from("!H", data, end)[0], end + 2
+
+
+def socks5_udp_exchange(proxy: tuple[str, int], target: tuple[str, int], payload: bytes,
+                        *, timeout: float = 5.0) -> bytes:
+    """Send ``payload`` to ``target`` through a SOCKS5 UDP association (no auth) and return the reply.
+
+    The control connection stays open for the whole exchange: closing it ends the association.
+    """
+    with socket.create_connection(proxy, timeout=timeout) as control, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(timeout)
+        control.sendall(bytes((5, 1, 0)))  # version 5, one method: no auth
+        assert recv_exact(control, 2) == bytes((5, 0))
+        control.sendall(bytes((5, 3, 0)) + encode_address(*udp.getsockname()))  # UDP ASSOCIATE
+        head = recv_exact(control, 4)
+        assert head[1] == 0, f"UDP ASSOCIATE refused with reply {head[1]}"
+        tail = recv_exact(control, {ATYP_IPV4: 6, ATYP_IPV6: 18}[head[3]])
+        relay_host, relay_port, _ = read_address(head[3:4] + tail, 0)
+        if ipaddress.ip_address(relay_host).is_unspecified:
+            relay_host = proxy[0]  # "the proxy's own address"
+        udp.sendto(UDP_HEADER_PREFIX + encode_address(*target) + payload, (relay_host, relay_port))
+        datagram, _ = udp.recvfrom(65535)
+        assert datagram[:3] == UDP_HEADER_PREFIX
+        source_host, source_port, offset = read_address(datagram, 3)
+        assert (source_host, source_port) == target, "the reply names the target as its source"
+        return datagram[offset:]

@@ -9,7 +9,6 @@ failing honk interop test points at honk, not at the harness.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import socket
 import struct
@@ -42,7 +41,7 @@ from helpers.peerservers import (
     tinyproxy,
 )
 from helpers.servers import HttpOrigin
-from helpers.socks import encode_address, recv_exact
+from helpers.socks import socks5_udp_exchange
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,15 +54,6 @@ SILENT_REFUSAL_WAIT = 2
 DNS_NAME = "peer.honk.test"
 DNS_IPS = ("192.0.2.7", "192.0.2.8")  # RFC 5737 TEST-NET-1: documentation addresses
 
-# RFC 1928 §3-§7: SOCKS5 version, methods, commands, address types, the success reply.
-SOCKS_VERSION = 5
-METHOD_NO_AUTH = 0x00
-CMD_UDP_ASSOCIATE = 0x03
-ATYP_IPV4 = 0x01
-ATYP_DOMAIN = 0x03
-ATYP_IPV6 = 0x04
-REPLY_SUCCEEDED = 0x00
-UDP_HEADER_PREFIX = b"\x00\x00\x00"  # RSV (2 bytes) and FRAG 0: an unfragmented datagram
 
 # curl's exit code 60 (CURLE_PEER_FAILED_VERIFICATION): the certificate could not be verified.
 CURL_PEER_FAILED_VERIFICATION = 60
@@ -95,47 +85,6 @@ def curl(*args: str, max_time: int = CURL_MAX_TIME) -> subprocess.CompletedProce
 def body_and_connect_status(result: subprocess.CompletedProcess[str]) -> tuple[str, int]:
     body, _, status = result.stdout.rpartition("\n")
     return body, int(status or 0)
-
-
-def _read_address(data: bytes, offset: int) -> tuple[str, int, int]:
-    """host, port and the offset past a SOCKS5 address (ATYP, address, port) at ``offset``."""
-    atyp = data[offset]
-    if atyp == ATYP_IPV4:
-        host, end = str(ipaddress.IPv4Address(data[offset + 1:offset + 5])), offset + 5
-    elif atyp == ATYP_IPV6:
-        host, end = str(ipaddress.IPv6Address(data[offset + 1:offset + 17])), offset + 17
-    elif atyp == ATYP_DOMAIN:
-        n = data[offset + 1]
-        host, end = data[offset + 2:offset + 2 + n].decode(), offset + 2 + n
-    else:
-        raise AssertionError(f"unknown SOCKS5 address type {atyp}")
-    return host, struct.unpack_from("!H", data, end)[0], end + 2
-
-
-def socks5_udp_exchange(proxy: tuple[str, int], target: tuple[str, int], payload: bytes) -> bytes:
-    """Send ``payload`` to ``target`` through a SOCKS5 UDP association (no auth) and return the reply.
-
-    The control connection stays open for the whole exchange: closing it ends the association.
-    """
-    with socket.create_connection(proxy, timeout=STEP) as control, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        udp.bind(("127.0.0.1", 0))
-        udp.settimeout(STEP)
-        control.sendall(bytes((SOCKS_VERSION, 1, METHOD_NO_AUTH)))
-        assert recv_exact(control, 2) == bytes((SOCKS_VERSION, METHOD_NO_AUTH))
-        control.sendall(bytes((SOCKS_VERSION, CMD_UDP_ASSOCIATE, 0)) + encode_address(*udp.getsockname()))
-        head = recv_exact(control, 4)
-        assert head[1] == REPLY_SUCCEEDED, f"UDP ASSOCIATE refused with reply {head[1]}"
-        tail = recv_exact(control, {ATYP_IPV4: 6, ATYP_IPV6: 18}[head[3]])
-        relay_host, relay_port, _ = _read_address(head[3:4] + tail, 0)
-        if ipaddress.ip_address(relay_host).is_unspecified:
-            relay_host = proxy[0]  # "the proxy's own address"
-        udp.sendto(UDP_HEADER_PREFIX + encode_address(*target) + payload, (relay_host, relay_port))
-        datagram, _ = udp.recvfrom(65535)
-        assert datagram[:3] == UDP_HEADER_PREFIX
-        source_host, source_port, offset = _read_address(datagram, 3)
-        assert (source_host, source_port) == target, "the reply names the target as its source"
-        return datagram[offset:]
 
 
 # --- SOCKS5: Dante and microsocks -----------------------------------------------------------

@@ -25,7 +25,7 @@ from honk.config.spec import GlobalSpec
 from honk.core.clock import MonotonicClock
 from honk.core.errors import ConfigRefused, DialError, DialTimeout
 from honk.outbound.proxy import ProxyLeaf
-from honk.outbound.tls import TlsFailed, ca_path, tls_connect, tls_context, tls_verification
+from honk.outbound.tls import TlsFailed, ca_path, client_context, tls_connect, tls_verification
 from honk.outbound.transport import TransportSpec, open_transport
 
 STEP = 5.0
@@ -37,7 +37,7 @@ async def _handshake(port: int, server_name: str, *, verify: bool = True, deadli
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
     clock = MonotonicClock()
-    conn = await tls_connect(sock, tls_context(verify), server_name, clock, clock.now() + deadline_s, "node")
+    conn = await tls_connect(sock, client_context(verify, (), "", "node"), server_name, clock, clock.now() + deadline_s, "node")
     conn.abort()
 
 
@@ -203,3 +203,23 @@ def test_a_node_naming_two_different_ca_files_is_refused() -> None:
 def echo():
     with EchoServer() as server:
         yield server
+
+
+def test_dials_share_one_context_until_the_ca_file_is_replaced(private_ca) -> None:
+    """Loading a trust store costs milliseconds: it happens once per store, not per dial."""
+    _, path = private_ca
+    first = client_context(True, ("h2",), path, "node")
+    assert client_context(True, ("h2",), path, "node") is first
+    assert client_context(False, ("h2",), path, "node") is not first  # another verification, another context
+    with open(path, "ab") as file:  # the file changes (here: grows by another CA): the next dial rebuilds
+        file.write(trustme.CA().cert_pem.bytes())
+    assert client_context(True, ("h2",), path, "node") is not first
+
+
+def test_the_system_store_context_follows_ssl_cert_file(monkeypatch, private_ca) -> None:
+    _, path = private_ca
+    monkeypatch.setenv("SSL_CERT_FILE", path)
+    ours = client_context(True, (), "", "node")
+    assert client_context(True, (), "", "node") is ours
+    monkeypatch.delenv("SSL_CERT_FILE")
+    assert client_context(True, (), "", "node") is not ours

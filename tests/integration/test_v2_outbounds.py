@@ -80,6 +80,20 @@ async def _echo_via_honk(port: int, echo: EchoServer, payload: bytes) -> bytes:
         await close_writer(writer)
 
 
+async def _connections_for_two_flows(port: int, echo: EchoServer, peer) -> int:  # noqa: ANN001
+    """How many connections to the v2ray server two open flows through honk hold (one carrier with mux)."""
+    flows = [await socks5_open(port, "127.0.0.1", echo.port) for _ in range(2)]
+    try:
+        for reader, writer, code, _ in flows:
+            assert code == 0
+            writer.write(b"ping")
+            assert await asyncio.wait_for(reader.readexactly(4), STEP) == b"ping"
+        return peer.carriers()
+    finally:
+        for _, writer, _, _ in flows:
+            await close_writer(writer)
+
+
 @pytest.mark.parametrize(("protocol", "transport", "tls", "mux", "security"), CASES)
 def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(run, trust, protocol, transport, tls, mux,
                                                                      security) -> None:
@@ -88,6 +102,7 @@ def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(run, trust, p
 
     async def main(link: str, echo: EchoServer, dns: UdpDnsResponder) -> None:
         async with honk_via(link, params=params) as port:
+            assert await _connections_for_two_flows(port, echo, peer) == (1 if mux else 2)
             got = await _echo_via_honk(port, echo, payload)
         assert len(got) == len(payload)
         assert hashlib.sha256(got).hexdigest() == hashlib.sha256(payload).hexdigest()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import socket
 import subprocess
 import time
@@ -31,7 +30,7 @@ from helpers.peerservers import (
 )
 from helpers.servers import EchoServer, HttpOrigin
 from helpers.sockets import roundtrip
-from helpers.socks import encode_address, recv_exact, socks5_connect
+from helpers.socks import socks5_connect, socks5_udp_exchange
 
 STEP = 5.0  # seconds: the most any single exchange in these tests may take
 CURL_MAX_TIME = 10  # seconds: curl's own bound on a whole transfer
@@ -41,14 +40,7 @@ POLL_INTERVAL = 0.01  # seconds between checks of a polled condition
 DNS_NAME = "v2ray.honk.test"
 DNS_IPS = ("192.0.2.17",)  # RFC 5737 TEST-NET-1: a documentation address
 
-# RFC 1928 §4, §7: SOCKS5 version, no-auth method, UDP ASSOCIATE, address types, success.
-SOCKS_VERSION = 5
-METHOD_NO_AUTH = 0x00
-CMD_UDP_ASSOCIATE = 0x03
-ATYP_IPV4 = 0x01
-REPLY_SUCCEEDED = 0x00
-UDP_HEADER_PREFIX = b"\x00\x00\x00"  # RSV (2 bytes) and FRAG 0: an unfragmented datagram
-IPV4_REPLY_TAIL = 6  # bytes after ATYP in an IPv4 reply: address (4) and port (2)
+REPLY_SUCCEEDED = 0x00  # RFC 1928 §6: the SOCKS5 success reply
 
 # The shapes the issue asks the peer for: name -> v2ray_server keyword arguments.
 SHAPES = {
@@ -80,30 +72,6 @@ def curl_through(proxy: tuple[str, int], url: str, max_time: int = CURL_MAX_TIME
          "--socks5-hostname", f"{proxy[0]}:{proxy[1]}", url],
         capture_output=True, text=True, timeout=max_time + STEP,
     )
-
-
-def socks5_udp_exchange(proxy: tuple[str, int], target: tuple[str, int], payload: bytes) -> bytes:
-    """Send ``payload`` to ``target`` through a SOCKS5 UDP association and return the reply's payload."""
-    with socket.create_connection(proxy, timeout=STEP) as control, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-        udp.bind(("127.0.0.1", 0))
-        udp.settimeout(STEP)
-        control.sendall(bytes((SOCKS_VERSION, 1, METHOD_NO_AUTH)))
-        assert recv_exact(control, 2) == bytes((SOCKS_VERSION, METHOD_NO_AUTH))
-        control.sendall(bytes((SOCKS_VERSION, CMD_UDP_ASSOCIATE, 0)) + encode_address(*udp.getsockname()))
-        head = recv_exact(control, 4)
-        assert head[1] == REPLY_SUCCEEDED, f"UDP ASSOCIATE refused with reply {head[1]}"
-        assert head[3] == ATYP_IPV4, "v2ray answers with an IPv4 relay address on loopback"
-        tail = recv_exact(control, IPV4_REPLY_TAIL)
-        relay_host = str(ipaddress.IPv4Address(tail[:4]))
-        relay_port = int.from_bytes(tail[4:], "big")
-        if ipaddress.ip_address(relay_host).is_unspecified:
-            relay_host = proxy[0]
-        header = UDP_HEADER_PREFIX + encode_address(*target)
-        udp.sendto(header + payload, (relay_host, relay_port))
-        datagram, _ = udp.recvfrom(65535)
-        assert datagram.startswith(header), "the reply names the target as its source"
-        return datagram[len(header):]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = STEP) -> bool:

@@ -36,7 +36,7 @@ from helpers.engines import (
     poll,
     recv_exactly,
     recv_until_eof,
-    relay_of,
+    relay_flow,
     upstream_failure,
 )
 from helpers.sockets import tcp_pair, unix_pair
@@ -440,49 +440,34 @@ async def _relay_rig(relay: Any, cipher: str = "aes-128-gcm"):
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_carry_a_framed_upstream_and_finish_cleanly(kind) -> None:
     loop = asyncio.get_running_loop()
-    with relay_of(kind) as relay:
-        lan, server, task = await _relay_rig(relay)
-        try:
-            payload = os.urandom(MiB)
-            await loop.sock_sendall(lan, payload)
-            lan.shutdown(socket.SHUT_WR)
-            assert await server.recv_until_eof() == payload
-            await server.send_plain(b"answer" * 5000)
-            server.sock.shutdown(socket.SHUT_WR)
-            assert await recv_until_eof(lan) == b"answer" * 5000
-            await asyncio.wait_for(task, STEP)
-            assert relay.bytes_up == MiB
-        finally:
-            lan.close()
-            server.sock.close()
+    async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
+        payload = os.urandom(MiB)
+        await loop.sock_sendall(lan, payload)
+        lan.shutdown(socket.SHUT_WR)
+        assert await server.recv_until_eof() == payload
+        await server.send_plain(b"answer" * 5000)
+        server.sock.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(lan) == b"answer" * 5000
+        await asyncio.wait_for(task, STEP)
+        assert relay.bytes_up == MiB
 
 
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_end_with_shadowsocks_auth_error_on_a_bad_tag(kind) -> None:
-    with relay_of(kind) as relay:
-        lan, server, task = await _relay_rig(relay)
-        try:
-            wire = bytearray(server.enc.encrypt(b"tampered"))
-            wire[-1] ^= 0x80
-            await server.send_wire(bytes(wire))
-            with pytest.raises(ShadowsocksAuthError) as info:
-                await asyncio.wait_for(task, STEP)
-            assert info.value.reason == "bad-tag"
-        finally:
-            lan.close()
-            server.sock.close()
+    async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
+        wire = bytearray(server.enc.encrypt(b"tampered"))
+        wire[-1] ^= 0x80
+        await server.send_wire(bytes(wire))
+        with pytest.raises(ShadowsocksAuthError) as info:
+            await asyncio.wait_for(task, STEP)
+        assert info.value.reason == "bad-tag"
 
 
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_end_with_a_truncated_protocol_error_on_eof_inside_a_chunk(kind) -> None:
-    with relay_of(kind) as relay:
-        lan, server, task = await _relay_rig(relay)
-        try:
-            await server.send_wire(server.enc.encrypt(b"never finished")[:-5])
-            server.sock.shutdown(socket.SHUT_WR)
-            with pytest.raises(ShadowsocksProtocolError) as info:
-                await asyncio.wait_for(task, STEP)
-            assert info.value.reason == "truncated"
-        finally:
-            lan.close()
-            server.sock.close()
+    async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
+        await server.send_wire(server.enc.encrypt(b"never finished")[:-5])
+        server.sock.shutdown(socket.SHUT_WR)
+        with pytest.raises(ShadowsocksProtocolError) as info:
+            await asyncio.wait_for(task, STEP)
+        assert info.value.reason == "truncated"

@@ -31,7 +31,7 @@ from helpers.engines import (
     framed_rig,
     recv_exactly,
     recv_until_eof,
-    relay_of,
+    relay_flow,
     upstream_failure,
 )
 from helpers.sockets import tcp_pair, unix_pair
@@ -284,20 +284,15 @@ async def _relay_rig(relay: Any):
 @pytest.mark.parametrize("kind", RELAYS)
 async def test_relays_carry_a_vmess_body_and_finish_cleanly(kind) -> None:
     loop = asyncio.get_running_loop()
-    with relay_of(kind) as relay:
-        lan, server, task = await _relay_rig(relay)
-        try:
-            await loop.sock_sendall(lan, b"request" * 1000)
-            lan.shutdown(socket.SHUT_WR)
-            assert await server.recv_until_eof() == b"request" * 1000
-            assert server.ended
-            await server.send(server.header() + server.chunks(b"reply" * 9000) + server.response.seal(b""))
-            server.sock.shutdown(socket.SHUT_WR)
-            assert await recv_until_eof(lan) == b"reply" * 9000
-            await asyncio.wait_for(task, STEP)
-        finally:
-            lan.close()
-            server.sock.close()
+    async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
+        await loop.sock_sendall(lan, b"request" * 1000)
+        lan.shutdown(socket.SHUT_WR)
+        assert await server.recv_until_eof() == b"request" * 1000
+        assert server.ended
+        await server.send(server.header() + server.chunks(b"reply" * 9000) + server.response.seal(b""))
+        server.sock.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(lan) == b"reply" * 9000
+        await asyncio.wait_for(task, STEP)
 
 
 @pytest.mark.parametrize("kind", RELAYS)
@@ -305,18 +300,19 @@ async def test_relays_carry_a_vmess_body_and_finish_cleanly(kind) -> None:
                                                         ("forged", VmessAuthError, None)])
 async def test_relays_end_with_the_vmess_error_for_what_the_server_did(kind, wrong, error, reason) -> None:
     """A server that closes without answering (a refused id), and one whose chunk does not verify."""
-    with relay_of(kind) as relay:
-        lan, server, task = await _relay_rig(relay)
-        try:
-            if wrong == "silence":
-                server.sock.shutdown(socket.SHUT_WR)
-            else:
-                wire = bytearray(server.header() + server.chunks(b"forged"))
-                wire[-1] ^= 0x80
-                await server.send(bytes(wire))
-            with pytest.raises(error) as info:
-                await asyncio.wait_for(task, STEP)
-            assert reason is None or info.value.reason == reason  # an auth failure's reason names the seal
-        finally:
-            lan.close()
-            server.sock.close()
+    async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
+        if wrong == "silence":
+            server.sock.shutdown(socket.SHUT_WR)
+        else:
+            wire = bytearray(server.header() + server.chunks(b"forged"))
+            wire[-1] ^= 0x80
+            await server.send(bytes(wire))
+        with pytest.raises(error) as info:
+            await asyncio.wait_for(task, STEP)
+        assert reason is None or info.value.reason == reason  # an auth failure's reason names the seal
+
+
+def test_the_engines_bound_on_a_response_header_is_the_codecs() -> None:
+    from honk.proto import vmess
+
+    assert relay_py.VMESS_HEADER_MAX == vmess._MAX_RESPONSE_HEADER  # the compiled engine asserts its own at import
