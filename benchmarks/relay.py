@@ -84,6 +84,12 @@ LOADGEN = BUILD / "loadgen"
 GIB = 1 << 30
 LOOPBACK = "127.0.0.1"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A pair's connection rates start from the same few TIME-WAIT sockets: tens of thousands left by
+# the run before (each lasts 60 s on Linux) slow every connect() on loopback, and would make the
+# second of a pair look slower than it is. Measured here: a v2ray client went from 1,775 to 785
+# conn/s with 40,000 of them around.
+TIME_WAIT_SETTLED = 2000  # TIME-WAIT sockets left before a rate run starts
+TIME_WAIT_PATIENCE = 70.0  # seconds waited at most (longer than their 60 s lifetime)
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,8 @@ def metric_rows(plan: Plan) -> list[tuple[str, str, str]]:
     for c in plan.concurrency:
         rows.append((f"rate_{c}", f"connect+echo+close c={c} (conn/s)", "{:,.0f}"))
         rows.append((f"rate_{c}_errors", f"  errors, c={c}", "{:,.0f}"))
+        rows.append((f"rate_{c}_cpu_ms", f"  CPU per conn, c={c} (ms)", "{:.2f}"))
+        rows.append((f"rate_{c}_sink_cpu_ms", f"  sink CPU per conn, c={c} (ms)", "{:.2f}"))
     rows += [
         ("lat_p50_us", "round trip p50 (us)", "{:.1f}"),
         ("lat_p99_us", "round trip p99 (us)", "{:.1f}"),
@@ -868,20 +876,58 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
     report.metrics[subject.name] = m
 
 
-def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report) -> list[float]:
-    """connect+echo+close per second at each of the plan's concurrencies; the load tool's busy cores."""
+def parse_time_wait(sockstat: str) -> int:
+    """The ``tw`` count of ``/proc/net/sockstat``'s TCP line (TIME-WAIT sockets of both families)."""
+    m = re.search(r"^TCP: .*\btw (\d+)", sockstat, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def time_wait_sockets() -> int:
+    """TCP sockets in TIME-WAIT now (the kernel's own count, cheap to read; 0 when unreadable)."""
+    try:
+        return parse_time_wait(Path("/proc/net/sockstat").read_text())
+    except OSError:
+        return 0
+
+
+def settle_time_wait(report: Report, subject: Subject) -> None:
+    """Wait until at most :data:`TIME_WAIT_SETTLED` TIME-WAIT sockets remain (or the patience runs out)."""
+    start, left = time.monotonic(), time_wait_sockets()
+    if left <= TIME_WAIT_SETTLED:
+        return
+    _say(f"  {subject.name}: waiting for {left:,} TIME-WAIT sockets to expire before its rate runs")
+    while left > TIME_WAIT_SETTLED and time.monotonic() - start < TIME_WAIT_PATIENCE:
+        time.sleep(1.0)
+        left = time_wait_sockets()
+    report.runs.append({"subject": subject.name, "kind": "settle", "seconds": time.monotonic() - start,
+                        "time_wait_left": left})
+
+
+def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report,
+                  pgids: dict[str, int] | None = None) -> list[float]:
+    """connect+echo+close per second at each of the plan's concurrencies; the load tool's busy cores.
+
+    ``pgids`` names process groups (``"cpu"``: the subject, ``"sink_cpu"``: its sink) whose CPU
+    milliseconds per connection are recorded too, as ``rate_<c>_<name>_ms``.
+    """
     plan, m = report.plan, report.metrics.setdefault(subject.name, {})
     lg_rate: list[float] = []
     for c in plan.concurrency:
         cps, errors = [], 0
+        per_conn: dict[str, list[float]] = {name: [] for name in pgids or {}}
         for _ in range(plan.reps):
+            before = {name: group_cpu_seconds(pgid) for name, pgid in (pgids or {}).items()}
             kv = lg.rate(subject, port, c)
+            for name, pgid in (pgids or {}).items():
+                per_conn[name].append(1000 * (group_cpu_seconds(pgid) - before[name]) / max(1, int(kv["conns"])))
             cps.append(float(kv["cps"]))
             lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
             errors += int(kv["errors"])
             report.runs.append({"subject": subject.name, "kind": "rate", **kv})
         m[f"rate_{c}"] = median(cps)
         m[f"rate_{c}_errors"] = errors
+        for name, ms in per_conn.items():
+            m[f"rate_{c}_{name}_ms"] = median(ms)
     return lg_rate
 
 
@@ -919,7 +965,8 @@ def measure_sink_subject(lg: LoadGen, subject: Subject, report: Report, workdir:
                 m[f"cpu_{direction}_{streams}"] = median(cpu)
                 m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
         if sink.rate:
-            measure_rates(lg, subject, port, report)
+            settle_time_wait(report, subject)
+            measure_rates(lg, subject, port, report, {"cpu": running.pgid, "sink_cpu": sink.running.pgid})
     except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError) as exc:
         why = str(exc)
         tail = running.log_text().strip()[-800:] if running is not None else ""

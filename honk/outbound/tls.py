@@ -18,6 +18,16 @@ Verification is on unless the node's link says otherwise
 ``SSL_CERT_FILE``, unless the node names its own CA. ALPN protocols are offered
 when the node names them.
 
+A dial resumes the TLS 1.3 session of the last handshake with the same server
+(address and server name) when it has a ticket for it: the server skips its
+certificate and signature, the client skips verifying them again, which is
+most of a handshake's CPU on both ends. The key exchange stays ephemeral, so
+forward secrecy is kept; TLS 1.2 sessions are never resumed (their resumption
+would reuse the old master secret). A server that refuses the ticket gets a
+full handshake in the same round trips. Each context keeps its own sessions
+(:class:`_ResumingContext`), so a rebuilt context (a replaced CA file) starts
+afresh and a session is only offered under the trust it was verified with.
+
 A node's own CA is its ``ca`` parameter (:func:`ca_path`): the path of a PEM file
 holding one or more CA certificates (a relative path is taken from the daemon's
 working directory). It replaces the system store for that node
@@ -33,11 +43,14 @@ naming the node and the path.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
 import socket
 import ssl
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
 from honk.core.clock import Clock, timeout_at
@@ -48,6 +61,8 @@ __all__ = ["TlsFailed", "ca_path", "client_context", "tls_connect", "tls_verific
 
 MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigger is a wrong path
 CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; nodes share them
+RESUMED_SERVERS = 128  # servers per context whose TLS 1.3 session is kept for resumption
+HARVEST_RETRY = 60.0  # seconds before a server that sent no session ticket is looked at again
 
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
@@ -116,15 +131,91 @@ def client_context(verify: bool, alpn: Sequence[str], ca: str, node: str) -> ssl
         raise ConfigRefused(f"{node}: {exc}") from None
 
 
+_ServerKey = tuple[tuple[str, int], str]  # (server address, server name)
+_offered: contextvars.ContextVar[ssl.SSLSession | None] = contextvars.ContextVar("honk_tls_offer", default=None)
+
+
+@dataclass(slots=True)
+class _Resumption:
+    """What one server's next handshake resumes from."""
+
+    session: ssl.SSLSession | None = None  # offered until the server refuses it
+    harvest: ssl.SSLObject | None = None  # a full handshake whose ticket (if any) is taken at the next offer
+    next_harvest: float = 0.0  # clock time before which no connection is kept to harvest
+
+
+class _ResumingContext(ssl.SSLContext):
+    """A client context that keeps, per server, the TLS 1.3 session to resume.
+
+    The event loop builds each connection's ``SSLObject`` through :meth:`wrap_bio`
+    with no way to pass a session, so :func:`tls_connect` sets the one to offer in
+    a context variable around the dial, and :meth:`wrap_bio` picks it up.
+
+    A TLS 1.3 ticket arrives after the handshake, so a full handshake is kept
+    (:meth:`learn`) and its session taken at the next dial (:meth:`offer`).
+    Taking a session copies it, certificate and all, which costs about as much
+    as a third of a handshake: so it is done once per full handshake, and a
+    server that sent no ticket is not asked again for :data:`HARVEST_RETRY`
+    seconds. A session the server accepted is offered again until it refuses.
+    """
+
+    _sessions: OrderedDict[_ServerKey, _Resumption]
+
+    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, server_side: bool = False,
+                 server_hostname: str | bytes | None = None, session: ssl.SSLSession | None = None) -> ssl.SSLObject:
+        if session is None and not server_side:
+            session = _offered.get()
+        return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
+
+    def offer(self, key: _ServerKey, now: float) -> ssl.SSLSession | None:
+        """The session to resume with ``key``'s server, or None for a full handshake."""
+        entry = self._sessions.get(key)
+        if entry is None:
+            return None
+        if entry.harvest is not None:
+            fresh, entry.harvest = entry.harvest.session, None
+            if fresh is not None and fresh.has_ticket:
+                entry.session = fresh
+            else:
+                entry.next_harvest = now + HARVEST_RETRY
+        return entry.session
+
+    def learn(self, key: _ServerKey, connection: ssl.SSLObject, now: float) -> None:
+        """Note how a handshake with ``key``'s server went: a full TLS 1.3 one may be resumed from."""
+        entry = self._sessions.get(key)
+        if entry is None:
+            entry = self._sessions[key] = _Resumption()
+            if len(self._sessions) > RESUMED_SERVERS:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        if connection.session_reused:
+            return
+        entry.session = None  # refused (or never had one): it is not offered again
+        if entry.harvest is None and now >= entry.next_harvest and connection.version() == "TLSv1.3":
+            entry.harvest = connection
+
+
+def _new_context(cadata: str | None) -> _ResumingContext:
+    """What ``ssl.create_default_context`` makes for a client, as a :class:`_ResumingContext`."""
+    context = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the name by default
+    context._sessions = OrderedDict()
+    if cadata is None:
+        context.load_default_certs()
+    else:
+        context.load_verify_locations(cadata=cadata)
+    return context
+
+
 @functools.lru_cache(maxsize=CONTEXT_CACHE)
 def _shared_context(verify: bool, alpn: tuple[str, ...], ca: str, store: tuple[object, ...]) -> ssl.SSLContext:
     if ca:
         try:
-            context = ssl.create_default_context(cadata=_read_ca(ca))
+            context = _new_context(_read_ca(ca))
         except (ValueError, ssl.SSLError):  # text without a certificate, or a broken one
             raise _BadCa(f"the CA file {ca!r} holds no PEM certificate") from None
     else:
-        context = ssl.create_default_context()
+        context = _new_context(None)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -165,21 +256,37 @@ async def tls_connect(
     deadline: float,
     outbound: str,
 ) -> StreamConn:
-    """TLS over the connected ``sock`` (which it owns from here on, closed on failure)."""
+    """TLS over the connected ``sock`` (which it owns from here on, closed on failure).
+
+    With a context from :func:`client_context` the handshake resumes the server's last
+    TLS 1.3 session when there is one, and this handshake's session is kept for the next.
+    """
     loop = asyncio.get_running_loop()
+    resuming = isinstance(context, _ResumingContext)
+    token = None
     try:
         try:
+            if resuming:
+                key = (sock.getpeername()[:2], server_name)
+                token = _offered.set(context.offer(key, clock.now()))
             async with timeout_at(clock, deadline):
-                _, conn = await loop.create_connection(
+                transport, conn = await loop.create_connection(
                     lambda: StreamConn(UpstreamFailed), sock=sock, ssl=context, server_hostname=server_name
                 )
         except BaseException:
             sock.close()  # a failed handshake closes its transport; this covers the rest
             raise
+        finally:
+            if token is not None:
+                _offered.reset(token)
     except TimeoutError:
         raise DialTimeout(outbound, "tls", "no TLS handshake before the deadline") from None
     except ssl.SSLError as exc:
         raise _classify(outbound, exc) from None
     except (OSError, HonkError) as exc:
         raise TlsFailed(outbound, "handshake", f"the connection failed during the handshake: {exc}") from None
+    if resuming:
+        connection = transport.get_extra_info("ssl_object")
+        if connection is not None:
+            context.learn(key, connection, clock.now())
     return conn

@@ -200,6 +200,8 @@ class MuxDecoder(StreamSplitter[MuxFrame]):
         target: Address | None = None
         # New frames always name a target; Keep frames may (UDP peers); other bits are ignored, as v2ray does
         if kind is SessionStatus.NEW or (kind is SessionStatus.KEEP and len(meta) > META_HEAD):
+            if len(meta) == META_HEAD:  # a New frame that stops before its network byte
+                self._fail(MuxProtocolError("truncated-address"))
             network = _BYTE_NETWORK.get(meta[META_HEAD])
             if network is None:
                 self._fail(MuxProtocolError("bad-network", f"network {meta[META_HEAD]:#04x}"))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import hashlib
 import os
 import struct
@@ -156,8 +157,8 @@ def check_alter_id(n: int) -> None:
 _Hash = Callable[[bytes], bytes]
 
 
-def _sha256(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
+_PAD_INNER = bytes(b ^ 0x36 for b in range(256))  # HMAC's ipad and opad, as translate() tables
+_PAD_OUTER = bytes(b ^ 0x5C for b in range(256))
 
 
 def _hmac_over(inner: _Hash, key: bytes) -> _Hash:
@@ -165,15 +166,42 @@ def _hmac_over(inner: _Hash, key: bytes) -> _Hash:
     if len(key) > _HMAC_BLOCK:
         key = inner(key)
     key = key.ljust(_HMAC_BLOCK, b"\x00")
-    ipad = bytes(b ^ 0x36 for b in key)
-    opad = bytes(b ^ 0x5C for b in key)
+    ipad = key.translate(_PAD_INNER)
+    opad = key.translate(_PAD_OUTER)
     return lambda msg: inner(opad + inner(ipad + msg))
 
 
+# The innermost layer's two hash states with its padded key already absorbed: copying a state
+# is cheaper than keying an HMAC afresh, and this layer runs eight times per derived key.
+_ROOT_INNER = hashlib.sha256(KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00").translate(_PAD_INNER))
+_ROOT_OUTER = hashlib.sha256(KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00").translate(_PAD_OUTER))
+
+
+def _root_hmac(msg: bytes) -> bytes:
+    """The innermost layer: HMAC-SHA256 keyed by ``KDF_ROOT``."""
+    inner = _ROOT_INNER.copy()
+    inner.update(msg)
+    outer = _ROOT_OUTER.copy()
+    outer.update(inner.digest())
+    return outer.digest()
+
+
+@functools.lru_cache(maxsize=32)
+def _salted(salt: bytes) -> _Hash:
+    """The layer over the root for one of the protocol's constant salts, built once."""
+    return _hmac_over(_root_hmac, salt)
+
+
 def kdf(key: bytes, *path: bytes) -> bytes:
-    """v2ray's VMess KDF: HMAC layers keyed by ``KDF_ROOT`` then each salt of ``path``, over ``key``."""
-    fn = _hmac_over(_sha256, KDF_ROOT)
-    for salt in path:
+    """v2ray's VMess KDF: HMAC layers keyed by ``KDF_ROOT`` then each salt of ``path``, over ``key``.
+
+    A layer calls the one below it twice, so a three-salt path costs eight HMAC-SHA256
+    calls; the first salt is always one of the protocol's constants, so its layer is cached.
+    """
+    if not path:
+        return _root_hmac(key)
+    fn = _salted(path[0])
+    for salt in path[1:]:
         fn = _hmac_over(fn, salt)
     return fn(key)
 

@@ -27,18 +27,23 @@ from honk.core.errors import ConfigRefused, DialError, DialTimeout
 from honk.outbound.proxy import ProxyLeaf
 from honk.outbound.tls import TlsFailed, ca_path, client_context, tls_connect, tls_verification
 from honk.outbound.transport import TransportSpec, open_transport
+from honk.relay.stream import StreamConn
 
 STEP = 5.0
 
 
-async def _handshake(port: int, server_name: str, *, verify: bool = True, deadline_s: float = STEP) -> None:
+async def _dial(port: int, server_name: str, *, verify: bool = True, deadline_s: float = STEP) -> StreamConn:
     loop = asyncio.get_running_loop()
     sock = socket.socket()
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
     clock = MonotonicClock()
-    conn = await tls_connect(sock, client_context(verify, (), "", "node"), server_name, clock, clock.now() + deadline_s, "node")
-    conn.abort()
+    return await tls_connect(sock, client_context(verify, (), "", "node"), server_name, clock, clock.now() + deadline_s,
+                             "node")
+
+
+async def _handshake(port: int, server_name: str, *, verify: bool = True, deadline_s: float = STEP) -> None:
+    (await _dial(port, server_name, verify=verify, deadline_s=deadline_s)).abort()
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +228,28 @@ def test_the_system_store_context_follows_ssl_cert_file(monkeypatch, private_ca)
     assert client_context(True, (), "", "node") is ours
     monkeypatch.delenv("SSL_CERT_FILE")
     assert client_context(True, (), "", "node") is not ours
+
+
+async def _dial_resumed(port: int, server_name: str = "localhost") -> bool:
+    """One dial and an echo round trip; whether its handshake resumed an earlier session."""
+    conn = await _dial(port, server_name)
+    try:
+        conn.write(b"ping")
+        assert await conn.receive() == b"ping"  # reading also takes in the tickets the server sent
+        assert conn.transport is not None
+        return conn.transport.get_extra_info("ssl_object").session_reused
+    finally:
+        conn.abort()
+
+
+def test_the_next_dial_to_the_same_server_resumes_its_tls13_session(run, echo, trusting) -> None:
+    with tls_front(echo.port, ca=trusting) as front:  # haproxy sends TLS 1.3 tickets, as most servers do
+        assert [run(_dial_resumed(front.port)) for _ in range(3)] == [False, True, True]
+
+
+def test_a_session_is_offered_only_to_the_server_it_came_from(run, echo, trusting) -> None:
+    with tls_front(echo.port, ca=trusting) as first, tls_front(echo.port, ca=trusting) as second:
+        assert run(_dial_resumed(first.port)) is False
+        assert run(_dial_resumed(second.port)) is False  # another address: a full handshake
+        assert run(_dial_resumed(first.port, "127.0.0.1")) is False  # another server name too
+        assert run(_dial_resumed(first.port)) is True

@@ -290,3 +290,10 @@ def test_a_pair_is_judged_against_its_own_peer() -> None:
     verdicts = {t.metric: relay.evaluate(t, "honk[v2ray]:vmess", metrics)["status"]
                 for t in relay.v2ray_targets(relay.QUICK, "vmess")}
     assert verdicts == {"bulk_up_1": "met", "bulk_down_1": "n/a", "rate_16": "NOT met", "rate_64": "n/a"}
+
+
+def test_parse_time_wait_reads_the_tcp_lines_tw_count() -> None:
+    sockstat = ("sockets: used 8\nTCP: inuse 1 orphan 0 tw 15612 alloc 1 mem 0\nUDP: inuse 0 mem 0\n"
+                "UDPLITE: inuse 0\n")
+    assert relay.parse_time_wait(sockstat) == 15612
+    assert relay.parse_time_wait("sockets: used 8\n") == 0

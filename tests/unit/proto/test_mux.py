@@ -110,6 +110,7 @@ def test_extra_metadata_on_end_frames_is_ignored_as_v2ray_does() -> None:
         (b"\x00\x0c\x00\x01\x01\x00\x03\x00\x35\x01\x08\x08\x08\x08", "bad-network"),
         (b"\x00\x0c\x00\x01\x01\x00\x01\x00\x35\x04\x08\x08\x08\x08", "bad-address-type"),
         (b"\x00\x08\x00\x01\x01\x00\x01\x00\x35\x02", "truncated-address"),
+        (b"\x00\x04\x00\x01\x01\x00", "truncated-address"),  # a New frame with no network byte (fuzz-found)
         (b"\x00\x09\x00\x01\x01\x00\x01\x00\x35\x02\x00", "empty-domain"),
         (b"\x00\x03\x00\x01\x02", "metadata-too-short"),
         ((MAX_METADATA + 1).to_bytes(2, "big"), "metadata-too-long"),

@@ -215,8 +215,9 @@ def test_cmd_key_is_md5_of_the_uuid_bytes_and_the_vmess_magic():
         (b"AES Auth ID Encryption",),
         (b"VMess Header AEAD Key", b"\x01" * 16, b"\x02" * 8),
         (b"s" * 100, b"t"),
+        (b"s", b"t" * 100, b"u" * 64, b"v" * 65),
     ],
-    ids=["root-only", "auth-id", "header-key", "long-salt"],
+    ids=["root-only", "auth-id", "header-key", "long-salt", "long-inner-salts"],
 )
 def test_kdf_equals_the_nested_hmac_chain_built_from_the_stdlib(path):
     key = ref_cmd_key(USER)
