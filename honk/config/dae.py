@@ -287,13 +287,8 @@ def split_entry(text: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str |
             s = rest[1:].strip()
         else:
             return None if not _tail_ok(rest, path, loc, sink) else (None, head)
-    else:
-        m = _BARE_TAG.match(s)
-        if m and not s[m.end() :].startswith("//"):
-            tag = m.group(1)
-            if m.group(2):
-                sink.info("entry-tag-normalized", path, "whitespace before the tag colon is ignored", loc)
-            s = s[m.end() :].strip()
+    elif (bare := _bare_tag(s, path, loc, sink)) is not None:
+        tag, s = bare
     if s and s[0] in QUOTES:
         end = _close_quote(s)
         if end < 0:
@@ -304,6 +299,17 @@ def split_entry(text: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str |
     else:
         link = s
     return (tag or None), link
+
+
+def _bare_tag(s: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str, str] | None:
+    """``tag: rest`` with an unquoted tag as ``(tag, rest)``; None when there is none (the
+    colon of a URL's ``scheme://`` is no tag colon)."""
+    m = _BARE_TAG.match(s)
+    if not m or s[m.end() :].startswith("//"):
+        return None
+    if m.group(2):
+        sink.info("entry-tag-normalized", path, "whitespace before the tag colon is ignored", loc)
+    return m.group(1), s[m.end() :].strip()
 
 
 def _close_quote(s: str) -> int:
@@ -499,13 +505,10 @@ def split_subscription_entry(
         tag = head
         value = after[1:].strip()
     else:
-        m = _BARE_TAG.match(s)
-        if not m or s[m.end() :].startswith("//"):
+        bare = _bare_tag(s, path, loc, sink)
+        if bare is None:
             return None, s, None  # a bare URL; parentheses in it are data
-        tag = m.group(1)
-        if m.group(2):
-            sink.info("entry-tag-normalized", path, "whitespace before the tag colon is ignored", loc)
-        value = s[m.end() :].strip()
+        tag, value = bare
     if value and value[0] in QUOTES:
         end = _close_quote(value)
         if end < 0:

@@ -159,7 +159,9 @@ class _ResumingContext(ssl.SSLContext):
     seconds. A session the server accepted is offered again until it refuses.
     """
 
-    _sessions: OrderedDict[_ServerKey, _Resumption]
+    def __init__(self, protocol: int = ssl.PROTOCOL_TLS_CLIENT) -> None:
+        super().__init__()  # the protocol is taken by ``SSLContext.__new__``
+        self._sessions: OrderedDict[_ServerKey, _Resumption] = OrderedDict()
 
     def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, server_side: bool = False,
                  server_hostname: str | bytes | None = None, session: ssl.SSLSession | None = None) -> ssl.SSLObject:
@@ -199,7 +201,6 @@ class _ResumingContext(ssl.SSLContext):
 def _new_context(cadata: str | None) -> _ResumingContext:
     """What ``ssl.create_default_context`` makes for a client, as a :class:`_ResumingContext`."""
     context = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the name by default
-    context._sessions = OrderedDict()
     if cadata is None:
         context.load_default_certs()
     else:

@@ -173,8 +173,10 @@ def _hmac_over(inner: _Hash, key: bytes) -> _Hash:
 
 # The innermost layer's two hash states with its padded key already absorbed: copying a state
 # is cheaper than keying an HMAC afresh, and this layer runs eight times per derived key.
-_ROOT_INNER = hashlib.sha256(KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00").translate(_PAD_INNER))
-_ROOT_OUTER = hashlib.sha256(KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00").translate(_PAD_OUTER))
+_ROOT_KEY = KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00")  # shorter than a block: padded, not hashed
+_ROOT_INNER = hashlib.sha256(_ROOT_KEY.translate(_PAD_INNER))
+_ROOT_OUTER = hashlib.sha256(_ROOT_KEY.translate(_PAD_OUTER))
+_SALT_LAYERS = 32  # salt layers kept built: the protocol has nine constant salts
 
 
 def _root_hmac(msg: bytes) -> bytes:
@@ -186,7 +188,7 @@ def _root_hmac(msg: bytes) -> bytes:
     return outer.digest()
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=_SALT_LAYERS)
 def _salted(salt: bytes) -> _Hash:
     """The layer over the root for one of the protocol's constant salts, built once."""
     return _hmac_over(_root_hmac, salt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -9,6 +10,7 @@ import socket
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+CURL_MAX_TIME = 5  # seconds: curl's own bound on one request through a proxy on loopback
 
 
 def require_binary(name: str) -> str:
@@ -34,3 +36,15 @@ def free_tcp_udp_port(host: str = "127.0.0.1", attempts: int = 20) -> int:
                     continue
                 return port
     raise OSError(f"no port free for both TCP and UDP on {host} after {attempts} tries")
+
+
+async def curl(*args: str) -> tuple[int, str, str]:
+    """curl ``args`` quietly with a bounded run time and a clean environment (no proxy variables):
+    (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        require_binary("curl"), "-sS", "--max-time", str(CURL_MAX_TIME), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+    )
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()

@@ -98,6 +98,11 @@ class ShadowsocksPeer(_Listening):
     udp: bool
 
 
+def _trusting(ca_pem: bytes) -> ssl.SSLContext:
+    """A client TLS context that trusts ``ca_pem`` and nothing else."""
+    return ssl.create_default_context(cadata=ca_pem.decode())  # with cadata, no system store is loaded
+
+
 @dataclass(frozen=True)
 class HttpProxyPeer(_Listening):
     """A plain HTTP proxy that allows CONNECT to any port; Basic credentials when ``username`` is set."""
@@ -144,9 +149,7 @@ class TlsProxyPeer(_Listening):
 
     def client_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts only this front's CA."""
-        ctx = ssl.create_default_context()
-        ctx.load_verify_locations(cadata=self.ca_pem.decode())
-        return ctx
+        return _trusting(self.ca_pem)
 
 
 @dataclass(frozen=True)
@@ -201,9 +204,7 @@ class V2rayPeer(_Listening):
 
     def client_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts only this server's CA."""
-        ctx = ssl.create_default_context()
-        ctx.load_verify_locations(cadata=self.ca_pem.decode())
-        return ctx
+        return _trusting(self.ca_pem)
 
     def accepted(self) -> list[str]:
         """The access log's ``accepted`` lines so far (v2ray writes each as the request arrives)."""

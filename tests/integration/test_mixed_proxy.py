@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import http.server
 import logging
-import os
 import random
 import socket
 import ssl
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 import pytest
 import trustme
 from helpers.aio import close_writer, rule, socks5_open
-from helpers.peers import require_binary
+from helpers.peers import curl
 from helpers.servers import EchoServer
 
 from honk.config.spec import (
@@ -183,20 +182,6 @@ async def honk(
 # --- clients -------------------------------------------------------------------------------
 
 
-async def curl(*args: str) -> tuple[int, str, str]:
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
-    proc = await asyncio.create_subprocess_exec(
-        require_binary("curl"),
-        "-sS",
-        "--max-time",
-        "5",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await proc.communicate()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 # --- curl ------------------------------------------------------------------------------------

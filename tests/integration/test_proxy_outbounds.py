@@ -22,7 +22,7 @@ import pytest
 from helpers.aio import close_writer
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
 from helpers.inprocess import dns_through_honk, honk_via
-from helpers.peers import IN_CI, require_binary
+from helpers.peers import IN_CI, curl
 from helpers.peerservers import SS_METHODS, danted, https_proxy, microsocks, ss_server, tinyproxy
 from helpers.servers import EchoServer, HttpOrigin
 
@@ -209,14 +209,6 @@ def test_a_broken_server_is_a_typed_setup_error_within_the_deadline_and_spares_o
 # --- honk's mixed port, one node -------------------------------------------------------------
 
 
-async def _curl(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        require_binary("curl"), "-sS", "--max-time", "5", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={"PATH": "/usr/bin:/bin", **(env or {})},
-    )
-    out, err = await proc.communicate()
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 @pytest.mark.parametrize("peer", ["danted", "microsocks+auth", "tinyproxy", "tinyproxy+auth", "https+auth"])
@@ -225,7 +217,7 @@ def test_curl_through_honk_reaches_the_origin_via_each_node(run, origin, peer, c
     async def main(link: str) -> None:
         async with honk_via(link) as port:
             path = f"/via/{peer}/{client}"
-            code, body, err = await _curl("-x", f"{client}://127.0.0.1:{port}", origin.url(path))
+            code, body, err = await curl("-x", f"{client}://127.0.0.1:{port}", origin.url(path))
             assert (code, body) == (0, HttpOrigin.body_for(path).decode()), err
 
     with _peer(peer, ("honk", "secret") if peer.endswith("+auth") else None) as (link, ca_path):

@@ -252,4 +252,6 @@ def test_a_session_is_offered_only_to_the_server_it_came_from(run, echo, trustin
         assert run(_dial_resumed(first.port)) is False
         assert run(_dial_resumed(second.port)) is False  # another address: a full handshake
         assert run(_dial_resumed(first.port, "127.0.0.1")) is False  # another server name too
+        # Had either dial in between been filed under the first server, the first server would
+        # now be offered a session it never issued, refuse it and handshake in full.
         assert run(_dial_resumed(first.port)) is True
