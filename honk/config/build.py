@@ -13,6 +13,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
+from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
 from honk.config.expr import parse_filter_line, parse_rule
 from honk.config.links import LinkError, parse_inbound_url, parse_node_link
@@ -148,41 +149,12 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
 
 
 def _check_dns_target(target: str, index: int, e: Entry, sink: Sink) -> bool:
-    """``host``, ``host:port``, IPv4, bare IPv6, ``[IPv6]`` or ``[IPv6]:port``."""
-    import ipaddress
-
-    def bad(message: str) -> bool:
-        sink.error("invalid-value", e.path, f"entry {index}: {message}", e.loc)
+    """``host``, ``host:port``, IPv4, bare IPv6, ``[IPv6]`` or ``[IPv6]:port`` (the probe's own parser)."""
+    try:
+        parse_dns_target(target.strip())
+    except ValueError as exc:
+        sink.error("invalid-value", e.path, f"entry {index}: {exc}", e.loc)
         return False
-
-    def port_ok(text: str) -> bool:
-        return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
-
-    if target.startswith("["):
-        close = target.find("]")
-        if close < 0:
-            return bad("unclosed '['")
-        try:
-            ipaddress.IPv6Address(target[1:close])
-        except ValueError:
-            return bad("brackets must hold an IPv6 address")
-        tail = target[close + 1 :]
-        if tail and not (tail.startswith(":") and port_ok(tail[1:])):
-            return bad("port must be numeric in 1..65535")
-        return True
-    if "]" in target:
-        return bad("unmatched ']'")
-    if target.count(":") > 1:
-        try:
-            ipaddress.IPv6Address(target)
-        except ValueError:
-            return bad("not an IPv6 address; bracket IPv6 with a port as [addr]:port")
-        return True
-    host, colon, port = target.partition(":")
-    if not host:
-        return bad("missing host")
-    if colon and not port_ok(port):
-        return bad("port must be numeric in 1..65535")
     return True
 
 

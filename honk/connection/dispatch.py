@@ -86,6 +86,8 @@ class Dispatcher:
         self.tracker = tracker
         self.clock = clock
         self.resolver = resolver
+        # told the chain of every real selection (the health service wakes idle URLTest groups)
+        self.on_selection: Callable[[tuple[str, ...]], None] | None = None
         self._apply_settings(global_spec)
 
     def _apply_settings(self, global_spec: GlobalSpec) -> None:
@@ -111,15 +113,7 @@ class Dispatcher:
     async def route(self, meta: FlowMeta) -> Routed:
         """Decide the rule and leaf for ``meta``; raises ``NoRoute`` (and whatever the plane raises)."""
         plane = self._plane
-        decision = await plane.decide(meta, self.resolver)
-        return Routed(
-            meta=meta,
-            outbound=decision.route.outbound,
-            rule=decision.route.rule,
-            chain=tuple(decision.selection.chain),
-            leaf=decision.selection.leaf,
-            plane_generation=plane.generation,
-        )
+        return self._routed(meta, await plane.decide(meta, self.resolver), plane.generation)
 
     def route_now(self, meta: FlowMeta) -> Routed | None:
         """:meth:`route` when the plane can decide without awaiting (no DNS needed), else
@@ -131,13 +125,19 @@ class Dispatcher:
         decision = decide_now(meta)
         if decision is None:
             return None
+        return self._routed(meta, decision, plane.generation)
+
+    def _routed(self, meta: FlowMeta, decision: Any, generation: int) -> Routed:
+        chain = tuple(decision.selection.chain)
+        if self.on_selection is not None and len(chain) > 1:
+            self.on_selection(chain)
         return Routed(
             meta=meta,
             outbound=decision.route.outbound,
             rule=decision.route.rule,
-            chain=tuple(decision.selection.chain),
+            chain=chain,
             leaf=decision.selection.leaf,
-            plane_generation=plane.generation,
+            plane_generation=generation,
         )
 
     async def connect(self, meta: FlowMeta) -> Upstream:

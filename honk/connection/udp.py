@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from honk.connection.dispatch import Dispatcher, Routed, format_chain
 from honk.connection.tracker import TrackedFlow
-from honk.core.errors import Blocked, ClientProtocolError, FlowClosed, HonkError, NotSupported
+from honk.core.errors import Blocked, ClientProtocolError, FlowClosed, HonkError, IdleTimeout, NotSupported
 from honk.core.net import Address, FlowMeta, Network
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import PacketEndpoint
@@ -55,6 +55,34 @@ class _Route:
     sockaddr: tuple[str, int] | None  # None: drop datagrams to this target (unless proxied)
     endpoint: PacketEndpoint | None = None  # a proxy leaf's endpoint, with the target as routed
     target: Address | None = None
+    via: str = ""  # the proxy leaf's name
+
+
+class _EndpointHealth:
+    """What one proxy endpoint of the association tells its node's health: a reply is a
+    success; a terminal error, or idling out without any reply, is one DataUdp failure.
+    Idling out after a reply, and the association's own close, say nothing."""
+
+    __slots__ = ("leaf", "sent", "answered")
+
+    def __init__(self, leaf) -> None:  # noqa: ANN001 - an Outbound
+        self.leaf = leaf
+        self.sent = False
+        self.answered = False
+
+    def _traffic(self):  # noqa: ANN202 - TrafficReporter | None
+        runtime = getattr(self.leaf, "runtime", None)
+        return runtime.traffic if runtime is not None else None
+
+    def answer(self) -> None:
+        if not self.answered:
+            self.answered = True
+            if (traffic := self._traffic()) is not None:
+                traffic.packets_answered(self.leaf.health_family)
+
+    def failed(self) -> None:
+        if (traffic := self._traffic()) is not None:
+            traffic.packets_failed(self.leaf.health_family)
 
 
 _DROP = _Route(None)
@@ -106,6 +134,7 @@ class UdpAssociation:
         self._client_transport: asyncio.DatagramTransport | None = None
         self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
         self._endpoints: dict[str, PacketEndpoint] = {}  # proxy leaf name → its endpoint
+        self._health: dict[str, _EndpointHealth] = {}  # proxy leaf name → what it reports
         self._dialing: dict[str, asyncio.Future[PacketEndpoint]] = {}
         self._routes: dict[Address, _Route] = {}
         self._pending: dict[Address, list[bytes]] = {}
@@ -153,6 +182,11 @@ class UdpAssociation:
         if self._closed.is_set():
             return
         self.error = reason if reason is not None else FlowClosed("closed by request")
+        if isinstance(reason, IdleTimeout):
+            for health in self._health.values():
+                if health.sent and not health.answered:
+                    health.failed()  # nothing ever came back through that node
+        self._health.clear()
         for task in self._tasks:
             task.cancel()
         if self._client_transport is not None:
@@ -208,6 +242,8 @@ class UdpAssociation:
     def _send(self, route: _Route, payload: bytes) -> None:
         if route.endpoint is not None:
             assert route.target is not None
+            if (health := self._health.get(route.via)) is not None:
+                health.sent = True
             route.endpoint.send(payload, route.target)
             return
         if route.sockaddr is None:
@@ -264,7 +300,7 @@ class UdpAssociation:
         if leaf.protocol != "direct":
             endpoint = await self._endpoint(leaf)
             self._note_first_route(target, routed)
-            return _Route(None, endpoint, target)
+            return _Route(None, endpoint, target, leaf.name)
         ip = await self._resolve(target)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         await self._remote_socket(family)
@@ -307,7 +343,11 @@ class UdpAssociation:
         if dialing is None:
             deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
             dialing = asyncio.ensure_future(
-                leaf.dial_udp(self._from_endpoint, deadline, on_lost=lambda error: self._endpoint_lost(name, error))
+                leaf.dial_udp(
+                    lambda data, source: self._from_endpoint(name, data, source),
+                    deadline,
+                    on_lost=lambda error: self._endpoint_lost(name, error),
+                )
             )
             self._dialing[name] = dialing
             dialing.add_done_callback(lambda _: self._dialing.pop(name, None))
@@ -316,12 +356,16 @@ class UdpAssociation:
             endpoint.close()
             raise FlowClosed("the association ended while its endpoint was dialled")
         self._endpoints[name] = endpoint
+        self._health[name] = _EndpointHealth(leaf)
         return endpoint
 
     def _endpoint_lost(self, name: str, error: HonkError | None) -> None:
         endpoint = self._endpoints.pop(name, None)
+        health = self._health.pop(name, None)
         if endpoint is None or self._closed.is_set():
             return
+        if error is not None and health is not None:
+            health.failed()  # a terminal send or receive error of the node's UDP path
         log.info("udp endpoint ended association=%s outbound=%s error=%s", self.id, name,
                  type(error).__name__ if error is not None else "-")
         for target, route in list(self._routes.items()):
@@ -334,10 +378,12 @@ class UdpAssociation:
 
     # -- remote → client --------------------------------------------------------------
 
-    def _from_endpoint(self, data: bytes, source: Address) -> None:
-        """A reply through a proxy leaf: the proxy reports where it came from."""
+    def _from_endpoint(self, name: str, data: bytes, source: Address) -> None:
+        """A reply through the proxy leaf ``name``: the proxy reports where it came from."""
         if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
             return
+        if (health := self._health.get(name)) is not None:
+            health.answer()
         self.last_activity = self._clock.now()
         self.bytes_down += len(data)
         self._client_transport.sendto(build_udp_datagram(source, data), self._client_addr)

@@ -38,6 +38,7 @@ import os
 import signal
 from pathlib import Path
 
+from honk.alive.service import HealthService
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
 from honk.config.spec import InboundSpec, Spec
@@ -90,6 +91,7 @@ class Daemon:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._generation = 0
+        self.health = HealthService(self.clock)
 
     # --- start ---------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class Daemon:
             self._fetch_plane = None
             resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
             self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
+            self.dispatcher.on_selection = self.health.note_selection
             for ispec in spec.inbounds:
                 started[ispec.name] = await self._bind(ispec)
         except BaseException:
@@ -123,6 +126,7 @@ class Daemon:
             raise
         self.spec, self.config, self.plane, self.inbounds = spec, config, plane, started
         self.subscriptions = subscriptions
+        await self.health.start(plane)
         if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
             self._on_subscription_nodes(subscriptions.nodes())  # published while the plane was being built
         self._sweeper = asyncio.get_running_loop().create_task(
@@ -257,6 +261,7 @@ class Daemon:
                 log.error("inbound could not be rebound %s", kv(inbound=name, reason=exc.strerror or str(exc)))
         self.inbounds.update(bound)
         self.spec, self.plane, self._generation = spec, plane, generation
+        await self.health.apply(plane)
         log.info("%s applied %s", cause, kv(generation=generation, nodes=len(spec.nodes), inbounds_kept=len(keep),
                                             inbounds_started=len(bound), live_flows=len(self.tracker)))
         return True
@@ -288,6 +293,7 @@ class Daemon:
                 if left:
                     self.tracker.close_all("shutdown")
                     log.info("closed flows left after grace %s", kv(closed=left))
+            await self.health.stop()
             if self._sweeper is not None:
                 self._sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -184,6 +184,7 @@ class MuxCarrier:
         self.sessions = MuxClientSessions(MAX_STREAMS_PER_CARRIER)
         self.streams: dict[int, MuxStream] = {}
         self.closed = False
+        self.retired = False
         self._decoder = MuxDecoder()
         self._idle: TimerHandle | None = None
         self._draining = asyncio.Lock()  # the transport wakes one drain waiter at a time
@@ -191,7 +192,17 @@ class MuxCarrier:
 
     @property
     def usable(self) -> bool:
-        return not self.closed and not self.sessions.full
+        return not self.closed and not self.retired and not self.sessions.full
+
+    @property
+    def idle(self) -> bool:
+        """No session is open on the carrier."""
+        return self.sessions.idle
+
+    def retire(self) -> None:
+        """Take no new streams; close once the open ones have ended (the node was found dead)."""
+        self.retired = True
+        self._arm_idle()
 
     def open_stream(self, target: Address) -> MuxStream:
         session, frame = self.sessions.open(Network.TCP, target)
@@ -287,7 +298,12 @@ class MuxCarrier:
             await stream._until_drained()  # head-of-line, as v2ray: no per-session window
 
     def _arm_idle(self) -> None:
-        if self.closed or not self.sessions.idle or self._idle is not None:
+        if self.closed or not self.sessions.idle:
+            return
+        if self.retired:
+            self.close()
+            return
+        if self._idle is not None:
             return
         self._idle = self.pool.clock.call_later(MUX_IDLE_TIMEOUT, self._idle_expired)
 

@@ -119,13 +119,22 @@ class ProxyLeaf:
         return DialedStream(sock, framing)
 
     def count(self, outcome: HonkError | None) -> None:
-        """Record one dial's outcome on the runtime: ``ok`` or the failure's phase."""
+        """Record one dial's outcome on the runtime (``ok`` or the failure's phase) and report
+        it to the node's health."""
         if self.runtime is None:
             return
         if outcome is None:
             self.runtime.dials["ok"] += 1
         else:
             self.runtime.dials[getattr(outcome, "phase", type(outcome).__name__)] += 1
+        if (traffic := self.runtime.traffic) is not None:
+            traffic.dial(outcome, self.health_family)
+
+    @property
+    def health_family(self) -> int:
+        """The address family the node's server is reached over (4 for a named server)."""
+        ip = self.server.ip
+        return ip.version if ip is not None else 4
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, id={self.id})"

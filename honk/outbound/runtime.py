@@ -15,14 +15,27 @@ so retiring a node never cuts a live connection.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import uuid
 from collections import Counter
-from typing import Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 
 class Closable(Protocol):
     def close(self) -> None: ...
+
+
+class TrafficReporter(Protocol):
+    """Where a node's real traffic reports to (health; see honk.alive.traffic.NodeTraffic).
+    ``family`` is 4 or 6: the address family the node's server is reached over."""
+
+    def dial(self, outcome: Any, family: int) -> None: ...
+
+    def packets_failed(self, family: int) -> None: ...
+
+    def packets_answered(self, family: int) -> None: ...
 
 
 class WarmOwner(enum.IntFlag):
@@ -42,6 +55,7 @@ class NodeRuntime:
         self.warm = WarmOwner(0)
         # dial outcomes by kind: "ok", or a failure phase ("connect", "auth", "target", ...)
         self.dials: Counter[str] = Counter()
+        self.traffic: TrafficReporter | None = None  # set by the health service
         self._resources: set[Closable] = set()
         self.closed = False
 
@@ -58,6 +72,44 @@ class NodeRuntime:
     @property
     def open_resources(self) -> int:
         return len(self._resources)
+
+    def is_warm(self) -> bool:
+        """Kept warm by an owner, or holding shared resources that live flows use."""
+        return bool(self.warm) or bool(self._resources)
+
+    @contextlib.contextmanager
+    def cold_guard(self) -> Iterator[None]:
+        """Around a probe through a cold runtime: whatever shared resource the probe
+        opened (a mux carrier) and no flow adopted meanwhile is closed when it ends,
+        so health checks never keep an unwanted carrier alive. A warm runtime is left as it is."""
+        if self.is_warm():
+            yield
+            return
+        before = set(self._resources)
+        try:
+            yield
+        finally:
+            for resource in list(self._resources - before):
+                if getattr(resource, "idle", True):
+                    self._resources.discard(resource)
+                    resource.close()
+
+    def purge(self) -> int:
+        """The node was found dead: pooled resources stop being reused. An idle one closes
+        now; one still carrying flows takes no new ones and closes when they end, so no live
+        connection is cut. How many were closed or retired. (UDP endpoints belong to their
+        association, which drops them on its own failure.)"""
+        purged = 0
+        for resource in list(self._resources):
+            if getattr(resource, "idle", True):
+                self._resources.discard(resource)
+                resource.close()
+            elif (retire := getattr(resource, "retire", None)) is not None:
+                retire()
+            else:
+                continue
+            purged += 1
+        return purged
 
     def close(self) -> None:
         """Stop everything the node owns; idempotent."""

@@ -23,11 +23,11 @@ import base64
 import hashlib
 import os
 import sqlite3
-import stat
 import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from honk.control.statedb import create_private_file, state_db_path
 from honk.core.errors import HonkError
 from honk.subscription.formats import MAX_BODY_BYTES
 
@@ -35,8 +35,6 @@ __all__ = ["MAX_STORED_BODY", "MAX_STORED_TOTAL", "StoreError", "SubscriptionSto
 
 MAX_STORED_BODY = MAX_BODY_BYTES  # "Each body is at most 8 MiB"
 MAX_STORED_TOTAL = 32 * 1024 * 1024  # "all bodies together at most 32 MiB"
-STATE_DIR_MODE = 0o700
-STATE_FILE_MODE = 0o600
 KEY_SUFFIX = ".sub"
 LENGTH_PREFIX = 8  # bytes: each field of the key material is preceded by its length, big-endian
 
@@ -73,8 +71,7 @@ def body_key(url: str, user_agent: str | None, headers: Sequence[tuple[str, str]
     return base64.urlsafe_b64encode(digest.digest()).decode("ascii").rstrip("=") + KEY_SUFFIX
 
 
-def store_path(data_dir: str | os.PathLike[str]) -> Path:
-    return Path(data_dir) / "state" / "honk.db"
+store_path = state_db_path  # the bodies share the state database file
 
 
 class SubscriptionStore:
@@ -94,16 +91,8 @@ class SubscriptionStore:
         """
         path = store_path(data_dir)
         try:
-            path.parent.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
-            os.chmod(path.parent, STATE_DIR_MODE)  # mkdir's mode is masked by the umask
-            # Create the file private before SQLite opens it: no moment where it is readable.
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, STATE_FILE_MODE)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise StoreError("unavailable")
-                os.fchmod(fd, STATE_FILE_MODE)
-            finally:
-                os.close(fd)
+            if not create_private_file(path):
+                raise StoreError("unavailable")
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             conn.execute(_SCHEMA)
         except (OSError, sqlite3.Error):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -42,3 +43,8 @@ def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
             break
         got += chunk
     return got
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open (leak checks)."""
+    return len(os.listdir("/proc/self/fd"))

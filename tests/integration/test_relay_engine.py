@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from helpers.sockets import reset, tcp_pair, unix_pair
+from helpers.sockets import open_fds, reset, tcp_pair, unix_pair
 
 from honk._fast import relay as fast_relay
 from honk._fast import relay_py
@@ -120,9 +120,6 @@ async def _recv_until_eof(sock: socket.socket) -> bytes:
         out += chunk
     return bytes(out)
 
-
-def _fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture
@@ -327,7 +324,7 @@ def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
         # one flow first, so that the loop's own lazily created fds are already there
         await short(lambda: CopyRelay(FakeClock()))
         await asyncio.sleep(0.01)
-        before = _fd_count()
+        before = open_fds()
         engines = Engines(engine_name)
         for _ in range(100):
             await asyncio.wait_for(asyncio.gather(*(short(engines.relay) for _ in range(100))), 30)
@@ -346,7 +343,7 @@ def test_no_fd_left_after_10000_short_flows_and_close(run, engine_name) -> None:
         for flow in live:
             flow.close()
         await asyncio.sleep(0.01)
-        assert _fd_count() == before
+        assert open_fds() == before
 
     run(main())
 

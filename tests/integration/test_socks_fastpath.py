@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 from helpers.aio import close_writer, rule, socks5_open
 from helpers.servers import EchoServer
+from helpers.sockets import open_fds
 from helpers.socks import encode_address
 
 from honk._fast import relay as fast_relay
@@ -474,9 +474,6 @@ def test_fastpath_aclose_ends_live_flows_and_stop_accepting_frees_the_port(run, 
 # --- resources -------------------------------------------------------------------------------------
 
 
-def _fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
 
 def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
     total = 10_000 if engine_name == "native" else 2_000
@@ -503,10 +500,10 @@ def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
         close_engines()
         await flows(1)  # the loop's own lazily created fds exist after this
         await asyncio.sleep(0.05)
-        before = _fd_count()
+        before = open_fds()
         await flows(total)
         await asyncio.sleep(0.05)
-        assert _fd_count() == before
+        assert open_fds() == before
 
     run(main())
 

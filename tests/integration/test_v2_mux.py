@@ -196,3 +196,26 @@ def test_closing_the_node_runtime_closes_its_carriers(run) -> None:
     with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
         leaf = _mux_leaf(peer)
         run(_with_streams(leaf, echo, 2, body)())
+
+
+def test_purging_a_dead_node_retires_its_busy_carrier_without_cutting_its_streams(run) -> None:
+    """The alive→dead purge: streams on the carrier keep working, a new dial gets a new carrier,
+    and the retired carrier closes once its last stream ends."""
+
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        old = pool.carriers[0]
+        assert leaf.runtime.purge() == 1
+        assert old.retired and not old.closed
+        assert await _all_round_trip(pipes) == [True, True]  # live flows are never cut
+        fresh = await _open(leaf, echo)
+        try:
+            assert pool.carrier_count == 2 and pool.carriers[1] is not old
+            assert await _round_trip(fresh, b"new flow") is True
+        finally:
+            await _close([fresh])
+        await _close(pipes)
+        await _until(lambda: old.closed, "the retired carrier to close after its last stream")
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer)
+        run(_with_streams(leaf, echo, 2, body)())

@@ -87,3 +87,66 @@ def test_a_closed_runtime_is_not_reused() -> None:
     first.outbounds["a"].runtime.close()
     second = build_plane(_spec(("a", "socks5://127.0.0.1:1080")), clock, 2, previous=first)
     assert not second.outbounds["a"].runtime.closed
+
+
+class _Carrier(_Resource):
+    """A pooled resource that may be carrying flows, and can be retired."""
+
+    def __init__(self, idle: bool) -> None:
+        super().__init__()
+        self.idle = idle
+        self.retired = False
+
+    def retire(self) -> None:
+        self.retired = True
+
+
+def _runtime() -> NodeRuntime:
+    import uuid
+
+    return NodeRuntime(uuid.uuid4(), "n")
+
+
+def test_a_probe_through_a_cold_runtime_closes_what_it_opened() -> None:
+    runtime = _runtime()
+    opened = _Resource()
+    with runtime.cold_guard():
+        runtime.own(opened)
+    assert opened.closed == 1 and runtime.open_resources == 0
+
+
+def test_a_probe_through_a_warm_runtime_leaves_its_resources() -> None:
+    runtime = _runtime()
+    runtime.warm |= WarmOwner.SELECTOR_PIN
+    opened = _Resource()
+    with runtime.cold_guard():
+        runtime.own(opened)
+    assert opened.closed == 0 and runtime.open_resources == 1
+
+
+def test_a_carrier_a_flow_adopted_during_the_probe_survives_the_guard() -> None:
+    runtime = _runtime()
+    busy = _Carrier(idle=False)
+    with runtime.cold_guard():
+        runtime.own(busy)
+    assert busy.closed == 0 and runtime.open_resources == 1
+
+
+def test_a_runtime_already_serving_flows_counts_as_warm() -> None:
+    runtime = _runtime()
+    runtime.own(_Carrier(idle=False))
+    probe_carrier = _Resource()
+    with runtime.cold_guard():
+        runtime.own(probe_carrier)
+    assert probe_carrier.closed == 0
+
+
+def test_purge_closes_idle_carriers_and_retires_busy_ones() -> None:
+    runtime = _runtime()
+    idle, busy = _Carrier(idle=True), _Carrier(idle=False)
+    runtime.own(idle)
+    runtime.own(busy)
+    assert runtime.purge() == 2
+    assert idle.closed == 1 and not idle.retired
+    assert busy.closed == 0 and busy.retired
+    assert runtime.open_resources == 1  # the busy one closes itself when its flows end

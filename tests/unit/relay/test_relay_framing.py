@@ -39,7 +39,7 @@ from helpers.engines import (
     relay_flow,
     upstream_failure,
 )
-from helpers.sockets import tcp_pair, unix_pair
+from helpers.sockets import open_fds, tcp_pair, unix_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -296,9 +296,6 @@ async def test_a_framing_the_engines_cannot_carry_is_refused_before_the_fds_are_
 # --- resources ------------------------------------------------------------------------
 
 
-def _fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
 
 async def test_no_fd_left_after_2000_framed_flows(engine) -> None:
     loop = asyncio.get_running_loop()
@@ -329,12 +326,12 @@ async def test_no_fd_left_after_2000_framed_flows(engine) -> None:
     gc.collect()
     close_engines()
     await one()
-    before = _fd_count()
+    before = open_fds()
     for _ in range(20):
         ends = await asyncio.gather(*(one() for _ in range(100)))
         assert set(ends) == {(relay_py.END_CLEAN, 0)}
     assert engine.active == 0
-    assert _fd_count() == before
+    assert open_fds() == before
 
 
 # --- listener mode: a Python-dialled framed upstream ---------------------------------------

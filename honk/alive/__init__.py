@@ -1,0 +1,1 @@
+"""Node health: the six liveness states per node, probes through each node, and their schedules."""

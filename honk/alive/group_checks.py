@@ -1,0 +1,118 @@
+"""Per-group ``check_url`` health: TCP-only states keyed by (member tag, check_url).
+
+A group with its own ``check_url`` judges its members by that URL instead of
+the global probe. The state belongs to the pair (member tag, URL), not to a
+node: a member may be a sub-group, probed through its current pick but recorded
+under its own tag, so the parent sees one stable member. A failing pair removes
+the member only from the groups that use that URL.
+
+The pair's state follows the node rules: three consecutive failures kill it, the
+same cooldown paces recovery probes, two consecutive successes revive it, and a
+network change primes it. There is no registration grace and no traffic source.
+Selector groups pick by hand, so a ``check_url`` on one is ignored with a
+warning.
+
+Nothing here does I/O; time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from honk.alive.health import LinkState, Status
+from honk.alive.thresholds import GROUP_CHECK_DEATH_THRESHOLD
+from honk.config.spec import Policy
+from honk.core.clock import Clock
+
+log = logging.getLogger(__name__)
+
+# () -> [(member tag, NodeId of the leaf the member currently resolves to)], resolved afresh per cycle
+MemberResolver = Callable[[], list[tuple[str, uuid.UUID]]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCheck:
+    group: str
+    policy: Policy
+    url: str
+    members: MemberResolver
+
+
+class GroupChecks:
+    """The registry of groups with a ``check_url`` and the state of each (member, URL) pair."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._groups: dict[str, GroupCheck] = {}
+        self._states: dict[tuple[str, str], LinkState] = {}
+
+    def sync_group_check_urls(self, checks: Iterable[GroupCheck]) -> None:
+        """Replace the registry (on start and reload). Pairs still in use keep their state."""
+        groups: dict[str, GroupCheck] = {}
+        for check in checks:
+            if not check.url:
+                continue
+            if check.policy is Policy.SELECTOR:
+                log.warning("group %s: check_url is ignored; a selector does not pick by health", check.group)
+                continue
+            groups[check.group] = check
+        self._groups = groups
+        keep = {(member, check.url) for check in groups.values() for member, _ in check.members()}
+        self._states = {key: state for key, state in self._states.items() if key in keep}
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(self._groups)
+
+    def members_to_probe(self, *, due_only: bool) -> list[tuple[str, str, uuid.UUID]]:
+        """(member tag, URL, current leaf) to probe: the not-dead pairs for a periodic cycle,
+        or (``due_only``) the dead pairs whose cooldown is over, once per pair."""
+        now = self.clock.now()
+        out: dict[tuple[str, str], uuid.UUID] = {}
+        for check in self._groups.values():
+            for member, leaf in check.members():
+                key = (member, check.url)
+                if key in out:
+                    continue
+                state = self._states.get(key)
+                dead = state is not None and state.dead
+                if (due_only and dead and state.due_at <= now) or (not due_only and not dead):
+                    out[key] = leaf
+        return [(member, url, leaf) for (member, url), leaf in out.items()]
+
+    def notify(self, member: str, url: str, rtt: float | None) -> None:
+        """A probe of ``member`` at ``url`` returned ``rtt`` seconds, or failed (None)."""
+        state = self._states.get((member, url))
+        if state is None:
+            state = self._states[(member, url)] = LinkState()
+        now = self.clock.now()
+        state.record(self.clock.wall(), rtt)
+        if rtt is not None:
+            if state.probe_succeeded():
+                log.info("member %s is alive again for check_url probes", member)
+        elif state.dead:
+            state.back_off(now)
+        elif state.failure_counts(GROUP_CHECK_DEATH_THRESHOLD, traffic=False):
+            state.die(now)
+            log.info("member %s is dead for its groups' check_url", member)
+
+    def notify_network_change(self) -> None:
+        now = self.clock.now()
+        for state in self._states.values():
+            state.prime(now)
+
+    def member_alive(self, group: str, member: str) -> bool:
+        """Whether ``member`` may serve ``group``: always, unless the group has a check_url
+        and the (member, URL) pair is dead."""
+        check = self._groups.get(group)
+        if check is None:
+            return True
+        state = self._states.get((member, check.url))
+        return state is None or state.status is not Status.DEAD
+
+    def history(self, member: str, url: str) -> list[tuple[float, float, bool]]:
+        state = self._states.get((member, url))
+        return [] if state is None else state.history.snapshot()

@@ -1,0 +1,484 @@
+"""The health state of every node: six liveness states each, their counters and histories.
+
+Theory of operation
+-------------------
+A node (keyed by its NodeId, never by its name) has one :class:`LinkState` per
+health domain (Tcp, DnsUdp, DataUdp) and health family (IPv4, IPv6): six states
+that never influence each other except through the rules below.
+
+* A state starts *unknown*. Probe and traffic outcomes move it to *alive* or
+  *dead*. Unknown TCP counts as usable; unknown UDP inherits TCP (see
+  :meth:`AliveDialerSet.udp_selectable`).
+* Failures are counted per source, consecutively: the probe count dies at
+  :data:`PROBE_DEATH_THRESHOLD`, the traffic count at
+  :data:`TRAFFIC_DEATH_THRESHOLD`; a success of the same source resets only its
+  own count, so one source never uses up the other's threshold.
+* During the first :data:`REGISTRATION_GRACE` seconds after registration a
+  failure is written to history but not counted, unless the caller forces it.
+* A dead state is probed by the recovery scheduler when its cooldown is due
+  (:meth:`due_for_recovery`); a failed recovery probe doubles the cooldown up to
+  :data:`PROBE_COOLDOWN_MAX`, two consecutive successes revive it. After
+  :meth:`notify_network_change` one success is enough, and every cooldown is due
+  at once.
+* A transition into *dead* calls ``on_dead(node_id, name)`` so the control
+  plane purges the node's pools and UDP endpoints, except that a UDP domain
+  dying while its sibling UDP domain of the same family is explicitly alive
+  purges nothing: a blocked :53 must not cut working data flows.
+* Every probe gets a :class:`ProbeTicket`. A result whose ticket was cancelled,
+  or was issued under an older generation (a reload happened meanwhile),
+  publishes nothing.
+
+Nothing here does I/O; time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from honk._fast.ring import SYNTHETIC_PLACEHOLDER, URLTEST_LATENCY_CAPACITY, LatencyRing
+from honk.alive.outcome import Domain, Family
+from honk.alive.thresholds import (
+    DIAL_FAILURES_FOR_PLACEHOLDER,
+    PROBE_COOLDOWN_FACTOR,
+    PROBE_COOLDOWN_MAX,
+    PROBE_COOLDOWN_MIN,
+    PROBE_DEATH_THRESHOLD,
+    PROBE_HISTORY,
+    RECOVERY_SUCCESSES,
+    REGISTRATION_GRACE,
+    TRAFFIC_DEATH_THRESHOLD,
+)
+from honk.core.clock import Clock
+
+log = logging.getLogger(__name__)
+
+UDP_DOMAINS = (Domain.DNS_UDP, Domain.DATA_UDP)
+_SIBLING = {Domain.DNS_UDP: Domain.DATA_UDP, Domain.DATA_UDP: Domain.DNS_UDP}
+FAILED_PROBE_DELAY = 0.0  # how history shows a failed probe (Clash dashboards read delay 0 as a failure)
+
+DeathCallback = Callable[[uuid.UUID, str], None]
+# (node_id, domain, family, alive) after every change of a state's liveness
+TransitionListener = Callable[[uuid.UUID, Domain, Family, bool], None]
+
+
+class Status(enum.Enum):
+    UNKNOWN = "unknown"
+    ALIVE = "alive"
+    DEAD = "dead"
+
+
+class LinkState:
+    """One domain × family of one node (or one member × check_url of a group)."""
+
+    __slots__ = (
+        "status",
+        "probe_failures",
+        "traffic_failures",
+        "recovery_successes",
+        "cooldown",
+        "due_at",
+        "primed",
+        "history",
+    )
+
+    def __init__(self) -> None:
+        self.status = Status.UNKNOWN
+        self.probe_failures = 0
+        self.traffic_failures = 0
+        self.recovery_successes = 0
+        self.cooldown = 0.0  # seconds between recovery probes while dead; 0 while not dead
+        self.due_at = 0.0  # monotonic time the next recovery probe is due (dead only)
+        self.primed = False  # after a network change one success revives
+        self.history = LatencyRing(PROBE_HISTORY)
+
+    @property
+    def dead(self) -> bool:
+        return self.status is Status.DEAD
+
+    def record(self, wall: float, rtt: float | None) -> None:
+        """Add a probe outcome to history: a delay, or a flagged failure entry."""
+        if rtt is None:
+            self.history.push(wall, FAILED_PROBE_DELAY, True)
+        else:
+            self.history.push(wall, rtt, False)
+
+    def die(self, now: float) -> None:
+        self.status = Status.DEAD
+        self.recovery_successes = 0
+        self.cooldown = PROBE_COOLDOWN_MIN
+        self.due_at = now + self.cooldown
+        self.primed = False
+
+    def revive(self) -> None:
+        self.status = Status.ALIVE
+        self.probe_failures = 0
+        self.traffic_failures = 0
+        self.recovery_successes = 0
+        self.cooldown = 0.0
+        self.due_at = 0.0
+        self.primed = False
+
+    def back_off(self, now: float) -> None:
+        """A recovery probe failed: wait longer before the next one."""
+        self.recovery_successes = 0
+        self.primed = False
+        self.cooldown = min(self.cooldown * PROBE_COOLDOWN_FACTOR, PROBE_COOLDOWN_MAX)
+        self.due_at = now + self.cooldown
+
+    def prime(self, now: float) -> None:
+        """The network changed: the cooldown is over and one success is enough."""
+        if self.dead:
+            self.cooldown = PROBE_COOLDOWN_MIN
+            self.due_at = now
+            self.primed = True
+            self.recovery_successes = 0
+
+    def probe_succeeded(self) -> bool:
+        """Apply a probe success; True when the state changed to alive."""
+        self.probe_failures = 0
+        if self.status is Status.DEAD:
+            self.recovery_successes += 1
+            if not self.primed and self.recovery_successes < RECOVERY_SUCCESSES:
+                return False
+        changed = self.status is not Status.ALIVE
+        self.revive()
+        return changed
+
+    def failure_counts(self, threshold: int, *, traffic: bool) -> bool:
+        """Count one failure of one source; True when it reaches that source's threshold."""
+        if traffic:
+            self.traffic_failures += 1
+            return self.traffic_failures >= threshold
+        self.probe_failures += 1
+        return self.probe_failures >= threshold
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTicket:
+    """Issued when a probe starts; a result publishes only while its ticket is current."""
+
+    generation: int
+    serial: int
+
+
+@dataclass(slots=True)
+class NodeHealth:
+    """Everything the health subsystem knows about one node."""
+
+    node_id: uuid.UUID
+    name: str
+    registered_at: float
+    states: dict[tuple[Domain, Family], LinkState] = field(default_factory=dict)
+    latencies: LatencyRing = field(default_factory=lambda: LatencyRing(URLTEST_LATENCY_CAPACITY))
+    dial_failures: int = 0  # consecutive real dial failures (ranking strikes)
+
+    def state(self, domain: Domain, family: Family) -> LinkState:
+        key = (domain, family)
+        state = self.states.get(key)
+        if state is None:
+            state = self.states[key] = LinkState()
+        return state
+
+    def peek(self, domain: Domain, family: Family) -> LinkState | None:
+        return self.states.get((domain, family))
+
+
+class UnknownNode(KeyError):
+    """The node is not registered."""
+
+
+class AliveDialerSet:
+    """Node health keyed by NodeId. Owned by the event loop's thread; not thread-safe."""
+
+    def __init__(self, clock: Clock, on_dead: DeathCallback | None = None) -> None:
+        self.clock = clock
+        self.on_dead = on_dead
+        self._nodes: dict[uuid.UUID, NodeHealth] = {}
+        self._listeners: list[TransitionListener] = []
+        self.generation = 0
+        self._serials = itertools.count(1)
+        self._open_tickets: set[ProbeTicket] = set()
+
+    # --- registration --------------------------------------------------------
+
+    def register_node(self, node_id: uuid.UUID, name: str) -> bool:
+        """Register a node; True if it is new. An already registered node keeps its state
+        (a reload that leaves it unchanged keeps its health) and takes the new name."""
+        node = self._nodes.get(node_id)
+        if node is not None:
+            node.name = name
+            return False
+        self._nodes[node_id] = NodeHealth(node_id, name, self.clock.now())
+        return True
+
+    def retain_only(self, node_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
+        """Forget every node not in ``node_ids``; the forgotten ids."""
+        keep = set(node_ids)
+        gone = [nid for nid in self._nodes if nid not in keep]
+        for nid in gone:
+            del self._nodes[nid]
+        return gone
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def node(self, node_id: uuid.UUID) -> NodeHealth:
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise UnknownNode(node_id) from None
+
+    def nodes(self) -> Iterator[NodeHealth]:
+        return iter(self._nodes.values())
+
+    def subscribe(self, listener: TransitionListener) -> None:
+        """Call ``listener`` after every liveness change (groups and datapath slots recompute)."""
+        self._listeners.append(listener)
+
+    # --- generations and tickets ------------------------------------------------
+
+    def next_generation(self) -> int:
+        """A reload published a new generation: every open ticket is stale from now on."""
+        self.generation += 1
+        self._open_tickets.clear()
+        return self.generation
+
+    def issue_ticket(self) -> ProbeTicket:
+        ticket = ProbeTicket(self.generation, next(self._serials))
+        self._open_tickets.add(ticket)
+        return ticket
+
+    def retire_ticket(self, ticket: ProbeTicket) -> None:
+        """The probe ended or was cancelled: whatever it reports later publishes nothing."""
+        self._open_tickets.discard(ticket)
+
+    def is_current(self, ticket: ProbeTicket | None) -> bool:
+        """Whether a result under ``ticket`` may still publish (None: an untracked caller)."""
+        return ticket is None or (ticket in self._open_tickets and ticket.generation == self.generation)
+
+    @property
+    def open_tickets(self) -> int:
+        return len(self._open_tickets)
+
+    # --- probe outcomes (notify_check_*) ---------------------------------------
+
+    def notify_check_success(
+        self,
+        node_id: uuid.UUID,
+        domain: Domain,
+        family: Family,
+        rtt: float,
+        ticket: ProbeTicket | None = None,
+    ) -> bool:
+        """A probe of ``domain`` succeeded with ``rtt`` seconds; False when it was stale or unknown."""
+        node = self._nodes.get(node_id)
+        if node is None or not self.is_current(ticket):
+            return False
+        state = node.state(domain, family)
+        wall = self.clock.wall()
+        state.record(wall, rtt)
+        if domain is Domain.TCP:
+            node.latencies.push(wall, rtt, False)
+        if state.probe_succeeded():
+            self._announce(node, domain, family, True)
+        return True
+
+    def notify_check_failure(
+        self,
+        node_id: uuid.UUID,
+        domain: Domain,
+        family: Family,
+        ticket: ProbeTicket | None = None,
+        force: bool = False,
+    ) -> bool:
+        """A probe of ``domain`` failed; False when the result was stale or the node unknown."""
+        node = self._nodes.get(node_id)
+        if node is None or not self.is_current(ticket):
+            return False
+        state = node.state(domain, family)
+        now = self.clock.now()
+        state.record(self.clock.wall(), None)
+        if state.dead:
+            state.back_off(now)
+            return True
+        if self._in_grace(node, now) and not force:
+            return True
+        if state.failure_counts(PROBE_DEATH_THRESHOLD[domain], traffic=False):
+            self._kill(node, domain, family, now)
+        return True
+
+    # --- real traffic (report_*_traffic, record_dial_failure) --------------------
+
+    def report_traffic_success(self, node_id: uuid.UUID, domain: Domain, family: Family) -> None:
+        """Real traffic through the node worked: the traffic count restarts. Reviving is the probes' job."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        state = node.peek(domain, family)
+        if state is not None:
+            state.traffic_failures = 0
+        if domain is Domain.TCP:
+            node.dial_failures = 0
+
+    def report_traffic_failure(
+        self, node_id: uuid.UUID, domain: Domain, family: Family, force: bool = False
+    ) -> None:
+        """Real traffic through the node failed (a classified transport failure, not a neutral event)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        state = node.state(domain, family)
+        if state.dead:
+            return
+        now = self.clock.now()
+        if self._in_grace(node, now) and not force:
+            return
+        if state.failure_counts(TRAFFIC_DEATH_THRESHOLD[domain], traffic=True):
+            self._kill(node, domain, family, now)
+
+    def record_dial_failure(self, node_id: uuid.UUID, family: Family) -> int:
+        """A real TCP dial through the node failed: one TCP traffic failure, and after
+        :data:`DIAL_FAILURES_FOR_PLACEHOLDER` in a row a flagged placeholder in the
+        latency collection. The consecutive count (the ranking strikes)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return 0
+        node.dial_failures += 1
+        if node.dial_failures == DIAL_FAILURES_FOR_PLACEHOLDER:
+            node.latencies.push(self.clock.wall(), SYNTHETIC_PLACEHOLDER, True)
+        self.report_traffic_failure(node_id, Domain.TCP, family)
+        return node.dial_failures
+
+    def record_delay_test(self, node_id: uuid.UUID, family: Family, rtt: float | None) -> None:
+        """An on-demand delay test through the node: its history shows the result, but it
+        changes no liveness and adds no strike (the target was the caller's choice)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        wall = self.clock.wall()
+        node.state(Domain.TCP, family).record(wall, rtt)
+        if rtt is not None:
+            node.latencies.push(wall, rtt, False)
+
+    # --- network change and recovery ----------------------------------------------
+
+    def notify_network_change(self) -> list[tuple[uuid.UUID, Domain, Family]]:
+        """Links, addresses or routes changed: clear every cooldown and prime dead states
+        so one fresh success revives them. The states to probe now."""
+        now = self.clock.now()
+        primed = []
+        for node in self._nodes.values():
+            for (domain, family), state in node.states.items():
+                if state.dead:
+                    state.prime(now)
+                    primed.append((node.node_id, domain, family))
+        return primed
+
+    def due_for_recovery(self) -> list[tuple[uuid.UUID, Domain, Family]]:
+        """Dead states whose cooldown is over, for the recovery scheduler."""
+        now = self.clock.now()
+        return [
+            (node.node_id, domain, family)
+            for node in self._nodes.values()
+            for (domain, family), state in node.states.items()
+            if state.dead and state.due_at <= now
+        ]
+
+    # --- reading ------------------------------------------------------------------
+
+    def status(self, node_id: uuid.UUID, domain: Domain, family: Family) -> Status:
+        node = self._nodes.get(node_id)
+        state = node.peek(domain, family) if node is not None else None
+        return Status.UNKNOWN if state is None else state.status
+
+    def is_alive(self, node_id: uuid.UUID, domain: Domain, family: Family) -> bool:
+        """Not known to be dead (an unknown state counts as alive)."""
+        return self.status(node_id, domain, family) is not Status.DEAD
+
+    def tcp_alive(self, node_id: uuid.UUID, family: Family) -> bool:
+        return self.is_alive(node_id, Domain.TCP, family)
+
+    def has_udp_state(self, node_id: uuid.UUID, family: Family | None = None) -> bool:
+        """Whether any UDP outcome was recorded (for one family, or either)."""
+        families = tuple(Family) if family is None else (family,)
+        return any(
+            self.status(node_id, domain, fam) is not Status.UNKNOWN for domain in UDP_DOMAINS for fam in families
+        )
+
+    def udp_selectable(self, node_id: uuid.UUID, family: Family) -> bool:
+        """The UDP liveness rule: DataUdp or DnsUdp alive → yes; both dead → no, even with
+        TCP alive; no UDP state at all → whatever TCP is."""
+        data = self.status(node_id, Domain.DATA_UDP, family)
+        dns = self.status(node_id, Domain.DNS_UDP, family)
+        if data is Status.ALIVE or dns is Status.ALIVE:
+            return True
+        if data is Status.UNKNOWN and dns is Status.UNKNOWN:
+            return self.tcp_alive(node_id, family)
+        # one dead and the other unknown, or both dead: the data path is not known to work
+        return data is not Status.DEAD and dns is not Status.DEAD
+
+    def history(self, node_id: uuid.UUID, domain: Domain, family: Family) -> list[tuple[float, float, bool]]:
+        """Probe history, oldest first: (wall time, delay s, failed)."""
+        node = self._nodes.get(node_id)
+        state = node.peek(domain, family) if node is not None else None
+        return [] if state is None else state.history.snapshot()
+
+    def last_real_delays(self) -> dict[uuid.UUID, tuple[float, float]]:
+        """Each node's newest real TCP delay as (delay s, wall time): what the state database keeps."""
+        out = {}
+        for node in self._nodes.values():
+            sample = node.latencies.last_real_sample()
+            if sample is not None:
+                at, delay = sample
+                out[node.node_id] = (delay, at)
+        return out
+
+    def restore_delays(self, samples: dict[uuid.UUID, tuple[float, float]]) -> int:
+        """Put persisted delays back into registered nodes' latency collections (display
+        only; liveness is never restored). How many were restored."""
+        restored = 0
+        for node_id, (delay, at) in samples.items():
+            node = self._nodes.get(node_id)
+            if node is not None and len(node.latencies) == 0:
+                node.latencies.push(at, delay, False)
+                restored += 1
+        return restored
+
+    # --- internals ------------------------------------------------------------------
+
+    def _in_grace(self, node: NodeHealth, now: float) -> bool:
+        return now - node.registered_at < REGISTRATION_GRACE
+
+    def _kill(self, node: NodeHealth, domain: Domain, family: Family, now: float) -> None:
+        state = node.state(domain, family)
+        state.die(now)
+        log.info("node %s: %s/IPv%d is dead", node.name, domain.value, family.value)
+        self._announce(node, domain, family, False)
+        if domain in UDP_DOMAINS:
+            sibling = node.peek(_SIBLING[domain], family)
+            if sibling is not None and sibling.status is Status.ALIVE:
+                log.info(
+                    "node %s: %s/IPv%d still alive; UDP endpoints are kept",
+                    node.name, _SIBLING[domain].value, family.value,
+                )
+                return
+        if self.on_dead is not None:
+            try:
+                self.on_dead(node.node_id, node.name)
+            except Exception:
+                log.exception("node %s: the death callback failed", node.name)
+
+    def _announce(self, node: NodeHealth, domain: Domain, family: Family, alive: bool) -> None:
+        for listener in self._listeners:
+            try:
+                listener(node.node_id, domain, family, alive)
+            except Exception:
+                log.exception("a health listener failed")

@@ -1,0 +1,36 @@
+"""Every number of the health design, in one place (seed 001, "Health state and probes").
+
+Each constant quotes the design's wording. Where the design left a choice open,
+the comment says which reading honk takes.
+"""
+
+from __future__ import annotations
+
+from honk.alive.outcome import Domain
+
+# "A state dies after": periodic probe Tcp 3 / DnsUdp 3 / DataUdp 3; real traffic Tcp 10 / DnsUdp 3 / DataUdp 50.
+# Counts are consecutive per source: a success of the same source resets that source's count.
+PROBE_DEATH_THRESHOLD = {Domain.TCP: 3, Domain.DNS_UDP: 3, Domain.DATA_UDP: 3}
+TRAFFIC_DEATH_THRESHOLD = {Domain.TCP: 10, Domain.DNS_UDP: 3, Domain.DATA_UDP: 50}
+
+REGISTRATION_GRACE = 60.0  # seconds; "a newly registered node has a 60-second grace period"
+RECOVERY_SUCCESSES = 2  # "a dead state normally needs two consecutive probe successes to recover"
+
+# "exponential cooldown from 5 s up to a cap of 300 s": it starts when a state dies and
+# doubles per failed recovery probe (5, 10, 20, ... 300); recovery and a network change reset it.
+PROBE_COOLDOWN_MIN = 5.0  # seconds
+PROBE_COOLDOWN_MAX = 300.0  # seconds
+PROBE_COOLDOWN_FACTOR = 2.0  # the doubling reading of "exponential"
+RECOVERY_TICK_MAX = 5.0  # seconds; the recovery scheduler runs every min(5 s, check_interval)
+
+PROBE_HISTORY = 100  # "probe history retains 100 entries per node, domain and address family"
+DIAL_FAILURES_FOR_PLACEHOLDER = 2  # "a synthetic 10-second placeholder after two consecutive real dial failures"
+
+GROUP_CHECK_DEATH_THRESHOLD = 3  # per-group check_url: "dies after three consecutive failures"
+GROUP_DELAY_CONCURRENCY = 10  # "group delay tests run at most 10 member measurements concurrently"
+
+DELAY_PERSIST_INTERVAL = 60.0  # seconds; "the last real TCP delay sample ... written every 60 s"
+
+# Not a design number: how many probes run at once across all nodes. It bounds the
+# sockets and CPU a probe cycle of thousands of nodes may take; the rest wait in order.
+PROBE_CONCURRENCY = 32
