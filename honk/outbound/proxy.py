@@ -118,17 +118,21 @@ class ProxyLeaf:
         self.count(None)
         return DialedStream(sock, framing)
 
-    def count(self, outcome: HonkError | None) -> None:
+    def count(self, outcome: HonkError | None, *, udp: bool = False) -> None:
         """Record one dial's outcome on the runtime (``ok`` or the failure's phase) and report
-        it to the node's health."""
+        it to the node's health (``udp``: the setup of a UDP endpoint, a DataUdp matter)."""
         if self.runtime is None:
             return
         if outcome is None:
             self.runtime.dials["ok"] += 1
         else:
             self.runtime.dials[getattr(outcome, "phase", type(outcome).__name__)] += 1
-        if (traffic := self.runtime.traffic) is not None:
+        if (traffic := self.runtime.traffic) is None:
+            return
+        if not udp:
             traffic.dial(outcome, self.health_family)
+        elif outcome is not None:
+            traffic.packets_failed(self.health_family)  # the node's UDP path could not be set up
 
     @property
     def health_family(self) -> int:

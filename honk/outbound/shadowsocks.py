@@ -87,14 +87,14 @@ class ShadowsocksOutbound(ProxyLeaf):
         try:
             server = await _server_ip(self.connector, self.server, deadline, self.clock.now())
         except HonkError as exc:
-            self.count(exc)
+            self.count(exc, udp=True)
             raise
         endpoint = ShadowsocksUdpEndpoint(self.name, cipher, self._master, receive, on_lost)
         try:
             await endpoint.start(server, self.server.port, self.connector)
         except OSError as exc:
             error = DialError(self.name, "connect", f"UDP socket: {exc.strerror or type(exc).__name__}")
-            self.count(error)
+            self.count(error, udp=True)
             raise error from None
         return endpoint  # it belongs to the association that asked for it, not to the node
 

@@ -52,7 +52,10 @@ class Origin:
     ``kind`` "http1": plain HTTP/1.1, keep-alive. ``kind`` "h2": HTTP/2 over TLS from ``ca``.
     """
 
-    def __init__(self, kind: str, ca: trustme.CA, statuses: tuple[int, int], delays: tuple[float, float]) -> None:
+    def __init__(self, kind: str, ca: trustme.CA, statuses: tuple[int, int], delays: tuple[float, float], *,
+                 informational: int = 0, goaway_after_first: bool = False) -> None:
+        self.informational = informational  # bytes of 1xx heads before round 2's answer (HTTP/1.1)
+        self.goaway_after_first = goaway_after_first  # a graceful GOAWAY right after round 1 (HTTP/2)
         self.kind = kind
         self.ca = ca
         self.statuses = statuses
@@ -96,6 +99,8 @@ class Origin:
                 self.methods.append(request.split(b" ", 1)[0])
                 delay, status = self._answer(n)
                 await asyncio.sleep(delay)
+                if n == 1 and self.informational:
+                    writer.write(_informational_heads(self.informational))
                 writer.write(b"HTTP/1.1 " + status + b" X\r\nContent-Length: 0\r\n\r\n")
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the probe closed the connection, or the test is over
@@ -114,6 +119,8 @@ class Origin:
             delay, status = self._answer(n)
             await asyncio.sleep(delay)
             conn.send_headers(stream_id, [(b":status", status)], end_stream=True)
+            if n == 0 and self.goaway_after_first:
+                conn.close_connection(last_stream_id=stream_id)  # NO_ERROR: a graceful GOAWAY
             writer.write(conn.data_to_send())
 
         try:
@@ -130,6 +137,12 @@ class Origin:
             for task in answers:
                 task.cancel()
             writer.transport.abort()
+
+
+def _informational_heads(total: int) -> bytes:
+    """103 Early Hints heads adding up to at least ``total`` bytes."""
+    one = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style; x=" + b"a" * 900 + b"\r\n\r\n"
+    return one * (total // len(one) + 1)
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +216,22 @@ def test_a_second_status_from_200_to_499_passes_and_500_fails(run, make_leaf, ca
         assert outcome == ProbeSample(outcome.rtt) and 0 < outcome.rtt < STEP  # type: ignore[union-attr]
     else:
         assert isinstance(outcome, ProbeError) and (outcome.phase, outcome.reason) == ("request", "status")
+
+
+def test_informational_heads_over_16_kib_fail_the_probe(run, make_leaf, ca: trustme.CA) -> None:
+    async def scenario() -> ProbeSample | ProbeError:
+        async with Origin("http1", ca, (204, 204), (0.0, 0.0), informational=17 * 1024) as origin:
+            return await probe_through(make_leaf, origin)
+
+    outcome = run(scenario())
+    assert isinstance(outcome, ProbeError) and (outcome.phase, outcome.reason) == ("request", "informational-too-large")
+
+
+def test_a_goaway_after_round_one_returns_the_validated_first_sample(run, make_leaf, ca: trustme.CA) -> None:
+    async def scenario() -> ProbeSample | ProbeError:
+        async with Origin("h2", ca, (204, 204), ROUND_DELAYS, goaway_after_first=True) as origin:
+            return await probe_through(make_leaf, origin)
+
+    outcome = run(scenario())
+    assert isinstance(outcome, ProbeSample) and outcome.fallback
+    assert ROUND_DELAYS[0] <= outcome.rtt < STEP  # round 1's time, not round 2's

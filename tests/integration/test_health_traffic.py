@@ -172,3 +172,12 @@ def test_refusals_of_one_target_or_for_capacity_are_neutral():
     assert alive.node(node).dial_failures == 1
     traffic.dial(None, 4)
     assert alive.node(node).dial_failures == 0
+
+
+def test_a_failed_udp_endpoint_setup_is_a_data_udp_failure_not_a_tcp_strike():
+    rig = Rig("ss://chacha20-ietf-poly1305:pw@127.0.0.1:9#node")
+    leaf = rig.leaves[rig.node_id]
+    leaf.count(DialError("node", "connect", "UDP socket: refused"), udp=True)
+    node = rig.alive.node(rig.node_id)
+    assert node.state(Domain.DATA_UDP, V4).traffic_failures == 1
+    assert node.dial_failures == 0 and node.state(Domain.TCP, V4).traffic_failures == 0
