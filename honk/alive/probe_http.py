@@ -262,14 +262,12 @@ class _Http1(_Exchange):
                 event = self._next_event()
                 if event is h11.NEED_DATA:
                     try:
-                        data = await self.reader.read(READ_CHUNK)
+                        data = await self._feed()
                     except OSError:
-                        data = b""
+                        data = b""  # a reset ends the round like a close
                     if not data:
                         raise self._lost(final, answered)
                     answered = True
-                    self.fed += len(data)
-                    self.conn.receive_data(data)
                 elif isinstance(event, h11.InformationalResponse):
                     head_start = self._consumed()
                     if head_start - round_start > INFORMATIONAL_HEAD_CAP:
@@ -301,15 +299,20 @@ class _Http1(_Exchange):
             event = self._next_event()
             if event is h11.NEED_DATA:
                 try:
-                    data = await self.reader.read(READ_CHUNK)
+                    await self._feed()  # b"" is the end of a read-until-close body
                 except OSError:
                     raise ProbeError("request", "closed") from None
-                self.fed += len(data)
-                self.conn.receive_data(data)  # b"" is the end of a read-until-close body
             elif isinstance(event, h11.EndOfMessage):
                 return
             elif isinstance(event, h11.ConnectionClosed):
                 raise ProbeError("request", "closed")
+
+    async def _feed(self) -> bytes:
+        """Hand h11 the next bytes of the connection (``b""``: its end); a reset raises OSError."""
+        data = await self.reader.read(READ_CHUNK)
+        self.fed += len(data)
+        self.conn.receive_data(data)
+        return data
 
     @staticmethod
     def _lost(final: bool, answered: bool) -> Exception:
