@@ -48,6 +48,7 @@ class GroupChecks:
         self.clock = clock
         self._groups: dict[str, GroupCheck] = {}
         self._states: dict[tuple[str, str], LinkState] = {}
+        self.version = 0  # bumped by every change that can change a group's selection
 
     def sync_group_check_urls(self, checks: Iterable[GroupCheck]) -> None:
         """Replace the registry (on start and reload). Pairs still in use keep their state."""
@@ -60,6 +61,7 @@ class GroupChecks:
                 continue
             groups[check.group] = check
         self._groups = groups
+        self.version += 1
         keep = {(member, check.url) for check in groups.values() for member, _ in check.members()}
         self._states = {key: state for key, state in self._states.items() if key in keep}
 
@@ -89,8 +91,10 @@ class GroupChecks:
         if state is None:
             state = self._states[(member, url)] = LinkState()
         now = self.clock.now()
+        self.version += 1
         state.record(self.clock.wall(), rtt)
         if rtt is not None:
+            state.average.update(rtt)
             if state.probe_succeeded():
                 log.info("member %s is alive again for check_url probes", member)
         elif state.dead:
@@ -112,6 +116,16 @@ class GroupChecks:
             return True
         state = self._states.get((member, check.url))
         return state is None or state.status is not Status.DEAD
+
+    def url_of(self, group: str) -> str | None:
+        """The group's own check URL, if it has one that counts."""
+        check = self._groups.get(group)
+        return check.url if check is not None else None
+
+    def average(self, member: str, url: str) -> float | None:
+        """The moving average of the pair's probe samples (the group's URLTest ranking)."""
+        state = self._states.get((member, url))
+        return None if state is None else state.average.value
 
     def history(self, member: str, url: str) -> list[tuple[float, float, bool]]:
         state = self._states.get((member, url))

@@ -40,10 +40,17 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from honk._fast.movavg import Ema, HalvingAverage
 from honk._fast.ring import SYNTHETIC_PLACEHOLDER, URLTEST_LATENCY_CAPACITY, LatencyRing
 from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import (
-    DIAL_FAILURES_FOR_PLACEHOLDER,
+    DETECTOR_EMA_FACTOR,
+    DETECTOR_EMA_MARGIN,
+    DETECTOR_FLOOR,
+    DETECTOR_HEAL_PROBE_SUCCESSES,
+    DETECTOR_SLOW_DIALS,
+    DIAL_FAILURES_PER_STRIKE,
+    MIN_STRIKE_CLEARING_SUCCESSES,
     PROBE_COOLDOWN_FACTOR,
     PROBE_COOLDOWN_MAX,
     PROBE_COOLDOWN_MIN,
@@ -62,6 +69,7 @@ _SIBLING = {Domain.DNS_UDP: Domain.DATA_UDP, Domain.DATA_UDP: Domain.DNS_UDP}
 FAILED_PROBE_DELAY = 0.0  # how history shows a failed probe (Clash dashboards read delay 0 as a failure)
 
 DeathCallback = Callable[[uuid.UUID, str], None]
+EmergencyCallback = Callable[[uuid.UUID], None]  # the detector asks for an emergency probe of a node
 # (node_id, domain, family, alive) after every change of a state's liveness
 TransitionListener = Callable[[uuid.UUID, Domain, Family, bool], None]
 
@@ -84,6 +92,7 @@ class LinkState:
         "due_at",
         "primed",
         "history",
+        "average",
     )
 
     def __init__(self) -> None:
@@ -95,6 +104,7 @@ class LinkState:
         self.due_at = 0.0  # monotonic time the next recovery probe is due (dead only)
         self.primed = False  # after a network change one success revives
         self.history = LatencyRing(PROBE_HISTORY)
+        self.average = HalvingAverage()  # URLTest ranking: probe samples only, never placeholders
 
     @property
     def dead(self) -> bool:
@@ -175,8 +185,19 @@ class NodeHealth:
     registered_at: float
     states: dict[tuple[Domain, Family], LinkState] = field(default_factory=dict)
     latencies: LatencyRing = field(default_factory=lambda: LatencyRing(URLTEST_LATENCY_CAPACITY))
-    dial_failures: int = 0  # consecutive real dial failures (ranking strikes)
+    version: int = 0  # bumped by every change of this node that can change a selection
+    dial_failures: int = 0  # the streak of consecutive real dial failures
+    strikes: int = 0  # ranking strikes from dial failures
+    clearing: int = 0  # consecutive real dial successes since the last strike
+    ema: Ema = field(default_factory=Ema)  # fresh real dial latencies (the degradation detector)
+    slow_dials: int = 0  # consecutive real dials slower than the detector's threshold
+    detector_strikes: int = 0  # ranking strikes from the detector
+    healing: int = -1  # probe successes since the detector's emergency probe; -1: not healing
 
+    @property
+    def demoted(self) -> bool:
+        """Carries ranking strikes: ranks below every candidate without, bypasses hysteresis."""
+        return self.strikes > 0 or self.detector_strikes > 0
     def state(self, domain: Domain, family: Family) -> LinkState:
         key = (domain, family)
         state = self.states.get(key)
@@ -195,12 +216,18 @@ class UnknownNode(KeyError):
 class AliveDialerSet:
     """Node health keyed by NodeId. Owned by the event loop's thread; not thread-safe."""
 
-    def __init__(self, clock: Clock, on_dead: DeathCallback | None = None) -> None:
+    def __init__(
+        self, clock: Clock, on_dead: DeathCallback | None = None, on_emergency: EmergencyCallback | None = None
+    ) -> None:
         self.clock = clock
         self.on_dead = on_dead
+        self.on_emergency = on_emergency
         self._nodes: dict[uuid.UUID, NodeHealth] = {}
         self._listeners: list[TransitionListener] = []
         self.generation = 0
+        # bumped by every change that can change a selection (liveness, averages, strikes):
+        # group managers cache their picks per version
+        self.version = 0
         self._serials = itertools.count(1)
         self._open_tickets: set[ProbeTicket] = set()
 
@@ -214,6 +241,7 @@ class AliveDialerSet:
             node.name = name
             return False
         self._nodes[node_id] = NodeHealth(node_id, name, self.clock.now())
+        self.version += 1
         return True
 
     def retain_only(self, node_ids: Iterable[uuid.UUID]) -> list[uuid.UUID]:
@@ -222,6 +250,7 @@ class AliveDialerSet:
         gone = [nid for nid in self._nodes if nid not in keep]
         for nid in gone:
             del self._nodes[nid]
+        self.version += 1
         return gone
 
     def __contains__(self, node_id: object) -> bool:
@@ -277,16 +306,25 @@ class AliveDialerSet:
         family: Family,
         rtt: float,
         ticket: ProbeTicket | None = None,
+        rank: bool = True,
     ) -> bool:
-        """A probe of ``domain`` succeeded with ``rtt`` seconds; False when it was stale or unknown."""
+        """A probe of ``domain`` succeeded with ``rtt`` seconds; False when it was stale or unknown.
+        ``rank`` False: a fallback sample, kept for liveness and history but not for ranking."""
         node = self._nodes.get(node_id)
         if node is None or not self.is_current(ticket):
             return False
         state = node.state(domain, family)
         wall = self.clock.wall()
+        self._changed(node)
         state.record(wall, rtt)
+        if rank:
+            state.average.update(rtt)
         if domain is Domain.TCP:
             node.latencies.push(wall, rtt, False)
+            if node.healing >= 0:
+                node.healing += 1
+                if node.healing >= DETECTOR_HEAL_PROBE_SUCCESSES:
+                    node.detector_strikes, node.healing = 0, -1
         if state.probe_succeeded():
             self._announce(node, domain, family, True)
         return True
@@ -305,7 +343,10 @@ class AliveDialerSet:
             return False
         state = node.state(domain, family)
         now = self.clock.now()
+        self._changed(node)
         state.record(self.clock.wall(), None)
+        if domain is Domain.TCP and node.healing > 0:
+            node.healing = 0  # the successes after the emergency probe must be consecutive
         if state.dead:
             state.back_off(now)
             return True
@@ -325,8 +366,43 @@ class AliveDialerSet:
         state = node.peek(domain, family)
         if state is not None:
             state.traffic_failures = 0
-        if domain is Domain.TCP:
-            node.dial_failures = 0
+
+    def report_dial_success(
+        self, node_id: uuid.UUID, family: Family, latency: float | None = None, pool_hit: bool = False
+    ) -> None:
+        """A real TCP dial through the node worked, taking ``latency`` seconds. The failure streak
+        ends; strikes clear after max(strikes, 2) consecutive successes; a fresh dial (not a
+        ready-pool hit) feeds the degradation detector."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        self.report_traffic_success(node_id, Domain.TCP, family)
+        node.dial_failures = 0
+        if node.demoted:
+            node.clearing += 1
+            if node.clearing >= max(node.strikes + node.detector_strikes, MIN_STRIKE_CLEARING_SUCCESSES):
+                node.strikes = node.detector_strikes = node.clearing = 0
+                self._changed(node)
+                node.healing = -1
+        if latency is not None and not pool_hit:
+            self._detect(node, latency)
+
+    def _detect(self, node: NodeHealth, latency: float) -> None:
+        ema = node.ema
+        if ema.warm:
+            threshold = max(min(DETECTOR_EMA_FACTOR * ema.value, ema.value + DETECTOR_EMA_MARGIN), DETECTOR_FLOOR)
+            node.slow_dials = node.slow_dials + 1 if latency > threshold else 0
+            if node.slow_dials >= DETECTOR_SLOW_DIALS:
+                node.slow_dials = 0
+                node.detector_strikes += 1
+                self._changed(node)
+                node.clearing = 0
+                node.healing = 0
+                log.info("node %s: %d slow dials in a row; one strike and an emergency probe",
+                         node.name, DETECTOR_SLOW_DIALS)
+                if self.on_emergency is not None:
+                    self.on_emergency(node.node_id)
+        ema.update(latency)  # self-referential: slow dials move it too
 
     def report_traffic_failure(
         self, node_id: uuid.UUID, domain: Domain, family: Family, force: bool = False
@@ -345,17 +421,20 @@ class AliveDialerSet:
             self._kill(node, domain, family, now)
 
     def record_dial_failure(self, node_id: uuid.UUID, family: Family) -> int:
-        """A real TCP dial through the node failed: one TCP traffic failure, and after
-        :data:`DIAL_FAILURES_FOR_PLACEHOLDER` in a row a flagged placeholder in the
-        latency collection. The consecutive count (the ranking strikes)."""
+        """A real TCP dial through the node failed: one TCP traffic failure, and each time the
+        streak of failures reaches 2, 4, 6 ... one ranking strike and a flagged placeholder in
+        the latency collection. The node's strikes."""
         node = self._nodes.get(node_id)
         if node is None:
             return 0
         node.dial_failures += 1
-        if node.dial_failures == DIAL_FAILURES_FOR_PLACEHOLDER:
+        node.clearing = 0
+        self._changed(node)
+        if node.dial_failures % DIAL_FAILURES_PER_STRIKE == 0:
+            node.strikes += 1
             node.latencies.push(self.clock.wall(), SYNTHETIC_PLACEHOLDER, True)
         self.report_traffic_failure(node_id, Domain.TCP, family)
-        return node.dial_failures
+        return node.strikes
 
     def record_delay_test(self, node_id: uuid.UUID, family: Family, rtt: float | None) -> None:
         """An on-demand delay test through the node: its history shows the result, but it
@@ -425,6 +504,16 @@ class AliveDialerSet:
         # one dead and the other unknown, or both dead: the data path is not known to work
         return data is not Status.DEAD and dns is not Status.DEAD
 
+    def average(self, node_id: uuid.UUID, domain: Domain, family: Family) -> float | None:
+        """The halving moving average of the state's real probe samples (ranking), or None."""
+        node = self._nodes.get(node_id)
+        state = node.peek(domain, family) if node is not None else None
+        return None if state is None else state.average.value
+
+    def demoted(self, node_id: uuid.UUID) -> bool:
+        node = self._nodes.get(node_id)
+        return node is not None and node.demoted
+
     def history(self, node_id: uuid.UUID, domain: Domain, family: Family) -> list[tuple[float, float, bool]]:
         """Probe history, oldest first: (wall time, delay s, failed)."""
         node = self._nodes.get(node_id)
@@ -454,12 +543,22 @@ class AliveDialerSet:
 
     # --- internals ------------------------------------------------------------------
 
+    def _changed(self, node: NodeHealth) -> None:
+        node.version += 1
+        self.version += 1
+
+    def node_version(self, node_id: uuid.UUID) -> int:
+        """The node's change counter (-1 for an unknown node): cached judgments of it expire with it."""
+        node = self._nodes.get(node_id)
+        return -1 if node is None else node.version
+
     def _in_grace(self, node: NodeHealth, now: float) -> bool:
         return now - node.registered_at < REGISTRATION_GRACE
 
     def _kill(self, node: NodeHealth, domain: Domain, family: Family, now: float) -> None:
         state = node.state(domain, family)
         state.die(now)
+        self._changed(node)
         log.info("node %s: %s/IPv%d is dead", node.name, domain.value, family.value)
         self._announce(node, domain, family, False)
         if domain in UDP_DOMAINS:

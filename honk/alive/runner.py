@@ -318,7 +318,9 @@ class HealthRunner:
                 except ProbeError:
                     alive.notify_check_failure(job.node_id, Domain.TCP, job.family, ticket)
                 else:
-                    alive.notify_check_success(job.node_id, Domain.TCP, job.family, sample.rtt, ticket)
+                    alive.notify_check_success(
+                        job.node_id, Domain.TCP, job.family, sample.rtt, ticket, rank=not sample.fallback
+                    )
             elif job.kind is JobKind.UDP:
                 outcome = await self.prober.probe_udp(job.node_id, job.family)
                 self._apply_udp(job, outcome, ticket)

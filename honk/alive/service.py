@@ -34,6 +34,8 @@ from honk.control.statedb import StateDB, state_db_path
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import Network
+from honk.group.filter import HealthFilter
+from honk.group.manager import Identity, identity_from_text, identity_text
 from honk.outbound.base import Outbound
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class HealthService:
 
     def __init__(self, clock: Clock, *, watch_network: bool = True) -> None:
         self.clock = clock
-        self.alive = AliveDialerSet(clock, on_dead=self._purge)
+        self.alive = AliveDialerSet(clock, on_dead=self._purge, on_emergency=self._emergency)
         self.group_checks = GroupChecks(clock)
         self.runner: HealthRunner | None = None
         self.db: StateDB | None = None
@@ -84,16 +86,45 @@ class HealthService:
         self._watch_network = watch_network
         self._plane: Plane | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()  # Selector choices being written
+        self._opened = False
+        self.filter = HealthFilter(self.alive, self.group_checks)  # the groups' view of health
 
     # --- lifecycle ---------------------------------------------------------------
 
+    async def open_state(self, data_dir: str) -> dict[str, dict[Network, Identity]]:
+        """Open the state database; the Selector choices it keeps, for the first plane."""
+        try:
+            self._opened = True
+            self.db = await asyncio.to_thread(StateDB, state_db_path(data_dir))
+        except Exception as exc:  # noqa: BLE001 - health runs without persistence rather than not at all
+            log.warning("state database unavailable; delays and choices are not kept (%s)", exc)
+            self.db = None
+            return {}
+        stored = await asyncio.to_thread(self.db.load_choices)
+        saved: dict[str, dict[Network, Identity]] = {}
+        for group, by_network in stored.items():
+            for network, text in by_network.items():
+                identity = identity_from_text(text)
+                if identity is not None and network in (n.value for n in Network):
+                    saved.setdefault(group, {})[Network(network)] = identity
+        return saved
+
+    def save_choice(self, group: str, network: Network, identity: Identity) -> None:
+        """A Selector write changed ``network``'s choice: keep it (in a worker thread)."""
+        if self.db is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self.db.save_choice, group, network.value, identity_text(identity)),
+            name="honk-save-choice",
+        )
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
     async def start(self, plane: Plane) -> None:
         glob = plane.spec.global_
-        try:
-            self.db = await asyncio.to_thread(StateDB, state_db_path(glob.data_dir))
-        except Exception as exc:  # noqa: BLE001 - health runs without persistence rather than not at all
-            log.warning("state database unavailable; delays are not kept across restarts (%s)", exc)
-            self.db = None
+        if self.db is None and not self._opened:
+            await self.open_state(glob.data_dir)
         await self._register(plane)
         if self.db is not None:
             saved = await asyncio.to_thread(self.db.load_delays, self.clock.wall())
@@ -133,6 +164,8 @@ class HealthService:
             self._writer = None
         if self.runner is not None:
             await self.runner.stop()
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
         if self.db is not None:
             await self._save()
             self.db.close()
@@ -203,6 +236,10 @@ class HealthService:
             return out
 
         return resolve
+
+    def _emergency(self, node_id: uuid.UUID) -> None:
+        if self.runner is not None:
+            self.runner.emergency([node_id])
 
     def _purge(self, node_id: uuid.UUID, name: str) -> None:
         plane = self._plane

@@ -24,7 +24,19 @@ PROBE_COOLDOWN_FACTOR = 2.0  # the doubling reading of "exponential"
 RECOVERY_TICK_MAX = 5.0  # seconds; the recovery scheduler runs every min(5 s, check_interval)
 
 PROBE_HISTORY = 100  # "probe history retains 100 entries per node, domain and address family"
-DIAL_FAILURES_FOR_PLACEHOLDER = 2  # "a synthetic 10-second placeholder after two consecutive real dial failures"
+# "Two consecutive real dial failures append one synthetic 10-second placeholder ... plus one failure
+# strike": each time the streak of consecutive failures reaches 2, 4, 6 ... one strike and one placeholder.
+DIAL_FAILURES_PER_STRIKE = 2
+MIN_STRIKE_CLEARING_SUCCESSES = 2  # "strikes clear only after max(strikes, 2) consecutive real successes"
+# The real-traffic EMA degradation detector (TCP only): "three consecutive dials slower than
+# max(min(2 x EMA, EMA + 500 ms), 250 ms) append one failure strike and fire an emergency probe".
+DETECTOR_SLOW_DIALS = 3
+DETECTOR_EMA_FACTOR = 2.0
+DETECTOR_EMA_MARGIN = 0.500  # seconds
+DETECTOR_FLOOR = 0.250  # seconds; "the 250 ms floor keeps normal load jitter ... from tripping the detector"
+# Self-heal: the emergency probe's success followed by one more consecutive probe success clears
+# the detector's strikes (the design leaves the count open; this is the issue's decision).
+DETECTOR_HEAL_PROBE_SUCCESSES = 2
 
 GROUP_CHECK_DEATH_THRESHOLD = 3  # per-group check_url: "dies after three consecutive failures"
 GROUP_DELAY_CONCURRENCY = 10  # "group delay tests run at most 10 member measurements concurrently"

@@ -1,7 +1,9 @@
 """Real traffic as health evidence: what a node's dials and UDP endpoints report.
 
-Only real flows feed the traffic counters and the dial-failure strikes; probes
-run inside :func:`probing` and report nothing here. Each node's runtime carries
+Only real flows feed the traffic counters and the dial-failure strikes: the
+dispatcher reports each flow's TCP dial (with its latency, for the degradation
+detector), UDP associations report their endpoints. Probes run inside
+:func:`probing` and report nothing here. Each node's runtime carries
 one :class:`NodeTraffic` (set by the health service), so every leaf of every
 generation of that node reports to the same place.
 
@@ -53,13 +55,16 @@ class NodeTraffic:
         self.alive = alive
         self.node_id = node_id
 
-    def dial(self, outcome: HonkError | None, family: int) -> None:
-        """A dial through the node ended: ``None`` for success, else its error."""
+    def dial(
+        self, outcome: HonkError | None, family: int, latency: float | None = None, pool_hit: bool = False
+    ) -> None:
+        """A flow's dial through the node ended: ``None`` for success (taking ``latency`` seconds;
+        ``pool_hit``: a ready pooled connection, no network round trip), else its error."""
         if _probing.get():
             return
         fam = Family(family)
         if outcome is None:
-            self.alive.report_traffic_success(self.node_id, Domain.TCP, fam)
+            self.alive.report_dial_success(self.node_id, fam, latency, pool_hit)
         elif counts_against_node(outcome):
             self.alive.record_dial_failure(self.node_id, fam)
 

@@ -65,7 +65,7 @@ ACCEPTED_GLOBAL_KEYS = frozenset(
     }
 )
 
-DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url"})
+DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url", "interrupt_connections"})
 STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
 CLASH_API_KEYS = frozenset({"external_controller", "external_ui", "secret", "default_mode"})
 CLASH_API_ACCEPTED = frozenset({"external_ui_download_url", "external_ui_download_detour"})
@@ -278,6 +278,10 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
                     sink.error("invalid-value", e.path, "duration must be positive", e.loc)
                 else:
                     values[key] = seconds
+        elif key == "interrupt_connections":
+            flag = V.get_bool(e, sink)
+            if flag is not None:
+                values[key] = flag
         elif key == "id":
             s = V.get_str(e, sink)
             if s is not None:
@@ -303,6 +307,7 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
         check_url=values.get("check_url"),  # type: ignore[arg-type]
         tolerance=values.get("tolerance", tolerance),  # type: ignore[arg-type]
         idle_timeout=values.get("idle_timeout"),  # type: ignore[arg-type]
+        interrupt_connections=bool(values.get("interrupt_connections", False)),
         id=values.get("id"),  # type: ignore[arg-type]
         loc=decl.loc,
     )

@@ -209,6 +209,7 @@ class GroupSpec:
     check_url: str | None = None
     tolerance: float = DEFAULT_CHECK_TOLERANCE  # seconds; URLTest switch threshold
     idle_timeout: float | None = None  # seconds; None -> DEFAULT_URLTEST_IDLE_TIMEOUT
+    interrupt_connections: bool = False  # a selection change closes the flows it served
     id: uuid.UUID | None = None  # structured-only; None -> generated at runtime
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 

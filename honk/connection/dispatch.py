@@ -17,18 +17,21 @@ sockets. This object holds no per-flow state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from honk.config.spec import GlobalSpec
+from honk.alive.outcome import Family
+from honk.config.spec import GlobalSpec, Policy
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.core.clock import Clock
-from honk.core.errors import HonkError
+from honk.core.errors import DialError, HonkError, TargetRefused
 from honk.core.net import FlowMeta, Network
-from honk.outbound.base import Outbound
+from honk.daemon.logs import kv
+from honk.outbound.base import DialedStream, Outbound
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 
@@ -67,6 +70,25 @@ class Upstream:
     routed: Routed
     sock: socket.socket
     framing: Any = None  # DialedStream.framing: None for a plain stream
+
+
+def _report(leaf: Any, outcome: HonkError | None, latency: float | None) -> None:
+    """A flow's dial outcome, for the node's health (real traffic)."""
+    traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
+    if traffic is not None:
+        traffic.dial(outcome, getattr(leaf, "health_family", 4), latency)
+
+
+def _needs_admission(leaf: Any) -> bool:
+    """Whether a dial through ``leaf`` makes a physical connection: ``block`` never does, nor
+    does a logical stream on a mux carrier that has room."""
+    if leaf.protocol == "block":
+        return False
+    if getattr(leaf, "mux", False):
+        from honk.outbound.mux import pool_for
+
+        return not pool_for(leaf).has_room
+    return True
 
 
 def format_chain(chain: Sequence[str]) -> str:
@@ -142,10 +164,68 @@ class Dispatcher:
 
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
-        routed = await self.route(meta)
-        deadline = self.clock.now() + self.global_spec.connect_timeout
-        dialed = await routed.leaf.dial_tcp(meta.target, deadline)
+        routed, dialed = await self.dial_routed(await self.route(meta))
         return Upstream(routed, dialed.sock, dialed.framing)
+
+    async def dial(self, routed: Routed) -> DialedStream:
+        """:meth:`dial_routed` when the caller keeps its own routing record."""
+        return (await self.dial_routed(routed))[1]
+
+    async def dial_routed(self, routed: Routed) -> tuple[Routed, DialedStream]:
+        """Dial a routed TCP flow within one absolute deadline; the routing it was served by
+        (another leaf of the same URLTest group after a retry) and the stream.
+
+        A setup failure of a leaf that a URLTest group picked gets one retry round over that
+        group's next-ranked members (at most three, in rank order, same deadline). Every
+        failure counts in its node's streak, so a lone failure the round rescues leaves no
+        strike (strikes come at a streak of two) while a dead winner is demoted by the second
+        one. Typed refusals, timeouts waiting for a dial permit and failures of other
+        policies are final."""
+        deadline = self.clock.now() + self.global_spec.connect_timeout
+        try:
+            return routed, await self._dial_leaf(routed.leaf, routed.meta.target, deadline)
+        except HonkError as exc:
+            first = exc
+        for retry in self._retry_round(routed, first):
+            try:
+                dialed = await self._dial_leaf(retry.leaf, routed.meta.target, deadline)
+            except HonkError:
+                continue
+            log.info("dial retried %s", kv(failed=routed.leaf.name, served=retry.leaf.name))
+            return dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf), dialed
+        raise first
+
+    def _retry_round(self, routed: Routed, error: HonkError) -> list[Any]:
+        if not isinstance(error, DialError) or isinstance(error, TargetRefused):
+            return []
+        groups = getattr(self._plane, "groups", None)
+        retry = getattr(groups, "retry_candidates", None)
+        if retry is None:
+            return []
+        for name in reversed(routed.chain[:-1]):  # the URLTest group nearest the leaf decided
+            if name in groups and getattr(groups.policy(name), "kind", None) is Policy.URLTEST:
+                head = routed.chain[: routed.chain.index(name)]
+                return [dataclasses.replace(c, chain=head + c.chain)
+                        for c in retry(name, routed.meta.network, Family.V4, routed.leaf)]
+        return []
+
+    async def _dial_leaf(self, leaf: Any, target: Any, deadline: float) -> DialedStream:
+        """One dial under the dial budget (``block`` and a stream on a mux carrier with room are
+        exempt; waiting past the deadline for a permit is a :class:`CapacityRefused`), reported
+        to the node's health with its latency."""
+        started = self.clock.now()
+        budget = getattr(self._plane, "admission", None)
+        try:
+            if budget is not None and _needs_admission(leaf):
+                async with budget.permit(deadline):
+                    dialed = await leaf.dial_tcp(target, deadline)
+            else:
+                dialed = await leaf.dial_tcp(target, deadline)
+        except HonkError as exc:
+            _report(leaf, exc, None)
+            raise
+        _report(leaf, None, self.clock.now() - started)
+        return dialed
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:
         """Register a flow the caller relays itself (HTTP forwarding, UDP)."""

@@ -15,13 +15,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from honk.config.spec import Spec
+from honk.connection.admission import DialBudget
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
-from honk.core.net import FlowMeta, IPAddress
-from honk.group.manager import GroupTable, Selection
+from honk.core.net import FlowMeta, IPAddress, Network
+from honk.group.filter import HealthFilter
+from honk.group.manager import GroupManager, Identity, Selection
 from honk.outbound.base import Outbound
 from honk.outbound.registry import build_outbounds, retire_runtimes
 from honk.outbound.runtime import NodeRuntime
@@ -50,11 +53,13 @@ class Decision:
 class Plane:
     generation: int
     router: Router
-    groups: GroupTable
+    groups: GroupManager
     outbounds: dict[str, Outbound]
     spec: Spec
     # proxy leaves' runtimes by NodeId; the next plane reuses those of unchanged nodes
     runtimes: dict[uuid.UUID, NodeRuntime] = dataclasses.field(default_factory=dict)
+    # this generation's physical dial budget (max_concurrent_dials, under the process gate)
+    admission: DialBudget | None = None
 
     def retire(self, previous: Plane | None) -> int:
         """Close the runtimes of ``previous`` this plane does not use (call after publishing)."""
@@ -99,21 +104,33 @@ class Plane:
         return Decision(result, selection, resolved)
 
 
-def build_plane(spec: Spec, clock: Clock, generation: int, previous: Plane | None = None) -> Plane:
+def build_plane(
+    spec: Spec,
+    clock: Clock,
+    generation: int,
+    previous: Plane | None = None,
+    *,
+    health: HealthFilter | None = None,
+    saved_choices: Mapping[str, Mapping[Network, Identity]] | None = None,
+) -> Plane:
     """Build every part of a Plane from ``spec``.
 
-    Selector choices of ``previous`` survive for groups and members that still
-    exist, and unchanged nodes (same NodeId) keep their runtimes; call
-    :meth:`Plane.retire` once the new plane is published. Raises :class:`~honk.route.matchers.RouteCompileError` for a rule
-    that cannot be compiled.
+    Selector choices of ``previous`` (else ``saved_choices``, at startup) survive for
+    groups and member identities that still exist, and unchanged nodes (same NodeId)
+    keep their runtimes; call :meth:`Plane.retire` once the new plane is published.
+    ``health`` is the groups' view of node health (None: every leaf eligible). Raises
+    :class:`~honk.route.matchers.RouteCompileError` for a rule that cannot be compiled.
     """
     router = Router.compile(spec.routing)
     outbounds, runtimes = build_outbounds(spec, clock, previous.runtimes if previous is not None else None)
-    choices = previous.groups.choices() if previous is not None else None
-    groups = GroupTable.build(spec, outbounds, previous_choices=choices)
+    groups = GroupManager.build(
+        spec, outbounds, health=health, clock=clock,
+        previous=previous.groups if previous is not None else None, saved=saved_choices,
+    )
     targets = {rule.outbound for rule in spec.routing.rules} | {spec.routing.fallback}
     for name in sorted(targets):
         if name not in groups and name not in outbounds:
             log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)
+    admission = DialBudget(spec.global_.max_concurrent_dials, clock)
     return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec,
-                 runtimes=runtimes)
+                 runtimes=runtimes, admission=admission)

@@ -185,6 +185,7 @@ class ConnectionTracker:
         self.relay_idle_timeout = DEFAULT_RELAY_IDLE_TIMEOUT
         self.udp_idle_timeout = DEFAULT_UDP_IDLE_TIMEOUT
         self._flows: dict[str, TrackedFlow] = {}
+        self._gone: dict[str, asyncio.Future[None]] = {}  # flow id -> resolves when it is removed
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -224,6 +225,22 @@ class ConnectionTracker:
         self._flows.pop(flow_id, None)
         if not self._flows:
             self._idle.set()
+        waiter = self._gone.pop(flow_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_gone(self, flow_ids: list[str]) -> None:
+        """Return once none of ``flow_ids`` is live any more (closing flows finish their end)."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for flow_id in flow_ids:
+            if flow_id in self._flows:
+                waiter = self._gone.get(flow_id)
+                if waiter is None:
+                    waiter = self._gone[flow_id] = loop.create_future()
+                waits.append(waiter)
+        if waits:
+            await asyncio.gather(*(asyncio.shield(w) for w in waits))
 
     def snapshot(self) -> list[ConnectionInfo]:
         """Immutable copies of every live flow, oldest first."""

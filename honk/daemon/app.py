@@ -45,10 +45,11 @@ from honk.config.spec import InboundSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
-from honk.core.clock import Clock, MonotonicClock
-from honk.core.errors import NoRoute
+from honk.core.clock import Clock, MonotonicClock, timeout_at
+from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
 from honk.daemon.logs import kv, set_level
+from honk.group.manager import SharedGroupManager
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.base import DialedStream
 from honk.outbound.direct import DirectOutbound
@@ -59,6 +60,7 @@ from honk.subscription.manager import FIRST_FETCH_WAIT, NodesBySubscription, Sub
 log = logging.getLogger("honk.daemon")
 
 SWEEP_INTERVAL = 1.0  # seconds between idle sweeps of the connection table
+INTERRUPT_CONFIRM_TIMEOUT = 5.0  # seconds a selection write waits for the flows it interrupted to end
 
 
 def log_diagnostics(diagnostics, *, during: str) -> None:
@@ -92,6 +94,8 @@ class Daemon:
         self._stopped = asyncio.Event()
         self._generation = 0
         self.health = HealthService(self.clock)
+        self.groups: SharedGroupManager | None = None  # the stable handle on the current group manager
+        self._interrupted: list[str] = []  # flow ids closed by the selection write in progress
 
     # --- start ---------------------------------------------------------------
 
@@ -111,7 +115,11 @@ class Daemon:
             await subscriptions.wait_settled(FIRST_FETCH_WAIT)
             spec = self._effective(config, subscriptions.nodes())
             self._generation = 1
-            plane = build_plane(spec, self.clock, self._generation, previous=self._fetch_plane)
+            saved = await self.health.open_state(spec.global_.data_dir)
+            plane = build_plane(spec, self.clock, self._generation, previous=self._fetch_plane,
+                                health=self.health.filter, saved_choices=saved)
+            plane.groups.on_choice = self.health.save_choice  # before the plane is published
+            plane.groups.on_interrupt = self._interrupt
             plane.retire(self._fetch_plane)
             self._fetch_plane = None
             resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
@@ -125,6 +133,7 @@ class Daemon:
             await subscriptions.stop()
             raise
         self.spec, self.config, self.plane, self.inbounds = spec, config, plane, started
+        self.groups = SharedGroupManager(plane.groups)
         self.subscriptions = subscriptions
         await self.health.start(plane)
         if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
@@ -225,7 +234,9 @@ class Daemon:
         assert self.spec is not None and self.dispatcher is not None  # set by start()
         generation = self._generation + 1
         try:
-            plane = build_plane(spec, self.clock, generation, previous=self.plane)
+            plane = build_plane(spec, self.clock, generation, previous=self.plane, health=self.health.filter)
+            plane.groups.on_choice = self.health.save_choice  # before the plane is published
+            plane.groups.on_interrupt = self._interrupt
         except Exception as exc:  # noqa: BLE001 - a plane that cannot be built must not replace the old one
             log.error("%s rejected; the running configuration is unchanged %s",
                       cause, kv(error=type(exc).__name__, reason=str(exc)))
@@ -261,10 +272,45 @@ class Daemon:
                 log.error("inbound could not be rebound %s", kv(inbound=name, reason=exc.strerror or str(exc)))
         self.inbounds.update(bound)
         self.spec, self.plane, self._generation = spec, plane, generation
+        if self.groups is not None:
+            self.groups.publish(plane.groups)
         await self.health.apply(plane)
         log.info("%s applied %s", cause, kv(generation=generation, nodes=len(spec.nodes), inbounds_kept=len(keep),
                                             inbounds_started=len(bound), live_flows=len(self.tracker)))
         return True
+
+    # --- selection writes ------------------------------------------------------
+
+    async def select(self, group: str, member: str, network: Network | None = None) -> list[Network]:
+        """A Selector write through the control owner: it waits for a reload in progress and
+        applies to the manager published when it returns, so a write is never acknowledged
+        against a replaced manager. The networks whose choice changed (each one persisted).
+
+        Raises :class:`~honk.group.policy.UnknownGroup` or :class:`~honk.group.policy.UnknownMember`."""
+        async with self._lock:
+            if self.plane is None:
+                raise RuntimeError("honk is not running")
+            self._interrupted = []
+            changed = self.plane.groups.select(group, member, network)
+            interrupted, self._interrupted = self._interrupted, []
+        if interrupted:  # the write is reported once the flows it interrupted have ended
+            try:
+                async with timeout_at(self.clock, self.clock.now() + INTERRUPT_CONFIRM_TIMEOUT):
+                    await self.tracker.wait_gone(interrupted)
+            except TimeoutError:
+                log.warning("interrupted flows did not end in time %s", kv(group=group, flows=len(interrupted)))
+        return changed
+
+    def _interrupt(self, group: str, network: Network) -> None:
+        """``group``'s selection for ``network`` changed and it has interrupt_connections: close
+        the flows that went through it on that network (their chain, captured when each was
+        routed, names the group); a URLTest change only starts this."""
+        ids = [c.id for c in self.tracker.snapshot() if c.network is network and group in c.chain[:-1]]
+        for flow_id in ids:
+            self.tracker.close(flow_id, FlowClosed(f"group {group}: its {network.value} selection changed"))
+        if ids:
+            log.info("interrupted flows %s", kv(group=group, network=network.value, flows=len(ids)))
+        self._interrupted.extend(ids)
 
     # --- shutdown ------------------------------------------------------------
 

@@ -1,19 +1,23 @@
-"""Groups: membership from filters, policies, and resolution to one leaf.
+"""Groups: membership from filters, the four classic policies, and resolution to one leaf.
 
-Nothing here performs I/O. ``GroupTable.build(spec, outbounds)`` per
-configuration; ``table.resolve(name, network)`` per flow.
+Nothing here performs I/O. ``GroupManager.build(spec, outbounds, health=...)`` per
+configuration; ``manager.resolve(name, network)`` per flow.
 """
 
-from honk.group.manager import MAX_NESTING_DEPTH, GroupTable, Selection
+from honk.group.manager import MAX_NESTING_DEPTH, GroupManager, Selection, SharedGroupManager
 from honk.group.membership import Membership, resolve_membership
-from honk.group.selector import Selector, UnknownGroup, UnknownMember
+from honk.group.policy import Fallback, LoadBalance, Selector, UnknownGroup, UnknownMember, URLTest
 
 __all__ = [
     "MAX_NESTING_DEPTH",
-    "GroupTable",
+    "Fallback",
+    "GroupManager",
+    "LoadBalance",
     "Membership",
     "Selection",
     "Selector",
+    "SharedGroupManager",
+    "URLTest",
     "UnknownGroup",
     "UnknownMember",
     "resolve_membership",

@@ -1,60 +1,103 @@
-"""The group table: resolves an outbound name to one leaf through nested groups.
+"""The group manager: resolves a route target to exactly one leaf, through nested groups.
 
-Theory of operation:
-  * :meth:`GroupTable.build` computes every group's members once
-    (:mod:`honk.group.membership`), removes each cycle-closing nested edge
-    (with a warning), and gives each group its policy object.
-  * :meth:`GroupTable.resolve` walks from the asked name down to a leaf:
-    a group asks its policy for a member and recurses; a leaf name is looked up
-    among the outbounds. The walk is recorded as ``Selection.chain``.
-  * When a group cannot produce a leaf (no members, or its chosen member
-    produced none) it continues with its own ``final``; without one the failure
-    propagates to the parent, which does the same. A sibling is never tried
-    and nothing falls back to ``direct`` implicitly.
+Theory of operation
+-------------------
+* :meth:`GroupManager.build` computes every group's members once
+  (:mod:`honk.group.membership`), cuts each cycle-closing nested edge (DFS in
+  declaration order, one warning per cut) and gives each group its policy
+  (:mod:`honk.group.policy`). Selector choices of the manager being replaced survive
+  when the same member identity (NodeId for a node, name for a sub-group) is still a
+  member: a different node that took a removed node's name does not inherit its choice.
+* :meth:`GroupManager.resolve` walks from the asked name down to one leaf. A group asks
+  its policy for a member; a member that is a group contributes exactly one candidate,
+  its own pick for the same network and family; leaves are judged by
+  :mod:`honk.group.filter`. A Selector resolves only its chosen member, never a sibling.
+* A group without an eligible pick continues with its own ``final``; without one, a
+  group whose only leaf (through the current Selector choices) is TCP-dead still serves
+  that leaf for TCP, as a last resort with a warning at most every 60 s; otherwise the
+  failure propagates to the parent, which does the same. Nothing falls back to
+  ``direct`` implicitly.
+* The walk is bounded: the root is depth 0 and a group deeper than
+  :data:`MAX_NESTING_DEPTH` contributes no candidate; a group met again in one walk (a
+  cycle through finals) contributes none either.
+* ``peek`` resolution (introspection, delay-test listings) changes nothing a policy
+  remembers: no LoadBalance cursor, Fallback pin or URLTest winner moves, no warning.
 
-Invariants:
-  * The structure (members, finals, nesting) never changes after ``build``.
-    Only Selector runtime choices change, through :meth:`GroupTable.select`,
-    which the control task owns; readers are synchronous so they always see a
-    whole choice.
-  * A chain passes through at most :data:`MAX_NESTING_DEPTH` groups; deeper
-    or cyclic (through ``final``) walks raise :class:`NoRoute`.
-  * A name that is both a group and a node resolves as the group.
+Invariants: the structure never changes after ``build``; only policy state changes, on
+the event loop's thread, through :meth:`resolve` and :meth:`select`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
+from honk.alive.outcome import Family
 from honk.config.spec import GroupSpec, Spec
+from honk.core.clock import Clock
 from honk.core.errors import NoRoute
 from honk.core.net import Network
+from honk.group.filter import NO_HEALTH, HealthFilter, node_id_of
 from honk.group.membership import Membership, resolve_membership
-from honk.group.selector import GroupPolicy, UnknownGroup, make_policy
+from honk.group.policy import (
+    NETWORKS,
+    Candidate,
+    Epoch,
+    GroupPolicy,
+    Selector,
+    UnknownGroup,
+    URLTest,
+    make_policy,
+)
 from honk.outbound.base import Outbound
 
 log = logging.getLogger(__name__)
 
-MAX_NESTING_DEPTH = 8  # groups one chain may pass through, the asked group included
+MAX_NESTING_DEPTH = 8  # "bounded by MAX_GROUP_DEPTH = 8"; the root group is depth 0
+LAST_RESORT_WARNING_INTERVAL = 60.0  # seconds; "rate-limited to once per 60 s per group"
+RETRY_CANDIDATES = 3  # "one retry round over the latency-ordered top three candidates"
 
-Choices = Mapping[str, Mapping[Network, str]]  # group -> network -> chosen member
+# A member identity that survives reload: ("node", NodeId), ("group", name) or ("builtin", name)
+Identity = tuple[str, object]
+# (group, network, member identity) after a Selector write changed that network's choice
+ChoiceListener = Callable[[str, Network, Identity], None]
+# (group, network): the group's selection for the network changed and it has interrupt_connections
+InterruptListener = Callable[[str, Network], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """The leaf a name resolved to; ``chain`` runs from the asked name to the leaf's name."""
+    """The leaf a name resolved to; ``chain`` runs from the asked name to the leaf's name
+    (a final edge taken is part of it)."""
 
     leaf: Outbound
     chain: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
+class GroupIdentity:
+    """A configured group's identity: kept across reloads while its name stays."""
+
+    uid: uuid.UUID
+    created_at: float  # wall-clock seconds
+
+
+@dataclass(slots=True)
 class _Group:
     spec: GroupSpec
     membership: Membership
     policy: GroupPolicy
+    identity: GroupIdentity
+    warned_at: float | None = None  # last last-resort warning (monotonic)
+    positions: dict[str, int] = field(default_factory=dict)  # member -> declaration index
+    # (network, family, chain, peek) -> (stamp, (leaf, chain suffix) or None): the last result,
+    # valid while nothing that can change it (health, any policy's state) has changed
+    cache: dict[tuple, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.positions = {m: i for i, m in enumerate(self.policy.members)}
 
 
 def _cut_cycles(memberships: dict[str, Membership]) -> dict[str, Membership]:
@@ -80,24 +123,95 @@ def _cut_cycles(memberships: dict[str, Membership]) -> dict[str, Membership]:
     return {name: Membership(m.nodes, tuple(kept[name])) for name, m in memberships.items()}
 
 
-class GroupTable:
-    """Immutable group structure plus the Selector choices. Build with :meth:`build`."""
+class _View:
+    """The members of one group for one selection: resolves and judges them on demand."""
 
-    __slots__ = ("_groups", "_outbounds")
+    __slots__ = ("manager", "group", "network", "family", "chain", "depth", "peek", "_seen")
 
-    def __init__(self, groups: dict[str, _Group], outbounds: Mapping[str, Outbound]) -> None:
+    def __init__(self, manager: GroupManager, group: _Group, network: Network, family: Family,
+                 chain: tuple[str, ...], depth: int, peek: bool) -> None:
+        self.manager = manager
+        self.group = group
+        self.network = network
+        self.family = family
+        self.chain = chain
+        self.depth = depth
+        self.peek = peek
+        self._seen: dict[str, tuple[Candidate, Selection | None]] = {}
+
+    def selection(self, member: str) -> Selection | None:
+        candidate, selection = self._judge(member)
+        if selection is None and member in self.manager._outbounds and member not in self.manager._groups:
+            selection = Selection(self.manager._outbounds[member], (*self.chain, member))  # a leaf, made on demand
+        return selection
+
+    def evaluate(self, member: str) -> Candidate:
+        return self._judge(member)[0]
+
+    def all(self) -> list[Candidate]:
+        return [self.evaluate(m) for m in self.group.policy.members]
+
+    def _judge(self, member: str) -> tuple[Candidate, Selection | None]:
+        known = self._seen.get(member)
+        if known is not None:
+            return known
+        m = self.manager
+        group = self.group
+        if member not in m._groups and member in m._outbounds:
+            # a leaf: judged from health alone, remembered until health changes
+            judged = (m._leaf_candidate(group, member, self.network, self.family), None)
+        else:
+            judged = self._judge_group(member)
+        self._seen[member] = judged
+        return judged
+
+    def _judge_group(self, member: str) -> tuple[Candidate, Selection | None]:
+        m = self.manager
+        group = self.group
+        index = group.positions[member]
+        # a non-Selector ranks its members by peeking; only the pick is then resolved for real
+        peek = self.peek or not isinstance(group.policy, Selector)
+        selection = m._walk(member, self.network, self.family, self.chain, self.depth + 1, peek)
+        if selection is None:
+            return Candidate(member, index, False), None
+        return m._candidate(group, member, index, selection.leaf, self.network, self.family), selection
+
+
+class GroupManager:
+    """Group structure plus policy state. Build with :meth:`build`; owned by the event loop."""
+
+    epoch: Epoch
+
+    def __init__(self, groups: dict[str, _Group], outbounds: Mapping[str, Outbound], health: HealthFilter,
+                 clock: Clock | None) -> None:
+        self.epoch = Epoch()  # bumped by any policy state change
+        self._last_resorts = 0  # last-resort selections served (they are never cached)
+        self._judged: dict[tuple, tuple] = {}  # leaf members: (its node's version, Candidate)
         self._groups = groups
         self._outbounds = outbounds
+        self.health = health
+        self.clock = clock
+        self.on_choice: ChoiceListener | None = None  # persistence of Selector writes
+        self.on_interrupt: InterruptListener | None = None  # closes the flows a changed selection served
+        for name, group in groups.items():
+            group.policy.epoch = self.epoch
+            if isinstance(group.policy, URLTest) and group.spec.interrupt_connections:
+                group.policy.moved = lambda network, name=name: self._interrupt(name, network)
 
     @classmethod
     def build(
         cls,
         spec: Spec,
         outbounds: Mapping[str, Outbound],
-        previous_choices: Choices | None = None,
-    ) -> GroupTable:
-        """Build from ``spec``; ``previous_choices`` (from :meth:`choices` of the
-        table being replaced) survive for groups and members that still exist."""
+        *,
+        health: HealthFilter | None = None,
+        clock: Clock | None = None,
+        previous: GroupManager | None = None,
+        saved: Mapping[str, Mapping[Network, Identity]] | None = None,
+    ) -> GroupManager:
+        """Build from ``spec``. Selector choices come from ``previous`` (the manager being
+        replaced) or, at startup, from ``saved`` (the state database), for identities that
+        are still members."""
         specs: dict[str, GroupSpec] = {}
         for group in spec.groups:
             if group.name in specs:
@@ -105,89 +219,363 @@ class GroupTable:
                 continue
             specs[group.name] = group
         names = set(specs)
-        memberships = _cut_cycles(
-            {name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()}
-        )
+        memberships = _cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
         groups: dict[str, _Group] = {}
+        identities = _identities(specs, previous, clock)
         for name, group in specs.items():
             membership = memberships[name]
-            policy = make_policy(group, membership.members)
-            if previous_choices and name in previous_choices:
-                policy.restore(previous_choices[name])
             if group.final is not None and group.final not in names and group.final not in outbounds:
-                log.warning(
-                    "group %s: final %r names nothing; an empty selection fails closed", name, group.final
-                )
-            groups[name] = _Group(group, membership, policy)
-        return cls(groups, outbounds)
+                log.warning("group %s: final %r names nothing; an empty selection fails closed", name, group.final)
+            groups[name] = _Group(group, membership, make_policy(group, membership.members), identities[name])
+        manager = cls(groups, outbounds, health or NO_HEALTH, clock)
+        carried = previous.choice_identities() if previous is not None else saved
+        if carried:
+            manager.restore_choices(carried)
+        return manager
 
-    # --- reading -------------------------------------------------------------------
+    # --- identity of members ---------------------------------------------------------
+
+    def identity(self, member: str) -> Identity:
+        if member in self._groups:
+            return ("group", member)
+        node_id = node_id_of(self._outbounds.get(member))
+        return ("node", node_id) if node_id is not None else ("builtin", member)
+
+    def choice_identities(self) -> dict[str, dict[Network, Identity]]:
+        """Selector choices by member identity, to carry into the next manager."""
+        out: dict[str, dict[Network, Identity]] = {}
+        for name, group in self._groups.items():
+            if isinstance(group.policy, Selector):
+                picked = group.policy.choices()
+                if picked:
+                    out[name] = {net: self.identity(member) for net, member in picked.items()}
+        return out
+
+    def restore_choices(self, carried: Mapping[str, Mapping[Network, Identity]]) -> None:
+        for name, choices in carried.items():
+            group = self._groups.get(name)
+            if group is None or not isinstance(group.policy, Selector):
+                continue
+            by_identity = {self.identity(m): m for m in group.policy.members}
+            for network, identity in choices.items():
+                member = by_identity.get(_normal_identity(identity))
+                if member is None:
+                    log.info("group %s: the %s choice is no longer a member; it falls back", name, network.value)
+                else:
+                    group.policy.restore({network: member})
+
+    # --- reading ---------------------------------------------------------------------------
 
     def __contains__(self, name: object) -> bool:
         return name in self._groups
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Group names in declaration order."""
         return tuple(self._groups)
 
+    def policy(self, group: str) -> GroupPolicy:
+        return self._get(group).policy
+
     def members(self, group: str) -> tuple[str, ...]:
-        """Member names of ``group`` (nodes then nested groups). Raises :class:`UnknownGroup`."""
+        """Member names of ``group`` (nodes then nested groups), finals excluded."""
         return self._get(group).membership.members
 
+    node_names_in_group = members
+
+    def identity_of(self, group: str) -> GroupIdentity:
+        """The group's UUID and creation time (kept by name across reloads)."""
+        return self._get(group).identity
+
+    def final(self, group: str) -> str | None:
+        return self._get(group).spec.final
+
     def choices(self) -> dict[str, dict[Network, str]]:
-        """The Selector runtime choices, to carry into the next table on reload."""
+        """The Selector runtime choices by member name (display)."""
         out: dict[str, dict[Network, str]] = {}
         for name, group in self._groups.items():
-            picked = group.policy.choices()
-            if picked:
+            if isinstance(group.policy, Selector) and (picked := group.policy.choices()):
                 out[name] = picked
         return out
 
-    def resolve(self, name: str, network: Network) -> Selection:
+    def leaf_node_names_in_group(self, group: str) -> list[str]:
+        """The distinct leaves reachable below ``group`` through members and finals."""
+        out: dict[str, None] = {}
+        self._leaves(group, out, set(), 0)
+        return list(out)
+
+    def _leaves(self, name: str, out: dict[str, None], seen: set[str], depth: int) -> None:
+        group = self._groups.get(name)
+        if group is None:
+            if name in self._outbounds:
+                out.setdefault(name)
+            return
+        if name in seen or depth > MAX_NESTING_DEPTH:
+            return
+        seen.add(name)
+        for member in (*group.membership.members, *((group.spec.final,) if group.spec.final else ())):
+            self._leaves(member, out, seen, depth + 1)
+
+    def delay_test_members(self, group: str, network: Network = Network.TCP) -> list[tuple[str, Outbound]]:
+        """One (member tag, current leaf) pair per member that resolves, unchosen ones included."""
+        out = []
+        for member in self.members(group):
+            selection = self._walk(member, network, Family.V4, (group,), 1, True)
+            if selection is not None:
+                out.append((member, selection.leaf))
+        return out
+
+    def selection_chain(self, group: str, network: Network = Network.TCP) -> tuple[str, ...]:
+        """The current chain from ``group`` to its leaf (a peek), or () when nothing resolves."""
+        selection = self._walk(group, network, Family.V4, (), 0, True)
+        return selection.chain if selection is not None else ()
+
+    # --- resolving --------------------------------------------------------------------------
+
+    def resolve(self, name: str, network: Network, family: Family = Family.V4, *, peek: bool = False) -> Selection:
         """Resolve a route target (group, node, ``direct`` or ``block``) to one leaf.
 
-        Raises :class:`NoRoute` when no leaf results (unknown name, empty group
-        without a usable ``final``, nesting too deep, a cycle through finals).
+        Raises :class:`NoRoute` when no leaf results (unknown name, no eligible pick and no
+        usable final, nesting too deep, a cycle through finals).
         """
-        return self._resolve(name, network, ())
+        if name not in self._groups and name not in self._outbounds:
+            raise NoRoute(f"{name!r} is neither a group nor an outbound")
+        selection = self._walk(name, network, family, (), 0, peek)
+        if selection is None:
+            raise NoRoute(f"{name}: no eligible {network.value} member and no usable final")
+        return selection
 
-    def _resolve(self, name: str, network: Network, chain: tuple[str, ...]) -> Selection:
+    def _walk(self, name: str, network: Network, family: Family, chain: tuple[str, ...], depth: int,
+              peek: bool) -> Selection | None:
         group = self._groups.get(name)
         if group is None:
             leaf = self._outbounds.get(name)
-            if leaf is None:
-                raise NoRoute(f"{name!r} is neither a group nor an outbound")
-            return Selection(leaf, (*chain, name))
-        if name in chain:
-            raise NoRoute(f"group {name} is reached again through a final: {' > '.join(chain)}")
+            return None if leaf is None else Selection(leaf, (*chain, name))
+        if name in chain or depth > MAX_NESTING_DEPTH:
+            log.debug("group %s: skipped (%s)", name, "revisited" if name in chain else "too deep")
+            return None
+        last_resorts = self._last_resorts
+        if not peek:
+            # Serving = the peek's path, then each group on it commits its hop (a URLTest its
+            # winner, a LoadBalance its cursor, a Fallback its pin): the same result as deciding
+            # again, without ranking every level twice. A last resort is decided again, to warn.
+            selection = self._walk(name, network, family, chain, depth, True)
+            if self._last_resorts != last_resorts:
+                return self._decide(group, name, network, family, chain, depth, False)
+            if selection is not None:
+                self._commit(selection.chain[len(chain):], network, family, chain, depth)
+            return selection
+        key = (network, family, chain)
+        stamp = self._stamp()
+        hit = group.cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            if hit[1] is None:
+                return None
+            leaf, suffix = hit[1]
+            return Selection(leaf, chain + suffix)
+        result = self._decide(group, name, network, family, chain, depth, True)
+        if self._last_resorts == last_resorts:
+            # no last resort was served (its warning is due again later): keep the result
+            group.cache[key] = (stamp, None if result is None else (result.leaf, result.chain[len(chain):]))
+        return result
+
+    def _commit(self, path: tuple[str, ...], network: Network, family: Family, chain: tuple[str, ...],
+                depth: int) -> None:
+        """Each group on ``path`` remembers the hop it served. A final edge commits nothing; a
+        final that is also a member was the policy's pick only if that member is eligible."""
+        for step, (here, hop) in enumerate(zip(path, path[1:], strict=False)):
+            group = self._groups.get(here)
+            if group is None or hop not in group.positions:
+                continue
+            if hop == group.spec.final:
+                prefix = (*chain, *path[: step + 1])
+                view = _View(self, group, network, family, prefix, depth + step, True)
+                if not view.evaluate(hop).eligible:
+                    continue  # reached through the final edge
+            group.policy.commit(network, hop)
+
+    def _stamp(self) -> tuple[int, int, int]:
+        return (self.epoch.value, *self.health.version())
+
+    def _leaf_candidate(self, group: _Group, member: str, network: Network, family: Family) -> Candidate:
+        """A leaf member as ``group`` sees it, remembered until that node's health changes (policy
+        state does not change it, so a LoadBalance cursor moving judges no leaf again)."""
+        leaf = self._outbounds[member]
+        version = self.health.leaf_version(leaf)
+        key = (group.spec.name, member, network, family)
+        known = self._judged.get(key)
+        if known is None or known[0] != version:
+            known = self._judged[key] = (
+                version, self._candidate(group, member, group.positions[member], leaf, network, family))
+        return known[1]
+
+    def _candidate(self, group: _Group, member: str, index: int, leaf: Outbound, network: Network,
+                   family: Family) -> Candidate:
+        health, name = self.health, group.spec.name
+        eligible = health.eligible(leaf, network, family, name, member)
+        if eligible and isinstance(group.policy, URLTest):  # only URLTest ranks
+            return Candidate(
+                member, index, True,
+                metric=health.tcp_metric(leaf, family, name, member),
+                udp_metric=health.udp_metric(leaf, family) if network is Network.UDP else None,
+                demoted=health.demoted(leaf),
+            )
+        return Candidate(member, index, eligible)
+
+    def _decide(self, group: _Group, name: str, network: Network, family: Family, chain: tuple[str, ...],
+                depth: int, peek: bool) -> Selection | None:
         chain = (*chain, name)
-        if len(chain) > MAX_NESTING_DEPTH:
-            raise NoRoute(f"groups nest deeper than {MAX_NESTING_DEPTH}: {' > '.join(chain)}")
-        final = group.spec.final
-        member = group.policy.pick(network)
+        view = _View(self, group, network, family, chain, depth, peek)
+        member = group.policy.pick(view, commit=not peek)
         if member is not None:
-            try:
-                return self._resolve(member, network, chain)
-            except NoRoute:
-                if final is None:
-                    raise
-        elif final is None:
-            raise NoRoute(f"group {name} has no members and no final")
-        return self._resolve(final, network, chain)
+            if isinstance(group.policy, Selector) or peek:
+                selection = view.selection(member)
+            else:
+                selection = self._walk(member, network, family, chain, depth + 1, False)  # apply the pick
+            if selection is not None:
+                return selection
+        final = group.spec.final
+        if final is not None:
+            return self._walk(final, network, family, chain, depth + 1, peek)
+        if network is Network.TCP:
+            return self._last_resort(group, chain, depth, peek)
+        return None
 
-    # --- changing (control task only) -------------------------------------------
+    def _last_resort(self, group: _Group, chain: tuple[str, ...], depth: int, peek: bool) -> Selection | None:
+        """The sole-leaf TCP last resort: a group whose only leaf, through the current Selector
+        choices, is TCP-dead still serves it (health unchanged), never a sibling or ``direct``."""
+        leaves: dict[str, tuple[str, ...]] = {}
+        self._chosen_leaves(group.spec.name, chain[:-1], leaves, depth)
+        if len(leaves) != 1:
+            return None
+        (leaf_name, path), = leaves.items()
+        self._last_resorts += 1
+        if not peek and self.clock is not None:
+            now = self.clock.now()
+            if group.warned_at is None or now - group.warned_at >= LAST_RESORT_WARNING_INTERVAL:
+                group.warned_at = now
+                log.warning("group %s: its only node %s is down; serving it as the last resort",
+                            group.spec.name, leaf_name)
+        return Selection(self._outbounds[leaf_name], path)
 
-    def select(self, group: str, member: str, network: Network | None = None) -> None:
-        """Set the Selector choice of ``group`` for one network, or both when ``network`` is None.
+    def _chosen_leaves(self, name: str, chain: tuple[str, ...], out: dict[str, tuple[str, ...]], depth: int) -> None:
+        """Leaves below ``name`` reachable through the current Selector choices (every member
+        of other policies), with the path to each."""
+        group = self._groups.get(name)
+        chain = (*chain, name)
+        if group is None:
+            if name in self._outbounds:
+                out.setdefault(name, chain)
+            return
+        if name in chain[:-1] or depth > MAX_NESTING_DEPTH or len(out) > 1:
+            return
+        if isinstance(group.policy, Selector):
+            chosen = group.policy.chosen(Network.TCP)
+            members: tuple[str, ...] = (chosen,) if chosen is not None else ()
+        else:
+            members = group.membership.members
+        for member in members:
+            self._chosen_leaves(member, chain, out, depth + 1)
 
-        Raises :class:`UnknownGroup` or :class:`~honk.group.selector.UnknownMember`
-        (both ``KeyError`` subclasses).
+    def retry_candidates(self, group: str, network: Network, family: Family, exclude: Outbound) -> list[Selection]:
+        """For a URLTest setup failure: the top eligible members by rank, other than the leaf
+        that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`)."""
+        g = self._groups.get(group)
+        if g is None or not isinstance(g.policy, URLTest):
+            return []
+        view = _View(self, g, network, family, (group,), 0, True)
+        out = []
+        for member in g.policy.ranked(view, RETRY_CANDIDATES + 1):
+            selection = view.selection(member)
+            if selection is not None and selection.leaf is not exclude and len(out) < RETRY_CANDIDATES:
+                out.append(selection)
+        return out
+
+    # --- changing (the control owner only) ---------------------------------------------------
+
+    def select(self, group: str, member: str, network: Network | None = None) -> list[Network]:
+        """Set a Selector's choice for one network, or both (validated once, all or nothing).
+        The networks whose choice changed; each is reported to :attr:`on_choice`.
+
+        Raises :class:`UnknownGroup` (also for a group that is not a Selector) or
+        :class:`~honk.group.policy.UnknownMember`.
         """
-        self._get(group).policy.choose(member, network)
+        policy = self._get(group).policy
+        if not isinstance(policy, Selector):
+            raise UnknownGroup(group)
+        before = {net: policy.chosen(net) for net in NETWORKS}
+        changed = policy.choose(member, NETWORKS if network is None else (network,))
+        if self.on_choice is not None:
+            identity = self.identity(member)
+            for net in changed:
+                self.on_choice(group, net, identity)
+        if self._get(group).spec.interrupt_connections:
+            for net in changed:
+                if before[net] != member:  # re-selecting the effective choice reconnects nothing
+                    self._interrupt(group, net)
+        return changed
+
+    def _interrupt(self, group: str, network: Network) -> None:
+        if self.on_interrupt is not None:
+            self.on_interrupt(group, network)
 
     def _get(self, group: str) -> _Group:
         try:
             return self._groups[group]
         except KeyError:
             raise UnknownGroup(group) from None
+
+
+def _identities(specs: Mapping[str, GroupSpec], previous: GroupManager | None,
+                clock: Clock | None) -> dict[str, GroupIdentity]:
+    """Each group keeps its identity while its name stays; a new or renamed group gets a fresh
+    one, even when its configuration carries the UUID of a group that had another name."""
+    now = clock.wall() if clock is not None else 0.0
+    old = {name: g.identity for name, g in previous._groups.items()} if previous is not None else {}
+    taken = {identity.uid for identity in old.values()}
+    out = {}
+    for name, spec in specs.items():
+        if name in old:
+            out[name] = old[name]
+        elif spec.id is not None and spec.id not in taken:
+            out[name] = GroupIdentity(spec.id, now)
+        else:
+            out[name] = GroupIdentity(uuid.uuid4(), now)
+    return out
+
+
+def _normal_identity(identity: Identity) -> Identity:
+    """Identities read back from storage carry text; nodes are keyed by UUID."""
+    kind, value = identity
+    if kind == "node" and not isinstance(value, uuid.UUID):
+        return (kind, uuid.UUID(str(value)))
+    return (kind, value)
+
+
+def identity_text(identity: Identity) -> str:
+    """``node:<uuid>``, ``group:<name>`` or ``builtin:<name>``: how the state database keeps it."""
+    return f"{identity[0]}:{identity[1]}"
+
+
+def identity_from_text(text: str) -> Identity | None:
+    kind, sep, value = text.partition(":")
+    if not sep or kind not in ("node", "group", "builtin"):
+        return None
+    try:
+        return _normal_identity((kind, value))
+    except ValueError:
+        return None
+
+
+class SharedGroupManager:
+    """The stable handle on the current manager: replacing it is one reference swap, so a
+    reader sees the whole old or the whole new manager."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, manager: GroupManager) -> None:
+        self.current = manager
+
+    def publish(self, manager: GroupManager) -> GroupManager:
+        """Swap in ``manager`` (built completely beforehand); the one it replaced."""
+        old, self.current = self.current, manager
+        return old

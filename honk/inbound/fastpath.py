@@ -256,9 +256,8 @@ class SocksFastPath:
 
     async def _dial_async(self, token: int, routed: Routed) -> None:
         meta = routed.meta
-        deadline = self.clock.now() + self._dispatcher.global_spec.connect_timeout
         try:
-            dialed = await routed.leaf.dial_tcp(meta.target, deadline)
+            routed, dialed = await self._dispatcher.dial_routed(routed)
         except HonkError as exc:
             self._reject(token, meta.source, meta.target, exc)
             return

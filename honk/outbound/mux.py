@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from honk.connection.admission import AdmissionWatch, CarrierPermit, process_gates
 from honk.core.clock import Clock, TimerHandle, timeout_at
 from honk.core.errors import CapacityRefused, DialTimeout
 from honk.core.net import Address, Network
@@ -189,6 +190,8 @@ class MuxCarrier:
         self._idle: TimerHandle | None = None
         self._draining = asyncio.Lock()  # the transport wakes one drain waiter at a time
         self._reader = asyncio.get_running_loop().create_task(self._read())
+        # the carrier's slot of the process carrier gate (GH-J-06), given back once in MuxPool.discard
+        self.permit: CarrierPermit | None = None
 
     @property
     def usable(self) -> bool:
@@ -349,24 +352,40 @@ class MuxPool:
     async def open_stream(self, open_carrier: OpenCarrier, target: Address, deadline: float) -> MuxStream:
         carrier = self._with_room()
         if carrier is None:
+            admission = AdmissionWatch()
             try:
                 async with timeout_at(self.clock, deadline):
                     async with self._dialing:  # one carrier dial at a time: the others wait and share it
                         carrier = self._with_room()
                         if carrier is None:
-                            carrier = await self._open(open_carrier, deadline)
+                            carrier = await self._open(open_carrier, deadline, admission)
             except TimeoutError:
+                if admission.interrupted:  # still waiting for a carrier slot: a local refusal (GH-J-07)
+                    raise CapacityRefused(f"{self.name}: no mux carrier slot before the deadline") from None
                 raise DialTimeout(self.name, "connect", "mux: no carrier before the deadline") from None
         return carrier.open_stream(target)
+
+    @property
+    def has_room(self) -> bool:
+        """A carrier can take another stream now: a dial opens no physical connection."""
+        return self._with_room() is not None
 
     def _with_room(self) -> MuxCarrier | None:
         return next((c for c in self.carriers if c.usable), None)
 
-    async def _open(self, open_carrier: OpenCarrier, deadline: float) -> MuxCarrier:
+    async def _open(self, open_carrier: OpenCarrier, deadline: float,
+                    admission: AdmissionWatch | None = None) -> MuxCarrier:
         if len(self.carriers) >= MAX_CARRIERS_PER_NODE:
             raise CapacityRefused(f"{self.name}: {MAX_CARRIERS_PER_NODE} mux carriers are full")
-        channel = await open_carrier(deadline)
-        carrier = MuxCarrier(self, channel)
+        # every physical carrier holds a process carrier slot for its whole life, idle included
+        permit = await process_gates().carrier_permit(deadline, clock=self.clock, watch=admission)
+        try:
+            channel = await open_carrier(deadline)
+            carrier = MuxCarrier(self, channel)
+        except BaseException:
+            permit.release()
+            raise
+        carrier.permit = permit
         self.carriers.append(carrier)
         self.opened += 1
         if (runtime := self.runtime) is not None:
@@ -374,6 +393,8 @@ class MuxPool:
         return carrier
 
     def discard(self, carrier: MuxCarrier) -> None:
+        if carrier.permit is not None:
+            carrier.permit.release()  # idempotent: a carrier gives its slot back once
         with contextlib.suppress(ValueError):
             self.carriers.remove(carrier)
         if (runtime := self.runtime) is not None:

@@ -119,19 +119,16 @@ class ProxyLeaf:
         return DialedStream(sock, framing)
 
     def count(self, outcome: HonkError | None, *, udp: bool = False) -> None:
-        """Record one dial's outcome on the runtime (``ok`` or the failure's phase) and report
-        it to the node's health (``udp``: the setup of a UDP endpoint, a DataUdp matter)."""
+        """Record one dial's outcome on the runtime (``ok`` or the failure's phase); a failed UDP
+        endpoint setup (``udp``) is also a DataUdp failure of the node's health."""
         if self.runtime is None:
             return
         if outcome is None:
             self.runtime.dials["ok"] += 1
         else:
             self.runtime.dials[getattr(outcome, "phase", type(outcome).__name__)] += 1
-        if (traffic := self.runtime.traffic) is None:
-            return
-        if not udp:
-            traffic.dial(outcome, self.health_family)
-        elif outcome is not None:
+        # A flow's TCP dial is reported by the dispatcher, which knows its latency.
+        if udp and outcome is not None and (traffic := self.runtime.traffic) is not None:
             traffic.packets_failed(self.health_family)  # the node's UDP path could not be set up
 
     @property

@@ -315,14 +315,16 @@ def test_probe_history_keeps_the_newest_hundred_with_wall_times(alive, clock):
 def test_two_dial_failures_add_a_flagged_placeholder_never_shown_as_last_sample(alive, clock):
     node = settled(alive, clock)
     alive.notify_check_success(node, TCP, V4, 0.08)
+    assert alive.record_dial_failure(node, V4) == 0  # strikes
     assert alive.record_dial_failure(node, V4) == 1
-    assert alive.record_dial_failure(node, V4) == 2
     ring = alive.node(node).latencies
     assert ring.last()[1:] == (SYNTHETIC_PLACEHOLDER, True)
     assert ring.last_real_sample()[1] == pytest.approx(0.08)
     assert alive.last_real_delays()[node][0] == pytest.approx(0.08)
-    alive.report_traffic_success(node, TCP, V4)
-    assert alive.record_dial_failure(node, V4) == 1  # strikes restart after a working dial
+    assert alive.average(node, TCP, V4) == pytest.approx(0.08)  # the placeholder never ranks
+    alive.report_dial_success(node, V4)
+    assert alive.record_dial_failure(node, V4) == 1  # a new streak: no strike until it reaches 2 again
+    assert alive.record_dial_failure(node, V4) == 2
 
 
 def test_a_delay_test_is_history_only(alive, clock):

@@ -1,4 +1,4 @@
-"""GroupTable: resolution through nested groups, Selector order, finals, reload carry-over."""
+"""GroupManager without health: resolution through nested groups, Selector order, finals, reload carry-over."""
 
 from __future__ import annotations
 
@@ -6,17 +6,18 @@ import logging
 
 import pytest
 
+from honk.config.links import with_node_id
 from honk.config.spec import FilterTerm, GroupSpec, MatchArg, NodeFilter, NodeSpec, Policy, Spec
 from honk.core.clock import FakeClock
 from honk.core.errors import NoRoute
 from honk.core.net import Network
-from honk.group.manager import MAX_NESTING_DEPTH, GroupTable
-from honk.group.selector import UnknownGroup, UnknownMember
+from honk.group.manager import MAX_NESTING_DEPTH, GroupManager
+from honk.group.policy import UnknownGroup, UnknownMember
 from honk.outbound.registry import build_outbounds
 
 
 def node(name: str) -> NodeSpec:
-    return NodeSpec(name, "socks5", "127.0.0.1", 1080)
+    return with_node_id(NodeSpec(name, "socks5", "127.0.0.1", 1000 + sum(map(ord, name))))  # distinct NodeIds
 
 
 def names(*exact: str) -> NodeFilter:
@@ -30,12 +31,12 @@ def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> Gr
     )
 
 
-def table(*groups: GroupSpec, nodes=("a", "b", "c"), previous=None) -> GroupTable:
+def table(*groups: GroupSpec, nodes=("a", "b", "c"), previous=None) -> GroupManager:
     spec = Spec(nodes=tuple(node(n) for n in nodes), groups=groups)
-    return GroupTable.build(spec, build_outbounds(spec, FakeClock())[0], previous_choices=previous)
+    return GroupManager.build(spec, build_outbounds(spec, FakeClock())[0], previous=previous)
 
 
-def chain(t: GroupTable, name: str, network: Network = Network.TCP) -> tuple[str, ...]:
+def chain(t: GroupManager, name: str, network: Network = Network.TCP) -> tuple[str, ...]:
     return t.resolve(name, network).chain
 
 
@@ -105,11 +106,11 @@ def test_selecting_in_an_unknown_group_is_a_typed_key_error() -> None:
         table().select("nope", "a")
 
 
-def test_every_policy_runs_as_a_selector_for_now() -> None:
+def test_an_unmeasured_urltest_picks_its_first_member_and_takes_no_selector_write() -> None:
     t = table(group("auto", "a", "b", policy=Policy.URLTEST, default="b"))
-    assert chain(t, "auto") == ("auto", "b")
-    t.select("auto", "a")
     assert chain(t, "auto") == ("auto", "a")
+    with pytest.raises(UnknownGroup):
+        t.select("auto", "b")
 
 
 # --- nesting -----------------------------------------------------------------------
@@ -130,14 +131,16 @@ def test_choice_can_name_a_nested_group() -> None:
 
 
 def test_nesting_up_to_the_depth_cap_resolves() -> None:
-    levels = [group(f"g{i}", subgroups=(f"g{i + 1}",)) for i in range(MAX_NESTING_DEPTH - 1)]
-    levels.append(group(f"g{MAX_NESTING_DEPTH - 1}", "a"))
+    """g0 is depth 0; g8, at depth 8, still contributes its pick."""
+    levels = [group(f"g{i}", subgroups=(f"g{i + 1}",)) for i in range(MAX_NESTING_DEPTH)]
+    levels.append(group(f"g{MAX_NESTING_DEPTH}", "a"))
     assert chain(table(*levels), "g0")[-1] == "a"
 
 
 def test_nesting_beyond_the_depth_cap_is_no_route() -> None:
-    levels = [group(f"g{i}", subgroups=(f"g{i + 1}",)) for i in range(MAX_NESTING_DEPTH)]
-    levels.append(group(f"g{MAX_NESTING_DEPTH}", "a"))
+    """The root is depth 0: g0 ... g8 fit, g9 (depth 9) contributes no candidate."""
+    levels = [group(f"g{i}", subgroups=(f"g{i + 1}",)) for i in range(MAX_NESTING_DEPTH + 1)]
+    levels.append(group(f"g{MAX_NESTING_DEPTH + 1}", "a"))
     t = table(*levels)
     with pytest.raises(NoRoute):
         t.resolve("g0", Network.TCP)
@@ -218,7 +221,7 @@ def test_choices_carry_into_a_rebuilt_table_for_surviving_members() -> None:
     old = table(group("proxy", "a", "b", "c"), group("other", "a", "b"))
     old.select("proxy", "c")
     old.select("other", "b", Network.TCP)
-    new = table(group("proxy", "a", "b", "c"), group("other", "a"), previous=old.choices())
+    new = table(group("proxy", "a", "b", "c"), group("other", "a"), previous=old)
     assert chain(new, "proxy", Network.TCP) == ("proxy", "c")
     assert chain(new, "proxy", Network.UDP) == ("proxy", "c")
     assert chain(new, "other", Network.TCP) == ("other", "a")  # b left the group
@@ -228,12 +231,31 @@ def test_choices_carry_into_a_rebuilt_table_for_surviving_members() -> None:
 def test_choices_of_removed_groups_are_dropped() -> None:
     old = table(group("gone", "a", "b"))
     old.select("gone", "b")
-    new = table(group("proxy", "a", "b"), previous=old.choices())
+    new = table(group("proxy", "a", "b"), previous=old)
     assert new.choices() == {}
 
 
 def test_rebuilt_table_does_not_share_choice_state_with_the_old_one() -> None:
     old = table(group("proxy", "a", "b"))
-    new = table(group("proxy", "a", "b"), previous=old.choices())
+    new = table(group("proxy", "a", "b"), previous=old)
     new.select("proxy", "b")
     assert chain(old, "proxy") == ("proxy", "a")
+
+
+# --- identity across reloads (A suggested test 1) --------------------------------------------
+
+
+def test_group_identity_survives_reorder_and_delete_and_a_rename_is_a_new_group() -> None:
+    import dataclasses
+
+    old = table(group("a", "a"), group("b", "b"), group("c", "c"))
+    ids = {n: old.identity_of(n) for n in ("a", "b", "c")}
+    new = table(group("c", "c"), group("a", "a"), group("d", "b"), previous=old)
+    assert new.identity_of("a") == ids["a"] and new.identity_of("c") == ids["c"]
+    assert new.identity_of("d").uid not in {i.uid for i in ids.values()}
+    assert "b" not in new
+    renamed = table(group("a2", "a"), previous=new)
+    assert renamed.identity_of("a2").uid != ids["a"].uid
+    carried = dataclasses.replace(group("a3", "a"), id=ids["a"].uid)  # a programmatic rename carrying a's UUID
+    again = table(carried, group("a", "a"), previous=new)
+    assert again.identity_of("a3").uid != ids["a"].uid and again.identity_of("a") == ids["a"]

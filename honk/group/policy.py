@@ -1,0 +1,301 @@
+"""The four classic group policies: which member a group picks for a network, given health.
+
+A policy sees its members through a :class:`Candidates` view the manager builds for one
+selection: ``evaluate(member)`` resolves a member (a node, or a sub-group's own pick) and
+says whether it is eligible for this network and family, with its ranking metric. A
+policy returns the member's name, or ``None`` when it has no eligible pick (the manager
+then follows the group's ``final``, or the sole-leaf TCP last resort).
+
+``commit`` is False for a peek (introspection, warm-up, delay-test listings): nothing a
+policy remembers changes then. Nothing here does I/O or reads a clock.
+
+* :class:`Selector`: the runtime choice for the network, else ``default``, else the first
+  member, decided before and independently of health. An ineligible choice is not
+  replaced by a sibling.
+* :class:`URLTest`: the eligible member with the lowest moving average; strikes demote
+  a member below every member without; the incumbent stays while
+  ``best + tolerance >= incumbent`` (its current average, re-read each time) unless it
+  carries strikes. TCP and UDP keep separate winners; UDP ranks by DataUdp, then DnsUdp,
+  and mirrors the TCP winner while no eligible member has UDP evidence.
+* :class:`LoadBalance`: the next eligible member after the last one served, per network.
+* :class:`Fallback`: the first eligible member, pinned per network until it stops being
+  eligible; an earlier member's recovery does not take the pin back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from honk.config.spec import MIN_URLTEST_TOLERANCE, GroupSpec, Policy
+from honk.core.errors import HonkError
+from honk.core.net import Network
+
+log = logging.getLogger(__name__)
+
+NETWORKS = (Network.TCP, Network.UDP)
+
+
+class UnknownGroup(HonkError, KeyError):
+    """No group has this name."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(group)
+        self.group = group
+
+    def __str__(self) -> str:
+        return f"no group named {self.group!r}"
+
+
+class UnknownMember(HonkError, KeyError):
+    """The name is not a member of the group."""
+
+    def __init__(self, group: str, member: str) -> None:
+        super().__init__(group, member)
+        self.group = group
+        self.member = member
+
+    def __str__(self) -> str:
+        return f"{self.member!r} is not a member of group {self.group!r}"
+
+
+class Epoch:
+    """Counts changes of any policy's remembered state in one manager (cached picks expire)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One member as a selection sees it."""
+
+    member: str
+    index: int  # declaration order
+    eligible: bool
+    metric: float | None = None  # ranking latency in seconds (URLTest), None: unmeasured
+    udp_metric: float | None = None  # DataUdp, else DnsUdp average; None: no UDP evidence
+    demoted: bool = False  # carries ranking strikes
+
+
+class Candidates(Protocol):
+    """The members of one group for one selection (network and family fixed)."""
+
+    network: Network
+
+    def evaluate(self, member: str) -> Candidate: ...
+
+    def all(self) -> list[Candidate]: ...
+
+
+class GroupPolicy(Protocol):
+    name: str
+    members: tuple[str, ...]
+    kind: Policy
+    epoch: Epoch
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None: ...
+
+    def commit(self, network: Network, member: str) -> None:
+        """Remember that ``member`` served ``network`` (what ``pick`` with commit would do)."""
+
+
+class Selector:
+    """Runtime choice (per network) → ``default`` → first member; health never substitutes."""
+
+    kind = Policy.SELECTOR
+    __slots__ = ("name", "members", "default", "epoch", "_member_set", "_choice")
+
+    def __init__(self, name: str, members: tuple[str, ...], default: str | None = None,
+                 epoch: Epoch | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self._member_set = frozenset(members)
+        if default is not None and default not in self._member_set:
+            log.warning("group %s: default %r is not a member; using the first member instead", name, default)
+            default = None
+        self.default = default
+        self._choice: dict[Network, str] = {}
+
+    def chosen(self, network: Network) -> str | None:
+        """The effective member for ``network``, before health."""
+        choice = self._choice.get(network)
+        if choice is not None:
+            return choice
+        if self.default is not None:
+            return self.default
+        return self.members[0] if self.members else None
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        chosen = self.chosen(candidates.network)
+        if chosen is None:
+            return None
+        return chosen if candidates.evaluate(chosen).eligible else None
+
+    def commit(self, network: Network, member: str) -> None:
+        pass  # a Selector's choice changes only by a write
+
+    def validate(self, member: str) -> None:
+        if member not in self._member_set:
+            raise UnknownMember(self.name, member)
+
+    def choose(self, member: str, networks: tuple[Network, ...]) -> list[Network]:
+        """Set the choice for ``networks`` (validated once, all or nothing); the networks that changed."""
+        self.validate(member)
+        changed = [net for net in networks if self._choice.get(net) != member]
+        for net in networks:
+            self._choice[net] = member
+        if changed:
+            self.epoch.bump()
+        return changed
+
+    def choices(self) -> dict[Network, str]:
+        return dict(self._choice)
+
+    def restore(self, choices: Mapping[Network, str]) -> None:
+        for network, member in choices.items():
+            if member in self._member_set:
+                self._choice[network] = member
+                self.epoch.bump()
+
+
+class URLTest:
+    """Lowest moving average, with hysteresis and strikes; separate TCP and UDP winners."""
+
+    kind = Policy.URLTEST
+    __slots__ = ("name", "members", "tolerance", "epoch", "moved", "_winner")
+
+    def __init__(self, name: str, members: tuple[str, ...], tolerance: float, epoch: Epoch | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self.tolerance = max(tolerance, MIN_URLTEST_TOLERANCE)  # "max(configured, 1 ms)"
+        self._winner: dict[Network, str] = {}
+        self.moved: Callable[[Network], None] | None = None  # a winner was replaced (interrupts)
+
+    def winner(self, network: Network) -> str | None:
+        return self._winner.get(network)
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        eligible = [c for c in candidates.all() if c.eligible]
+        if not eligible:
+            return None
+        network = candidates.network
+        if network is Network.UDP and any(c.udp_metric is not None for c in eligible):
+            ranked = self._decide(eligible, network, lambda c: c.udp_metric)
+        else:  # TCP, or UDP mirroring TCP while no eligible member has UDP evidence
+            ranked = self._decide(eligible, Network.TCP if network is Network.UDP else network, lambda c: c.metric)
+        if commit:
+            self.commit(network, ranked)
+        return ranked
+
+    def commit(self, network: Network, member: str) -> None:
+        previous = self._winner.get(network)
+        if previous != member:
+            self._winner[network] = member
+            self.epoch.bump()
+            if previous is not None and self.moved is not None:
+                self.moved(network)
+
+    def _decide(self, eligible: list[Candidate], incumbent_network: Network, metric) -> str:  # noqa: ANN001
+        def order(c: Candidate) -> tuple[bool, bool, float, int]:
+            value = metric(c)
+            return (c.demoted, value is None, value if value is not None else 0.0, c.index)
+
+        best = min(eligible, key=order)
+        incumbent = next((c for c in eligible if c.member == self._winner.get(incumbent_network)), None)
+        if incumbent is None or incumbent.demoted or incumbent is best:
+            return best.member  # a failed or ineligible incumbent gets no hysteresis
+        current, best_value = metric(incumbent), metric(best)
+        if best_value is None:
+            return incumbent.member  # nobody is measured: no reason to move
+        if current is None:
+            return best.member
+        # the incumbent's current average, re-read now: a degraded incumbent can be replaced
+        return incumbent.member if best_value + self.tolerance >= current else best.member
+
+    def ranked(self, candidates: Candidates, limit: int) -> list[str]:
+        """The eligible members by rank (strikes last), for a setup-failure retry round."""
+        eligible = [c for c in candidates.all() if c.eligible]
+        key = (lambda c: c.udp_metric) if candidates.network is Network.UDP else (lambda c: c.metric)
+        eligible.sort(key=lambda c: (c.demoted, key(c) is None, key(c) or 0.0, c.index))
+        return [c.member for c in eligible[:limit]]
+
+
+class LoadBalance:
+    """Round robin over eligible members in declaration order; TCP and UDP cursors apart."""
+
+    kind = Policy.LOADBALANCE
+    __slots__ = ("name", "members", "epoch", "_last")
+
+    def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self._last: dict[Network, int] = {}  # index of the member served last, per network
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        n = len(self.members)
+        start = self._last.get(candidates.network, -1) + 1
+        for step in range(n):
+            index = (start + step) % n
+            if candidates.evaluate(self.members[index]).eligible:
+                if commit:
+                    self.commit(candidates.network, self.members[index])
+                return self.members[index]
+        return None
+
+    def commit(self, network: Network, member: str) -> None:
+        self._last[network] = self.members.index(member)
+        self.epoch.bump()  # every served pick moves the cursor
+
+
+class Fallback:
+    """The first eligible member, pinned per network until it is no longer eligible."""
+
+    kind = Policy.FALLBACK
+    __slots__ = ("name", "members", "epoch", "_pin")
+
+    def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self._pin: dict[Network, str] = {}
+
+    def pin(self, network: Network) -> str | None:
+        return self._pin.get(network)
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        pinned = self._pin.get(candidates.network)
+        if pinned is not None and candidates.evaluate(pinned).eligible:
+            return pinned
+        for member in self.members:
+            if candidates.evaluate(member).eligible:
+                if commit:
+                    self.commit(candidates.network, member)
+                return member
+        return None
+
+    def commit(self, network: Network, member: str) -> None:
+        if self._pin.get(network) != member:
+            self._pin[network] = member
+            self.epoch.bump()
+
+
+def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None) -> GroupPolicy:
+    """The policy object of a group. Score groups run as URLTest until the Score policy lands."""
+    if spec.policy is Policy.SELECTOR:
+        return Selector(spec.name, members, spec.default, epoch)
+    if spec.policy in (Policy.URLTEST, Policy.SCORE):
+        return URLTest(spec.name, members, spec.tolerance, epoch)
+    if spec.policy is Policy.LOADBALANCE:
+        return LoadBalance(spec.name, members, epoch)
+    return Fallback(spec.name, members, epoch)
