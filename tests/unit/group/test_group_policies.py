@@ -391,3 +391,31 @@ def test_load_balance_rotation_never_interrupts():
     w.manager.on_interrupt = lambda g, net: fired.append((g, net))
     assert [w.leaf("lb") for _ in range(4)] == ["a", "b", "a", "b"]
     assert fired == []
+
+
+def test_a_selector_whose_choice_cannot_carry_udp_continues_only_through_its_final():
+    """D suggested test 3: with a final the UDP plan is the final; without one it is empty, and the
+    UDP-capable sibling is not used."""
+    w = World(group("with", "v", "a", final="b"), group("without", "v", "a"), nodes=("v", "a", "b"),
+              tcp_only=("v",))
+    assert w.manager.resolve("with", UDP).chain == ("with", "b")
+    with pytest.raises(NoRoute):
+        w.manager.resolve("without", UDP)
+    assert w.leaf("without", TCP) == "v"  # TCP is unaffected
+
+
+def test_readers_of_the_shared_handle_always_see_one_whole_manager():
+    """A suggested test 4: every read takes the current manager once; its members and choices
+    come from that one manager however often the handle is swapped."""
+    from honk.group.manager import SharedGroupManager
+
+    first = World(group("g", "a", "b"))
+    second = World(group("g", "b", "c"), nodes=("b", "c"))
+    first.manager.select("g", "b")
+    shared = SharedGroupManager(first.manager)
+    for i in range(200):
+        manager = shared.current
+        members = manager.members("g")
+        chosen = manager.resolve("g", TCP).leaf.name
+        assert (members, chosen) in ((("a", "b"), "b"), (("b", "c"), "b"))
+        shared.publish(second.manager if i % 2 == 0 else first.manager)
