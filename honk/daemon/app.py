@@ -95,7 +95,8 @@ class Daemon:
         self._generation = 0
         self.health = HealthService(self.clock)
         self.groups: SharedGroupManager | None = None  # the stable handle on the current group manager
-        self._interrupted: list[str] = []  # flow ids closed by the selection write in progress
+        # flow ids closed by the Selector write in progress (None: none is; automatic changes do not wait)
+        self._interrupted: list[str] | None = None
 
     # --- start ---------------------------------------------------------------
 
@@ -291,8 +292,10 @@ class Daemon:
             if self.plane is None:
                 raise RuntimeError("honk is not running")
             self._interrupted = []
-            changed = self.plane.groups.select(group, member, network)
-            interrupted, self._interrupted = self._interrupted, []
+            try:
+                changed = self.plane.groups.select(group, member, network)
+            finally:
+                interrupted, self._interrupted = self._interrupted, None
         if interrupted:  # the write is reported once the flows it interrupted have ended
             try:
                 async with timeout_at(self.clock, self.clock.now() + INTERRUPT_CONFIRM_TIMEOUT):
@@ -310,7 +313,8 @@ class Daemon:
             self.tracker.close(flow_id, FlowClosed(f"group {group}: its {network.value} selection changed"))
         if ids:
             log.info("interrupted flows %s", kv(group=group, network=network.value, flows=len(ids)))
-        self._interrupted.extend(ids)
+        if self._interrupted is not None:  # a Selector write waits for these
+            self._interrupted.extend(ids)
 
     # --- shutdown ------------------------------------------------------------
 
