@@ -167,10 +167,6 @@ class Dispatcher:
         routed, dialed = await self.dial_routed(await self.route(meta))
         return Upstream(routed, dialed.sock, dialed.framing)
 
-    async def dial(self, routed: Routed) -> DialedStream:
-        """:meth:`dial_routed` when the caller keeps its own routing record."""
-        return (await self.dial_routed(routed))[1]
-
     async def dial_routed(self, routed: Routed) -> tuple[Routed, DialedStream]:
         """Dial a routed TCP flow within one absolute deadline; the routing it was served by
         (another leaf of the same URLTest group after a retry) and the stream.

@@ -55,7 +55,7 @@ class _Route:
     sockaddr: tuple[str, int] | None  # None: drop datagrams to this target (unless proxied)
     endpoint: PacketEndpoint | None = None  # a proxy leaf's endpoint, with the target as routed
     target: Address | None = None
-    via: str = ""  # the proxy leaf's name
+    health: _EndpointHealth | None = None  # what the proxy leaf's endpoint tells its node's health
 
 
 class _EndpointHealth:
@@ -242,8 +242,8 @@ class UdpAssociation:
     def _send(self, route: _Route, payload: bytes) -> None:
         if route.endpoint is not None:
             assert route.target is not None
-            if (health := self._health.get(route.via)) is not None:
-                health.sent = True
+            if route.health is not None:
+                route.health.sent = True
             route.endpoint.send(payload, route.target)
             return
         if route.sockaddr is None:
@@ -300,7 +300,7 @@ class UdpAssociation:
         if leaf.protocol != "direct":
             endpoint = await self._endpoint(leaf)
             self._note_first_route(target, routed)
-            return _Route(None, endpoint, target, leaf.name)
+            return _Route(None, endpoint, target, self._health.get(leaf.name))
         ip = await self._resolve(target)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         await self._remote_socket(family)
@@ -342,21 +342,26 @@ class UdpAssociation:
         dialing = self._dialing.get(name)
         if dialing is None:
             deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
+            health = self._health[name] = _EndpointHealth(leaf)
             dialing = asyncio.ensure_future(
                 leaf.dial_udp(
-                    lambda data, source: self._from_endpoint(name, data, source),
+                    lambda data, source: self._from_endpoint(health, data, source),
                     deadline,
                     on_lost=lambda error: self._endpoint_lost(name, error),
                 )
             )
             self._dialing[name] = dialing
             dialing.add_done_callback(lambda _: self._dialing.pop(name, None))
-        endpoint = await asyncio.shield(dialing)
+        try:
+            endpoint = await asyncio.shield(dialing)
+        except BaseException:
+            if name not in self._endpoints:
+                self._health.pop(name, None)  # no endpoint: nothing for it to report
+            raise
         if self._closed.is_set():
             endpoint.close()
             raise FlowClosed("the association ended while its endpoint was dialled")
         self._endpoints[name] = endpoint
-        self._health[name] = _EndpointHealth(leaf)
         return endpoint
 
     def _endpoint_lost(self, name: str, error: HonkError | None) -> None:
@@ -378,12 +383,11 @@ class UdpAssociation:
 
     # -- remote → client --------------------------------------------------------------
 
-    def _from_endpoint(self, name: str, data: bytes, source: Address) -> None:
-        """A reply through the proxy leaf ``name``: the proxy reports where it came from."""
+    def _from_endpoint(self, health: _EndpointHealth, data: bytes, source: Address) -> None:
+        """A reply through a proxy leaf's endpoint: the proxy reports where it came from."""
         if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
             return
-        if (health := self._health.get(name)) is not None:
-            health.answer()
+        health.answer()
         self.last_activity = self._clock.now()
         self.bytes_down += len(data)
         self._client_transport.sendto(build_udp_datagram(source, data), self._client_addr)

@@ -286,9 +286,6 @@ class GroupManager:
         """The group's UUID and creation time (kept by name across reloads)."""
         return self._get(group).identity
 
-    def final(self, group: str) -> str | None:
-        return self._get(group).spec.final
-
     def choices(self) -> dict[str, dict[Network, str]]:
         """The Selector runtime choices by member name (display)."""
         out: dict[str, dict[Network, str]] = {}

@@ -49,6 +49,10 @@ def rig(limit: int, gate: int = 1000):
     return clock, budget, dispatcher
 
 
+async def dial_stream(dispatcher: Dispatcher, flow: Routed) -> DialedStream:
+    return (await dispatcher.dial_routed(flow))[1]
+
+
 def routed(leaf) -> Routed:
     meta = FlowMeta(Network.TCP, source=Address("127.0.0.1", 1), target=Address("127.0.0.1", 2), inbound="lan")
     return Routed(meta, leaf.name, "fallback", (leaf.name,), leaf, 1)
@@ -62,7 +66,7 @@ async def settle():
 async def test_the_dial_past_the_limit_waits_for_a_permit_and_times_out_as_a_capacity_refusal():
     clock, budget, dispatcher = rig(limit=2)
     leaf = HeldLeaf()
-    dials = [asyncio.ensure_future(dispatcher.dial(routed(leaf))) for _ in range(3)]
+    dials = [asyncio.ensure_future(dial_stream(dispatcher, routed(leaf))) for _ in range(3)]
     await settle()
     assert leaf.started == 2 and budget.in_use == 2 and budget.waiting == 1
     clock.advance(5.0)
@@ -77,11 +81,11 @@ async def test_the_dial_past_the_limit_waits_for_a_permit_and_times_out_as_a_cap
 async def test_a_direct_dial_takes_a_permit_and_block_takes_none():
     _, budget, dispatcher = rig(limit=4)
     direct = HeldLeaf("direct")
-    pending = asyncio.ensure_future(dispatcher.dial(routed(direct)))
+    pending = asyncio.ensure_future(dial_stream(dispatcher, routed(direct)))
     await settle()
     assert budget.in_use == 1
     with pytest.raises(Blocked):
-        await dispatcher.dial(routed(HeldLeaf("block")))
+        await dial_stream(dispatcher, routed(HeldLeaf("block")))
     assert budget.in_use == 1
     direct.release.set()
     (await pending).sock.close()
@@ -90,15 +94,15 @@ async def test_a_direct_dial_takes_a_permit_and_block_takes_none():
 async def test_a_stream_on_a_mux_carrier_with_room_is_exempt_while_every_permit_is_held():
     _, budget, dispatcher = rig(limit=1)
     physical = HeldLeaf()
-    holder = asyncio.ensure_future(dispatcher.dial(routed(physical)))
+    holder = asyncio.ensure_future(dial_stream(dispatcher, routed(physical)))
     await settle()
     assert budget.in_use == 1
     muxed = HeldLeaf("vmess", mux=True)
     muxed.release.set()
     pool_for(muxed).carriers.append(SimpleNamespace(usable=True))  # a warm carrier with room
-    (await asyncio.wait_for(dispatcher.dial(routed(muxed)), 1)).sock.close()
+    (await asyncio.wait_for(dial_stream(dispatcher, routed(muxed)), 1)).sock.close()
     pool_for(muxed).carriers.clear()
-    cold = asyncio.ensure_future(dispatcher.dial(routed(muxed)))  # no carrier: a physical dial waits
+    cold = asyncio.ensure_future(dial_stream(dispatcher, routed(muxed)))  # no carrier: a physical dial waits
     await settle()
     assert budget.waiting == 1
     physical.release.set()
