@@ -634,7 +634,8 @@ def subjects() -> list[Subject]:
         build=lambda port, origin, wd: [microsocks or "microsocks", "-i", LOOPBACK, "-p", str(port)]))
 
     def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
-        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c", _write(wd / "bench.dae", honk_config(port))]
+        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c", _write(wd / "bench.dae", honk_config(port)),
+                "--pid-file", str(wd / "honk.pid")]
 
     out.append(Subject("honk", "socks", note="mixed port -> direct, HONK_RELAY unset", build=honk_cmd))
     for engine in honk_engines():
@@ -652,7 +653,7 @@ def sink_subjects(sink: Sink, skip: str, version: str, peer_note: str, honk_note
 
     def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
         return [sys.executable, "-m", "honk.cli.daemon", "run", "-c",
-                _write(wd / "bench.dae", honk_node_config(port, sink.link()))]
+                _write(wd / "bench.dae", honk_node_config(port, sink.link())), "--pid-file", str(wd / "honk.pid")]
 
     return [Subject(f"{sink.peer}:{sink.tag}", "socks", version=version, skip=skip, sink=sink, build=peer_cmd,
                     note=peer_note),
@@ -1019,7 +1020,7 @@ def measure_demo_rss(report: Report, workdir: Path) -> None:
     except (OSError, ValueError) as exc:
         report.problems.append(f"honk demo config: {exc}")
         return
-    running = Running([sys.executable, "-m", "honk.cli.daemon", "run", "-c", cfg],
+    running = Running([sys.executable, "-m", "honk.cli.daemon", "run", "-c", cfg, "--pid-file", str(wd / "honk.pid")],
                       subject_env(Subject("honk", "socks")), wd, wd / "log.txt")
     try:
         running.wait_port(lan)

@@ -44,6 +44,7 @@ from honk._fast.movavg import Ema, HalvingAverage
 from honk._fast.ring import SYNTHETIC_PLACEHOLDER, URLTEST_LATENCY_CAPACITY, LatencyRing
 from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import (
+    DELAY_TEST_URLS,
     DETECTOR_EMA_FACTOR,
     DETECTOR_EMA_MARGIN,
     DETECTOR_FLOOR,
@@ -193,6 +194,8 @@ class NodeHealth:
     slow_dials: int = 0  # consecutive real dials slower than the detector's threshold
     detector_strikes: int = 0  # ranking strikes from the detector
     healing: int = -1  # probe successes since the detector's emergency probe; -1: not healing
+    # delay tests by URL (the Clash `extra` histories), at most DELAY_TEST_URLS URLs, oldest dropped
+    url_history: dict[str, LatencyRing] = field(default_factory=dict)
 
     @property
     def demoted(self) -> bool:
@@ -436,9 +439,10 @@ class AliveDialerSet:
         self.report_traffic_failure(node_id, Domain.TCP, family)
         return node.strikes
 
-    def record_delay_test(self, node_id: uuid.UUID, family: Family, rtt: float | None) -> None:
+    def record_delay_test(self, node_id: uuid.UUID, family: Family, rtt: float | None, url: str = "") -> None:
         """An on-demand delay test through the node: its history shows the result, but it
-        changes no liveness and adds no strike (the target was the caller's choice)."""
+        changes no liveness and adds no strike (the target was the caller's choice). With a
+        ``url``, the result also goes to that URL's own history."""
         node = self._nodes.get(node_id)
         if node is None:
             return
@@ -446,6 +450,26 @@ class AliveDialerSet:
         node.state(Domain.TCP, family).record(wall, rtt)
         if rtt is not None:
             node.latencies.push(wall, rtt, False)
+        if url:
+            ring = node.url_history.pop(url, None)  # re-inserted: the newest URL is kept longest
+            if ring is None:
+                ring = LatencyRing(URLTEST_LATENCY_CAPACITY)
+                while len(node.url_history) >= DELAY_TEST_URLS:
+                    del node.url_history[next(iter(node.url_history))]
+            node.url_history[url] = ring
+            ring.push(wall, FAILED_PROBE_DELAY if rtt is None else rtt, rtt is None)
+
+    def url_histories(self, node_id: uuid.UUID) -> dict[str, list[tuple[float, float, bool]]]:
+        """Delay-test history per URL, oldest first: (wall time, delay s, failed)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return {}
+        return {url: ring.snapshot() for url, ring in node.url_history.items()}
+
+    def latency_history(self, node_id: uuid.UUID) -> list[tuple[float, float, bool]]:
+        """The node's latency collection (real samples with their wall times), oldest first."""
+        node = self._nodes.get(node_id)
+        return [] if node is None else node.latencies.snapshot()
 
     # --- network change and recovery ----------------------------------------------
 

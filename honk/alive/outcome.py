@@ -9,7 +9,7 @@ which may hold a token.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from honk.core.errors import HonkError
 
@@ -46,8 +46,11 @@ class ProbeSample:
     request's round trip). ``fallback``: the second round failed in a way the
     design accepts and ``rtt`` is the validated first round's; such a sample
     feeds liveness and the API's history but is never Score evidence for the
-    configured method.
+    configured method. ``status``: the final HTTP status of the round whose RTT is
+    reported (None for probes without HTTP); not part of equality, so a sample
+    still compares by what it measured.
     """
 
     rtt: float
     fallback: bool = False
+    status: int | None = field(default=None, compare=False)

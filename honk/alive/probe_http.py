@@ -221,20 +221,23 @@ class _Http1(_Exchange):
         self.fed = 0  # bytes handed to h11 so far
 
     async def run(self, first: bytes, second: bytes) -> ProbeSample:
-        warm = await self._round(first, final=False)
+        warm, warm_status = await self._round(first, final=False)
         if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
-            return ProbeSample(warm, fallback=True)  # the server will not keep the connection: nothing is sent
+            # the server will not keep the connection: nothing is sent
+            return ProbeSample(warm, fallback=True, status=warm_status)
         self.conn.start_next_cycle()
         try:
-            return ProbeSample(await self._round(second, final=True))
+            rtt, status = await self._round(second, final=True)
         except _SecondRoundLost:
-            return ProbeSample(warm, fallback=True)
+            return ProbeSample(warm, fallback=True, status=warm_status)
+        return ProbeSample(rtt, status=status)
 
     def _consumed(self) -> int:
         """Bytes h11 has parsed into events so far."""
         return self.fed - len(self.conn.trailing_data[0])
 
-    async def _round(self, method: bytes, *, final: bool) -> float:
+    async def _round(self, method: bytes, *, final: bool) -> tuple[float, int]:
+        """One request and its final response head: (RTT seconds, status)."""
         headers = [
             (b"Host", self.url.authority.encode("ascii")),
             (b"User-Agent", USER_AGENT),
@@ -280,7 +283,7 @@ class _Http1(_Exchange):
                         raise ProbeError("request", "status")
                     if not final:
                         await self._skip_body()
-                    return elapsed
+                    return elapsed, event.status_code
                 else:  # ConnectionClosed or a stray event before any head
                     raise self._lost(final, answered)
 
@@ -338,11 +341,12 @@ class _Http2(_Exchange):
 
     async def run(self, first: bytes, second: bytes) -> ProbeSample:
         await self._start()
-        warm = await self._round(first, final=False)
+        warm, warm_status = await self._round(first, final=False)
         try:
-            return ProbeSample(await self._round(second, final=True))
+            rtt, status = await self._round(second, final=True)
         except _Fallback:
-            return ProbeSample(warm, fallback=True)
+            return ProbeSample(warm, fallback=True, status=warm_status)
+        return ProbeSample(rtt, status=status)
 
     async def _start(self) -> None:
         self.conn.initiate_connection()
@@ -360,7 +364,8 @@ class _Http2(_Exchange):
                 elif isinstance(event, h2.events.ConnectionTerminated):
                     raise ProbeError("h2", "goaway")
 
-    async def _round(self, method: bytes, *, final: bool) -> float:
+    async def _round(self, method: bytes, *, final: bool) -> tuple[float, int]:
+        """One request on a new stream and its final response head: (RTT seconds, status)."""
         async with _phase(self.clock, "request", self.budget):
             # What arrived after round 1's head (a GOAWAY, say) is settled before a stream is opened.
             stream_id = self.conn.get_next_available_stream_id()
@@ -396,10 +401,11 @@ class _Http2(_Exchange):
                         self._send()
                     return outcome
 
-    def _settle(self, event: h2.events.Event, stream_id: int, final: bool, started: float | None) -> float | None:
+    def _settle(self, event: h2.events.Event, stream_id: int, final: bool,
+                started: float | None) -> tuple[float, int] | None:
         """Look at one event for the round on ``stream_id`` (``started`` None: not sent yet).
 
-        Returns the round's RTT when ``event`` is its final head, None to go on; raises
+        Returns the round's (RTT, status) when ``event`` is its final head, None to go on; raises
         :class:`ProbeError`, or :class:`_Fallback` when round 2 ended in a forgiven way.
         """
         if isinstance(event, h2.events.ConnectionTerminated):
@@ -419,9 +425,10 @@ class _Http2(_Exchange):
             status = dict(event.headers).get(b":status", b"")
             if not _STATUS.fullmatch(status):
                 raise ProbeError("request", "protocol")
-            if not LOWEST_STATUS <= int(status) <= HIGHEST_STATUS:
+            code = int(status)
+            if not LOWEST_STATUS <= code <= HIGHEST_STATUS:
                 raise ProbeError("request", "status")
-            return elapsed
+            return elapsed, code
         if isinstance(event, h2.events.InformationalResponseReceived):
             if _header_list_size(event.headers) > HEADER_LIST_CAP:
                 raise ProbeError("request", "headers-too-large")

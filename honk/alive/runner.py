@@ -36,7 +36,7 @@ import enum
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +47,7 @@ from honk.alive.outcome import Domain, Family, ProbeError, ProbeSample
 from honk.alive.thresholds import PROBE_CONCURRENCY, RECOVERY_TICK_MAX
 from honk.config.spec import DEFAULT_URLTEST_IDLE_TIMEOUT
 from honk.core.clock import Clock
+from honk.core.stats import RuntimeStats
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,10 @@ class JobKind(enum.Enum):
     TCP = "tcp"
     UDP = "udp"
     GROUP_URL = "group-url"
+
+
+# the probe-kind label of each job in the runtime stats (honk.core.stats.PROBE_KINDS)
+_PROBE_KIND = {JobKind.TCP: "tcp", JobKind.UDP: "udp", JobKind.GROUP_URL: "url"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,8 @@ class HealthRunner:
         self._workers: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
+        # the daemon's event counters (probe durations for /metrics); None: nothing is recorded
+        self.stats: RuntimeStats | None = None
         # counters for /stats and the benchmark
         self.probes_run = 0
         self.peak_in_flight = 0
@@ -311,26 +318,32 @@ class HealthRunner:
         if len(self._running) > self.peak_in_flight:
             self.peak_in_flight = len(self._running)
         self.probes_run += 1
+        started = self.clock.now()
         try:
             if job.kind is JobKind.TCP:
                 try:
                     sample = await self.prober.probe_tcp(job.node_id, job.family)
                 except ProbeError:
+                    self._timed(job, False, started)
                     alive.notify_check_failure(job.node_id, Domain.TCP, job.family, ticket)
                 else:
+                    self._timed(job, True, started)
                     alive.notify_check_success(
                         job.node_id, Domain.TCP, job.family, sample.rtt, ticket, rank=not sample.fallback
                     )
             elif job.kind is JobKind.UDP:
                 outcome = await self.prober.probe_udp(job.node_id, job.family)
+                self._timed(job, isinstance(outcome.dns, ProbeSample), started)
                 self._apply_udp(job, outcome, ticket)
             else:
                 try:
                     sample = await self.prober.probe_url(job.node_id, job.url)
                 except ProbeError:
+                    self._timed(job, False, started)
                     if alive.is_current(ticket):
                         self.group_checks.notify(job.member, job.url, None)
                 else:
+                    self._timed(job, True, started)
                     if alive.is_current(ticket):
                         self.group_checks.notify(job.member, job.url, sample.rtt)
         except asyncio.CancelledError:
@@ -341,19 +354,36 @@ class HealthRunner:
             alive.retire_ticket(ticket)
             self._running.pop(job, None)
 
-    async def delay_test(self, node_id: uuid.UUID, url: str | None = None) -> ProbeSample | ProbeError:
+    def _timed(self, job: Job, ok: bool, started: float) -> None:
+        """A finished measurement's duration on the runner's clock (cancelled and crashed
+        probes measured nothing and are not recorded). A UDP round is ok when its DNS probe is."""
+        if self.stats is not None:
+            self.stats.probe(_PROBE_KIND[job.kind], ok, self.clock.now() - started)
+
+    async def delay_test(self, node_id: uuid.UUID, url: str | None = None,
+                         expected: Container[int] | None = None) -> ProbeSample | ProbeError:
         """An on-demand delay test (the API's): HEAD for both rounds to ``url`` (default
-        :data:`~honk.alive.checkurl.DEFAULT_DELAY_URL`) through the node. The result goes
-        to the node's history only: no liveness change, no strike, no Score evidence."""
-        families = self.prober.families(node_id)
-        family = families[0] if families else Family.V4
+        :data:`~honk.alive.checkurl.DEFAULT_DELAY_URL`) through the node; with ``expected``,
+        a final status outside it fails the test. The result goes to the node's history
+        only: no liveness change, no strike, no Score evidence."""
+        url = url or DEFAULT_DELAY_URL
         try:
-            sample = await self.prober.probe_url(node_id, url or DEFAULT_DELAY_URL, DELAY_TEST_METHOD)
+            sample = await self.prober.probe_url(node_id, url, DELAY_TEST_METHOD)
+            if expected is not None and sample.status not in expected:
+                raise ProbeError("request", "unexpected-status")
         except ProbeError as exc:
-            self.alive.record_delay_test(node_id, family, None)
+            self.record_delay_failure(node_id, url)
             return exc
-        self.alive.record_delay_test(node_id, family, sample.rtt)
+        self.alive.record_delay_test(node_id, self._family(node_id), sample.rtt, url)
         return sample
+
+    def record_delay_failure(self, node_id: uuid.UUID, url: str | None = None) -> None:
+        """A delay test through the node failed (or its caller's deadline passed): history only."""
+        self.alive.record_delay_test(node_id, self._family(node_id), None, url or DEFAULT_DELAY_URL)
+
+    def _family(self, node_id: uuid.UUID) -> Family:
+        families = self.prober.families(node_id)
+        return families[0] if families else Family.V4
 
     def _apply_udp(self, job: Job, outcome: UdpOutcome, ticket: ProbeTicket) -> None:
         """DNS success marks both UDP domains alive; a DNS failure fails DnsUdp and fails

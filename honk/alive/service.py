@@ -34,6 +34,7 @@ from honk.control.statedb import StateDB, state_db_path
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import Network
+from honk.core.stats import RuntimeStats
 from honk.group.filter import HealthFilter
 from honk.group.manager import Identity, identity_from_text, identity_text
 from honk.outbound.base import Outbound
@@ -89,6 +90,7 @@ class HealthService:
         self._writes: set[asyncio.Task[None]] = set()  # Selector choices being written
         self._opened = False
         self.filter = HealthFilter(self.alive, self.group_checks)  # the groups' view of health
+        self.stats: RuntimeStats | None = None  # probe durations go here once set
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class HealthService:
             self.alive, self._prober(plane), self.clock,
             check_interval=glob.check_interval, group_checks=self.group_checks,
         )
+        self.runner.stats = self.stats
         self._plan(plane)
         self.runner.start()
         self._writer = asyncio.get_running_loop().create_task(self._write_delays(), name="honk-delay-writer")

@@ -24,6 +24,7 @@ PROBE_COOLDOWN_FACTOR = 2.0  # the doubling reading of "exponential"
 RECOVERY_TICK_MAX = 5.0  # seconds; the recovery scheduler runs every min(5 s, check_interval)
 
 PROBE_HISTORY = 100  # "probe history retains 100 entries per node, domain and address family"
+DELAY_TEST_URLS = 8  # URLs whose delay-test history a node keeps for the Clash `extra` map (honk's bound)
 # "Two consecutive real dial failures append one synthetic 10-second placeholder ... plus one failure
 # strike": each time the streak of consecutive failures reaches 2, 4, 6 ... one strike and one placeholder.
 DIAL_FAILURES_PER_STRIKE = 2

@@ -33,6 +33,7 @@ from honk.config.spec import (
     RuleSpec,
 )
 from honk.config.tree import Doc, Entry, GroupDecl, Sink
+from honk.core.net import parse_host_port
 
 # Documented global keys honk accepts but does not use yet: no unknown-key warning.
 ACCEPTED_GLOBAL_KEYS = frozenset(
@@ -367,6 +368,12 @@ def build_clash_api(entries: list[Entry] | None, sink: Sink) -> ClashApiSpec | N
                 )
                 mode = "Rule"
             s = mode
+        if key == "external_controller":
+            try:
+                parse_host_port(s)
+            except ValueError as exc:
+                sink.error("invalid-value", e.path, f"external_controller: {exc}", e.loc)
+                continue
         v[key] = s
     return ClashApiSpec(**v)
 

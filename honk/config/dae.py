@@ -586,14 +586,15 @@ def _groups(block: Block, file: str, sink: Sink, doc: Doc) -> None:
             continue
         if not item.header:
             continue
-        path = join_path("group", item.header)
+        name = unquote(item.header.strip())  # a quoted name may hold spaces: 'My Proxy' { … }
+        path = join_path("group", name)
         entries = _settings(item, path, file, sink)
         index = 0
         for entry in entries:
             if entry.key == "filter":
                 entry.path = join_path(path, "filter", index)
                 index += 1
-        doc.groups.append(GroupDecl(item.header, path, _loc(file, item.line), entries))
+        doc.groups.append(GroupDecl(name, path, _loc(file, item.line), entries))
 
 
 def _routing(block: Block, file: str, sink: Sink, doc: Doc) -> None:

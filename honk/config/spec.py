@@ -261,7 +261,8 @@ class RoutingSpec:
 
 @dataclass(frozen=True, slots=True)
 class ClashApiSpec:
-    external_controller: str = ""  # "host:port"; empty disables the API
+    # "host:port" or "[v6]:port" the API listens on; the block's presence enables the API
+    external_controller: str = DEFAULT_CLASH_API_CONTROLLER
     external_ui: str = ""
     secret: str = field(default="", repr=False)
     default_mode: str = "Rule"

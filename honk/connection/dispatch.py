@@ -26,14 +26,18 @@ from typing import Any, Protocol
 
 from honk.alive.outcome import Family
 from honk.config.spec import GlobalSpec, Policy
+from honk.connection.plane import Decision
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
+from honk.control.mode import RoutingMode
 from honk.core.clock import Clock
 from honk.core.errors import DialError, HonkError, TargetRefused
 from honk.core.net import FlowMeta, Network
+from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
 from honk.outbound.base import DialedStream, Outbound
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
+from honk.route.router import RouteDecision
 
 __all__ = ["Dispatcher", "Resolver", "Routed", "Upstream", "format_chain"]
 
@@ -110,6 +114,9 @@ class Dispatcher:
         self.resolver = resolver
         # told the chain of every real selection (the health service wakes idle URLTest groups)
         self.on_selection: Callable[[tuple[str, ...]], None] | None = None
+        # the daemon's event counters (/metrics); None: nothing is counted
+        self.stats: RuntimeStats | None = None
+        self.mode: RoutingMode | None = None  # the Clash mode; None or "rule": the plane's rules decide
         self._apply_settings(global_spec)
 
     def _apply_settings(self, global_spec: GlobalSpec) -> None:
@@ -135,12 +142,27 @@ class Dispatcher:
     async def route(self, meta: FlowMeta) -> Routed:
         """Decide the rule and leaf for ``meta``; raises ``NoRoute`` (and whatever the plane raises)."""
         plane = self._plane
+        forced = self._forced(plane, meta)
+        if forced is not None:
+            return forced
         return self._routed(meta, await plane.decide(meta, self.resolver), plane.generation)
+
+    def _forced(self, plane: PlaneLike, meta: FlowMeta) -> Routed | None:
+        """The routing of the ``global`` and ``direct`` modes (rules bypassed), or None in ``rule`` mode."""
+        outbound = self.mode.override() if self.mode is not None else None
+        if outbound is None:
+            return None
+        selection = plane.groups.resolve(outbound, meta.network)
+        return self._routed(meta, Decision(RouteDecision(outbound, f"mode({self.mode.mode})", False, None),
+                                           selection), plane.generation)
 
     def route_now(self, meta: FlowMeta) -> Routed | None:
         """:meth:`route` when the plane can decide without awaiting (no DNS needed), else
         ``None`` (call :meth:`route`). Raises what :meth:`route` raises."""
         plane = self._plane
+        forced = self._forced(plane, meta)
+        if forced is not None:
+            return forced
         decide_now = getattr(plane, "decide_now", None)
         if decide_now is None:
             return None
@@ -219,8 +241,12 @@ class Dispatcher:
                 dialed = await leaf.dial_tcp(target, deadline)
         except HonkError as exc:
             _report(leaf, exc, None)
+            if self.stats is not None:
+                self.stats.dial("tcp", exc)
             raise
         _report(leaf, None, self.clock.now() - started)
+        if self.stats is not None:
+            self.stats.dial("tcp", None)
         return dialed
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:

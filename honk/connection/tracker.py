@@ -188,6 +188,9 @@ class ConnectionTracker:
         self._gone: dict[str, asyncio.Future[None]] = {}  # flow id -> resolves when it is removed
         self._idle = asyncio.Event()
         self._idle.set()
+        self._ended_up = 0  # bytes of flows that have ended, client → upstream
+        self._ended_down = 0  # and upstream → client
+        self.opened = 0  # flows registered since start
 
     def __len__(self) -> int:
         return len(self._flows)
@@ -219,10 +222,14 @@ class ConnectionTracker:
         )
         self._flows[flow.id] = flow
         self._idle.clear()
+        self.opened += 1
         return flow
 
     def _remove(self, flow_id: str) -> None:
-        self._flows.pop(flow_id, None)
+        flow = self._flows.pop(flow_id, None)
+        if flow is not None:
+            self._ended_up += flow.upload
+            self._ended_down += flow.download
         if not self._flows:
             self._idle.set()
         waiter = self._gone.pop(flow_id, None)
@@ -241,6 +248,14 @@ class ConnectionTracker:
                 waits.append(waiter)
         if waits:
             await asyncio.gather(*(asyncio.shield(w) for w in waits))
+
+    def totals(self) -> tuple[int, int]:
+        """Bytes relayed since start (ended flows and live ones so far): (up, down)."""
+        up, down = self._ended_up, self._ended_down
+        for flow in self._flows.values():
+            up += flow.upload
+            down += flow.download
+        return up, down
 
     def snapshot(self) -> list[ConnectionInfo]:
         """Immutable copies of every live flow, oldest first."""

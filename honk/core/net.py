@@ -84,3 +84,22 @@ class FlowMeta:
     @property
     def destination_ip(self) -> IPAddress | None:
         return self.resolved if self.resolved is not None else self.target.ip
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` (a listen address) as (unbracketed host, port);
+    ValueError names what is wrong."""
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ValueError("expected [address]:port")
+        ipaddress.IPv6Address(host)
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise ValueError("expected host:port")
+        if ":" in host:
+            raise ValueError("an IPv6 address must be bracketed")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError("the port must be a number 0-65535")
+    return host, int(port_text)

@@ -39,17 +39,21 @@ import signal
 from pathlib import Path
 
 from honk.alive.service import HealthService
+from honk.api.server import ApiServer
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
 from honk.config.spec import InboundSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
+from honk.control.mode import GLOBAL_DEFAULT, GLOBAL_GROUP, RoutingMode, global_members
 from honk.core.clock import Clock, MonotonicClock, timeout_at
 from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
-from honk.daemon.logs import kv, set_level
+from honk.core.stats import RuntimeStats
+from honk.daemon.logs import LogBroker, kv, set_level
 from honk.group.manager import SharedGroupManager
+from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.base import DialedStream
 from honk.outbound.direct import DirectOutbound
@@ -93,10 +97,22 @@ class Daemon:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._generation = 0
+        self.stats = RuntimeStats()  # event counters the API exports
         self.health = HealthService(self.clock)
+        self.health.stats = self.stats
         self.groups: SharedGroupManager | None = None  # the stable handle on the current group manager
         # flow ids closed by the Selector write in progress (None: none is; automatic changes do not wait)
         self._interrupted: list[str] | None = None
+        self.logs = LogBroker()  # live log readers (the API's /logs)
+        self.mode = RoutingMode()  # the Clash mode and the GLOBAL choice
+        self.api: ApiServer | None = None
+        self.started_wall = 0.0  # wall-clock seconds at ready
+        self.started_at = 0.0  # clock.now() at ready (uptime)
+
+    @property
+    def generation(self) -> int:
+        """The published plane's generation."""
+        return self._generation
 
     # --- start ---------------------------------------------------------------
 
@@ -105,6 +121,8 @@ class Daemon:
         spec = load_file(self.config_path)
         log_diagnostics(spec.diagnostics, during="start")
         self._set_log_level(spec)
+        if spec.clash_api is not None:
+            self.mode.set(spec.clash_api.default_mode)
         Path(spec.global_.data_dir).mkdir(parents=True, exist_ok=True)
         config, subscriptions = spec, self._subscription_manager(spec)
         if any(s.detour for s in config.subscriptions):
@@ -119,16 +137,24 @@ class Daemon:
             saved = await self.health.open_state(spec.global_.data_dir)
             plane = build_plane(spec, self.clock, self._generation, previous=self._fetch_plane,
                                 health=self.health.filter, saved_choices=saved)
-            plane.groups.on_choice = self.health.save_choice  # before the plane is published
-            plane.groups.on_interrupt = self._interrupt
+            self._install_callbacks(plane)  # before the plane is published
             plane.retire(self._fetch_plane)
             self._fetch_plane = None
             resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
             self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
             self.dispatcher.on_selection = self.health.note_selection
+            self.dispatcher.mode = self.mode
+            self.dispatcher.stats = self.stats
             for ispec in spec.inbounds:
                 started[ispec.name] = await self._bind(ispec)
+            if spec.clash_api is not None:
+                api = ApiServer(self, spec.clash_api, self.config_path.parent)
+                await api.start()
+                self.api = api
         except BaseException:
+            if self.api is not None:
+                await self.api.stop()
+                self.api = None
             for inbound in started.values():
                 await inbound.stop_accepting()
             await subscriptions.stop()
@@ -137,17 +163,29 @@ class Daemon:
         self.groups = SharedGroupManager(plane.groups)
         self.subscriptions = subscriptions
         await self.health.start(plane)
+        self.logs.install()
+        self.started_wall, self.started_at = self.clock.wall(), self.clock.now()
         if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
             self._on_subscription_nodes(subscriptions.nodes())  # published while the plane was being built
         self._sweeper = asyncio.get_running_loop().create_task(
             self.tracker.run_sweeper(SWEEP_INTERVAL), name="honk-idle-sweeper"
         )
+        api_address = {"api": f"{self.api.bound[0]}:{self.api.bound[1]}"} if self.api and self.api.bound else {}
         log.info("honk ready %s", kv(config=str(self.config_path), generation=self._generation,
-                                     **{f"inbound.{n}": str(i.bound) for n, i in started.items()}))
+                                     **{f"inbound.{n}": str(i.bound) for n, i in started.items()}, **api_address))
+
+    def _install_callbacks(self, plane: Plane) -> None:
+        """What a group manager reports to the daemon; installed before the plane is published."""
+        plane.groups.on_choice = self.health.save_choice
+        plane.groups.on_interrupt = self._interrupt
+        plane.groups.on_change = self._selection_moved
+
+    def _selection_moved(self, group: str, network: Network) -> None:
+        self.stats.selection_changed(group, network.value)
 
     def _subscription_manager(self, config: Spec) -> SubscriptionManager:
         glob = config.global_
-        return SubscriptionManager(
+        manager = SubscriptionManager(
             config.subscriptions,
             glob.data_dir if glob.store_subscribe else None,
             self.clock,
@@ -155,6 +193,8 @@ class Daemon:
             self._on_subscription_nodes,
             dial_via=self._dial_via,
         )
+        manager.stats = self.stats  # before the first fetch
+        return manager
 
     def _dial_via(self, name: str) -> Dial:
         """Dial through the node or group ``name`` of the plane current at each download."""
@@ -205,6 +245,11 @@ class Daemon:
 
     async def reload(self) -> bool:
         """Apply the file as it is now; return whether it was applied."""
+        applied = await self._reload()
+        self.stats.reload(applied)
+        return applied
+
+    async def _reload(self) -> bool:
         async with self._lock:
             try:
                 spec = load_file(self.config_path)
@@ -226,6 +271,7 @@ class Daemon:
             carried = self.subscriptions.carried(spec.subscriptions)
             if not await self._apply(self._effective(spec, carried)):
                 return False
+            await self._apply_api(spec)
             self.config = spec
             await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
             return True
@@ -236,8 +282,7 @@ class Daemon:
         generation = self._generation + 1
         try:
             plane = build_plane(spec, self.clock, generation, previous=self.plane, health=self.health.filter)
-            plane.groups.on_choice = self.health.save_choice  # before the plane is published
-            plane.groups.on_interrupt = self._interrupt
+            self._install_callbacks(plane)  # before the plane is published
         except Exception as exc:  # noqa: BLE001 - a plane that cannot be built must not replace the old one
             log.error("%s rejected; the running configuration is unchanged %s",
                       cause, kv(error=type(exc).__name__, reason=str(exc)))
@@ -275,10 +320,39 @@ class Daemon:
         self.spec, self.plane, self._generation = spec, plane, generation
         if self.groups is not None:
             self.groups.publish(plane.groups)
+        self.stats.retain_groups(set(plane.groups.names))
+        if self.mode.global_choice not in self.global_members():
+            self.mode.global_choice = GLOBAL_DEFAULT
         await self.health.apply(plane)
         log.info("%s applied %s", cause, kv(generation=generation, nodes=len(spec.nodes), inbounds_kept=len(keep),
                                             inbounds_started=len(bound), live_flows=len(self.tracker)))
         return True
+
+    async def _apply_api(self, spec: Spec) -> None:
+        """Follow a changed ``experimental.clash_api`` block: a new listener is bound before the
+        old one stops (same address: after), and a listener that cannot bind is logged while
+        the rest of the reload stands."""
+        assert self.config is not None
+        if spec.clash_api == self.config.clash_api:
+            return
+        old, new = self.api, spec.clash_api
+        same_address = (old is not None and new is not None
+                        and old.spec.external_controller == new.external_controller)
+        if old is not None and (new is None or same_address):
+            await old.stop()
+            self.api = old = None
+        if new is None:
+            return
+        api = ApiServer(self, new, self.config_path.parent)
+        try:
+            await api.start()
+        except OSError as exc:
+            log.error("API listener not started %s", kv(address=new.external_controller,
+                                                       reason=exc.strerror or str(exc)))
+            return
+        if old is not None:
+            await old.stop()
+        self.api = api
 
     # --- selection writes ------------------------------------------------------
 
@@ -288,12 +362,40 @@ class Daemon:
         against a replaced manager. The networks whose choice changed (each one persisted).
 
         Raises :class:`~honk.group.policy.UnknownGroup` or :class:`~honk.group.policy.UnknownMember`."""
+        return await self._write(group, lambda groups: groups.select(group, member, network))
+
+    async def pin(self, group: str, member: str | None, network: Network | None = None) -> list[Network]:
+        """Pin (``member`` None: unpin) a URLTest or Fallback group's member, through the
+        control owner like :meth:`select`; runtime only, a reload drops it. The networks
+        whose pin changed. Raises UnknownGroup (also for Selector and LoadBalance) or UnknownMember."""
+        return await self._write(group, lambda groups: groups.pin(group, member, network))
+
+    async def select_global(self, member: str) -> None:
+        """Choose what ``GLOBAL`` serves in the global mode. Raises UnknownMember."""
+        async with self._lock:
+            if member not in self.global_members():
+                raise UnknownMember(GLOBAL_GROUP, member)
+            self.mode.global_choice = member
+
+    def global_members(self) -> list[str]:
+        """``GLOBAL``'s members: direct, block, every node, then every group, in config order."""
+        return [] if self.plane is None else global_members(self.plane)
+
+    async def refresh_subscription(self, name: str) -> bool:
+        """Fetch subscription ``name`` now; whether a new body was accepted. KeyError if unknown."""
+        if self.subscriptions is None:
+            raise KeyError(name)
+        return await self.subscriptions.refresh_now(name)
+
+    async def _write(self, group: str, write) -> list[Network]:  # noqa: ANN001 - GroupManager -> changed
         async with self._lock:
             if self.plane is None:
                 raise RuntimeError("honk is not running")
+            if group not in self.plane.groups:
+                raise UnknownGroup(group)
             self._interrupted = []
             try:
-                changed = self.plane.groups.select(group, member, network)
+                changed = write(self.plane.groups)
             finally:
                 interrupted, self._interrupted = self._interrupted, None
         if interrupted:  # the write is reported once the flows it interrupted have ended
@@ -324,6 +426,9 @@ class Daemon:
         for task in self._applying:
             task.cancel()
         async with self._lock:
+            if self.api is not None:
+                await self.api.stop()
+                self.api = None
             if self.subscriptions is not None:
                 await self.subscriptions.stop()
             if grace is None:
@@ -353,6 +458,7 @@ class Daemon:
                     runtime.close()
             close_engines()  # joins the native relay worker and closes its fds
             log.info("honk stopped")
+            self.logs.uninstall()
             self._stopped.set()
 
     # --- the process -----------------------------------------------------------

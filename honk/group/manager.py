@@ -45,6 +45,8 @@ from honk.group.policy import (
     NETWORKS,
     Candidate,
     Epoch,
+    Fallback,
+    Fixable,
     GroupPolicy,
     Selector,
     UnknownGroup,
@@ -193,10 +195,11 @@ class GroupManager:
         self.clock = clock
         self.on_choice: ChoiceListener | None = None  # persistence of Selector writes
         self.on_interrupt: InterruptListener | None = None  # closes the flows a changed selection served
+        self.on_change: InterruptListener | None = None  # any group's selection moved (metrics)
         for name, group in groups.items():
             group.policy.epoch = self.epoch
-            if isinstance(group.policy, URLTest) and group.spec.interrupt_connections:
-                group.policy.moved = lambda network, name=name: self._interrupt(name, network)
+            if isinstance(group.policy, URLTest | Fallback):
+                group.policy.moved = lambda network, name=name: self._moved(name, network)
 
     @classmethod
     def build(
@@ -505,11 +508,38 @@ class GroupManager:
             identity = self.identity(member)
             for net in changed:
                 self.on_choice(group, net, identity)
-        if self._get(group).spec.interrupt_connections:
-            for net in changed:
-                if before[net] != member:  # re-selecting the effective choice reconnects nothing
-                    self._interrupt(group, net)
+        for net in changed:
+            if before[net] != member:  # re-selecting the effective choice moves nothing
+                self._moved(group, net)
         return changed
+
+    def pin(self, group: str, member: str | None, network: Network | None = None) -> list[Network]:
+        """Pin (``member`` None: unpin) an automatic group's member for one network or both,
+        all or nothing; the networks whose pin changed. Runtime only: the next manager has none.
+
+        Raises :class:`UnknownGroup` (also for a group that cannot be pinned: Selector,
+        LoadBalance) or :class:`~honk.group.policy.UnknownMember`.
+        """
+        policy = self._get(group).policy
+        if not isinstance(policy, Fixable):
+            raise UnknownGroup(group)
+        changed = policy.fix(member, NETWORKS if network is None else (network,))
+        for net in changed:
+            self._moved(group, net)
+        return changed
+
+    def pinned(self, group: str) -> dict[Network, str]:
+        """The runtime pins of ``group`` by network ({} for groups that cannot be pinned)."""
+        policy = self._get(group).policy
+        return policy.fixed() if isinstance(policy, Fixable) else {}
+
+    def _moved(self, group: str, network: Network) -> None:
+        """``group``'s selection for ``network`` moved: count it, and interrupt its flows when
+        the group asks for that."""
+        if self.on_change is not None:
+            self.on_change(group, network)
+        if self._get(group).spec.interrupt_connections:
+            self._interrupt(group, network)
 
     def _interrupt(self, group: str, network: Network) -> None:
         if self.on_interrupt is not None:

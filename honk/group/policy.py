@@ -167,11 +167,47 @@ class Selector:
                 self.epoch.bump()
 
 
-class URLTest:
+class Fixable:
+    """A runtime pin ("fixed") on an automatic policy: while the pinned member is eligible it
+    serves, like a Selector choice; otherwise the policy decides as usual. Runtime only: a
+    configuration activation builds policies without pins (GH-A-16)."""
+
+    __slots__ = ()
+    _fixed: dict[Network, str]
+    members: tuple[str, ...]
+    name: str
+    epoch: Epoch
+
+    def fixed(self) -> dict[Network, str]:
+        return dict(self._fixed)
+
+    def fix(self, member: str | None, networks: tuple[Network, ...]) -> list[Network]:
+        """Pin ``member`` (None: unpin) for ``networks``; the networks whose pin changed."""
+        if member is not None and member not in self.members:
+            raise UnknownMember(self.name, member)
+        changed = [net for net in networks if self._fixed.get(net) != member]
+        for net in changed:
+            if member is None:
+                self._fixed.pop(net, None)
+            else:
+                self._fixed[net] = member
+        if changed:
+            self.epoch.bump()
+        return changed
+
+
+def _fixed_pick(fixed: dict[Network, str], candidates: Candidates) -> str | None:
+    member = fixed.get(candidates.network)
+    if member is not None and candidates.evaluate(member).eligible:
+        return member
+    return None
+
+
+class URLTest(Fixable):
     """Lowest moving average, with hysteresis and strikes; separate TCP and UDP winners."""
 
     kind = Policy.URLTEST
-    __slots__ = ("name", "members", "tolerance", "epoch", "moved", "_winner")
+    __slots__ = ("name", "members", "tolerance", "epoch", "moved", "_winner", "_fixed")
 
     def __init__(self, name: str, members: tuple[str, ...], tolerance: float, epoch: Epoch | None = None) -> None:
         self.name = name
@@ -179,12 +215,16 @@ class URLTest:
         self.members = members
         self.tolerance = max(tolerance, MIN_URLTEST_TOLERANCE)  # "max(configured, 1 ms)"
         self._winner: dict[Network, str] = {}
-        self.moved: Callable[[Network], None] | None = None  # a winner was replaced (interrupts)
+        self._fixed: dict[Network, str] = {}
+        self.moved: Callable[[Network], None] | None = None  # a winner was replaced
 
     def winner(self, network: Network) -> str | None:
         return self._winner.get(network)
 
     def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        fixed = _fixed_pick(self._fixed, candidates)
+        if fixed is not None:
+            return fixed
         eligible = [c for c in candidates.all() if c.eligible]
         if not eligible:
             return None
@@ -198,6 +238,8 @@ class URLTest:
         return ranked
 
     def commit(self, network: Network, member: str) -> None:
+        if self._fixed.get(network) == member:
+            return  # served for the pin: the automatic winner stays what it was
         previous = self._winner.get(network)
         if previous != member:
             self._winner[network] = member
@@ -258,22 +300,27 @@ class LoadBalance:
         self.epoch.bump()  # every served pick moves the cursor
 
 
-class Fallback:
+class Fallback(Fixable):
     """The first eligible member, pinned per network until it is no longer eligible."""
 
     kind = Policy.FALLBACK
-    __slots__ = ("name", "members", "epoch", "_pin")
+    __slots__ = ("name", "members", "epoch", "moved", "_pin", "_fixed")
 
     def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
         self._pin: dict[Network, str] = {}
+        self._fixed: dict[Network, str] = {}
+        self.moved: Callable[[Network], None] | None = None  # the pin moved to another member
 
     def pin(self, network: Network) -> str | None:
         return self._pin.get(network)
 
     def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        fixed = _fixed_pick(self._fixed, candidates)
+        if fixed is not None:
+            return fixed
         pinned = self._pin.get(candidates.network)
         if pinned is not None and candidates.evaluate(pinned).eligible:
             return pinned
@@ -285,9 +332,14 @@ class Fallback:
         return None
 
     def commit(self, network: Network, member: str) -> None:
-        if self._pin.get(network) != member:
+        if self._fixed.get(network) == member:
+            return  # served for the runtime pin: the sticky pin stays what it was
+        previous = self._pin.get(network)
+        if previous != member:
             self._pin[network] = member
             self.epoch.bump()
+            if previous is not None and self.moved is not None:
+                self.moved(network)
 
 
 def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None) -> GroupPolicy:

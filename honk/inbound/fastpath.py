@@ -230,7 +230,9 @@ class SocksFastPath:
             timeout = min(self._dispatcher.global_spec.connect_timeout, leaf.connect_timeout)
             flow.timer = self.clock.call_later(timeout, flow.deadline)
         elif type(leaf) is BlockOutbound:
-            self._reject(token, routed.meta.source, target, Blocked(f"{leaf.name}: {target} is blocked"))
+            error = Blocked(f"{leaf.name}: {target} is blocked")
+            self._count_dial(error)
+            self._reject(token, routed.meta.source, target, error)
         else:
             self._spawn(self._dial_async(token, routed))
 
@@ -294,6 +296,7 @@ class SocksFastPath:
         meta = routed.meta
         flow.last_activity = self.clock.now()
         flow.tracked = self._dispatcher.track(routed, flow)
+        self._count_dial(None)
         conn_log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
             meta.inbound,
@@ -334,8 +337,16 @@ class SocksFastPath:
                 self.inbound.name, meta.source, type(error).__name__, "client-gone",
             )
         elif not isinstance(error, FlowClosed):
+            self._count_dial(error)
             self.inbound._refused(meta.source, meta.target, error)
         self._changed_now()
+
+    def _count_dial(self, error: HonkError | None) -> None:
+        """Dials the engine makes itself (direct to an IP) and block refusals never reach the
+        dispatcher's dial path: count them here, like it counts its own."""
+        stats = self._dispatcher.stats
+        if stats is not None:
+            stats.dial("tcp", error)
 
 
 def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:

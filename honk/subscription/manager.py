@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from honk.config.spec import BUILTIN_OUTBOUNDS, NodeSpec, SubscriptionSpec
 from honk.core.clock import Clock, timeout_at
+from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
 from honk.subscription.fetch import Dial, SubscriptionFetchError, fetch
 from honk.subscription.formats import EntryDiagnostic, ParsedBody, SubscriptionError, parse_body
@@ -69,6 +70,7 @@ class SubscriptionState:
     attempts: int  # refreshes finished (accepted or not) since start or the last reload
     last_error: str | None  # reason of the last refresh if it failed, else None
     restored: bool  # the nodes come from the store and no fetch has replaced them yet
+    updated_at: float | None = None  # wall-clock seconds of the last accepted fetch, None before one
 
 
 @dataclass(slots=True)
@@ -78,6 +80,7 @@ class _Sub:
     attempts: int = 0
     last_error: str | None = None
     restored: bool = False
+    updated_at: float | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -85,7 +88,8 @@ class _Sub:
         return body_key(self.spec.url, self.spec.user_agent)
 
     def state(self) -> SubscriptionState:
-        return SubscriptionState(self.spec.name, len(self.nodes), self.attempts, self.last_error, self.restored)
+        return SubscriptionState(self.spec.name, len(self.nodes), self.attempts, self.last_error, self.restored,
+                                 self.updated_at)
 
 
 def _retag(nodes: tuple[NodeSpec, ...], name: str) -> tuple[NodeSpec, ...]:
@@ -135,6 +139,8 @@ class SubscriptionManager:
         self._changed = asyncio.Condition()
         self._started = False
         self._stopped = False
+        # the daemon's event counters (refresh results for /metrics); None: nothing is counted
+        self.stats: RuntimeStats | None = None
 
     # --- reading ---------------------------------------------------------------------
 
@@ -260,6 +266,16 @@ class SubscriptionManager:
         except StoreError as exc:
             log.warning("subscription store cleanup failed %s", kv(subscription=sub.spec.name, reason=exc.reason))
 
+    async def refresh_now(self, name: str) -> bool:
+        """Fetch subscription ``name`` now, outside its schedule (the API's provider update);
+        whether a new body was accepted. KeyError for a name the configuration does not have."""
+        sub = next((s for s in self._subs.values() if s.spec.name == name), None)
+        if sub is None:
+            raise KeyError(name)
+        attempts = sub.attempts
+        await self._refresh(sub)
+        return sub.attempts > attempts and sub.last_error is None
+
     def _launch(self, sub: _Sub) -> None:
         if self._stopped:
             return
@@ -298,6 +314,8 @@ class SubscriptionManager:
                 _log_entries(spec.name, exc.diagnostics, exc.omitted)
             sub.attempts += 1
             sub.last_error = exc.reason
+            if self.stats is not None:
+                self.stats.subscription_refresh("failed")
             log.warning("subscription refresh failed; previous nodes kept %s",
                         kv(subscription=spec.name, reason=exc.reason, nodes_kept=len(sub.nodes)))
             await self._notify()
@@ -307,7 +325,11 @@ class SubscriptionManager:
     async def _accept(self, sub: _Sub, body: bytes, parsed: ParsedBody) -> None:
         spec = sub.spec
         _log_entries(spec.name, parsed.diagnostics, parsed.omitted)
+        if self.stats is not None:
+            same = [(n.id, n.name) for n in sub.nodes] == [(n.id, n.name) for n in parsed.nodes]
+            self.stats.subscription_refresh("unchanged" if same else "accepted")
         sub.nodes, sub.restored, sub.last_error = parsed.nodes, False, None
+        sub.updated_at = self._clock.wall()
         sub.attempts += 1
         log.info("subscription updated %s", kv(subscription=spec.name, nodes=len(parsed.nodes),
                                                skipped=parsed.skipped, format=parsed.format))

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -21,6 +22,8 @@ class HonkProcess:
     """
 
     def __init__(self, config: Path | str, *args: str, env: dict[str, str] | None = None) -> None:
+        if "--pid-file" not in args:  # each test daemon its own lock (root's default is shared)
+            args = (*args, "--pid-file", str(Path(tempfile.mkdtemp(prefix="honk-test-")) / "honk.pid"))
         cmd = [sys.executable, "-m", "honk.cli.daemon", "run", "-c", str(config), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})

@@ -43,6 +43,21 @@ def test_quoted_braces_are_data():
     assert spec.clash_api.secret == "a}b{c"
 
 
+def test_a_quoted_group_name_may_hold_spaces_and_loses_its_quotes():
+    spec = run("node { a: 'socks5://127.0.0.1:9' }\n"
+               "group { '🇯🇵 Japan 04' { filter: name(a) } \"My Proxy\" { filter: name(a) } }\n"
+               "routing { fallback: 'My Proxy' }\n").spec
+    assert [g.name for g in spec.groups] == ["🇯🇵 Japan 04", "My Proxy"]
+    assert spec.routing.fallback == "My Proxy"
+
+
+def test_an_api_listen_address_that_is_not_host_port_is_an_error_naming_the_key():
+    outcome = run("experimental {\n    clash_api {\n        external_controller: 9090\n    }\n}\n")
+    assert outcome.spec is None
+    [error] = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]
+    assert error.key_path == "experimental.clash_api.external_controller" and error.loc.line == 3
+
+
 def test_one_line_blocks_and_compact_empty_blocks():
     spec = run("global { log_level: warn }\ngroup { a {} b {} }\n").spec
     assert spec.global_.log_level == "warn"

@@ -181,3 +181,19 @@ async def test_tracker_wait_idle_returns_when_the_last_flow_is_released() -> Non
     assert not waiter.done()
     second.release()
     await asyncio.wait_for(waiter, 1)
+
+
+def test_totals_keep_the_bytes_of_ended_flows_and_count_live_ones_so_far() -> None:
+    clock = FakeClock()
+    tracker = ConnectionTracker(clock)
+    first, second = FakeHandle(clock), FakeHandle(clock)
+    ended = _open(tracker, first)
+    _open(tracker, second)
+    first.bytes_up, first.bytes_down = 100, 1000
+    second.bytes_up, second.bytes_down = 5, 50
+    assert tracker.totals() == (105, 1050)
+    ended.release()
+    ended.release()  # idempotent: the bytes are not counted twice
+    second.bytes_up = 7
+    assert tracker.totals() == (107, 1050)
+    assert tracker.opened == 2

@@ -1,0 +1,468 @@
+"""The Clash API (contract: docs/design clash-api.md) for metacubexd, zashboard and Yacd-meta.
+
+Handlers are thin: they read the inputs (the published plane, health, the
+tracker, the routing mode), hand them to :mod:`honk.api.clash_views`, and send
+the result; every write goes through the daemon's serialized writer
+(``select``, ``pin``, ``select_global``, ``reload``, ``refresh_subscription``).
+Errors are :class:`~honk.api.errors.ApiError`; the server renders them as
+``{"message": …}`` with mihomo's status codes.
+
+Names in paths are decoded by the router, and once more when the result names
+nothing (mihomo unescapes its router parameter again; a client that encodes a
+name twice still reaches it). ``DIRECT`` and ``REJECT`` are honk's ``direct`` and
+``block``.
+
+``PATCH /configs`` applies ``mode`` and ``log-level``; like mihomo it ignores
+keys it does not apply (logged at debug). ``PUT /configs`` reloads honk's own
+configuration file and nothing else: it never writes a file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from honk import __version__
+from honk.api import clash_views as views
+from honk.api import streams
+from honk.api.context import Control, running_plane
+from honk.api.delay import (
+    DelayResult,
+    leaf_of,
+    parse_expected,
+    parse_timeout,
+    test_group,
+    test_leaf,
+    test_members,
+)
+from honk.api.errors import ApiError, bad_request, not_found
+from honk.config.spec import Policy
+from honk.connection.plane import Plane
+from honk.core.clock import timeout_at
+from honk.daemon.logs import LEVELS, set_level
+from honk.group.policy import UnknownGroup, UnknownMember
+from honk.outbound.base import Outbound
+
+log = logging.getLogger("honk.api.clash")
+
+DELAY_FAILED = "An error occurred in the delay test"  # mihomo's 503 message
+MUST_BE_SELECTOR = "Must be a Selector"  # mihomo's 400 message for a group it cannot set
+CLOSE_CONFIRM = 2.0  # seconds DELETE /connections/{id} waits for the flow to leave the table
+OWN_FILE_ONLY = "honk reloads only its own configuration file"
+# /logs levels: the Clash spellings (trace shows debug, as mihomo has no trace) and honk's "warn"
+LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warning": "warning", "warn": "warning",
+              "error": "error", "silent": "silent"}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def reply(value: Any, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status, dumps=_dumps)
+
+
+def no_content() -> web.Response:
+    return web.Response(status=204)
+
+
+async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object; 400 "Body invalid" otherwise."""
+    raw = await request.read()
+    if not raw.strip() and empty_ok:
+        return {}
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise bad_request() from None
+    if not isinstance(body, dict):
+        raise bad_request()
+    return body
+
+
+def path_names(request: web.Request, key: str = "name") -> tuple[str, ...]:
+    """The path parameter as the router decoded it, then decoded once more if that differs."""
+    raw = request.match_info[key]
+    again = unquote(raw)
+    return (raw,) if again == raw else (raw, again)
+
+
+def clash_log_level(levelno: int) -> str:
+    """The running log level in Clash's words."""
+    if levelno <= logging.DEBUG:
+        return "debug"
+    if levelno <= logging.INFO:
+        return "info"
+    if levelno <= logging.WARNING:
+        return "warning"
+    if levelno <= logging.ERROR:
+        return "error"
+    return "silent"
+
+
+def routes(control: Control) -> list[web.RouteDef]:
+    """Every Clash endpoint, closing over the daemon."""
+
+    # --- reading the running state ------------------------------------------------------------
+
+    def context() -> views.ProxyContext:
+        plane = running_plane(control)
+        health = control.health
+        return views.ProxyContext(plane, health.alive, health.group_checks, control.mode.global_choice)
+
+    def resolve(ctx: views.ProxyContext, request: web.Request, key: str = "name") -> str:
+        """The honk name a path parameter names; 404 when none."""
+        for candidate in path_names(request, key):
+            name = views.lookup(ctx, candidate)
+            if name is not None:
+                return name
+        raise not_found()
+
+    def policy_of(ctx: views.ProxyContext, group: str) -> Policy | None:
+        spec = ctx.group_spec(group)
+        return spec.policy if spec is not None else None
+
+    def subscription_infos() -> list[views.ProviderInfo]:
+        manager = control.subscriptions
+        if manager is None:
+            return []
+        out = []
+        for state in manager.states():
+            usage = getattr(state, "usage", None) or getattr(state, "subscription_info", None)
+            out.append(views.ProviderInfo(state.name, getattr(state, "updated_at", None),
+                                          usage if isinstance(usage, dict) else None))
+        return out
+
+    def delay_reply(result: DelayResult) -> web.Response:
+        if result.ok:
+            assert result.delay is not None
+            return reply({"delay": views.delay_ms(result.delay)})
+        if result.timed_out:
+            raise ApiError(504, "timeout", "Timeout")
+        raise ApiError(503, "delay_failed", DELAY_FAILED)
+
+    def delay_query(request: web.Request) -> tuple[str | None, float, frozenset[int] | None]:
+        query = request.query
+        return query.get("url") or None, parse_timeout(query.get("timeout")), parse_expected(query.get("expected"))
+
+    def leaf_pairs(names: Sequence[str]) -> list[tuple[str, Outbound]]:
+        pairs = []
+        for name in names:
+            try:
+                pairs.append((name, leaf_of(control, name)))
+            except ApiError:
+                continue  # a group with no current pick has nothing to measure
+        return pairs
+
+    # --- tier 0 ----------------------------------------------------------------------------------
+
+    async def version(request: web.Request) -> web.StreamResponse:
+        return reply({"meta": True, "version": f"honk {__version__}"})
+
+    # --- proxies ---------------------------------------------------------------------------------
+
+    async def get_proxies(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        return reply(views.proxies(ctx, views.global_members(ctx.plane)))
+
+    async def get_proxy(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        name = resolve(ctx, request)
+        if name == views.GLOBAL and ctx.has_synthetic_global():
+            found = views.global_proxy(ctx, views.global_members(ctx.plane))
+        else:
+            found = views.proxy(ctx, name)
+        if found is None:
+            raise not_found()
+        return reply(found)
+
+    async def put_proxy(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        name = resolve(ctx, request)
+        body = await json_body(request)
+        wanted = body.get("name")
+        if not isinstance(wanted, str) or not wanted:
+            raise bad_request()
+        if name == views.GLOBAL and name not in ctx.groups:
+            members = views.global_members(ctx.plane)
+            member = views.honk_name(wanted, members)
+            if member not in members:
+                raise bad_request(f"{wanted} is not a member of GLOBAL", "member_not_found")
+            try:
+                await control.select_global(member)
+            except UnknownMember:  # a reload removed it meanwhile
+                raise bad_request(f"{wanted} is not a member of GLOBAL", "member_not_found") from None
+            return no_content()
+        policy = policy_of(ctx, name)
+        if policy is None or policy not in (Policy.SELECTOR, *views.PINNABLE):
+            raise bad_request(MUST_BE_SELECTOR, "not_a_selector")  # a leaf, LoadBalance or Score
+        member = views.honk_name(wanted, ctx.groups.members(name))
+        try:
+            if policy is Policy.SELECTOR:
+                await control.select(name, member, None)
+            else:
+                await control.pin(name, member, None)
+        except UnknownMember:
+            raise bad_request(f"{wanted} is not a member of {name}", "member_not_found") from None
+        except UnknownGroup:
+            raise not_found() from None
+        except RuntimeError:
+            raise ApiError(503, "not_running", "honk is not running") from None
+        return no_content()
+
+    async def delete_proxy(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        name = resolve(ctx, request)
+        if policy_of(ctx, name) not in views.PINNABLE:
+            raise bad_request("Must be a URLTest or Fallback", "not_fixable")
+        try:
+            await control.pin(name, None, None)
+        except UnknownGroup:
+            raise not_found() from None
+        return no_content()
+
+    async def proxy_delay(request: web.Request) -> web.StreamResponse:
+        url, timeout, expected = delay_query(request)
+        ctx = context()
+        name = resolve(ctx, request)
+        if name == views.GLOBAL and name not in ctx.groups:
+            name = ctx.global_choice
+        return delay_reply(await test_leaf(control, leaf_of(control, name), url, timeout, expected))
+
+    # --- groups ----------------------------------------------------------------------------------
+
+    async def get_groups(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        return reply(views.groups_list(ctx, views.global_members(ctx.plane)))
+
+    async def get_group(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        name = resolve(ctx, request)
+        if name == views.GLOBAL and name not in ctx.groups:
+            return reply(views.global_proxy(ctx, views.global_members(ctx.plane)))
+        if name not in ctx.groups:
+            raise not_found()
+        return reply(views.group_proxy(ctx, name))
+
+    async def group_delay(request: web.Request) -> web.StreamResponse:
+        url, timeout, expected = delay_query(request)
+        ctx = context()
+        name = resolve(ctx, request)
+        if name == views.GLOBAL and name not in ctx.groups:
+            results = await test_members(control, leaf_pairs(views.global_members(ctx.plane)), url, timeout, expected)
+        elif name in ctx.groups:
+            if policy_of(ctx, name) in views.PINNABLE:
+                try:
+                    await control.pin(name, None, None)  # as mihomo: a test unfixes
+                except UnknownGroup:  # a reload removed it meanwhile
+                    raise not_found() from None
+            results = await test_group(control, name, url, timeout, expected)
+        else:
+            raise not_found()
+        delays = {views.clash_name(member): views.delay_ms(result.delay)
+                  for member, result in results.items() if result.delay is not None}
+        if not delays:
+            raise ApiError(504, "timeout", "Timeout")
+        return reply(delays)
+
+    # --- providers -------------------------------------------------------------------------------
+
+    async def get_providers(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        return reply(views.providers(ctx, subscription_infos(), views.global_members(ctx.plane)))
+
+    def provider_name(request: web.Request, known: dict[str, Any]) -> str:
+        for candidate in path_names(request, "provider"):
+            if candidate in known:
+                return candidate
+        raise not_found()
+
+    async def get_provider(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        known = views.providers(ctx, subscription_infos(), views.global_members(ctx.plane))["providers"]
+        return reply(known[provider_name(request, known)])
+
+    async def put_provider(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        subscriptions = [info.name for info in subscription_infos()]
+        for candidate in path_names(request, "provider"):
+            if candidate in subscriptions:
+                try:
+                    accepted = await control.refresh_subscription(candidate)
+                except KeyError:
+                    raise not_found() from None
+                if not accepted:
+                    raise ApiError(503, "update_failed", f"provider {candidate} could not be updated")
+                return no_content()
+            if candidate == "default" or candidate in ctx.groups:
+                return no_content()  # a Compatible provider has nothing to fetch (mihomo: no-op)
+        raise not_found()
+
+    async def provider_healthcheck(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        subscriptions = [info.name for info in subscription_infos()]
+        for candidate in path_names(request, "provider"):
+            names = views.provider_leaves(ctx, candidate, subscriptions)
+            if names is not None:
+                # mihomo takes no query here; honk also honours the delay test's url, timeout, expected
+                url, timeout, expected = delay_query(request)
+                url = url or ctx.test_url(candidate if candidate in ctx.groups else None)
+                await test_members(control, leaf_pairs(names), url, timeout, expected)
+                return no_content()
+        raise not_found()
+
+    async def provider_node_healthcheck(request: web.Request) -> web.StreamResponse:
+        ctx = context()
+        subscriptions = [info.name for info in subscription_infos()]
+        if not any(views.provider_leaves(ctx, c, subscriptions) is not None for c in path_names(request, "provider")):
+            raise not_found()
+        return await proxy_delay(request)
+
+    # --- rules -----------------------------------------------------------------------------------
+
+    async def get_rules(request: web.Request) -> web.StreamResponse:
+        return reply(views.rules(running_plane(control).spec))
+
+    async def get_rule_providers(request: web.Request) -> web.StreamResponse:
+        return reply({"providers": {}})
+
+    # --- connections -----------------------------------------------------------------------------
+
+    def snapshot() -> dict[str, Any]:
+        plane = running_plane(control)
+        inbounds = {}
+        live = control.inbounds
+        for spec in plane.spec.inbounds:
+            bound = getattr(live.get(spec.name), "bound", None)
+            inbounds[spec.name] = views.InboundInfo(spec.kind, spec.host, bound.port if bound else spec.port)
+        return views.connections(control.tracker.snapshot(), control.tracker.totals(), streams.read_rss(),
+                                 views.rule_index(plane.spec), inbounds)
+
+    async def get_connections(request: web.Request) -> web.StreamResponse:
+        try:
+            tick = streams.interval_of(request.query.get("interval"))
+        except ValueError:
+            raise bad_request("interval must be whole positive milliseconds") from None
+        running_plane(control)
+        if streams.wants_websocket(request) or request.query.get("stream", "").lower() == "true":
+            return await streams.serve(request, streams.connection_frames(control, snapshot, tick), control)
+        return reply(snapshot())
+
+    async def delete_connections(request: web.Request) -> web.StreamResponse:
+        control.tracker.close_all("closed through the API")
+        return no_content()
+
+    async def delete_connection(request: web.Request) -> web.StreamResponse:
+        flow_id = request.match_info["id"]
+        if control.tracker.close(flow_id, "closed through the API"):
+            # answered once the flow left the table, so the next snapshot no longer shows it
+            try:
+                async with timeout_at(control.clock, control.clock.now() + CLOSE_CONFIRM):
+                    await control.tracker.wait_gone([flow_id])
+            except TimeoutError:
+                log.debug("closed flow still ending %s", flow_id)
+        return no_content()
+
+    # --- configs ---------------------------------------------------------------------------------
+
+    def mixed_port(plane: Plane) -> int:
+        live = control.inbounds
+        for spec in plane.spec.inbounds:
+            if spec.kind == "mixed":
+                bound = getattr(live.get(spec.name), "bound", None)
+                return bound.port if bound is not None else spec.port
+        return 0
+
+    async def get_configs(request: web.Request) -> web.StreamResponse:
+        plane = running_plane(control)
+        level = clash_log_level(logging.getLogger("honk").getEffectiveLevel())
+        return reply(views.configs(plane.spec, control.mode.mode, level, mixed_port(plane)))
+
+    async def patch_configs(request: web.Request) -> web.StreamResponse:
+        body = await json_body(request)
+        mode = body.get("mode")
+        level = body.get("log-level")
+        if mode is not None:
+            if not isinstance(mode, str):
+                raise bad_request("mode must be rule, global or direct")
+            try:
+                control.mode.set(mode)
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+        if level is not None:
+            if not isinstance(level, str) or level.lower() not in LEVELS:
+                raise bad_request(f"log-level must be one of {', '.join(LEVELS)}")
+            set_level(level.lower())
+        ignored = sorted(key for key in body if key not in ("mode", "log-level"))
+        if ignored:
+            log.debug("PATCH /configs ignored keys honk does not apply: %s", ", ".join(ignored))
+        return no_content()
+
+    async def put_configs(request: web.Request) -> web.StreamResponse:
+        body = await json_body(request, empty_ok=True)
+        path, payload = body.get("path") or "", body.get("payload") or ""
+        if payload or (path and not _same_file(path, control)):
+            raise bad_request(OWN_FILE_ONLY, "reload_only")
+        if not await control.reload():
+            raise bad_request("the configuration was rejected; the running one is unchanged (see the log)",
+                              "reload_rejected")
+        return no_content()
+
+    # --- streams ---------------------------------------------------------------------------------
+
+    async def traffic(request: web.Request) -> web.StreamResponse:
+        return await streams.serve(request, streams.traffic_frames(control), control)
+
+    async def memory(request: web.Request) -> web.StreamResponse:
+        return await streams.serve(request, streams.memory_frames(control), control)
+
+    async def logs(request: web.Request) -> web.StreamResponse:
+        level = LOG_LEVELS.get(request.query.get("level", "info").lower())
+        if level is None:
+            raise bad_request("level must be one of debug, info, warning, error, silent")
+        structured = request.query.get("format", "").lower() == "structured"
+        formatter = ((lambda e: views.log_structured(e.wall, e.level, e.message)) if structured
+                     else (lambda e: views.log_plain(e.level, e.message)))
+        subscription = control.logs.subscribe(level)
+        return await streams.serve_log_lines(request, control, subscription, formatter)
+
+    return [
+        web.get("/version", version, allow_head=False),
+        web.get("/proxies", get_proxies, allow_head=False),
+        web.get("/proxies/{name}", get_proxy, allow_head=False),
+        web.put("/proxies/{name}", put_proxy),
+        web.delete("/proxies/{name}", delete_proxy),
+        web.get("/proxies/{name}/delay", proxy_delay, allow_head=False),
+        web.get("/group", get_groups, allow_head=False),
+        web.get("/group/{name}", get_group, allow_head=False),
+        web.get("/group/{name}/delay", group_delay, allow_head=False),
+        web.get("/providers/proxies", get_providers, allow_head=False),
+        web.get("/providers/proxies/{provider}", get_provider, allow_head=False),
+        web.put("/providers/proxies/{provider}", put_provider),
+        web.get("/providers/proxies/{provider}/healthcheck", provider_healthcheck, allow_head=False),
+        web.get("/providers/proxies/{provider}/{name}/healthcheck", provider_node_healthcheck, allow_head=False),
+        web.get("/rules", get_rules, allow_head=False),
+        web.get("/providers/rules", get_rule_providers, allow_head=False),
+        web.get("/connections", get_connections, allow_head=False),
+        web.delete("/connections", delete_connections),
+        web.delete("/connections/{id}", delete_connection),
+        web.get("/configs", get_configs, allow_head=False),
+        web.patch("/configs", patch_configs),
+        web.put("/configs", put_configs),
+        web.get("/traffic", traffic, allow_head=False),
+        web.get("/memory", memory, allow_head=False),
+        web.get("/logs", logs, allow_head=False),
+    ]
+
+
+def _same_file(path: str, control: Control) -> bool:
+    try:
+        return Path(path).resolve() == Path(control.config_path).resolve()
+    except OSError:
+        return False

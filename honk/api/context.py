@@ -1,0 +1,81 @@
+"""What the API reads and drives: the daemon's control surface.
+
+The API owns no state of its own beyond per-request work. Every read goes to the
+part that owns the data (the current plane for groups and nodes, the health
+service for liveness and history, the tracker for flows, the log broker for
+logs, the runtime stats for counters) and every write goes through the daemon's
+serialized writer (:meth:`Control.select`, :meth:`Control.reload`), so a write
+cannot be acknowledged against a manager a reload has replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from honk.core.net import Network
+
+if TYPE_CHECKING:
+    from honk.alive.service import HealthService
+    from honk.api.server import ApiServer
+    from honk.connection.plane import Plane
+    from honk.connection.tracker import ConnectionTracker
+    from honk.control.mode import RoutingMode
+    from honk.core.clock import Clock
+    from honk.core.stats import RuntimeStats
+    from honk.daemon.logs import LogBroker
+    from honk.inbound.mixed import MixedInbound
+    from honk.subscription.manager import SubscriptionManager
+
+
+class Control(Protocol):
+    """The daemon as the API sees it (:class:`honk.daemon.app.Daemon` implements it)."""
+
+    clock: Clock
+    config_path: Path
+    tracker: ConnectionTracker
+    health: HealthService
+    logs: LogBroker
+    stats: RuntimeStats
+    mode: RoutingMode
+    subscriptions: SubscriptionManager | None
+    started_wall: float  # wall-clock seconds the daemon became ready
+    started_at: float  # clock.now() at the same moment (uptime)
+    api: ApiServer | None  # the listener serving this API (its bound address)
+    inbounds: dict[str, MixedInbound]  # the listeners by name (their bound addresses)
+
+    @property
+    def plane(self) -> Plane | None:
+        """The published plane: groups, outbounds and the spec that runs."""
+
+    @property
+    def generation(self) -> int:
+        """The published plane's generation (1 at start, +1 per applied change)."""
+
+    async def select(self, group: str, member: str, network: Network | None = None) -> list[Network]:
+        """A Selector write (``None``: both networks, all or nothing); the networks that changed."""
+
+    async def pin(self, group: str, member: str | None, network: Network | None = None) -> list[Network]:
+        """A URLTest/Fallback runtime pin (``member`` None: unpin); the networks that changed."""
+
+    async def select_global(self, member: str) -> None:
+        """Choose what GLOBAL serves in the global mode."""
+
+    def global_members(self) -> list[str]:
+        """GLOBAL's members: direct, block, the nodes, then the groups."""
+
+    async def reload(self) -> bool:
+        """Apply the configuration file as it is now; whether it was applied."""
+
+    async def refresh_subscription(self, name: str) -> bool:
+        """Fetch subscription ``name`` now; whether its new body was accepted. KeyError if unknown."""
+
+
+def running_plane(control: Control) -> Plane:
+    """The published plane; a 503 while the daemon has none (starting or stopped)."""
+    from honk.api.errors import ApiError
+
+    plane = control.plane
+    if plane is None:
+        raise ApiError(503, "not_running", "honk is not running")
+    return plane

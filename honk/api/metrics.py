@@ -1,0 +1,238 @@
+"""Prometheus ``/metrics``: what a router operator scrapes, read from the daemon at scrape time.
+
+One :class:`HonkCollector` per API server, in the server's own
+``CollectorRegistry`` (never the process-global one, so two daemons in one
+process, as tests run them, do not mix). Nothing is sampled in the background:
+each scrape reads the tracker, the health state, the admission gates, the
+runtime counters (:class:`~honk.core.stats.RuntimeStats`) and ``/proc/self``.
+
+Label sets are bounded by the configuration, never by traffic: inbound and
+group names, node names (``honk_node_alive`` has at most six series a node,
+one per health domain and family that has a known state), and small fixed sets
+(networks, results, error and probe kinds). No target, client address,
+credential, URL or Score cell appears in a label or a value.
+
+Reading the state runs on the event loop (it is loop-owned); turning the
+families into text, the costly part with thousands of nodes, runs in a worker
+thread. Authentication is the API server's (same secret, same middleware).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from honk import __version__
+from honk.alive.health import Status
+from honk.api.context import Control
+from honk.connection.admission import process_gates
+from honk.core.stats import (
+    DIAL_ERROR_KINDS,
+    DIAL_NETWORKS,
+    PROBE_KINDS,
+    PROBE_RESULTS,
+    RELOAD_RESULTS,
+    SUBSCRIPTION_RESULTS,
+    Histogram,
+)
+
+__all__ = ["METRICS_PATH", "HonkCollector", "routes"]
+
+METRICS_PATH = "/metrics"
+_NETWORKS = ("tcp", "udp")  # honk.core.net.Network values
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # /proc/self/statm counts pages
+
+
+class HonkCollector:
+    """Builds every ``honk_*`` family from the daemon's state when the registry collects."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+
+    def collect(self) -> Iterator[Metric]:
+        control = self.control
+        plane = control.plane
+        stats = control.stats
+        yield _info()
+        yield _uptime(control)
+        yield from _connections(control, plane)
+        yield from _admission(plane)
+        yield _node_alive(control)
+        yield _dials(stats)
+        yield _probes(stats)
+        yield _selection_changes(stats, plane)
+        yield _results("honk_reloads", "Configuration reloads by result.", stats.reloads, RELOAD_RESULTS)
+        yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
+                       stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
+        yield from _process()
+
+
+# --- families -----------------------------------------------------------------------------
+
+
+def _info() -> Metric:
+    family = GaugeMetricFamily("honk_info", "The running honk version (always 1).", labels=["version"])
+    family.add_metric([__version__], 1)
+    return family
+
+
+def _uptime(control: Control) -> Metric:
+    ready = control.started_wall  # 0 until the daemon is ready: no uptime yet
+    uptime = max(0.0, control.clock.now() - control.started_at) if ready else 0.0
+    return GaugeMetricFamily("honk_uptime_seconds", "Seconds since the daemon became ready.", value=uptime)
+
+
+def _connections(control: Control, plane: Any) -> Iterator[Metric]:
+    counts: dict[tuple[str, str], int] = {}
+    if plane is not None:  # every configured inbound shows, at 0 while it carries nothing
+        for inbound in plane.spec.inbounds:
+            for network in _NETWORKS:
+                counts[(inbound.name, network)] = 0
+    for info in control.tracker.snapshot():
+        key = (info.inbound, info.network.value)
+        counts[key] = counts.get(key, 0) + 1
+    live = GaugeMetricFamily("honk_connections", "Live flows by inbound and network.",
+                             labels=["inbound", "network"])
+    for (inbound, network), n in counts.items():
+        live.add_metric([inbound, network], n)
+    yield live
+    up, down = control.tracker.totals()
+    relayed = CounterMetricFamily("honk_relayed_bytes", "Bytes relayed since start, by direction "
+                                  "(up: client to upstream).", labels=["direction"])
+    relayed.add_metric(["up"], up)
+    relayed.add_metric(["down"], down)
+    yield relayed
+
+
+def _admission(plane: Any) -> Iterator[Metric]:
+    """The process dial gate (shared by every generation) and the running plane's budget."""
+    budget = getattr(plane, "admission", None) if plane is not None else None
+    gates = budget.gates if budget is not None else process_gates()
+    in_use = GaugeMetricFamily("honk_dial_admission_in_use", "Dial permits held: the process gate and the "
+                               "running configuration's budget.", labels=["scope"])
+    waiting = GaugeMetricFamily("honk_dial_admission_waiting", "Dials waiting for a permit.", labels=["scope"])
+    limit = GaugeMetricFamily("honk_dial_admission_limit", "Dial permits available in all.", labels=["scope"])
+    in_use.add_metric(["process"], gates.dials_in_use)
+    waiting.add_metric(["process"], gates.dials_waiting)
+    limit.add_metric(["process"], gates.dial_size)
+    if budget is not None:
+        in_use.add_metric(["plane"], budget.in_use)
+        waiting.add_metric(["plane"], budget.waiting)
+        limit.add_metric(["plane"], budget.effective_limit)
+    yield in_use
+    yield waiting
+    yield limit
+
+
+def _node_alive(control: Control) -> Metric:
+    """1 alive, 0 dead, per node name and state; unknown states are left out. Names may collide
+    in a configuration: the first registered node of a name speaks for it (as Spec.node does)."""
+    family = GaugeMetricFamily("honk_node_alive", "Node liveness per health domain and address "
+                               "family (1 alive, 0 dead; unknown states are not exported).",
+                               labels=["node", "domain", "family"])
+    seen: set[str] = set()
+    for node in control.health.alive.nodes():
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        for (domain, fam), state in node.states.items():
+            if state.status is Status.UNKNOWN:
+                continue
+            family.add_metric([node.name, domain.value, f"ipv{fam.value}"],
+                              1 if state.status is Status.ALIVE else 0)
+    return family
+
+
+def _dials(stats: Any) -> Metric:
+    family = CounterMetricFamily("honk_dials", "Upstream dials by network, result and error kind.",
+                                 labels=["network", "result", "kind"])
+    counts = dict.fromkeys(
+        [(net, "ok", "") for net in DIAL_NETWORKS]
+        + [(net, "error", kind) for net in DIAL_NETWORKS for kind in DIAL_ERROR_KINDS], 0)
+    counts.update(stats.dials)
+    for labels, n in counts.items():
+        family.add_metric(list(labels), n)
+    return family
+
+
+def _probes(stats: Any) -> Metric:
+    family = HistogramMetricFamily("honk_probe_duration_seconds", "Health probe durations by kind and result.",
+                                   labels=["kind", "result"])
+    for kind in PROBE_KINDS:
+        for result in PROBE_RESULTS:
+            histogram = stats.probes.get((kind, result)) or Histogram()
+            family.add_metric([kind, result], histogram.cumulative(), histogram.total)
+    return family
+
+
+def _selection_changes(stats: Any, plane: Any) -> Metric:
+    family = CounterMetricFamily("honk_group_selection_changes", "Group selection changes by group and network.",
+                                 labels=["group", "network"])
+    counts: dict[tuple[str, str], int] = {}
+    if plane is not None:  # every configured group shows, at 0 until its selection first moves
+        for group in plane.spec.groups:
+            for network in _NETWORKS:
+                counts[(group.name, network)] = 0
+    counts.update(stats.selection_changes)
+    for labels, n in counts.items():
+        family.add_metric(list(labels), n)
+    return family
+
+
+def _results(name: str, doc: str, counter: Any, results: Iterable[str]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=["result"])
+    counts = dict.fromkeys(results, 0)
+    counts.update(counter)
+    for result, n in counts.items():
+        family.add_metric([result], n)
+    return family
+
+
+def _process() -> Iterator[Metric]:
+    """Resident memory and open descriptors from /proc/self (Linux); nothing where it is missing."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident_pages = int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    else:
+        yield GaugeMetricFamily("honk_process_resident_memory_bytes", "Resident set size of the honk process.",
+                                value=resident_pages * _PAGE_SIZE)
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return
+    yield GaugeMetricFamily("honk_process_open_fds", "File descriptors the honk process has open.", value=fds)
+
+
+# --- the route ----------------------------------------------------------------------------------
+
+
+class _Collected:
+    """Families already read on the loop, for the formatter in the worker thread."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def routes(control: Control) -> list[web.RouteDef]:
+    """``GET /metrics`` in the Prometheus text format, from this server's own registry."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HonkCollector(control))
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        families = list(registry.collect())  # on the loop: the state it reads is the loop's
+        body = await asyncio.to_thread(generate_latest, _Collected(families))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return [web.get(METRICS_PATH, metrics)]

@@ -1,0 +1,120 @@
+"""Runtime counters the control surfaces export (``/metrics``, ``/stats``).
+
+Plain integers updated where events happen (a dial ends, a probe ends, a
+selection moves, a reload or subscription refresh finishes); the API reads
+them at scrape time. Labels are drawn from small fixed sets (networks,
+results, error kinds, probe kinds) or from the configuration's group names, so
+their number never grows with traffic, targets or node count. Nothing here
+holds a target, a credential or a Score cell.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+from honk.core.errors import (
+    Blocked,
+    CapacityRefused,
+    DialError,
+    DialTimeout,
+    HonkError,
+    NoRoute,
+    NotSupported,
+    ProxyAuthFailed,
+    TargetRefused,
+)
+
+# Upper bounds (seconds) of the probe-duration histogram buckets; +Inf is implied.
+PROBE_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# Error kinds a dial can end with, most specific first: the only values the "kind" label takes.
+_KINDS: tuple[tuple[type[HonkError], str], ...] = (
+    (DialTimeout, "timeout"),
+    (TargetRefused, "target_refused"),
+    (ProxyAuthFailed, "proxy_auth"),
+    (DialError, "dial"),
+    (CapacityRefused, "capacity"),
+    (Blocked, "blocked"),
+    (NoRoute, "no_route"),
+    (NotSupported, "not_supported"),
+)
+DIAL_ERROR_KINDS = (*(kind for _, kind in _KINDS), "other")
+
+# The fixed label values of the other counters; exporters list them all so a series exists (at 0)
+# before its first event and a rate over it starts from a known value.
+DIAL_NETWORKS = ("tcp", "udp")
+PROBE_KINDS = ("tcp", "udp", "url")  # a node's TCP probe, its UDP round, a group member's check_url
+PROBE_RESULTS = ("ok", "error")
+RELOAD_RESULTS = ("applied", "rejected")
+SUBSCRIPTION_RESULTS = ("accepted", "unchanged", "failed")
+
+
+def error_kind(exc: BaseException) -> str:
+    """The bounded label for how a dial failed."""
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            return kind
+    return "other"
+
+
+class Histogram:
+    """Cumulative-ready bucket counts, a sum and a count (Prometheus histogram semantics)."""
+
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(PROBE_BUCKETS) + 1)  # the last slot is +Inf
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(PROBE_BUCKETS, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound text, cumulative count) per bucket, +Inf last."""
+        out, running = [], 0
+        for bound, n in zip((*map(str, PROBE_BUCKETS), "+Inf"), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+class RuntimeStats:
+    """Event counters for one daemon. One instance, owned by the daemon, shared by reference."""
+
+    def __init__(self) -> None:
+        self.dials: Counter[tuple[str, str, str]] = Counter()  # (network, result, kind)
+        self.probes: dict[tuple[str, str], Histogram] = {}  # (probe kind, result) -> durations
+        self.selection_changes: Counter[tuple[str, str]] = Counter()  # (group, network)
+        self.reloads: Counter[str] = Counter()  # result: applied | rejected
+        self.subscription_refreshes: Counter[str] = Counter()  # result: accepted | unchanged | failed
+
+    def dial(self, network: str, error: BaseException | None) -> None:
+        if error is None:
+            self.dials[(network, "ok", "")] += 1
+        else:
+            self.dials[(network, "error", error_kind(error))] += 1
+
+    def probe(self, kind: str, ok: bool, seconds: float) -> None:
+        key = (kind, "ok" if ok else "error")
+        histogram = self.probes.get(key)
+        if histogram is None:
+            histogram = self.probes[key] = Histogram()
+        histogram.observe(seconds)
+
+    def selection_changed(self, group: str, network: str) -> None:
+        self.selection_changes[(group, network)] += 1
+
+    def retain_groups(self, names: set[str]) -> None:
+        """Forget the counters of groups the running configuration no longer has."""
+        for key in [k for k in self.selection_changes if k[0] not in names]:
+            del self.selection_changes[key]
+
+    def reload(self, applied: bool) -> None:
+        self.reloads["applied" if applied else "rejected"] += 1
+
+    def subscription_refresh(self, result: str) -> None:
+        self.subscription_refreshes[result] += 1

@@ -1,0 +1,1 @@
+"""honkctl client and the PID lock."""

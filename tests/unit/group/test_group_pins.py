@@ -1,0 +1,91 @@
+"""Runtime pins ("fixed") on automatic groups, and the selection-change reports the metrics count."""
+
+from __future__ import annotations
+
+import pytest
+from test_group_policies import UDP, World, group
+
+from honk.config.spec import Policy
+from honk.core.net import Network
+from honk.group.manager import GroupManager
+from honk.group.policy import UnknownGroup, UnknownMember
+
+TCP = Network.TCP
+
+
+def changes(manager: GroupManager) -> list[tuple[str, Network]]:
+    seen: list[tuple[str, Network]] = []
+    manager.on_change = lambda group, network: seen.append((group, network))
+    return seen
+
+
+def test_a_pinned_urltest_member_serves_while_eligible_then_the_policy_decides_again():
+    w = World(group("auto", "a", "b", "c", policy=Policy.URLTEST))
+    w.sample("a", 10)
+    w.sample("b", 200)
+    w.sample("c", 300)
+    assert w.leaf("auto") == "a"
+    assert w.manager.pin("auto", "c") == [TCP, UDP]
+    assert w.leaf("auto") == "c" and w.leaf("auto", UDP) == "c"
+    assert w.manager.pinned("auto") == {TCP: "c", UDP: "c"}
+    w.kill("c")
+    assert w.leaf("auto") == "a"  # a dead pin does not hold the group hostage
+    w.revive("c")
+    assert w.leaf("auto") == "c"
+    assert w.manager.pin("auto", None, TCP) == [TCP]
+    assert w.leaf("auto") == "a" and w.leaf("auto", UDP) == "c"
+
+
+def test_a_fallback_pin_overrides_the_first_eligible_member():
+    w = World(group("fb", "a", "b", policy=Policy.FALLBACK))
+    assert w.leaf("fb") == "a"
+    w.manager.pin("fb", "b", TCP)
+    assert w.leaf("fb") == "b" and w.leaf("fb", UDP) == "a"
+    w.manager.pin("fb", None)
+    assert w.leaf("fb") == "a"
+
+
+def test_pins_are_refused_on_selectors_and_load_balancers_and_for_non_members():
+    w = World(group("sel", "a", "b"), group("lb", "a", "b", policy=Policy.LOADBALANCE),
+              group("auto", "a", "b", policy=Policy.URLTEST))
+    with pytest.raises(UnknownGroup):
+        w.manager.pin("sel", "a")
+    with pytest.raises(UnknownGroup):
+        w.manager.pin("lb", "a")
+    with pytest.raises(UnknownMember):
+        w.manager.pin("auto", "c")
+    assert w.manager.pinned("auto") == {} and w.manager.pinned("sel") == {}
+
+
+def test_a_reload_drops_every_pin():
+    w = World(group("auto", "a", "b", policy=Policy.URLTEST))
+    w.manager.pin("auto", "b")
+    rebuilt = GroupManager.build(w.spec, w.outbounds, health=w.manager.health, clock=w.clock, previous=w.manager)
+    assert rebuilt.pinned("auto") == {}
+
+
+def test_selection_changes_are_reported_for_writes_pins_and_automatic_moves_but_not_for_no_ops():
+    w = World(group("sel", "a", "b"), group("auto", "a", "b", policy=Policy.URLTEST),
+              group("fb", "a", "b", policy=Policy.FALLBACK))
+    seen = changes(w.manager)
+    w.manager.select("sel", "a")  # the effective choice already (first member): nothing moved
+    assert seen == []
+    w.manager.select("sel", "b", TCP)
+    assert seen == [("sel", TCP)]
+    seen.clear()
+    w.sample("a", 10)
+    w.sample("b", 300)
+    assert w.leaf("auto") == "a"  # the first winner is not a change
+    w.sample("b", 1)
+    w.sample("b", 1)
+    w.sample("a", 900)
+    assert w.leaf("auto") == "b"
+    assert seen == [("auto", TCP)]
+    seen.clear()
+    w.manager.pin("auto", "a", UDP)
+    assert seen == [("auto", UDP)]
+    seen.clear()
+    assert w.leaf("fb") == "a"
+    w.kill("a")
+    assert w.leaf("fb") == "b"
+    assert seen == [("fb", TCP)]
