@@ -5,6 +5,9 @@
 * kernels: the compiled ``_fast`` kernels against their pure-Python twins;
 * groups:  the per-flow plan through three nested groups of 50 members each
   (``benchmarks/groups.py``);
+* api:     the control API at 2,000 nodes: response time and event-loop stall of the
+  dashboard's reads, and a 64-byte echo through the mixed inbound with and without a
+  dashboard polling (``benchmarks/api.py``; ``--no-api`` skips it);
 * health:  the probe scheduler over 5,000 nodes (its own CPU per node per cycle,
   and one real cycle of raw TCP checks on loopback; see ``benchmarks/health.py``);
 * relay:   honk's mixed port against direct loopback, a splicing forwarder
@@ -34,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import groups, health, kernels, relay
+from benchmarks import api, groups, health, kernels, relay
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
     parser.add_argument("--no-health", action="store_true", help="skip the probe-scheduler benchmark")
     parser.add_argument("--no-groups", action="store_true", help="skip the group plan benchmark")
+    parser.add_argument("--no-api", action="store_true", help="skip the control API benchmark")
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -73,6 +77,7 @@ def main() -> None:
     kernel_rows: list[tuple[str, str, str, str]] = [] if args.no_kernels else kernels.run(quick=args.quick)
     health_rows: list[tuple[str, str, str, str]] = [] if args.no_health else health.run(quick=args.quick)
     group_rows: list[tuple[str, str, str, str]] = [] if args.no_groups else groups.run(quick=args.quick)
+    api_rows: list[tuple[str, str, str, str]] = [] if args.no_api else api.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
                        shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
@@ -88,6 +93,9 @@ def main() -> None:
         print()
     if group_rows:
         print(relay.format_table(["group plans", "honk", "target", "status"], [list(r) for r in group_rows]))
+        print()
+    if api_rows:
+        print(relay.format_table(["control API", "honk", "target", "status"], [list(r) for r in api_rows]))
         print()
     subjects = report.measured()
     paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
@@ -121,7 +129,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, **report.as_json(),
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

@@ -379,6 +379,12 @@ def routes(control: Control) -> list[web.RouteDef]:
                 return bound.port if bound is not None else spec.port
         return 0
 
+    async def get_stats(request: web.Request) -> web.StreamResponse:
+        plane = running_plane(control)
+        tracker = control.tracker
+        return reply(views.stats(plane.outbounds, control.stats.outbounds, tracker.bytes_by_leaf(),
+                                 tracker.snapshot()))
+
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)
         level = clash_log_level(logging.getLogger("honk").getEffectiveLevel())
@@ -452,6 +458,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.get("/connections", get_connections, allow_head=False),
         web.delete("/connections", delete_connections),
         web.delete("/connections/{id}", delete_connection),
+        web.get("/stats", get_stats, allow_head=False),
         web.get("/configs", get_configs, allow_head=False),
         web.patch("/configs", patch_configs),
         web.put("/configs", put_configs),

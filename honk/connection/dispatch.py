@@ -242,11 +242,11 @@ class Dispatcher:
         except HonkError as exc:
             _report(leaf, exc, None)
             if self.stats is not None:
-                self.stats.dial("tcp", exc)
+                self.stats.dial("tcp", exc, leaf.name)
             raise
         _report(leaf, None, self.clock.now() - started)
         if self.stats is not None:
-            self.stats.dial("tcp", None)
+            self.stats.dial("tcp", None, leaf.name)
         return dialed
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:

@@ -190,6 +190,7 @@ class ConnectionTracker:
         self._idle.set()
         self._ended_up = 0  # bytes of flows that have ended, client → upstream
         self._ended_down = 0  # and upstream → client
+        self._ended_by_leaf: dict[str, list[int]] = {}  # leaf name -> [up, down] of ended flows
         self.opened = 0  # flows registered since start
 
     def __len__(self) -> int:
@@ -228,8 +229,13 @@ class ConnectionTracker:
     def _remove(self, flow_id: str) -> None:
         flow = self._flows.pop(flow_id, None)
         if flow is not None:
-            self._ended_up += flow.upload
-            self._ended_down += flow.download
+            up, down = flow.upload, flow.download
+            self._ended_up += up
+            self._ended_down += down
+            if flow.chain:
+                ended = self._ended_by_leaf.setdefault(flow.chain[-1], [0, 0])
+                ended[0] += up
+                ended[1] += down
         if not self._flows:
             self._idle.set()
         waiter = self._gone.pop(flow_id, None)
@@ -256,6 +262,20 @@ class ConnectionTracker:
             up += flow.upload
             down += flow.download
         return up, down
+
+    def bytes_by_leaf(self) -> dict[str, tuple[int, int, int]]:
+        """Per leaf name: (bytes up, bytes down since start, live flows now)."""
+        out = {name: (up, down, 0) for name, (up, down) in self._ended_by_leaf.items()}
+        for flow in self._flows.values():
+            if flow.chain:
+                up, down, live = out.get(flow.chain[-1], (0, 0, 0))
+                out[flow.chain[-1]] = (up + flow.upload, down + flow.download, live + 1)
+        return out
+
+    def forget_leaves(self, keep: set[str]) -> None:
+        """Drop the ended-flow bytes of leaves the running configuration no longer has."""
+        for name in [n for n in self._ended_by_leaf if n not in keep]:
+            del self._ended_by_leaf[name]
 
     def snapshot(self) -> list[ConnectionInfo]:
         """Immutable copies of every live flow, oldest first."""

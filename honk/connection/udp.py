@@ -352,7 +352,7 @@ class UdpAssociation:
             )
             self._dialing[name] = dialing
             dialing.add_done_callback(lambda _: self._dialing.pop(name, None))
-            dialing.add_done_callback(self._count_dial)
+            dialing.add_done_callback(lambda done: self._count_dial(name, done))
         try:
             endpoint = await asyncio.shield(dialing)
         except BaseException:
@@ -365,12 +365,12 @@ class UdpAssociation:
         self._endpoints[name] = endpoint
         return endpoint
 
-    def _count_dial(self, dialing: asyncio.Future[PacketEndpoint]) -> None:
+    def _count_dial(self, outbound: str, dialing: asyncio.Future[PacketEndpoint]) -> None:
         """One endpoint dial ended: counted once, however many targets waited for it."""
         stats = getattr(self._dispatcher, "stats", None)
         if stats is None or dialing.cancelled():
             return  # a cancelled dial (the association ended) has no outcome
-        stats.dial("udp", dialing.exception())
+        stats.dial("udp", dialing.exception(), outbound)
 
     def _endpoint_lost(self, name: str, error: HonkError | None) -> None:
         endpoint = self._endpoints.pop(name, None)

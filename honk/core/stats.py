@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from dataclasses import dataclass
 
 from honk.core.errors import (
     Blocked,
@@ -82,21 +83,42 @@ class Histogram:
         return out
 
 
+@dataclass(slots=True)
+class OutboundCounts:
+    connections: int = 0  # flows whose upstream connected through the outbound
+    errors: int = 0  # dials through the outbound that failed
+
+
 class RuntimeStats:
     """Event counters for one daemon. One instance, owned by the daemon, shared by reference."""
 
     def __init__(self) -> None:
         self.dials: Counter[tuple[str, str, str]] = Counter()  # (network, result, kind)
+        self.outbounds: dict[str, OutboundCounts] = {}  # by leaf name: the /stats outbound rows
         self.probes: dict[tuple[str, str], Histogram] = {}  # (probe kind, result) -> durations
         self.selection_changes: Counter[tuple[str, str]] = Counter()  # (group, network)
         self.reloads: Counter[str] = Counter()  # result: applied | rejected
         self.subscription_refreshes: Counter[str] = Counter()  # result: accepted | unchanged | failed
 
-    def dial(self, network: str, error: BaseException | None) -> None:
+    def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
+        """A dial through ``outbound`` (a leaf name) ended with ``error`` (None: connected)."""
         if error is None:
             self.dials[(network, "ok", "")] += 1
         else:
             self.dials[(network, "error", error_kind(error))] += 1
+        if outbound:
+            counts = self.outbounds.get(outbound)
+            if counts is None:
+                counts = self.outbounds[outbound] = OutboundCounts()
+            if error is None:
+                counts.connections += 1
+            else:
+                counts.errors += 1
+
+    def retain_outbounds(self, names: set[str]) -> None:
+        """Forget the counts of outbounds the running configuration no longer has."""
+        for name in [n for n in self.outbounds if n not in names]:
+            del self.outbounds[name]
 
     def probe(self, kind: str, ok: bool, seconds: float) -> None:
         key = (kind, "ok" if ok else "error")

@@ -321,6 +321,8 @@ class Daemon:
         if self.groups is not None:
             self.groups.publish(plane.groups)
         self.stats.retain_groups(set(plane.groups.names))
+        self.stats.retain_outbounds(set(plane.outbounds))
+        self.tracker.forget_leaves(set(plane.outbounds))
         if self.mode.global_choice not in self.global_members():
             self.mode.global_choice = GLOBAL_DEFAULT
         await self.health.apply(plane)

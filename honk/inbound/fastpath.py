@@ -231,7 +231,7 @@ class SocksFastPath:
             flow.timer = self.clock.call_later(timeout, flow.deadline)
         elif type(leaf) is BlockOutbound:
             error = Blocked(f"{leaf.name}: {target} is blocked")
-            self._count_dial(error)
+            self._count_dial(error, leaf.name)
             self._reject(token, routed.meta.source, target, error)
         else:
             self._spawn(self._dial_async(token, routed))
@@ -296,7 +296,7 @@ class SocksFastPath:
         meta = routed.meta
         flow.last_activity = self.clock.now()
         flow.tracked = self._dispatcher.track(routed, flow)
-        self._count_dial(None)
+        self._count_dial(None, routed.leaf.name)
         conn_log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
             meta.inbound,
@@ -337,16 +337,16 @@ class SocksFastPath:
                 self.inbound.name, meta.source, type(error).__name__, "client-gone",
             )
         elif not isinstance(error, FlowClosed):
-            self._count_dial(error)
+            self._count_dial(error, flow.routed.leaf.name)
             self.inbound._refused(meta.source, meta.target, error)
         self._changed_now()
 
-    def _count_dial(self, error: HonkError | None) -> None:
+    def _count_dial(self, error: HonkError | None, outbound: str) -> None:
         """Dials the engine makes itself (direct to an IP) and block refusals never reach the
         dispatcher's dial path: count them here, like it counts its own."""
         stats = self._dispatcher.stats
         if stats is not None:
-            stats.dial("tcp", error)
+            stats.dial("tcp", error, outbound)
 
 
 def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:

@@ -16,9 +16,10 @@ class Origin204:
 
 
 @contextlib.asynccontextmanager
-async def generate_204(host: str = "127.0.0.1", port: int = 0,
-                       tls: ssl.SSLContext | None = None) -> AsyncIterator[Origin204]:
-    """Serve 204 to every request on ``host:port`` (0: a free port), counting requests."""
+async def generate_204(host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None,
+                       status: bytes = b"204 No Content") -> AsyncIterator[Origin204]:
+    """Serve 204 (or ``status``, empty body) to every request on ``host:port`` (0: a free
+    port) over keep-alive HTTP/1.1, counting requests."""
     origin = Origin204(port)
 
     class Answer(asyncio.Protocol):
@@ -31,7 +32,7 @@ async def generate_204(host: str = "127.0.0.1", port: int = 0,
             while b"\r\n\r\n" in self.buffer:
                 _, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
                 origin.requests += 1
-                self.transport.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+                self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\n\r\n")
 
     server = await asyncio.get_running_loop().create_server(Answer, host, port, ssl=tls)
     origin.port = server.sockets[0].getsockname()[1]

@@ -11,54 +11,36 @@ import socket
 import aiohttp
 import pytest
 import yarl
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, quiet_global, running_daemon
 from helpers.engines import poll
 from helpers.servers import EchoServer
 
 from honk.api.server import HEAD_TIMEOUT, MAX_API_CONNECTIONS, MAX_BODY
 from honk.core.clock import FakeClock
-from honk.daemon.app import Daemon
 
 SECRET = "s3cret"
 
-CONFIG = """global {{
-    data_dir: {data}
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {
     a: 'socks5://127.0.0.1:9'
-}}
-group {{
-    proxy {{
+}
+group {
+    proxy {
         filter: name(a)
-    }}
-}}
-routing {{
+    }
+}
+routing {
     fallback: direct
-}}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{secret}'
-{extra}    }}
-}}
+}
 """
 
 
-async def started(tmp_path, clock=None, secret: str = SECRET, extra: str = "") -> Daemon:  # noqa: ANN001
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(CONFIG.format(data=tmp_path / "var", secret=secret, extra=extra))
-    daemon = Daemon(cfg, clock=clock)
-    await daemon.start()
-    return daemon
+def config(tmp_path, secret: str = SECRET, extra: str = "") -> str:  # noqa: ANN001
+    """``extra``: more clash_api lines (see api_block)."""
+    return quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED + api_block(secret, extra)
 
 
-def base(daemon: Daemon) -> str:
-    host, port = daemon.api.bound
-    return f"http://{host}:{port}"
+def started(tmp_path, clock=None, secret: str = SECRET, extra: str = ""):  # noqa: ANN001, ANN201
+    return running_daemon(tmp_path, config(tmp_path, secret, extra), clock)
 
 
 def concrete(path: str) -> str:
@@ -67,14 +49,13 @@ def concrete(path: str) -> str:
 
 
 async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
-    daemon = await started(tmp_path)
-    try:
+    async with started(tmp_path) as daemon:
         routes = [(r.method, r.resource.canonical) for r in daemon.api.app.router.routes()
                   if r.method not in ("HEAD", "OPTIONS", "*")]
         assert len(routes) > 30  # the Clash, native and metrics surfaces are all there
         async with aiohttp.ClientSession() as session:
             for method, path in routes:
-                url = base(daemon) + concrete(path)
+                url = api_base(daemon) + concrete(path)
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {SECRET}"},
                                 {"Authorization": SECRET}):
                     async with session.request(method, url, headers=headers) as response:
@@ -82,40 +63,30 @@ async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
                         assert await response.json() in ({"message": "Unauthorized"},
                                                           {"error": {"code": "unauthorized",
                                                                      "message": "Unauthorized"}})
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_the_token_query_authenticates_only_a_websocket_upgrade(tmp_path):
-    daemon = await started(tmp_path)
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base(daemon)}/version?token={SECRET}") as response:
-                assert response.status == 401
-            async with session.ws_connect(f"{base(daemon)}/traffic?token=wrong") as ws:
+    async with started(tmp_path) as daemon, aiohttp.ClientSession() as session:
+        async with session.get(f"{api_base(daemon)}/version?token={SECRET}") as response:
+            assert response.status == 401
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            async with session.ws_connect(f"{api_base(daemon)}/traffic?token=wrong") as ws:
                 pytest.fail(f"connected with a wrong token: {ws}")
-    except aiohttp.WSServerHandshakeError as exc:
-        assert exc.status == 401
-    finally:
-        await daemon.shutdown(0.0)
+        assert refused.value.status == 401
 
 
 async def test_a_websocket_upgrade_with_the_token_is_admitted(tmp_path):
-    daemon = await started(tmp_path)
-    try:
+    async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(f"{base(daemon)}/memory?token={SECRET}") as ws:
+            async with session.ws_connect(f"{api_base(daemon)}/memory?token={SECRET}") as ws:
                 frame = await asyncio.wait_for(ws.receive_json(), 5)
                 assert "inuse" in frame
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_preflight_needs_no_secret_and_grants_private_network_access(tmp_path):
-    daemon = await started(tmp_path)
-    try:
+    async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.options(f"{base(daemon)}/proxies/My%20Proxy", headers={
+            async with session.options(f"{api_base(daemon)}/proxies/My%20Proxy", headers={
                 "Origin": "https://board.zash.run.place",
                 "Access-Control-Request-Method": "PUT",
                 "Access-Control-Request-Headers": "authorization,content-type",
@@ -127,22 +98,18 @@ async def test_a_preflight_needs_no_secret_and_grants_private_network_access(tmp
                 allowed = response.headers["Access-Control-Allow-Headers"].lower()
                 assert "authorization" in allowed and "content-type" in allowed
                 assert response.headers["Access-Control-Allow-Private-Network"] == "true"
-            async with session.get(f"{base(daemon)}/version", headers={"Origin": "https://x.example"}) as response:
+            async with session.get(f"{api_base(daemon)}/version",
+                                   headers={"Origin": "https://x.example"}) as response:
                 assert response.status == 401  # refused, but readable by the dashboard
                 assert response.headers["Access-Control-Allow-Origin"] == "*"
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_an_empty_secret_admits_every_request(tmp_path):
-    daemon = await started(tmp_path, secret="")
-    try:
+    async with started(tmp_path, secret="") as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base(daemon)}/version") as response:
+            async with session.get(f"{api_base(daemon)}/version") as response:
                 assert response.status == 200
                 assert (await response.json())["meta"] is True
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_the_external_ui_is_served_without_the_secret(tmp_path):
@@ -150,65 +117,57 @@ async def test_the_external_ui_is_served_without_the_secret(tmp_path):
     ui.mkdir()
     (ui / "index.html").write_text("<html>dashboard</html>")
     (ui / "app.js").write_text("console.log(1)")
-    daemon = await started(tmp_path, extra=f"        external_ui: '{ui}'\n")
-    try:
+    async with started(tmp_path, extra=f"        external_ui: '{ui}'\n") as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base(daemon)}/ui", allow_redirects=False) as response:
+            async with session.get(f"{api_base(daemon)}/ui", allow_redirects=False) as response:
                 assert response.status == 302 and response.headers["Location"] == "/ui/"
-            async with session.get(f"{base(daemon)}/ui/") as response:
+            async with session.get(f"{api_base(daemon)}/ui/") as response:
                 assert response.status == 200 and "dashboard" in await response.text()
-            async with session.get(f"{base(daemon)}/ui/app.js") as response:
+            async with session.get(f"{api_base(daemon)}/ui/app.js") as response:
                 assert response.status == 200
             for escape in ("/ui/../honk.dae", "/ui/%2e%2e/honk.dae", "/ui/..%2fhonk.dae"):
-                url = yarl.URL(base(daemon) + escape, encoded=True)
+                url = yarl.URL(api_base(daemon) + escape, encoded=True)
                 async with session.get(url) as response:
                     assert response.status in (401, 403, 404), escape  # never the file
                     assert "clash_api" not in await response.text()
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_body_over_the_limit_is_refused_before_it_is_read(tmp_path):
-    daemon = await started(tmp_path)
-    auth = {"Authorization": f"Bearer {SECRET}"}
-    try:
+    auth = bearer(SECRET)
+    async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
             big = b"x" * (10 * 1024 * 1024)
-            async with session.put(f"{base(daemon)}/proxies/proxy", data=big, headers=auth) as response:
+            async with session.put(f"{api_base(daemon)}/proxies/proxy", data=big, headers=auth) as response:
                 assert response.status == 413
             async def chunks():
                 for _ in range(10):
                     yield b"y" * (1024 * 1024)
 
-            async with session.post(f"{base(daemon)}/v1/config/check?format=dae", data=chunks(),
+            async with session.post(f"{api_base(daemon)}/v1/config/check?format=dae", data=chunks(),
                                     headers=auth) as response:
                 assert response.status == 413  # chunked: counted as it arrives
                 assert (await response.json())["error"]["code"] == "body_too_large"
-            async with session.get(f"{base(daemon)}/version", headers=auth) as response:
+            async with session.get(f"{api_base(daemon)}/version", headers=auth) as response:
                 assert response.status == 200  # the server carries on
-    finally:
-        await daemon.shutdown(0.0)
     assert MAX_BODY < 10 * 1024 * 1024
 
 
 async def test_malformed_json_gets_a_typed_error_on_both_surfaces(tmp_path):
-    daemon = await started(tmp_path)
-    auth = {"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}
-    try:
+    auth = {**bearer(SECRET), "Content-Type": "application/json"}
+    async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.put(f"{base(daemon)}/proxies/proxy", data=b"{not json", headers=auth) as response:
+            async with session.put(f"{api_base(daemon)}/proxies/proxy", data=b"{not json",
+                                   headers=auth) as response:
                 assert response.status == 400
                 assert "message" in await response.json()
-            async with session.put(f"{base(daemon)}/v1/groups/proxy/selection", data=b"[1,",
+            async with session.put(f"{api_base(daemon)}/v1/groups/proxy/selection", data=b"[1,",
                                    headers=auth) as response:
                 assert response.status == 400
                 assert (await response.json())["error"]["code"] == "invalid_request"
-            async with session.put(f"{base(daemon)}/v1/groups/proxy/selection",
+            async with session.put(f"{api_base(daemon)}/v1/groups/proxy/selection",
                                    data=json.dumps({"member": 5}), headers=auth) as response:
                 assert response.status == 400
                 assert "member" in (await response.json())["error"]["message"]
-    finally:
-        await daemon.shutdown(0.0)
 
 
 def _open_partial(port: int) -> socket.socket:
@@ -230,49 +189,47 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 async def test_slow_loris_clients_are_cut_at_the_head_deadline_and_the_data_path_carries_on(tmp_path):
     clock = FakeClock()
-    daemon = await started(tmp_path, clock=clock)
-    port = daemon.api.bound[1]
     slow: list[socket.socket] = []
-    try:
-        for _ in range(MAX_API_CONNECTIONS):
-            slow.append(_open_partial(port))
-        await poll(lambda: len(daemon.api.guard.open) == MAX_API_CONNECTIONS, "every slow client accepted")
-        excess = _open_partial(port)
-        slow.append(excess)
-        await poll(lambda: _closed_by_peer(excess), "the connection over the cap to be closed")
-        assert daemon.api.guard.refused == 1
+    async with started(tmp_path, clock=clock) as daemon:
+        port = daemon.api.bound[1]
+        try:
+            for _ in range(MAX_API_CONNECTIONS):
+                slow.append(_open_partial(port))
+            await poll(lambda: len(daemon.api.guard.open) == MAX_API_CONNECTIONS,
+                       "every slow client accepted")
+            excess = _open_partial(port)
+            slow.append(excess)
+            await poll(lambda: _closed_by_peer(excess), "the connection over the cap to be closed")
+            assert daemon.api.guard.refused == 1
 
-        # the data path does not notice: a proxied flow through the mixed inbound works
-        with EchoServer() as echo:
-            mixed = daemon.inbounds["lan"].bound.port
-            reader, writer = await asyncio.open_connection("127.0.0.1", mixed)
-            writer.write(f"CONNECT 127.0.0.1:{echo.address[1]} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-            writer.write(b"ping")
-            assert await reader.readexactly(4) == b"ping"
-            writer.close()
+            # the data path does not notice: a proxied flow through the mixed inbound works
+            with EchoServer() as echo:
+                mixed = daemon.inbounds["lan"].bound.port
+                reader, writer = await asyncio.open_connection("127.0.0.1", mixed)
+                writer.write(f"CONNECT 127.0.0.1:{echo.address[1]} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+                writer.write(b"ping")
+                assert await reader.readexactly(4) == b"ping"
+                writer.close()
 
-        clock.advance(HEAD_TIMEOUT - 0.5)
-        assert not any(_closed_by_peer(s) for s in slow[:-1])
-        clock.advance(1.0)
-        await poll(lambda: all(_closed_by_peer(s) for s in slow[:-1]), "slow clients cut at the deadline")
-        assert daemon.api.guard.expired == MAX_API_CONNECTIONS
-        await poll(lambda: not daemon.api.guard.open, "the guard to forget them")
+            clock.advance(HEAD_TIMEOUT - 0.5)
+            assert not any(_closed_by_peer(s) for s in slow[:-1])
+            clock.advance(1.0)
+            await poll(lambda: all(_closed_by_peer(s) for s in slow[:-1]), "slow clients cut at the deadline")
+            assert daemon.api.guard.expired == MAX_API_CONNECTIONS
+            await poll(lambda: not daemon.api.guard.open, "the guard to forget them")
 
-        async with aiohttp.ClientSession() as session:  # the API serves again
-            async with session.get(f"{base(daemon)}/version",
-                                   headers={"Authorization": f"Bearer {SECRET}"}) as response:
-                assert response.status == 200
-    finally:
-        for sock in slow:
-            sock.close()
-        await daemon.shutdown(0.0)
+            async with aiohttp.ClientSession() as session:  # the API serves again
+                async with session.get(f"{api_base(daemon)}/version", headers=bearer(SECRET)) as response:
+                    assert response.status == 200
+        finally:
+            for sock in slow:
+                sock.close()
 
 
 async def test_a_keepalive_connection_gets_a_fresh_head_deadline_after_each_response(tmp_path):
     clock = FakeClock()
-    daemon = await started(tmp_path, clock=clock)
-    try:
+    async with started(tmp_path, clock=clock) as daemon:
         reader, writer = await asyncio.open_connection(*daemon.api.bound)
         request = f"GET /version HTTP/1.1\r\nHost: honk\r\nAuthorization: Bearer {SECRET}\r\n\r\n".encode()
         for _ in range(3):
@@ -285,24 +242,19 @@ async def test_a_keepalive_connection_gets_a_fresh_head_deadline_after_each_resp
         clock.advance(HEAD_TIMEOUT)
         assert await asyncio.wait_for(reader.read(1), 5) == b""  # idle past the deadline: closed
         writer.close()
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_changed_api_block_rebinds_on_reload_and_a_removed_one_stops_the_api(tmp_path):
-    daemon = await started(tmp_path)
     cfg = tmp_path / "honk.dae"
-    try:
+    async with started(tmp_path) as daemon:
         old = daemon.api
-        cfg.write_text(CONFIG.format(data=tmp_path / "var", secret="other", extra=""))
+        cfg.write_text(config(tmp_path, secret="other"))
         assert await daemon.reload()
         assert daemon.api is not old
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{base(daemon)}/version", headers={"Authorization": "Bearer other"}) as response:
+            async with session.get(f"{api_base(daemon)}/version", headers=bearer("other")) as response:
                 assert response.status == 200
         text = cfg.read_text()
         cfg.write_text(text[: text.index("experimental")])
         assert await daemon.reload()
         assert daemon.api is None
-    finally:
-        await daemon.shutdown(0.0)

@@ -30,25 +30,17 @@ from urllib.parse import quote
 import aiohttp
 import pytest
 from aiohttp import web
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, api_port, quiet_global, running_daemon
 from helpers.browser import Browser, Page, leftovers
 
 from honk.core.net import Network
-from honk.daemon.app import Daemon
 
 SECRET = "s3cret"
 GROUP = "My Proxy"  # a space in the name: the page sends it percent-encoded, as metacubexd does
 GROUP_PATH = "/proxies/" + quote(GROUP, safe="")  # what encodeURIComponent makes of it
 PUBLIC_DASHBOARD = "https://metacubex.github.io"  # a public dashboard origin (clash-api.md §1)
 
-CONFIG = f"""global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+CONFIG = quiet_global() + LAN_INBOUND + f"""node {{
     a: 'socks5://127.0.0.1:9'
     b: 'socks5://127.0.0.1:19'
 }}
@@ -61,13 +53,7 @@ group {{
 routing {{
     fallback: '{GROUP}'
 }}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{SECRET}'
-    }}
-}}
-"""
+""" + api_block(SECRET)
 
 # The dashboard page: every call goes through call(), which reports what the page could read
 # (status and JSON body) or the error fetch threw (a CORS or network refusal).
@@ -95,19 +81,6 @@ const select = (group, member, secret) =>
 
 
 # --- fixtures ---------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def running_daemon(tmp_path: Path) -> AsyncIterator[tuple[Daemon, int]]:
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(CONFIG)
-    daemon = Daemon(cfg)
-    await daemon.start()
-    try:
-        assert daemon.api is not None and daemon.api.bound is not None
-        yield daemon, daemon.api.bound[1]
-    finally:
-        await daemon.shutdown(0.0)
 
 
 @contextlib.asynccontextmanager
@@ -190,8 +163,8 @@ def assert_cors_preflight(seen: dict[str, Any], method: str) -> None:
 
 @pytest.mark.peer
 async def test_a_page_from_another_origin_reads_the_version_and_switches_a_selector(tmp_path, browser_dir):
-    async with running_daemon(tmp_path) as (daemon, api_port), dashboard_origin(api_port) as page_port:
-        api = f"http://127.0.0.1:{api_port}"
+    async with running_daemon(tmp_path, CONFIG) as daemon, dashboard_origin(api_port(daemon)) as page_port:
+        api = api_base(daemon)
         async with Browser.launch(browser_dir) as browser:
             page = await browser.new_page()
             await page.send("Network.enable")
@@ -221,11 +194,11 @@ async def test_a_page_from_another_origin_reads_the_version_and_switches_a_selec
 @pytest.mark.peer
 async def test_a_public_page_reaches_the_private_api_once_local_network_access_is_granted(
         tmp_path, browser_dir):
-    async with running_daemon(tmp_path) as (daemon, api_port), dashboard_origin(api_port) as page_port:
-        api = f"http://127.0.0.1:{api_port}"
+    async with running_daemon(tmp_path, CONFIG) as daemon, dashboard_origin(api_port(daemon)) as page_port:
+        api = api_base(daemon)
         page_origin = f"http://127.0.0.1:{page_port}"
         # the page counts as the public internet, the API as the router's LAN
-        spaces = f"127.0.0.1:{page_port}=public,127.0.0.1:{api_port}=local"
+        spaces = f"127.0.0.1:{page_port}=public,127.0.0.1:{api_port(daemon)}=local"
         async with Browser.launch(browser_dir, f"--ip-address-space-overrides={spaces}") as browser:
             page = await browser.new_page()
             await page.send("Network.enable")
@@ -256,8 +229,8 @@ async def test_a_public_page_reaches_the_private_api_once_local_network_access_i
 
 async def test_a_private_network_preflight_is_answered_without_a_token(tmp_path):
     """What PNA-era Chromium sends from a public dashboard to a LAN router, sent raw."""
-    async with running_daemon(tmp_path) as (daemon, api_port), aiohttp.ClientSession() as client:
-        url = f"http://127.0.0.1:{api_port}{GROUP_PATH}"
+    async with running_daemon(tmp_path, CONFIG) as daemon, aiohttp.ClientSession() as client:
+        url = api_base(daemon) + GROUP_PATH
         asks = {
             "Origin": PUBLIC_DASHBOARD,
             "Access-Control-Request-Method": "PUT",

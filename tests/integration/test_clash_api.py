@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,9 +19,12 @@ import aiohttp
 import aiohttp.web
 import pytest
 import yarl
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, api_port, bearer, quiet_global, running_daemon
+from helpers.engines import poll
 from helpers.origins import generate_204
 from helpers.peers import require_binary
 from helpers.peerservers import ss_server
+from helpers.servers import free_port
 
 from honk.daemon.app import Daemon
 
@@ -31,15 +33,7 @@ SS_METHOD, SS_PASSWORD = "chacha20-ietf-poly1305", "clash-api-pass"
 JAPAN = "🇯🇵 Japan 04"  # a Selector whose name has spaces and an emoji
 SLACK = 1.0  # seconds a delay answer may come after its timeout
 
-CONFIG = """global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {{
     hk-01: 'ss://{ss}@127.0.0.1:{ss_port}'
     dead: 'socks5://127.0.0.1:{closed_port}'
     slow: 'socks5://127.0.0.1:{silent_port}'
@@ -76,12 +70,6 @@ group {{
 routing {{
     dport(22) -> direct
     fallback: Proxy
-}}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{secret}'
-    }}
 }}
 """
 
@@ -126,12 +114,6 @@ def _userinfo() -> str:
     return base64.urlsafe_b64encode(f"{SS_METHOD}:{SS_PASSWORD}".encode()).decode().rstrip("=")
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.asynccontextmanager
 async def silent_server() -> AsyncIterator[int]:
     """Accepts connections and never answers: a node whose handshake hangs."""
@@ -150,29 +132,6 @@ async def silent_server() -> AsyncIterator[int]:
         await server.wait_closed()
 
 
-@contextlib.asynccontextmanager
-async def origin_200() -> AsyncIterator[int]:
-    """An HTTP/1.1 keep-alive origin answering 200 with an empty body."""
-
-    class Answer(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self.transport = transport
-            self.buffer = b""
-
-        def data_received(self, data: bytes) -> None:
-            self.buffer += data
-            while b"\r\n\r\n" in self.buffer:
-                _, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
-                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-
-    server = await asyncio.get_running_loop().create_server(Answer, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 @pytest.fixture
 def ss_peer():
     require_binary("ss-server")
@@ -182,22 +141,17 @@ def ss_peer():
 
 @pytest.fixture
 async def api(tmp_path, ss_peer) -> AsyncIterator[Api]:
-    cfg = tmp_path / "honk.dae"
     async with contextlib.AsyncExitStack() as stack:
         origin = await stack.enter_async_context(generate_204())
-        ok_port = await stack.enter_async_context(origin_200())
+        ok_origin = await stack.enter_async_context(generate_204(status=b"200 OK"))
         silent_port = await stack.enter_async_context(silent_server())
-        cfg.write_text(CONFIG.format(ss=_userinfo(), ss_port=ss_peer.port, closed_port=_closed_port(),
-                                     silent_port=silent_port, japan=JAPAN, secret=SECRET))
-        daemon = Daemon(cfg)
-        await daemon.start()
-        stack.push_async_callback(daemon.shutdown, 0.0)
-        assert daemon.api is not None and daemon.api.bound is not None
-        host, port = daemon.api.bound
-        http = await stack.enter_async_context(
-            aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}))
-        yield Api(daemon, f"http://{host}:{port}", port, http,
-                  f"http://127.0.0.1:{origin.port}/generate_204", f"http://127.0.0.1:{ok_port}/ok")
+        routed = ROUTED.format(ss=_userinfo(), ss_port=ss_peer.port, closed_port=free_port(),
+                               silent_port=silent_port, japan=JAPAN)
+        text = quiet_global() + LAN_INBOUND + routed + api_block(SECRET)
+        daemon = await stack.enter_async_context(running_daemon(tmp_path, text))
+        http = await stack.enter_async_context(aiohttp.ClientSession(headers=bearer(SECRET)))
+        yield Api(daemon, api_base(daemon), api_port(daemon), http,
+                  f"http://127.0.0.1:{origin.port}/generate_204", f"http://127.0.0.1:{ok_origin.port}/ok")
 
 
 async def raw_request(port: int, request_line: bytes, body: bytes = b"") -> tuple[int, bytes]:
@@ -449,19 +403,12 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     origin_port = runner.addresses[0][1]
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(
-        "global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n}\n"
-        f"subscription {{\n    paid: 'http://127.0.0.1:{origin_port}/sub'\n}}\n"
-        "routing {\n    fallback: direct\n}\n"
-        f"experimental {{\n    clash_api {{\n        external_controller: '127.0.0.1:0'\n"
-        f"        secret: '{SECRET}'\n    }}\n}}\n")
-    daemon = Daemon(cfg)
-    await daemon.start()
+    subscription = f"subscription {{\n    paid: 'http://127.0.0.1:{origin_port}/sub'\n}}\n"
+    text = quiet_global() + subscription + "routing {\n    fallback: direct\n}\n" + api_block(SECRET)
     try:
-        host, port = daemon.api.bound
-        base = f"http://{host}:{port}"
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http:
+        async with running_daemon(tmp_path, text) as daemon, \
+                aiohttp.ClientSession(headers=bearer(SECRET)) as http:
+            base = api_base(daemon)
             async with http.get(base + "/providers/proxies") as resp:
                 provider = (await resp.json())["providers"]["paid"]
             assert provider["vehicleType"] == "HTTP" and provider["type"] == "Proxy"
@@ -477,7 +424,6 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
             async with http.put(base + "/providers/proxies/nothing") as resp:
                 assert resp.status == 404
     finally:
-        await daemon.shutdown(0.0)
         await runner.cleanup()
 
 
@@ -529,3 +475,44 @@ async def test_put_configs_reloads_the_own_file_and_refuses_a_payload(api):
     async with api.http.put(api.url("/configs"), params={"reload": "true"}, json={}) as resp:
         assert resp.status == 400 and (await resp.json())["message"]
     assert api.daemon.generation == generation + 1
+
+
+# --- /stats -------------------------------------------------------------------------------------
+
+
+async def _connect_through_mixed(api: Api, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """An HTTP CONNECT to 127.0.0.1:``port`` through honk's mixed inbound; the reply head."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.daemon.inbounds["lan"].bound.port)
+    writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    return reader, writer, await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+
+
+async def test_stats_counts_connections_bytes_and_failed_dials_per_outbound(api):
+    origin_port = yarl.URL(api.check_204).port
+    assert await api.put("/proxies/Proxy", {"name": "hk-01"}) == (204, None)
+    reader, writer, head = await _connect_through_mixed(api, origin_port)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.write(b"HEAD /generate_204 HTTP/1.1\r\nHost: origin\r\n\r\n")
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 204")
+    status, body = await api.get("/stats")
+    assert status == 200
+    rows = {row["name"]: row for row in body["outbounds"]}
+    assert set(rows) >= {"DIRECT", "REJECT", "hk-01", "dead"}
+    hk = rows["hk-01"]
+    assert (hk["totalConns"], hk["activeConns"], hk["errors"]) == (1, 1, 0)
+    assert hk["upload"] > 0 and hk["download"] > 0
+    assert body["tcp"]["activeFlows"] == 1
+    writer.close()
+    await poll(lambda: not api.daemon.tracker.snapshot(), "the flow to end")
+    status, body = await api.get("/stats")
+    hk_after = {row["name"]: row for row in body["outbounds"]}["hk-01"]
+    assert hk_after["activeConns"] == 0 and hk_after["upload"] >= hk["upload"]  # ended flows keep counting
+
+    assert await api.put("/proxies/" + quote(JAPAN, safe=""), {"name": "dead"}) == (204, None)
+    assert await api.put("/proxies/Proxy", {"name": JAPAN}) == (204, None)
+    _, refused_writer, head = await _connect_through_mixed(api, origin_port)
+    refused_writer.close()
+    assert not head.startswith(b"HTTP/1.1 200")
+    status, body = await api.get("/stats")
+    dead = {row["name"]: row for row in body["outbounds"]}["dead"]
+    assert (dead["totalConns"], dead["errors"]) == (0, 1)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 from helpers.aio import close_writer, socks5_open
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, quiet_global, running_daemon
 from helpers.engines import poll
 
 from honk.daemon.app import Daemon
@@ -21,24 +22,10 @@ SECRET = "stream-secret"
 STEP = 5.0  # seconds: the most one frame may take to arrive
 TICK_LOW, TICK_HIGH = 0.8, 2.0  # seconds: bounds on the gap between two 1 Hz frames
 
-CONFIG = f"""global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-routing {{
+CONFIG = quiet_global() + LAN_INBOUND + """routing {
     fallback: direct
-}}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{SECRET}'
-    }}
-}}
-"""
+}
+""" + api_block(SECRET)
 
 
 @dataclass
@@ -61,17 +48,9 @@ class Api:
 
 @pytest.fixture
 async def api(tmp_path) -> AsyncIterator[Api]:
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(CONFIG)
-    daemon = Daemon(cfg)
-    await daemon.start()
-    try:
-        host, port = daemon.api.bound
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"}) as http, \
-                aiohttp.ClientSession() as anonymous:
-            yield Api(daemon, f"http://{host}:{port}", http, anonymous)
-    finally:
-        await daemon.shutdown(0.0)
+    async with running_daemon(tmp_path, CONFIG) as daemon, \
+            aiohttp.ClientSession(headers=bearer(SECRET)) as http, aiohttp.ClientSession() as anonymous:
+        yield Api(daemon, api_base(daemon), http, anonymous)
 
 
 @contextlib.asynccontextmanager

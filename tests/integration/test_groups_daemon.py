@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+from helpers.apidaemon import LAN_INBOUND, quiet_global
 from helpers.engines import poll
 
 from honk.core.net import Network
 from honk.daemon.app import Daemon
 
-CONFIG = """global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {{
     a: 'socks5://127.0.0.1:9'
     b: 'socks5://127.0.0.1:19'
 {extra}}}
@@ -34,7 +27,8 @@ routing {{
 
 
 def write(path, extra: str = "", extra_member: str = "", groups: str = "") -> None:
-    path.write_text(CONFIG.format(extra=extra, extra_member=extra_member, groups=groups))
+    routed = ROUTED.format(extra=extra, extra_member=extra_member, groups=groups)
+    path.write_text(quiet_global() + LAN_INBOUND + routed)
 
 
 async def test_a_write_during_a_reload_lands_in_the_published_manager(tmp_path):
@@ -119,9 +113,8 @@ async def test_interrupt_connections_closes_exactly_the_flows_of_the_changed_gro
     with EchoServer() as a, EchoServer() as b:
         cfg = tmp_path / "honk.dae"
         cfg.write_text(
-            "global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n}\n"
-            "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-            "node {\n    x: 'socks5://127.0.0.1:9'\n}\n"
+            quiet_global() + LAN_INBOUND
+            + "node {\n    x: 'socks5://127.0.0.1:9'\n}\n"
             "group {\n"
             "    g {\n        filter: name(direct, x)\n        interrupt_connections: true\n    }\n"
             "    h {\n        filter: name(direct)\n        interrupt_connections: true\n    }\n"

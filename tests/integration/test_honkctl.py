@@ -8,7 +8,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,9 +17,10 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 from helpers.aio import close_writer, socks5_open
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, api_port, quiet_global, running_daemon
 from helpers.engines import poll
 from helpers.origins import generate_204
-from helpers.servers import EchoServer
+from helpers.servers import EchoServer, free_port
 
 from honk import __version__
 from honk.cli import ctl as ctl_module
@@ -34,15 +34,7 @@ NON_ASCII = "香港 fast"  # a group name with a space and wide characters, sent
 NO_ENV = {"HONK_API": None, "HONK_API_SECRET": None, "HONK_SECRET": None}  # the caller's shell must not leak in
 ENTRY_POINT = Path(sys.executable).with_name("honkctl")
 
-CONFIG = """global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {{
     a: 'socks5://127.0.0.1:9'
     b: 'socks5://127.0.0.1:19'
 }}
@@ -65,18 +57,13 @@ group {{
 routing {{
     fallback: {fallback}
 }}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{secret}'
-    }}
-}}
 """
 GROUPS = ["pick", "auto", "spread", NON_ASCII]
 
 
 def config_text(fallback: str = "direct") -> str:
-    return CONFIG.format(non_ascii=NON_ASCII, fallback=fallback, secret=SECRET)
+    routed = ROUTED.format(non_ascii=NON_ASCII, fallback=fallback)
+    return quiet_global() + LAN_INBOUND + routed + api_block(SECRET)
 
 
 @dataclass
@@ -104,24 +91,8 @@ async def invoke(*args: str, env: dict | None = None) -> Result:
 
 @contextlib.asynccontextmanager
 async def running(tmp_path: Path) -> AsyncIterator[Live]:
-    config = tmp_path / "honk.dae"
-    config.write_text(config_text())
-    daemon = Daemon(config)
-    await daemon.start()
-    try:
-        assert daemon.api is not None and daemon.api.bound is not None, "the config enables the API"
-        host, port = daemon.api.bound
-        yield Live(daemon, f"http://{host}:{port}", port, config)
-    finally:
-        await daemon.shutdown(0.0)
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    async with running_daemon(tmp_path, config_text()) as daemon:
+        yield Live(daemon, api_base(daemon), api_port(daemon), daemon.config_path)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -300,7 +271,7 @@ async def test_check_prints_the_summary_or_the_located_errors_with_exit_5(tmp_pa
         bad.write_text(config_text(fallback="no-such-outbound"))
         invalid = await live.ctl("check", str(bad))
         assert invalid.exit_code == 5
-        line = 30  # `fallback:` in CONFIG
+        line = 30  # `fallback:` in config_text()
         assert f"{bad}:{line}" in invalid.stderr and "unknown-outbound" in invalid.stderr
         assert invalid.stderr.strip().endswith(f"{bad}: invalid (1 error(s))")
         scripted = await live.ctl("--json", "check", str(bad))
@@ -323,19 +294,11 @@ async def test_logs_follow_streams_until_the_daemon_goes_away_which_exits_3(tmp_
         return text
 
     monkeypatch.setattr(ctl_module, "_log_line", watched)
-    config = tmp_path / "honk.dae"
-    config.write_text(config_text())
-    daemon = Daemon(config)
-    await daemon.start()
-    try:
-        host, port = daemon.api.bound
-        live = Live(daemon, f"http://{host}:{port}", port, config)
+    async with running(tmp_path) as live:
         task = asyncio.ensure_future(live.ctl("logs", "-f"))
-        await poll(lambda: daemon.logs.readers > 0, "honkctl to subscribe to the log stream")
-        assert await daemon.reload()
+        await poll(lambda: live.daemon.logs.readers > 0, "honkctl to subscribe to the log stream")
+        assert await live.daemon.reload()
         assert await asyncio.to_thread(printed.wait, 10), "honkctl never printed the reload line"
-    finally:
-        await daemon.shutdown(0.0)
     result = await asyncio.wait_for(task, 30)
     assert result.exit_code == 3, (result.stdout, result.stderr)
     assert "the stream broke" in result.stderr
@@ -399,7 +362,7 @@ async def test_the_address_and_secret_come_from_a_config_file(tmp_path):
 
 
 async def test_an_unreachable_api_exits_3():
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     result = await invoke("--api", url, "--secret", SECRET, "status")
     assert result.exit_code == 3
     assert result.stderr.startswith(f"error: cannot reach the daemon at {url}: ")
@@ -414,7 +377,7 @@ def test_the_installed_entry_point_documents_its_exit_codes_and_exits_3_when_unr
     assert "Inspect and steer a running honk daemon" in shown.stdout
     for code, text in EXIT_CODES.items():
         assert f"{code}  {text}" in shown.stdout
-    down = subprocess.run([str(ENTRY_POINT), "--api", f"http://127.0.0.1:{closed_port()}", "status"],
+    down = subprocess.run([str(ENTRY_POINT), "--api", f"http://127.0.0.1:{free_port()}", "status"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert down.returncode == 3 and "cannot reach the daemon" in down.stderr
 

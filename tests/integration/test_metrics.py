@@ -11,10 +11,18 @@ import socket
 import aiohttp
 from aiohttp import web
 from helpers.aio import close_writer, socks5_open
+from helpers.apidaemon import (
+    LAN_INBOUND,
+    api_base,
+    api_block,
+    bearer,
+    metric_samples,
+    quiet_global,
+    running_daemon,
+)
 from helpers.engines import poll
 from helpers.servers import free_port
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.parser import text_string_to_metric_families
 
 from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import PROBE_DEATH_THRESHOLD
@@ -31,15 +39,7 @@ STATES_PER_NODE = 6  # three health domains x two address families
 SERIES_OVERHEAD = 200
 EXTRA_DIALS = 200  # dials to distinct targets after which the series count must be unchanged
 
-CONFIG = """global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {{
 {nodes}}}
 group {{
     proxy {{
@@ -49,13 +49,7 @@ group {{
 routing {{
     fallback: proxy
 }}
-{subscription}experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{secret}'
-    }}
-}}
-"""
+{subscription}"""
 
 
 def config(closed: int, extra_nodes: int = 0, subscription_url: str = "") -> str:
@@ -65,40 +59,20 @@ def config(closed: int, extra_nodes: int = 0, subscription_url: str = "") -> str
              f"    b: 'socks5://honk:{LINK_PASSWORD}-b@127.0.0.1:{closed}'\n"]
     lines += [f"    n{i}: 'socks5://u{i}:{LINK_PASSWORD}{i}@127.0.0.1:{closed}'\n" for i in range(extra_nodes)]
     subscription = f"subscription {{\n    paid: '{subscription_url}'\n}}\n" if subscription_url else ""
-    return CONFIG.format(nodes="".join(lines), subscription=subscription, secret=SECRET)
-
-
-async def started(tmp_path, text: str) -> Daemon:  # noqa: ANN001
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(text)
-    daemon = Daemon(cfg)
-    await daemon.start()
-    assert daemon.api is not None and daemon.api.bound is not None
-    return daemon
+    routed = ROUTED.format(nodes="".join(lines), subscription=subscription)
+    return quiet_global() + LAN_INBOUND + routed + api_block(SECRET)
 
 
 async def scrape_text(daemon: Daemon) -> str:
-    host, port = daemon.api.bound
     async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://{host}:{port}/metrics",
-                               headers={"Authorization": f"Bearer {SECRET}"}) as response:
+        async with session.get(api_base(daemon) + "/metrics", headers=bearer(SECRET)) as response:
             assert response.status == 200
             assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST
             return await response.text()
 
 
-def parse(text: str) -> dict[tuple[str, frozenset], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = (sample.name, frozenset(sample.labels.items()))
-            assert key not in out, f"duplicate series {key}"
-            out[key] = sample.value
-    return out
-
-
 async def scrape(daemon: Daemon) -> dict[tuple[str, frozenset], float]:
-    return parse(await scrape_text(daemon))
+    return metric_samples(await scrape_text(daemon))
 
 
 def at(parsed: dict, name: str, **labels: str) -> float | None:
@@ -121,8 +95,7 @@ async def socks_dial(daemon: Daemon, host: str, port: int) -> int:
 
 
 async def test_a_selector_write_moves_the_groups_selection_changes(tmp_path):
-    daemon = await started(tmp_path, config(free_port()))
-    try:
+    async with running_daemon(tmp_path, config(free_port())) as daemon:
         before = await scrape(daemon)
         assert at(before, "honk_group_selection_changes_total", group="proxy", network="tcp") == 0
         assert await daemon.select("proxy", "b", Network.TCP) == [Network.TCP]
@@ -133,13 +106,10 @@ async def test_a_selector_write_moves_the_groups_selection_changes(tmp_path):
         after = await scrape(daemon)
         assert at(after, "honk_group_selection_changes_total", group="proxy", network="tcp") == 1
         assert at(after, "honk_group_selection_changes_total", group="proxy", network="udp") == 1
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_refused_socks5_dial_through_the_mixed_inbound_counts_as_a_dial_error(tmp_path):
-    daemon = await started(tmp_path, config(free_port()))
-    try:
+    async with running_daemon(tmp_path, config(free_port())) as daemon:
         before = await scrape(daemon)
         assert dial_errors(before, "tcp", "dial") == 0
         assert await socks_dial(daemon, "origin.example", 443) != SOCKS_OK  # node a's server is closed
@@ -148,14 +118,11 @@ async def test_a_refused_socks5_dial_through_the_mixed_inbound_counts_as_a_dial_
         assert dial_errors(after, "tcp", "dial") == 1
         assert at(after, "honk_dials_total", network="tcp", result="ok", kind="") == 0
         assert dial_errors(after, "tcp", "timeout") == 0
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_udp_endpoint_dial_through_a_dead_node_counts_on_the_udp_network(tmp_path):
-    daemon = await started(tmp_path, config(free_port()))
     loop = asyncio.get_running_loop()
-    try:
+    async with running_daemon(tmp_path, config(free_port())) as daemon:
         reader, writer, reply, bound = await socks5_open(daemon.inbounds["lan"].bound.port, "0.0.0.0", 0, cmd=3)
         assert reply == SOCKS_OK
         relay = ("127.0.0.1", int.from_bytes(bound[-2:], "big"))
@@ -168,13 +135,10 @@ async def test_a_udp_endpoint_dial_through_a_dead_node_counts_on_the_udp_network
         parsed = await scrape(daemon)
         assert dial_errors(parsed, "udp", "dial") == 1
         assert dial_errors(parsed, "tcp", "dial") == 0
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_a_node_death_moves_its_alive_series_to_zero(tmp_path):
-    daemon = await started(tmp_path, config(free_port()))
-    try:
+    async with running_daemon(tmp_path, config(free_port())) as daemon:
         alive = daemon.health.alive
         a = node_id(daemon, "a")
         alive.notify_check_success(a, Domain.TCP, Family.V4, 0.02)
@@ -185,13 +149,10 @@ async def test_a_node_death_moves_its_alive_series_to_zero(tmp_path):
         parsed = await scrape(daemon)
         assert at(parsed, "honk_node_alive", node="a", domain="tcp", family="ipv4") == 0
         assert at(parsed, "honk_node_alive", node="b", domain="tcp", family="ipv4") is None  # unknown
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_probe_durations_reloads_and_process_gauges_are_exported(tmp_path):
-    daemon = await started(tmp_path, config(free_port()))
-    try:
+    async with running_daemon(tmp_path, config(free_port())) as daemon:
         runner = daemon.health.runner
         await poll(lambda: runner.in_flight == 0 and runner.queued == 0, "the start's probes to end")
         before = await scrape(daemon)
@@ -210,8 +171,6 @@ async def test_probe_durations_reloads_and_process_gauges_are_exported(tmp_path)
         assert at(parsed, "honk_reloads_total", result="rejected") == 1
         assert at(parsed, "honk_process_open_fds") > 0
         assert at(parsed, "honk_uptime_seconds") >= 0
-    finally:
-        await daemon.shutdown(0.0)
 
 
 async def test_subscription_refreshes_count_accepted_unchanged_and_failed(tmp_path):
@@ -228,8 +187,8 @@ async def test_subscription_refreshes_count_accepted_unchanged_and_failed(tmp_pa
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     try:
-        daemon = await started(tmp_path, config(free_port(), subscription_url=f"http://127.0.0.1:{port}/sub"))
-        try:
+        text = config(free_port(), subscription_url=f"http://127.0.0.1:{port}/sub")
+        async with running_daemon(tmp_path, text) as daemon:
             def refreshes(parsed: dict) -> dict[str, float]:
                 return {r: at(parsed, "honk_subscription_refreshes_total", result=r)
                         for r in ("accepted", "unchanged", "failed")}
@@ -242,15 +201,12 @@ async def test_subscription_refreshes_count_accepted_unchanged_and_failed(tmp_pa
             assert not await daemon.refresh_subscription("paid")
             end = refreshes(await scrape(daemon))
             assert {r: end[r] - start[r] for r in end} == {"accepted": 1, "unchanged": 1, "failed": 1}
-        finally:
-            await daemon.shutdown(0.0)
     finally:
         await runner.cleanup()
 
 
 async def test_series_stay_bounded_with_2000_nodes_and_do_not_grow_with_dialled_targets(tmp_path):
-    daemon = await started(tmp_path, config(free_port(), extra_nodes=BIG))
-    try:
+    async with running_daemon(tmp_path, config(free_port(), extra_nodes=BIG)) as daemon:
         alive = daemon.health.alive
         assert len(alive) == BIG + 2
         for node in list(alive.nodes()):  # every state known: the most node_alive series there can be
@@ -258,7 +214,7 @@ async def test_series_stay_bounded_with_2000_nodes_and_do_not_grow_with_dialled_
                 for family in Family:
                     alive.notify_check_success(node.node_id, domain, family, 0.02)
         text = await scrape_text(daemon)
-        before = parse(text)
+        before = metric_samples(text)
         nodes = BIG + 2
         node_series = [k for k in before if k[0] == "honk_node_alive"]
         assert len(node_series) == nodes * STATES_PER_NODE
@@ -269,9 +225,7 @@ async def test_series_stay_bounded_with_2000_nodes_and_do_not_grow_with_dialled_
             assert await socks_dial(daemon, f"t{i}.example", 1000 + i) != SOCKS_OK
         await poll(lambda: daemon.stats.dials[("tcp", "error", "dial")] == EXTRA_DIALS, "every dial counted")
         text = await scrape_text(daemon)
-        after = parse(text)
+        after = metric_samples(text)
         assert set(after) == set(before)
         assert dial_errors(after, "tcp", "dial") == EXTRA_DIALS
         assert "t7.example" not in text and LINK_PASSWORD not in text
-    finally:
-        await daemon.shutdown(0.0)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 from helpers.aio import close_writer, socks5_open
+from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, quiet_global, running_daemon
 from helpers.engines import STEP, poll
 from helpers.origins import generate_204
 from helpers.servers import EchoServer
@@ -24,15 +25,7 @@ from honk.daemon.app import Daemon
 SECRET = "n4tive-secret"
 NODE_PASSWORD = "p4ssw0rdXYZ"  # must never appear in an answer
 
-CONFIG = """global {{
-    data_dir: {data}
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+ROUTED = """node {{
     a: 'socks5://user:{password}@127.0.0.1:9'
     b: 'socks5://127.0.0.1:19'
 {extra_nodes}}}
@@ -64,15 +57,16 @@ routing {{
     dport({other_port}) -> other
     fallback: direct
 }}
-experimental {{
-    clash_api {{
-        external_controller: '127.0.0.1:0'
-        secret: '{secret}'
-    }}
-}}
 """
 
 GROUPS = ["pick", "other", "auto", "spread", "grün", "scored"]
+
+
+def config_text(data_dir: Path, ports: tuple[int, int], extra_nodes: str = "") -> str:
+    """``ports``: the destination ports routed to pick and to other."""
+    routed = ROUTED.format(password=NODE_PASSWORD, extra_nodes=extra_nodes, pick_port=ports[0],
+                           other_port=ports[1])
+    return quiet_global(data_dir) + LAN_INBOUND + routed + api_block(SECRET)
 
 
 @dataclass
@@ -84,9 +78,7 @@ class Api:
     ports: tuple[int, int]
 
     def write_config(self, extra_nodes: str = "") -> None:
-        self.config.write_text(CONFIG.format(
-            data=self.config.parent / "var", password=NODE_PASSWORD, extra_nodes=extra_nodes,
-            pick_port=self.ports[0], other_port=self.ports[1], secret=SECRET))
+        self.config.write_text(config_text(self.config.parent / "var", self.ports, extra_nodes))
 
     async def call(self, method: str, path: str, *, body: object = None, data: bytes | str | None = None,
                    params: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -101,20 +93,10 @@ class Api:
 
 @contextlib.asynccontextmanager
 async def running(tmp_path: Path, ports: tuple[int, int] = (1, 2)) -> AsyncIterator[Api]:
-    config = tmp_path / "honk.dae"
-    daemon = Daemon(config)
-    api = Api(daemon, None, "", config, ports)  # type: ignore[arg-type]
-    api.write_config()
-    await daemon.start()
-    try:
-        host, port = daemon.api.bound
-        api.base = f"http://{host}:{port}"
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {SECRET}"},
-                                         timeout=aiohttp.ClientTimeout(total=3 * STEP)) as session:
-            api.session = session
-            yield api
-    finally:
-        await daemon.shutdown(0.0)
+    timeout = aiohttp.ClientTimeout(total=3 * STEP)
+    async with running_daemon(tmp_path, config_text(tmp_path / "var", ports)) as daemon, \
+            aiohttp.ClientSession(headers=bearer(SECRET), timeout=timeout) as session:
+        yield Api(daemon, session, api_base(daemon), daemon.config_path, ports)
 
 
 def error_code(body: dict) -> str:

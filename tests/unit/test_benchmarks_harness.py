@@ -1,4 +1,4 @@
-"""The relay benchmark harness's parsing, statistics, configs and verdicts (no subject is started here)."""
+"""The benchmark harnesses' parsing, statistics, configs and verdicts (no subject is started here)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import relay, v2ray
+from benchmarks import api, relay, v2ray
 from honk.config.links import parse_node_link
 from honk.config.load import load_text
+from honk.config.spec import Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -297,3 +298,68 @@ def test_parse_time_wait_reads_the_tcp_lines_tw_count() -> None:
                 "UDPLITE: inuse 0\n")
     assert relay.parse_time_wait(sockstat) == 15612
     assert relay.parse_time_wait("sockets: used 8\n") == 0
+
+
+# --- the control API benchmark ----------------------------------------------------------------
+
+
+def test_api_config_has_every_node_in_a_selector_and_a_urltest_group_and_the_api_on(tmp_path: Path) -> None:
+    spec = load_text(api.config_text(3, tmp_path / "var", secret="k", first_port=30000), "dae")
+    assert [(n.name, n.protocol, n.host, n.port) for n in spec.nodes] == [
+        ("n0", "socks5", "127.0.0.1", 30000), ("n1", "socks5", "127.0.0.1", 30001),
+        ("n2", "socks5", "127.0.0.1", 30002)]
+    assert len({n.id for n in spec.nodes}) == 3  # distinct ports keep the NodeIds distinct
+    assert {g.name: g.policy for g in spec.groups} == {"select": Policy.SELECTOR, "fastest": Policy.URLTEST}
+    assert all(not g.filters for g in spec.groups)  # no filter: every node is a member
+    assert spec.routing.fallback == "direct" and not spec.routing.rules
+    assert spec.global_.check_interval == 3600 and not spec.global_.tcp_check_url
+    assert spec.clash_api is not None
+    assert (spec.clash_api.external_controller, spec.clash_api.secret) == ("127.0.0.1:0", "k")
+    assert [i.name for i in spec.inbounds] == ["lan"]
+
+
+def test_api_percentile_is_nearest_rank_and_p99_of_few_samples_is_the_worst() -> None:
+    samples = [float(v) for v in range(100, 0, -1)]
+    assert api.percentile(samples, 50) == 50.0 and api.percentile(samples, 99) == 99.0
+    assert api.percentile([3.0, 1.0, 2.0], 99) == 3.0
+    assert api.percentile([7.0], 1) == 7.0
+    with pytest.raises(ValueError):
+        api.percentile([], 50)
+
+
+def test_api_seeded_samples_stay_in_range_and_differ_between_nodes() -> None:
+    first = [api.seeded_rtt(node, 0) for node in range(200)]
+    assert all(api.BASE_RTT <= rtt < api.BASE_RTT + api.RTT_SPREAD for rtt in first)
+    assert len(set(first)) > 150
+
+
+def test_api_runner_lines_parse() -> None:
+    got = api.parse_kv("ready api=127.0.0.1:4321 lan=5555 seeded=2000")
+    assert got == {"api": "127.0.0.1:4321", "lan": "5555", "seeded": "2000"}
+    assert float(api.parse_kv("stall ms=12.500")["ms"]) == 12.5
+
+
+def _api_figures(worst_stall: float) -> api.Figures:
+    endpoints = [api.EndpointFigures(path, [10.0, 20.0], [1.0, worst_stall if path == "/proxies" else 2.0], 3_000_000)
+                 for path in api.ENDPOINTS]
+    idle = api.PathFigures(api.Samples([100.0, 100.0, 200.0]), api.Samples([1000.0, 1000.0, 2000.0]))
+    busy = api.PathFigures(api.Samples([140.0, 140.0, 800.0]), api.Samples([1520.0, 1520.0, 120_000.0]))
+    return api.Figures(2000, endpoints, idle, busy, "native", {"polls": 5, "poll_ms": 180.0,
+                                                               "frames": {"/traffic": 5}, "errors": 0})
+
+
+@pytest.mark.parametrize(("worst", "status"), [(99.0, "met"), (100.0, "met"), (150.0, "NOT met")])
+def test_api_target_is_the_worst_proxies_stall_and_the_rest_is_reference(worst: float, status: str) -> None:
+    rows = api.rows(_api_figures(worst))
+    (target,) = [r for r in rows if r[2]]
+    assert target[0].startswith("GET /proxies (2000 nodes, 3.00 MB") and target[3] == status
+    assert f"worst {worst:.1f} ms" in target[1]
+    assert {r[3] for r in rows if r is not target} - {"reference"} == {"errors: 0"}
+
+
+def test_api_rows_give_the_dashboard_over_idle_ratios() -> None:
+    rows = api.rows(_api_figures(1.0))
+    ratios = [r[1] for r in rows if r[0].strip().startswith("ratio")]
+    assert ratios == ["p50 x1.40, p99 x4.00", "p50 x1.52, p99 x60.00"]
+    assert any("(native relay)" in r[0] for r in rows)
+    assert "p99 120.0 ms" in next(r[1] for r in rows if r[0].startswith("new tunnel") and "dashboard" in r[0])

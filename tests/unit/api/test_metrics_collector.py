@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 from aiohttp import test_utils
+from helpers.apidaemon import LAN_INBOUND, bearer, metric_samples, quiet_global, running_daemon
 from helpers.servers import free_port
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from honk import __version__
 from honk.alive.outcome import Domain, Family
@@ -19,20 +19,12 @@ from honk.core.clock import FakeClock
 from honk.core.errors import DialError
 from honk.core.net import Address, FlowMeta, Network
 from honk.core.stats import DIAL_ERROR_KINDS, PROBE_BUCKETS, RuntimeStats
-from honk.daemon.app import Daemon
 
 SECRET = "metrics-secret"
 NODE_PASSWORD = "hunter2-node-pw"  # must never reach the exposition
 
-CONFIG = """global {{
-    data_dir: ./var
-    tcp_check_url: ''
-    check_interval: 3600s
-}}
-inbound {{
-    lan: 'mixed://127.0.0.1:0'
-}}
-node {{
+# no API block: the tests serve the metrics routes from an app of their own
+ROUTED = """node {{
     a: 'socks5://honk:{password}@127.0.0.1:{closed}'
     b: 'socks5://127.0.0.1:{closed}'
 }}
@@ -47,15 +39,8 @@ routing {{
 """
 
 
-def samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """(sample name, labels) -> value of an exposition, through prometheus_client's own parser."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = (sample.name, frozenset(sample.labels.items()))
-            assert key not in out, f"duplicate series {key}"
-            out[key] = sample.value
-    return out
+def config_text(password: str) -> str:
+    return quiet_global() + LAN_INBOUND + ROUTED.format(password=password, closed=free_port())
 
 
 def value(parsed: dict, name: str, **labels: str) -> float | None:
@@ -87,7 +72,7 @@ def test_awkward_group_names_are_escaped_and_parse_back_intact():
     odd = 'Ünïcode "quoted" back\\slash\nnewline and space'
     stats.selection_changed(odd, "tcp")
     stats.selection_changed(odd, "tcp")
-    parsed = samples(exposition(stand_in(stats)))
+    parsed = metric_samples(exposition(stand_in(stats)))
     assert value(parsed, "honk_group_selection_changes_total", group=odd, network="tcp") == 2
 
 
@@ -95,7 +80,7 @@ def test_probe_histograms_render_cumulative_buckets_sum_and_count_for_every_kind
     stats = RuntimeStats()
     stats.probe("tcp", False, 0.3)
     stats.probe("tcp", False, 30.0)
-    parsed = samples(exposition(stand_in(stats)))
+    parsed = metric_samples(exposition(stand_in(stats)))
     buckets = {dict(k)["le"]: v for k, v in named(parsed, "honk_probe_duration_seconds_bucket").items()
                if dict(k)["kind"] == "tcp" and dict(k)["result"] == "error"}
     assert len(buckets) == len(PROBE_BUCKETS) + 1
@@ -107,7 +92,7 @@ def test_probe_histograms_render_cumulative_buckets_sum_and_count_for_every_kind
 
 
 def test_counters_exist_at_zero_for_every_fixed_label_before_any_event():
-    parsed = samples(exposition(stand_in(RuntimeStats())))
+    parsed = metric_samples(exposition(stand_in(RuntimeStats())))
     for network in ("tcp", "udp"):
         assert value(parsed, "honk_dials_total", network=network, result="ok", kind="") == 0
         for kind in DIAL_ERROR_KINDS:
@@ -126,14 +111,8 @@ def test_counters_exist_at_zero_for_every_fixed_label_before_any_event():
 
 @pytest.fixture
 async def daemon(tmp_path):
-    cfg = tmp_path / "honk.dae"
-    cfg.write_text(CONFIG.format(password=NODE_PASSWORD, closed=free_port()))
-    running = Daemon(cfg)
-    await running.start()
-    try:
+    async with running_daemon(tmp_path, config_text(NODE_PASSWORD)) as running:
         yield running
-    finally:
-        await running.shutdown(0.0)
 
 
 @pytest.fixture
@@ -144,7 +123,7 @@ async def client(daemon):
 
 
 async def scrape(client) -> str:
-    response = await client.get("/metrics", headers={"Authorization": f"Bearer {SECRET}"})
+    response = await client.get("/metrics", headers=bearer(SECRET))
     assert response.status == 200
     return await response.text()
 
@@ -152,14 +131,14 @@ async def scrape(client) -> str:
 async def test_metrics_answer_only_with_the_api_secret_in_the_text_format(client):
     assert (await client.get("/metrics")).status == 401
     assert (await client.get("/metrics", headers={"Authorization": "Bearer wrong"})).status == 401
-    response = await client.get("/metrics", headers={"Authorization": f"Bearer {SECRET}"})
+    response = await client.get("/metrics", headers=bearer(SECRET))
     assert response.status == 200
     assert response.headers["Content-Type"] == CONTENT_TYPE_LATEST
-    samples(await response.text())
+    metric_samples(await response.text())
 
 
 async def test_configured_inbounds_and_groups_show_at_zero_with_process_and_admission_gauges(client, daemon):
-    parsed = samples(await scrape(client))
+    parsed = metric_samples(await scrape(client))
     assert named(parsed, "honk_connections") == {
         frozenset({("inbound", "lan"), ("network", "tcp")}): 0,
         frozenset({("inbound", "lan"), ("network", "udp")}): 0,
@@ -175,10 +154,10 @@ async def test_configured_inbounds_and_groups_show_at_zero_with_process_and_admi
 
 async def test_admission_gauges_count_a_held_permit_in_the_plane_and_the_process(client, daemon):
     budget = daemon.plane.admission
-    before = samples(await scrape(client))
+    before = metric_samples(await scrape(client))
     permit = await budget.acquire(daemon.clock.now() + 5.0)
     try:
-        during = samples(await scrape(client))
+        during = metric_samples(await scrape(client))
     finally:
         permit.release()
     assert value(during, "honk_dial_admission_in_use", scope="plane") == 1
@@ -190,15 +169,15 @@ async def test_admission_gauges_count_a_held_permit_in_the_plane_and_the_process
 async def test_node_alive_exports_known_states_only_one_alive_zero_dead(client, daemon):
     alive = daemon.health.alive
     node_a = next(n.node_id for n in alive.nodes() if n.name == "a")
-    assert named(samples(await scrape(client)), "honk_node_alive") == {}  # every state still unknown
+    assert named(metric_samples(await scrape(client)), "honk_node_alive") == {}  # every state still unknown
     alive.notify_check_success(node_a, Domain.TCP, Family.V4, 0.05)
-    parsed = samples(await scrape(client))
+    parsed = metric_samples(await scrape(client))
     assert named(parsed, "honk_node_alive") == {
         frozenset({("node", "a"), ("domain", "tcp"), ("family", "ipv4")}): 1}
     for _ in range(3):  # PROBE_DEATH_THRESHOLD[TCP]; forced past the registration grace
         alive.notify_check_failure(node_a, Domain.TCP, Family.V4, force=True)
     alive.notify_check_success(node_a, Domain.DNS_UDP, Family.V6, 0.05)
-    parsed = samples(await scrape(client))
+    parsed = metric_samples(await scrape(client))
     assert named(parsed, "honk_node_alive") == {
         frozenset({("node", "a"), ("domain", "tcp"), ("family", "ipv4")}): 0,
         frozenset({("node", "a"), ("domain", "dns_udp"), ("family", "ipv6")}): 1,
@@ -210,7 +189,7 @@ async def test_a_failed_dial_counts_by_kind_and_no_credential_or_target_reaches_
     with pytest.raises(DialError):
         await daemon.dispatcher.connect(meta)
     text = await scrape(client)
-    parsed = samples(text)
+    parsed = metric_samples(text)
     assert value(parsed, "honk_dials_total", network="tcp", result="error", kind="dial") == 1
     assert value(parsed, "honk_dials_total", network="tcp", result="ok", kind="") == 0
     for secret in (NODE_PASSWORD, "private-target", SECRET):
@@ -218,18 +197,13 @@ async def test_a_failed_dial_counts_by_kind_and_no_credential_or_target_reaches_
 
 
 async def test_each_server_has_its_own_registry(daemon, tmp_path):
-    other_cfg = tmp_path / "other" / "honk.dae"
-    other_cfg.parent.mkdir()
-    other_cfg.write_text(CONFIG.format(password="x", closed=free_port()).replace("proxy", "other"))
-    other = Daemon(other_cfg)
-    await other.start()
-    try:
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    async with running_daemon(other_dir, config_text("x").replace("proxy", "other")) as other:
         apps = [build_app(d, SECRET, [metrics.routes]) for d in (daemon, other)]
         groups = []
         for app in apps:
             async with test_utils.TestClient(test_utils.TestServer(app)) as http:
-                parsed = samples(await scrape(http))
+                parsed = metric_samples(await scrape(http))
                 groups.append({dict(k)["group"] for k in named(parsed, "honk_group_selection_changes_total")})
         assert groups == [{"proxy"}, {"other"}]
-    finally:
-        await other.shutdown(0.0)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers.servers import free_port
 
 from honk.cli.client import (
     ApiCallError,
@@ -93,14 +94,6 @@ def hold(h: BaseHTTPRequestHandler) -> None:
     h.server.owner.release.wait(30)  # type: ignore[attr-defined]
 
 
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_a_request_carries_the_bearer_secret_and_a_json_body_and_returns_the_parsed_reply(serve):
     server = serve(lambda h: reply(h, 200, {"group": "proxy", "changed": ["tcp"]}))
     client = ApiClient(server.url, "s3cret")
@@ -165,7 +158,7 @@ def test_a_success_that_is_not_json_is_a_bad_response(serve):
 
 
 def test_a_closed_port_is_a_connect_error_naming_the_url_and_the_refusal():
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ConnectError) as info:
         ApiClient(url).get("/v1/status")
     assert info.value.url == url and "refused" in info.value.reason
