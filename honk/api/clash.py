@@ -42,6 +42,7 @@ from honk.api.delay import (
     test_members,
 )
 from honk.api.errors import ApiError, bad_request, not_found
+from honk.api.jsonio import encode_each, reply, stream_json, text_reply
 from honk.config.spec import Policy
 from honk.connection.plane import Plane
 from honk.core.clock import timeout_at
@@ -60,12 +61,6 @@ LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warning": "wa
               "error": "error", "silent": "silent"}
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def reply(value: Any, status: int = 200) -> web.Response:
-    return web.json_response(value, status=status, dumps=_dumps)
 
 
 def no_content() -> web.Response:
@@ -169,7 +164,8 @@ def routes(control: Control) -> list[web.RouteDef]:
 
     async def get_proxies(request: web.Request) -> web.StreamResponse:
         ctx = context()
-        return reply(views.proxies(ctx, views.global_members(ctx.plane)))
+        entries = await encode_each(views.listed(ctx), lambda name: views.proxy_entry(ctx, name))
+        return await stream_json(request, views.PROXIES_HEAD, entries, views.PROXIES_TAIL)
 
     async def get_proxy(request: web.Request) -> web.StreamResponse:
         ctx = context()
@@ -275,18 +271,22 @@ def routes(control: Control) -> list[web.RouteDef]:
 
     async def get_providers(request: web.Request) -> web.StreamResponse:
         ctx = context()
-        return reply(views.providers(ctx, subscription_infos(), views.global_members(ctx.plane)))
-
-    def provider_name(request: web.Request, known: dict[str, Any]) -> str:
-        for candidate in path_names(request, "provider"):
-            if candidate in known:
-                return candidate
-        raise not_found()
+        subscriptions = subscription_infos()
+        members = views.provider_members(ctx, subscriptions)
+        names = dict.fromkeys(name for listed in members.values() for name in listed)
+        await encode_each(names, lambda name: views.proxy_json(ctx, name))
+        entries = await encode_each(members, lambda name: views.provider_entry(ctx, subscriptions, name))
+        return await stream_json(request, views.PROVIDERS_HEAD, entries, views.PROVIDERS_TAIL)
 
     async def get_provider(request: web.Request) -> web.StreamResponse:
         ctx = context()
-        known = views.providers(ctx, subscription_infos(), views.global_members(ctx.plane))["providers"]
-        return reply(known[provider_name(request, known)])
+        subscriptions = subscription_infos()
+        for candidate in path_names(request, "provider"):
+            members = views.provider_members(ctx, subscriptions).get(candidate)
+            if members is not None:
+                await encode_each(members, lambda name: views.proxy_json(ctx, name))
+                return text_reply(views.provider_json(ctx, subscriptions, candidate) or "")
+        raise not_found()
 
     async def put_provider(request: web.Request) -> web.StreamResponse:
         ctx = context()

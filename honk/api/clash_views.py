@@ -27,6 +27,7 @@ from honk.alive.checkurl import DEFAULT_DELAY_URL
 from honk.alive.group_checks import GroupChecks
 from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family
+from honk.api.jsonio import dumps
 from honk.config.spec import GroupSpec, NodeSpec, Policy, Predicate, RuleSpec, Spec
 from honk.connection.plane import Plane
 from honk.connection.tracker import ConnectionInfo
@@ -40,6 +41,7 @@ from honk.outbound.base import Outbound
 from honk.route.router import EMPTY_RULE_TEXT, FALLBACK_RULE_TEXT, describe_rule
 
 GLOBAL = "GLOBAL"
+FAMILIES = tuple(Family)  # iterating the enum itself costs more than the check
 CLASH_NAMES = {"direct": "DIRECT", "block": "REJECT"}  # honk builtin -> Clash spelling
 HONK_NAMES = {clash: honk for honk, clash in CLASH_NAMES.items()}
 HISTORY_LENGTH = 10  # mihomo's defaultHistoriesNum: a proxy shows its last 10 tests
@@ -216,7 +218,7 @@ def _node_alive(alive: AliveDialerSet | None, node_id: uuid.UUID | None) -> bool
     """TCP alive in either family; an unknown state counts as alive."""
     if alive is None or node_id is None:
         return True
-    return any(alive.tcp_alive(node_id, family) for family in Family)
+    return any(alive.tcp_alive(node_id, family) for family in FAMILIES)
 
 
 def _merged(*histories: Sequence[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
@@ -355,16 +357,33 @@ def lookup(ctx: ProxyContext, clash: str) -> str | None:
     return name if name is not None and name in outbounds else None
 
 
-def proxies(ctx: ProxyContext, members: Sequence[str] | None = None) -> dict[str, Any]:
-    """``GET /proxies``: every leaf, every group and GLOBAL."""
-    out: dict[str, Any] = {}
-    for name in ctx.plane.outbounds:
-        out[clash_name(name)] = proxy(ctx, name)
-    for name in ctx.groups.names:
-        out[name] = proxy(ctx, name)
-    if ctx.has_synthetic_global():
-        out[GLOBAL] = global_proxy(ctx, members)
-    return {"proxies": out}
+def proxy_json(ctx: ProxyContext, name: str) -> str:
+    """:func:`proxy` encoded, once per context: listings join these texts (a provider listing
+    repeats the same members many times)."""
+    encoded = ctx._cache.setdefault("json", {})
+    text = encoded.get(name)
+    if text is None:
+        text = encoded[name] = dumps(proxy(ctx, name))
+    return text
+
+
+def listed(ctx: ProxyContext) -> list[str]:
+    """The honk names ``GET /proxies`` lists: every leaf, every group, then GLOBAL."""
+    names = [*ctx.plane.outbounds, *ctx.groups.names]
+    return [*names, GLOBAL] if ctx.has_synthetic_global() else names
+
+
+def proxy_entry(ctx: ProxyContext, name: str) -> str:
+    """``"<clash name>":<proxy>``, one member of the ``GET /proxies`` object."""
+    return f"{dumps(clash_name(name))}:{proxy_json(ctx, name)}"
+
+
+PROXIES_HEAD, PROXIES_TAIL = '{"proxies":{', "}}"
+
+
+def proxies_json(ctx: ProxyContext) -> str:
+    """``GET /proxies``: every leaf, every group and GLOBAL, keyed by their Clash names."""
+    return PROXIES_HEAD + ",".join(proxy_entry(ctx, name) for name in listed(ctx)) + PROXIES_TAIL
 
 
 def groups_list(ctx: ProxyContext, members: Sequence[str] | None = None) -> dict[str, Any]:
@@ -388,15 +407,13 @@ class ProviderInfo:
     usage: Mapping[str, int] | None = None
 
 
-def _provider(name: str, vehicle: str, members: list[dict[str, Any]], test_url: str) -> dict[str, Any]:
-    return {
-        "expectedStatus": EXPECTED_ANY,
-        "name": name,
-        "proxies": members,
-        "testUrl": test_url,
-        "type": "Proxy",
-        "vehicleType": vehicle,
-    }
+def _provider_json(ctx: ProxyContext, name: str, vehicle: str, members: Iterable[str], test_url: str,
+                   **extra: Any) -> str:
+    """A ProxyProvider object, its ``proxies`` joined from the members' encoded texts."""
+    head = dumps({"expectedStatus": EXPECTED_ANY, "name": name, "testUrl": test_url, "type": "Proxy",
+                  "vehicleType": vehicle, **extra})
+    items = ",".join(proxy_json(ctx, m) for m in members if proxy(ctx, m) is not None)
+    return head[:-1] + ',"proxies":[' + items + "]}"
 
 
 def subscription_nodes(plane: Plane, subscription: str) -> list[str]:
@@ -418,32 +435,44 @@ def subscription_info(usage: Mapping[str, int]) -> dict[str, int]:
     return {clash: int(usage.get(key, 0)) for key, clash in keys.items()}
 
 
-def subscription_provider(ctx: ProxyContext, info: ProviderInfo) -> dict[str, Any]:
-    members = [p for p in (proxy(ctx, n) for n in subscription_nodes(ctx.plane, info.name)) if p is not None]
-    obj = _provider(info.name, "HTTP", members, ctx.test_url())
-    if info.updated_at:
-        obj["updatedAt"] = rfc3339(info.updated_at)
-    if info.usage:
-        obj["subscriptionInfo"] = subscription_info(info.usage)
-    return obj
-
-
-def providers(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo],
-              members: Sequence[str] | None = None) -> dict[str, Any]:
-    """``GET /providers/proxies``: a provider per subscription, ``default`` with every proxy,
+def provider_members(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo]) -> dict[str, list[str]]:
+    """Each provider's member names: a provider per subscription, ``default`` with every proxy,
     and a Compatible provider per group (dashboards drop the last two kinds)."""
-    out: dict[str, Any] = {}
-    for info in subscriptions:
-        out[info.name] = subscription_provider(ctx, info)
-    everything = global_members(ctx.plane) if members is None else members
-    out["default"] = _provider("default", "Compatible",
-                               [p for p in (proxy(ctx, n) for n in everything) if p is not None], ctx.test_url())
+    out = {info.name: subscription_nodes(ctx.plane, info.name) for info in subscriptions}
+    out["default"] = global_members(ctx.plane)
     for name in ctx.groups.names:
-        if name in out:
-            continue  # a subscription of the same name keeps the entry
-        items = [p for p in (proxy(ctx, m) for m in ctx.groups.members(name)) if p is not None]
-        out[name] = _provider(name, "Compatible", items, ctx.test_url(name))
-    return {"providers": out}
+        out.setdefault(name, list(ctx.groups.members(name)))  # a subscription of the same name keeps it
+    return out
+
+
+def provider_json(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo], name: str) -> str | None:
+    """One provider (see :func:`provider_members`), or None when there is no such provider."""
+    members = provider_members(ctx, subscriptions).get(name)
+    if members is None:
+        return None
+    info = next((i for i in subscriptions if i.name == name), None)
+    if info is None:
+        return _provider_json(ctx, name, "Compatible", members, ctx.test_url(name if name in ctx.groups else None))
+    extra: dict[str, Any] = {}
+    if info.updated_at:
+        extra["updatedAt"] = rfc3339(info.updated_at)
+    if info.usage:
+        extra["subscriptionInfo"] = subscription_info(info.usage)
+    return _provider_json(ctx, name, "HTTP", members, ctx.test_url(), **extra)
+
+
+def provider_entry(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo], name: str) -> str:
+    """``"<name>":<provider>``, one member of the ``GET /providers/proxies`` object."""
+    return f"{dumps(name)}:{provider_json(ctx, subscriptions, name)}"
+
+
+PROVIDERS_HEAD, PROVIDERS_TAIL = '{"providers":{', "}}"
+
+
+def providers_json(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo]) -> str:
+    """``GET /providers/proxies``."""
+    entries = (provider_entry(ctx, subscriptions, name) for name in provider_members(ctx, subscriptions))
+    return PROVIDERS_HEAD + ",".join(entries) + PROVIDERS_TAIL
 
 
 def provider_leaves(ctx: ProxyContext, provider: str, subscriptions: Sequence[str]) -> list[str] | None:

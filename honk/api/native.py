@@ -24,6 +24,7 @@ from honk.api import native_views as views
 from honk.api.context import Control, running_plane
 from honk.api.delay import DEFAULT_DELAY_TIMEOUT, MAX_DELAY_TIMEOUT, DelayResult, test_group, test_leaf
 from honk.api.errors import ApiError
+from honk.api.jsonio import dumps, encode_each, reply, stream_json
 from honk.api.streams import serve_log_lines
 from honk.config.diagnostics import ConfigError
 from honk.config.spec import Policy
@@ -43,12 +44,6 @@ FALSE_WORDS = ("false", "0")
 # --- request helpers -------------------------------------------------------------------------
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def reply(value: Any, status: int = 200) -> web.Response:
-    return web.json_response(value, status=status, dumps=_dumps)
 
 
 def invalid(message: str) -> ApiError:
@@ -196,7 +191,10 @@ def routes(control: Control) -> list[web.RouteDef]:
     # --- nodes and delay tests -------------------------------------------------------------
 
     async def list_nodes(request: web.Request) -> web.StreamResponse:
-        return reply({"nodes": views.nodes_view(running_plane(control), control.health.alive)})
+        plane, alive = running_plane(control), control.health.alive
+        specs = views.node_specs(plane.spec)
+        nodes = await encode_each(plane.outbounds, lambda name: dumps(views.node_view(plane, alive, name, specs)))
+        return await stream_json(request, '{"nodes":[', nodes, "]}")
 
     async def get_node(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

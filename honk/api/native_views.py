@@ -36,6 +36,7 @@ DELAY_DECIMALS = 3  # delays in ms keep microseconds: "delays in ms (float, 3 de
 # selection is Score's to make: it takes no pin, as in the Clash API)
 FIXABLE_POLICIES = (Policy.URLTEST, Policy.FALLBACK)
 FAMILY_KEYS = {Family.V4: "v4", Family.V6: "v6"}
+STATE_KEYS = tuple((d, f) for d in Domain for f in Family)  # a node's six states, in display order
 NETWORKS = (Network.TCP, Network.UDP)
 
 JSON = dict[str, Any]
@@ -141,10 +142,9 @@ def health_view(alive: AliveDialerSet, node_id: uuid.UUID | None) -> JSON:
         return {}
     states = alive.node(node_id).states
     out: JSON = {}
-    for domain in Domain:
-        for family in Family:
-            if (domain, family) in states:
-                out.setdefault(domain.value, {})[FAMILY_KEYS[family]] = link_view(alive, node_id, domain, family)
+    for domain, family in STATE_KEYS:
+        if (domain, family) in states:
+            out.setdefault(domain.value, {})[FAMILY_KEYS[family]] = link_view(alive, node_id, domain, family)
     return out
 
 
@@ -176,12 +176,6 @@ def node_view(plane: Plane, alive: AliveDialerSet, name: str,
         "health": health_view(alive, node_id),
         "latency": latency_view(alive, node_id),
     }
-
-
-def nodes_view(plane: Plane, alive: AliveDialerSet) -> list[JSON]:
-    """Every outbound: the builtins ``direct`` and ``block`` first, then the nodes in order."""
-    specs = node_specs(plane.spec)
-    return [node_view(plane, alive, name, specs) for name in plane.outbounds]
 
 
 def node_alive(alive: AliveDialerSet, node_id: uuid.UUID) -> bool:

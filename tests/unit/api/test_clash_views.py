@@ -101,7 +101,7 @@ def world() -> World:
 
 
 def test_group_types_use_mihomo_casing_and_score_shows_as_urltest(world):
-    listed = views.proxies(world.ctx())["proxies"]
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     assert {name: listed[name]["type"] for name in ("My Proxy", "Auto", "Fall back", "LB", "Smart", "GLOBAL")} == {
         "My Proxy": "Selector", "Auto": "URLTest", "Fall back": "Fallback", "LB": "LoadBalance",
         "Smart": "URLTest", "GLOBAL": "Selector",
@@ -112,14 +112,14 @@ def test_group_types_use_mihomo_casing_and_score_shows_as_urltest(world):
 
 
 def test_every_group_has_a_non_empty_all_and_leaves_have_none(world):
-    listed = views.proxies(world.ctx())["proxies"]
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     groups = {name for name, p in listed.items() if p.get("all")}
     assert groups == {"My Proxy", "Auto", "Fall back", "LB", "Smart", "GLOBAL"}
     assert listed["My Proxy"]["all"] == ["hk", "Auto", "Fall back", "LB", "Smart"]
 
 
 def test_global_lists_direct_block_nodes_then_groups_in_config_order(world):
-    glob = views.proxies(world.ctx())["proxies"]["GLOBAL"]
+    glob = json.loads(views.proxies_json(world.ctx()))["proxies"]["GLOBAL"]
     assert glob["all"] == ["DIRECT", "REJECT", "hk", "🇯🇵 Japan 04", "us",
                            "My Proxy", "Auto", "Fall back", "LB", "Smart"]
     assert glob["now"] == "DIRECT"
@@ -128,7 +128,7 @@ def test_global_lists_direct_block_nodes_then_groups_in_config_order(world):
 
 
 def test_proxy_objects_carry_mihomos_keys_sorted(world):
-    listed = views.proxies(world.ctx())["proxies"]
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     for obj in listed.values():
         assert list(obj) == sorted(obj)
     leaf_keys = {"alive", "dialer-proxy", "extra", "history", "id", "interface", "mptcp", "name", "provider-name",
@@ -143,7 +143,7 @@ def test_proxy_objects_carry_mihomos_keys_sorted(world):
 
 
 def test_test_url_is_the_group_check_url_else_the_global_check_url(world):
-    listed = views.proxies(world.ctx())["proxies"]
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     assert listed["Auto"]["testUrl"] == "http://group.example/check"
     assert listed["Fall back"]["testUrl"] == "http://check.example/generate_204"
 
@@ -183,7 +183,7 @@ def test_leaf_alive_needs_tcp_dead_in_both_families(world):
 
 
 def test_udp_follows_the_leafs_capability(world):
-    listed = views.proxies(world.ctx())["proxies"]
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     assert listed["🇯🇵 Japan 04"]["udp"] is world.plane.outbounds["🇯🇵 Japan 04"].supports_udp
     assert listed["DIRECT"]["udp"] is True
     assert listed["REJECT"]["udp"] is world.plane.outbounds["block"].supports_udp
@@ -286,7 +286,7 @@ def test_rules_carry_mihomo_types_payloads_and_a_final_match(world):
 
 
 def test_providers_have_default_and_a_compatible_provider_per_group(world):
-    out = views.providers(world.ctx(), [])["providers"]
+    out = json.loads(views.providers_json(world.ctx(), []))["providers"]
     assert out["default"]["vehicleType"] == "Compatible"
     assert [p["name"] for p in out["default"]["proxies"]][:3] == ["DIRECT", "REJECT", "hk"]
     assert out["Auto"]["vehicleType"] == "Compatible"
@@ -300,7 +300,7 @@ def test_a_subscription_provider_lists_its_nodes_with_usage_and_update_time():
     w.spec = dataclasses.replace(w.spec, nodes=(*w.spec.nodes, extra))
     w.plane = build_plane(w.spec, w.clock, 2)
     info = views.ProviderInfo("paid", 1_700_000_000.0, {"upload": 1, "download": 2, "total": 30, "expire": 99})
-    out = views.providers(w.ctx(), [info])["providers"]["paid"]
+    out = json.loads(views.providers_json(w.ctx(), [info]))["providers"]["paid"]
     assert out["vehicleType"] == "HTTP" and [p["name"] for p in out["proxies"]] == ["sub-1"]
     assert out["proxies"][0]["provider-name"] == "paid"
     assert out["subscriptionInfo"] == {"Upload": 1, "Download": 2, "Total": 30, "Expire": 99}
@@ -316,7 +316,7 @@ def test_no_credential_appears_in_any_view(world):
         start=0.0, plane_generation=1)
     ctx = world.ctx()
     text = json.dumps([
-        views.proxies(ctx), views.groups_list(ctx), views.providers(ctx, []), views.rules(world.spec),
+        json.loads(views.proxies_json(ctx)), views.groups_list(ctx), json.loads(views.providers_json(ctx, [])), views.rules(world.spec),
         views.connections([info], (0, 0), 0, views.rule_index(world.spec), {}),
         views.configs(world.spec, "rule", "info", 7890),
     ], ensure_ascii=False)
