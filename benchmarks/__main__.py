@@ -20,7 +20,7 @@
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
   skips them).
 
-The full run takes about 12 minutes on two cores (the v2ray rows about 4 of them),
+The full run takes about 13 minutes on two cores (the v2ray rows about 4 of them),
 ``--quick`` about two. The figures and every run's raw output also go to
 ``benchmarks/results/*.json``.
 """
