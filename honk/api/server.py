@@ -1,46 +1,37 @@
-"""One aiohttp server for every control surface.
+"""The API listener: one socket for every control surface, bound at start, served on demand.
 
-Request path, outermost first:
+The daemon binds the listener when it starts (so a bad address fails the start or the
+reload at once) but loads the web stack (aiohttp, the surfaces, prometheus-client; about
+15 MB) only when the first connection arrives; that connection waits in the kernel's
+backlog meanwhile. A router nobody queries keeps its memory.
 
-1. **Connection guard** (a protocol wrapper under aiohttp): at most
-   :data:`MAX_API_CONNECTIONS` connections, and a connection that has not
-   delivered a complete request head within :data:`HEAD_TIMEOUT` of opening (or
-   of its previous response) is closed. A slow-loris client therefore holds one
-   socket for seconds, never a handler, and the data path never notices.
-2. **CORS** runs before authentication (clash-api.md §1): a preflight is
-   answered without a token, with ``Access-Control-Allow-Private-Network`` when
-   the browser asks, and every other response carries the allow-origin header
-   so a dashboard can read a 401.
-3. **Errors**: :class:`~honk.api.errors.ApiError` and aiohttp's own HTTP errors
-   become the surface's JSON error body; anything else is logged and a 500.
-4. **Authentication**: ``Authorization: Bearer <secret>`` compared in constant
-   time; ``?token=`` is accepted only on a WebSocket upgrade. ``/ui`` is public.
-5. **Body limit**: a declared body over :data:`MAX_BODY` is refused with 413
-   before it is read; aiohttp enforces the same limit on chunked bodies.
-
-Surfaces add their routes through :func:`build_app`; the server itself knows no
-endpoint.
+Under aiohttp sits the **connection guard**, a protocol wrapper: at most
+:data:`MAX_API_CONNECTIONS` connections, and a connection that has not delivered a
+complete request head within :data:`HEAD_TIMEOUT` of opening (or of its previous
+response) is closed, so a slow-loris client holds one socket for seconds, never a
+handler, and the data path never notices. It also escapes a raw request line's target
+before aiohttp parses it. The middlewares and routes are in :mod:`honk.api.webapp`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import importlib
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 from honk.api.context import Control
-from honk.api.errors import ApiError, render, unauthorized
-from honk.api.streams import stop_streams
 from honk.config.spec import DEFAULT_CLASH_API_CONTROLLER, ClashApiSpec
 from honk.core.clock import Clock, TimerHandle
 from honk.core.net import parse_host_port
 from honk.daemon.logs import kv
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("honk.api")
 
@@ -48,98 +39,7 @@ MAX_API_CONNECTIONS = 64  # concurrent API connections; more are closed at accep
 MAX_REQUEST_LINE = 8192  # bytes collected for escaping; longer lines go to aiohttp as they are
 HEAD_TIMEOUT = 10.0  # seconds a connection may take to deliver a request head (slow-loris bound)
 MAX_BODY = 2 * 1024 * 1024  # bytes; the largest body any endpoint accepts (a config upload)
-CORS_MAX_AGE = "300"  # seconds a browser may cache a preflight (mihomo's default)
-CORS_METHODS = "GET, POST, PUT, PATCH, DELETE"
-CORS_HEADERS = "Content-Type, Authorization"
-UI_PREFIX = "/ui"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-RouteSource = Callable[[Control], Iterable[web.AbstractRouteDef]]
-
-
-# --- middlewares ---------------------------------------------------------------------------
-
-
-def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    origin = request.headers.get("Origin")
-    if origin and not response.prepared:
-        response.headers["Access-Control-Allow-Origin"] = "*"
-        response.headers.setdefault("Vary", "Origin")
-
-
-@web.middleware
-async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-        response = web.Response(status=204)
-        response.headers.update({
-            "Access-Control-Allow-Origin": "*",
-            "Access-Control-Allow-Methods": CORS_METHODS,
-            "Access-Control-Allow-Headers": CORS_HEADERS,
-            "Access-Control-Max-Age": CORS_MAX_AGE,
-        })
-        if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
-            response.headers["Access-Control-Allow-Private-Network"] = "true"
-        return response
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:  # raised past the error middleware (redirects)
-        _cors_headers(request, exc)
-        raise
-    _cors_headers(request, response)
-    return response
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return render(request, exc.status, exc.code, exc.message)
-    except web.HTTPRedirection:
-        raise
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return render(request, exc.status, None, None)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("API handler failed %s", kv(method=request.method, path=request.path))
-        return render(request, 500, "internal", "internal error")
-
-
-def auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamResponse]]:
-    expected = f"Bearer {secret}".encode()
-    token_bytes = secret.encode()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if secret and not _public(request.path) and not _authorized(request, expected, token_bytes):
-            raise unauthorized()
-        return await handler(request)
-
-    return middleware
-
-
-def _public(path: str) -> bool:
-    return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
-
-
-def _authorized(request: web.Request, expected: bytes, token: bytes) -> bool:
-    """Bearer header (the scheme exactly ``Bearer``), or ``?token=`` on a WebSocket upgrade only."""
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        given = request.query.get("token", "")
-        if given:
-            return hmac.compare_digest(given.encode(), token)
-    header = request.headers.get("Authorization", "")
-    return hmac.compare_digest(header.encode(), expected)
-
-
-@web.middleware
-async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise ApiError(413, "body_too_large", f"body over {MAX_BODY} bytes")
-    return await handler(request)
+BACKLOG = 128  # connections the kernel queues, the first ones while the web stack loads
 
 
 # --- the connection guard ---------------------------------------------------------------------
@@ -236,106 +136,93 @@ class ConnectionGuard:
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guard(factory(), self)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """A complete head arrived: no deadline while the handler runs, a fresh one after."""
-        guard = self.open.get(request.transport) if request.transport is not None else None
-        if guard is not None:
-            guard.disarm()
-        try:
-            return await handler(request)
-        finally:
-            if guard is not None and guard.transport is not None and not guard.transport.is_closing():
-                guard.arm()
-
-
-# --- the server -----------------------------------------------------------------------------
-
-
-def build_app(control: Control, secret: str, sources: Iterable[RouteSource],
-              guard: ConnectionGuard | None = None, ui_dir: Path | None = None) -> web.Application:
-    middlewares = [cors_middleware, error_middleware, auth_middleware(secret), body_limit_middleware]
-    if guard is not None:
-        middlewares.insert(0, guard.middleware)
-    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
-    for source in sources:
-        app.add_routes(list(source(control)))
-    if ui_dir is not None:
-        _add_ui(app, ui_dir)
-    return app
-
-
-def _add_ui(app: web.Application, ui_dir: Path) -> None:
-    """``external_ui``: the dashboard's files under /ui/ (index.html for directories)."""
-
-    async def to_slash(request: web.Request) -> web.StreamResponse:
-        raise web.HTTPFound(UI_PREFIX + "/")
-
-    async def index(request: web.Request) -> web.StreamResponse:
-        page = ui_dir / "index.html"
-        if not page.is_file():
-            raise ApiError(404, "resource_not_found", "the external UI has no index.html")
-        return web.FileResponse(page)
-
-    app.router.add_get(UI_PREFIX, to_slash)
-    app.router.add_get(UI_PREFIX + "/", index)
-    app.router.add_static(UI_PREFIX + "/", ui_dir, show_index=False, follow_symlinks=False)
-
-
-def default_sources() -> list[RouteSource]:
-    """Every surface's routes: Clash, native and metrics."""
-    from honk.api import clash, metrics, native
-
-    return [clash.routes, native.routes, metrics.routes]
-
 
 class ApiServer:
     """The listener for ``experimental.clash_api``; the daemon starts, rebinds and stops it."""
 
-    def __init__(self, control: Control, spec: ClashApiSpec, base_dir: Path,
-                 sources: Iterable[RouteSource] | None = None) -> None:
+    def __init__(self, control: Control, spec: ClashApiSpec, base_dir: Path) -> None:
         self.control = control
         self.spec = spec
         self.guard = ConnectionGuard(control.clock)
-        ui_dir = None
-        if spec.external_ui:
-            ui_dir = (base_dir / spec.external_ui).resolve()
-        self.app = build_app(control, spec.secret, default_sources() if sources is None else sources,
-                             self.guard, ui_dir)
+        self._ui_dir = (base_dir / spec.external_ui).resolve() if spec.external_ui else None
+        self.app: web.Application | None = None  # built by load(), at the first connection
+        self.bound: tuple[str, int] | None = None
+        self._sock: socket.socket | None = None
+        self._loading: asyncio.Task[Any] | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.base_events.Server | None = None
-        self.bound: tuple[str, int] | None = None
 
     async def start(self) -> None:
-        """Bind and serve; raises OSError (bind failure) with nothing left running."""
+        """Bind and listen; raises OSError (bind failure) with nothing left open."""
         host, port = parse_host_port(self.spec.external_controller or DEFAULT_CLASH_API_CONTROLLER)
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self.bound = sock.getsockname()[:2]
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._first_connection)
+        log.info("API listening %s", kv(address=f"{host}:{self.bound[1]}",
+                                        auth="secret" if self.spec.secret else "none"))
+
+    def _first_connection(self) -> None:
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        self._loading = asyncio.get_running_loop().create_task(self._serve(), name="honk-api-load")
+
+    async def load(self) -> web.Application:
+        """Load the web stack and serve now (the first connection does this); the application."""
+        if self._loading is None:
+            self._first_connection()
+        assert self._loading is not None
+        await asyncio.shield(self._loading)
+        assert self.app is not None
+        return self.app
+
+    async def _serve(self) -> None:
+        # the import takes a few hundred ms: in a thread, so the data path keeps running
+        webapp = await asyncio.to_thread(importlib.import_module, "honk.api.webapp")
+        app = webapp.build_app(self.control, self.spec.secret, webapp.SURFACES, self.guard, self._ui_dir)
+        runner = webapp.runner(app)
         await runner.setup()
         try:
-            loop = asyncio.get_running_loop()
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self._server = await loop.create_server(
-                self.guard.wrap(runner.server), host=host, port=port, family=family,
-                reuse_address=True, backlog=128,
-            )
+            self._server = await asyncio.get_running_loop().create_server(
+                self.guard.wrap(runner.server), sock=self._sock, backlog=BACKLOG)
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
-        sock = self._server.sockets[0].getsockname()
-        self.bound = (sock[0], sock[1])
-        log.info("API serving %s", kv(address=f"{host}:{self.bound[1]}", auth="secret" if self.spec.secret else "none"))
+        self.app, self._runner = app, runner
+        log.info("API serving %s", kv(address=f"{self.bound[0]}:{self.bound[1]}" if self.bound else "-"))
 
     async def stop(self) -> None:
         """Stop accepting, end open streams and connections."""
+        if self._loading is None:
+            if self._sock is not None:
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        else:
+            try:
+                await self._loading
+            except Exception:  # noqa: BLE001 - it was logged by nobody: say it now, then stop anyway
+                log.exception("API listener failed to load")
         if self._server is not None:
             self._server.close()
-            for guard in list(self.guard.open.values()):
-                if guard.transport is not None:
-                    guard.transport.abort()
+            for held in list(self.guard.open.values()):
+                if held.transport is not None:
+                    held.transport.abort()
             await self._server.wait_closed()
             self._server = None
-        await stop_streams(self.app)
+        if self.app is not None:
+            from honk.api.streams import stop_streams
+
+            await stop_streams(self.app)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -507,6 +508,17 @@ def settle_heap() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    _trim_malloc()
+
+
+def _trim_malloc() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc keeps them after the start's
+    and a reload's short-lived allocations: parsing, building, importing)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _node_view(spec: Spec) -> tuple:

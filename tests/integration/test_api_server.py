@@ -17,6 +17,7 @@ from helpers.servers import EchoServer
 
 from honk.api.server import HEAD_TIMEOUT, MAX_API_CONNECTIONS, MAX_BODY
 from honk.core.clock import FakeClock
+from honk.daemon.app import Daemon
 
 SECRET = "s3cret"
 
@@ -50,7 +51,8 @@ def concrete(path: str) -> str:
 
 async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
     async with started(tmp_path) as daemon:
-        routes = [(r.method, r.resource.canonical) for r in daemon.api.app.router.routes()
+        app = await daemon.api.load()
+        routes = [(r.method, r.resource.canonical) for r in app.router.routes()
                   if r.method not in ("HEAD", "OPTIONS", "*")]
         assert len(routes) > 30  # the Clash, native and metrics surfaces are all there
         async with aiohttp.ClientSession() as session:
@@ -258,3 +260,26 @@ async def test_a_changed_api_block_rebinds_on_reload_and_a_removed_one_stops_the
         cfg.write_text(text[: text.index("experimental")])
         assert await daemon.reload()
         assert daemon.api is None
+
+
+async def test_the_web_stack_loads_at_the_first_connection_and_that_connection_is_served(tmp_path):
+    async with started(tmp_path) as daemon:
+        assert daemon.api.app is None  # bound and listening, nothing loaded: a quiet router keeps its memory
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{api_base(daemon)}/version", headers=bearer(SECRET)) as response:
+                assert response.status == 200  # it waited in the backlog while the stack loaded
+        assert daemon.api.app is not None
+
+
+async def test_a_listener_that_cannot_bind_fails_the_start_and_leaves_nothing_running(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "honk.dae"
+        cfg.write_text(quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED
+                       + api_block(SECRET).replace("127.0.0.1:0", f"127.0.0.1:{port}"))
+        daemon = Daemon(cfg)
+        with pytest.raises(OSError):
+            await daemon.start()
+        assert daemon.api is None and not daemon.inbounds

@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from honk import __version__
 from honk.alive.outcome import Domain, Family
 from honk.api import metrics
-from honk.api.server import build_app
+from honk.api.webapp import build_app
 from honk.core.clock import FakeClock
 from honk.core.errors import DialError
 from honk.core.net import Address, FlowMeta, Network
