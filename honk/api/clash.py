@@ -127,12 +127,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         manager = control.subscriptions
         if manager is None:
             return []
-        out = []
-        for state in manager.states():
-            usage = getattr(state, "usage", None) or getattr(state, "subscription_info", None)
-            out.append(views.ProviderInfo(state.name, getattr(state, "updated_at", None),
-                                          usage if isinstance(usage, dict) else None))
-        return out
+        return [views.ProviderInfo(state.name, state.updated_at) for state in manager.states()]
 
     def delay_reply(result: DelayResult) -> web.Response:
         if result.ok:
