@@ -127,7 +127,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         manager = control.subscriptions
         if manager is None:
             return []
-        return [views.ProviderInfo(state.name, state.updated_at) for state in manager.states()]
+        return [views.ProviderInfo(state.name, state.updated_at, state.usage) for state in manager.states()]
 
     def delay_reply(result: DelayResult) -> web.Response:
         if result.ok:

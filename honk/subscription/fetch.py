@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import itertools
 import ssl
@@ -80,6 +81,24 @@ class FetchResult:
     body: bytes
     status: int  # the final response's status (2xx)
     redirects: int  # hops followed
+    # the provider's Subscription-Userinfo: upload, download, total (bytes), expire (unix s); None: not sent
+    usage: dict[str, int] | None = None
+
+
+USAGE_KEYS = ("upload", "download", "total", "expire")
+
+
+def parse_userinfo(value: bytes) -> dict[str, int] | None:
+    """``upload=1; download=2; total=3; expire=4`` (the de facto Subscription-Userinfo header)
+    as its known keys with non-negative integer values; anything else in it is ignored.
+    None when no known key has a usable value."""
+    out: dict[str, int] = {}
+    for part in value.decode("latin-1").split(";"):
+        key, _, number = part.partition("=")
+        key, number = key.strip().lower(), number.strip()
+        if key in USAGE_KEYS and number.isdigit() and len(number) <= 20:
+            out[key] = int(number)
+    return out or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +196,7 @@ async def fetch(
             for hop in itertools.count():
                 outcome = await _get(current, dial, deadline, user_agent or USER_AGENT, context, max_bytes)
                 if isinstance(outcome, FetchResult):
-                    return FetchResult(outcome.body, outcome.status, hop)
+                    return dataclasses.replace(outcome, redirects=hop)
                 if hop == MAX_REDIRECTS:
                     raise SubscriptionFetchError("too-many-redirects")
                 current = _check_redirect(current, outcome.location, configured)
@@ -260,6 +279,7 @@ async def _exchange(
                 return _Redirect(headers[b"location"].decode("latin-1"))
             if not 200 <= status < 300:
                 raise SubscriptionFetchError("http-status", status=status)
+            usage = parse_userinfo(headers[b"subscription-userinfo"]) if b"subscription-userinfo" in headers else None
             if headers.get(b"content-encoding", b"identity").strip().lower() != b"identity":
                 raise SubscriptionFetchError("unsupported-encoding")
             length = headers.get(b"content-length")
@@ -271,7 +291,7 @@ async def _exchange(
                 raise SubscriptionFetchError("body-too-large")
             chunks.append(bytes(event.data))
         elif isinstance(event, h11.EndOfMessage):
-            return FetchResult(b"".join(chunks), status, 0)
+            return FetchResult(b"".join(chunks), status, 0, usage)
         elif isinstance(event, h11.ConnectionClosed):
             raise SubscriptionFetchError("connection")
         # h11.InformationalResponse (1xx): keep reading

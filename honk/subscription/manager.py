@@ -71,6 +71,7 @@ class SubscriptionState:
     last_error: str | None  # reason of the last refresh if it failed, else None
     restored: bool  # the nodes come from the store and no fetch has replaced them yet
     updated_at: float | None = None  # wall-clock seconds of the last accepted fetch, None before one
+    usage: dict[str, int] | None = None  # the last accepted fetch's Subscription-Userinfo, if it had one
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ class _Sub:
     last_error: str | None = None
     restored: bool = False
     updated_at: float | None = None
+    usage: dict[str, int] | None = None
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -89,7 +91,7 @@ class _Sub:
 
     def state(self) -> SubscriptionState:
         return SubscriptionState(self.spec.name, len(self.nodes), self.attempts, self.last_error, self.restored,
-                                 self.updated_at)
+                                 self.updated_at, self.usage)
 
 
 def _retag(nodes: tuple[NodeSpec, ...], name: str) -> tuple[NodeSpec, ...]:
@@ -320,16 +322,16 @@ class SubscriptionManager:
                         kv(subscription=spec.name, reason=exc.reason, nodes_kept=len(sub.nodes)))
             await self._notify()
             return
-        await self._accept(sub, result.body, parsed)
+        await self._accept(sub, result.body, parsed, result.usage)
 
-    async def _accept(self, sub: _Sub, body: bytes, parsed: ParsedBody) -> None:
+    async def _accept(self, sub: _Sub, body: bytes, parsed: ParsedBody, usage: dict[str, int] | None) -> None:
         spec = sub.spec
         _log_entries(spec.name, parsed.diagnostics, parsed.omitted)
         if self.stats is not None:
             same = [(n.id, n.name) for n in sub.nodes] == [(n.id, n.name) for n in parsed.nodes]
             self.stats.subscription_refresh("unchanged" if same else "accepted")
         sub.nodes, sub.restored, sub.last_error = parsed.nodes, False, None
-        sub.updated_at = self._clock.wall()
+        sub.updated_at, sub.usage = self._clock.wall(), usage
         sub.attempts += 1
         log.info("subscription updated %s", kv(subscription=spec.name, nodes=len(parsed.nodes),
                                                skipped=parsed.skipped, format=parsed.format))

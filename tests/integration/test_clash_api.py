@@ -386,6 +386,9 @@ async def test_providers_answer_200_with_default_and_compatible_entries(api):
     assert (await api.proxy("hk-01"))["extra"][api.check_200]["history"][-1]["delay"] > 0
 
 
+USERINFO = "upload=1024; download=2048; total=1000000000000; expire=1767225600"
+
+
 async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path):
     fetches = []
     fail = asyncio.Event()
@@ -394,7 +397,8 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
         fetches.append(request.path)
         if fail.is_set():
             return aiohttp.web.Response(status=500)
-        return aiohttp.web.Response(text="socks5://127.0.0.1:1081#sub-a\nsocks5://127.0.0.1:1082#sub-b\n")
+        return aiohttp.web.Response(text="socks5://127.0.0.1:1081#sub-a\nsocks5://127.0.0.1:1082#sub-b\n",
+                                    headers={"Subscription-Userinfo": USERINFO})
 
     app = aiohttp.web.Application()
     app.router.add_get("/sub", serve)
@@ -414,6 +418,8 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
             assert provider["vehicleType"] == "HTTP" and provider["type"] == "Proxy"
             assert [p["name"] for p in provider["proxies"]] == ["sub-a", "sub-b"]
             assert provider["proxies"][0]["provider-name"] == "paid" and "updatedAt" in provider
+            assert provider["subscriptionInfo"] == {"Upload": 1024, "Download": 2048, "Total": 10**12,
+                                                    "Expire": 1767225600}  # mihomo's capitalised keys
             before = len(fetches)
             async with http.put(base + "/providers/proxies/paid") as resp:
                 assert resp.status == 204
