@@ -166,7 +166,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         ctx = context()
         name = resolve(ctx, request)
         if name == views.GLOBAL and ctx.has_synthetic_global():
-            found = views.global_proxy(ctx, views.global_members(ctx.plane))
+            found = views.global_proxy(ctx)
         else:
             found = views.proxy(ctx, name)
         if found is None:
@@ -230,13 +230,13 @@ def routes(control: Control) -> list[web.RouteDef]:
 
     async def get_groups(request: web.Request) -> web.StreamResponse:
         ctx = context()
-        return reply(views.groups_list(ctx, views.global_members(ctx.plane)))
+        return reply(views.groups_list(ctx))
 
     async def get_group(request: web.Request) -> web.StreamResponse:
         ctx = context()
         name = resolve(ctx, request)
         if name == views.GLOBAL and name not in ctx.groups:
-            return reply(views.global_proxy(ctx, views.global_members(ctx.plane)))
+            return reply(views.global_proxy(ctx))
         if name not in ctx.groups:
             raise not_found()
         return reply(views.group_proxy(ctx, name))

@@ -316,9 +316,9 @@ def group_proxy(ctx: ProxyContext, name: str) -> dict[str, Any]:
     return _sorted(obj)
 
 
-def global_proxy(ctx: ProxyContext, members: Sequence[str] | None = None) -> dict[str, Any]:
+def global_proxy(ctx: ProxyContext) -> dict[str, Any]:
     """The synthetic GLOBAL selector: every group's position in ``all`` is its display order."""
-    members = global_members(ctx.plane) if members is None else members
+    members = global_members(ctx.plane)
     obj = _base(GLOBAL, "Selector", alive=True, udp=True)
     obj["all"] = [clash_name(m) for m in members]
     obj["now"] = clash_name(ctx.global_choice)
@@ -386,11 +386,11 @@ def proxies_json(ctx: ProxyContext) -> str:
     return PROXIES_HEAD + ",".join(proxy_entry(ctx, name) for name in listed(ctx)) + PROXIES_TAIL
 
 
-def groups_list(ctx: ProxyContext, members: Sequence[str] | None = None) -> dict[str, Any]:
+def groups_list(ctx: ProxyContext) -> dict[str, Any]:
     """``GET /group``: the groups only (GLOBAL last)."""
     out = [proxy(ctx, name) for name in ctx.groups.names]
     if ctx.has_synthetic_global():
-        out.append(global_proxy(ctx, members))
+        out.append(global_proxy(ctx))
     return {"proxies": out}
 
 

@@ -80,8 +80,14 @@ def parse_timeout(text: str | None) -> float:
         ms = int(text)
     except ValueError:
         raise ApiError(400, "invalid_request", "timeout must be whole milliseconds") from None
-    if not 0 < ms <= MAX_DELAY_TIMEOUT * 1000:
-        raise ApiError(400, "invalid_request", "timeout must be 1-32767 ms")
+    return timeout_from_ms(ms, "timeout")
+
+
+def timeout_from_ms(ms: object, field: str) -> float:
+    """A delay-test timeout given as whole milliseconds (1-32767), in seconds; ApiError(400)
+    naming ``field`` otherwise."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 < ms <= MAX_DELAY_TIMEOUT * 1000:
+        raise ApiError(400, "invalid_request", f"{field} must be whole milliseconds, 1-{int(MAX_DELAY_TIMEOUT * 1000)}")
     return ms / 1000.0
 
 

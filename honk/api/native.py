@@ -22,7 +22,7 @@ from honk import __version__
 from honk.alive.checkurl import DEFAULT_DELAY_URL, parse_check_url
 from honk.api import native_views as views
 from honk.api.context import Control, running_plane
-from honk.api.delay import DEFAULT_DELAY_TIMEOUT, MAX_DELAY_TIMEOUT, DelayResult, test_group, test_leaf
+from honk.api.delay import DEFAULT_DELAY_TIMEOUT, DelayResult, test_group, test_leaf, timeout_from_ms
 from honk.api.errors import ApiError
 from honk.api.jsonio import dumps, encode_each, reply, stream_json
 from honk.api.streams import serve_log_lines
@@ -212,11 +212,7 @@ def routes(control: Control) -> list[web.RouteDef]:
             parse_check_url(url, default_scheme="https")
         except ValueError as exc:
             raise invalid(f"url is not a usable URL ({exc})") from None
-        timeout_ms = body.get("timeout_ms", int(DEFAULT_DELAY_TIMEOUT * 1000))
-        if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool) \
-                or not 0 < timeout_ms <= MAX_DELAY_TIMEOUT * 1000:
-            raise invalid(f"timeout_ms must be whole milliseconds, 1-{int(MAX_DELAY_TIMEOUT * 1000)}")
-        timeout = timeout_ms / 1000.0
+        timeout = timeout_from_ms(body.get("timeout_ms", int(DEFAULT_DELAY_TIMEOUT * 1000)), "timeout_ms")
         plane = running_plane(control)
         results: dict[str, DelayResult]
         if target in plane.outbounds:  # a node or builtin first, as the Clash API's leaf lookup does
