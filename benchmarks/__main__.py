@@ -8,6 +8,8 @@
 * api:     the control API at 2,000 nodes: response time and event-loop stall of the
   dashboard's reads, and a 64-byte echo through the mixed inbound with and without a
   dashboard polling (``benchmarks/api.py``; ``--no-api`` skips it);
+* reload:  a reload at 2,000 nodes (unchanged, one node moved, one added) against the
+  full build, with the event loop's worst stall (``benchmarks/reload.py``);
 * health:  the probe scheduler over 5,000 nodes (its own CPU per node per cycle,
   and one real cycle of raw TCP checks on loopback; see ``benchmarks/health.py``);
 * relay:   honk's mixed port against direct loopback, a splicing forwarder
@@ -37,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay
+from benchmarks import api, groups, health, kernels, relay, reload
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--no-health", action="store_true", help="skip the probe-scheduler benchmark")
     parser.add_argument("--no-groups", action="store_true", help="skip the group plan benchmark")
     parser.add_argument("--no-api", action="store_true", help="skip the control API benchmark")
+    parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -78,6 +81,7 @@ def main() -> None:
     health_rows: list[tuple[str, str, str, str]] = [] if args.no_health else health.run(quick=args.quick)
     group_rows: list[tuple[str, str, str, str]] = [] if args.no_groups else groups.run(quick=args.quick)
     api_rows: list[tuple[str, str, str, str]] = [] if args.no_api else api.run(quick=args.quick)
+    reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
                        shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
@@ -96,6 +100,9 @@ def main() -> None:
         print()
     if api_rows:
         print(relay.format_table(["control API", "honk", "target", "status"], [list(r) for r in api_rows]))
+        print()
+    if reload_rows:
+        print(relay.format_table(["reload", "honk", "against", "status"], [list(r) for r in reload_rows]))
         print()
     subjects = report.measured()
     paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
@@ -129,7 +136,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, **report.as_json(),
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, "reload": reload_rows, **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

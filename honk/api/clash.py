@@ -19,6 +19,7 @@ configuration file and nothing else: it never writes a file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -41,12 +42,14 @@ from honk.api.delay import (
     test_leaf,
     test_members,
 )
-from honk.api.errors import ApiError, bad_request, not_found
+from honk.api.errors import ApiError, bad_request, not_found, refused
 from honk.api.jsonio import encode_each, reply, stream_json, text_reply
-from honk.config.spec import Policy
+from honk.config.spec import InboundSpec, Policy, Spec
 from honk.connection.plane import Plane
+from honk.control.errors import ApplyError
+from honk.control.mode import MODES
 from honk.core.clock import timeout_at
-from honk.daemon.logs import LEVELS, set_level
+from honk.daemon.logs import LEVELS
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.outbound.base import Outbound
 
@@ -386,33 +389,45 @@ def routes(control: Control) -> list[web.RouteDef]:
         return reply(views.configs(plane.spec, control.mode.mode, level, mixed_port(plane)))
 
     async def patch_configs(request: web.Request) -> web.StreamResponse:
+        allow_disruptive = request.query.get("allow_disruptive", "").lower() in ("true", "1", "yes")
         body = await json_body(request)
         mode = body.get("mode")
         level = body.get("log-level")
-        if mode is not None:
-            if not isinstance(mode, str):
-                raise bad_request("mode must be rule, global or direct")
-            try:
+        port = body.get("mixed-port")
+        if mode is not None and (not isinstance(mode, str) or mode.lower() not in MODES):
+            raise bad_request("mode must be rule, global or direct")
+        if level is not None and (not isinstance(level, str) or level.lower() not in LEVELS):
+            raise bad_request(f"log-level must be one of {', '.join(LEVELS)}")
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+            raise bad_request("mixed-port must be a port number (0 removes the mixed inbound)")
+
+        def runtime() -> None:  # the mode is no resource: it follows a successful apply, in the same command
+            if mode is not None:
                 control.mode.set(mode)
-            except ValueError as exc:
-                raise bad_request(str(exc)) from None
+
+        edits = [with_mixed_port(port)] if port is not None else []
         if level is not None:
-            if not isinstance(level, str) or level.lower() not in LEVELS:
-                raise bad_request(f"log-level must be one of {', '.join(LEVELS)}")
-            set_level(level.lower())
-        ignored = sorted(key for key in body if key not in ("mode", "log-level"))
+            edits.append(with_log_level(level.lower()))
+        try:
+            await control.update(chain_edits(edits) if edits else None, allow_disruptive, runtime)
+        except ApplyError as exc:
+            raise refused(exc) from None
+        ignored = sorted(key for key in body if key not in ("mode", "log-level", "mixed-port"))
         if ignored:
             log.debug("PATCH /configs ignored keys honk does not apply: %s", ", ".join(ignored))
         return no_content()
 
     async def put_configs(request: web.Request) -> web.StreamResponse:
+        # dashboards send force=true on every reload: it is accepted and is no consent to disruption
+        allow_disruptive = request.query.get("allow_disruptive", "").lower() in ("true", "1", "yes")
         body = await json_body(request, empty_ok=True)
         path, payload = body.get("path") or "", body.get("payload") or ""
         if payload or (path and not _same_file(path, control)):
             raise bad_request(OWN_FILE_ONLY, "reload_only")
-        if not await control.reload():
-            raise bad_request("the configuration was rejected; the running one is unchanged (see the log)",
-                              "reload_rejected")
+        try:
+            await control.reload(allow_disruptive)
+        except ApplyError as exc:
+            raise refused(exc) from None
         return no_content()
 
     # --- streams ---------------------------------------------------------------------------------
@@ -468,3 +483,41 @@ def _same_file(path: str, control: Control) -> bool:
         return Path(path).resolve() == Path(control.config_path).resolve()
     except OSError:
         return False
+
+
+def with_log_level(level: str):  # noqa: ANN201 - Spec -> Spec
+    """The running configuration's log level (a reload of the file sets it back)."""
+
+    def edit(spec: Spec) -> Spec:
+        return dataclasses.replace(spec, global_=dataclasses.replace(spec.global_, log_level=level))
+
+    return edit
+
+
+def chain_edits(edits):  # noqa: ANN001, ANN201 - [Spec -> Spec] -> (Spec -> Spec)
+    def edit(spec: Spec) -> Spec:
+        for one in edits:
+            spec = one(spec)
+        return spec
+
+    return edit
+
+
+def with_mixed_port(port: int):  # noqa: ANN201 - Spec -> Spec
+    """The edit ``mixed-port`` asks for: the first mixed inbound moves to ``port`` (a bind
+    change: its sessions stay), 0 removes it (its sessions close), and without one a
+    ``mixed`` inbound on loopback is added."""
+
+    def edit(spec: Spec) -> Spec:
+        inbounds = list(spec.inbounds)
+        index = next((i for i, inbound in enumerate(inbounds) if inbound.kind == "mixed"), None)
+        if index is None:
+            if port:
+                inbounds.append(InboundSpec(name="mixed", kind="mixed", host="127.0.0.1", port=port))
+        elif port:
+            inbounds[index] = dataclasses.replace(inbounds[index], port=port)
+        else:
+            del inbounds[index]
+        return dataclasses.replace(spec, inbounds=tuple(inbounds))
+
+    return edit

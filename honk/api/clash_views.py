@@ -572,7 +572,8 @@ class InboundInfo:
 def connection_view(info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str, str]],
                     inbounds: Mapping[str, InboundInfo]) -> dict[str, Any]:
     """One flow as mihomo's TrackerInfo: chains leaf first (honk's chain runs from the rule's
-    target to the leaf), ports as strings, cumulative counters."""
+    target to the leaf), ports as strings, cumulative counters; plus honk's own
+    ``outbound_version``, the leaf version (``tag@vN``) the flow was opened on."""
     rule, payload = rules_by_text.get(info.rule, (info.rule, ""))
     inbound = inbounds.get(info.inbound)
     target = info.target
@@ -584,6 +585,7 @@ def connection_view(info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str,
         "chains": [clash_name(name) for name in reversed(info.chain)],
         "rule": rule,
         "rulePayload": payload,
+        "outbound_version": info.outbound_version,
         "metadata": {
             "network": info.network.value,
             # sing-box's form "<inbound type>/<tag>": a mixed listener does not say whether the
@@ -600,7 +602,7 @@ def connection_view(info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str,
             "inboundIP": inbound.host if inbound else "",
             "inboundPort": str(inbound.port if inbound else 0),
             "inboundName": info.inbound,
-            "inboundUser": "",
+            "inboundUser": info.user,
             "host": target.host if target.ip is None else "",
             "dnsMode": "normal",
             "uid": 0,

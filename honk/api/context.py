@@ -11,7 +11,7 @@ cannot be acknowledged against a manager a reload has replaced.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from honk.core.net import Network
 
@@ -64,8 +64,22 @@ class Control(Protocol):
     def global_members(self) -> list[str]:
         """GLOBAL's members: direct, block, the nodes, then the groups."""
 
-    async def reload(self) -> bool:
-        """Apply the configuration file as it is now; whether it was applied."""
+    async def reload(self, allow_disruptive: bool = False) -> Any:
+        """Apply the configuration file as it is now: the ApplyReport, or ApplyError
+        (nothing changed); a change that ends live connections needs ``allow_disruptive``."""
+
+    async def update(self, edit: Any, allow_disruptive: bool = False, runtime: Any = None) -> Any:
+        """Edit the running configuration (``edit``: Spec -> Spec, or None) and apply it, with
+        ``runtime`` (settings without resources) run in the same reconciler command."""
+
+    async def set_users(self, user_set: str, users: Any) -> None:
+        """Replace the users of an inbound's user set (no plan; ApplyError: no such set)."""
+
+    async def upsert_user(self, user_set: str, user: Any) -> None:
+        """Add or replace one user of a user set."""
+
+    async def remove_user(self, user_set: str, username: str) -> bool:
+        """Remove one user; whether it was there."""
 
     async def refresh_subscription(self, name: str) -> bool:
         """Fetch subscription ``name`` now; whether its new body was accepted. KeyError if unknown."""

@@ -58,6 +58,15 @@ def bad_request(message: str = "Body invalid", code: str = "invalid_request") ->
     return ApiError(400, code, message)
 
 
+def refused(error: Exception) -> ApiError:
+    """An :class:`~honk.control.errors.ApplyError` as the API answers it: 400 for a
+    configuration, build or bind refusal, 409 for a disruptive change, 503 once the
+    reconciler has shut down; the message is the error's own text."""
+    status = getattr(error, "status", 400)
+    code = "reload_" + getattr(error, "variant", "refused")
+    return ApiError(status, code, str(error))
+
+
 def is_native(request: web.Request) -> bool:
     return request.path.startswith(NATIVE_PREFIX)
 

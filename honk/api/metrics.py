@@ -6,11 +6,12 @@ process, as tests run them, do not mix). Nothing is sampled in the background:
 each scrape reads the tracker, the health state, the admission gates, the
 runtime counters (:class:`~honk.core.stats.RuntimeStats`) and ``/proc/self``.
 
-Label sets are bounded by the configuration, never by traffic: inbound and
-group names, node names (``honk_node_alive`` has at most six series a node,
-one per health domain and family that has a known state), and small fixed sets
-(networks, results, error and probe kinds). No target, client address,
-credential, URL or Score cell appears in a label or a value.
+Label sets are bounded by the configuration, never by traffic: inbound,
+group and outbound tags, node names (``honk_node_alive`` has at most six
+series a node, one per health domain and family that has a known state), and
+small fixed sets (networks, results, error and probe kinds, apply error
+variants, drain policies). No target, client address, credential, URL or
+Score cell appears in a label or a value.
 
 Reading the state runs on the event loop (it is loop-owned); turning the
 families into text, the costly part with thousands of nodes, runs in a worker
@@ -33,9 +34,11 @@ from honk import __version__
 from honk.alive.health import Status
 from honk.api.context import Control
 from honk.connection.admission import process_gates
+from honk.control.errors import ApplyError
 from honk.core.stats import (
     DIAL_ERROR_KINDS,
     DIAL_NETWORKS,
+    DRAIN_CLOSING_POLICIES,
     PROBE_KINDS,
     PROBE_RESULTS,
     RELOAD_RESULTS,
@@ -68,7 +71,12 @@ class HonkCollector:
         yield _dials(stats)
         yield _probes(stats)
         yield _selection_changes(stats, plane)
-        yield _results("honk_reloads", "Configuration reloads by result.", stats.reloads, RELOAD_RESULTS)
+        yield _reloads(stats)
+        yield _plane_epoch(control, plane)
+        yield _draining_versions(control)
+        yield _results("honk_drained_flows_closed", "Flows closed by drains of outbound versions that "
+                       "left service, by drain policy.", stats.drained_flows, DRAIN_CLOSING_POLICIES,
+                       label="policy")
         yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
                        stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
         yield from _process()
@@ -186,12 +194,56 @@ def _selection_changes(stats: Any, plane: Any) -> Metric:
     return family
 
 
-def _results(name: str, doc: str, counter: Any, results: Iterable[str]) -> Metric:
-    family = CounterMetricFamily(name, doc, labels=["result"])
+def _results(name: str, doc: str, counter: Any, results: Iterable[str], label: str = "result") -> Metric:
+    family = CounterMetricFamily(name, doc, labels=[label])
     counts = dict.fromkeys(results, 0)
     counts.update(counter)
     for result, n in counts.items():
         family.add_metric([result], n)
+    return family
+
+
+def _error_variants() -> list[str]:
+    """Every ``ApplyError.variant`` defined so far (a fixed set: the error classes), sorted."""
+    variants, classes = set(), [ApplyError]
+    while classes:
+        cls = classes.pop()
+        variants.add(cls.variant)
+        classes.extend(cls.__subclasses__())
+    return sorted(variants)
+
+
+def _reloads(stats: Any) -> Metric:
+    """Applies by result; a refusal by its ApplyError variant, ``error=""`` for an applied one."""
+    applied, refused = RELOAD_RESULTS
+    family = CounterMetricFamily("honk_reloads", "Configuration applies (reloads, API edits) by result and, "
+                                 "for a refusal, its error variant.", labels=["result", "error"])
+    counts = dict.fromkeys([(applied, ""), *((refused, variant) for variant in _error_variants())], 0)
+    counts.update(stats.reloads)
+    for labels, n in counts.items():
+        family.add_metric(list(labels), n)
+    return family
+
+
+def _plane_epoch(control: Control, plane: Any) -> Metric:
+    """The reconciler's plane epoch (+1 per published plane); before it, the plane generation."""
+    epoch = getattr(control, "epoch", None)
+    if epoch is None:
+        epoch = getattr(control, "generation", None)
+    if epoch is None:
+        epoch = getattr(plane, "generation", 0) if plane is not None else 0
+    return GaugeMetricFamily("honk_plane_epoch", "The published plane's epoch: 0 before the first, "
+                             "+1 per published plane.", value=epoch)
+
+
+def _draining_versions(control: Control) -> Metric:
+    """Per tag, outbound versions that left service and still hold flows (none without a drainer)."""
+    family = GaugeMetricFamily("honk_outbound_draining_versions", "Outbound versions that left service "
+                               "and still hold flows, by outbound tag.", labels=["tag"])
+    drainer = getattr(control, "drainer", None)
+    if drainer is not None:
+        for tag, n in sorted(drainer.draining().items()):
+            family.add_metric([tag], n)
     return family
 
 

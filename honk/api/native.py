@@ -24,10 +24,12 @@ from honk.api import native_views as views
 from honk.api.context import Control, running_plane
 from honk.api.delay import DEFAULT_DELAY_TIMEOUT, DelayResult, test_group, test_leaf, timeout_from_ms
 from honk.api.errors import ApiError
+from honk.api.errors import refused as apply_refused
 from honk.api.jsonio import dumps, encode_each, reply, stream_json
 from honk.api.streams import serve_log_lines
 from honk.config.diagnostics import ConfigError
-from honk.config.spec import Policy
+from honk.config.spec import InboundUser, Policy
+from honk.control.errors import ApplyError
 from honk.core.errors import FlowClosed
 from honk.core.net import Network
 from honk.daemon.logs import LEVELS, LogEvent
@@ -277,9 +279,11 @@ def routes(control: Control) -> list[web.RouteDef]:
     # --- reload and config check -------------------------------------------------------------
 
     async def reload(request: web.Request) -> web.StreamResponse:
-        flag(request, "allow_disruptive")  # accepted (and validated); every reload may disrupt today
-        applied = await control.reload()
-        return reply({"applied": bool(applied), "generation": control.generation})
+        try:
+            report = await control.reload(flag(request, "allow_disruptive"))
+        except ApplyError as exc:
+            raise apply_refused(exc) from None
+        return reply({"applied": True, "generation": control.generation, **report.to_json()})
 
     async def check_config(request: web.Request) -> web.StreamResponse:
         fmt = request.query.get("format", DEFAULT_CONFIG_FORMAT).lower()
@@ -292,6 +296,42 @@ def routes(control: Control) -> list[web.RouteDef]:
             raise invalid("the body is not UTF-8 text") from None
         base_dir = Path(control.config_path).resolve().parent  # relative includes: as the running file's
         return reply(*await check_text(text, fmt, str(base_dir)))
+
+    # --- users ----------------------------------------------------------------------------------
+
+    def user_of(name: str, body: dict[str, Any]) -> InboundUser:
+        password = string_field(body, "password", required=True)
+        assert password is not None
+        if not name or not password:
+            raise invalid("a user needs a name and a password")
+        return InboundUser(name, password)
+
+    async def edit_users(run) -> Any:  # noqa: ANN001 - awaitable factory
+        try:
+            return await run()
+        except ApplyError as exc:
+            raise apply_refused(exc) from None
+
+    async def put_users(request: web.Request) -> web.StreamResponse:
+        user_set = request.match_info["set"]
+        body = await json_object(request)
+        listed = body.get("users")
+        if not isinstance(listed, list) or not all(isinstance(u, dict) for u in listed):
+            raise invalid("users must be a list of {username, password} objects")
+        users = [user_of(str(u.get("username") or ""), u) for u in listed]
+        await edit_users(lambda: control.set_users(user_set, users))
+        return reply({"user_set": user_set, "users": [u.username for u in users]})
+
+    async def put_user(request: web.Request) -> web.StreamResponse:
+        user_set, name = request.match_info["set"], request.match_info["user"]
+        user = user_of(name, await json_object(request))
+        await edit_users(lambda: control.upsert_user(user_set, user))
+        return reply({"user_set": user_set, "user": name})
+
+    async def delete_user(request: web.Request) -> web.StreamResponse:
+        user_set, name = request.match_info["set"], request.match_info["user"]
+        removed = await edit_users(lambda: control.remove_user(user_set, name))
+        return reply({"user_set": user_set, "user": name, "removed": removed})
 
     # --- logs ----------------------------------------------------------------------------------
 
@@ -324,6 +364,9 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.delete(f"{PREFIX}/connections", close_many),
         web.delete(f"{PREFIX}/connections/{{id}}", close_one),
         web.post(f"{PREFIX}/reload", reload),
+        web.put(f"{PREFIX}/users/{{set}}", put_users),
+        web.put(f"{PREFIX}/users/{{set}}/{{user}}", put_user),
+        web.delete(f"{PREFIX}/users/{{set}}/{{user}}", delete_user),
         web.post(f"{PREFIX}/config/check", check_config),
         web.get(f"{PREFIX}/logs", logs, allow_head=False),
         web.get(f"{PREFIX}/openapi.json", openapi, allow_head=False),
@@ -331,28 +374,24 @@ def routes(control: Control) -> list[web.RouteDef]:
 
 
 async def check_text(text: str, fmt: str, base_dir: str) -> tuple[dict[str, Any], int]:
-    """Validate a configuration text as ``honk check`` does: load it, then build a plane
-    (compiles routes and groups, binds nothing). (body, status): 200 or 422 config_invalid."""
+    """Validate a configuration text as ``honk check`` does: load it, then the dry run (plan
+    from empty, prepare binding nothing). (body, status): 200 or 422 config_invalid."""
     from honk.cli.daemon import _summary
     from honk.config.load import load_text
-    from honk.connection.plane import build_plane
-    from honk.core.clock import MonotonicClock
-    from honk.route.matchers import RouteCompileError
+    from honk.daemon.app import check_spec
 
     try:
         # parsing is pure work on the text (and any included files): off the event loop
         spec = await asyncio.to_thread(load_text, text, fmt, source="<posted>", base_dir=base_dir)
-        plane = build_plane(spec, MonotonicClock(), generation=0)
+        await check_spec(spec, Path(base_dir) / "posted")
     except ConfigError as exc:
         errors = len(exc.errors)
         return ({"error": {"code": "config_invalid", "message": f"the configuration has {errors} error(s)"},
                  "diagnostics": [views.diag_view(d) for d in exc.diagnostics]}, 422)
-    except RouteCompileError as exc:
-        return ({"error": {"code": "config_invalid", "message": "a routing rule cannot be compiled"},
-                 "diagnostics": [{"severity": "error", "code": "route-compile", "key_path": "routing",
+    except ApplyError as exc:  # loads, but a start would refuse it (a rule, a handler, a reference)
+        return ({"error": {"code": "config_invalid", "message": str(exc)},
+                 "diagnostics": [{"severity": "error", "code": exc.variant, "key_path": "",
                                   "line": None, "column": None, "message": str(exc)}]}, 422)
-    for runtime in plane.runtimes.values():  # the checked plane never serves: release its nodes
-        runtime.close()
     return ({"ok": True, "summary": _summary(spec), "diagnostics": [views.diag_view(d) for d in spec.diagnostics]},
             200)
 

@@ -209,6 +209,8 @@ def conn_view(info: ConnectionInfo) -> JSON:
         "download": info.download,
         "start": rfc3339(info.start),
         "engine": info.engine,
+        "outbound_version": info.outbound_version,  # the leaf version it was opened on (tag@vN)
+        "user": info.user,
     }
 
 

@@ -36,6 +36,16 @@ ERROR_CODES: dict[str, int] = {
     "filter_required": 400,
     "internal": 500,
     "config_invalid": 422,
+    # a refused reload: "reload_" + the ApplyError's variant
+    "reload_config": 400,
+    "reload_invalid": 400,
+    "reload_duplicate_tag": 400,
+    "reload_unknown_reference": 400,
+    "reload_empty_group": 400,
+    "reload_build": 400,
+    "reload_bind": 400,
+    "reload_disruptive": 409,
+    "reload_stopped": 503,
 }
 
 
@@ -152,6 +162,9 @@ def schemas() -> dict[str, Schema]:
             "download": INTEGER,
             "start": TIME,
             "engine": STRING,
+            "outbound_version": {"type": "string", "description": "tag@vN: the outbound version the flow was "
+                                                                  "opened on"},
+            "user": {"type": "string", "description": "the inbound user, empty without one"},
         }),
         "Diag": diag,
     }
@@ -283,10 +296,37 @@ def paths() -> dict[str, dict[str, Schema]]:
             parameters=[_path_param("id", "the connection's id")])},
         f"{PREFIX}/reload": {"post": _op(
             "postReload", "Apply the configuration file as it is now",
-            {"200": _ok("whether it was applied, and the generation that runs", _obj({
-                "applied": {"type": "boolean"}, "generation": {"type": "integer"}})),
-             **_errors("invalid_request")},
-            parameters=[_query("allow_disruptive", BOOLEAN_WORD, "accepted; every reload may disrupt today")])},
+            {"200": _ok("the apply report: what was built, swapped, drained, rebound, restarted, removed "
+                        "and reused, and the plane epoch", _obj({
+                "applied": {"type": "boolean"}, "generation": {"type": "integer"}, "epoch": {"type": "integer"},
+                "summary": {"type": "string"},
+                **{field: {"type": "array", "items": {"type": "string"}} for field in
+                   ("built", "swapped", "drained", "rebound", "restarted", "removed", "reused")}})),
+             **_errors("invalid_request", *(c for c in ERROR_CODES if c.startswith("reload_")))},
+            parameters=[_query("allow_disruptive", BOOLEAN_WORD,
+                               "apply even a change that ends live connections (a transparent "
+                               "inbound's interception)")])},
+        f"{PREFIX}/users/{{set}}": {"put": _op(
+            "putUsers", "Replace every user of an inbound's user set (the set is named like the inbound)",
+            {"200": _ok("the set's users now", _obj({"user_set": STRING, "users": {"type": "array", "items": STRING}})),
+             **_errors("invalid_request", "reload_invalid")},
+            parameters=[_path_param("set", "the user set: an inbound with users")],
+            body={"required": True, **_json(_obj({"users": {"type": "array", "items": _obj({
+                "username": STRING, "password": STRING})}}))})},
+        f"{PREFIX}/users/{{set}}/{{user}}": {
+            "put": _op(
+                "putUser", "Add a user to a user set, or change the user's password",
+                {"200": _ok("done", _obj({"user_set": STRING, "user": STRING})),
+                 **_errors("invalid_request", "reload_invalid")},
+                parameters=[_path_param("set", "the user set"), _path_param("user", "the user's name")],
+                body={"required": True, **_json(_obj({"password": STRING}))}),
+            "delete": _op(
+                "deleteUser", "Remove a user from a user set; its sessions follow user_removal",
+                {"200": _ok("whether the user was there", _obj({"user_set": STRING, "user": STRING,
+                                                                "removed": {"type": "boolean"}})),
+                 **_errors("reload_invalid")},
+                parameters=[_path_param("set", "the user set"), _path_param("user", "the user's name")]),
+        },
         f"{PREFIX}/config/check": {"post": _op(
             "postConfigCheck", "Validate a configuration text without applying it",
             {"200": _ok("valid, with its warnings", _obj({

@@ -151,9 +151,17 @@ class ApiServer:
         self._loading: asyncio.Task[Any] | None = None
         self._runner: web.AppRunner | None = None
         self._server: asyncio.base_events.Server | None = None
+        self._base_dir = base_dir
+        self._retiring: set[asyncio.Task[None]] = set()  # runners replaced by a swap, finishing
 
     async def start(self) -> None:
-        """Bind and listen; raises OSError (bind failure) with nothing left open."""
+        """Bind and serve; raises OSError (bind failure) with nothing left open."""
+        await self.bind()
+        await self.serve()
+
+    async def bind(self) -> None:
+        """Bind and listen without serving (connections wait in the backlog until
+        :meth:`serve`); raises OSError with nothing left open."""
         host, port = parse_host_port(self.spec.external_controller or DEFAULT_CLASH_API_CONTROLLER)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -166,9 +174,46 @@ class ApiServer:
             raise
         self._sock = sock
         self.bound = sock.getsockname()[:2]
-        asyncio.get_running_loop().add_reader(sock.fileno(), self._first_connection)
+
+    async def serve(self) -> None:
+        """Start answering on the bound socket (the web stack loads at the first connection)."""
+        assert self._sock is not None and self.bound is not None
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._first_connection)
+        host = parse_host_port(self.spec.external_controller or DEFAULT_CLASH_API_CONTROLLER)[0]
         log.info("API listening %s", kv(address=f"{host}:{self.bound[1]}",
                                         auth="secret" if self.spec.secret else "none"))
+
+    def close_unserved(self) -> None:
+        """Release a socket bound for an apply that was refused."""
+        if self._sock is not None and self._loading is None:
+            self._sock.close()
+            self._sock = None
+
+    async def swap(self, spec: ClashApiSpec) -> None:
+        """Serve new connections with ``spec``'s secret and UI on the same socket. Open
+        connections finish the request in flight (the one that asked for this gets its
+        answer), then close: streams authenticated under the old secret end."""
+        self.spec = spec
+        self._ui_dir = (self._base_dir / spec.external_ui).resolve() if spec.external_ui else None
+        if self._runner is None:
+            return  # not loaded yet: the first connection builds the app from the new spec
+        webapp = importlib.import_module("honk.api.webapp")
+        old_app, old_runner = self.app, self._runner
+        app = webapp.build_app(self.control, spec.secret, webapp.SURFACES, self.guard, self._ui_dir)
+        runner = webapp.runner(app)
+        await runner.setup()
+        self.app, self._runner = app, runner
+        task = asyncio.get_running_loop().create_task(self._retire(old_app, old_runner), name="honk-api-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, app: web.Application | None, runner: web.AppRunner) -> None:
+        from honk.api.streams import stop_streams
+
+        await asyncio.sleep(0)  # let the handler that asked for the swap write its answer
+        if app is not None:
+            await stop_streams(app)
+        await runner.cleanup()
 
     def _first_connection(self) -> None:
         if self._sock is not None:
@@ -190,14 +235,28 @@ class ApiServer:
         app = webapp.build_app(self.control, self.spec.secret, webapp.SURFACES, self.guard, self._ui_dir)
         runner = webapp.runner(app)
         await runner.setup()
+        self.app, self._runner = app, runner
         try:
+            # the factory reads the current runner, so a swap serves new connections at once
             self._server = await asyncio.get_running_loop().create_server(
-                self.guard.wrap(runner.server), sock=self._sock, backlog=BACKLOG)
+                self.guard.wrap(lambda: self._runner.server()), sock=self._sock, backlog=BACKLOG)
         except BaseException:
             await runner.cleanup()
+            self.app = self._runner = None
             raise
-        self.app, self._runner = app, runner
         log.info("API serving %s", kv(address=f"{self.bound[0]}:{self.bound[1]}" if self.bound else "-"))
+
+    async def stop_accepting(self) -> None:
+        """A reload moved or removed the API: accept nothing more here; the requests in
+        flight (the one that asked for this among them) finish, then the rest closes."""
+        if self._loading is None or self._server is None:
+            await self.stop()
+            return
+        self._server.close()
+        task = asyncio.get_running_loop().create_task(self._retire(self.app, self._runner), name="honk-api-retire")
+        self.app = self._runner = None
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def stop(self) -> None:
         """Stop accepting, end open streams and connections."""
@@ -220,6 +279,8 @@ class ApiServer:
             from honk.api.streams import stop_streams
 
             await stop_streams(self.app)
+        for task in list(self._retiring):
+            task.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

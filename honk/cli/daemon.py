@@ -33,18 +33,25 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("-c", "--config", "config", required=True, type=click.Path(dir_okay=False),
-              help="Configuration file (.dae, .toml or .json).")
-def check(config: str) -> None:
-    """Validate CONFIG and print a one-line summary, or the located errors."""
-    from honk.config.diagnostics import ConfigError
-    from honk.config.load import load_file
-    from honk.connection.plane import build_plane
-    from honk.core.clock import MonotonicClock
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("-c", "--config", "config", type=click.Path(dir_okay=False),
+              help="Configuration file (.dae, .toml or .json); the same as FILE.")
+def check(file: str | None, config: str | None) -> None:
+    """Dry-run FILE: everything a start would build (routes, outbounds, groups, listeners'
+    handlers), binding nothing. Prints a one-line summary, or the errors.
 
+    Exits 1 when a start would refuse it. A port that is taken is not found here:
+    nothing is bound."""
+
+    from honk.config.diagnostics import ConfigError
+    from honk.control.errors import ApplyError
+    from honk.daemon.app import check_file
+
+    config = config or file
+    if config is None:
+        raise click.UsageError("give the configuration file as FILE or -c")
     try:
-        spec = load_file(config)
-        build_plane(spec, MonotonicClock(), generation=0)  # compiles routes and groups; binds nothing
+        desired = asyncio.run(check_file(config))
     except ConfigError as exc:
         for d in exc.diagnostics:
             click.echo(str(d), err=True)
@@ -53,6 +60,10 @@ def check(config: str) -> None:
     except OSError as exc:
         click.echo(f"{config}: cannot read ({exc.strerror or exc})", err=True)
         sys.exit(EXIT_CONFIG)
+    except ApplyError as exc:
+        click.echo(f"configuration invalid: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    spec = desired.spec
     for d in spec.diagnostics:
         click.echo(str(d), err=True)
     click.echo(f"{config}: ok: {_summary(spec)}")
@@ -86,6 +97,7 @@ def run(config: str, debug: bool, pid_file: str | None) -> None:
     import uvloop
 
     from honk.config.diagnostics import ConfigError
+    from honk.control.errors import ApplyError
     from honk.daemon.app import Daemon, log_diagnostics
     from honk.daemon.logs import setup_logging
     from honk.daemon.pidlock import AlreadyRunning, PidLock
@@ -122,6 +134,9 @@ def run(config: str, debug: bool, pid_file: str | None) -> None:
             runner.run(main())
     except ConfigError as exc:
         invalid(exc)
+    except ApplyError as exc:  # the first apply was refused: nothing was started
+        click.echo(f"honk did not start: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
     except OSError as exc:
         click.echo(f"honk did not start: {exc.strerror or exc}", err=True)
         sys.exit(EXIT_RUNTIME)

@@ -33,6 +33,7 @@ from honk.config.spec import (
     RuleSpec,
 )
 from honk.config.tree import Doc, Entry, GroupDecl, Sink
+from honk.control.policies import parse_policy as parse_close_policy
 from honk.core.net import parse_host_port
 
 # Documented global keys honk accepts but does not use yet: no unknown-key warning.
@@ -138,6 +139,13 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                     sink.error("invalid-value", e.path, "data_dir must not be empty", e.loc)
                 else:
                     g[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(s)))
+        elif key in ("drain", "user_removal"):
+            text = V.get_str(e, sink)
+            if text is not None:
+                try:
+                    g[key] = parse_close_policy(text, V.parse_seconds)
+                except ValueError as exc:
+                    sink.error("invalid-value", e.path, f"{key} {exc}", e.loc)
         elif key == "store_subscribe":
             flag = V.get_bool(e, sink)
             if flag is not None:

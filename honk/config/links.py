@@ -91,6 +91,10 @@ REALITY_KEYS = ("pbk", "sid", "spx")  # REALITY parameters: a transport honk doe
 INBOUND_SCHEMES = ("mixed",)
 # query parameters that are display metadata, not part of how a node is dialled
 DISPLAY_PARAMS = frozenset({"remark", "remarks", "name", "tag"})
+# honk's own parameter: what a reload does to the node's live flows when the node is
+# replaced or removed (keep, close, or a duration to close after); not how it is dialled
+DRAIN_PARAM = "drain"
+NON_IDENTITY_PARAMS = DISPLAY_PARAMS | {DRAIN_PARAM}
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -417,6 +421,8 @@ def _parse_vless_trojan(scheme: str, body: str, tag: str | None) -> NodeSpec:
         insecure=_insecure(claims(*INSECURE_KEYS)),
         ca=_one(claims(CA_KEY), "ca"),
     )
+    if drain := _one(claims(DRAIN_PARAM), DRAIN_PARAM):
+        shape += ((DRAIN_PARAM, drain),)
     name = tag or pct_decode(fragment) or _one(claims("remark", "remarks"), "remark") or f"{scheme}-{host}"
     node = NodeSpec(
         name=name,
@@ -497,7 +503,17 @@ def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
 
 
 def with_node_id(node: NodeSpec) -> NodeSpec:
-    """``node`` with its derived :func:`derive_node_id` identity (every construction path ends here)."""
+    """``node`` with its derived :func:`derive_node_id` identity (every construction path ends here).
+    Raises LinkError for a ``drain`` parameter that names no policy."""
+    for key, value in node.params:
+        if key == DRAIN_PARAM:
+            from honk.config.values import parse_seconds
+            from honk.control.policies import parse_policy
+
+            try:
+                parse_policy(value, parse_seconds)
+            except ValueError as exc:
+                raise LinkError("invalid-drain", f"drain {exc}") from None
     return dataclasses.replace(node, id=derive_node_id(node))
 
 
@@ -551,7 +567,7 @@ def derive_node_id(node: NodeSpec) -> uuid.UUID:
             material += "\0" + node.encryption
         fingerprint = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
     shape = "&".join(
-        f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in DISPLAY_PARAMS)
+        f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in NON_IDENTITY_PARAMS)
     )
     fields = (node.protocol, node.host, str(node.port), fingerprint, shape)
     return uuid.uuid5(NODE_ID_NAMESPACE, "|".join(_escape(f) for f in fields))

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from honk.config.diagnostics import Diagnostic, SourceLoc
+from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 
 # --- defaults (upstream honk's global reference) -----------------------------
 
@@ -88,6 +89,11 @@ class GlobalSpec:
     udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE  # seconds
     store_subscribe: bool = True  # keep each subscription's last accepted body for offline starts
+    # what a reload does to live flows of a node it replaced or removed (a node link's
+    # `drain` parameter overrides it): keep them, close them, or close them after a grace
+    drain: ClosePolicy = DEFAULT_DRAIN
+    # what a reload does to live sessions of an inbound user it removed or re-keyed
+    user_removal: ClosePolicy = DEFAULT_USER_REMOVAL
 
 
 # --- inbounds --------------------------------------------------------------------

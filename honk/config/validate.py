@@ -68,6 +68,9 @@ def check_nodes(nodes: list[tuple[NodeSpec, Entry]], sink: Sink) -> list[NodeSpe
     return kept
 
 
+RESERVED_INBOUND = "api"  # the Clash API listener's tag (its reload identity)
+
+
 def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
     names: set[str] = set()
     listens: set[tuple[str, int]] = set()
@@ -75,6 +78,8 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
         path = f"inbound.{inbound.name}"
         if inbound.name in names:
             sink.error("duplicate-inbound", path, "another inbound has this name", inbound.loc)
+        if inbound.name == RESERVED_INBOUND:
+            sink.error("reserved-name", path, "the inbound name api is the Clash API listener's", inbound.loc)
         if inbound.port and (inbound.host, inbound.port) in listens:
             sink.error("duplicate-listen", path, "another inbound listens on the same address", inbound.loc)
         names.add(inbound.name)

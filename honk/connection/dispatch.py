@@ -13,6 +13,10 @@ For a TCP flow an inbound calls, in order:
 The plane is read once per flow, at ``connect``: :meth:`Dispatcher.swap_plane`
 affects only flows that start afterwards, established flows keep their
 sockets. This object holds no per-flow state.
+
+Every tracked flow records the version of the leaf it was opened on
+(:func:`outbound_version`: the ``outbound_id`` the reconciler sets on each leaf,
+``tag@vN``), so a drain of that version finds exactly its flows.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 from honk.route.router import RouteDecision
 
-__all__ = ["Dispatcher", "Resolver", "Routed", "Upstream", "format_chain"]
+__all__ = ["Dispatcher", "Resolver", "Routed", "Upstream", "format_chain", "outbound_version"]
 
 log = logging.getLogger("honk.connection")
 
@@ -99,6 +103,13 @@ def format_chain(chain: Sequence[str]) -> str:
     return ">".join(chain) if chain else "-"
 
 
+def outbound_version(leaf: Any) -> str:
+    """The leaf's ``outbound_id`` (``tag@vN``, set by the reconciler on every build), or its
+    name for a leaf built without one. Flows, drains and UDP sub-links key on this, never on
+    the leaf object: two versions of one tag coexist while one of them drains."""
+    return getattr(leaf, "outbound_id", None) or leaf.name
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -117,6 +128,7 @@ class Dispatcher:
         # the daemon's event counters (/metrics); None: nothing is counted
         self.stats: RuntimeStats | None = None
         self.mode: RoutingMode | None = None  # the Clash mode; None or "rule": the plane's rules decide
+        self._plane_serial = 0  # +1 per swap_plane: whoever caches a decision knows which plane made it
         self._apply_settings(global_spec)
 
     def _apply_settings(self, global_spec: GlobalSpec) -> None:
@@ -128,6 +140,11 @@ class Dispatcher:
     def plane(self) -> PlaneLike:
         return self._plane
 
+    @property
+    def plane_serial(self) -> int:
+        """Which plane is current: changes at every :meth:`swap_plane`, even to an equal generation."""
+        return self._plane_serial
+
     def swap_plane(
         self, plane: PlaneLike, global_spec: GlobalSpec | None = None, resolver: Resolver | None = None
     ) -> None:
@@ -138,6 +155,7 @@ class Dispatcher:
         if resolver is not None:
             self.resolver = resolver
         self._plane = plane
+        self._plane_serial += 1
 
     async def route(self, meta: FlowMeta) -> Routed:
         """Decide the rule and leaf for ``meta``; raises ``NoRoute`` (and whatever the plane raises)."""
@@ -261,6 +279,9 @@ class Dispatcher:
             rule=routed.rule,
             chain=routed.chain,
             plane_generation=routed.plane_generation,
+            outbound_version=outbound_version(routed.leaf),
+            user=meta.user,
+            session=meta.session,
         )
 
     async def relay(self, upstream: Upstream, client: StreamConn) -> HonkError | None:

@@ -10,22 +10,34 @@ Idle flows are found by one sweeper for all flows (:meth:`ConnectionTracker.run_
 driven by the injected clock) instead of a timer per flow; the sweeper asks
 the flow to close with ``IdleTimeout`` and the flow removes its own entry
 (:meth:`TrackedFlow.release`) once it has actually ended.
+
+Each flow records the outbound version it was opened on (the leaf's ``outbound_id``,
+``tag@vN``), its user and its inbound session, so a drain, a revoked user or a removed
+inbound closes exactly its own flows (:meth:`ConnectionTracker.close_version`,
+:meth:`~ConnectionTracker.close_session`, :meth:`~ConnectionTracker.close_inbound`). A flow
+that carries several upstreams (a UDP association's sub-links) answers for its versions
+itself through :class:`MultiVersionHandle`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from honk.config.spec import DEFAULT_RELAY_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT
 from honk.core.clock import Clock
-from honk.core.errors import FlowClosed, HonkError, IdleTimeout
+from honk.core.errors import FlowClosed, HonkError, IdleTimeout, OutboundDrained
 from honk.core.net import Address, Network
+from honk.daemon.logs import kv
 
-__all__ = ["ConnectionInfo", "ConnectionTracker", "FlowHandle", "TrackedFlow"]
+__all__ = ["ConnectionInfo", "ConnectionTracker", "FlowHandle", "MultiVersionHandle", "TrackedFlow"]
+
+log = logging.getLogger("honk.connection")  # the logger of Dispatcher.relay's lines
 
 
 class FlowHandle(Protocol):
@@ -38,6 +50,16 @@ class FlowHandle(Protocol):
     def close(self, reason: HonkError | None = None) -> None:
         """Ask the flow to end with ``reason``; must be idempotent and not block."""
 
+
+class MultiVersionHandle(FlowHandle, Protocol):
+    """A flow over several upstreams (a UDP association): a drain closes only the sub-links
+    of the drained version and the flow goes on."""
+
+    def outbound_versions(self) -> set[str]:
+        """The outbound versions the flow holds upstreams of now."""
+
+    def close_version(self, outbound_id: str, reason: HonkError) -> int:
+        """Close the sub-links of ``outbound_id``; 1 if the flow held any, else 0."""
 
 
 # Flow ids: a random per-process prefix and a counter, formatted like a UUID (what
@@ -66,12 +88,27 @@ class ConnectionInfo:
     start: float  # wall-clock seconds since the epoch (clock.wall())
     plane_generation: int  # the Plane generation that routed the flow
     engine: str = ""  # the relay engine carrying a TCP flow ("native", "copy", ...); "" for others
+    outbound_version: str = ""  # the leaf version it was opened on (tag@vN); "" before it is routed
+    user: str = ""  # the inbound user it authenticated as; "" for none
 
 
 def _as_error(reason: HonkError | str | None) -> HonkError:
     if isinstance(reason, HonkError):
         return reason
     return FlowClosed(reason or "closed by request")
+
+
+def _log_end(flow: TrackedFlow) -> None:
+    """The end of a flow that was asked to end: its reason's text, at info for a drain (an
+    operator wants to see which flows a reload cut), at debug for the rest."""
+    reason = flow.close_reason
+    if reason is None:
+        return
+    level = logging.INFO if isinstance(reason, OutboundDrained) else logging.DEBUG
+    if log.isEnabledFor(level):
+        log.log(level, "flow ended %s", kv(id=flow.id, inbound=flow.inbound, network=flow.network.value,
+                                           outbound_version=flow.outbound_version or "-",
+                                           error=type(reason).__name__, reason=str(reason)))
 
 
 class TrackedFlow:
@@ -87,6 +124,9 @@ class TrackedFlow:
         "chain",
         "start",
         "plane_generation",
+        "outbound_version",
+        "user",
+        "session",
         "close_reason",
         "_handle",
         "_tracker",
@@ -105,6 +145,9 @@ class TrackedFlow:
         chain: tuple[str, ...],
         start: float,
         plane_generation: int,
+        outbound_version: str = "",
+        user: str | None = None,
+        session: object | None = None,
     ) -> None:
         self.id = _next_flow_id()
         self.network = network
@@ -115,6 +158,9 @@ class TrackedFlow:
         self.chain = chain
         self.start = start
         self.plane_generation = plane_generation
+        self.outbound_version = outbound_version
+        self.user = user
+        self.session = session  # the inbound session (identity only); None for flows without one
         self.close_reason: HonkError | None = None
         self._handle = handle
         self._tracker = tracker
@@ -150,9 +196,32 @@ class TrackedFlow:
             self.close_reason = _as_error(reason)
         self._handle.close(self.close_reason)
 
-    def retarget(self, target: Address, rule: str, chain: tuple[str, ...]) -> None:
+    def retarget(self, target: Address, rule: str, chain: tuple[str, ...],
+                 outbound_version: str | None = None) -> None:
         """Record what the flow now carries (a UDP association learns it from its first datagram)."""
         self.target, self.rule, self.chain = target, rule, chain
+        if outbound_version is not None:
+            self.outbound_version = outbound_version
+
+    def versions(self) -> set[str]:
+        """The outbound versions the flow holds: its own, or its sub-links' (a UDP association)."""
+        held = getattr(self._handle, "outbound_versions", None)
+        if held is not None:
+            return held()
+        return {self.outbound_version} if self.outbound_version else set()
+
+    def close_version(self, outbound_id: str, reason: HonkError) -> bool:
+        """End what the flow holds of ``outbound_id``: the whole flow if it was opened on it,
+        only those sub-links if it carries several upstreams; whether anything was closed."""
+        if self.closing:
+            return False
+        partial = getattr(self._handle, "close_version", None)
+        if partial is not None:
+            return partial(outbound_id, reason) > 0
+        if self.outbound_version != outbound_id:
+            return False
+        self.close(reason)
+        return True
 
     def release(self) -> None:
         """The flow has ended: remove it from the table. Idempotent."""
@@ -172,6 +241,8 @@ class TrackedFlow:
             start=self.start,
             plane_generation=self.plane_generation,
             engine=self.engine,
+            outbound_version=self.outbound_version,
+            user=self.user or "",
         )
 
 
@@ -207,8 +278,14 @@ class ConnectionTracker:
         rule: str,
         chain: tuple[str, ...],
         plane_generation: int,
+        outbound_version: str = "",
+        user: str | None = None,
+        session: object | None = None,
     ) -> TrackedFlow:
-        """Register a live flow; the caller must ``release()`` it when the flow ends."""
+        """Register a live flow; the caller must ``release()`` it when the flow ends.
+
+        ``outbound_version`` is the ``outbound_id`` of the leaf it was opened on, ``session``
+        the inbound session it belongs to (compared by identity)."""
         flow = TrackedFlow(
             self,
             handle,
@@ -220,6 +297,9 @@ class ConnectionTracker:
             chain=tuple(chain),
             start=self._clock.wall(),
             plane_generation=plane_generation,
+            outbound_version=outbound_version,
+            user=user,
+            session=session,
         )
         self._flows[flow.id] = flow
         self._idle.clear()
@@ -229,6 +309,7 @@ class ConnectionTracker:
     def _remove(self, flow_id: str) -> None:
         flow = self._flows.pop(flow_id, None)
         if flow is not None:
+            _log_end(flow)
             up, down = flow.upload, flow.download
             self._ended_up += up
             self._ended_down += down
@@ -299,6 +380,37 @@ class ConnectionTracker:
         for flow in flows:
             flow.close(reason)
         return len(flows)
+
+    def close_version(self, outbound_id: str, reason: HonkError | str | None = None) -> int:
+        """Ask the flows opened on outbound version ``outbound_id`` to end (default
+        ``OutboundDrained``); a UDP association closes only its sub-links of that version.
+        Returns how many flows were asked."""
+        error = _as_error(reason) if reason is not None else OutboundDrained()
+        return sum(1 for flow in list(self._flows.values()) if flow.close_version(outbound_id, error))
+
+    def close_session(self, session: object, reason: HonkError | str | None = None) -> int:
+        """Ask every flow of the inbound session ``session`` (by identity) to end; how many."""
+        if session is None:  # flows without a session belong to no one
+            return 0
+        return self._close_where(lambda flow: flow.session is session, reason)
+
+    def close_inbound(self, tag: str, reason: HonkError | str | None = None) -> int:
+        """Ask every flow accepted by inbound ``tag`` to end; how many."""
+        return self._close_where(lambda flow: flow.inbound == tag, reason)
+
+    def _close_where(self, match: Callable[[TrackedFlow], bool], reason: HonkError | str | None) -> int:
+        flows = [flow for flow in self._flows.values() if not flow.closing and match(flow)]
+        for flow in flows:
+            flow.close(reason)
+        return len(flows)
+
+    def versions_with_flows(self) -> dict[str, int]:
+        """Outbound version -> live flows holding it (closing ones included until they end)."""
+        counts: dict[str, int] = {}
+        for flow in self._flows.values():
+            for version in flow.versions():
+                counts[version] = counts.get(version, 0) + 1
+        return counts
 
     async def wait_idle(self) -> None:
         """Return once no flow is live (immediately if none is)."""

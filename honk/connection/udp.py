@@ -9,19 +9,28 @@ Theory of operation:
     first use. The association remembers every (IP, port) it sent to; a reply
     from anywhere else is dropped. Replies are wrapped in the SOCKS5 UDP
     header carrying the replying address.
-  * Each new target is routed through the dispatcher's plane once. ``block``
-    drops its datagrams (debug log), and so does a leaf whose capabilities have
-    no UDP (``NotSupported``: dropped, logged). ``direct`` targets go out of the
-    association's own sockets; domain targets are resolved once per
-    association and cached. Any other leaf carries UDP on its own endpoint
-    (``leaf.dial_udp``: a SOCKS5 association, Shadowsocks packets), one per
-    leaf per association, dialled on first use; the proxy resolves domain
-    targets itself and its replies are accepted as it reports them. An
+  * Every datagram reads the dispatcher's current plane: a target's decision is
+    reused only while the plane that made it is still current, so after a reload
+    the next datagram follows the new plane (established sub-links are not moved
+    or closed by it). Within one plane a target is routed once (a LoadBalance
+    group would otherwise scatter one target's datagrams over its members).
+    ``block`` drops its datagrams (debug log), and so does a leaf whose
+    capabilities have no UDP (``NotSupported``: dropped, logged). ``direct``
+    targets go out of the association's own sockets; domain targets are
+    resolved once per association and cached. Any other leaf carries UDP on its
+    own endpoint (a sub-link: ``leaf.dial_udp``, a SOCKS5 association,
+    Shadowsocks packets), one per leaf version (``outbound_id``, never the
+    leaf object) per association, dialled on first use; the proxy resolves
+    domain targets itself and its replies are accepted as it reports them. An
     endpoint that ends (its server went away) drops the routes through it, so
     the next datagram routes and dials afresh. Datagrams that arrive while a
     target is being routed wait in a small queue.
-  * The association is one tracker entry with network ``udp`` (its target and
-    rule are those of the first routed datagram). It ends when its control
+  * A drain of an outbound version (:meth:`UdpAssociation.close_version`)
+    closes the association's sub-link of that version and forgets the routes
+    through it; the association goes on and the next datagram routes again.
+  * The association is one tracker entry with network ``udp`` (its target,
+    rule and outbound version are those of the first routed datagram, or of the
+    first one routed after that version was drained). It ends when its control
     connection closes (the inbound calls :meth:`UdpAssociation.close`) or when
     the tracker's sweeper finds it silent for ``udp_idle_timeout``. Only the
     association's own callbacks and tasks touch its state.
@@ -35,10 +44,19 @@ import logging
 import socket
 from dataclasses import dataclass
 
-from honk.connection.dispatch import Dispatcher, Routed, format_chain
+from honk.connection.dispatch import Dispatcher, Routed, format_chain, outbound_version
 from honk.connection.tracker import TrackedFlow
-from honk.core.errors import Blocked, ClientProtocolError, FlowClosed, HonkError, IdleTimeout, NotSupported
+from honk.core.errors import (
+    Blocked,
+    ClientProtocolError,
+    FlowClosed,
+    HonkError,
+    IdleTimeout,
+    NotSupported,
+    OutboundDrained,
+)
 from honk.core.net import Address, FlowMeta, Network
+from honk.daemon.logs import kv
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import PacketEndpoint
 
@@ -56,6 +74,10 @@ class _Route:
     endpoint: PacketEndpoint | None = None  # a proxy leaf's endpoint, with the target as routed
     target: Address | None = None
     health: _EndpointHealth | None = None  # what the proxy leaf's endpoint tells its node's health
+    plane: int = -1  # the dispatcher's plane_serial when decided: stale once another plane serves
+    version: str = ""  # the leaf's outbound version; "" for a dropped target
+    rule: str = ""  # the rule that matched, and the chain to the leaf (for the tracker entry)
+    chain: tuple[str, ...] = ()
 
 
 class _EndpointHealth:
@@ -83,9 +105,6 @@ class _EndpointHealth:
     def failed(self) -> None:
         if (traffic := self._traffic()) is not None:
             traffic.packets_failed(self.leaf.health_family)
-
-
-_DROP = _Route(None)
 
 
 class _ClientSide(asyncio.DatagramProtocol):
@@ -117,7 +136,8 @@ def _norm_ip(host: str) -> str:
 class UdpAssociation:
     """One SOCKS5 UDP association; also the tracker's :class:`FlowHandle` for it."""
 
-    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address) -> None:
+    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address,
+                 user: str | None = None, session: object | None = None) -> None:
         if client.ip is None:
             raise ValueError("the control connection's peer must be an IP")
         self._dispatcher = dispatcher
@@ -125,6 +145,8 @@ class UdpAssociation:
         self.inbound = inbound
         self.client = client
         self.requested = requested
+        self.user = user
+        self.session = session  # the control connection's inbound session (identity only)
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_activity = self._clock.now()
@@ -133,8 +155,10 @@ class UdpAssociation:
         self._client_addr: tuple | None = None
         self._client_transport: asyncio.DatagramTransport | None = None
         self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
-        self._endpoints: dict[str, PacketEndpoint] = {}  # proxy leaf name → its endpoint
-        self._health: dict[str, _EndpointHealth] = {}  # proxy leaf name → what it reports
+        # sub-links, keyed by the leaf's outbound version (tag@vN): two versions of one tag
+        # coexist while one drains, and an object's id() may be reused
+        self._endpoints: dict[str, PacketEndpoint] = {}  # outbound version → its endpoint
+        self._health: dict[str, _EndpointHealth] = {}  # outbound version → what it reports
         self._dialing: dict[str, asyncio.Future[PacketEndpoint]] = {}
         self._routes: dict[Address, _Route] = {}
         self._pending: dict[Address, list[bytes]] = {}
@@ -142,6 +166,8 @@ class UdpAssociation:
         self._sent: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._flow: TrackedFlow | None = None
+        self._retarget = False  # the flow's recorded version was drained: record the next route
+        self._drained: set[str] = set()  # versions drained while this association lived
         self._closed = asyncio.Event()
         self.error: HonkError | None = None
 
@@ -167,6 +193,8 @@ class UdpAssociation:
             rule="",
             chain=(),
             plane_generation=self._dispatcher.plane.generation,
+            user=self.user,
+            session=self.session,
         )
         return self.bound
 
@@ -226,7 +254,7 @@ class UdpAssociation:
         self.bytes_up += len(datagram.payload)
         target = datagram.address
         route = self._routes.get(target)
-        if route is not None:
+        if route is not None and route.plane == self._dispatcher.plane_serial:
             self._send(route, datagram.payload)
             return
         queue = self._pending.get(target)
@@ -256,37 +284,40 @@ class UdpAssociation:
         transport.sendto(payload, route.sockaddr)
 
     async def _route_target(self, target: Address) -> None:
+        plane = self._dispatcher.plane_serial  # read with the plane route() reads, before any await
         try:
-            route = await self._decide(target)
+            route = await self._decide(target, plane)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a routing failure must not outlive as an unhandled task error
             log.info(
                 "udp target dropped association=%s target=%s error=%s", self.id, target, type(exc).__name__
             )
-            route = _DROP
+            route = _Route(None, plane=plane)
         if self._closed.is_set():
             return
         self._routes[target] = route
         for payload in self._pending.pop(target, []):
             self._send(route, payload)
 
-    async def _decide(self, target: Address) -> _Route:
-        meta = FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound)
+    async def _decide(self, target: Address, plane: int) -> _Route:
+        meta = FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound,
+                        user=self.user, session=self.session)
+        drop = _Route(None, plane=plane)
         try:
             routed = await self._dispatcher.route(meta)
         except Blocked:
             log.debug("udp target blocked association=%s target=%s", self.id, target)
-            return _DROP
+            return drop
         except HonkError as exc:
             log.info(
                 "udp target dropped association=%s target=%s error=%s", self.id, target, type(exc).__name__
             )
-            return _DROP
+            return drop
         leaf = routed.leaf
         if leaf.protocol == "block":
             log.debug("udp target blocked association=%s target=%s rule=%s", self.id, target, routed.rule)
-            return _DROP
+            return drop
         if not leaf.capabilities.udp:
             error = NotSupported(f"outbound {leaf.name} cannot carry UDP")
             log.info(
@@ -296,16 +327,18 @@ class UdpAssociation:
                 format_chain(routed.chain),
                 type(error).__name__,
             )
-            return _DROP
+            return drop
+        version = outbound_version(leaf)
         if leaf.protocol != "direct":
             endpoint = await self._endpoint(leaf)
-            self._note_first_route(target, routed)
-            return _Route(None, endpoint, target, self._health.get(leaf.name))
+            self._note_route(target, routed)
+            return _Route(None, endpoint, target, self._health.get(version), plane, version,
+                          routed.rule, routed.chain)
         ip = await self._resolve(target)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         await self._remote_socket(family)
-        self._note_first_route(target, routed)
-        return _Route((ip, target.port))
+        self._note_route(target, routed)
+        return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain)
 
     async def _resolve(self, target: Address) -> str:
         if target.ip is not None:
@@ -334,35 +367,40 @@ class UdpAssociation:
         self._remotes[family] = transport
 
     async def _endpoint(self, leaf) -> PacketEndpoint:  # noqa: ANN001 - an Outbound
-        """The association's endpoint through ``leaf``, dialled once and shared by its targets."""
-        name = leaf.name
-        endpoint = self._endpoints.get(name)
+        """The association's sub-link through ``leaf``'s version, dialled once and shared by its
+        targets."""
+        name, key = leaf.name, outbound_version(leaf)
+        endpoint = self._endpoints.get(key)
         if endpoint is not None and not endpoint.closed:
             return endpoint
-        dialing = self._dialing.get(name)
+        dialing = self._dialing.get(key)
         if dialing is None:
             deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
-            health = self._health[name] = _EndpointHealth(leaf)
+            health = self._health[key] = _EndpointHealth(leaf)
             dialing = asyncio.ensure_future(
                 leaf.dial_udp(
                     lambda data, source: self._from_endpoint(health, data, source),
                     deadline,
-                    on_lost=lambda error: self._endpoint_lost(name, error),
+                    on_lost=lambda error: self._endpoint_lost(key, error),
                 )
             )
-            self._dialing[name] = dialing
-            dialing.add_done_callback(lambda _: self._dialing.pop(name, None))
+            self._dialing[key] = dialing
+            dialing.add_done_callback(lambda _: self._dialing.pop(key, None))
             dialing.add_done_callback(lambda done: self._count_dial(name, done))
         try:
             endpoint = await asyncio.shield(dialing)
         except BaseException:
-            if name not in self._endpoints:
-                self._health.pop(name, None)  # no endpoint: nothing for it to report
+            if key not in self._endpoints:
+                self._health.pop(key, None)  # no endpoint: nothing for it to report
             raise
         if self._closed.is_set():
             endpoint.close()
             raise FlowClosed("the association ended while its endpoint was dialled")
-        self._endpoints[name] = endpoint
+        if key in self._drained:  # its version was drained while it was dialled
+            self._health.pop(key, None)
+            endpoint.close()
+            raise OutboundDrained()
+        self._endpoints[key] = endpoint
         return endpoint
 
     def _count_dial(self, outbound: str, dialing: asyncio.Future[PacketEndpoint]) -> None:
@@ -372,22 +410,69 @@ class UdpAssociation:
             return  # a cancelled dial (the association ended) has no outcome
         stats.dial("udp", dialing.exception(), outbound)
 
-    def _endpoint_lost(self, name: str, error: HonkError | None) -> None:
-        endpoint = self._endpoints.pop(name, None)
-        health = self._health.pop(name, None)
+    def _endpoint_lost(self, version: str, error: HonkError | None) -> None:
+        endpoint = self._endpoints.pop(version, None)
+        health = self._health.pop(version, None)
         if endpoint is None or self._closed.is_set():
             return
         if error is not None and health is not None:
             health.failed()  # a terminal send or receive error of the node's UDP path
-        log.info("udp endpoint ended association=%s outbound=%s error=%s", self.id, name,
+        log.info("udp endpoint ended association=%s outbound_version=%s error=%s", self.id, version,
                  type(error).__name__ if error is not None else "-")
-        for target, route in list(self._routes.items()):
-            if route.endpoint is endpoint:
-                del self._routes[target]  # the next datagram routes and dials again
+        self._forget_routes(lambda route: route.endpoint is endpoint)
 
-    def _note_first_route(self, target: Address, routed: Routed) -> None:
-        if self._flow is not None and not self._flow.rule:
-            self._flow.retarget(target, routed.rule, routed.chain)
+    def _forget_routes(self, match) -> int:  # noqa: ANN001 - _Route -> bool
+        """Drop the decisions ``match`` picks: their targets' next datagrams route again."""
+        stale = [target for target, route in self._routes.items() if match(route)]
+        for target in stale:
+            del self._routes[target]
+        return len(stale)
+
+    def _note_route(self, target: Address, routed: Routed) -> None:
+        """The tracker entry shows the first routed target, or the next one after its version
+        was drained."""
+        if self._flow is not None and (not self._flow.rule or self._retarget):
+            self._retarget = False
+            self._flow.retarget(target, routed.rule, routed.chain, outbound_version(routed.leaf))
+
+    def _show_a_live_route(self) -> None:
+        """The tracker entry's version was drained: show a route the association still has,
+        or the next one it makes."""
+        assert self._flow is not None
+        for target, route in self._routes.items():
+            if route.version:
+                self._flow.retarget(target, route.rule, route.chain, route.version)
+                return
+        self._retarget = True
+
+    # -- versions (the tracker's MultiVersionHandle) ------------------------------------
+
+    def outbound_versions(self) -> set[str]:
+        """The outbound versions the association holds now: its sub-links and its decisions."""
+        held = {route.version for route in self._routes.values() if route.version}
+        held.update(self._endpoints)
+        return held
+
+    def close_version(self, outbound_id: str, reason: HonkError) -> int:
+        """A drain: close the sub-link of ``outbound_id`` and forget the routes through that
+        version (the next datagram routes on the current plane); 1 if it held any, else 0."""
+        if self._closed.is_set():
+            return 0
+        self._drained.add(outbound_id)  # a dial of it still under way closes what it opens
+        endpoint = self._endpoints.pop(outbound_id, None)
+        dialing = outbound_id in self._dialing
+        if not dialing:
+            self._health.pop(outbound_id, None)  # drained, not failed: nothing to tell its node
+        forgotten = self._forget_routes(lambda route: route.version == outbound_id)
+        if endpoint is not None:
+            endpoint.close()
+        if endpoint is None and not dialing and not forgotten:
+            return 0
+        if self._flow is not None and self._flow.outbound_version == outbound_id:
+            self._show_a_live_route()
+        log.info("udp sub-link closed %s", kv(association=self.id, outbound_version=outbound_id,
+                                                error=type(reason).__name__, reason=str(reason)))
+        return 1
 
     # -- remote → client --------------------------------------------------------------
 

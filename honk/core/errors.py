@@ -133,3 +133,16 @@ class IdleTimeout(RelayError):
 
 class FlowClosed(RelayError):
     """The flow was closed on purpose (shutdown, interrupt, operator)."""
+
+
+# The exact text a drained flow ends with (requirement RL-48): logs and the API show it as is.
+OUTBOUND_DRAINED_TEXT = "the outbound this flow was opened on was drained"
+
+
+class OutboundDrained(FlowClosed):
+    """The outbound version the flow was opened on left service and its drain closed the flow.
+
+    A closing on purpose, not an upstream failure: it never counts against the node's health."""
+
+    def __init__(self) -> None:
+        super().__init__(OUTBOUND_DRAINED_TEXT)

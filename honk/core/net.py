@@ -80,6 +80,9 @@ class FlowMeta:
     inbound: str
     user: str | None = None
     resolved: IPAddress | None = None
+    # the inbound session (client connection) the flow belongs to: closing the session
+    # (its user was revoked, its inbound removed) closes its flows; identity only
+    session: object | None = field(default=None, compare=False, repr=False)
 
     @property
     def destination_ip(self) -> IPAddress | None:

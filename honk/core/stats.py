@@ -3,8 +3,9 @@
 Plain integers updated where events happen (a dial ends, a probe ends, a
 selection moves, a reload or subscription refresh finishes); the API reads
 them at scrape time. Labels are drawn from small fixed sets (networks,
-results, error kinds, probe kinds) or from the configuration's group names, so
-their number never grows with traffic, targets or node count. Nothing here
+results, error kinds, probe kinds, apply error variants, drain policies) or
+from the configuration's group names, so their number never grows with
+traffic, targets or node count. Nothing here
 holds a target, a credential or a Score cell.
 """
 
@@ -47,7 +48,12 @@ DIAL_ERROR_KINDS = (*(kind for _, kind in _KINDS), "other")
 DIAL_NETWORKS = ("tcp", "udp")
 PROBE_KINDS = ("tcp", "udp", "url")  # a node's TCP probe, its UDP round, a group member's check_url
 PROBE_RESULTS = ("ok", "error")
-RELOAD_RESULTS = ("applied", "rejected")
+RELOAD_RESULTS = ("applied", "refused")
+# The error label of a refusal reported without its ApplyError variant (Daemon.reload's bool):
+# the base ApplyError variant, what a file that does not load or build is.
+UNSPECIFIED_REFUSAL = "invalid"
+# Drain policies that close flows (keep never does): the values of the "policy" label.
+DRAIN_CLOSING_POLICIES = ("close", "close_after")
 SUBSCRIPTION_RESULTS = ("accepted", "unchanged", "failed")
 
 
@@ -97,7 +103,8 @@ class RuntimeStats:
         self.outbounds: dict[str, OutboundCounts] = {}  # by leaf name: the /stats outbound rows
         self.probes: dict[tuple[str, str], Histogram] = {}  # (probe kind, result) -> durations
         self.selection_changes: Counter[tuple[str, str]] = Counter()  # (group, network)
-        self.reloads: Counter[str] = Counter()  # result: applied | rejected
+        self.reloads: Counter[tuple[str, str]] = Counter()  # (applied | refused, error variant or "")
+        self.drained_flows: Counter[str] = Counter()  # drain policy label -> flows its drains closed
         self.subscription_refreshes: Counter[str] = Counter()  # result: accepted | unchanged | failed
 
     def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
@@ -136,7 +143,20 @@ class RuntimeStats:
             del self.selection_changes[key]
 
     def reload(self, applied: bool) -> None:
-        self.reloads["applied" if applied else "rejected"] += 1
+        """An apply whose refusal kind is not known (:meth:`reload_result` says it)."""
+        self.reload_result(applied, None if applied else UNSPECIFIED_REFUSAL)
+
+    def reload_result(self, applied: bool, error_variant: str | None) -> None:
+        """An apply ended: applied, or refused with ``error_variant`` (``ApplyError.variant``)."""
+        if applied:
+            self.reloads[("applied", "")] += 1
+        else:
+            self.reloads[("refused", error_variant or UNSPECIFIED_REFUSAL)] += 1
+
+    def drained_closed(self, policy_label: str, n: int) -> None:
+        """A drain under ``policy_label`` (``ClosePolicy.label``) closed ``n`` flows."""
+        if n > 0:
+            self.drained_flows[policy_label] += n
 
     def subscription_refresh(self, result: str) -> None:
         self.subscription_refreshes[result] += 1

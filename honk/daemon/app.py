@@ -1,31 +1,21 @@
-"""The daemon: one owner for the running configuration and its listeners.
+"""The daemon: the process around the reconciler.
 
 Theory of operation
 -------------------
-``Daemon.start`` loads the file, builds a :class:`~honk.connection.plane.Plane`
-(routes, groups, outbounds), hands it to the :class:`Dispatcher`, binds every
-inbound and starts the idle sweeper. After that, every change to what runs goes
-through one ``asyncio.Lock``:
-
-* ``reload()`` (SIGHUP) loads the file again. A file that does not load changes
-  nothing: the old plane and listeners keep serving and the located errors are
-  logged. A file that loads becomes a new plane; the dispatcher swaps it in one
-  reference assignment, so a new flow sees either the old or the new plane, and
-  established flows keep their sockets. Listeners whose spec is unchanged keep
-  their socket; changed or new ones are bound before the old ones stop, and a
-  bind failure undoes the whole reload.
-* ``shutdown()`` (SIGTERM/SIGINT) stops accepting, lets live flows finish
-  within the grace period, then closes what is left.
+Every change to what runs goes through the reconciler (:mod:`honk.control`): the first
+configuration at start, SIGHUP, ``honkctl reload``, the API's reloads, a subscription's
+new node set, Selector and pin writes, and shutdown. The reconciler runs them one at a
+time on its own task; an apply plans (pure), checks for disruption, prepares
+everything that can fail without serving, then commits, which cannot fail. Unchanged
+resources keep running as they are: a listener keeps its socket, an outbound its leaf
+and runtime, a group its policy state. A refused apply changes nothing.
 
 Subscriptions: a :class:`SubscriptionManager` owns the nodes each subscription
 provides. The running spec is the file's spec with those nodes appended
 (:func:`merge_nodes`; configured nodes win name clashes). Start waits a bounded
 time for first fetches; afterwards every published change of the node set is
-applied through the same path as a reload (a new plane generation), and a
-reload keeps the nodes of subscriptions whose URL and User-Agent stay.
-
-This is the foundation's "full rebuild" reload; the plan → prepare → commit
-reconciler replaces the middle of ``reload()`` later.
+applied as a reconciler command, and a reload keeps the nodes of subscriptions whose
+URL and User-Agent stay.
 """
 
 from __future__ import annotations
@@ -38,17 +28,25 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from honk.alive.service import HealthService
 from honk.api.server import ApiServer
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
-from honk.config.spec import InboundSpec, Spec
+from honk.config.spec import GlobalSpec, InboundUser, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
+from honk.control.apply import Applier, empty_plane
+from honk.control.desired import API_TAG, DesiredState, lower
+from honk.control.drain import Drainer
+from honk.control.errors import ApplyError, Disruptive, Invalid, Stopped
 from honk.control.mode import GLOBAL_DEFAULT, GLOBAL_GROUP, RoutingMode, global_members
+from honk.control.plan import Plan, RunningState, plan
+from honk.control.reconciler import Reconciler
+from honk.control.report import ApplyReport
 from honk.core.clock import Clock, MonotonicClock, timeout_at
 from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
@@ -57,6 +55,7 @@ from honk.daemon.logs import LogBroker, kv, set_level
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
+from honk.inbound.sessions import SessionRegistry
 from honk.outbound.base import DialedStream
 from honk.outbound.direct import DirectOutbound
 from honk.relay.native import close_engines
@@ -79,47 +78,84 @@ def log_diagnostics(diagnostics, *, during: str) -> None:
                                                             code=d.code, problem=d.message))
 
 
+class ConfigRefused(ApplyError):
+    """The file did not load: the first located error (all of them are logged)."""
+
+    variant = "config"
+
+    def __init__(self, text: str, error: BaseException | None = None) -> None:
+        super().__init__(text)
+        self.error = error
+
+
 class Daemon:
     def __init__(self, config_path: str | os.PathLike, clock: Clock | None = None,
                  log_level: str | None = None) -> None:
         self.config_path = Path(config_path)
         self._forced_log_level = log_level  # `honk run --debug` outranks the file's log_level
         self.clock: Clock = clock or MonotonicClock()
-        self.spec: Spec | None = None  # what runs: the file's spec plus subscription nodes
         self.config: Spec | None = None  # the file's spec as loaded
         self.subscriptions: SubscriptionManager | None = None
-        self._applying: set[asyncio.Task[None]] = set()  # subscription changes waiting for the lock
         self._closing = False
+        self._subscription_tasks: set[asyncio.Task[None]] = set()  # node sets waiting for the reconciler
         self._fetch_plane: Plane | None = None  # only while start() waits for detoured first fetches
-        self.plane: Plane | None = None
         self.tracker = ConnectionTracker(self.clock)
-        self.dispatcher: Dispatcher | None = None
-        self.inbounds: dict[str, MixedInbound] = {}
-        self._lock = asyncio.Lock()
+        self.sessions = SessionRegistry()  # inbound sessions by tag
+        self.stats = RuntimeStats()  # event counters the API exports
+        self.drainer = Drainer(self.tracker, self.clock, self.stats)  # outbound versions leaving service
+        self.reconciler = Reconciler()
+        self.applier = Applier(self)  # what runs; only reconciler commands touch it
+        # routes every flow to the internal reject target until the first commit
+        self.dispatcher = Dispatcher(empty_plane(self.clock), self.tracker, self.clock, GlobalSpec(),
+                                     SystemResolver(self.clock, GlobalSpec().connect_timeout))
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._generation = 0
-        self.stats = RuntimeStats()  # event counters the API exports
         self.health = HealthService(self.clock)
         self.health.stats = self.stats
+        self.dispatcher.on_selection = self.health.note_selection
         self.groups: SharedGroupManager | None = None  # the stable handle on the current group manager
         # flow ids closed by the Selector write in progress (None: none is; automatic changes do not wait)
         self._interrupted: list[str] | None = None
         self.logs = LogBroker()  # live log readers (the API's /logs)
         self.mode = RoutingMode()  # the Clash mode and the GLOBAL choice
-        self.api: ApiServer | None = None
+        self.dispatcher.mode = self.mode
+        self.dispatcher.stats = self.stats
         self.started_wall = 0.0  # wall-clock seconds at ready
         self.started_at = 0.0  # clock.now() at ready (uptime)
 
+    # --- what runs (read-only views of the applier) -----------------------------------
+
+    @property
+    def plane(self) -> Plane | None:
+        """The published plane (None before the first commit)."""
+        return self.applier.plane
+
+    @property
+    def spec(self) -> Spec | None:
+        """What runs: the file's spec plus subscription nodes."""
+        desired = self.applier.running.desired
+        return desired.spec if desired is not None else None
+
+    @property
+    def inbounds(self) -> dict[str, MixedInbound]:
+        return self.applier.inbounds()  # type: ignore[return-value]
+
+    @property
+    def api(self) -> ApiServer | None:
+        return self.applier.listener(API_TAG)  # type: ignore[return-value]
+
     @property
     def generation(self) -> int:
-        """The published plane's generation."""
-        return self._generation
+        """The published plane's epoch (0 before the first commit)."""
+        return self.applier.epoch
+
+    epoch = generation
 
     # --- start ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load, build and bind; raises ConfigError or OSError and leaves nothing running."""
+        """Load and apply the file on this task, then start the reconciler. Raises
+        ConfigError, ApplyError or OSError and leaves nothing running."""
         spec = load_file(self.config_path)
         log_diagnostics(spec.diagnostics, during="start")
         self._set_log_level(spec)
@@ -130,41 +166,23 @@ class Daemon:
         if any(s.detour for s in config.subscriptions):
             # first downloads through a node of the file, before the real plane exists
             self._fetch_plane = build_plane(config, self.clock, 0)
-        started: dict[str, MixedInbound] = {}
         try:
             await subscriptions.start()
             await subscriptions.wait_settled(FIRST_FETCH_WAIT)
             spec = self._effective(config, subscriptions.nodes())
-            self._generation = 1
             saved = await self.health.open_state(spec.global_.data_dir)
-            plane = build_plane(spec, self.clock, self._generation, previous=self._fetch_plane,
-                                health=self.health.filter, saved_choices=saved)
-            self._install_callbacks(plane)  # before the plane is published
-            plane.retire(self._fetch_plane)
-            self._fetch_plane = None
-            resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
-            self.dispatcher = Dispatcher(plane, self.tracker, self.clock, spec.global_, resolver)
-            self.dispatcher.on_selection = self.health.note_selection
-            self.dispatcher.mode = self.mode
-            self.dispatcher.stats = self.stats
-            for ispec in spec.inbounds:
-                started[ispec.name] = await self._bind(ispec)
-            if spec.clash_api is not None:
-                api = ApiServer(self, spec.clash_api, self.config_path.parent)
-                await api.start()
-                self.api = api
+            desired = lower(spec)
+            first = plan(self.applier.running, desired)  # from empty: never disruptive
+            prepared = await self.applier.prepare(first, desired, saved_choices=saved, carried=self._fetch_plane)
         except BaseException:
-            if self.api is not None:
-                await self.api.stop()
-                self.api = None
-            for inbound in started.values():
-                await inbound.stop_accepting()
             await subscriptions.stop()
             raise
-        self.spec, self.config, self.plane, self.inbounds = spec, config, plane, started
-        self.groups = SharedGroupManager(plane.groups)
-        self.subscriptions = subscriptions
-        await self.health.start(plane)
+        previous_fetch, self._fetch_plane = self._fetch_plane, None
+        self.config, self.subscriptions = config, subscriptions
+        report = await self.applier.commit(prepared)
+        self._after_commit()
+        if self.plane is not None:
+            self.plane.retire(previous_fetch)
         self.logs.install()
         self.started_wall, self.started_at = self.clock.wall(), self.clock.now()
         if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
@@ -172,10 +190,44 @@ class Daemon:
         self._sweeper = asyncio.get_running_loop().create_task(
             self.tracker.run_sweeper(SWEEP_INTERVAL), name="honk-idle-sweeper"
         )
+        self.reconciler.start()
         settle_heap()
-        api_address = {"api": f"{self.api.bound[0]}:{self.api.bound[1]}"} if self.api and self.api.bound else {}
-        log.info("honk ready %s", kv(config=str(self.config_path), generation=self._generation,
-                                     **{f"inbound.{n}": str(i.bound) for n, i in started.items()}, **api_address))
+        api = self.api
+        api_address = {"api": f"{api.bound[0]}:{api.bound[1]}"} if api is not None and api.bound else {}
+        log.debug("first apply: %s", report.summary())
+        log.info("honk ready %s", kv(config=str(self.config_path), generation=self.generation,
+                                     **{f"inbound.{n}": str(i.bound) for n, i in self.inbounds.items()},
+                                     **api_address))
+
+    def publish(self, plane: Plane, resolver: object, *, republish: bool = False) -> None:
+        """The applier's one store: new flows route with ``plane`` from now on."""
+        glob = plane.spec.global_
+        if not republish:
+            self._install_callbacks(plane)  # before the plane is published
+        self.dispatcher.swap_plane(plane, glob, resolver)  # type: ignore[arg-type]
+        if republish:
+            return
+        if self.groups is None:
+            self.groups = SharedGroupManager(plane.groups)
+        else:
+            self.groups.publish(plane.groups)
+        self.stats.retain_groups(set(plane.groups.names))
+        self.stats.retain_outbounds(set(plane.outbounds))
+        self.tracker.forget_leaves(set(plane.outbounds))
+        if self.mode.global_choice not in global_members(plane):
+            self.mode.global_choice = GLOBAL_DEFAULT
+
+    async def health_sync(self, plane: Plane, *, first: bool) -> None:
+        """Hand the published plane's nodes and groups to the health service."""
+        if first:
+            await self.health.start(plane)
+        else:
+            await self.health.apply(plane)
+
+    def _after_commit(self) -> None:
+        spec = self.spec
+        if spec is not None:
+            self._set_log_level(spec)
 
     def _install_callbacks(self, plane: Plane) -> None:
         """What a group manager reports to the daemon; installed before the plane is published."""
@@ -216,155 +268,180 @@ class Daemon:
         """The spec that runs: the file's nodes, then the subscriptions' nodes."""
         if not nodes:
             return config
-        return dataclasses.replace(config, nodes=merge_nodes(config.nodes, nodes))
+        return dataclasses.replace(config, nodes=merge_nodes(config.nodes, nodes, (g.name for g in config.groups)))
 
     def _on_subscription_nodes(self, nodes: NodesBySubscription) -> None:
-        """The manager's publish callback: apply the new node set once the lock is free."""
-        if self._closing:
+        """The manager's publish callback: apply the new node set as a reconciler command."""
+        if self._closing or self.reconciler.stopped:
             return
         task = asyncio.get_running_loop().create_task(self._apply_subscriptions(), name="honk-subscription-apply")
-        self._applying.add(task)
-        task.add_done_callback(self._applying.discard)
+        self._subscription_tasks.add(task)
+        task.add_done_callback(self._subscription_tasks.discard)
 
     async def _apply_subscriptions(self) -> None:
-        async with self._lock:
+        async def apply() -> None:
             if self._closing or self.spec is None or self.config is None or self.subscriptions is None:
                 return  # start() builds with the latest nodes itself
             spec = self._effective(self.config, self.subscriptions.nodes())
             if _node_view(spec) != _node_view(self.spec):
-                await self._apply(spec, cause="subscription")
+                try:
+                    await self._reconcile(spec, cause="subscription")
+                except ApplyError:
+                    pass  # logged; the running configuration stays
+
+        with contextlib.suppress(Stopped):
+            await self.reconciler.call("subscription", apply)
 
     def _set_log_level(self, spec: Spec) -> None:
         set_level(self._forced_log_level or spec.global_.log_level)
 
-    async def _bind(self, ispec: InboundSpec) -> MixedInbound:
-        if self.dispatcher is None:
-            raise RuntimeError("dispatcher missing")
-        inbound = MixedInbound(ispec, self.dispatcher, self.clock)
-        await inbound.start()
-        return inbound
-
     # --- reload --------------------------------------------------------------
 
-    async def reload(self) -> bool:
-        """Apply the file as it is now; return whether it was applied."""
-        applied = await self._reload()
-        self.stats.reload(applied)
-        return applied
+    async def reload(self, allow_disruptive: bool = False) -> ApplyReport:
+        """Apply the file as it is now (``honkctl reload``, the API). Returns the report;
+        raises ApplyError (ConfigRefused for a file that does not load) with nothing changed."""
+        return await self.reconciler.call("reload", lambda: self._reload(allow_disruptive))
 
-    async def _reload(self) -> bool:
-        async with self._lock:
-            try:
-                spec = load_file(self.config_path)
-            except ConfigError as exc:
-                log_diagnostics(exc.diagnostics, during="reload")
-                log.error("reload rejected; the running configuration is unchanged %s",
-                          kv(errors=len(exc.errors), generation=self._generation))
-                return False
-            except OSError as exc:
-                log.error("reload rejected; the running configuration is unchanged %s",
-                          kv(error=type(exc).__name__, reason=exc.strerror or str(exc)))
-                return False
+    async def update(self, edit: Callable[[Spec], Spec] | None, allow_disruptive: bool = False,
+                     runtime: Callable[[], None] | None = None) -> ApplyReport | None:
+        """``PATCH /configs``: edit the running configuration inside the reconciler (so it sees
+        what the previous command left) and apply the result; ``runtime`` applies settings
+        that are not resources (the mode) in the same command, after the apply. A reload
+        re-reads the file, which undoes the edit."""
+
+        async def command() -> ApplyReport | None:
+            report = None
+            if edit is not None:
+                assert self.config is not None and self.subscriptions is not None  # set by start()
+                config = edit(self.config)
+                report = await self._reconcile(self._effective(config, self.subscriptions.nodes()),
+                                               allow_disruptive=allow_disruptive, cause="update")
+                self.config = config
+            if runtime is not None:  # only once the edit was applied: a refusal changes nothing
+                runtime()
+            return report
+
+        return await self.reconciler.call("update", command)
+
+    # --- user edits (no plan: only the named user set changes) ----------------------------
+
+    async def set_users(self, user_set: str, users: Sequence[InboundUser]) -> None:
+        """Replace every user of ``user_set`` (an inbound's users; the set is named like it)."""
+        await self._edit_users(user_set, lambda _old: tuple(users))
+
+    async def upsert_user(self, user_set: str, user: InboundUser) -> None:
+        """Add ``user`` to ``user_set`` or replace the user of that name."""
+
+        def upsert(old: tuple[InboundUser, ...]) -> tuple[InboundUser, ...]:
+            if any(u.username == user.username for u in old):
+                return tuple(user if u.username == user.username else u for u in old)
+            return (*old, user)
+
+        await self._edit_users(user_set, upsert)
+
+    async def remove_user(self, user_set: str, username: str) -> bool:
+        """Remove ``username`` from ``user_set``; False (and nothing changed) if it was not there."""
+
+        def remove(old: tuple[InboundUser, ...]) -> tuple[InboundUser, ...] | None:
+            kept = tuple(u for u in old if u.username != username)
+            return None if len(kept) == len(old) else kept
+
+        return await self._edit_users(user_set, remove)
+
+    async def _edit_users(self, user_set: str,
+                          change: Callable[[tuple[InboundUser, ...]], tuple[InboundUser, ...] | None]) -> bool:
+        async def command() -> bool:
             assert self.config is not None and self.subscriptions is not None  # set by start()
-            if spec.global_.store_subscribe != self.config.global_.store_subscribe:
-                log.error("reload rejected; the running configuration is unchanged %s",
-                          kv(error="restart-required", key="global.store_subscribe"))
+            inbound = next((i for i in self.config.inbounds if i.name == user_set and i.users), None)
+            if inbound is None:
+                raise Invalid(f"user set {user_set}", "no such user set")
+            users = change(inbound.users)
+            if users is None:
                 return False
-            log_diagnostics(spec.diagnostics, during="reload")
-            carried = self.subscriptions.carried(spec.subscriptions)
-            if not await self._apply(self._effective(spec, carried)):
-                return False
-            await self._apply_api(spec)
-            self.config = spec
-            await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
+            if not users:
+                raise Invalid(f"user set {user_set}", "an inbound with users keeps at least one; "
+                                                      "remove its users in the file instead")
+            config = dataclasses.replace(self.config, inbounds=tuple(
+                dataclasses.replace(i, users=users) if i is inbound else i for i in self.config.inbounds))
+            desired = lower(self._effective(config, self.subscriptions.nodes()))
+            ended = self.applier.edit_users(user_set, desired)
+            self.config = config
+            log.info("users changed %s", kv(user_set=user_set, users=len(users), sessions_ended=ended))
             return True
 
-    async def _apply(self, spec: Spec, cause: str = "reload") -> bool:
-        """Build and swap in a plane for ``spec``; ``cause`` ("reload", "subscription") names the log lines."""
-        assert self.spec is not None and self.dispatcher is not None  # set by start()
-        generation = self._generation + 1
-        try:
-            plane = build_plane(spec, self.clock, generation, previous=self.plane, health=self.health.filter)
-            self._install_callbacks(plane)  # before the plane is published
-        except Exception as exc:  # noqa: BLE001 - a plane that cannot be built must not replace the old one
-            log.error("%s rejected; the running configuration is unchanged %s",
-                      cause, kv(error=type(exc).__name__, reason=str(exc)))
-            return False
+        return await self.reconciler.call("users", command)
 
-        old = {i.name: i for i in self.spec.inbounds}
-        new = {i.name: i for i in spec.inbounds}
-        keep = {n for n in new if n in old and old[n] == new[n]}
-        bound: dict[str, MixedInbound] = {}
-        try:
-            for name in new.keys() - keep:
-                if name in old and (old[name].host, old[name].port) == (new[name].host, new[name].port):
-                    continue  # same address, changed settings: rebind after the old one stops
-                bound[name] = await self._bind(new[name])
-        except OSError as exc:
-            for inbound in bound.values():
-                await inbound.stop_accepting()
-            log.error("%s rejected; the running configuration is unchanged %s",
-                      cause, kv(error="bind-failed", reason=exc.strerror or str(exc)))
-            return False
+    def reload_on_signal(self) -> None:
+        """SIGHUP: never blocks, never allows a disruptive change; merged with one queued."""
+        self.reconciler.signal_reload(lambda: self._reload(False, signal=True))
 
-        # Commit: nothing below may fail the reload.
-        resolver = SystemResolver(self.clock, spec.global_.connect_timeout)
-        self.dispatcher.swap_plane(plane, spec.global_, resolver)
-        plane.retire(self.plane)  # shared resources of removed or changed nodes
-        self._set_log_level(spec)
-        for name in old.keys() - keep:
-            await self.inbounds.pop(name).stop_accepting()
-        for name in new.keys() - keep - bound.keys():
-            try:
-                bound[name] = await self._bind(new[name])
+    async def check(self) -> None:
+        """The file as a dry run would see it: raises ConfigRefused or ApplyError."""
+        await check_file(self.config_path)
+
+    async def _reload(self, allow_disruptive: bool, *, signal: bool = False) -> ApplyReport:
+        try:
+            try:  # parsing is pure work on the file: off the event loop, so flows keep moving
+                spec = await asyncio.to_thread(load_file, self.config_path)
+            except ConfigError as exc:
+                log_diagnostics(exc.diagnostics, during="reload")
+                first = exc.errors[0] if exc.errors else None
+                text = f"{first.loc}: {first.key_path}: {first.message}" if first is not None else str(exc)
+                raise ConfigRefused(text, exc) from exc
             except OSError as exc:
-                log.error("inbound could not be rebound %s", kv(inbound=name, reason=exc.strerror or str(exc)))
-        self.inbounds.update(bound)
-        self.spec, self.plane, self._generation = spec, plane, generation
-        if self.groups is not None:
-            self.groups.publish(plane.groups)
-        self.stats.retain_groups(set(plane.groups.names))
-        self.stats.retain_outbounds(set(plane.outbounds))
-        self.tracker.forget_leaves(set(plane.outbounds))
-        if self.mode.global_choice not in self.global_members():
-            self.mode.global_choice = GLOBAL_DEFAULT
-        await self.health.apply(plane)
-        settle_heap()
-        log.info("%s applied %s", cause, kv(generation=generation, nodes=len(spec.nodes), inbounds_kept=len(keep),
-                                            inbounds_started=len(bound), live_flows=len(self.tracker)))
-        return True
+                raise ConfigRefused(f"{self.config_path}: {exc.strerror or exc}", exc) from exc
+            assert self.config is not None and self.subscriptions is not None  # set by start()
+            if spec.global_.store_subscribe != self.config.global_.store_subscribe:
+                raise Invalid("global.store_subscribe", "fixed for the process lifetime; restart to change it")
+            log_diagnostics(spec.diagnostics, during="reload")
+            carried = self.subscriptions.carried(spec.subscriptions)
+            report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
+                                           signal=signal, counted=False)
+        except ApplyError as exc:
+            self.stats.reload_result(False, exc.variant)
+            if not (signal and isinstance(exc, Disruptive)):  # that one logged its own line
+                log.error("reload: %s; keeping the running config", exc)
+            raise
+        self.config = spec
+        self.stats.reload_result(True, None)
+        await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
+        return report
 
-    async def _apply_api(self, spec: Spec) -> None:
-        """Follow a changed ``experimental.clash_api`` block: a new listener is bound before the
-        old one stops (same address: after), and a listener that cannot bind is logged while
-        the rest of the reload stands."""
-        assert self.config is not None
-        if spec.clash_api == self.config.clash_api:
-            return
-        old, new = self.api, spec.clash_api
-        same_address = (old is not None and new is not None
-                        and old.spec.external_controller == new.external_controller)
-        if old is not None and (new is None or same_address):
-            await old.stop()
-            self.api = old = None
-        if new is None:
-            return
-        api = ApiServer(self, new, self.config_path.parent)
+    async def _reconcile(self, spec: Spec, *, allow_disruptive: bool = False, signal: bool = False,
+                         cause: str = "reload", counted: bool = True) -> ApplyReport:
+        """Plan, check, prepare, commit (run only as a reconciler command)."""
         try:
-            await api.start()
-        except OSError as exc:
-            log.error("API listener not started %s", kv(address=new.external_controller,
-                                                       reason=exc.strerror or str(exc)))
-            return
-        if old is not None:
-            await old.stop()
-        self.api = api
+            # lowering and planning are pure work on values: off the event loop, so flows keep moving
+            desired, steps = await asyncio.to_thread(_lower_and_plan, self.applier.running, spec)
+            for inbound, reason in steps.disruptions():
+                if not allow_disruptive:
+                    error = Disruptive(inbound, reason)
+                    if signal:
+                        log.error("reload refused, keeping the running config: inbound %s: %s, which would end "
+                                  "its live connections; restart to apply it", inbound, reason)
+                    raise error
+                break
+            prepared = await self.applier.prepare(steps, desired)
+        except ApplyError as exc:
+            if counted:
+                self.stats.reload_result(False, exc.variant)
+                log.error("%s: %s; keeping the running config", cause, exc)
+            raise
+        report = await self.applier.commit(prepared)
+        self._after_commit()
+        if steps.publishes:  # a new plane's objects are long-lived: out of the collector's full passes
+            settle_heap()
+        if counted:
+            self.stats.reload_result(True, None)
+        log.info("%s: %s", "subscription nodes applied" if cause == "subscription" else "config reloaded",
+                 report.summary())
+        return report
 
     # --- selection writes ------------------------------------------------------
 
     async def select(self, group: str, member: str, network: Network | None = None) -> list[Network]:
-        """A Selector write through the control owner: it waits for a reload in progress and
-        applies to the manager published when it returns, so a write is never acknowledged
+        """A Selector write through the reconciler: it waits for an apply in progress and
+        lands in the manager published when it runs, so a write is never acknowledged
         against a replaced manager. The networks whose choice changed (each one persisted).
 
         Raises :class:`~honk.group.policy.UnknownGroup` or :class:`~honk.group.policy.UnknownMember`."""
@@ -372,16 +449,19 @@ class Daemon:
 
     async def pin(self, group: str, member: str | None, network: Network | None = None) -> list[Network]:
         """Pin (``member`` None: unpin) a URLTest or Fallback group's member, through the
-        control owner like :meth:`select`; runtime only, a reload drops it. The networks
+        reconciler like :meth:`select`; runtime only, a reload drops it. The networks
         whose pin changed. Raises UnknownGroup (also for Selector and LoadBalance) or UnknownMember."""
         return await self._write(group, lambda groups: groups.pin(group, member, network))
 
     async def select_global(self, member: str) -> None:
         """Choose what ``GLOBAL`` serves in the global mode. Raises UnknownMember."""
-        async with self._lock:
+
+        async def write() -> None:
             if member not in self.global_members():
                 raise UnknownMember(GLOBAL_GROUP, member)
             self.mode.global_choice = member
+
+        await self.reconciler.call("select-global", write)
 
     def global_members(self) -> list[str]:
         """``GLOBAL``'s members: direct, block, every node, then every group, in config order."""
@@ -394,16 +474,18 @@ class Daemon:
         return await self.subscriptions.refresh_now(name)
 
     async def _write(self, group: str, write) -> list[Network]:  # noqa: ANN001 - GroupManager -> changed
-        async with self._lock:
+        async def command() -> tuple[list[Network], list[str]]:
             if self.plane is None:
                 raise RuntimeError("honk is not running")
             if group not in self.plane.groups:
                 raise UnknownGroup(group)
             self._interrupted = []
             try:
-                changed = write(self.plane.groups)
+                return write(self.plane.groups), self._interrupted
             finally:
-                interrupted, self._interrupted = self._interrupted, None
+                self._interrupted = None
+
+        changed, interrupted = await self.reconciler.call("select", command)
         if interrupted:  # the write is reported once the flows it interrupted have ended
             try:
                 async with timeout_at(self.clock, self.clock.now() + INTERRUPT_CONFIRM_TIMEOUT):
@@ -427,45 +509,48 @@ class Daemon:
     # --- shutdown ------------------------------------------------------------
 
     async def shutdown(self, grace: float | None = None) -> None:
-        """Stop accepting, wait up to ``grace`` seconds for live flows, then close the rest."""
+        """Stop accepting, wait up to ``grace`` seconds for live flows, then close the rest.
+        Runs as the reconciler's last command; later commands fail with Stopped."""
         self._closing = True
-        for task in self._applying:
+        for task in list(self._subscription_tasks):
             task.cancel()
-        async with self._lock:
-            if self.api is not None:
-                await self.api.stop()
-                self.api = None
-            if self.subscriptions is not None:
-                await self.subscriptions.stop()
-            if grace is None:
-                grace = self.spec.global_.shutdown_grace if self.spec else 0.0
-            for inbound in self.inbounds.values():
-                await inbound.stop_accepting()
-            self.inbounds.clear()
-            live = len(self.tracker)
-            if live:
-                log.info("draining %s", kv(live_flows=live, grace_s=grace))
-                idle = asyncio.ensure_future(self.tracker.wait_idle())
-                timer = asyncio.ensure_future(self.clock.sleep(grace))
-                await asyncio.wait({idle, timer}, return_when=asyncio.FIRST_COMPLETED)
-                for fut in (idle, timer):
-                    fut.cancel()
-                left = len(self.tracker)
-                if left:
-                    self.tracker.close_all("shutdown")
-                    log.info("closed flows left after grace %s", kv(closed=left))
-            await self.health.stop()
-            if self._sweeper is not None:
-                self._sweeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._sweeper
-            if self.plane is not None:
-                for runtime in self.plane.runtimes.values():
-                    runtime.close()
-            close_engines()  # joins the native relay worker and closes its fds
-            log.info("honk stopped")
-            self.logs.uninstall()
-            self._stopped.set()
+        await self.reconciler.stop(lambda: self._shutdown(grace))
+
+    async def _shutdown(self, grace: float | None) -> None:
+        api = self.api
+        if api is not None:
+            await api.stop()
+        if self.subscriptions is not None:
+            await self.subscriptions.stop()
+        if grace is None:
+            grace = self.spec.global_.shutdown_grace if self.spec else 0.0
+        await self.applier.stop_listeners()
+        await self.drainer.aclose()  # pending grace timers never delay shutdown
+        live = len(self.tracker)
+        if live:
+            log.info("draining %s", kv(live_flows=live, grace_s=grace))
+            idle = asyncio.ensure_future(self.tracker.wait_idle())
+            timer = asyncio.ensure_future(self.clock.sleep(grace))
+            await asyncio.wait({idle, timer}, return_when=asyncio.FIRST_COMPLETED)
+            for fut in (idle, timer):
+                fut.cancel()
+            left = len(self.tracker)
+            if left:
+                self.tracker.close_all("shutdown")
+                log.info("closed flows left after grace %s", kv(closed=left))
+        await self.sessions.aclose("shutdown")  # handshakes still open, and user-removal timers
+        await self.health.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self.plane is not None:
+            for runtime in self.plane.runtimes.values():
+                runtime.close()
+        close_engines()  # joins the native relay worker and closes its fds
+        log.info("honk stopped")
+        self.logs.uninstall()
+        self._stopped.set()
 
     # --- the process -----------------------------------------------------------
 
@@ -473,21 +558,12 @@ class Daemon:
         """Start, then serve until SIGTERM/SIGINT; SIGHUP reloads.
 
         Handlers are installed before ``start`` so a signal that arrives as soon as
-        the ready line is out is already ours; a SIGHUP during start waits on the
-        lock and then reloads.
+        the ready line is out is already ours; a SIGHUP during start is queued for
+        the reconciler, which runs it once start has finished.
         """
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        reloads: set[asyncio.Task[bool]] = set()
-
-        def on_hup() -> None:
-            if self.spec is None:
-                return  # nothing to reload yet; start() reads the file as it is
-            task = loop.create_task(self.reload(), name="honk-reload")
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        loop.add_signal_handler(signal.SIGHUP, self.reload_on_signal)
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         try:
@@ -498,6 +574,30 @@ class Daemon:
         finally:
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+
+
+async def check_file(path: str | os.PathLike) -> DesiredState:
+    """``honk check``: load, plan from empty and prepare without binding anything.
+    Raises ConfigError (located errors) or ApplyError."""
+    return await check_spec(load_file(path), path)
+
+
+async def check_spec(spec: Spec, path: str | os.PathLike) -> DesiredState:
+    """The dry run of ``spec`` (read from ``path``, which places its relative paths):
+    everything a start would build, nothing bound, served or dialled. Raises ApplyError."""
+    desired = lower(spec)
+    steps = plan(RunningState(), desired)
+    probe = Daemon(path)
+    prepared = await probe.applier.prepare(steps, desired, bind=False)
+    prepared.release()
+    for runtime in prepared.runtimes.values():  # built, never served: release the nodes
+        runtime.close()
+    return desired
+
+
+def _lower_and_plan(running: RunningState, spec: Spec) -> tuple[DesiredState, Plan]:
+    desired = lower(spec)
+    return desired, plan(running, desired)
 
 
 def settle_heap() -> None:

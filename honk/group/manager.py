@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from honk.alive.outcome import Family
@@ -102,8 +102,9 @@ class _Group:
         self.positions = {m: i for i, m in enumerate(self.policy.members)}
 
 
-def _cut_cycles(memberships: dict[str, Membership]) -> dict[str, Membership]:
-    """Drop every nested edge that closes a cycle, visiting groups and edges in order."""
+def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> dict[str, Membership]:
+    """Drop every nested edge that closes a cycle, visiting groups and edges in order
+    (``quiet``: without the warning, for a caller that only compares)."""
     on_stack: set[str] = set()
     finished: set[str] = set()
     kept: dict[str, list[str]] = {name: list(m.subgroups) for name, m in memberships.items()}
@@ -112,7 +113,8 @@ def _cut_cycles(memberships: dict[str, Membership]) -> dict[str, Membership]:
         on_stack.add(name)
         for child in list(kept[name]):
             if child in on_stack:
-                log.warning("group %s: nested group %s closes a cycle; that edge is removed", name, child)
+                if not quiet:
+                    log.warning("group %s: nested group %s closes a cycle; that edge is removed", name, child)
                 kept[name].remove(child)
             elif child not in finished:
                 visit(child)
@@ -211,10 +213,14 @@ class GroupManager:
         clock: Clock | None = None,
         previous: GroupManager | None = None,
         saved: Mapping[str, Mapping[Network, Identity]] | None = None,
+        reuse: Collection[str] = (),
     ) -> GroupManager:
-        """Build from ``spec``. Selector choices come from ``previous`` (the manager being
-        replaced) or, at startup, from ``saved`` (the state database), for identities that
-        are still members."""
+        """Build from ``spec``. Groups named in ``reuse`` (unchanged, and nothing they select
+        through was rebuilt) keep ``previous``'s policy object with all its state: the
+        URLTest winner, the LoadBalance cursor, the Fallback pin, the Selector choices.
+        Selector choices of the others come from ``previous`` (the manager being replaced)
+        or, at startup, from ``saved`` (the state database), for identities that are
+        still members."""
         specs: dict[str, GroupSpec] = {}
         for group in spec.groups:
             if group.name in specs:
@@ -222,14 +228,19 @@ class GroupManager:
                 continue
             specs[group.name] = group
         names = set(specs)
-        memberships = _cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
+        memberships = cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
         groups: dict[str, _Group] = {}
         identities = _identities(specs, previous, clock)
         for name, group in specs.items():
             membership = memberships[name]
             if group.final is not None and group.final not in names and group.final not in outbounds:
                 log.warning("group %s: final %r names nothing; an empty selection fails closed", name, group.final)
-            groups[name] = _Group(group, membership, make_policy(group, membership.members), identities[name])
+            kept = previous._groups.get(name) if previous is not None and name in reuse else None
+            if kept is not None and kept.policy.members == membership.members:
+                groups[name] = _Group(group, membership, kept.policy, identities[name], kept.warned_at)
+            else:
+                groups[name] = _Group(group, membership, make_policy(group, membership.members),
+                                      identities[name])
         manager = cls(groups, outbounds, health or NO_HEALTH, clock)
         carried = previous.choice_identities() if previous is not None else saved
         if carried:

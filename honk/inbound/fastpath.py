@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from honk._fast import relay as _relay
 from honk.connection.dispatch import Routed, format_chain
-from honk.core.errors import Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
+from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
 from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
@@ -75,6 +75,7 @@ conn_log = logging.getLogger("honk.connection")  # the logger of Dispatcher.rela
 # Reply code for a connect cancelled by its deadline (Reply.TTL_EXPIRED, as reply_for(DialTimeout)).
 _TIMEOUT_CODE = 0x06
 _GENERAL_FAILURE = 0x01
+_NOT_ALLOWED = 0x02  # Reply.NOT_ALLOWED
 
 
 def fastpath_engine(inbound_users: tuple, loop: asyncio.AbstractEventLoop) -> Any:
@@ -140,7 +141,7 @@ class SocksFastPath:
         self._lids: list[int] = []
         self._resolved = 0  # accepted connections the engine has told us about
         self._flows: set[FastFlow] = set()  # from the command until END
-        self._tasks: set[asyncio.Task[None]] = set()  # routing that needs DNS, dials by Python
+        self._tasks: dict[asyncio.Task[None], str] = {}  # routing that needs DNS, dials by Python -> tag
         self._changed: asyncio.Future[None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -165,6 +166,25 @@ class SocksFastPath:
             if flow._id is not None:
                 flow.close(FlowClosed("inbound closed"))
         await self.wait_closed()
+
+    def close_tag(self, tag: str | None, error: HonkError, *, drop: bool) -> int:
+        """End the clients of inbound ``tag`` (``None``: all) this path routes, dials or relays;
+        ``drop``: also the ones still in the worker's handshake (this listener has stopped
+        and its tag was closed, so whatever they ask is refused anyway). Returns how many
+        were ended (handshakes dropped in the worker are not counted: they never opened)."""
+        if drop and not self.engine.closed:
+            for lid in self._lids:
+                self.engine.unlisten(lid, True)
+        ended = 0
+        for task, task_tag in list(self._tasks.items()):
+            if (tag is None or task_tag == tag) and not task.done():
+                task.cancel()
+                ended += 1
+        for flow in list(self._flows):
+            if (tag is None or flow.routed.meta.inbound == tag) and flow._id is not None and flow._error is None:
+                flow.close(error)
+                ended += 1
+        return ended
 
     @property
     def live(self) -> int:
@@ -204,14 +224,20 @@ class SocksFastPath:
         source = Address(src_host, src_port)
         target = Address(host, port)
         meta = FlowMeta(Network.TCP, source, target, self.inbound.name)
+        if self.inbound.requires_auth:
+            # The listener moved to the asyncio path for authentication; the worker may have
+            # accepted this client after the move, so it never skips the password.
+            self.inbound._refused(meta.inbound, source, target, AuthenticationFailed("the inbound requires authentication"))
+            self.engine.hs_reject(token, _NOT_ALLOWED)
+            return
         try:
             routed = self._dispatcher.route_now(meta)
             if routed is None:
-                self._spawn(self._route_and_dial(token, meta))
+                self._spawn(self._route_and_dial(token, meta), meta.inbound)
             else:
                 self._dial(token, routed)
         except HonkError as exc:
-            self._reject(token, source, target, exc)
+            self._reject(token, meta, exc)
         except Exception:
             log.exception("flow crashed inbound=%s source=%s", self.inbound.name, source)
             self.engine.hs_reject(token, _GENERAL_FAILURE)
@@ -232,24 +258,24 @@ class SocksFastPath:
         elif type(leaf) is BlockOutbound:
             error = Blocked(f"{leaf.name}: {target} is blocked")
             self._count_dial(error, leaf.name)
-            self._reject(token, routed.meta.source, target, error)
+            self._reject(token, routed.meta, error)
         else:
-            self._spawn(self._dial_async(token, routed))
+            self._spawn(self._dial_async(token, routed), routed.meta.inbound)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any, tag: str) -> None:
         task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
+        self._tasks[task] = tag
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
+        self._tasks.pop(task, None)
         self._changed_now()
 
     async def _route_and_dial(self, token: int, meta: FlowMeta) -> None:
         try:
             routed = await self._dispatcher.route(meta)
         except HonkError as exc:
-            self._reject(token, meta.source, meta.target, exc)
+            self._reject(token, meta, exc)
             return
         except BaseException:
             self._abandon(token)
@@ -261,7 +287,7 @@ class SocksFastPath:
         try:
             routed, dialed = await self._dispatcher.dial_routed(routed)
         except HonkError as exc:
-            self._reject(token, meta.source, meta.target, exc)
+            self._reject(token, meta, exc)
             return
         except BaseException:
             self._abandon(token)
@@ -284,8 +310,8 @@ class SocksFastPath:
             except (ValueError, _relay.EngineClosed):
                 pass
 
-    def _reject(self, token: int, source: Address, target: Address, error: HonkError) -> None:
-        self.inbound._refused(source, target, error)
+    def _reject(self, token: int, meta: FlowMeta, error: HonkError) -> None:
+        self.inbound._refused(meta.inbound, meta.source, meta.target, error)
         self.engine.hs_reject(token, int(reply_for(error)))
 
     def _opened(self, flow: FastFlow) -> None:
@@ -334,11 +360,11 @@ class SocksFastPath:
         if isinstance(error, ClientGone):
             log.debug(
                 "flow ended inbound=%s source=%s error=%s reason=%s",
-                self.inbound.name, meta.source, type(error).__name__, "client-gone",
+                meta.inbound, meta.source, type(error).__name__, "client-gone",
             )
         elif not isinstance(error, FlowClosed):
             self._count_dial(error, flow.routed.leaf.name)
-            self.inbound._refused(meta.source, meta.target, error)
+            self.inbound._refused(meta.inbound, meta.source, meta.target, error)
         self._changed_now()
 
     def _count_dial(self, error: HonkError | None, outbound: str) -> None:

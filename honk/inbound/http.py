@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import h11
@@ -46,6 +46,7 @@ __all__ = [
     "MAX_HEAD_SIZE",
     "HttpProxyServerConnection",
     "ProxyRequest",
+    "basic_credentials",
     "check_basic_auth",
     "clean_headers",
     "error_response",
@@ -87,7 +88,8 @@ class ProxyRequest:
 
     ``tunnel`` is true for CONNECT; otherwise ``forward`` is the origin-form
     request to send upstream (hop-by-hop headers removed, Host set to the
-    target). ``user`` is the authenticated user or ``None``.
+    target). ``user`` is the authenticated user or ``None``; ``principal`` what the
+    connection's authenticator returned for it (the inbound's principal), else ``None``.
     """
 
     method: bytes
@@ -96,6 +98,7 @@ class ProxyRequest:
     forward: h11.Request | None
     user: str | None
     head_size: int  # bytes, as measured for MAX_HEAD_SIZE
+    principal: object | None = None
 
 
 # --- targets ---------------------------------------------------------------------
@@ -189,8 +192,8 @@ def clean_headers(
     return [(name, value) for name, value in items if name.lower() not in named]
 
 
-def check_basic_auth(headers: Iterable[tuple[bytes, bytes]], users: Sequence[InboundUser]) -> str:
-    """The user named by a valid ``Proxy-Authorization: Basic``; else ``AuthenticationFailed``."""
+def basic_credentials(headers: Iterable[tuple[bytes, bytes]]) -> tuple[str, str]:
+    """(username, password) of a ``Proxy-Authorization: Basic``; else ``AuthenticationFailed``."""
     value = next((v for n, v in headers if n.lower() == b"proxy-authorization"), None)
     if value is None:
         raise AuthenticationFailed("http proxy credentials missing")
@@ -204,6 +207,12 @@ def check_basic_auth(headers: Iterable[tuple[bytes, bytes]], users: Sequence[Inb
     username, sep, password = decoded.partition(":")
     if not sep:
         raise AuthenticationFailed("http proxy credentials are not valid Basic")
+    return username, password
+
+
+def check_basic_auth(headers: Iterable[tuple[bytes, bytes]], users: Sequence[InboundUser]) -> str:
+    """The user named by a valid ``Proxy-Authorization: Basic``; else ``AuthenticationFailed``."""
+    username, password = basic_credentials(headers)
     ok = False
     for user in users:
         # compare every user in constant time so timing does not reveal names
@@ -295,8 +304,16 @@ class HttpProxyServerConnection:
     :meth:`start_next_cycle` before the next request on a kept-alive connection.
     """
 
-    def __init__(self, users: Sequence[InboundUser] = ()) -> None:
+    def __init__(
+        self,
+        users: Sequence[InboundUser] = (),
+        *,
+        authenticate: Callable[[str, str], object | None] | None = None,
+    ) -> None:
+        """``authenticate(username, password)``, when given, decides instead of ``users``:
+        its result (``None`` = refused) becomes the request's ``principal``."""
         self._users = tuple(users)
+        self._authenticate = authenticate
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_SIZE)
         # Bytes of the connection's first method token seen so far; None once it is
         # complete. Lets garbage be refused at once instead of after a whole head.
@@ -347,9 +364,9 @@ class HttpProxyServerConnection:
         size = _head_size(event)
         if size > MAX_HEAD_SIZE:
             raise ClientProtocolError(PROTOCOL, "header-too-large", f"{size} bytes")
-        user = check_basic_auth(event.headers.raw_items(), self._users) if self._users else None
+        user, principal = self._authorize(event.headers.raw_items())
         if event.method == b"CONNECT":
-            return ProxyRequest(event.method, parse_authority(event.target), True, None, user, size)
+            return ProxyRequest(event.method, parse_authority(event.target), True, None, user, size, principal)
         target, path = parse_absolute_target(event.target)
         headers = clean_headers(event.headers.raw_items(), drop=(b"host",))
         headers.insert(0, (b"Host", _host_header(target)))
@@ -357,7 +374,18 @@ class HttpProxyServerConnection:
             forward = h11.Request(method=event.method, target=path, headers=headers)
         except h11.LocalProtocolError as exc:
             raise ClientProtocolError(PROTOCOL, "bad-request", str(exc)) from None
-        return ProxyRequest(event.method, target, False, forward, user, size)
+        return ProxyRequest(event.method, target, False, forward, user, size, principal)
+
+    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> tuple[str | None, object | None]:
+        if self._authenticate is not None:
+            username, password = basic_credentials(headers)
+            principal = self._authenticate(username, password)
+            if principal is None:
+                raise AuthenticationFailed(f"http proxy user {username!r} refused")
+            return username, principal
+        if self._users:
+            return check_basic_auth(headers, self._users), None
+        return None, None
 
     def send(self, event: h11.InformationalResponse | h11.Response | h11.Data | h11.EndOfMessage) -> bytes:
         """Serialise an answer event for the client (h11 applies framing)."""

@@ -9,6 +9,20 @@ worker accepts and serves plain SOCKS5 CONNECTs itself
 (:mod:`honk.inbound.fastpath`); every other client is handed over to the
 path described here, with the bytes the worker already read.
 
+Lifecycle (what the reload reconciler drives, RL-28/29/42):
+  * ``bind()`` binds and listens but accepts nothing: clients wait in the
+    backlog until ``serve()`` (commit) starts accepting, or
+    ``close_unserved()`` (a refused apply) releases the port.
+  * ``swap(spec)`` and ``store_users(admissions)`` install a new *handler*
+    (tag, user table, settings) on the same listening socket. A connection is
+    served with the handler current when it was accepted, to its end. A swap
+    that adds users to a port the fast path serves hands the same listening
+    socket (same inode) to an asyncio server: the engine cannot authenticate.
+  * Every accepted connection opens a session in the daemon's
+    :class:`~honk.inbound.sessions.SessionRegistry` under the tag it was
+    accepted for; sessions outlive their listener (``stop_accepting`` never
+    ends one) and end by tag or by revoked principal.
+
 Failure policy (one flow never hurts another):
   * A client that sends malformed bytes, stops half-way, vanishes, or does not
     finish its handshake within :data:`HANDSHAKE_TIMEOUT` (clock seconds) ends
@@ -20,6 +34,8 @@ Failure policy (one flow never hurts another):
     DialTimeout → ``0x06`` / 504; other DialErrors → ``0x01``/``0x03``/
     ``0x04``/``0x05`` by errno / 502. One log line:
     ``flow refused inbound=… source=… target=… error=…``.
+  * A session whose first flow presents a revoked principal is refused
+    (``0x02`` / 403) under every removal policy (RL-57).
   * Anything unexpected is logged with its traceback and ends that flow only.
 
 HTTP absolute-form requests are forwarded one at a time with ``h11`` on both
@@ -32,14 +48,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
+import os
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import h11
 
-from honk.config.spec import InboundSpec, InboundUser
+from honk.config.spec import InboundSpec
 from honk.connection.dispatch import Dispatcher, Upstream, format_chain
 from honk.connection.udp import UdpAssociation
 from honk.core.clock import Clock, TimerHandle
@@ -53,12 +71,15 @@ from honk.core.errors import (
     HonkError,
     IdleTimeout,
     NotSupported,
+    OutboundDrained,
     UpstreamFailed,
 )
 from honk.core.net import Address, FlowMeta, Network
+from honk.daemon.logs import kv
 from honk.inbound import http as http_proto
 from honk.inbound import socks5
 from honk.inbound.http import MAX_HEAD_SIZE, HttpProxyServerConnection, ProxyRequest
+from honk.inbound.sessions import USER_REMOVED_TEXT, Principal, Session, SessionRegistry, admit, authenticate
 from honk.relay.native import framed_socket
 from honk.relay.stream import StreamConn
 
@@ -70,9 +91,12 @@ log = logging.getLogger("honk.inbound")
 # request is complete; a slow or silent client is cut off after this.
 HANDSHAKE_TIMEOUT = 10.0
 
-# Pending connections a fast-path listening socket queues (the kernel caps it at
-# somaxconn): the worker accepts in bursts, a deep queue absorbs connect storms.
+# Pending connections a listening socket queues (the kernel caps it at somaxconn):
+# the fast path's worker accepts in bursts, and between bind() and serve() every
+# client waits here; a deep queue absorbs connect storms.
 FAST_BACKLOG = 4096
+
+FORBIDDEN = 403  # the HTTP status of a refused flow (a revoked user's, a blocked target's)
 
 
 def _reason(error: BaseException) -> str:
@@ -84,17 +108,29 @@ def _reason(error: BaseException) -> str:
         AuthenticationFailed: "auth-failed",
         NotSupported: "not-supported",
         FlowClosed: "closed",
+        OutboundDrained: "drained",
         IdleTimeout: "idle",
     }.get(type(error), "-")
 
 
-def _check_user(users: tuple[InboundUser, ...], username: str, password: str) -> bool:
-    ok = False
-    for user in users:
-        name_ok = hmac.compare_digest(user.username.encode(), username.encode())
-        pass_ok = hmac.compare_digest(user.password.encode(), password.encode())
-        ok |= name_ok and pass_ok
-    return ok
+@dataclass(frozen=True, slots=True, eq=False)
+class _Handler:
+    """What a connection is served with, fixed when it is accepted: a swap or a stored user
+    table installs a new handler, connections already open keep theirs (RL-42)."""
+
+    spec: InboundSpec
+    admissions: Mapping[str, Principal]  # username -> principal; empty: no authentication
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def requires_auth(self) -> bool:
+        return bool(self.admissions)
+
+    def authenticate(self, username: str, password: str) -> Principal | None:
+        return authenticate(self.admissions, username, password)
 
 
 class _Watchdog:
@@ -129,6 +165,9 @@ class _ClientConn(StreamConn):
         self.source = source
         # handed over by the fast path: (bytes read, reply bytes already sent, errno)
         self.pre = pre
+        # set at accept (for a handover: when the fast path hands it over)
+        self.handler: _Handler | None = None
+        self.session: Session | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -143,64 +182,178 @@ class _ClientConn(StreamConn):
 class MixedInbound:
     """A SOCKS5 + HTTP proxy listener.
 
-    ``start()`` binds (port 0 picks a free port) and returns once listening;
-    ``bound`` is then the listening address. ``stop_accepting()`` closes the
-    listener and leaves live flows alone; ``aclose()`` also ends every flow
-    still in its handshake or relay that this inbound serves.
+    ``bind()`` binds and listens (port 0 picks a free port; ``bound`` is then the
+    listening address) without accepting; ``serve()`` starts accepting; ``start()``
+    is both. ``stop_accepting()`` closes the listener and leaves live sessions alone;
+    ``aclose()`` also ends every connection this listener accepted.
     """
 
-    def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock, *, engine: Any = None) -> None:
+    def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock, *, engine: Any = None,
+                 sessions: SessionRegistry | None = None) -> None:
         """``engine``: the relay engine for the SOCKS5 fast path (tests pass the compiled
-        engine or its twin); default :func:`~honk.inbound.fastpath.fastpath_engine`."""
+        engine or its twin); default :func:`~honk.inbound.fastpath.fastpath_engine`.
+        ``sessions``: the daemon's session registry; default a registry of this inbound's own."""
         self.spec = spec
         self.name = spec.name
         self._dispatcher = dispatcher
         self._clock = clock
-        self._users = tuple(spec.users)
-        self._server: asyncio.Server | None = None
+        self._handler = _Handler(spec, admit(None, spec.name, spec.users)[0])
+        self._sessions = sessions if sessions is not None else SessionRegistry()
+        self._socks: list[socket.socket] = []  # the listening sockets bind() made; ours until stop
+        self._servers: list[asyncio.AbstractServer] = []  # asyncio servers accepting on them
+        self._moving: asyncio.Task[None] | None = None  # sockets moving from the engine to asyncio
         self._tasks: set[asyncio.Task[None]] = set()
         self._engine = engine
-        self._fast: Any = None  # SocksFastPath while the engine serves the port
-        self._fast_socks: list[socket.socket] = []
+        self._fast: Any = None  # SocksFastPath once the engine served the port (kept for its live clients)
+        self._fast_socks: list[socket.socket] = []  # the sockets the engine accepts on now
+        self._serving = False
+        self._stopped = False
         self.bound: Address | None = None
 
-    async def start(self) -> None:
+    # -- handler -----------------------------------------------------------------------
+
+    @property
+    def admissions(self) -> Mapping[str, Principal]:
+        """The user table handshakes authenticate against now (username -> principal)."""
+        return self._handler.admissions
+
+    @property
+    def requires_auth(self) -> bool:
+        """Whether connections accepted now must authenticate."""
+        return self._handler.requires_auth
+
+    def swap(self, spec: InboundSpec, admissions: Mapping[str, Principal] | None = None) -> None:
+        """Serve connections accepted from now with ``spec`` (tag, users, settings) on the
+        same listening socket; open connections keep what they started with.
+
+        ``admissions``: the principals the reconciler admitted for ``spec`` (RL-31); when
+        omitted, ``spec.users`` are admitted against the running table of the same tag
+        (unchanged users keep their principals; nothing is revoked here).
+        """
+        if (spec.host, spec.port) != (self.spec.host, self.spec.port):
+            raise ValueError(f"inbound {spec.name}: a swap keeps the listener's bind")
+        if admissions is None:
+            running = self._handler.admissions if spec.name == self.name else None
+            admissions = admit(running, spec.name, spec.users)[0]
+        old = self.name
+        self.spec = spec
+        self.name = spec.name
+        self._install(_Handler(spec, dict(admissions)))
+        log.debug("inbound handler swapped %s", kv(inbound=spec.name, previous=old, users=len(admissions)))
+
+    def store_users(self, admissions: Mapping[str, Principal]) -> None:
+        """The table handshakes of connections accepted from now authenticate against."""
+        self._install(replace(self._handler, admissions=dict(admissions)))
+
+    def _install(self, handler: _Handler) -> None:
+        self._handler = handler
+        if handler.requires_auth and self._fast_socks:
+            self._move_to_asyncio()
+
+    def _move_to_asyncio(self) -> None:
+        """The engine cannot authenticate: the same listening sockets go to an asyncio server.
+
+        The engine closes only its own dup; our socket keeps listening, so the port, the
+        inode and the clients queued in the backlog stay. Clients the worker holds keep
+        being served by it (and any it accepts before the unlisten lands are refused:
+        ``SocksFastPath.socks_request`` checks :attr:`requires_auth`)."""
+        socks, self._fast_socks = self._fast_socks, []
+        self._fast.stop_accepting()
+        self._moving = asyncio.get_running_loop().create_task(self._serve_asyncio(socks))
+        log.debug("inbound moved off the fast path %s", kv(inbound=self.name, reason="users"))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def bind(self) -> None:
+        """Bind and listen; accept nothing yet (clients queue in the backlog). Raises
+        OSError and leaves nothing open on failure."""
         from honk.inbound import fastpath
 
+        if self._socks or self._serving or self._stopped:
+            raise RuntimeError(f"inbound {self.name}: bind() is called once, first")
+        socks = fastpath.bind_sockets(self.spec.host, self.spec.port, FAST_BACKLOG)
+        for sock in socks:
+            sock.setblocking(False)
+        self._socks = socks
+        sockname = socks[0].getsockname()
+        self.bound = Address(sockname[0], sockname[1])
+        self._sessions.attach(self)
+
+    async def serve(self) -> None:
+        """Start accepting on the sockets :meth:`bind` made (the fast path when it can)."""
+        from honk.inbound import fastpath
+
+        if not self._socks or self._serving or self._stopped:
+            raise RuntimeError(f"inbound {self.name}: serve() needs bound, unserved sockets")
+        self._serving = True
         loop = asyncio.get_running_loop()
         engine = self._engine
         if engine is None:
-            engine = fastpath.fastpath_engine(self._users, loop)
-        elif self._users:
+            engine = fastpath.fastpath_engine(tuple(self._handler.admissions), loop)
+        elif self._handler.requires_auth:
             engine = None
         if engine is not None:
-            socks = fastpath.bind_sockets(self.spec.host, self.spec.port, FAST_BACKLOG)
-            self._fast = fastpath.SocksFastPath(self, engine)
+            fast = fastpath.SocksFastPath(self, engine)
             try:
-                self._fast.listen(socks)
-            except BaseException:
-                fastpath.close_listening(socks)
-                self._fast = None
-                raise
-            self._fast_socks = socks
-            sockname = socks[0].getsockname()
-        else:
-            self._server = await loop.create_server(
-                lambda: _ClientConn(self), host=self.spec.host, port=self.spec.port, reuse_address=True
-            )
-            sockname = self._server.sockets[0].getsockname()
-        self.bound = Address(sockname[0], sockname[1])
+                fast.listen(self._socks)
+            except Exception as exc:  # noqa: BLE001 - serving is commit: the asyncio path always works
+                fast.stop_accepting()
+                log.warning("inbound fast path unavailable %s", kv(inbound=self.name, error=repr(exc)))
+            else:
+                self._fast = fast
+                self._fast_socks = list(self._socks)
+        if not self._fast_socks:
+            await self._serve_asyncio(self._socks)
         log.info("inbound listening inbound=%s kind=mixed address=%s", self.name, self.bound)
 
-    async def stop_accepting(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        if self._fast is not None:
-            from honk.inbound.fastpath import close_listening
+    async def _serve_asyncio(self, socks: list[socket.socket]) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in socks:
+            server = await loop.create_server(lambda: _ClientConn(self), sock=sock, backlog=FAST_BACKLOG)
+            self._servers.append(server)
 
+    async def start(self) -> None:
+        """:meth:`bind` then :meth:`serve`."""
+        await self.bind()
+        try:
+            await self.serve()
+        except BaseException:
+            await self.stop_accepting()
+            raise
+
+    def close_unserved(self) -> None:
+        """Release sockets :meth:`bind` made and nothing served (a refused apply): the
+        port can be bound again at once."""
+        from honk.inbound.fastpath import close_listening
+
+        if self._serving:
+            raise RuntimeError(f"inbound {self.name}: close_unserved() after serve(); use stop_accepting()")
+        self._stopped = True
+        socks, self._socks = self._socks, []
+        close_listening(socks)
+        self._sessions.detach(self)
+
+    async def stop_accepting(self) -> None:
+        """Stop accepting; sessions already open go on (RL-43). Idempotent."""
+        self._stopped = True
+        moving, self._moving = self._moving, None
+        if moving is not None and not moving.done():
+            moving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await moving
+        if self._fast is not None:
             self._fast.stop_accepting()
-            socks, self._fast_socks = self._fast_socks, []
-            close_listening(socks)
+        socks, self._socks, self._fast_socks = self._socks, [], []
+        servers, self._servers = self._servers, []
+        for sock in socks:
+            # shutdown takes the port back at once, even while an engine's dup of it lives
+            if sock.fileno() >= 0:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RD)
+        for server in servers:
+            server.close()
+        for sock in socks:
+            sock.close()
 
     async def aclose(self) -> None:
         await self.stop_accepting()
@@ -214,6 +367,7 @@ class MixedInbound:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        self._sessions.detach(self)
 
     async def wait_closed(self) -> None:
         """Wait until every connection this inbound accepted so far has ended."""
@@ -228,26 +382,75 @@ class MixedInbound:
         """Connections this inbound is serving (handshaking or relaying)."""
         return len(self._tasks) + (self._fast.live if self._fast is not None else 0)
 
+    # -- the session registry's view (honk.inbound.sessions.Listener) --------------------
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def retired(self) -> bool:
+        return self._stopped and (self._fast is None or not self._fast.live)
+
+    def sweep_tag(self, tag: str | None, error: HonkError, *, stopped_and_swept: bool) -> int:
+        """End the fast path's clients of ``tag``: they have no session object (the engine's
+        worker accepts them; routing and the tracker see them as flows of the tag)."""
+        if self._fast is None:
+            return 0
+        return self._fast.close_tag(tag, error, drop=stopped_and_swept)
+
+    # -- accepting ---------------------------------------------------------------------
+
     def _adopt(self, fd: int, data: bytes, answered: int, err: int, source: Address) -> None:
         """Serve a client the fast path handed over, as if this loop had accepted it."""
         conn = _ClientConn(self, source, (data, answered, err))
+        if not self._open_session(conn, accepted_earlier=True):
+            os.close(fd)
+            return
         task = asyncio.get_running_loop().create_task(self._wrap(fd, conn))
+        assert conn.session is not None
+        conn.session.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _wrap(self, fd: int, conn: _ClientConn) -> None:
         sock = socket.socket(fileno=fd)
+        session = conn.session
+        assert session is not None
         try:
             await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, sock=sock)
         except OSError as exc:
             sock.close()
+            session.finish()
             log.info(
                 "flow ended during handshake inbound=%s source=%s error=%s reason=%s",
-                self.name, conn.source, "ClientGone", _reason(ClientGone(str(exc))),
+                session.tag, conn.source, "ClientGone", _reason(ClientGone(str(exc))),
             )
+        except BaseException:
+            if conn.transport is None:  # cancelled before a transport owned the socket
+                sock.close()
+                session.finish()
+            raise
+
+    def _open_session(self, conn: _ClientConn, *, accepted_earlier: bool) -> bool:
+        handler = self._handler
+        session = self._sessions.open(self, handler.name, self._dispatcher.tracker,
+                                      accepted_earlier=accepted_earlier)
+        if session is None:  # RL-58: accepted as the listener stopped
+            log.debug("connection dropped: its inbound stopped accepting %s",
+                      kv(inbound=handler.name, source=conn.source))
+            return False
+        session.conn = conn
+        conn.handler, conn.session = handler, session
+        return True
 
     def _accepted(self, conn: _ClientConn) -> None:
+        if conn.session is None and not self._open_session(conn, accepted_earlier=False):
+            conn.abort()
+            return
         task = asyncio.get_running_loop().create_task(self._serve(conn))
+        assert conn.session is not None
+        conn.session.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -255,11 +458,16 @@ class MixedInbound:
 
     async def _serve(self, conn: _ClientConn) -> None:
         source = conn.source
+        handler, session = conn.handler, conn.session
+        assert handler is not None and session is not None
+        tag = session.tag
         watchdog = _Watchdog(self._clock, conn)
         watchdog.arm(HANDSHAKE_TIMEOUT, HandshakeTimeout(f"no complete request within {HANDSHAKE_TIMEOUT}s"))
-        session: _Session | None = None
+        client: _Client | None = None
         answered = 0
         try:
+            if session.error is not None:  # ended while the connection was being set up
+                raise session.error
             first = b""
             if conn.pre is not None:
                 first, answered, err = conn.pre
@@ -271,16 +479,16 @@ class MixedInbound:
             if not first:
                 raise ClientGone("closed before sending a byte")
             if first[0] == socks5.VERSION:
-                session = _Socks5Session(self, conn, source, watchdog)
-                session.skip = answered
+                client = _Socks5Client(self, conn, handler, session, watchdog)
+                client.skip = answered
             else:
-                session = _HttpSession(self, conn, source, watchdog)
-            await session.run(first)
+                client = _HttpClient(self, conn, handler, session, watchdog)
+            await client.run(first)
         except HonkError as exc:
-            if session is None or not session.past_handshake:
+            if client is None or not client.past_handshake:
                 log.info(
                     "flow ended during handshake inbound=%s source=%s error=%s reason=%s",
-                    self.name,
+                    tag,
                     source,
                     type(exc).__name__,
                     _reason(exc),
@@ -288,7 +496,7 @@ class MixedInbound:
             else:
                 log.debug(
                     "flow ended inbound=%s source=%s error=%s reason=%s",
-                    self.name,
+                    tag,
                     source,
                     type(exc).__name__,
                     _reason(exc),
@@ -297,33 +505,46 @@ class MixedInbound:
             conn.abort()
             raise
         except Exception:
-            log.exception("flow crashed inbound=%s source=%s", self.name, source)
+            log.exception("flow crashed inbound=%s source=%s", tag, source)
             conn.abort()
         finally:
             watchdog.disarm()
-            if session is not None:
-                await session.cleanup()
-            conn.close()
+            try:
+                if client is not None:
+                    await client.cleanup()
+                conn.close()
+            finally:
+                session.finish()
 
-    def _refused(self, source: Address, target: Address, error: HonkError) -> None:
+    def _refused(self, tag: str, source: Address, target: Address, error: HonkError) -> None:
         level = logging.DEBUG if isinstance(error, Blocked) else logging.INFO
         log.log(
             level,
             "flow refused inbound=%s source=%s target=%s error=%s",
-            self.name,
+            tag,
             source,
             target,
             type(error).__name__,
         )
 
 
-class _Session:
+def _user_removed(session: Session, principal: Principal) -> None:
+    log.info("%s %s", USER_REMOVED_TEXT, kv(inbound=session.tag, user=principal.username))
+
+
+class _Client:
+    """One client connection's protocol side (SOCKS5 or HTTP), served with one handler."""
+
     past_handshake = False
 
-    def __init__(self, inbound: MixedInbound, conn: StreamConn, source: Address, watchdog: _Watchdog) -> None:
+    def __init__(self, inbound: MixedInbound, conn: _ClientConn, handler: _Handler, session: Session,
+                 watchdog: _Watchdog) -> None:
         self.inbound = inbound
         self.conn = conn
-        self.source = source
+        self.source = conn.source
+        self.handler = handler
+        self.session = session
+        self.tag = session.tag
         self.watchdog = watchdog
         self.dispatcher = inbound._dispatcher
 
@@ -337,15 +558,21 @@ class _Session:
 # --- SOCKS5 ---------------------------------------------------------------------------
 
 
-class _Socks5Session(_Session):
+class _Socks5Client(_Client):
     skip = 0  # reply bytes the fast path already sent before handing the client over
 
     async def run(self, first: bytes) -> None:
-        codec = socks5.Socks5ServerConnection(require_auth=bool(self.inbound._users))
+        codec = socks5.Socks5ServerConnection(require_auth=self.handler.requires_auth)
         codec.receive_data(first)
         request = await self._handshake(codec)
         self.watchdog.disarm()
         self.past_handshake = True
+        principal = self.session.principal
+        if principal is not None and principal.revoked:  # RL-57: the session's first (only) flow
+            _user_removed(self.session, principal)
+            self._reply(codec, socks5.Reply.NOT_ALLOWED)
+            return
+        self.session.opened = True
         if request.command is socks5.Command.CONNECT:
             await self._connect(codec, request.target)
         elif request.command is socks5.Command.UDP_ASSOCIATE:
@@ -370,12 +597,14 @@ class _Socks5Session(_Session):
         self._flush(codec)
 
     async def _handshake(self, codec: socks5.Socks5ServerConnection) -> socks5.Request:
-        users = self.inbound._users
         while True:
             try:
                 event = codec.next_event()
                 if isinstance(event, socks5.Credentials):
-                    codec.auth_result(event.username, _check_user(users, event.username, event.password))
+                    principal = self.handler.authenticate(event.username, event.password)
+                    if principal is not None:
+                        self.session.bind(principal)
+                    codec.auth_result(event.username, principal is not None)
             finally:
                 self._flush(codec)
             if event is socks5.NEED_DATA:
@@ -386,11 +615,11 @@ class _Socks5Session(_Session):
                 return event
 
     async def _connect(self, codec: socks5.Socks5ServerConnection, target: Address) -> None:
-        meta = FlowMeta(Network.TCP, self.source, target, self.inbound.name, user=codec.username)
+        meta = FlowMeta(Network.TCP, self.source, target, self.tag, user=codec.username, session=self.session)
         try:
             upstream = await self.dispatcher.connect(meta)
         except HonkError as exc:
-            self.inbound._refused(self.source, target, exc)
+            self.inbound._refused(self.tag, self.source, target, exc)
             self._reply(codec, socks5.reply_for(exc))
             return
         bound = None  # 0.0.0.0:0 unless the upstream is an IP socket (a bridged one is not)
@@ -406,14 +635,17 @@ class _Socks5Session(_Session):
         await self.dispatcher.relay(upstream, self.conn)
 
     async def _associate(self, codec: socks5.Socks5ServerConnection, requested: Address) -> None:
+        user = self.session.principal.username if self.session.principal is not None else None
         assoc = UdpAssociation(
-            self.dispatcher, inbound=self.inbound.name, client=self.source, requested=requested
+            self.dispatcher, inbound=self.tag, client=self.source, requested=requested,
+            user=user, session=self.session,
         )
         transport = self.conn.transport
         local = transport.get_extra_info("sockname") if transport is not None else None
-        advertise = local[0] if local else self.inbound.spec.host
+        host = self.handler.spec.host
+        advertise = local[0] if local else host
         try:
-            bound = await assoc.start(self.inbound.spec.host, advertise)
+            bound = await assoc.start(host, advertise)
         except OSError as exc:
             assoc.close(FlowClosed(f"udp bind failed: {exc!r}"))
             self._reply(codec, socks5.Reply.GENERAL_FAILURE)
@@ -422,7 +654,7 @@ class _Socks5Session(_Session):
             self._reply(codec, socks5.Reply.SUCCEEDED, bound)
             log.debug(
                 "UDP association inbound=%s source=%s bound=%s id=%s",
-                self.inbound.name,
+                self.tag,
                 self.source,
                 bound,
                 assoc.id,
@@ -452,17 +684,17 @@ class _Socks5Session(_Session):
 class _ForwardHandle:
     """The tracker's view of one forwarded upstream connection (absolute-form HTTP)."""
 
-    def __init__(self, session: _HttpSession, upstream_conn: StreamConn) -> None:
-        self._session = session
+    def __init__(self, client: _HttpClient, upstream_conn: StreamConn) -> None:
+        self._client = client
         self._upstream = upstream_conn
         self.bytes_up = 0
         self.bytes_down = 0
-        self.last_activity = session.inbound._clock.now()
+        self.last_activity = client.inbound._clock.now()
 
     def close(self, reason: HonkError | None = None) -> None:
         error = reason if reason is not None else FlowClosed("closed by request")
         self._upstream.fail(error)
-        self._session.conn.fail(error)
+        self._client.conn.fail(error)
 
 
 class _HttpUpstream:
@@ -487,11 +719,14 @@ class _HttpUpstream:
         self.flow.release()
 
 
-class _HttpSession(_Session):
-    def __init__(self, inbound: MixedInbound, conn: StreamConn, source: Address, watchdog: _Watchdog) -> None:
-        super().__init__(inbound, conn, source, watchdog)
-        self.proto = HttpProxyServerConnection(self.inbound._users)
+class _HttpClient(_Client):
+    def __init__(self, inbound: MixedInbound, conn: _ClientConn, handler: _Handler, session: Session,
+                 watchdog: _Watchdog) -> None:
+        super().__init__(inbound, conn, handler, session, watchdog)
+        authenticate = handler.authenticate if handler.requires_auth else None
+        self.proto = HttpProxyServerConnection(authenticate=authenticate)
         self.upstream: _HttpUpstream | None = None
+        self.requests = 0  # requests that passed the revocation check (flows opened or attempted)
 
     async def cleanup(self) -> None:
         if self.upstream is not None:
@@ -527,6 +762,8 @@ class _HttpSession(_Session):
                 raise ClientProtocolError("http", "bad-request", f"unexpected {type(event).__name__}")
             self.watchdog.disarm()
             self.past_handshake = True
+            if not self._admitted(event):
+                return
             if event.tunnel:
                 await self._tunnel(event)
                 return
@@ -537,12 +774,30 @@ class _HttpSession(_Session):
             self.proto.start_next_cycle()
             self.watchdog.arm(idle, IdleTimeout(f"no request for {idle}s"))
 
+    def _admitted(self, request: ProxyRequest) -> bool:
+        """RL-57: a revoked principal may not open the session's first flow (nor a later one
+        under another principal); the session answers 403 and ends."""
+        principal = request.principal
+        if not isinstance(principal, Principal):
+            return True
+        if principal.revoked and (self.requests == 0 or principal is not self.session.principal):
+            _user_removed(self.session, principal)
+            if not self.conn.lost:
+                with contextlib.suppress(HonkError):
+                    self.conn.write(http_proto.error_response(FORBIDDEN))
+            return False
+        if self.session.principal is None:
+            self.session.bind(principal)
+        self.session.opened = True
+        self.requests += 1
+        return True
+
     async def _dial(self, request: ProxyRequest) -> Upstream | None:
-        meta = FlowMeta(Network.TCP, self.source, request.target, self.inbound.name, user=request.user)
+        meta = FlowMeta(Network.TCP, self.source, request.target, self.tag, user=request.user, session=self.session)
         try:
             return await self.dispatcher.connect(meta)
         except HonkError as exc:
-            self.inbound._refused(self.source, request.target, exc)
+            self.inbound._refused(self.tag, self.source, request.target, exc)
             self._send_error(exc)
             return None
 
@@ -585,7 +840,7 @@ class _HttpSession(_Session):
         routed = upstream.routed
         log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
-            self.inbound.name,
+            self.tag,
             self.source,
             request.target,
             routed.rule,

@@ -92,19 +92,26 @@ def build_outbounds(
                     "node name %s is declared more than once; the first declaration is used", node.name
                 )
             continue
-        factory = _FACTORIES.get(node.protocol)
-        if factory is None:
-            outbounds[node.name] = UnsupportedOutbound(node.name, node.protocol)
-            continue
-        leaf = factory(node, glob, clock)
-        if node.protocol not in BUILTIN_OUTBOUNDS:
-            runtime = used.get(node.id) or previous.get(node.id)
-            if runtime is None or runtime.closed:
-                runtime = NodeRuntime(node.id, node.name)
-            runtime.name = node.name
-            leaf.runtime = used[node.id] = runtime
-        outbounds[node.name] = leaf
+        outbounds[node.name] = build_leaf(node, glob, clock, previous, used)
     return outbounds, used
+
+
+def build_leaf(node: NodeSpec, glob: GlobalSpec, clock: Clock, previous: Mapping[uuid.UUID, NodeRuntime],
+               used: dict[uuid.UUID, NodeRuntime]) -> Outbound:
+    """One leaf for ``node``. A proxy leaf gets the runtime of its NodeId: one already in
+    ``used`` (this build), else the open one in ``previous``, else a new one; it is
+    recorded in ``used``. Raises what the protocol's constructor raises."""
+    factory = _FACTORIES.get(node.protocol)
+    if factory is None:
+        return UnsupportedOutbound(node.name, node.protocol)
+    leaf = factory(node, glob, clock)
+    if node.protocol not in BUILTIN_OUTBOUNDS:
+        runtime = used.get(node.id) or previous.get(node.id)
+        if runtime is None or runtime.closed:
+            runtime = NodeRuntime(node.id, node.name)
+        runtime.name = node.name
+        leaf.runtime = used[node.id] = runtime
+    return leaf
 
 
 def retire_runtimes(old: Mapping[uuid.UUID, NodeRuntime], new: Mapping[uuid.UUID, NodeRuntime]) -> int:

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import os
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from honk.config.spec import BUILTIN_OUTBOUNDS, NodeSpec, SubscriptionSpec
@@ -369,14 +369,15 @@ def _log_entries(name: str, diagnostics: Sequence[EntryDiagnostic], omitted: int
                  kv(subscription=name, reason="subscription-diagnostics-truncated", omitted=omitted))
 
 
-def merge_nodes(configured: Sequence[NodeSpec], published: Mapping[str, Sequence[NodeSpec]]) -> tuple[NodeSpec, ...]:
+def merge_nodes(configured: Sequence[NodeSpec], published: Mapping[str, Sequence[NodeSpec]],
+                groups: Iterable[str] = ()) -> tuple[NodeSpec, ...]:
     """The nodes of an effective spec: the configured ones, then each subscription's.
 
-    A subscription node whose name is taken (by a configured node, a builtin, or
-    an earlier subscription node) or whose id a configured node already has is
-    left out; each subscription's clashes are logged once, as a count.
+    A subscription node whose name is taken (by a configured node, a builtin, a
+    group, or an earlier subscription node) or whose id a configured node already
+    has is left out; each subscription's clashes are logged once, as a count.
     """
-    names = {n.name for n in configured} | set(BUILTIN_OUTBOUNDS)
+    names = {n.name for n in configured} | set(BUILTIN_OUTBOUNDS) | set(groups)
     ids = {n.id for n in configured}
     out = list(configured)
     for tag, nodes in published.items():

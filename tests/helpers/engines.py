@@ -25,6 +25,8 @@ STEP = 5.0  # seconds: the most any single wait may take
 ENGINES = ["twin"]
 if fast_relay.IMPLEMENTATION == "compiled":
     ENGINES.insert(0, "compiled")
+# the fast path's engines by the names its tests use: the native worker when compiled, and the twin
+FASTPATH_ENGINES = ["native", "twin"] if fast_relay.IMPLEMENTATION == "compiled" else ["twin"]
 
 
 def engine_class(name: str) -> Any:

@@ -16,6 +16,7 @@ from helpers.engines import poll
 from helpers.servers import EchoServer
 
 from honk.api.server import HEAD_TIMEOUT, MAX_API_CONNECTIONS, MAX_BODY
+from honk.control.errors import BindFailed
 from honk.core.clock import FakeClock
 from honk.daemon.app import Daemon
 
@@ -246,16 +247,22 @@ async def test_a_keepalive_connection_gets_a_fresh_head_deadline_after_each_resp
         writer.close()
 
 
-async def test_a_changed_api_block_rebinds_on_reload_and_a_removed_one_stops_the_api(tmp_path):
+async def test_a_changed_secret_swaps_on_the_same_listener_and_a_removed_block_stops_the_api(tmp_path):
     cfg = tmp_path / "honk.dae"
     async with started(tmp_path) as daemon:
         old = daemon.api
+        async with aiohttp.ClientSession() as session:  # loaded: the swap replaces a running app
+            async with session.get(f"{api_base(daemon)}/version", headers=bearer(SECRET)) as response:
+                assert response.status == 200
         cfg.write_text(config(tmp_path, secret="other"))
-        assert await daemon.reload()
-        assert daemon.api is not old
+        report = await daemon.reload()
+        assert report.built == ["user set api"] and "inbound api" in report.reused  # a user table store
+        assert daemon.api is old  # same bind: the socket stays, the handler changes
         async with aiohttp.ClientSession() as session:
             async with session.get(f"{api_base(daemon)}/version", headers=bearer("other")) as response:
                 assert response.status == 200
+            async with session.get(f"{api_base(daemon)}/version", headers=bearer(SECRET)) as response:
+                assert response.status == 401
         text = cfg.read_text()
         cfg.write_text(text[: text.index("experimental")])
         assert await daemon.reload()
@@ -280,6 +287,6 @@ async def test_a_listener_that_cannot_bind_fails_the_start_and_leaves_nothing_ru
         cfg.write_text(quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED
                        + api_block(SECRET).replace("127.0.0.1:0", f"127.0.0.1:{port}"))
         daemon = Daemon(cfg)
-        with pytest.raises(OSError):
+        with pytest.raises(BindFailed, match=f"^inbound api: binding 127.0.0.1:{port} failed: "):
             await daemon.start()
         assert daemon.api is None and not daemon.inbounds

@@ -469,9 +469,11 @@ async def test_patch_configs_log_level_changes_the_running_level(api):
 
 async def test_put_configs_reloads_the_own_file_and_refuses_a_payload(api):
     generation = api.daemon.generation
+    text = api.daemon.config_path.read_text()
+    api.daemon.config_path.write_text(text + "\nnode {\n    added: 'socks5://127.0.0.1:9'\n}\n")
     async with api.http.put(api.url("/configs"), params={"force": "true"}, json={"path": "", "payload": ""}) as resp:
         assert resp.status == 204
-    assert api.daemon.generation == generation + 1
+    assert api.daemon.generation == generation + 1 and "added" in api.daemon.plane.outbounds
     async with api.http.put(api.url("/configs"), json={"path": "", "payload": "mode: rule"}) as resp:
         assert resp.status == 400
         assert (await resp.json())["message"] == "honk reloads only its own configuration file"
@@ -479,7 +481,7 @@ async def test_put_configs_reloads_the_own_file_and_refuses_a_payload(api):
         assert resp.status == 400
     api.daemon.config_path.write_text("this is not a config {")
     async with api.http.put(api.url("/configs"), params={"reload": "true"}, json={}) as resp:
-        assert resp.status == 400 and (await resp.json())["message"]
+        assert resp.status == 400 and (await resp.json())["message"].startswith(f"{api.daemon.config_path}:1: ")
     assert api.daemon.generation == generation + 1
 
 

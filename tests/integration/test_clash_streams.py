@@ -15,6 +15,7 @@ import pytest
 from helpers.aio import close_writer, socks5_open
 from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, quiet_global, running_daemon
 from helpers.engines import poll
+from helpers.servers import echo_server
 
 from honk.daemon.app import Daemon
 
@@ -53,21 +54,6 @@ async def api(tmp_path) -> AsyncIterator[Api]:
         yield Api(daemon, api_base(daemon), http, anonymous)
 
 
-@contextlib.asynccontextmanager
-async def echo_server() -> AsyncIterator[int]:
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def ws_frames(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[tuple[float, dict]]:
@@ -207,12 +193,12 @@ async def test_deleting_all_connections_closes_every_flow(api):
 
 
 async def reload_until(api: Api, ws_or_resp, read) -> dict:  # noqa: ANN001 - a WS or a chunked response
-    """Reload (it logs "reload applied" at info) and return the frame that reports it."""
+    """Reload (it logs "config reloaded" at info) and return the frame that reports it."""
     assert await api.daemon.reload()
     deadline = time.monotonic() + STEP
     while time.monotonic() < deadline:
         (_, frame), = await read(ws_or_resp, 1)
-        if "reload applied" in json.dumps(frame):
+        if "config reloaded" in json.dumps(frame):
             return frame
     raise AssertionError("no log frame for the reload")
 
@@ -221,7 +207,7 @@ async def test_logs_over_websocket_in_clash_form(api):
     async with api.ws("/logs", level="info") as ws:
         await poll(lambda: api.daemon.logs.readers == 1, "the log reader")
         frame = await reload_until(api, ws, ws_frames)
-    assert frame["type"] == "info" and "reload applied" in frame["payload"]
+    assert frame["type"] == "info" and "config reloaded" in frame["payload"]
     await poll(lambda: api.daemon.logs.readers == 0, "the reader gone with its client")
 
 
@@ -230,7 +216,7 @@ async def test_logs_in_structured_form_over_chunked_get(api):
         assert resp.status == 200
         await poll(lambda: api.daemon.logs.readers == 1, "the log reader")
         frame = await reload_until(api, resp, line_frames)
-    assert frame["level"] == "info" and frame["fields"] == [] and "reload applied" in frame["message"]
+    assert frame["level"] == "info" and frame["fields"] == [] and "config reloaded" in frame["message"]
     assert len(frame["time"]) == 8 and frame["time"].count(":") == 2
     await poll(lambda: api.daemon.logs.readers == 0, "the quiet chunked stream ended with its client")
 
@@ -284,7 +270,6 @@ async def test_a_stream_ends_when_the_server_stops(api):
                 pass
         assert time.monotonic() - started < 2.0
         await poll(lambda: api.daemon.logs.readers == 0, "the log stream ended")
-    api.daemon.api = None  # stopped above; the fixture's shutdown has nothing more to stop
 
 
 async def test_stop_streams_ends_every_open_stream_at_once(api):

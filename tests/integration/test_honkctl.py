@@ -73,10 +73,11 @@ class Live:
     port: int
     config: Path
 
-    async def ctl(self, *args: str, secret: str | None = SECRET, env: dict | None = None) -> Result:
+    async def ctl(self, *args: str, secret: str | None = SECRET, env: dict | None = None,
+                  stdin: str | None = None) -> Result:
         """Run honkctl in a worker thread (the daemon's loop keeps serving meanwhile)."""
         head = ["--api", self.url] + (["--secret", secret] if secret is not None else [])
-        return await invoke(*head, *args, env=env)
+        return await invoke(*head, *args, env=env, stdin=stdin)
 
     async def json(self, *args: str) -> dict:
         result = await self.ctl("--json", *args)
@@ -84,9 +85,9 @@ class Live:
         return json.loads(result.stdout)
 
 
-async def invoke(*args: str, env: dict | None = None) -> Result:
+async def invoke(*args: str, env: dict | None = None, stdin: str | None = None) -> Result:
     runner = CliRunner()
-    return await asyncio.to_thread(runner.invoke, cli, list(args), env={**NO_ENV, **(env or {})})
+    return await asyncio.to_thread(runner.invoke, cli, list(args), env={**NO_ENV, **(env or {})}, input=stdin)
 
 
 @contextlib.asynccontextmanager
@@ -251,15 +252,39 @@ async def test_connections_lists_a_live_flow_and_close_by_id_or_node_ends_it(tmp
                 await close_writer(writer)
 
 
-async def test_reload_reports_the_new_generation_and_a_rejected_file_exits_1(tmp_path):
+async def test_reload_prints_what_the_apply_did_and_a_rejected_file_exits_1(tmp_path):
     async with running(tmp_path) as live:
-        applied = await live.json("reload")
-        assert applied == {"applied": True, "generation": live.daemon.generation}
-        assert applied["generation"] == 2
+        unchanged = await live.json("reload")
+        assert unchanged["applied"] and unchanged["built"] == [] and unchanged["generation"] == 1
+        live.config.write_text(config_text(fallback="block"))
+        printed = await live.ctl("reload")
+        assert printed.exit_code == 0, printed.stderr
+        assert printed.stdout.startswith("config reloaded: built [route]; reused [dns, outbound direct@v1")
+        assert live.daemon.generation == 2
         live.config.write_text(config_text(fallback="no-such-outbound"))
         rejected = await live.ctl("reload")
-        assert rejected.exit_code == 1 and rejected.stderr.startswith("error: reload_rejected: ")
+        assert rejected.exit_code == 1
+        assert rejected.stderr.startswith(f"error: reload_config: {live.config}:30: routing.fallback: ")
         assert live.daemon.generation == 2
+
+
+async def test_users_put_and_remove_change_an_inbounds_users_without_a_reload(tmp_path):
+    async with running(tmp_path) as live:
+        live.config.write_text(config_text().replace("mixed://127.0.0.1:0", "mixed://alice:pa@127.0.0.1:0"))
+        await live.daemon.reload()
+        epoch = live.daemon.epoch
+        put = await live.ctl("users", "put", "lan", "bob", "--password-stdin", stdin="pb\n")
+        assert put.exit_code == 0 and put.stdout.strip() == "user bob of lan set", put.stderr
+        assert [(u.username, u.password) for u in live.daemon.spec.inbounds[0].users] == [("alice", "pa"),
+                                                                                            ("bob", "pb")]
+        gone = await live.ctl("users", "remove", "lan", "alice")
+        assert gone.exit_code == 0 and gone.stdout.strip() == "user alice removed from lan"
+        again = await live.ctl("users", "remove", "lan", "alice")
+        assert again.exit_code == 0 and again.stdout.strip() == "lan has no user alice; nothing changed"
+        unknown = await live.ctl("users", "remove", "nosuch", "x")
+        assert unknown.exit_code == 1
+        assert unknown.stderr.strip() == "error: reload_invalid: user set nosuch: no such user set"
+        assert live.daemon.epoch == epoch  # user edits never plan or publish
 
 
 async def test_check_prints_the_summary_or_the_located_errors_with_exit_5(tmp_path):
@@ -289,7 +314,7 @@ async def test_logs_follow_streams_until_the_daemon_goes_away_which_exits_3(tmp_
 
     def watched(line: str) -> str:
         text = format_line(line)
-        if "reload applied" in text:
+        if "config reloaded" in text:
             printed.set()
         return text
 
@@ -297,12 +322,13 @@ async def test_logs_follow_streams_until_the_daemon_goes_away_which_exits_3(tmp_
     async with running(tmp_path) as live:
         task = asyncio.ensure_future(live.ctl("logs", "-f"))
         await poll(lambda: live.daemon.logs.readers > 0, "honkctl to subscribe to the log stream")
+        live.config.write_text(config_text(fallback="block"))
         assert await live.daemon.reload()
         assert await asyncio.to_thread(printed.wait, 10), "honkctl never printed the reload line"
     result = await asyncio.wait_for(task, 30)
     assert result.exit_code == 3, (result.stdout, result.stderr)
     assert "the stream broke" in result.stderr
-    assert any(" INFO  honk.daemon: reload applied generation=2" in line for line in result.stdout.splitlines())
+    assert any(" INFO  honk.daemon: config reloaded: built [route]" in line for line in result.stdout.splitlines())
 
 
 async def test_logs_without_follow_prints_what_arrives_and_exits_once_the_stream_is_quiet(tmp_path):
@@ -314,7 +340,7 @@ async def test_logs_without_follow_prints_what_arrives_and_exits_once_the_stream
         result = await asyncio.wait_for(task, 30)
         assert result.exit_code == 0, result.stderr
         events = [json.loads(line) for line in result.stdout.splitlines()]
-        assert any("reload applied" in e["message"] for e in events)
+        assert any(e["message"].startswith("config reloaded: ") for e in events)
         assert all(set(e) >= {"time", "level", "logger", "message"} for e in events)
         bad = await live.ctl("logs", "--level", "loud")
         assert bad.exit_code == 2

@@ -9,6 +9,7 @@ import asyncio
 import socket
 
 import aiohttp
+import pytest
 from aiohttp import web
 from helpers.aio import close_writer, socks5_open
 from helpers.apidaemon import (
@@ -26,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import PROBE_DEATH_THRESHOLD
+from honk.control.errors import ApplyError
 from honk.core.net import Address, Network
 from honk.daemon.app import Daemon
 from honk.inbound.socks5 import build_udp_datagram
@@ -159,16 +161,17 @@ async def test_probe_durations_reloads_and_process_gauges_are_exported(tmp_path)
         await runner.run_cycle()  # per node a raw TCP connect and a UDP round to the closed port
         assert await daemon.reload()
         cfg = daemon.config_path
-        cfg.write_text(cfg.read_text() + "routing {\n")  # a syntax error: the reload is rejected
-        assert not await daemon.reload()
+        cfg.write_text(cfg.read_text() + "routing {\n")  # a syntax error: the reload is refused
+        with pytest.raises(ApplyError):
+            await daemon.reload()
         parsed = await scrape(daemon)
         for kind in ("tcp", "udp"):
             for sample in ("honk_probe_duration_seconds_count", "honk_probe_duration_seconds_bucket"):
                 labels = {"kind": kind, "result": "error", **({"le": "+Inf"} if sample.endswith("bucket") else {})}
                 assert at(parsed, sample, **labels) - at(before, sample, **labels) == 2, (sample, kind)
         assert at(parsed, "honk_probe_duration_seconds_count", kind="tcp", result="ok") == 0
-        assert at(parsed, "honk_reloads_total", result="applied") == 1
-        assert at(parsed, "honk_reloads_total", result="rejected") == 1
+        assert at(parsed, "honk_reloads_total", result="applied", error="") == 1
+        assert at(parsed, "honk_reloads_total", result="refused", error="config") == 1  # ConfigRefused
         assert at(parsed, "honk_process_open_fds") > 0
         assert at(parsed, "honk_uptime_seconds") >= 0
 

@@ -345,12 +345,15 @@ async def test_a_reload_of_a_changed_file_is_applied_with_a_new_generation(tmp_p
     async with running(tmp_path) as api:
         api.write_config(extra_nodes="    c: 'socks5://127.0.0.1:29'\n")
         status, body = await api.call("POST", "/v1/reload", params={"allow_disruptive": "true"})
-        assert (status, body) == (200, {"applied": True, "generation": 2})
+        assert status == 200 and body["applied"] and body["generation"] == body["epoch"] == 2
+        assert body["built"][0] == "outbound c@v1" and body["drained"] == body["removed"] == []
+        assert body["summary"].startswith("built [outbound c@v1")
         status, _ = await api.call("GET", "/v1/nodes/c")
         assert status == 200
         api.config.write_text("node {\n    broken\n")
         status, body = await api.call("POST", "/v1/reload")
-        assert (status, body) == (200, {"applied": False, "generation": 2})
+        assert status == 400 and error_code(body) == "reload_config"
+        assert api.daemon.generation == 2
 
 
 # --- logs ------------------------------------------------------------------------------------------
@@ -364,11 +367,11 @@ async def test_the_log_stream_sends_ndjson_lines_and_an_unknown_level_is_refused
             assert response.status == 200
             await poll(lambda: api.daemon.logs.readers == 1, "the stream to subscribe")
             api.write_config(extra_nodes="    c: 'socks5://127.0.0.1:29'\n")
-            assert await api.daemon.reload()  # logs "reload applied" at info
+            assert await api.daemon.reload()  # logs "config reloaded: ..." at info
             while True:
                 line = json.loads(await asyncio.wait_for(response.content.readline(), STEP))
                 assert set(line) == {"time", "level", "logger", "message"}
                 assert line["level"] in ("info", "warning", "error")
-                if "applied" in line["message"]:
+                if line["message"].startswith("config reloaded: "):
                     break
         await poll(lambda: api.daemon.logs.readers == 0, "the stream to unsubscribe after the client left")

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import pytest
 from helpers.aio import close_writer, rule, socks5_open
+from helpers.engines import FASTPATH_ENGINES
 from helpers.servers import EchoServer
 from helpers.sockets import open_fds
 from helpers.socks import encode_address
 
-from honk._fast import relay as fast_relay
 from honk._fast import relay_py
 from honk.config.spec import (
     GlobalSpec,
@@ -41,9 +41,7 @@ from honk.inbound.mixed import MixedInbound
 from honk.relay.native import close_engines
 
 STEP = 5.0
-ENGINES = ["twin"]
-if fast_relay.IMPLEMENTATION == "compiled":
-    ENGINES.insert(0, "native")
+ENGINES = FASTPATH_ENGINES
 
 
 @pytest.fixture(params=ENGINES)

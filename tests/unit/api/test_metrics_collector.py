@@ -97,8 +97,11 @@ def test_counters_exist_at_zero_for_every_fixed_label_before_any_event():
         assert value(parsed, "honk_dials_total", network=network, result="ok", kind="") == 0
         for kind in DIAL_ERROR_KINDS:
             assert value(parsed, "honk_dials_total", network=network, result="error", kind=kind) == 0
-    assert named(parsed, "honk_reloads_total") == {
-        frozenset({("result", "applied")}): 0, frozenset({("result", "rejected")}): 0}
+    reloads = named(parsed, "honk_reloads_total")
+    assert reloads[frozenset({("result", "applied"), ("error", "")})] == 0
+    for variant in ("invalid", "disruptive", "build", "bind", "stopped"):
+        assert reloads[frozenset({("result", "refused"), ("error", variant)})] == 0
+    assert set(reloads.values()) == {0}
     assert set(named(parsed, "honk_subscription_refreshes_total")) == {
         frozenset({("result", r)}) for r in ("accepted", "unchanged", "failed")}
     assert value(parsed, "honk_relayed_bytes_total", direction="down") == 250000

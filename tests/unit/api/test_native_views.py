@@ -199,7 +199,7 @@ def test_a_connection_has_text_addresses_and_an_rfc3339_start():
     assert views.conn_view(info(("outer", "pick", "a"))) == {
         "id": "f1", "network": "tcp", "inbound": "lan", "source": "127.0.0.1:50000", "target": "[::1]:443",
         "rule": "fallback", "chain": ["outer", "pick", "a"], "upload": 10, "download": 20,
-        "start": "2023-11-14T22:13:20.500Z", "engine": "native",
+        "start": "2023-11-14T22:13:20.500Z", "engine": "native", "outbound_version": "", "user": "",
     }
 
 

@@ -5,22 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.tracking import FakeHandle
 
 from honk.connection.tracker import ConnectionInfo, ConnectionTracker
 from honk.core.clock import FakeClock
-from honk.core.errors import FlowClosed, HonkError, IdleTimeout
+from honk.core.errors import FlowClosed, IdleTimeout
 from honk.core.net import Address, Network
-
-
-class FakeHandle:
-    def __init__(self, clock: FakeClock) -> None:
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.last_activity = clock.now()
-        self.closed_with: list[HonkError | None] = []
-
-    def close(self, reason: HonkError | None = None) -> None:
-        self.closed_with.append(reason)
 
 
 def _open(

@@ -1,0 +1,410 @@
+"""Prepare and commit: turning a plan into what runs.
+
+:class:`Applier` owns what the reconciler runs: the running desired state and its
+version table, the published plane and its epoch, the outbound versions by tag, the
+listeners by bind and the admissions by inbound tag. Only the reconciler calls it,
+one apply at a time.
+
+* :meth:`Applier.prepare` does everything that can fail, into locals: the resolver,
+  the new outbound versions (an unchanged node keeps its leaf object, a changed one
+  gets a new leaf; runtimes follow the NodeId), the groups (reused groups keep their
+  policy state), the route table, the admissions and the listeners, bound but not
+  served. A failure releases what it bound and leaves the applier untouched.
+* :meth:`Applier.commit` cannot fail: it publishes the plane in one store, revokes
+  removed principals, serves new listeners, swaps handlers, stores user tables, stops
+  vanished binds, closes vanished tags' sessions and drains old versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from honk.config.spec import InboundSpec, RoutingSpec, Spec
+from honk.connection.admission import DialBudget
+from honk.connection.plane import Plane
+from honk.control.desired import API_TAG, BindSpec, DesiredState, InboundDecl
+from honk.control.errors import BindFailed, BuildFailed
+from honk.control.plan import (
+    Bind,
+    Build,
+    CloseSessions,
+    Disrupt,
+    Drain,
+    Plan,
+    Reuse,
+    RunningState,
+    StopAccepting,
+    SwapHandler,
+)
+from honk.control.policies import ClosePolicy
+from honk.control.report import ApplyReport
+from honk.core.errors import FlowClosed
+from honk.group.manager import GroupManager
+from honk.inbound.sessions import Principal, admit
+from honk.outbound.base import Outbound
+from honk.outbound.block import BlockOutbound
+from honk.outbound.registry import build_leaf
+from honk.outbound.runtime import NodeRuntime
+from honk.route.resolve import SystemResolver
+from honk.route.router import Router
+
+if TYPE_CHECKING:
+    from honk.daemon.app import Daemon
+
+log = logging.getLogger("honk.reload")
+
+EMPTY_TAG = ""  # internal targets carry no configured tag
+
+
+class Listener(Protocol):
+    """What the applier needs of a listener (the mixed inbound, the API server)."""
+
+    bound: Any
+
+    async def bind(self) -> None: ...
+
+    async def serve(self) -> None: ...
+
+    def close_unserved(self) -> None: ...
+
+    async def stop_accepting(self) -> None: ...
+
+
+def empty_plane(clock: Any) -> Plane:
+    """The plane before the first commit: every flow goes to the internal reject target."""
+    block = BlockOutbound()
+    block.outbound_id = f"{EMPTY_TAG}@v0"
+    outbounds: dict[str, Outbound] = {"block": block}
+    spec = Spec(routing=RoutingSpec(fallback="block"))
+    groups = GroupManager.build(spec, outbounds, clock=clock)
+    return Plane(generation=0, router=Router.compile(spec.routing), groups=groups, outbounds=outbounds, spec=spec)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """Everything an apply built, not yet serving; :meth:`release` undoes it."""
+
+    plan: Plan
+    desired: DesiredState
+    resolver: Any
+    targets: dict[str, Outbound]
+    runtimes: dict[uuid.UUID, NodeRuntime]
+    groups: GroupManager | None
+    router: Router
+    admissions: dict[str, dict[str, Principal]]
+    revocations: list[tuple[list[Principal], ClosePolicy]] = field(default_factory=list)
+    to_start: list[tuple[BindSpec, str, Listener]] = field(default_factory=list)
+    swaps: list[tuple[BindSpec, InboundDecl]] = field(default_factory=list)
+    user_stores: list[tuple[BindSpec, dict[str, Principal]]] = field(default_factory=list)
+
+    def release(self) -> None:
+        for _bind, _tag, listener in self.to_start:
+            listener.close_unserved()
+        self.to_start.clear()
+
+
+class Applier:
+    """The running set of resources; driven by the reconciler only."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.running = RunningState()
+        self.plane: Plane | None = None  # the last published plane (None before the first commit)
+        self.epoch = 0  # planes published so far
+        self.targets: dict[str, Outbound] = {}  # outbound tag -> its current version's leaf
+        self.resolver: Any = None
+        self.listeners: dict[BindSpec, Listener] = {}
+        self.listener_tags: dict[BindSpec, str] = {}
+        self.admissions: dict[str, dict[str, Principal]] = {}
+
+    # --- reading -------------------------------------------------------------------
+
+    def listener(self, tag: str) -> Listener | None:
+        for bind, t in self.listener_tags.items():
+            if t == tag:
+                return self.listeners[bind]
+        return None
+
+    def inbounds(self) -> dict[str, Listener]:
+        """The proxy listeners by tag (the API listener excluded)."""
+        return {tag: self.listeners[bind] for bind, tag in self.listener_tags.items() if tag != API_TAG}
+
+    # --- prepare -------------------------------------------------------------------
+
+    async def prepare(self, plan: Plan, desired: DesiredState, *, bind: bool = True,
+                      saved_choices: Any = None, carried: Plane | None = None) -> Prepared:
+        """Build everything ``plan`` needs; raises :class:`ApplyError` with nothing changed.
+        ``carried``: a plane whose node runtimes the first apply takes over (the one that
+        fetched subscriptions through a detour)."""
+        daemon = self.daemon
+        spec = desired.spec
+        glob = spec.global_
+        running = self.running.desired
+        builds = {str(s.resource) for s in plan.steps if isinstance(s, Build)}
+
+        # 1. DNS
+        resolver = self.resolver
+        if "dns" in builds or resolver is None:
+            try:
+                resolver = SystemResolver(daemon.clock, desired.dns.timeout)
+            except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
+                raise BuildFailed("dns", exc) from exc
+
+        # 2. outbounds, in plan order
+        targets: dict[str, Outbound] = {}
+        used: dict[uuid.UUID, NodeRuntime] = {}
+        source = self.plane if self.plane is not None else carried
+        previous_runtimes = source.runtimes if source is not None else {}
+        dial_glob = dataclasses.replace(glob, connect_timeout=desired.dns.timeout)
+        for step in plan.steps:
+            resource = getattr(step, "resource", None)
+            if resource is None or resource.kind != "outbound":
+                continue
+            decl = desired.outbound(resource.tag)
+            assert decl is not None  # the plan was made from desired
+            if isinstance(step, Reuse):
+                leaf = self.targets[resource.tag]
+                runtime = getattr(leaf, "runtime", None)
+                if runtime is not None:
+                    used[decl.node.id] = runtime
+            else:
+                try:
+                    leaf = build_leaf(decl.node, dial_glob, daemon.clock, previous_runtimes, used)
+                except Exception as exc:  # noqa: BLE001 - a leaf that cannot be built refuses the apply
+                    raise BuildFailed(str(resource), exc) from exc
+                leaf.outbound_id = f"{resource.tag}@v{resource.version}"
+            targets[resource.tag] = leaf
+
+        # 3. groups; 4. route
+        groups = None
+        router = self.plane.router if self.plane is not None else None
+        if plan.publishes or self.plane is None:
+            reused = {s.resource.tag for s in plan.steps if isinstance(s, Reuse) and s.resource.kind == "group"}
+            try:
+                groups = GroupManager.build(
+                    spec, targets, health=daemon.health.filter, clock=daemon.clock,
+                    previous=self.plane.groups if self.plane is not None else None,
+                    saved=saved_choices, reuse=reused,
+                )
+            except Exception as exc:  # noqa: BLE001
+                raise BuildFailed("group", exc) from exc
+        if "route" in builds or router is None:
+            try:
+                router = Router.compile(desired.route.routing)
+            except Exception as exc:  # noqa: BLE001 - a rule that does not compile refuses the apply
+                raise BuildFailed("route", exc) from exc
+
+        prepared = Prepared(plan, desired, resolver, targets, used, groups, router, {})
+
+        # 5. admissions, per desired inbound
+        for inbound in desired.inbounds:
+            if inbound.kind == "api":
+                continue
+            user_set = desired.user_set(inbound.users) if inbound.users else None
+            users = user_set.users if user_set is not None else ()
+            table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, users)
+            prepared.admissions[inbound.tag] = table
+            if revoked:
+                policy = inbound.user_removal or desired.policies.user_removal
+                prepared.revocations.append((revoked, policy))
+
+        # 6. inbounds
+        steps_by_tag = {s.resource.tag: s for s in plan.steps
+                        if isinstance(s, Build | Reuse) and s.resource.kind == "inbound"}
+        try:
+            for inbound in desired.inbounds:
+                step = steps_by_tag[inbound.tag]
+                running_listener = self.listeners.get(inbound.bind)
+                if isinstance(step, Build) and inbound.kind == "api":
+                    self._check_api(spec)
+                if isinstance(step, Build):
+                    if running_listener is not None:
+                        running_decl = running.inbound(self.listener_tags[inbound.bind]) if running else None
+                        if running_decl is not None and _family(running_decl.kind) != _family(inbound.kind):
+                            raise BuildFailed(f"inbound {inbound.tag}",
+                                              "the handler is not of the kind its listener serves")
+                        prepared.swaps.append((inbound.bind, inbound))  # with its user table
+                        continue
+                    listener = self._make_listener(inbound, spec)
+                    if not bind:
+                        continue
+                    try:
+                        await listener.bind()
+                    except OSError as exc:
+                        raise BindFailed(inbound.tag, str(inbound.bind), exc) from exc
+                    prepared.to_start.append((inbound.bind, inbound.tag, listener))
+                    if inbound.kind != "api":
+                        listener.store_users(prepared.admissions[inbound.tag])  # type: ignore[attr-defined]
+                elif running_listener is not None and inbound.kind == "api":
+                    # the secret is the API's one user: a new one replaces the app serving new
+                    # requests, and streams authenticated with the old one end
+                    before = running.user_set(API_TAG) if running is not None else None
+                    if before != desired.user_set(API_TAG):
+                        prepared.swaps.append((inbound.bind, inbound))
+                elif running_listener is not None:
+                    table = prepared.admissions[inbound.tag]
+                    if not _same_admissions(self.admissions.get(inbound.tag, {}), table):
+                        prepared.user_stores.append((inbound.bind, table))
+        except BaseException:
+            prepared.release()
+            raise
+        return prepared
+
+    def _check_api(self, spec: Spec) -> None:
+        """What the API's handler needs that binding does not show: its dashboard directory."""
+        assert spec.clash_api is not None
+        ui = spec.clash_api.external_ui
+        if ui and not (self.daemon.config_path.parent / ui).is_dir():
+            raise BuildFailed(f"inbound {API_TAG}", f"external_ui {ui} is not a directory")
+
+    def _make_listener(self, inbound: InboundDecl, spec: Spec) -> Listener:
+        daemon = self.daemon
+        try:
+            if inbound.kind == "api":
+                from honk.api.server import ApiServer
+
+                assert spec.clash_api is not None
+                return ApiServer(daemon, spec.clash_api, daemon.config_path.parent)
+            from honk.inbound.mixed import MixedInbound
+
+            return MixedInbound(_inbound_spec(spec, inbound.tag), daemon.dispatcher, daemon.clock,
+                                sessions=daemon.sessions)
+        except Exception as exc:  # noqa: BLE001 - a handler that cannot be built refuses the apply
+            raise BuildFailed(f"inbound {inbound.tag}", exc) from exc
+
+    # --- commit --------------------------------------------------------------------
+
+    async def commit(self, prepared: Prepared) -> ApplyReport:
+        """Make ``prepared`` what runs. Nothing here refuses: the report says what happened."""
+        daemon = self.daemon
+        plan, desired = prepared.plan, prepared.desired
+        spec = desired.spec
+        old_targets = self.targets
+        self.targets = prepared.targets
+        old_plane = self.plane
+        if plan.publishes or self.plane is None:
+            self.epoch += 1
+            plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
+                          outbounds=dict(prepared.targets), spec=spec, runtimes=prepared.runtimes,
+                          admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock))
+            daemon.publish(plane, prepared.resolver)
+            plane.retire(old_plane)
+            self.plane = plane
+            await daemon.health_sync(plane, first=old_plane is None)
+        elif old_plane is not None:
+            # nothing routes differently; the settings without steps still take effect
+            self.plane = dataclasses.replace(old_plane, spec=spec)
+            daemon.publish(self.plane, prepared.resolver, republish=True)
+        self.resolver = prepared.resolver
+
+        for principals, policy in prepared.revocations:
+            daemon.sessions.revoke(principals, policy, daemon.clock)
+        for bind, tag, listener in prepared.to_start:
+            await listener.serve()
+            self.listeners[bind] = listener
+            self.listener_tags[bind] = tag
+        prepared.to_start = []
+        for bind, inbound in prepared.swaps:
+            listener = self.listeners[bind]
+            self.listener_tags[bind] = inbound.tag
+            if inbound.kind == "api":
+                assert spec.clash_api is not None
+                await listener.swap(spec.clash_api)  # type: ignore[attr-defined]
+            else:
+                # the handler and its user table in one step: no connection sees one without the other
+                listener.swap(_inbound_spec(spec, inbound.tag), prepared.admissions[inbound.tag])  # type: ignore[attr-defined]
+        for bind, table in prepared.user_stores:
+            self.listeners[bind].store_users(table)  # type: ignore[attr-defined]
+
+        report = ApplyReport()
+        previous_tags = {i.tag for i in self.running.desired.inbounds} if self.running.desired else set()
+        for step in plan.steps:
+            if isinstance(step, Reuse):
+                report.reused.append(str(step.resource))
+            elif isinstance(step, Build):
+                report.built.append(str(step.resource))
+            elif isinstance(step, Bind):
+                if step.tag in previous_tags:
+                    report.rebound.append(step.tag)
+            elif isinstance(step, SwapHandler):
+                report.swapped.append(step.tag)
+            elif isinstance(step, Disrupt):
+                report.restarted.append(step.inbound)
+            elif isinstance(step, StopAccepting):
+                listener = self.listeners.pop(step.bind, None)  # type: ignore[arg-type]
+                self.listener_tags.pop(step.bind, None)  # type: ignore[arg-type]
+                if listener is not None:
+                    await listener.stop_accepting()
+            elif isinstance(step, CloseSessions):
+                error = FlowClosed(f"inbound {step.tag} was removed")
+                daemon.sessions.close_tag(step.tag, error)
+                daemon.tracker.close_inbound(step.tag, error)
+                report.removed.append(step.tag)
+            elif isinstance(step, Drain):
+                old = old_targets.get(step.id.tag)
+                if old is not None and getattr(old, "outbound_id", None) == str(step.id):
+                    daemon.drainer.drain(str(step.id), step.policy)
+                report.drained.append(str(step.id))
+        self.admissions = prepared.admissions
+        self.running = RunningState(desired, plan.versions)
+        report.epoch = self.epoch
+        log.debug("applied: %d built, %d reused, %d swapped, %d drained",
+                  len(report.built), len(report.reused), len(report.swapped), len(report.drained))
+        return report
+
+    def edit_users(self, user_set: str, desired: DesiredState) -> int:
+        """The user edit path: ``desired`` differs from the running state only in user set
+        ``user_set``. No plan: the inbounds admitting the set get their tables rebuilt
+        (every principal of a kept user with the same password stays) and the removed or
+        re-keyed users' principals are revoked under each inbound's policy; the plane,
+        listeners and versions are untouched. Returns how many sessions were ended or
+        scheduled to end. Nothing here fails: admission cannot."""
+        daemon = self.daemon
+        users = desired.user_set(user_set)
+        tables: dict[str, dict[str, Principal]] = {}
+        revocations: list[tuple[list[Principal], ClosePolicy]] = []
+        for inbound in desired.inbounds:
+            if inbound.users != user_set or inbound.kind == "api":
+                continue
+            table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, users.users if users else ())
+            tables[inbound.tag] = table
+            if revoked:
+                revocations.append((revoked, inbound.user_removal or desired.policies.user_removal))
+        acted = sum(daemon.sessions.revoke(principals, policy, daemon.clock) for principals, policy in revocations)
+        for tag, table in tables.items():
+            listener = self.listener(tag)
+            if listener is not None:
+                listener.store_users(table)  # type: ignore[attr-defined]
+        self.admissions.update(tables)
+        if self.plane is not None:
+            self.plane = dataclasses.replace(self.plane, spec=desired.spec)
+            daemon.publish(self.plane, self.resolver, republish=True)
+        self.running = RunningState(desired, self.running.versions)
+        return acted
+
+    async def stop_listeners(self) -> None:
+        for listener in self.listeners.values():
+            await listener.stop_accepting()
+        self.listeners.clear()
+        self.listener_tags.clear()
+
+
+def _family(kind: str) -> str:
+    """Listeners serve one family of handler: the API's, or a proxy protocol's."""
+    return "api" if kind == "api" else "stream"
+
+
+def _inbound_spec(spec: Spec, tag: str) -> InboundSpec:
+    found = next((i for i in spec.inbounds if i.name == tag), None)
+    assert found is not None, tag
+    return found
+
+
+def _same_admissions(running: dict[str, Principal], new: dict[str, Principal]) -> bool:
+    """Same users in the same order, each with the same principal object."""
+    return list(running) == list(new) and all(running[k] is new[k] for k in running)
+
