@@ -30,7 +30,6 @@ from honk.config.spec import (
     GroupSpec,
     InboundUser,
     NodeSpec,
-    Policy,
     RoutingSpec,
     Spec,
 )
@@ -41,8 +40,6 @@ from honk.group.membership import resolve_membership
 
 API_TAG = "api"  # the Clash API listener's inbound tag and user set
 DRAIN_PARAM = "drain"  # a node link's parameter naming its drain policy (not part of the NodeId)
-# group policies that health-check their members (a member must be probeable)
-PROBING_POLICIES = frozenset({Policy.URLTEST, Policy.FALLBACK, Policy.LOADBALANCE, Policy.SCORE})
 TRANSPARENT_KINDS = frozenset({"tproxy", "redir"})
 REJECT_PROTOCOLS = frozenset({"block"})
 

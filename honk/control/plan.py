@@ -310,10 +310,6 @@ def _swap_disruption(running: InboundDecl, desired: InboundDecl) -> str | None:
     return None
 
 
-def resource_of(step: Step) -> Resource | None:
-    return step.resource if isinstance(step, Build | Reuse) else None
-
-
 __all__ = [
     "EMPTY", "ApplyError", "Bind", "Build", "CloseSessions", "Disrupt", "Drain", "OutboundId", "Plan",
     "PublishPlane", "Resource", "Reuse", "RunningState", "Step", "StopAccepting", "SwapHandler", "plan",

@@ -375,10 +375,6 @@ class Daemon:
         """SIGHUP: never blocks, never allows a disruptive change; merged with one queued."""
         self.reconciler.signal_reload(lambda: self._reload(False, signal=True))
 
-    async def check(self) -> None:
-        """The file as a dry run would see it: raises ConfigRefused or ApplyError."""
-        await check_file(self.config_path)
-
     async def _reload(self, allow_disruptive: bool, *, signal: bool = False) -> ApplyReport:
         try:
             try:  # parsing is pure work on the file: off the event loop, so flows keep moving

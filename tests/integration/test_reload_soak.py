@@ -98,6 +98,8 @@ async def test_a_hundred_reloads_drop_no_flow_and_leak_nothing(tmp_path):
             stop.set()
             gate.running.set()
             await asyncio.gather(*movers)
+            print(f"\nsoak: fds {fds} -> {after_fds}, daemon tasks {tasks} -> {after_tasks}, "
+                  f"RSS {rss / 2**20:.1f} -> {after_rss / 2**20:.1f} MiB ({(after_rss - rss) / rss:+.1%})")
             assert failures == []
             assert len(daemon.tracker) == FLOWS  # all still open
             assert after_fds == fds, f"file descriptors {fds} -> {after_fds}"
