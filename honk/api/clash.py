@@ -353,12 +353,12 @@ def routes(control: Control) -> list[web.RouteDef]:
         return reply(snapshot())
 
     async def delete_connections(request: web.Request) -> web.StreamResponse:
-        control.tracker.close_all("closed through the API")
+        await control.close_flows(None, "closed through the API")
         return no_content()
 
     async def delete_connection(request: web.Request) -> web.StreamResponse:
         flow_id = request.match_info["id"]
-        if control.tracker.close(flow_id, "closed through the API"):
+        if await control.close_flows([flow_id], "closed through the API"):
             # answered once the flow left the table, so the next snapshot no longer shows it
             try:
                 async with timeout_at(control.clock, control.clock.now() + CLOSE_CONFIRM):

@@ -81,6 +81,9 @@ class Control(Protocol):
     async def remove_user(self, user_set: str, username: str) -> bool:
         """Remove one user; whether it was there."""
 
+    async def close_flows(self, flow_ids: Any, reason: str) -> list[str]:
+        """Close live flows (None: all) as a reconciler command; the ids asked to end."""
+
     async def refresh_subscription(self, name: str) -> bool:
         """Fetch subscription ``name`` now; whether its new body was accepted. KeyError if unknown."""
 

@@ -30,7 +30,6 @@ from honk.api.streams import serve_log_lines
 from honk.config.diagnostics import ConfigError
 from honk.config.spec import InboundUser, Policy
 from honk.control.errors import ApplyError
-from honk.core.errors import FlowClosed
 from honk.core.net import Network
 from honk.daemon.logs import LEVELS, LogEvent
 from honk.group.policy import UnknownGroup, UnknownMember
@@ -240,7 +239,7 @@ def routes(control: Control) -> list[web.RouteDef]:
     async def close(ids: list[str]) -> int:
         """Ask each flow to end, then wait (bounded) until they have, so a list right after
         the answer no longer shows them."""
-        asked = [flow_id for flow_id in ids if control.tracker.close(flow_id, FlowClosed("closed by the API"))]
+        asked = await control.close_flows(ids, "closed by the API")
         if asked:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(control.tracker.wait_gone(asked), CLOSE_WAIT)

@@ -459,6 +459,16 @@ class Daemon:
 
         await self.reconciler.call("select-global", write)
 
+    async def close_flows(self, flow_ids: Sequence[str] | None, reason: str) -> list[str]:
+        """Close the live flows ``flow_ids`` (None: every one) through the reconciler, so a
+        close never interleaves with an apply; the ids that were live and were asked to end."""
+
+        async def command() -> list[str]:
+            ids = [c.id for c in self.tracker.snapshot()] if flow_ids is None else list(flow_ids)
+            return [flow_id for flow_id in ids if self.tracker.close(flow_id, FlowClosed(reason))]
+
+        return await self.reconciler.call("close", command)
+
     def global_members(self) -> list[str]:
         """``GLOBAL``'s members: direct, block, every node, then every group, in config order."""
         return [] if self.plane is None else global_members(self.plane)

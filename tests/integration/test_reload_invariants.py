@@ -273,3 +273,29 @@ async def test_the_native_api_edits_users_and_names_an_unknown_set(tmp_path):
                     assert (await resp.json())["error"]["message"] == "user set nosuch: no such user set"
                 async with http.put(f"{base}/lan", json={"users": "alice"}) as resp:
                     assert resp.status == 400
+
+
+async def test_closing_flows_waits_for_an_apply_in_progress(tmp_path):
+    with EchoServer() as echo:
+        async with running_daemon(tmp_path, config()) as daemon:
+            flow = await Flow.open(daemon.inbounds["lan"].bound.port, echo.port)
+            gate, entered = asyncio.Event(), asyncio.Event()
+            commit = daemon.applier.commit
+
+            async def held(prepared):  # noqa: ANN001, ANN202
+                entered.set()
+                await gate.wait()
+                return await commit(prepared)
+
+            daemon.applier.commit = held
+            daemon.config_path.write_text(config(rules="    dport(9) -> block\n"))
+            reload = asyncio.ensure_future(daemon.reload())
+            await asyncio.wait_for(entered.wait(), 5)
+            closing = asyncio.ensure_future(daemon.close_flows(None, "closed by the test"))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert not closing.done() and await flow.echoes()  # queued behind the apply
+            gate.set()
+            await reload
+            assert len(await closing) == 1
+            assert await flow.ended()
