@@ -90,6 +90,13 @@ class World:
         self.inbounds.append(inbound)
         return inbound
 
+    async def serving(self, name: str, users: tuple[InboundUser, ...] = (),
+                      engine: str | None = None) -> tuple[MixedInbound, int]:
+        """An inbound bound and served, with its port."""
+        inbound = self.inbound(name, users, engine)
+        await inbound.start()
+        return inbound, _port(inbound)
+
     async def aclose(self) -> None:
         for inbound in self.inbounds:
             await inbound.aclose()
@@ -262,9 +269,7 @@ def test_swap_keeps_the_socket_and_old_flows_while_new_clients_must_authenticate
     async def main() -> None:
         with EchoServer() as echo:
             async with world() as w:
-                inbound = w.inbound("lan")
-                await inbound.start()
-                port = _port(inbound)
+                inbound, port = await w.serving("lan")
                 [inode] = listening_inodes(port)
                 old_reader, old_writer = await connect_through(port, echo)
 
@@ -346,9 +351,7 @@ def test_a_renamed_handler_tags_new_sessions_and_old_ones_keep_their_tag(run, as
     async def main() -> None:
         with EchoServer() as echo:
             async with world() as w:
-                inbound = w.inbound("lan")
-                await inbound.start()
-                port = _port(inbound)
+                inbound, port = await w.serving("lan")
                 old_reader, old_writer = await connect_through(port, echo)
 
                 inbound.swap(_spec("office"))
@@ -537,9 +540,7 @@ def test_store_users_applies_to_connections_accepted_afterwards(run, asyncio_pat
     async def main() -> None:
         with EchoServer() as echo:
             async with world() as w:
-                inbound = w.inbound("lan", (ALICE,))
-                await inbound.start()
-                port = _port(inbound)
+                inbound, port = await w.serving("lan", (ALICE,))
                 kept = inbound.admissions["alice"]
                 admissions, revoked = admit(inbound.admissions, "lan", (ALICE, BOB))
 
