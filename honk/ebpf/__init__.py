@@ -1,0 +1,1 @@
+"""The kernel side of admission: per-group connectivity slots the datapath reads."""
