@@ -37,7 +37,7 @@ build-deps:
 # init scripts from starting system instances (danted, tinyproxy, ss-server): the
 # tests start their own on free ports with their own configs.
 PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
-                 tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium
+                 tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables
 peers:
 	@missing=""; for pair in $(PEER_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
