@@ -20,8 +20,11 @@ from honk.config.links import LinkError, parse_inbound_url, parse_node_link
 from honk.config.spec import (
     DEFAULT_CHECK_TOLERANCE,
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SNIFFING_TIMEOUT,
+    DIAL_MODES,
     LOG_LEVELS,
     POLICY_SPELLINGS,
+    TPROXY_MARK,
     ClashApiSpec,
     GlobalSpec,
     GroupSpec,
@@ -39,19 +42,12 @@ from honk.core.net import parse_host_port
 # Documented global keys honk accepts but does not use yet: no unknown-key warning.
 ACCEPTED_GLOBAL_KEYS = frozenset(
     {
-        "tproxy_port",
         "tproxy_port_protect",
         "pprof_port",
-        "so_mark_from_dae",
         "log_file",
         "disable_waiting_network",
-        "lan_interface",
-        "wan_interface",
-        "auto_config_kernel_parameter",
         "nfqueue_enable",
-        "dial_mode",
         "allow_insecure",
-        "sniffing_timeout",
         "tls_implementation",
         "utls_imitate",
         "tls_fragment",
@@ -139,6 +135,35 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                     sink.error("invalid-value", e.path, "data_dir must not be empty", e.loc)
                 else:
                     g[key] = os.path.normpath(os.path.join(base_dir, os.path.expanduser(s)))
+        elif key in ("lan_interface", "wan_interface"):
+            items = V.get_list(e, sink)
+            if items is not None:
+                g[key] = tuple(i for i in (x.strip() for x in items) if i)
+        elif key in ("tproxy_port", "so_mark_from_dae"):
+            n = _get_mark(e, sink) if key == "so_mark_from_dae" else V.get_int(e, sink)
+            if n is None:
+                continue
+            if key == "tproxy_port" and not 0 < n < 65536:
+                sink.error("invalid-value", e.path, "tproxy_port must be a port number (1-65535)", e.loc)
+            elif key == "so_mark_from_dae" and (n < 0 or n & TPROXY_MARK):
+                sink.error("invalid-value", e.path, "so_mark_from_dae must not use the tproxy mark's bit", e.loc)
+            else:
+                g[key] = n
+        elif key == "auto_config_kernel_parameter":
+            flag = V.get_bool(e, sink)
+            if flag is not None:
+                g[key] = flag
+        elif key == "dial_mode":
+            s = V.get_str(e, sink)
+            if s is not None:
+                if s.strip().lower() in DIAL_MODES:
+                    g[key] = s.strip().lower()
+                else:
+                    sink.error("invalid-value", e.path, f"dial_mode must be one of {', '.join(DIAL_MODES)}", e.loc)
+        elif key == "sniffing_timeout":
+            seconds = V.get_millis(e, sink, DEFAULT_SNIFFING_TIMEOUT)
+            if seconds is not None:
+                g[key] = seconds
         elif key in ("drain", "user_removal"):
             text = V.get_str(e, sink)
             if text is not None:
@@ -155,6 +180,20 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
         else:
             _unknown(sink, e)
     return GlobalSpec(**g)  # type: ignore[arg-type]
+
+
+def _get_mark(e: Entry, sink: Sink) -> int | None:
+    """A socket mark: an integer, decimal or ``0x`` hexadecimal."""
+    if isinstance(e.value, int) and not isinstance(e.value, bool):
+        return e.value
+    text = V.get_str(e, sink)
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        sink.error("invalid-value", e.path, "expected an integer (decimal or 0x hexadecimal)", e.loc)
+        return None
 
 
 def _check_dns_target(target: str, index: int, e: Entry, sink: Sink) -> bool:

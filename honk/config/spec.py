@@ -36,6 +36,11 @@ DEFAULT_SHUTDOWN_GRACE = 5.0  # seconds live flows get on SIGTERM before they ar
 DEFAULT_CLASH_API_CONTROLLER = "127.0.0.1:9090"
 MAX_TOP_LEVEL_GROUPS = 250  # "at most 250 top-level user groups"
 DEFAULT_SUBSCRIPTION_INTERVAL = 86400.0  # seconds; subscription `interval` "86400s"
+DEFAULT_TPROXY_PORT = 12345  # global tproxy_port "12345"
+TPROXY_MARK = 0x08000000  # tproxy_mark: "fixed fwmark shared by userspace policy routing and the datapath"
+DEFAULT_DIAL_MODE = "domain"  # global dial_mode "domain"
+DIAL_MODES = ("ip", "domain", "domain+", "domain++")
+DEFAULT_SNIFFING_TIMEOUT = 0.030  # seconds; global sniffing_timeout "30ms"
 
 BUILTIN_OUTBOUNDS = ("direct", "block")
 
@@ -94,6 +99,15 @@ class GlobalSpec:
     drain: ClosePolicy = DEFAULT_DRAIN
     # what a reload does to live sessions of an inbound user it removed or re-keyed
     user_removal: ClosePolicy = DEFAULT_USER_REMOVAL
+    # the router: interfaces whose forwarded (LAN) or host-originated (WAN) traffic honk
+    # intercepts (empty: none), the transparent port, and how sniffed domains are used
+    lan_interface: tuple[str, ...] = ()
+    wan_interface: tuple[str, ...] = ()
+    tproxy_port: int = DEFAULT_TPROXY_PORT
+    so_mark_from_dae: int = 0
+    auto_config_kernel_parameter: bool = False
+    dial_mode: str = DEFAULT_DIAL_MODE
+    sniffing_timeout: float = DEFAULT_SNIFFING_TIMEOUT  # seconds
 
 
 # --- inbounds --------------------------------------------------------------------
