@@ -23,6 +23,15 @@ def require_binary(name: str) -> str:
     pytest.skip(f"{name} is not installed (a missing peer skips only outside CI)")
 
 
+def require_root(what: str) -> None:
+    """Root (CAP_NET_ADMIN) for ``what``; with CI=true its absence fails the test instead of skipping."""
+    if os.geteuid() == 0:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} need root (CAP_NET_ADMIN) in CI")
+    pytest.skip(f"{what} need root (CAP_NET_ADMIN); they run in CI")
+
+
 def free_tcp_udp_port(host: str = "127.0.0.1", attempts: int = 20) -> int:
     """A port free for both TCP and UDP on ``host`` right now (Shadowsocks serves both on one port)."""
     for _ in range(attempts):

@@ -4,13 +4,12 @@ leaving the namespace's ruleset exactly as it was."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from helpers.peers import IN_CI, require_binary
+from helpers.peers import require_binary, require_root
 
 from honk.netlink.nftables import (
     Interception,
@@ -25,17 +24,9 @@ from honk.netlink.nftables import (
 SPEC = Interception(("hkc1", "br-lan"), 7893)
 
 
-def _needs_root() -> None:
-    if os.geteuid() == 0:
-        return
-    if IN_CI:
-        pytest.fail("nftables tests need root (CAP_NET_ADMIN) in CI")
-    pytest.skip("nftables tests need root (CAP_NET_ADMIN); they run in CI")
-
-
 @pytest.fixture
 def netns() -> Iterator[str]:
-    _needs_root()
+    require_root("nftables tests")
     require_binary("nft")
     require_binary("ip")
     name = f"hk-nft-{uuid.uuid4().hex[:8]}"
