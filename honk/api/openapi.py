@@ -14,6 +14,7 @@ from honk.api.delay import DEFAULT_DELAY_TIMEOUT, MAX_DELAY_TIMEOUT
 from honk.api.native import CONFIG_FORMATS, DEFAULT_CONFIG_FORMAT, FALSE_WORDS, PREFIX, TRUE_WORDS
 from honk.api.native_views import API_VERSION, HISTORY_ENTRIES
 from honk.api.streams import NDJSON as LINES_TYPE
+from honk.control.errors import refusal_kinds
 from honk.daemon.logs import LEVELS
 
 OPENAPI_VERSION = "3.1.0"
@@ -36,16 +37,8 @@ ERROR_CODES: dict[str, int] = {
     "filter_required": 400,
     "internal": 500,
     "config_invalid": 422,
-    # a refused reload: "reload_" + the ApplyError's variant
-    "reload_config": 400,
-    "reload_invalid": 400,
-    "reload_duplicate_tag": 400,
-    "reload_unknown_reference": 400,
-    "reload_empty_group": 400,
-    "reload_build": 400,
-    "reload_bind": 400,
-    "reload_disruptive": 409,
-    "reload_stopped": 503,
+    # a refused apply: "reload_" + the ApplyError's variant, with its status
+    **{f"reload_{variant}": status for variant, status in refusal_kinds().items()},
 }
 
 

@@ -149,10 +149,6 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                 sink.error("invalid-value", e.path, "so_mark_from_dae must not use the tproxy mark's bit", e.loc)
             else:
                 g[key] = n
-        elif key == "auto_config_kernel_parameter":
-            flag = V.get_bool(e, sink)
-            if flag is not None:
-                g[key] = flag
         elif key == "dial_mode":
             s = V.get_str(e, sink)
             if s is not None:
@@ -171,7 +167,7 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                     g[key] = parse_close_policy(text, V.parse_seconds)
                 except ValueError as exc:
                     sink.error("invalid-value", e.path, f"{key} {exc}", e.loc)
-        elif key == "store_subscribe":
+        elif key in ("store_subscribe", "auto_config_kernel_parameter"):
             flag = V.get_bool(e, sink)
             if flag is not None:
                 g[key] = flag

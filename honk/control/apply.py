@@ -159,7 +159,6 @@ class Applier:
         used: dict[uuid.UUID, NodeRuntime] = {}
         source = self.plane if self.plane is not None else carried
         previous_runtimes = source.runtimes if source is not None else {}
-        dial_glob = dataclasses.replace(glob, connect_timeout=desired.dns.timeout)
         for step in plan.steps:
             resource = getattr(step, "resource", None)
             if resource is None or resource.kind != "outbound":
@@ -173,7 +172,7 @@ class Applier:
                     used[decl.node.id] = runtime
             else:
                 try:
-                    leaf = build_leaf(decl.node, dial_glob, daemon.clock, previous_runtimes, used)
+                    leaf = build_leaf(decl.node, glob, daemon.clock, previous_runtimes, used)
                 except Exception as exc:  # noqa: BLE001 - a leaf that cannot be built refuses the apply
                     raise BuildFailed(str(resource), exc) from exc
                 leaf.outbound_id = f"{resource.tag}@v{resource.version}"
@@ -202,15 +201,8 @@ class Applier:
 
         # 5. admissions, per desired inbound
         for inbound in desired.inbounds:
-            if inbound.kind == "api":
-                continue
-            user_set = desired.user_set(inbound.users) if inbound.users else None
-            users = user_set.users if user_set is not None else ()
-            table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, users)
-            prepared.admissions[inbound.tag] = table
-            if revoked:
-                policy = inbound.user_removal or desired.policies.user_removal
-                prepared.revocations.append((revoked, policy))
+            if inbound.kind != "api":
+                prepared.admissions[inbound.tag] = self._admit(desired, inbound, prepared.revocations)
 
         # 6. inbounds
         steps_by_tag = {s.resource.tag: s for s in plan.steps
@@ -254,6 +246,22 @@ class Applier:
             raise
         return prepared
 
+    def _admit(self, desired: DesiredState, inbound: InboundDecl,
+               revocations: list[tuple[list[Principal], ClosePolicy]]) -> dict[str, Principal]:
+        """``inbound``'s user table against its running one; principals it no longer admits
+        are queued in ``revocations`` under its removal policy."""
+        user_set = desired.user_set(inbound.users) if inbound.users else None
+        table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, user_set.users if user_set else ())
+        if revoked:
+            revocations.append((revoked, inbound.user_removal or desired.policies.user_removal))
+        return table
+
+    def _restamp(self, desired: DesiredState) -> None:
+        """Nothing routes differently: the plane carries the new spec (settings without steps)."""
+        if self.plane is not None:
+            self.plane = dataclasses.replace(self.plane, spec=desired.spec)
+            self.daemon.publish(self.plane, self.resolver, republish=True)
+
     def _check_api(self, spec: Spec) -> None:
         """What the API's handler needs that binding does not show: its dashboard directory."""
         assert spec.clash_api is not None
@@ -286,6 +294,7 @@ class Applier:
         old_targets = self.targets
         self.targets = prepared.targets
         old_plane = self.plane
+        self.resolver = prepared.resolver
         if plan.publishes or self.plane is None:
             self.epoch += 1
             plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
@@ -295,11 +304,8 @@ class Applier:
             plane.retire(old_plane)
             self.plane = plane
             await daemon.health_sync(plane, first=old_plane is None)
-        elif old_plane is not None:
-            # nothing routes differently; the settings without steps still take effect
-            self.plane = dataclasses.replace(old_plane, spec=spec)
-            daemon.publish(self.plane, prepared.resolver, republish=True)
-        self.resolver = prepared.resolver
+        else:
+            self._restamp(desired)
 
         for principals, policy in prepared.revocations:
             daemon.sessions.revoke(principals, policy, daemon.clock)
@@ -364,25 +370,16 @@ class Applier:
         listeners and versions are untouched. Returns how many sessions were ended or
         scheduled to end. Nothing here fails: admission cannot."""
         daemon = self.daemon
-        users = desired.user_set(user_set)
-        tables: dict[str, dict[str, Principal]] = {}
         revocations: list[tuple[list[Principal], ClosePolicy]] = []
-        for inbound in desired.inbounds:
-            if inbound.users != user_set or inbound.kind == "api":
-                continue
-            table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, users.users if users else ())
-            tables[inbound.tag] = table
-            if revoked:
-                revocations.append((revoked, inbound.user_removal or desired.policies.user_removal))
+        tables = {inbound.tag: self._admit(desired, inbound, revocations) for inbound in desired.inbounds
+                  if inbound.users == user_set and inbound.kind != "api"}
         acted = sum(daemon.sessions.revoke(principals, policy, daemon.clock) for principals, policy in revocations)
         for tag, table in tables.items():
             listener = self.listener(tag)
             if listener is not None:
                 listener.store_users(table)  # type: ignore[attr-defined]
         self.admissions.update(tables)
-        if self.plane is not None:
-            self.plane = dataclasses.replace(self.plane, spec=desired.spec)
-            daemon.publish(self.plane, self.resolver, republish=True)
+        self._restamp(desired)
         self.running = RunningState(desired, self.running.versions)
         return acted
 

@@ -20,6 +20,16 @@ class ApplyError(Exception):
     status = 400  # the API's answer for it
 
 
+class FileRefused(ApplyError):
+    """The configuration file did not load: its first located error (all are logged)."""
+
+    variant = "config"
+
+    def __init__(self, text: str, error: BaseException | None = None) -> None:
+        super().__init__(text)
+        self.error = error
+
+
 class DuplicateTag(ApplyError):
     variant = "duplicate_tag"
 
@@ -85,6 +95,15 @@ class Stopped(ApplyError):
 
     def __init__(self) -> None:
         super().__init__(STOPPED_TEXT)
+
+
+def refusal_kinds() -> dict[str, int]:
+    """Each refusal's variant and the API status it answers with."""
+    kinds: dict[str, int] = {}
+    for kind in (FileRefused, DuplicateTag, UnknownReference, EmptyGroup, Invalid, Disruptive, BuildFailed,
+                 BindFailed, Stopped):
+        kinds[kind.variant] = kind.status
+    return kinds
 
 
 def _text(source: BaseException | str) -> str:

@@ -42,7 +42,7 @@ from honk.connection.tracker import ConnectionTracker
 from honk.control.apply import Applier, empty_plane
 from honk.control.desired import API_TAG, DesiredState, lower
 from honk.control.drain import Drainer
-from honk.control.errors import ApplyError, Disruptive, Invalid, Stopped
+from honk.control.errors import ApplyError, Disruptive, FileRefused, Invalid, Stopped
 from honk.control.mode import GLOBAL_DEFAULT, GLOBAL_GROUP, RoutingMode, global_members
 from honk.control.plan import Plan, RunningState, plan
 from honk.control.reconciler import Reconciler
@@ -76,16 +76,6 @@ def log_diagnostics(diagnostics, *, during: str) -> None:
         )
         log.log(level, "config %s %s", d.severity.value, kv(during=during, at=str(d.loc), key=d.key_path,
                                                             code=d.code, problem=d.message))
-
-
-class ConfigRefused(ApplyError):
-    """The file did not load: the first located error (all of them are logged)."""
-
-    variant = "config"
-
-    def __init__(self, text: str, error: BaseException | None = None) -> None:
-        super().__init__(text)
-        self.error = error
 
 
 class Daemon:
@@ -180,7 +170,6 @@ class Daemon:
         previous_fetch, self._fetch_plane = self._fetch_plane, None
         self.config, self.subscriptions = config, subscriptions
         report = await self.applier.commit(prepared)
-        self._after_commit()
         if self.plane is not None:
             self.plane.retire(previous_fetch)
         self.logs.install()
@@ -205,6 +194,7 @@ class Daemon:
         if not republish:
             self._install_callbacks(plane)  # before the plane is published
         self.dispatcher.swap_plane(plane, glob, resolver)  # type: ignore[arg-type]
+        self._set_log_level(plane.spec)
         if republish:
             return
         if self.groups is None:
@@ -223,11 +213,6 @@ class Daemon:
             await self.health.start(plane)
         else:
             await self.health.apply(plane)
-
-    def _after_commit(self) -> None:
-        spec = self.spec
-        if spec is not None:
-            self._set_log_level(spec)
 
     def _install_callbacks(self, plane: Plane) -> None:
         """What a group manager reports to the daemon; installed before the plane is published."""
@@ -299,7 +284,7 @@ class Daemon:
 
     async def reload(self, allow_disruptive: bool = False) -> ApplyReport:
         """Apply the file as it is now (``honkctl reload``, the API). Returns the report;
-        raises ApplyError (ConfigRefused for a file that does not load) with nothing changed."""
+        raises ApplyError (FileRefused for a file that does not load) with nothing changed."""
         return await self.reconciler.call("reload", lambda: self._reload(allow_disruptive))
 
     async def update(self, edit: Callable[[Spec], Spec] | None, allow_disruptive: bool = False,
@@ -377,58 +362,61 @@ class Daemon:
 
     async def _reload(self, allow_disruptive: bool, *, signal: bool = False) -> ApplyReport:
         try:
-            try:  # parsing is pure work on the file: off the event loop, so flows keep moving
-                spec = await asyncio.to_thread(load_file, self.config_path)
-            except ConfigError as exc:
-                log_diagnostics(exc.diagnostics, during="reload")
-                first = exc.errors[0] if exc.errors else None
-                text = f"{first.loc}: {first.key_path}: {first.message}" if first is not None else str(exc)
-                raise ConfigRefused(text, exc) from exc
-            except OSError as exc:
-                raise ConfigRefused(f"{self.config_path}: {exc.strerror or exc}", exc) from exc
-            assert self.config is not None and self.subscriptions is not None  # set by start()
-            if spec.global_.store_subscribe != self.config.global_.store_subscribe:
-                raise Invalid("global.store_subscribe", "fixed for the process lifetime; restart to change it")
-            log_diagnostics(spec.diagnostics, during="reload")
-            carried = self.subscriptions.carried(spec.subscriptions)
-            report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
-                                           signal=signal, counted=False)
+            spec = await self._read_for_reload()
         except ApplyError as exc:
-            self.stats.reload_result(False, exc.variant)
-            if not (signal and isinstance(exc, Disruptive)):  # that one logged its own line
-                log.error("reload: %s; keeping the running config", exc)
+            self._refused("reload", exc, signal)
             raise
+        assert self.subscriptions is not None  # set by start()
+        carried = self.subscriptions.carried(spec.subscriptions)
+        report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
+                                       signal=signal)
         self.config = spec
-        self.stats.reload_result(True, None)
         await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
         return report
 
+    async def _read_for_reload(self) -> Spec:
+        """The file as a reload sees it; FileRefused or Invalid (a setting fixed at start)."""
+        try:  # parsing is pure work on the file: off the event loop, so flows keep moving
+            spec = await asyncio.to_thread(load_file, self.config_path)
+        except ConfigError as exc:
+            log_diagnostics(exc.diagnostics, during="reload")
+            first = exc.errors[0] if exc.errors else None
+            text = f"{first.loc}: {first.key_path}: {first.message}" if first is not None else str(exc)
+            raise FileRefused(text, exc) from exc
+        except OSError as exc:
+            raise FileRefused(f"{self.config_path}: {exc.strerror or exc}", exc) from exc
+        assert self.config is not None  # set by start()
+        if spec.global_.store_subscribe != self.config.global_.store_subscribe:
+            raise Invalid("global.store_subscribe", "fixed for the process lifetime; restart to change it")
+        log_diagnostics(spec.diagnostics, during="reload")
+        return spec
+
+    def _refused(self, cause: str, error: ApplyError, signal: bool) -> None:
+        """Count and log a refused apply; the running configuration stays."""
+        self.stats.reload_result(False, error.variant)
+        if signal and isinstance(error, Disruptive):
+            log.error("reload refused, keeping the running config: inbound %s: %s, which would end "
+                      "its live connections; restart to apply it", error.inbound, error.reason)
+        else:
+            log.error("%s: %s; keeping the running config", cause, error)
+
     async def _reconcile(self, spec: Spec, *, allow_disruptive: bool = False, signal: bool = False,
-                         cause: str = "reload", counted: bool = True) -> ApplyReport:
+                         cause: str = "reload") -> ApplyReport:
         """Plan, check, prepare, commit (run only as a reconciler command)."""
         try:
             # lowering and planning are pure work on values: off the event loop, so flows keep moving
             desired, steps = await asyncio.to_thread(_lower_and_plan, self.applier.running, spec)
-            for inbound, reason in steps.disruptions():
-                if not allow_disruptive:
-                    error = Disruptive(inbound, reason)
-                    if signal:
-                        log.error("reload refused, keeping the running config: inbound %s: %s, which would end "
-                                  "its live connections; restart to apply it", inbound, reason)
-                    raise error
-                break
+            disruption = next(steps.disruptions(), None)
+            if disruption is not None and not allow_disruptive:
+                raise Disruptive(*disruption)
             prepared = await self.applier.prepare(steps, desired)
         except ApplyError as exc:
-            if counted:
-                self.stats.reload_result(False, exc.variant)
-                log.error("%s: %s; keeping the running config", cause, exc)
+            self._refused(cause, exc, signal)
             raise
         report = await self.applier.commit(prepared)
-        self._after_commit()
         if steps.publishes:  # a new plane's objects are long-lived: out of the collector's full passes
             settle_heap()
-        if counted:
-            self.stats.reload_result(True, None)
+        self.stats.reload_result(True, None)
         log.info("%s: %s", "subscription nodes applied" if cause == "subscription" else "config reloaded",
                  report.summary())
         return report

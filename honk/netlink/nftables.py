@@ -101,15 +101,17 @@ def remove_script() -> str:
     return f"add table inet {TABLE}\ndelete table inet {TABLE}\n"
 
 
-def run_nft(script: str, *, check: bool = False, netns: str | None = None) -> None:
-    """Apply ``script`` with ``nft -f -`` (``check``: validate it in the kernel, change
-    nothing); ``netns``: inside that network namespace. Raises NftError."""
+def _nft(args: list[str], netns: str | None) -> list[str]:
     nft = shutil.which("nft")
     if nft is None:
         raise NftError("nft is not installed (Debian package nftables)")
-    command = [nft, *(["-c"] if check else []), "-f", "-"]
-    if netns is not None:
-        command = ["ip", "netns", "exec", netns, *command]
+    return [*(["ip", "netns", "exec", netns] if netns is not None else []), nft, *args]
+
+
+def run_nft(script: str, *, check: bool = False, netns: str | None = None) -> None:
+    """Apply ``script`` with ``nft -f -`` (``check``: validate it in the kernel, change
+    nothing); ``netns``: inside that network namespace. Raises NftError."""
+    command = _nft([*(["-c"] if check else []), "-f", "-"], netns)
     try:
         done = subprocess.run(command, input=script, capture_output=True, text=True, timeout=NFT_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
@@ -120,11 +122,6 @@ def run_nft(script: str, *, check: bool = False, netns: str | None = None) -> No
 
 def list_table(netns: str | None = None) -> str | None:
     """``nft list table inet honk`` as text, or None when the table does not exist."""
-    nft = shutil.which("nft")
-    if nft is None:
-        raise NftError("nft is not installed (Debian package nftables)")
-    command = [nft, "list", "table", "inet", TABLE]
-    if netns is not None:
-        command = ["ip", "netns", "exec", netns, *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=NFT_TIMEOUT)
+    done = subprocess.run(_nft(["list", "table", "inet", TABLE], netns), capture_output=True, text=True,
+                          timeout=NFT_TIMEOUT)
     return done.stdout if done.returncode == 0 else None

@@ -8,8 +8,6 @@ or it names no domain). Malformed input never raises; the caller routes by IP th
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
 from dataclasses import dataclass, field
 from typing import Final
@@ -148,22 +146,6 @@ def sniff_http(data: bytes) -> str | None:
 # --- QUIC ------------------------------------------------------------------------------------------
 
 
-def _hkdf_extract(salt: bytes, ikm: bytes) -> bytes:
-    return hmac.new(salt, ikm, hashlib.sha256).digest()
-
-
-def hkdf_expand_label(secret: bytes, label: bytes, length: int) -> bytes:
-    """TLS 1.3's HKDF-Expand-Label with an empty context (SHA-256)."""
-    full = b"tls13 " + label
-    info = struct.pack("!HB", length, len(full)) + full + b"\x00"
-    out, block, counter = b"", b"", 1
-    while len(out) < length:
-        block = hmac.new(secret, block + info + bytes((counter,)), hashlib.sha256).digest()
-        out += block
-        counter += 1
-    return out[:length]
-
-
 @dataclass(frozen=True, slots=True)
 class InitialKeys:
     key: bytes
@@ -172,11 +154,15 @@ class InitialKeys:
 
 
 def client_initial_keys(dcid: bytes, version: int = QUIC_V1) -> InitialKeys:
-    """The client's Initial packet keys for a Destination Connection ID (RFC 9001 5.2)."""
+    """The client's Initial packet keys for a Destination Connection ID (RFC 9001 5.2), with
+    aioquic's TLS 1.3 key schedule (the QUIC health probe's library, loaded on first use)."""
+    from aioquic.tls import hkdf_expand_label, hkdf_extract
+    from cryptography.hazmat.primitives.hashes import SHA256
+
     salt, key_label, iv_label, hp_label = QUIC_INITIAL_SALTS[version]
-    client = hkdf_expand_label(_hkdf_extract(salt, dcid), b"client in", 32)
-    return InitialKeys(hkdf_expand_label(client, key_label, 16), hkdf_expand_label(client, iv_label, 12),
-                       hkdf_expand_label(client, hp_label, 16))
+    client = hkdf_expand_label(SHA256(), hkdf_extract(SHA256(), salt, dcid), b"client in", b"", 32)
+    return InitialKeys(*(hkdf_expand_label(SHA256(), client, label, b"", size)
+                         for label, size in ((key_label, 16), (iv_label, 12), (hp_label, 16))))
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -171,7 +171,7 @@ async def test_probe_durations_reloads_and_process_gauges_are_exported(tmp_path)
                 assert at(parsed, sample, **labels) - at(before, sample, **labels) == 2, (sample, kind)
         assert at(parsed, "honk_probe_duration_seconds_count", kind="tcp", result="ok") == 0
         assert at(parsed, "honk_reloads_total", result="applied", error="") == 1
-        assert at(parsed, "honk_reloads_total", result="refused", error="config") == 1  # ConfigRefused
+        assert at(parsed, "honk_reloads_total", result="refused", error="config") == 1  # FileRefused
         assert at(parsed, "honk_process_open_fds") > 0
         assert at(parsed, "honk_uptime_seconds") >= 0
 

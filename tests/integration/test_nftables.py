@@ -5,11 +5,10 @@ leaving the namespace's ruleset exactly as it was."""
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from helpers.peers import require_binary, require_root
+from helpers.netns import scratch_netns
 
 from honk.netlink.nftables import (
     Interception,
@@ -26,15 +25,8 @@ SPEC = Interception(("hkc1", "br-lan"), 7893)
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    require_root("nftables tests")
-    require_binary("nft")
-    require_binary("ip")
-    name = f"hk-nft-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("nftables tests", "nft") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def ruleset_of(name: str) -> str:

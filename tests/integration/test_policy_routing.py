@@ -1,15 +1,14 @@
 """TPROXY's policy routing in a network namespace the test creates: marked packets look up
-honk's table, which delivers locally; installing twice keeps one copy, a stale rule is
-replaced, and removing leaves the namespace's rules and routes exactly as they were."""
+honk's table, which delivers locally; installing again keeps one copy, and removing leaves
+the namespace's rules and routes exactly as they were."""
 
 from __future__ import annotations
 
 import subprocess
-import uuid
 from collections.abc import Iterator
 
 import pytest
-from helpers.peers import require_binary, require_root
+from helpers.netns import scratch_netns
 
 from honk.netlink.routing import PolicyRouting, install, remove
 
@@ -18,14 +17,8 @@ ROUTING = PolicyRouting()
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    require_root("policy routing tests")
-    require_binary("ip")
-    name = f"hk-rt-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
+    with scratch_netns("policy routing tests") as name:
         yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def state(name: str) -> str:

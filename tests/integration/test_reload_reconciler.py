@@ -307,7 +307,7 @@ async def test_commands_are_serialized_and_a_departed_caller_still_gets_its_appl
         assert overlaps == ["reload"]
 
 
-async def test_disruption_refusal_and_the_api_answers(tmp_path):
+async def test_the_api_returns_the_report_and_refuses_a_bad_file_with_its_text(tmp_path):
     import aiohttp
 
     text = config(nodes="    proxy: 'socks5://127.0.0.1:9'\n", api=api_block("s3cret"))
