@@ -69,6 +69,7 @@ class Routed:
     chain: tuple[str, ...]  # rule target → ... → leaf
     leaf: Outbound
     plane_generation: int
+    must: bool = False  # a `(must)` rule decided: the flow keeps its original destination
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +201,7 @@ class Dispatcher:
             chain=chain,
             leaf=decision.selection.leaf,
             plane_generation=generation,
+            must=decision.route.must,
         )
 
     async def connect(self, meta: FlowMeta) -> Upstream:

@@ -1,4 +1,12 @@
-"""SOCKS5 UDP ASSOCIATE: one association, its client socket and its NAT.
+"""UDP flows: the routing/NAT/sub-link core, and SOCKS5 UDP ASSOCIATE on top of it.
+
+:class:`UdpNat` is the core every UDP client side shares: per-target routing on the
+current plane, the NAT sockets of ``direct`` targets, the sub-links of proxy leaves, the
+tracker entry, drains and the end. A client side subclasses it, hands each client datagram
+to :meth:`UdpNat._forward` with its target, and delivers replies in :meth:`UdpNat._deliver`.
+:class:`UdpAssociation` is the SOCKS5 one (the header parsed and wrapped here); the
+transparent inbound (:mod:`honk.inbound.tproxy`) has its own, whose routing meta and dial
+target come from the sniffed name (hooks :meth:`UdpNat._route_meta`, :meth:`UdpNat._dial_target`).
 
 Theory of operation:
   * :meth:`UdpAssociation.start` binds a UDP socket on the inbound's listen IP
@@ -60,7 +68,7 @@ from honk.daemon.logs import kv
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import PacketEndpoint
 
-__all__ = ["MAX_PENDING_DATAGRAMS", "UdpAssociation"]
+__all__ = ["MAX_PENDING_DATAGRAMS", "UdpAssociation", "UdpNat"]
 
 log = logging.getLogger("honk.connection.udp")
 
@@ -119,7 +127,7 @@ class _ClientSide(asyncio.DatagramProtocol):
 
 
 class _RemoteSide(asyncio.DatagramProtocol):
-    def __init__(self, assoc: UdpAssociation) -> None:
+    def __init__(self, assoc: UdpNat) -> None:
         self.assoc = assoc
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
@@ -133,27 +141,23 @@ def _norm_ip(host: str) -> str:
     return str(ipaddress.ip_address(host.split("%", 1)[0]))
 
 
-class UdpAssociation:
-    """One SOCKS5 UDP association; also the tracker's :class:`FlowHandle` for it."""
+class UdpNat:
+    """The routing, NAT and sub-links of one UDP client; also the tracker's :class:`FlowHandle`.
 
-    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address,
+    Subclasses own the client side: they call :meth:`_open_flow` once, :meth:`_forward` for
+    every client datagram, and implement :meth:`_deliver` (and :meth:`_can_deliver`)."""
+
+    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address,
                  user: str | None = None, session: object | None = None) -> None:
-        if client.ip is None:
-            raise ValueError("the control connection's peer must be an IP")
         self._dispatcher = dispatcher
         self._clock = dispatcher.clock
         self.inbound = inbound
         self.client = client
-        self.requested = requested
         self.user = user
-        self.session = session  # the control connection's inbound session (identity only)
+        self.session = session  # the client's inbound session (identity only)
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_activity = self._clock.now()
-        self.bound: Address | None = None
-        self._client_ip = str(client.ip)
-        self._client_addr: tuple | None = None
-        self._client_transport: asyncio.DatagramTransport | None = None
         self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
         # sub-links, keyed by the leaf's outbound version (tag@vN): two versions of one tag
         # coexist while one drains, and an object's id() may be reused
@@ -175,28 +179,42 @@ class UdpAssociation:
     def id(self) -> str:
         return self._flow.id if self._flow is not None else "-"
 
-    async def start(self, bind_host: str, advertise_host: str) -> Address:
-        """Bind the client-facing socket; returns the address for the SOCKS5 reply."""
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _ClientSide(self), local_addr=(bind_host, 0)
-        )
-        self._client_transport = transport
-        port = transport.get_extra_info("sockname")[1]
-        self.bound = Address(advertise_host, port)
+    def _open_flow(self, target: Address) -> None:
+        """The tracker entry (shown with ``target`` until a datagram is routed)."""
         self._flow = self._dispatcher.tracker.open(
             self,
             network=Network.UDP,
             inbound=self.inbound,
             source=self.client,
-            target=self.requested,
+            target=target,
             rule="",
             chain=(),
             plane_generation=self._dispatcher.plane.generation,
             user=self.user,
             session=self.session,
         )
-        return self.bound
+
+    # -- the client side's hooks ------------------------------------------------------
+
+    def _route_meta(self, target: Address) -> FlowMeta:
+        """What routing sees for datagrams to ``target``."""
+        return FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound,
+                        user=self.user, session=self.session)
+
+    def _dial_target(self, target: Address, routed: Routed) -> Address:
+        """Where datagrams to ``target`` go through ``routed``'s leaf (direct: resolved here)."""
+        return target
+
+    def _can_deliver(self) -> bool:
+        """Whether a reply can reach the client now (else it is dropped uncounted)."""
+        return True
+
+    def _deliver(self, source: Address, data: bytes) -> None:
+        """Send a reply from ``source`` to the client."""
+        raise NotImplementedError
+
+    def _close_client_side(self) -> None:
+        """Release the client side's sockets (the association is ending)."""
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -217,8 +235,7 @@ class UdpAssociation:
         self._health.clear()
         for task in self._tasks:
             task.cancel()
-        if self._client_transport is not None:
-            self._client_transport.close()
+        self._close_client_side()
         for transport in self._remotes.values():
             transport.close()
         self._remotes.clear()
@@ -232,37 +249,23 @@ class UdpAssociation:
 
     # -- client → remote --------------------------------------------------------------
 
-    def _from_client(self, data: bytes, addr: tuple) -> None:
+    def _forward(self, target: Address, payload: bytes) -> None:
+        """One client datagram to ``target``: counted, then sent on the target's route for the
+        current plane (routed first when it has none: it waits in a small queue meanwhile)."""
         if self._closed.is_set():
             return
-        try:
-            if _norm_ip(addr[0]) != self._client_ip:
-                log.debug("udp datagram from a stranger dropped association=%s from=%s", self.id, addr[0])
-                return
-        except ValueError:
-            return
-        try:
-            datagram = parse_udp_datagram(data)
-        except ClientProtocolError as exc:
-            log.debug("udp datagram dropped association=%s reason=%s", self.id, exc.reason)
-            return
-        if datagram.frag != 0:
-            log.debug("udp fragment dropped association=%s frag=%d", self.id, datagram.frag)
-            return
-        self._client_addr = addr
         self.last_activity = self._clock.now()
-        self.bytes_up += len(datagram.payload)
-        target = datagram.address
+        self.bytes_up += len(payload)
         route = self._routes.get(target)
         if route is not None and route.plane == self._dispatcher.plane_serial:
-            self._send(route, datagram.payload)
+            self._send(route, payload)
             return
         queue = self._pending.get(target)
         if queue is not None:
             if len(queue) < MAX_PENDING_DATAGRAMS:
-                queue.append(datagram.payload)
+                queue.append(payload)
             return
-        self._pending[target] = [datagram.payload]
+        self._pending[target] = [payload]
         task = asyncio.get_running_loop().create_task(self._route_target(target))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -301,8 +304,7 @@ class UdpAssociation:
             self._send(route, payload)
 
     async def _decide(self, target: Address, plane: int) -> _Route:
-        meta = FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound,
-                        user=self.user, session=self.session)
+        meta = self._route_meta(target)
         drop = _Route(None, plane=plane)
         try:
             routed = await self._dispatcher.route(meta)
@@ -329,15 +331,16 @@ class UdpAssociation:
             )
             return drop
         version = outbound_version(leaf)
+        dial = self._dial_target(target, routed)
         if leaf.protocol != "direct":
             endpoint = await self._endpoint(leaf)
-            self._note_route(target, routed)
-            return _Route(None, endpoint, target, self._health.get(version), plane, version,
+            self._note_route(meta.target, routed)
+            return _Route(None, endpoint, dial, self._health.get(version), plane, version,
                           routed.rule, routed.chain)
-        ip = await self._resolve(target)
+        ip = await self._resolve(dial)
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         await self._remote_socket(family)
-        self._note_route(target, routed)
+        self._note_route(meta.target, routed)
         return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain)
 
     async def _resolve(self, target: Address) -> str:
@@ -478,15 +481,15 @@ class UdpAssociation:
 
     def _from_endpoint(self, health: _EndpointHealth, data: bytes, source: Address) -> None:
         """A reply through a proxy leaf's endpoint: the proxy reports where it came from."""
-        if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
+        if self._closed.is_set() or not self._can_deliver():
             return
         health.answer()
         self.last_activity = self._clock.now()
         self.bytes_down += len(data)
-        self._client_transport.sendto(build_udp_datagram(source, data), self._client_addr)
+        self._deliver(source, data)
 
     def _from_remote(self, data: bytes, addr: tuple) -> None:
-        if self._closed.is_set() or self._client_addr is None or self._client_transport is None:
+        if self._closed.is_set() or not self._can_deliver():
             return
         try:
             key = (_norm_ip(addr[0]), addr[1])
@@ -497,4 +500,62 @@ class UdpAssociation:
             return
         self.last_activity = self._clock.now()
         self.bytes_down += len(data)
-        self._client_transport.sendto(build_udp_datagram(Address(*key), data), self._client_addr)
+        self._deliver(Address(*key), data)
+
+
+class UdpAssociation(UdpNat):
+    """One SOCKS5 UDP association; also the tracker's :class:`FlowHandle` for it."""
+
+    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address,
+                 user: str | None = None, session: object | None = None) -> None:
+        if client.ip is None:
+            raise ValueError("the control connection's peer must be an IP")
+        super().__init__(dispatcher, inbound=inbound, client=client, user=user, session=session)
+        self.requested = requested
+        self.bound: Address | None = None
+        self._client_ip = str(client.ip)
+        self._client_addr: tuple | None = None
+        self._client_transport: asyncio.DatagramTransport | None = None
+
+    async def start(self, bind_host: str, advertise_host: str) -> Address:
+        """Bind the client-facing socket; returns the address for the SOCKS5 reply."""
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _ClientSide(self), local_addr=(bind_host, 0)
+        )
+        self._client_transport = transport
+        port = transport.get_extra_info("sockname")[1]
+        self.bound = Address(advertise_host, port)
+        self._open_flow(self.requested)
+        return self.bound
+
+    def _close_client_side(self) -> None:
+        if self._client_transport is not None:
+            self._client_transport.close()
+
+    def _from_client(self, data: bytes, addr: tuple) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            if _norm_ip(addr[0]) != self._client_ip:
+                log.debug("udp datagram from a stranger dropped association=%s from=%s", self.id, addr[0])
+                return
+        except ValueError:
+            return
+        try:
+            datagram = parse_udp_datagram(data)
+        except ClientProtocolError as exc:
+            log.debug("udp datagram dropped association=%s reason=%s", self.id, exc.reason)
+            return
+        if datagram.frag != 0:
+            log.debug("udp fragment dropped association=%s frag=%d", self.id, datagram.frag)
+            return
+        self._client_addr = addr
+        self._forward(datagram.address, datagram.payload)
+
+    def _can_deliver(self) -> bool:
+        return self._client_addr is not None and self._client_transport is not None
+
+    def _deliver(self, source: Address, data: bytes) -> None:
+        assert self._client_transport is not None and self._client_addr is not None
+        self._client_transport.sendto(build_udp_datagram(source, data), self._client_addr)

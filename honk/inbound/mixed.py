@@ -79,6 +79,7 @@ from honk.daemon.logs import kv
 from honk.inbound import http as http_proto
 from honk.inbound import socks5
 from honk.inbound.http import MAX_HEAD_SIZE, HttpProxyServerConnection, ProxyRequest
+from honk.inbound.lifecycle import BindThenServe
 from honk.inbound.sessions import USER_REMOVED_TEXT, Principal, Session, SessionRegistry, admit, authenticate
 from honk.relay.native import framed_socket
 from honk.relay.stream import StreamConn
@@ -179,7 +180,7 @@ class _ClientConn(StreamConn):
         self._inbound._accepted(self)
 
 
-class MixedInbound:
+class MixedInbound(BindThenServe):
     """A SOCKS5 + HTTP proxy listener.
 
     ``bind()`` binds and listens (port 0 picks a free port; ``bound`` is then the
@@ -312,14 +313,6 @@ class MixedInbound:
             server = await loop.create_server(lambda: _ClientConn(self), sock=sock, backlog=FAST_BACKLOG)
             self._servers.append(server)
 
-    async def start(self) -> None:
-        """:meth:`bind` then :meth:`serve`."""
-        await self.bind()
-        try:
-            await self.serve()
-        except BaseException:
-            await self.stop_accepting()
-            raise
 
     def close_unserved(self) -> None:
         """Release sockets :meth:`bind` made and nothing served (a refused apply): the

@@ -181,7 +181,7 @@ class StubPlane:
 
     async def decide(self, meta, resolver):  # noqa: ANN001, ANN201
         self.decisions += 1
-        return SimpleNamespace(route=SimpleNamespace(outbound=self.leaf.name, rule="match"),
+        return SimpleNamespace(route=SimpleNamespace(outbound=self.leaf.name, rule="match", must=False),
                                selection=SimpleNamespace(chain=(self.leaf.name,), leaf=self.leaf))
 
 

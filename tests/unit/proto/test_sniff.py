@@ -4,9 +4,8 @@ and any bytes at all never raising."""
 
 from __future__ import annotations
 
-import ssl
-
 import pytest
+from helpers.hello import client_hello
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,16 +19,6 @@ from honk.proto.sniff import (
     sniff_quic,
     sniff_tls,
 )
-
-
-def client_hello(server_name: str | None) -> bytes:
-    """The first flight of Python's TLS client: a real ClientHello record."""
-    context = ssl.create_default_context()
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
-    with pytest.raises(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
 
 
 def quic_initial_datagrams(server_name: str, version: int = QUIC_V1) -> list[bytes]:
