@@ -70,6 +70,7 @@ CLASH_API_ACCEPTED = frozenset({"external_ui_download_url", "external_ui_downloa
 CLASH_MODES = {"rule": "Rule", "global": "Global", "direct": "Direct"}
 CACHE_FILE_BOOLS = frozenset({"enabled", "store_fakeip", "store_dns"})
 CACHE_FILE_STRINGS = frozenset({"path", "cache_id"})
+MAX_INTERFACE_NAME = 15  # IFNAMSIZ - 1: the kernel's longest interface name
 
 
 def _unknown(sink: Sink, entry: Entry) -> None:
@@ -139,6 +140,12 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             items = V.get_list(e, sink)
             if items is not None:
                 g[key] = tuple(i for i in (x.strip() for x in items) if i)
+                if key == "wan_interface" and g[key]:
+                    sink.warning("not-yet-supported", e.path, "the router's own traffic is not intercepted yet; "
+                                 "wan_interface is ignored", e.loc)
+                for name in g[key]:
+                    if len(name) > MAX_INTERFACE_NAME or "/" in name or name in (".", ".."):
+                        sink.error("invalid-value", e.path, f"{name!r} is not an interface name", e.loc)
         elif key in ("tproxy_port", "so_mark_from_dae"):
             n = _get_mark(e, sink) if key == "so_mark_from_dae" else V.get_int(e, sink)
             if n is None:
@@ -447,5 +454,6 @@ def merge(docs: list[Doc]) -> Doc:
             merged.clash_api = (merged.clash_api or []) + d.clash_api
         if d.cache_file is not None:
             merged.cache_file = (merged.cache_file or []) + d.cache_file
-        merged.unsupported.extend(d.unsupported)
+        if d.dns is not None:
+            merged.dns = (merged.dns or []) + d.dns
     return merged

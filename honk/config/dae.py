@@ -419,7 +419,7 @@ def to_doc(root: Block, file: str, sink: Sink) -> Doc:
         elif name == "subscription":
             _subscriptions(item, file, sink, doc)
         elif name == "dns":
-            doc.unsupported.append((name, loc))
+            doc.dns = (doc.dns or []) + _dns(item, file, sink)
         elif name == "group":
             _groups(item, file, sink, doc)
         elif name == "routing":
@@ -615,6 +615,58 @@ def _routing(block: Block, file: str, sink: Sink, doc: Doc) -> None:
             continue
         doc.rules.append(Entry(None, item.text, join_path("routing", "rules", index), loc))
         index += 1
+
+
+_DNS_FALLBACK = re.compile(r"^fallback\s*:")
+
+
+def _dns(block: Block, file: str, sink: Sink) -> list[Entry]:
+    """The ``dns`` section as entries (the key scheme is described on ``Doc.dns``)."""
+    out = [Entry(None, None, "dns", _loc(file, block.line))]
+    for item in block.items:
+        if isinstance(item, Stmt):
+            out.extend(_settings(Block("dns", block.line, [item]), "dns", file, sink))
+        elif item.header == "upstream":
+            path = join_path("dns", "upstream")
+            out.append(Entry("upstream", None, path, _loc(file, item.line)))
+            for e in _settings(item, path, file, sink):
+                out.append(Entry(f"upstream.{e.key}", e.value, e.path, e.loc, raw=True))
+        elif item.header == "fixed_domain_ttl":
+            path = join_path("dns", "fixed_domain_ttl")
+            for e in _settings(item, path, file, sink):
+                out.append(Entry(f"fixed_domain_ttl.{e.key}", e.value, e.path, e.loc, raw=True))
+        elif item.header == "routing":
+            out.extend(_dns_routing(item, file, sink))
+        else:
+            _skip_unknown_block(item, "dns", file, sink)
+    return out
+
+
+def _dns_routing(block: Block, file: str, sink: Sink) -> list[Entry]:
+    out: list[Entry] = []
+    for item in block.items:
+        if isinstance(item, Stmt) or item.header not in ("request", "response"):
+            if isinstance(item, Block):
+                _skip_unknown_block(item, "dns.routing", file, sink)
+            else:
+                sink.warning("invalid-statement", "dns.routing", "expected a request or response block; "
+                             "statement ignored", _loc(file, item.line))
+            continue
+        phase = item.header
+        index = 0
+        for rule in item.items:
+            loc = _loc(file, rule.line)
+            if isinstance(rule, Block):
+                _skip_unknown_block(rule, join_path("dns", "routing", phase), file, sink)
+                continue
+            m = _DNS_FALLBACK.match(rule.text)
+            if m:
+                out.append(Entry(f"{phase}.fallback", rule.text[m.end() :].strip(),
+                                 join_path("dns", "routing", phase, "fallback"), loc, raw=True))
+                continue
+            out.append(Entry(phase, rule.text, join_path("dns", "routing", phase, index), loc))
+            index += 1
+    return out
 
 
 def _experimental(block: Block, file: str, sink: Sink, doc: Doc) -> None:

@@ -88,7 +88,9 @@ INSECURE_FALSE = frozenset({"false", "f", "no", "n", "0", "off", "t", "y"})
 INSECURE_KEYS = ("allowInsecure", "allow_insecure", "insecure")
 CA_KEY = "ca"  # honk's per-node CA parameter: a path to a PEM file (no upstream spelling exists)
 REALITY_KEYS = ("pbk", "sid", "spx")  # REALITY parameters: a transport honk does not dial
-INBOUND_SCHEMES = ("mixed",)
+INBOUND_SCHEMES = ("mixed", "redirect")
+# the listener kind each inbound scheme makes: redirect:// is the REDIRECT (nat) transparent TCP inbound
+INBOUND_KINDS = {"mixed": "mixed", "redirect": "redir"}
 # query parameters that are display metadata, not part of how a node is dialled
 DISPLAY_PARAMS = frozenset({"remark", "remarks", "name", "tag"})
 # honk's own parameter: what a reload does to the node's live flows when the node is
@@ -526,7 +528,7 @@ def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
     m = _SCHEME.match(url_text.strip())
     scheme = m.group(1).lower() if m else ""
     if scheme not in INBOUND_SCHEMES:
-        raise LinkError("unsupported-inbound", "inbound scheme is not supported (use mixed://)")
+        raise LinkError("unsupported-inbound", "inbound scheme is not supported (use mixed:// or redirect://)")
     url = parse_url(url_text, allow_zero_port=True)
     if not url.host:
         raise LinkError("missing-host", "inbound has no listen address")
@@ -536,10 +538,12 @@ def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
     if url.username is not None:
         if not url.username:
             raise LinkError("invalid-user", "inbound user name is empty")
+        if scheme == "redirect":
+            raise LinkError("invalid-user", "a redirect inbound takes no users (its clients are intercepted)")
         users = (InboundUser(url.username, url.password or ""),)
     return InboundSpec(
         name=name or url.fragment or f"{scheme}-{url.port}",
-        kind=scheme,
+        kind=INBOUND_KINDS[scheme],
         host=url.host,
         port=url.port,
         users=users,

@@ -38,6 +38,7 @@ from honk.config.build import (
     merge,
 )
 from honk.config.diagnostics import ConfigError, Severity, SourceLoc
+from honk.config.dns import build_dns
 from honk.config.spec import BUILTIN_OUTBOUNDS, RoutingSpec, Spec
 from honk.config.tree import Doc, Sink
 from honk.config.validate import (
@@ -177,14 +178,10 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
     targets = [(r.outbound, e) for r, e in rules]
     if fallback_entry is not None:
         targets.append((fallback, fallback_entry))
-    check_targets(targets + detour_targets(doc.subscriptions), outbounds, sink)
+    dns, dns_targets = build_dns(doc.dns, sink)
+    check_targets(targets + detour_targets(doc.subscriptions) + dns_targets, outbounds, sink)
     clash_api = build_clash_api(doc.clash_api, sink)
     check_cache_file(doc.cache_file, sink)
-    warned: set[str] = set()
-    for name, loc in doc.unsupported:
-        if name not in warned:
-            warned.add(name)
-            sink.warning("not-yet-supported", name, "section is not supported yet and is ignored", loc)
     return Spec(
         global_=global_,
         inbounds=tuple(inbounds),
@@ -193,6 +190,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         routing=RoutingSpec(tuple(r for r, _ in rules), fallback),
         clash_api=clash_api,
         subscriptions=tuple(subscriptions),
+        dns=dns,
         source=source,
         diagnostics=tuple(d for d in sink.items if d.severity is not Severity.ERROR),
     )

@@ -276,6 +276,82 @@ class RoutingSpec:
     fallback: str = "direct"
 
 
+# --- dns -------------------------------------------------------------------------
+
+# upstream honk's DNS reference: the built-in upstream, the cache defaults
+DEFAULT_DNS_UPSTREAM = "default"  # the built-in upstream's name, and the request fallback
+DEFAULT_DNS_UPSTREAM_HOST = "223.5.5.5"  # default: 'udp://223.5.5.5:53'
+DNS_PORT = 53  # an upstream URI's default port
+DEFAULT_DNS_CACHE_TTL = 600  # seconds; optimistic_cache_ttl
+DEFAULT_DNS_CACHE_SIZE = 10000  # entries; max_cache_size
+DNS_REQUEST_BUILTINS = ("reject", "asis")  # request actions that are not upstream names
+DNS_RESPONSE_ACTIONS = ("accept", "reject")
+DNS_QTYPE_ANY = -1  # qtype(*): every QTYPE
+
+
+@dataclass(frozen=True, slots=True)
+class DnsBindSpec:
+    """The standalone listener: ``bind: 'tcp+udp://host:port'`` and the other documented forms."""
+
+    host: str  # unbracketed IP literal or hostname; '' is the wildcard
+    port: int  # 0 asks for an ephemeral port
+    udp: bool = True
+    tcp: bool = False
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DnsUpstreamSpec:
+    """One ``upstream { name: 'uri' [-> tag] }`` entry."""
+
+    name: str
+    protocol: str  # "udp" (TCP retry when TC is set) or "tcp"
+    host: str  # unbracketed IP literal or hostname
+    port: int = DNS_PORT
+    outbound: str | None = None  # the forced node or group; None: routed like any flow to host:port
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DnsCondition:
+    """``[!]qname(...)`` or ``[!]qtype(...)``; its arguments are alternatives."""
+
+    kind: str  # "qname" | "qtype"
+    names: tuple[MatchArg, ...] = ()  # qname: key "suffix" (also for bare arguments), "keyword" or "full"
+    qtypes: tuple[int, ...] = ()  # qtype: numeric QTYPEs; DNS_QTYPE_ANY for '*'
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DnsRequestRule:
+    """``cond && cond -> action``: all conditions must hold; the action is reject, asis or an upstream."""
+
+    conditions: tuple[DnsCondition, ...]
+    action: str
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DnsSpec:
+    """The ``dns { ... }`` section. Present (even empty) means honk answers DNS."""
+
+    bind: DnsBindSpec | None = None
+    upstreams: tuple[DnsUpstreamSpec, ...] = (
+        DnsUpstreamSpec(DEFAULT_DNS_UPSTREAM, "udp", DEFAULT_DNS_UPSTREAM_HOST),
+    )
+    request_rules: tuple[DnsRequestRule, ...] = ()
+    request_fallback: str = DEFAULT_DNS_UPSTREAM  # reject, asis or an upstream name
+    response_fallback: str = "accept"  # accept or reject
+    optimistic_cache: bool = True
+    optimistic_cache_ttl: int = DEFAULT_DNS_CACHE_TTL  # seconds; 0 keeps the answer's own TTL
+    max_cache_size: int = DEFAULT_DNS_CACHE_SIZE  # entries, >= 1
+    fixed_domain_ttl: tuple[tuple[str, int], ...] = ()  # (exact name, seconds); 0: never cache it
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+    def upstream(self, name: str) -> DnsUpstreamSpec | None:
+        return next((u for u in self.upstreams if u.name == name), None)
+
+
 # --- experimental ----------------------------------------------------------------
 
 
@@ -303,6 +379,7 @@ class Spec:
     routing: RoutingSpec = RoutingSpec()
     clash_api: ClashApiSpec | None = None
     subscriptions: tuple[SubscriptionSpec, ...] = ()
+    dns: DnsSpec | None = None  # None: no dns section
     source: str = field(default="", compare=False)
     diagnostics: tuple[Diagnostic, ...] = field(default=(), compare=False, repr=False)
 

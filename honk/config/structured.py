@@ -55,7 +55,17 @@ Layout (TOML shown; a JSON document is the same object)::
     # or a list of tables that each name themselves:
     # [[subscription]]  name = "paid"  url = "https://..."
 
-``dns`` is read but not supported yet (one warning).
+    [dns]                            # the DNS reference's keys; see honk/config/dns.py
+    bind = "udp://127.0.0.1:5353"
+    [dns.upstream]
+    default = "udp://223.5.5.5:53"
+    proxied = "tcp://1.1.1.1:53 -> proxy"   # or a table: { url = "...", outbound = "proxy" }
+    [dns.routing.request]
+    rules = ["qname(suffix: lan) -> reject"]
+    fallback = "default"
+    [dns.fixed_domain_ttl]
+    "ddns.example.org" = 10
+
 Values that take text in dae take strings here; rule and filter strings use the
 dae expression grammar. Neither tomllib nor json reports positions, so
 :class:`Locator` scans the source text to find the line of each key path.
@@ -390,7 +400,7 @@ class _Reader:
             elif name == "subscription":
                 self.read_subscriptions(value)
             elif name == "dns":
-                doc.unsupported.append((name, self.loc(name)))
+                self.read_dns(value)
             else:
                 self.sink.warning("unknown-section", name, "unknown section is skipped", self.loc(name))
         return doc
@@ -505,6 +515,45 @@ class _Reader:
                 )
             else:
                 self.unknown("routing", key)
+
+    def read_dns(self, value: object) -> None:
+        """The ``dns`` table as entries (the key scheme is described on ``Doc.dns``)."""
+        tbl = self.table(value, "dns")
+        if tbl is None:
+            return
+        out = [self.entry(None, None, "dns")]
+        for key, v in tbl.items():
+            if key in ("upstream", "fixed_domain_ttl"):
+                sub = self.table(v, "dns", key)
+                if key == "upstream":
+                    out.append(self.entry("upstream", None, "dns", key))
+                out.extend(self.entry(f"{key}.{k}", x, "dns", key, k) for k, x in (sub or {}).items())
+            elif key == "routing":
+                for phase, body in (self.table(v, "dns", key) or {}).items():
+                    if phase not in ("request", "response"):
+                        self.unknown("dns", key, phase)
+                        continue
+                    out.extend(self.read_dns_phase(phase, body))
+            else:
+                out.append(self.entry(key, v, "dns", key))
+        self.doc.dns = (self.doc.dns or []) + out
+
+    def read_dns_phase(self, phase: str, body: object) -> list[Entry]:
+        out: list[Entry] = []
+        for key, v in (self.table(body, "dns", "routing", phase) or {}).items():
+            if key == "fallback":
+                out.append(self.entry(f"{phase}.fallback", v, "dns", "routing", phase, key))
+            elif key == "rules":
+                items = [v] if isinstance(v, str) else v
+                if not isinstance(items, list):
+                    self.sink.error("invalid-type", join_path("dns", "routing", phase, "rules"),
+                                    "expected a list of rules", self.loc("dns", "routing", phase, "rules"))
+                    continue
+                out.extend(self.entry(phase, item, "dns", "routing", phase, "rules", i,
+                                      shown=("dns", "routing", phase, i)) for i, item in enumerate(items))
+            else:
+                self.unknown("dns", "routing", phase, key)
+        return out
 
     def read_experimental(self, value: object) -> None:
         tbl = self.table(value, "experimental")

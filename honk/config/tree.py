@@ -65,9 +65,12 @@ class Doc:
     fallbacks: list[Entry] = field(default_factory=list)
     clash_api: list[Entry] | None = None
     cache_file: list[Entry] | None = None
+    # the dns section, flattened (None: no dns section). Keys: None for the section itself
+    # (its header line), a setting's name, "upstream" for an upstream block (it replaces the
+    # built-in upstream), "upstream.<name>" per upstream, "request"/"response" per routing
+    # rule, "request.fallback"/"response.fallback", "fixed_domain_ttl.<domain>".
+    dns: list[Entry] | None = None
     includes: list[Entry] = field(default_factory=list)
-    # sections read but not supported yet: (section name, where it was)
-    unsupported: list[tuple[str, SourceLoc]] = field(default_factory=list)
 
 
 class Sink:

@@ -69,6 +69,8 @@ def check_nodes(nodes: list[tuple[NodeSpec, Entry]], sink: Sink) -> list[NodeSpe
 
 
 RESERVED_INBOUND = "api"  # the Clash API listener's tag (its reload identity)
+TPROXY_INBOUND = "tproxy"  # the transparent listener's tag, made by global.lan_interface
+DNS_INBOUND = "dns"  # the DNS listener's tag, made by dns.bind
 
 
 def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
@@ -80,6 +82,11 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
             sink.error("duplicate-inbound", path, "another inbound has this name", inbound.loc)
         if inbound.name == RESERVED_INBOUND:
             sink.error("reserved-name", path, "the inbound name api is the Clash API listener's", inbound.loc)
+        if inbound.name == TPROXY_INBOUND:
+            sink.error("reserved-name", path, "the inbound name tproxy is the transparent listener's "
+                       "(global.lan_interface)", inbound.loc)
+        if inbound.name == DNS_INBOUND:
+            sink.error("reserved-name", path, "the inbound name dns is the DNS listener's (dns.bind)", inbound.loc)
         if inbound.port and (inbound.host, inbound.port) in listens:
             sink.error("duplicate-listen", path, "another inbound listens on the same address", inbound.loc)
         names.add(inbound.name)

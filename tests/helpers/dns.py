@@ -1,4 +1,5 @@
-"""A tiny authoritative DNS responder on loopback UDP, and the wire codec tests use to talk to it.
+"""A tiny authoritative DNS responder on loopback UDP (and TCP: :class:`DnsResponder`), and the
+wire codec tests use to talk to it.
 
 Plain RFC 1035 messages built and parsed by hand, so tests need no DNS library. The
 responder is a thread, like the origins in ``servers.py``, so it serves sync tests and
@@ -22,6 +23,7 @@ from collections.abc import Mapping, Sequence
 HEADER = struct.Struct("!HHHHHH")  # id, flags, qdcount, ancount, nscount, arcount
 FLAG_QR = 0x8000  # this message is a response
 FLAG_AA = 0x0400  # authoritative answer
+FLAG_TC = 0x0200  # truncated: the answer did not fit
 FLAG_RD = 0x0100  # recursion desired (copied from the query)
 FLAG_RA = 0x0080  # recursion available
 OPCODE_MASK = 0x7800  # opcode bits; 0 is a standard query
@@ -161,6 +163,17 @@ def build_response(query: bytes, records: Mapping[str, Sequence[str]], ttl: int 
     return HEADER.pack(qid, base | RCODE_NOERROR, 1, count, 0, 0) + question + answers
 
 
+def truncate(reply: bytes) -> bytes:
+    """``reply`` cut to its header and question, with TC set: what a server sends when the
+    answer does not fit a UDP message (RFC 1035 §4.1.1)."""
+    qid, flags, qdcount, _, _, _ = HEADER.unpack_from(reply)
+    offset = HEADER.size
+    for _ in range(qdcount):
+        _, offset = read_name(reply, offset)
+        offset += 4
+    return HEADER.pack(qid, flags | FLAG_TC, qdcount, 0, 0, 0) + reply[HEADER.size:offset]
+
+
 class UdpDnsResponder:
     """An authoritative DNS server on 127.0.0.1 UDP: A records for a few names, NXDOMAIN for the rest.
 
@@ -168,7 +181,8 @@ class UdpDnsResponder:
     counted (``queries`` in total, ``counts`` per lower-case name) before it is answered.
     """
 
-    def __init__(self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL) -> None:
+    def __init__(self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL, *,
+                 port: int = 0) -> None:
         self.records: dict[str, tuple[str, ...]] = {
             name.lower().rstrip("."): (ips,) if isinstance(ips, str) else tuple(ips)
             for name, ips in records.items()
@@ -177,10 +191,15 @@ class UdpDnsResponder:
             for ip in ips:
                 ipaddress.IPv4Address(ip)  # fail here, not in the serving thread
         self.ttl = ttl
+        self.truncate_udp = False  # answer UDP with TC set and no records (a client must retry over TCP)
         self.counts: collections.Counter[str] = collections.Counter()
         self._cond = threading.Condition()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.bind(("127.0.0.1", 0))
+        try:
+            self._sock.bind(("127.0.0.1", port))
+        except OSError:
+            self._sock.close()
+            raise
         self.host, self.port = self._sock.getsockname()
         # Closing a socket does not wake a thread blocked on it; this pair does.
         self._wake_r, self._wake_w = socket.socketpair()
@@ -223,6 +242,8 @@ class UdpDnsResponder:
             reply = build_response(query, self.records, self.ttl)
             if reply is None:
                 continue
+            if self.truncate_udp:
+                reply = truncate(reply)
             if reply[3] & RCODE_MASK in (RCODE_NOERROR, RCODE_NXDOMAIN):
                 name, _ = read_name(query, HEADER.size)
                 with self._cond:
@@ -243,3 +264,96 @@ class UdpDnsResponder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+TCP_READ_TIMEOUT = 5.0  # seconds a TCP client of the responder may stay silent
+PORT_ATTEMPTS = 20  # pairs of ports tried before DnsResponder gives up on one free for UDP and TCP
+
+
+class DnsResponder(UdpDnsResponder):
+    """:class:`UdpDnsResponder` that also answers TCP DNS (RFC 1035 §4.2.2 length prefix,
+    several queries per connection) on the same port; ``truncate_udp`` makes every UDP answer
+    a truncated one. TCP queries are counted in ``tcp_counts``, apart from UDP's ``counts``."""
+
+    def __init__(self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL, *,
+                 truncate_udp: bool = False) -> None:
+        # The TCP port first, then UDP on the same number: a free TCP port is the scarcer one
+        # (client connections hold ephemeral ports); a taken UDP twin means another pair.
+        for attempt in range(PORT_ATTEMPTS):
+            self._tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._tcp.bind(("127.0.0.1", 0))
+            try:
+                super().__init__(records, ttl, port=self._tcp.getsockname()[1])
+            except OSError:
+                self._tcp.close()
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                continue
+            except BaseException:
+                self._tcp.close()
+                raise
+            break
+        self._tcp.listen(16)
+        self.truncate_udp = truncate_udp
+        self.tcp_counts: collections.Counter[str] = collections.Counter()
+        self._tcp_wake_r, self._tcp_wake_w = socket.socketpair()
+        self._tcp_thread = threading.Thread(target=self._serve_tcp, name="dns-responder-tcp", daemon=True)
+        self._tcp_thread.start()
+
+    @property
+    def tcp_queries(self) -> int:
+        with self._cond:
+            return sum(self.tcp_counts.values())
+
+    def _serve_tcp(self) -> None:
+        while True:
+            readable, _, _ = select.select([self._tcp, self._tcp_wake_r], [], [])
+            if self._tcp_wake_r in readable:
+                return
+            try:
+                conn, _ = self._tcp.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(TCP_READ_TIMEOUT)
+                self._answer_stream(conn)
+
+    def _answer_stream(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                head = _recv_exact(conn, 2)
+                if head is None:
+                    return
+                query = _recv_exact(conn, struct.unpack("!H", head)[0])
+                if query is None:
+                    return
+                reply = build_response(query, self.records, self.ttl)
+                if reply is None:
+                    return
+                if reply[3] & RCODE_MASK in (RCODE_NOERROR, RCODE_NXDOMAIN):
+                    name, _ = read_name(query, HEADER.size)
+                    with self._cond:
+                        self.tcp_counts[name.lower().rstrip(".")] += 1
+                        self._cond.notify_all()
+                conn.sendall(struct.pack("!H", len(reply)) + reply)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._tcp_wake_w.send(b"x")
+        self._tcp_thread.join(5.0)
+        for s in (self._tcp, self._tcp_wake_r, self._tcp_wake_w):
+            s.close()
+        super().close()
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    """Exactly ``n`` bytes, or None at EOF."""
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf

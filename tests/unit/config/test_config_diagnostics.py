@@ -522,12 +522,6 @@ def test_unparseable_millisecond_setting_keeps_its_default():
     assert outcome.spec.global_.check_tolerance == DEFAULT_CHECK_TOLERANCE
 
 
-def test_not_yet_supported_sections_warn_once_each():
-    text = "dns {\n a: b\n}\ndns {\n upstream {\n x: y\n }\n}\n"
-    outcome = run(text)
-    assert [d.key_path for d in outcome.find("not-yet-supported")] == ["dns"]
-
-
 def test_config_error_lists_every_diagnostic_errors_first():
     text = "global {\n    colour: x\n    check_interval: soon\n    log_level: chatty\n}\n"
     with pytest.raises(ConfigError) as info:
