@@ -19,7 +19,7 @@ from setuptools.command.build_ext import build_ext
 # and modules written in Cython proper (<name>_c.pyx). A source that does not
 # exist yet is skipped, so the list can name modules before they land.
 KERNELS = ("movavg", "ring", "decay", "beta")
-PYX_MODULES = ("relay",)
+PYX_MODULES = ("relay", "bpfmap")
 # C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
 # AEAD chunks with OpenSSL's libcrypto (headers from libssl-dev).
 LIBRARIES = {"relay": ["crypto"]}
