@@ -18,18 +18,30 @@ $(STAMP): pyproject.toml setup.py $(wildcard honk/_fast/*.py honk/_fast/*.pxd)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Compile the _fast kernels in place; a failure here is an error, not a fallback.
-build: build-deps venv
+# The tc classifier (honk/ebpf/datapath.py loads it): UAPI headers only, libbpf-dev's
+# bpf_helpers.h, built for this machine's byte order by Debian's clang.
+BPF_OBJECT := honk/ebpf/datapath.bpf.o
+$(BPF_OBJECT): honk/ebpf/datapath.bpf.c
+	clang -O2 -g -target bpf -I/usr/include/$$(gcc -dumpmachine) -c $< -o $@
+
+# Compile the _fast kernels in place, and the kernel datapath's classifier; a failure here
+# is an error, not a fallback.
+build: build-deps venv $(BPF_OBJECT)
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python setup.py -q build_ext --inplace
 
 # The relay engine links OpenSSL's libcrypto (Shadowsocks AEAD): its headers come from
-# libssl-dev, installed only when missing.
+# libssl-dev; the kernel datapath needs clang and libbpf-dev. Each installed only when missing.
 build-deps:
 	@test -f /usr/include/openssl/evp.h || { \
 	  echo "installing libssl-dev (OpenSSL headers for the relay engine)"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq \
 	  && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq libssl-dev; }
+	@{ command -v clang >/dev/null 2>&1 && test -f /usr/include/bpf/bpf_helpers.h; } || { \
+	  echo "installing clang and libbpf-dev (compiler and headers for the kernel datapath)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq \
+	  && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends clang libbpf-dev; }
 
 # Real peer programs the tests talk to (Debian packages), as command:package pairs.
 # A package is installed only when its command is missing; a failed install fails
@@ -37,7 +49,8 @@ build-deps:
 # init scripts from starting system instances (danted, tinyproxy, ss-server): the
 # tests start their own on free ports with their own configs.
 PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
-                 tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables
+                 tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables \
+                 sysctl:procps tc:iproute2
 peers:
 	@missing=""; for pair in $(PEER_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
@@ -71,7 +84,7 @@ test-twins: venv
 # venv of their own so honk's venv stays clean.
 # command:package pairs, as PEER_PACKAGES (shadowsocks-libev: ss-local and ss-server).
 BENCH_PACKAGES := haproxy:haproxy socat:socat microsocks:microsocks ss-local:shadowsocks-libev \
-                  v2ray:v2ray
+                  v2ray:v2ray iperf3:iperf3
 PEERS_VENV     := benchmarks/.peers-venv
 # pproxy 2.7.9 calls uvloop.install() itself when uvloop is importable, then
 # asyncio.get_event_loop(); uvloop 0.22+ no longer creates a loop there, hence the pin.

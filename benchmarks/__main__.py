@@ -10,6 +10,9 @@
   dashboard polling (``benchmarks/api.py``; ``--no-api`` skips it);
 * reload:  a reload at 2,000 nodes (unchanged, one node moved, one added) against the
   full build, with the event loop's worst stall (``benchmarks/reload.py``);
+* tproxy:  throughput through the router's transparent path (client → honk's TPROXY
+  listener → direct → server, in three network namespaces) against plain forwarding,
+  with iperf3 (``benchmarks/tproxy.py``; root; ``--no-tproxy`` skips it);
 * health:  the probe scheduler over 5,000 nodes (its own CPU per node per cycle,
   and one real cycle of raw TCP checks on loopback; see ``benchmarks/health.py``);
 * relay:   honk's mixed port against direct loopback, a splicing forwarder
@@ -39,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay, reload
+from benchmarks import api, groups, health, kernels, relay, reload, tproxy
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--no-groups", action="store_true", help="skip the group plan benchmark")
     parser.add_argument("--no-api", action="store_true", help="skip the control API benchmark")
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
+    parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -82,6 +86,7 @@ def main() -> None:
     group_rows: list[tuple[str, str, str, str]] = [] if args.no_groups else groups.run(quick=args.quick)
     api_rows: list[tuple[str, str, str, str]] = [] if args.no_api else api.run(quick=args.quick)
     reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
+    tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
                        shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
@@ -103,6 +108,9 @@ def main() -> None:
         print()
     if reload_rows:
         print(relay.format_table(["reload", "honk", "against", "status"], [list(r) for r in reload_rows]))
+        print()
+    if tproxy_rows:
+        print(relay.format_table(["router path", "honk", "against", "status"], [list(r) for r in tproxy_rows]))
         print()
     subjects = report.measured()
     paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
@@ -136,7 +144,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, "reload": reload_rows, **report.as_json(),
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

@@ -9,14 +9,18 @@ one apply at a time.
   the new outbound versions (an unchanged node keeps its leaf object, a changed one
   gets a new leaf; runtimes follow the NodeId), the groups (reused groups keep their
   policy state), the route table, the admissions and the listeners, bound but not
-  served. A failure releases what it bound and leaves the applier untouched.
+  served, and last the transparent listener's kernel interception (nftables table,
+  policy routing), installed once its socket is bound. A failure releases what it bound
+  and leaves the applier untouched.
 * :meth:`Applier.commit` cannot fail: it publishes the plane in one store, revokes
   removed principals, serves new listeners, swaps handlers, stores user tables, stops
-  vanished binds, closes vanished tags' sessions and drains old versions.
+  vanished binds, closes vanished tags' sessions and drains old versions. When the
+  transparent listener is gone, its interception is removed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import uuid
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from honk.config.spec import InboundSpec, RoutingSpec, Spec
 from honk.connection.admission import DialBudget
 from honk.connection.plane import Plane
-from honk.control.desired import API_TAG, BindSpec, DesiredState, InboundDecl
+from honk.control.desired import API_TAG, TRANSPARENT_KINDS, BindSpec, DesiredState, InboundDecl
 from honk.control.errors import BindFailed, BuildFailed
 from honk.control.plan import (
     Bind,
@@ -45,6 +49,7 @@ from honk.control.report import ApplyReport
 from honk.core.errors import FlowClosed
 from honk.group.manager import GroupManager
 from honk.inbound.sessions import Principal, admit
+from honk.netlink.interception import InterceptionError, KernelInterception
 from honk.outbound.base import Outbound
 from honk.outbound.block import BlockOutbound
 from honk.outbound.registry import build_leaf
@@ -100,11 +105,19 @@ class Prepared:
     to_start: list[tuple[BindSpec, str, Listener]] = field(default_factory=list)
     swaps: list[tuple[BindSpec, InboundDecl]] = field(default_factory=list)
     user_stores: list[tuple[BindSpec, dict[str, Principal]]] = field(default_factory=list)
+    dns_service: Any = None  # the DNS module's service for this apply (None: no dns section)
+    # the kernel interception this apply installed, and what ran before it (None: nothing)
+    interception: KernelInterception | None = None
+    replaced_interception: KernelInterception | None = None
+    installed_interception: bool = False
 
     def release(self) -> None:
         for _bind, _tag, listener in self.to_start:
             listener.close_unserved()
         self.to_start.clear()
+        if self.installed_interception:  # put back what ran, or take honk's state out
+            self.installed_interception = False
+            restore_interception(self.replaced_interception, self.interception)
 
 
 class Applier:
@@ -120,6 +133,8 @@ class Applier:
         self.listeners: dict[BindSpec, Listener] = {}
         self.listener_tags: dict[BindSpec, str] = {}
         self.admissions: dict[str, dict[str, Principal]] = {}
+        self.interception: KernelInterception | None = None  # installed kernel state (one owner)
+        self.dns = DnsFront()  # the DNS listener's and the transparent inbound's way to the DNS service
 
     # --- reading -------------------------------------------------------------------
 
@@ -151,6 +166,16 @@ class Applier:
         if "dns" in builds or resolver is None:
             try:
                 resolver = SystemResolver(daemon.clock, desired.dns.timeout)
+            except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
+                raise BuildFailed("dns", exc) from exc
+
+        # 1b. the DNS module: a changed section rebuilds the service over the running cache and learning
+        dns_service = self.dns.service
+        if spec.dns is None:
+            dns_service = None
+        elif dns_service is None or running is None or running.spec.dns != spec.dns:
+            try:
+                dns_service = _dns_service(spec.dns, dns_service, daemon)
             except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
                 raise BuildFailed("dns", exc) from exc
 
@@ -197,7 +222,7 @@ class Applier:
             except Exception as exc:  # noqa: BLE001 - a rule that does not compile refuses the apply
                 raise BuildFailed("route", exc) from exc
 
-        prepared = Prepared(plan, desired, resolver, targets, used, groups, router, {})
+        prepared = Prepared(plan, desired, resolver, targets, used, groups, router, {}, dns_service=dns_service)
 
         # 5. admissions, per desired inbound
         for inbound in desired.inbounds:
@@ -241,6 +266,16 @@ class Applier:
                     table = prepared.admissions[inbound.tag]
                     if not _same_admissions(self.admissions.get(inbound.tag, {}), table):
                         prepared.user_stores.append((inbound.bind, table))
+            # 7. the kernel interception, last: its table fails closed, so it goes in only once
+            # the transparent socket it diverts to is bound
+            prepared.interception = desired_interception(desired)
+            prepared.replaced_interception = self.interception
+            if bind and prepared.interception is not None and prepared.interception != self.interception:
+                try:
+                    await asyncio.to_thread(prepared.interception.install)
+                except InterceptionError as exc:
+                    raise BuildFailed("inbound tproxy", f"interception: {exc}") from exc
+                prepared.installed_interception = True
         except BaseException:
             prepared.release()
             raise
@@ -277,6 +312,17 @@ class Applier:
 
                 assert spec.clash_api is not None
                 return ApiServer(daemon, spec.clash_api, daemon.config_path.parent)
+            if inbound.kind == "dns":
+                from honk.dns.listener import DnsListener
+
+                assert spec.dns is not None and spec.dns.bind is not None
+                return DnsListener(spec.dns.bind, self.dns, daemon.clock)
+            if inbound.kind in TRANSPARENT_KINDS:
+                from honk.inbound.tproxy import TransparentInbound
+
+                return TransparentInbound(transparent_spec(inbound), daemon.dispatcher, daemon.clock,
+                                          dns_handler=daemon.dns_handler, learned_names=daemon.learned_names,
+                                          sessions=daemon.sessions)
             from honk.inbound.mixed import MixedInbound
 
             return MixedInbound(_inbound_spec(spec, inbound.tag), daemon.dispatcher, daemon.clock,
@@ -300,7 +346,10 @@ class Applier:
             plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
                           outbounds=dict(prepared.targets), spec=spec, runtimes=prepared.runtimes,
                           admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock))
-            daemon.publish(plane, prepared.resolver)
+            lan = prepared.interception.lan_interfaces if prepared.interception is not None else ()
+            await asyncio.to_thread(daemon.slots.use_interfaces, lan)
+            # fail-open: every slot alive, then the kernel rules and the plane, then the exact slots
+            daemon.slots.reload(prepared.groups, spec.routing, lambda: daemon.publish(plane, prepared.resolver))
             plane.retire(old_plane)
             self.plane = plane
             await daemon.health_sync(plane, first=old_plane is None)
@@ -309,6 +358,7 @@ class Applier:
 
         for principals, policy in prepared.revocations:
             daemon.sessions.revoke(principals, policy, daemon.clock)
+        await self._use_dns(prepared)
         for bind, tag, listener in prepared.to_start:
             await listener.serve()
             self.listeners[bind] = listener
@@ -322,7 +372,9 @@ class Applier:
                 await listener.swap(spec.clash_api)  # type: ignore[attr-defined]
             else:
                 # the handler and its user table in one step: no connection sees one without the other
-                listener.swap(_inbound_spec(spec, inbound.tag), prepared.admissions[inbound.tag])  # type: ignore[attr-defined]
+                handler = (transparent_spec(inbound) if inbound.kind in TRANSPARENT_KINDS
+                           else _inbound_spec(spec, inbound.tag))
+                listener.swap(handler, prepared.admissions[inbound.tag])  # type: ignore[attr-defined]
         for bind, table in prepared.user_stores:
             self.listeners[bind].store_users(table)  # type: ignore[attr-defined]
 
@@ -355,6 +407,11 @@ class Applier:
                 if old is not None and getattr(old, "outbound_id", None) == str(step.id):
                     daemon.drainer.drain(str(step.id), step.policy)
                 report.drained.append(str(step.id))
+        if prepared.interception is None and self.interception is not None:
+            await asyncio.to_thread(self.interception.remove)  # the transparent listener is gone
+        if prepared.interception is None or prepared.installed_interception:
+            self.interception = prepared.interception
+        prepared.installed_interception = False
         self.admissions = prepared.admissions
         self.running = RunningState(desired, plan.versions)
         report.epoch = self.epoch
@@ -383,16 +440,98 @@ class Applier:
         self.running = RunningState(desired, self.running.versions)
         return acted
 
+    async def _use_dns(self, prepared: Prepared) -> None:
+        """The DNS service of ``prepared`` answers from now on: the DNS listener reads it through
+        the front, the transparent inbounds get its handler (or none: port 53 is then proxied)."""
+        daemon, old, new = self.daemon, self.dns.service, prepared.dns_service
+        if new is old:
+            return
+        self.dns.service = new
+        daemon.dns_handler = self.dns.handle if new is not None else None
+        daemon.learned_names = new.learned_names if new is not None else None
+        for listener in [*self.listeners.values(), *(entry[2] for entry in prepared.to_start)]:
+            if hasattr(listener, "learned_names"):  # a transparent inbound
+                listener.dns_handler = daemon.dns_handler  # type: ignore[attr-defined]
+                listener.learned_names = daemon.learned_names  # type: ignore[attr-defined]
+        if new is None and old is not None:
+            await old.aclose()  # a rebuilt service shares its state, and its queries finish
+
     async def stop_listeners(self) -> None:
+        """Shutdown: the kernel interception first (the LAN is routed as if honk were not
+        there), then every listener."""
+        if self.interception is not None:
+            await asyncio.to_thread(self.interception.remove)
+            self.interception = None
+        await asyncio.to_thread(self.daemon.slots.close)  # the classifier off the LAN interfaces
         for listener in self.listeners.values():
             await listener.stop_accepting()
         self.listeners.clear()
         self.listener_tags.clear()
+        if self.dns.service is not None:
+            await self.dns.service.aclose()
 
 
 def _family(kind: str) -> str:
-    """Listeners serve one family of handler: the API's, or a proxy protocol's."""
-    return "api" if kind == "api" else "stream"
+    """Listeners serve one family of handler: the API's, a proxy protocol's, or one transparent kind's."""
+    if kind == "api" or kind in TRANSPARENT_KINDS:
+        return kind
+    return "stream"
+
+
+class DnsFront:
+    """Queries to whichever DNS service is current (None: no dns section; the query is dropped)."""
+
+    def __init__(self) -> None:
+        self.service: Any = None
+
+    async def handle(self, query: bytes, client: Any, original: Any, *, tcp: bool = False) -> bytes | None:
+        service = self.service
+        if service is None:
+            return None
+        return await service.handle(query, client, original, tcp=tcp)
+
+
+def _dns_service(spec: Any, running: Any, daemon: Daemon) -> Any:
+    """The service for ``spec``: the running one rebuilt (its cache and learning carried), or new."""
+    if running is not None:
+        return running.rebuilt(spec)
+    from honk.dns.service import DnsService  # dnspython loads only for a config with a dns section
+
+    return DnsService(spec, daemon.dispatcher, daemon.clock)
+
+
+def desired_interception(desired: DesiredState) -> KernelInterception | None:
+    """The kernel state the desired transparent listener needs, or None without one."""
+    for inbound in desired.inbounds:
+        if inbound.kind == "tproxy" and inbound.interception:
+            settings = dict(inbound.interception)
+            return KernelInterception(
+                lan_interfaces=tuple(settings["lan_interface"]),  # type: ignore[arg-type]
+                tproxy_port=int(settings["tproxy_port"]),  # type: ignore[arg-type]
+                mark=int(settings["mark"]),  # type: ignore[arg-type]
+                auto_config_kernel_parameter=bool(settings["auto_config_kernel_parameter"]),
+            )
+    return None
+
+
+def restore_interception(previous: KernelInterception | None, installed: KernelInterception | None) -> None:
+    """Undo an install: the previous state again, or none of honk's (blocking)."""
+    try:
+        if previous is not None:
+            previous.install()
+        elif installed is not None:
+            installed.remove()
+    except InterceptionError as exc:
+        log.error("restoring the previous interception failed: %s", exc)
+
+
+def transparent_spec(inbound: InboundDecl):  # noqa: ANN201 - a honk.inbound.tproxy.TransparentSpec
+    from honk.inbound.tproxy import TransparentSpec
+
+    settings = dict(inbound.settings)
+    return TransparentSpec(name=inbound.tag, kind=inbound.kind, host=inbound.bind.host, port=inbound.bind.port,
+                           dial_mode=str(settings["dial_mode"]),
+                           sniffing_timeout=float(settings["sniffing_timeout"]))  # type: ignore[arg-type]
 
 
 def _inbound_spec(spec: Spec, tag: str) -> InboundSpec:

@@ -12,8 +12,10 @@ resource's change is visible without looking at any other:
 * ``route``: the rules and the fallback;
 * ``user_sets``: one per inbound that has users (tagged like the inbound), one ``api``
   set holding the API secret;
-* ``inbounds``: the proxy listeners and the API listener, each with its ``BindSpec``
-  (a listener's identity);
+* ``inbounds``: the proxy listeners, the transparent listener ``tproxy`` (made by
+  ``global.lan_interface``, with the kernel interception it needs), the DNS listener
+  ``dns`` (``dns.bind``) and the API listener, each with its ``BindSpec`` (a listener's
+  identity);
 * ``policies``: the defaults for drains and user removals.
 
 Fields of the spec that are not resources (log level, health timing, subscriptions)
@@ -27,12 +29,15 @@ from dataclasses import dataclass, field
 from honk.config.spec import (
     BUILTIN_OUTBOUNDS,
     DEFAULT_CLASH_API_CONTROLLER,
+    TPROXY_MARK,
+    GlobalSpec,
     GroupSpec,
     InboundUser,
     NodeSpec,
     RoutingSpec,
     Spec,
 )
+from honk.config.validate import DNS_INBOUND, TPROXY_INBOUND
 from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 from honk.core.net import parse_host_port
 from honk.group.manager import cut_cycles
@@ -42,16 +47,18 @@ API_TAG = "api"  # the Clash API listener's inbound tag and user set
 DRAIN_PARAM = "drain"  # a node link's parameter naming its drain policy (not part of the NodeId)
 TRANSPARENT_KINDS = frozenset({"tproxy", "redir"})
 REJECT_PROTOCOLS = frozenset({"block"})
+# the transparent listener takes both families on one port; TPROXY hands it foreign addresses
+TPROXY_LISTEN_HOST = "::"
 
 
 @dataclass(frozen=True, slots=True)
 class BindSpec:
     """What a listener is bound to; its identity across applies."""
 
-    kind: str  # "tcp", "udp", "unix", "tun", "tproxy", "redir"
+    kind: str  # "tcp", "udp", "unix", "tun", "tproxy", "redir", "dns"
     host: str = ""
     port: int = 0
-    path: str = ""  # unix socket path or tun device name
+    path: str = ""  # unix socket path, tun device name, or a DNS listener's transports (tcp+udp)
     # port 0 asks the kernel for any free port: such binds never clash, so each belongs to its tag
     owner: str = ""
 
@@ -111,7 +118,7 @@ class InboundDecl:
     """One listener. Equality covers every field: a rename on the same bind is a handler swap."""
 
     tag: str
-    kind: str  # "mixed", "api", later "tproxy", "redir"
+    kind: str  # "mixed", "api", "tproxy", "redir", "dns"
     bind: BindSpec
     users: str | None = None  # the user set it admits
     user_removal: ClosePolicy | None = None  # None: the desired state's default
@@ -178,7 +185,20 @@ def lower(spec: Spec) -> DesiredState:
         if ispec.users:
             user_sets.append(UserSetDecl(ispec.name, tuple(ispec.users)))
             users = ispec.name
-        inbounds.append(InboundDecl(ispec.name, ispec.kind, tcp_bind(ispec.host, ispec.port, ispec.name), users))
+        settings = transparent_settings(glob) if ispec.kind in TRANSPARENT_KINDS else ()
+        inbounds.append(InboundDecl(ispec.name, ispec.kind, tcp_bind(ispec.host, ispec.port, ispec.name), users,
+                                    settings=settings))
+    if glob.lan_interface:
+        inbounds.append(InboundDecl(
+            TPROXY_INBOUND, "tproxy", BindSpec("tproxy", TPROXY_LISTEN_HOST, glob.tproxy_port),
+            interception=(("lan_interface", glob.lan_interface), ("tproxy_port", glob.tproxy_port),
+                          ("mark", TPROXY_MARK), ("auto_config_kernel_parameter", glob.auto_config_kernel_parameter)),
+            settings=transparent_settings(glob)))
+    if spec.dns is not None and spec.dns.bind is not None:
+        bind = spec.dns.bind
+        transports = "+".join(t for t, on in (("tcp", bind.tcp), ("udp", bind.udp)) if on)
+        inbounds.append(InboundDecl(DNS_INBOUND, "dns", BindSpec("dns", bind.host, bind.port, transports,
+                                                                 owner=DNS_INBOUND if bind.port == 0 else "")))
     if spec.clash_api is not None:
         api = spec.clash_api
         host, port = parse_host_port(api.external_controller or DEFAULT_CLASH_API_CONTROLLER)
@@ -198,6 +218,11 @@ def lower(spec: Spec) -> DesiredState:
         policies=Policies(glob.drain, glob.user_removal),
         spec=spec,
     )
+
+
+def transparent_settings(glob: GlobalSpec) -> tuple[tuple[str, object], ...]:
+    """What a transparent handler reads of the global section (a change swaps the handler)."""
+    return (("dial_mode", glob.dial_mode), ("sniffing_timeout", glob.sniffing_timeout))
 
 
 def tcp_bind(host: str, port: int, tag: str) -> BindSpec:

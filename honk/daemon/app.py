@@ -28,8 +28,9 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from honk.alive.service import HealthService
 from honk.api.server import ApiServer
@@ -52,6 +53,7 @@ from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import LogBroker, kv, set_level
+from honk.ebpf.service import SlotService
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
@@ -98,11 +100,18 @@ class Daemon:
         # routes every flow to the internal reject target until the first commit
         self.dispatcher = Dispatcher(empty_plane(self.clock), self.tracker, self.clock, GlobalSpec(),
                                      SystemResolver(self.clock, GlobalSpec().connect_timeout))
+        # what the transparent inbound hands intercepted port-53 queries to, and the DNS-learned
+        # names of an address (None: no DNS module configured)
+        self.dns_handler: Callable[..., Awaitable[bytes | None]] | None = None
+        self.learned_names: Callable[[Any], tuple[str, ...]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.health = HealthService(self.clock)
         self.health.stats = self.stats
         self.dispatcher.on_selection = self.health.note_selection
+        # group connectivity for the datapath (the BPF map with a LAN, else memory)
+        self.slots = SlotService(self.health.alive)
+        self.health.alive.subscribe(self.slots.on_transition)
         self.groups: SharedGroupManager | None = None  # the stable handle on the current group manager
         # flow ids closed by the Selector write in progress (None: none is; automatic changes do not wait)
         self._interrupted: list[str] | None = None

@@ -21,10 +21,13 @@ class HonkProcess:
     the reader thread notifies for every new line, never on a fixed sleep.
     """
 
-    def __init__(self, config: Path | str, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path | str, *args: str, env: dict[str, str] | None = None,
+                 netns: str | None = None) -> None:
         if "--pid-file" not in args:  # each test daemon its own lock (root's default is shared)
             args = (*args, "--pid-file", str(Path(tempfile.mkdtemp(prefix="honk-test-")) / "honk.pid"))
         cmd = [sys.executable, "-m", "honk.cli.daemon", "run", "-c", str(config), *args]
+        if netns is not None:  # `ip netns exec` execs the interpreter: the PID stays the daemon's
+            cmd = ["ip", "netns", "exec", netns, *cmd]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         self.lines: list[str] = []

@@ -302,3 +302,66 @@ external_controller = "127.0.0.1:{API_PORT}"
         plannable(lower(spec))
     except ApplyError as exc:
         pytest.fail(f"the loader accepted a config every apply refuses: {exc}")
+
+
+# --- the transparent listener -----------------------------------------------------------
+
+ROUTER = """
+[global]
+lan_interface = "br-lan,wlan0"
+tproxy_port = 7893
+dial_mode = "domain++"
+auto_config_kernel_parameter = true
+"""
+
+
+def test_a_lan_interface_makes_the_tproxy_listener_with_its_interception() -> None:
+    desired = lowered(ROUTER)
+    tproxy = desired.inbound("tproxy")
+    assert tproxy is not None and tproxy.kind == "tproxy"
+    assert tproxy.bind == BindSpec("tproxy", "::", 7893)
+    assert dict(tproxy.interception) == {"lan_interface": ("br-lan", "wlan0"), "tproxy_port": 7893,
+                                         "mark": 0x08000000, "auto_config_kernel_parameter": True}
+    assert dict(tproxy.settings) == {"dial_mode": "domain++", "sniffing_timeout": 0.030}
+    plannable(desired)
+
+
+def test_no_lan_interface_means_no_transparent_listener() -> None:
+    assert lowered(NODES).inbound("tproxy") is None
+
+
+def test_a_dial_mode_change_swaps_the_handler_without_disruption() -> None:
+    running = lowered(ROUTER)
+    changed = plan(RunningState(running, plan(EMPTY, running).versions),
+                   lowered(ROUTER.replace('"domain++"', '"ip"')))
+    assert [type(s).__name__ for s in changed.steps if getattr(s, "tag", None) == "tproxy"] == ["SwapHandler"]
+    assert list(changed.disruptions()) == []
+
+
+def test_a_lan_interface_change_is_a_disruption() -> None:
+    running = lowered(ROUTER)
+    changed = plan(RunningState(running, plan(EMPTY, running).versions),
+                   lowered(ROUTER.replace("br-lan,wlan0", "br-lan")))
+    assert [tag for tag, _ in changed.disruptions()] == ["tproxy"]
+
+
+def test_a_redirect_inbound_is_transparent_and_takes_the_global_dial_settings() -> None:
+    desired = lowered(ROUTER + '\n[inbound]\nnat = "redirect://0.0.0.0:7894"\n')
+    nat = desired.inbound("nat")
+    assert nat is not None and nat.kind == "redir" and nat.users is None
+    assert dict(nat.settings)["dial_mode"] == "domain++"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[inbound]\nnat = "redirect://u:p@0.0.0.0:7894"\n', "takes no users"),
+    ('[inbound]\ntproxy = "mixed://127.0.0.1:7894"\n', "transparent listener"),
+    ('[global]\nlan_interface = "a-name-longer-than-15"\n', "not an interface name"),
+])
+def test_transparent_configuration_mistakes_are_located_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_text(text, "toml")
+
+
+def test_wan_interface_is_accepted_with_a_warning_that_it_is_not_acted_on() -> None:
+    spec = load_text('[global]\nwan_interface = "eth0"\n', "toml")
+    assert any(d.code == "not-yet-supported" and "wan_interface" in d.message for d in spec.diagnostics)
