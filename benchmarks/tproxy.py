@@ -14,7 +14,9 @@ client namespace sending to the server's address, one TCP stream, counted at the
   relays it to a direct dial of the original destination.
 
 Each is measured ``reps`` times, alternating, and the medians are compared; the target is
-honk ≥ 0.5 × forwarding. Needs root (namespaces, nftables); without it the rows say why.
+honk ≥ 0.5 × forwarding. Every run checks who the server saw: the client for forwarding,
+the router (honk's dial) through honk, so a run that bypassed honk cannot count. Needs root
+(namespaces, nftables); without it the rows say why.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,10 +51,13 @@ def honk_config(lan: str, data_dir: str) -> str:
             "routing {\n    fallback: direct\n}\n")
 
 
-def iperf(bed, seconds: float) -> float:  # noqa: ANN001 - a helpers.testbed.Testbed
-    """Bits per second the server received from one stream."""
+def iperf(bed, seconds: float, server_log: Path, peer: str) -> float:  # noqa: ANN001 - a Testbed
+    """Bits per second the server received from one stream, which ``peer`` must have sent."""
     done = bed.exec(bed.client, "iperf3", "-c", bed.server_ip.v4, "-p", str(IPERF_PORT), "-t", f"{seconds:g}",
                     "-J", timeout=seconds + IPERF_SLACK)
+    seen = re.findall(r"Accepted connection from (\S+), port", server_log.read_text())
+    if not seen or seen[-1] != peer:
+        raise RuntimeError(f"the server saw {seen[-1] if seen else 'nobody'}, not {peer}")
     return float(json.loads(done.stdout)["end"]["sum_received"]["bits_per_second"])
 
 
@@ -63,17 +69,20 @@ def measure(reps: int, seconds: float) -> dict[str, list[float]]:
     figures: dict[str, list[float]] = {"forwarding": [], "honk": []}
     with testbed("the transparent throughput benchmark", "iperf3", "nft") as bed, \
             tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp:
-        server = subprocess.Popen(["ip", "netns", "exec", bed.server, "iperf3", "-s", "-p", str(IPERF_PORT)],
+        log = Path(tmp) / "iperf3.log"
+        server = subprocess.Popen(["ip", "netns", "exec", bed.server, "iperf3", "-s", "-p", str(IPERF_PORT),
+                                   "--logfile", str(log), "--forceflush"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client, router = bed.client_ip.v4, bed.router_wan_ip.v4
         try:
             config = Path(tmp) / "router.dae"
             config.write_text(honk_config(bed.lan, tmp))
-            iperf(bed, 1.0)  # the server is up (a refused connect raises) and the path warm
+            iperf(bed, 1.0, log, client)  # the server is up (a refused connect raises) and the path warm
             for _ in range(reps):
-                figures["forwarding"].append(iperf(bed, seconds))
+                figures["forwarding"].append(iperf(bed, seconds, log, client))
                 with HonkProcess(config, netns=bed.router) as honk:
                     honk.wait_for(r"honk ready")
-                    figures["honk"].append(iperf(bed, seconds))
+                    figures["honk"].append(iperf(bed, seconds, log, router))
         finally:
             server.kill()
             server.wait()
