@@ -190,3 +190,23 @@ def test_a_refused_interception_fails_the_start_with_its_reason(bed, tmp_path):
     assert "inbound tproxy" in line and "nosuch0" in line
     assert honk.proc.wait(STOP_TIMEOUT) == 1
     assert kernel_state(bed) == before
+
+
+def test_a_reload_swaps_the_dial_mode_live_and_refuses_an_interception_change(bed, tmp_path):
+    path = tmp_path / "router.dae"
+    with start_honk(bed, tmp_path) as honk:  # domain++: the SNI routes
+        hello = ("helpers.testbed:tls_hello", SERVER.v4, str(TLS_PORT), "blocked.test")
+        assert bed.call(bed.client, *hello).strip() in ("eof", "error:ConnectionResetError")
+        mark = honk.mark()
+        path.write_text(router_config(bed.lan, tmp_path, dial_mode="ip"))
+        honk.signal(signal.SIGHUP)
+        honk.wait_for(r"config reloaded: .*swapped \[tproxy\]", after=mark)
+        assert bed.call(bed.client, *hello).strip() == f"reply:hello from server, peer={ROUTER_WAN.v4}"  # no sniffing
+
+        mark = honk.mark()
+        path.write_text(router_config(f"{bed.lan},lan9", tmp_path, dial_mode="ip"))
+        honk.signal(signal.SIGHUP)
+        honk.wait_for(r"reload refused, keeping the running config: inbound tproxy: the transparent inbound's "
+                      r"interception changed", after=mark)
+        assert bed.curl(f"http://{SERVER.v4}:{HTTP_PORT}/").stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+        assert '"lan9"' not in bed.exec(bed.router, "nft", "list", "table", "inet", "honk").stdout
