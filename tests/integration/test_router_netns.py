@@ -162,6 +162,7 @@ def test_the_kernel_parameters_are_set_when_asked(bed, tmp_path):
 def test_stopping_removes_everything_and_a_killed_run_is_recovered_by_the_next(bed, tmp_path):
     before = kernel_state(bed)
     honk = start_honk(bed, tmp_path)
+    honk.wait_for(r"ebpf: kernel datapath on lan0")  # root here: the BPF backend, not memory
     during = kernel_state(bed)
     assert "table inet honk" in during and "lookup 2023" in during
     assert "honk_tc" in during  # the datapath's classifier on the LAN side (it is taken off on stop)
