@@ -1,0 +1,73 @@
+"""Every number of Score in one place: the seed's numbers with its wording, and each
+constant the seed leaves open decided once, with the reason.
+
+Decay half-lives live with the decay kernel (``honk._fast.decay_py``: EVIDENCE_HALF_LIFE,
+DEMAND_HALF_LIFE, TRIAL_OUTCOME_HALF_LIFE) and the Beta prior and failure weight with the
+Beta kernel (``honk._fast.beta_py``); they are re-exported here so a reviewer finds them all.
+"""
+
+from __future__ import annotations
+
+import math
+
+from honk._fast.beta_py import DEFAULT_PRIOR
+from honk._fast.decay_py import DEMAND_HALF_LIFE, EVIDENCE_HALF_LIFE, TRIAL_OUTCOME_HALF_LIFE
+
+# --- K.1 keys, layers and storage -------------------------------------------------------------
+EXACT_CELLS_MAX = 4096  # "Exact cells live in a 4,096-entry LRU"
+AGGREGATE_CELLS_MAX = 4096  # "and aggregate cells in a separate 4,096-entry LRU"
+
+# --- K.3 decay, Beta bounds, qualification and leases -----------------------------------------
+QUALIFYING_COMPLETIONS = 4.0  # "Initial qualification requires four effective (decayed) useful completions"
+QUALIFICATION_LEASE = 60.0  # seconds; "retains earned qualification for 60 s from the RX event time"
+# A "useful" completion (GH-K-27) is a settled success that saw a response (cells.Outcome.USEFUL):
+# a setup alone or a silent success proves the path opens, not that it serves.
+BLEND_FULL_EVIDENCE = 8.0  # a layer's weight is min(1, its decayed outcomes / 8): twice the
+# qualification count, so a just-qualified target still leans half on its family before overriding it
+SETUP_FAILURE_WEIGHT = 2.0  # a setup failure delivers nothing and costs the user a retry, so it
+# counts as two post-setup failures in the Beta bound
+RELIABILITY_CONFIDENCE = 0.9  # one-sided 90 % lower bound: four clean completions already rate
+# above 0.6, while one failure in five still shows clearly
+RELIABILITY_PRIOR = DEFAULT_PRIOR  # Beta(1, 1): the uniform prior of the Beta kernel
+
+# --- K.4 first-choice performance heuristic ---------------------------------------------------
+PERFORMANCE_CONFIDENCE_LOSS = 60.0  # seconds; "Each metric loses confidence 60 s after its event time"
+PERFORMANCE_EXPIRY = 120.0  # seconds; "and expires at 120 s"
+PERFORMANCE_INERTIA = 4  # "a bounded WeightedMean inertia of at most four observations"
+
+# --- K.5 recovery and availability ------------------------------------------------------------
+RECOVERY_REPORTERS = 4  # "Four distinct reporters in a cell's uninterrupted post-failure availability cohort"
+USABLE_REPORTERS = 4  # "Recent usability requires four distinct Traffic reporters"
+COHORT_GAP = 60.0  # seconds; "a gap of at least 60 s resets the cohort"
+RECOVERY_LEASE = 60.0  # seconds; "grant a current 60-second qualification lease"
+EPISODE_MEMORY = 16  # failure episode ids a cell remembers for late fan-out; forgetting one errs
+# towards one more failure (a very late report reopens), never towards a false recovery
+TX_MEMORY = 256  # reporters per cell whose positive send is remembered; eviction can only lose a credit
+
+# --- K.9 RX publication -----------------------------------------------------------------------
+RX_PUBLISH_INTERVAL = 1.0  # seconds; "after that, at most once per second per reporter"
+
+# --- K.10 budgets (only the cold allowance in this issue) -------------------------------------
+COLD_ALLOWANCE_ALL_UP_TO = 4  # "B = n if n <= 4"
+
+
+def cold_allowance(members: int) -> int:
+    """B: every member up to four, otherwise ceil(sqrt(n)) + 1 (GH-K-82)."""
+    if members <= COLD_ALLOWANCE_ALL_UP_TO:
+        return members
+    return math.isqrt(members - 1) + 2  # ceil(sqrt(n)) + 1 without floating point
+
+
+# --- K.13 reason counters ---------------------------------------------------------------------
+SWITCH_HISTORY_MAX = 4096  # "The history is a 4,096-entry LRU"
+FLAP_WINDOW = 8  # "return to the prior winner within eight ordinary selections"
+
+__all__ = [
+    "AGGREGATE_CELLS_MAX", "COHORT_GAP", "COLD_ALLOWANCE_ALL_UP_TO", "DEMAND_HALF_LIFE", "EVIDENCE_HALF_LIFE",
+    "EXACT_CELLS_MAX", "FLAP_WINDOW", "PERFORMANCE_CONFIDENCE_LOSS", "PERFORMANCE_EXPIRY", "PERFORMANCE_INERTIA",
+    "QUALIFICATION_LEASE", "QUALIFYING_COMPLETIONS", "RECOVERY_LEASE", "RECOVERY_REPORTERS", "RX_PUBLISH_INTERVAL",
+    "SWITCH_HISTORY_MAX", "TRIAL_OUTCOME_HALF_LIFE", "USABLE_REPORTERS", "cold_allowance",
+    "BLEND_FULL_EVIDENCE", "RELIABILITY_CONFIDENCE", "RELIABILITY_PRIOR", "SETUP_FAILURE_WEIGHT",
+    "EPISODE_MEMORY", "TX_MEMORY",
+]
+
