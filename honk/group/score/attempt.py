@@ -1,0 +1,431 @@
+"""Score's business attempt, guard and reporter lifecycle (GH-K-69..78), sans-I/O.
+
+The chain a selected business plan walks:
+
+* :class:`ScoreFeedback` -- immutable attribution: every Score group the selection traversed
+  (GH-K-05), each once, with the network, target and leaf NodeId. It is a factory:
+  :meth:`ScoreFeedback.start` creates an independent :class:`ScoreAttempt`. Every attempt
+  started from one feedback or its clones reports under the same cohort ``Reporter.origin``,
+  so retries and clones of one business flow count once toward a recovery quorum (GH-K-41).
+* :meth:`ScoreAttempt.begin` admits the attempt into the evidence store; it is fallible (the
+  membership may be gone: :class:`ScoreAttemptRefused`) and one-shot.
+* :class:`ScoreBusinessGuard` owns cancellation until :meth:`~ScoreBusinessGuard.into_reporter`
+  hands it to a :class:`ScoreReporter` at the physical/logical I/O boundary (GH-K-70, GH-K-76).
+  Closing or dropping a guard that was never transferred cancels neutrally.
+* :class:`ScoreReporter` stamps setup and first response once each (GH-K-71), feeds TX/RX
+  through one :class:`~honk.group.score.reporter.RxPublisher` per traversed group, and settles
+  at most one outcome (GH-K-73). Neutral endings record nothing and keep factual RX (GH-K-74).
+
+:func:`classify_relay_end` maps honk's relay ends onto a :class:`Result` (GH-K-20).
+
+Decisions the requirements leave open:
+
+* **Cohort cell.** A traversed group's availability cohort lives on its most specific evidence
+  key (the exact cell when the target has a family, else the global aggregate), as
+  :meth:`ScoreEvidence.keys` lists it. Failure *scoping* (target vs node, GH-K-14/15) belongs to
+  the caller that knows the provenance; this module fails the reporter's own cohort cell.
+* **A positive RX is a response.** The reporter is started after setup, so the first positive
+  RX publishes the first response if the caller has not already done so.
+* **Idle expiry** (:class:`IdleTimeout`) is not a client-side end, and not proof of upstream
+  failure either: as for UDP reply-idle expiry (GH-K-22) it settles as a success when a response
+  was seen and as a (timeout) failure when none was.
+* **Dropping** an unsettled reporter cancels it without a clock, so a held RX is discarded rather
+  than flushed at an unknown time: a drop can never credit support that may have expired.
+* **Refusal at begin** is all-or-nothing: if any traversed (group, node) left the membership the
+  plan is stale, and no cell is created for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from honk.alive.outcome import Family
+from honk.core.errors import (
+    ClientGone,
+    FlowClosed,
+    HonkError,
+    IdleTimeout,
+)
+from honk.core.net import IPAddress, Network
+from honk.group.score.cells import Outcome
+from honk.group.score.cohort import Cohorts, Kind, Reporter
+from honk.group.score.evidence import Admission, ScoreEvidence
+from honk.group.score.keys import NodeId, ScoreTarget, target_family
+from honk.group.score.reporter import Outcome as RxOutcome
+from honk.group.score.reporter import RxPublisher
+
+_ids = itertools.count(1)  # process-local identities for origins, reporters and episodes
+
+
+class ScoreAttemptRefused(HonkError):
+    """``begin`` refused the attempt: a traversed (group, node) left the membership (GH-K-78).
+
+    A typed cancellation: nothing is recorded and no node-specific I/O may start."""
+
+
+class ScoreLifecycleError(RuntimeError):
+    """A lifecycle step was used out of order (begin twice, transfer twice, after close)."""
+
+
+# --- attribution ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Traversal:
+    """One traversed Score group's attribution; ``destination`` is the address actually used
+    (it decides the target family when the target is a name)."""
+
+    group: str
+    network: Network
+    target: ScoreTarget | None
+    node_id: NodeId
+    destination: IPAddress | None = None
+
+    @property
+    def family(self) -> Family | None:
+        return target_family(self.target, self.destination)
+
+    def admit(self, evidence: ScoreEvidence) -> Admission | None:
+        return evidence.admit(self.group, self.network, self.target, self.node_id, self.destination)
+
+    def cohort_cell(self) -> Hashable:
+        """The most specific evidence key: where this group's availability cohort lives."""
+        return ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)[-1][1]
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """A failure episode identity (GH-K-17). Build one per independently constructed failure and
+    hand the same one to every flow a shared failure fans out to."""
+
+    id: int = field(default_factory=lambda: next(_ids))
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreFeedback:
+    """Immutable attribution of one business flow to every Score group it traversed (GH-K-69)."""
+
+    traversed: tuple[Traversal, ...]
+    evidence: ScoreEvidence = field(compare=False)
+    cohorts: Cohorts = field(compare=False)
+    kind: Kind = Kind.TRAFFIC
+    origin: Hashable = field(default_factory=lambda: ("feedback", next(_ids)))
+
+    @classmethod
+    def of(cls, traversed: Iterable[Traversal], evidence: ScoreEvidence, cohorts: Cohorts, *,
+           kind: Kind = Kind.TRAFFIC) -> ScoreFeedback:
+        """Attribution that keeps the first traversal of each group: a group counts once (GH-K-05)."""
+        seen: dict[str, Traversal] = {}
+        for step in traversed:
+            seen.setdefault(step.group, step)
+        return cls(tuple(seen.values()), evidence, cohorts, kind)
+
+    def clone(self) -> ScoreFeedback:
+        """The same attribution and origin: its attempts count as the same business flow."""
+        return ScoreFeedback(self.traversed, self.evidence, self.cohorts, self.kind, self.origin)
+
+    def start(self) -> ScoreAttempt:
+        """A new, independent observation of this business flow; the feedback is unchanged."""
+        return ScoreAttempt(self, Reporter(("reporter", next(_ids)), self.origin))
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+class Ending(enum.Enum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    IDLE = "idle"  # idle expiry: success after a response, else a timeout failure
+    CANCELLED = "cancelled"  # neutral
+    REJECTED = "rejected"  # neutral
+    SHUTDOWN = "shutdown"  # neutral
+    CLIENT_GONE = "client_gone"  # neutral (GH-K-20)
+
+    @property
+    def neutral(self) -> bool:
+        return self in _NEUTRAL
+
+
+_NEUTRAL = frozenset({Ending.CANCELLED, Ending.REJECTED, Ending.SHUTDOWN, Ending.CLIENT_GONE})
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """How a business flow ended. A failure carries its episode: share one :class:`Episode`
+    across every flow one failure fans out to; a failure built without one is its own episode."""
+
+    ending: Ending
+    episode: Episode | None = None
+
+    @classmethod
+    def success(cls) -> Result:
+        return cls(Ending.SUCCESS)
+
+    @classmethod
+    def failure(cls, episode: Episode | None = None) -> Result:
+        return cls(Ending.FAILURE, episode if episode is not None else Episode())
+
+    @classmethod
+    def idle(cls, episode: Episode | None = None) -> Result:
+        return cls(Ending.IDLE, episode if episode is not None else Episode())
+
+    @classmethod
+    def neutral(cls, ending: Ending = Ending.CANCELLED) -> Result:
+        if not ending.neutral:
+            raise ValueError(f"{ending} is not a neutral ending")
+        return cls(ending)
+
+    @property
+    def is_neutral(self) -> bool:
+        return self.ending.neutral
+
+
+def classify_relay_end(error: BaseException | None, *, episode: Episode | None = None) -> Result:
+    """The Score result of a TCP relay's end (GH-K-20), from the engines' typed ends
+    (:mod:`honk.relay.ends`, the same for copy and splice engines).
+
+    ``None`` (both directions finished) is a success. :class:`ClientGone` -- the client's
+    reset, abort, broken pipe, disconnect, unexpected EOF, timeout or unreachability -- is
+    neutral. A deliberate close (:class:`FlowClosed`, drains included) or task cancellation is
+    neutral. :class:`IdleTimeout` is decided by whether a response was seen (see the module
+    docstring). Everything else -- :class:`UpstreamFailed` (the same errnos on the upstream side),
+    codec/protocol errors, an unexpected errno on the client's socket and local relay failures,
+    all plain ``RelayError``s -- keeps its failure treatment. Only the type decides: a log
+    severity never makes an error neutral."""
+    if error is None:
+        return Result.success()
+    if isinstance(error, ClientGone):
+        return Result.neutral(Ending.CLIENT_GONE)
+    if isinstance(error, FlowClosed | asyncio.CancelledError):
+        return Result.neutral(Ending.CANCELLED)
+    if isinstance(error, IdleTimeout):
+        return Result.idle(episode)
+    return Result.failure(episode)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What settlement recorded: ``outcome`` is None for a neutral ending."""
+
+    ending: Ending
+    outcome: Outcome | None
+
+
+# --- lifecycle -----------------------------------------------------------------------------------
+
+
+class ScoreAttempt:
+    """One attempt of a selected business plan; :meth:`begin` admits it once (GH-K-70)."""
+
+    __slots__ = ("_begun", "feedback", "reporter")
+
+    def __init__(self, feedback: ScoreFeedback, reporter: Reporter) -> None:
+        self.feedback = feedback
+        self.reporter = reporter
+        self._begun = False
+
+    @property
+    def begun(self) -> bool:
+        return self._begun
+
+    def begin(self, now: float) -> ScoreBusinessGuard:
+        """Admit into every traversed group's cells, before node-specific I/O (GH-K-78).
+
+        Raises :class:`ScoreAttemptRefused` when a traversed (group, node) is no longer a member
+        (nothing is admitted then), :class:`ScoreLifecycleError` when already begun."""
+        if self._begun:
+            raise ScoreLifecycleError("a ScoreAttempt begins at most once")
+        self._begun = True
+        feedback = self.feedback
+        evidence = feedback.evidence
+        if not all(evidence.is_member(step.group, step.node_id) for step in feedback.traversed):
+            raise ScoreAttemptRefused("the selected member left its Score group")
+        admissions = []
+        for step in feedback.traversed:
+            admission = step.admit(evidence)
+            if admission is None:  # cannot happen after the check above; stay typed anyway
+                raise ScoreAttemptRefused("the selected member left its Score group")
+            admissions.append(admission)
+        return ScoreBusinessGuard(self, tuple(admissions), now)
+
+
+class ScoreBusinessGuard:
+    """The single admitted guard of an attempt. Owns cancellation until transferred (GH-K-70)."""
+
+    __slots__ = ("__weakref__", "_admissions", "_attempt", "_state", "begun_at")
+
+    _OPEN, _TRANSFERRED, _CANCELLED = "open", "transferred", "cancelled"
+
+    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float) -> None:
+        self._attempt = attempt
+        self._admissions = admissions
+        self._state = self._OPEN
+        self.begun_at = now
+
+    @property
+    def cancelled(self) -> bool:
+        return self._state == self._CANCELLED
+
+    @property
+    def transferred(self) -> bool:
+        return self._state == self._TRANSFERRED
+
+    def into_reporter(self, now: float) -> ScoreReporter:
+        """Hand cancellation over to a reporter at the I/O boundary; one-shot (GH-K-76)."""
+        if self._state != self._OPEN:
+            raise ScoreLifecycleError(f"the guard is already {self._state}")
+        self._state = self._TRANSFERRED
+        return ScoreReporter(self._attempt, self._admissions, now)
+
+    def close(self) -> None:
+        """Cancel neutrally unless transferred: nothing was observed, so nothing is recorded."""
+        if self._state == self._OPEN:
+            self._state = self._CANCELLED
+
+    def __enter__(self) -> ScoreBusinessGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class ScoreReporter:
+    """Reports one admitted business flow to every traversed Score group (GH-K-71..74)."""
+
+    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_publishers", "_settlement",
+                 "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
+
+    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float) -> None:
+        feedback = attempt.feedback
+        self._attempt = attempt
+        self._admissions = admissions
+        self._cells = tuple(step.cohort_cell() for step in feedback.traversed)
+        self._publishers = tuple(RxPublisher(cell, attempt.reporter, feedback.cohorts, kind=feedback.kind)
+                                 for cell in self._cells)
+        self._settlement: Settlement | None = None
+        self.started_at = now
+        self.setup_at: float | None = None
+        self.first_response_at: float | None = None
+        self.tx_bytes = 0
+        self.rx_bytes = 0
+
+    @property
+    def settled(self) -> bool:
+        return self._settlement is not None
+
+    @property
+    def settlement(self) -> Settlement | None:
+        return self._settlement
+
+    @property
+    def response_time(self) -> float | None:
+        """First response after setup, in seconds; None until both were observed."""
+        if self.setup_at is None or self.first_response_at is None:
+            return None
+        return self.first_response_at - self.setup_at
+
+    def setup(self, now: float) -> bool:
+        """Setup finished at ``now``. Publishes once; returns whether this call published."""
+        if self.setup_at is not None or self.settled:
+            return False
+        self.setup_at = now
+        for publisher in self._publishers:
+            publisher.setup(now)
+        return True
+
+    def first_response(self, now: float) -> bool:
+        """The first response byte at ``now``. Publishes once; returns whether this call did."""
+        if self.first_response_at is not None or self.settled:
+            return False
+        self.first_response_at = now
+        return True
+
+    def tx(self, now: float, nbytes: int) -> None:
+        """Accepted TX. It announces the reporter to the cohorts; it never proves availability."""
+        if nbytes <= 0 or self.settled:
+            return
+        self.tx_bytes += nbytes
+        for i, publisher in enumerate(self._publishers):
+            if self._member(i):
+                publisher.tx(now)
+
+    def rx(self, now: float, nbytes: int) -> None:
+        """Delivered RX. Through each group's throttle; a published RX may renew qualification."""
+        if nbytes <= 0 or self.settled:
+            return
+        self.rx_bytes += nbytes
+        if self.setup_at is not None:
+            self.first_response(now)
+        evidence = self._attempt.feedback.evidence
+        for i, (publisher, admission) in enumerate(zip(self._publishers, self._admissions, strict=True)):
+            if self._member(i) and publisher.rx(now) is not None:
+                evidence.rx(admission, now)
+
+    def settle(self, now: float, result: Result) -> Settlement | None:
+        """Contribute at most one outcome (GH-K-73); None when already settled.
+
+        Held RX is flushed at its own event time for every ending (it happened). A failure also
+        opens or joins ``result.episode`` in each traversed group's cohort (GH-K-17)."""
+        if self.settled:
+            return None
+        outcome = self._outcome(result)
+        rx_outcome = (RxOutcome.SUCCESS if outcome is not None and not outcome.is_failure
+                      else RxOutcome.FAILURE if outcome is not None else RxOutcome.CANCELLED)
+        if result.ending is Ending.REJECTED:
+            rx_outcome = RxOutcome.REJECTED
+        elif result.ending is Ending.SHUTDOWN:
+            rx_outcome = RxOutcome.SHUTDOWN
+        feedback = self._attempt.feedback
+        evidence = feedback.evidence
+        for i, (publisher, admission, cell) in enumerate(
+                zip(self._publishers, self._admissions, self._cells, strict=True)):
+            if not self._member(i):  # late feedback for deleted membership is ignored (GH-K-08)
+                continue
+            flushed = publisher.settle(now, rx_outcome)
+            if flushed is not None and flushed.flushed_at is not None:
+                evidence.rx(admission, flushed.flushed_at)
+            if outcome is None:
+                continue
+            evidence.settle(admission, outcome, now)
+            if outcome.is_failure:
+                feedback.cohorts.fail(cell, now, episode=result.episode)
+        self._settlement = Settlement(result.ending, outcome)
+        return self._settlement
+
+    def cancel(self, now: float, ending: Ending = Ending.CANCELLED) -> Settlement | None:
+        """Settle neutrally: nothing recorded, factual RX kept (GH-K-74)."""
+        return self.settle(now, Result.neutral(ending))
+
+    def _member(self, i: int) -> bool:
+        step = self._attempt.feedback.traversed[i]
+        return self._attempt.feedback.evidence.is_member(step.group, step.node_id)
+
+    def _outcome(self, result: Result) -> Outcome | None:
+        ending = result.ending
+        if ending.neutral:
+            return None
+        if ending is Ending.IDLE:
+            ending = Ending.SUCCESS if self.first_response_at is not None else Ending.FAILURE
+        if ending is Ending.SUCCESS:
+            return Outcome.USEFUL if self.first_response_at is not None else Outcome.SUCCESS
+        return Outcome.SETUP_FAILURE if self.setup_at is None else Outcome.FAILURE
+
+    def __del__(self) -> None:
+        # Dropping the last unfinished handle cancels (GH-K-73). Without a clock, held RX is
+        # discarded rather than flushed at an unknown time (see the module docstring).
+        if self._settlement is None:
+            self._settlement = Settlement(Ending.CANCELLED, None)
+
+
+__all__ = [
+    "Ending", "Episode", "Result", "ScoreAttempt", "ScoreAttemptRefused", "ScoreBusinessGuard",
+    "ScoreFeedback", "ScoreLifecycleError", "ScoreReporter", "Settlement", "Traversal",
+    "classify_relay_end",
+]

@@ -1,0 +1,297 @@
+"""Score's first-choice performance heuristic, sans-I/O (GH-K-29..33, detection of GH-K-47).
+
+State is kept per (group, network, family or None, target or None, node) and, inside that, per
+metric scope: each scope holds its newest event time and a WeightedMean of at most
+PERFORMANCE_INERTIA observations (GH-K-30). A scope loses confidence PERFORMANCE_CONFIDENCE_LOSS
+after its newest event time and expires at PERFORMANCE_EXPIRY, whatever its count (GH-K-31);
+an expired scope is cleared before it takes a new observation, so old values never leak into a
+fresh mean.
+
+Scopes (GH-K-32) are never pooled: setup latency, response latency and each goodput direction of
+one exact target (or of targetless work at the family/global level), and configured-probe RTT per
+(probe identity, health family). A read ranks candidates within each scope relative to the best
+candidate's value and combines scopes with the K.4 weights (see constants.py). A scope counts
+only when it is comparable (PERFORMANCE_COMPARABLE_MIN candidates have it); a candidate missing a
+comparable scope scores zero there, so missing or expired performance is never a gain. The
+response weight lets a fresh comparable target response override the probe baseline.
+
+This is a proposal for first choice, never promotion proof (GH-K-33). Historical volume adds
+nothing: a scope is one mean of at most four observations (GH-K-29). Keys and targets never
+appear in reprs (GH-K-09).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from honk._fast.movavg import WeightedMean
+from honk.alive.outcome import Family
+from honk.core.net import Network
+from honk.group.score.constants import (
+    DEGRADATION_MIN_EXCESS,
+    DEGRADATION_MIN_HISTORY,
+    DEGRADATION_RATIO,
+    PERFORMANCE_COMPARABLE_MIN,
+    PERFORMANCE_CONFIDENCE_LOSS,
+    PERFORMANCE_EXPIRY,
+    PERFORMANCE_INERTIA,
+    PERFORMANCE_LATENCY_FLOOR,
+    PERFORMANCE_STALE_CONFIDENCE,
+    PERFORMANCE_WEIGHT_GOODPUT,
+    PERFORMANCE_WEIGHT_PROBE,
+    PERFORMANCE_WEIGHT_RESPONSE,
+    PERFORMANCE_WEIGHT_SETUP,
+)
+from honk.group.score.keys import NodeId, ScoreTarget
+
+_HEALTH_FAMILIES = (Family.V4, Family.V6, None)
+
+
+class Metric(enum.Enum):
+    """A business metric kind; probe RTT is scoped by :class:`ProbeIdentity` instead."""
+
+    SETUP = "setup"
+    RESPONSE = "response"
+    GOODPUT_UP = "goodput_up"
+    GOODPUT_DOWN = "goodput_down"
+
+
+class Direction(enum.Enum):
+    UP = "up"
+    DOWN = "down"
+
+
+_GOODPUT = {Direction.UP: Metric.GOODPUT_UP, Direction.DOWN: Metric.GOODPUT_DOWN}
+_WEIGHTS = {
+    Metric.RESPONSE: PERFORMANCE_WEIGHT_RESPONSE,
+    Metric.SETUP: PERFORMANCE_WEIGHT_SETUP,
+    Metric.GOODPUT_UP: PERFORMANCE_WEIGHT_GOODPUT,
+    Metric.GOODPUT_DOWN: PERFORMANCE_WEIGHT_GOODPUT,
+}
+_HIGHER_BETTER = frozenset({Metric.GOODPUT_UP, Metric.GOODPUT_DOWN})
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeIdentity:
+    """A configured probe's measurement scope: normalized request URI, method and cadence (s).
+
+    Two probes differing in any of them measure different things and never share a baseline.
+    The repr hides the URI (scorer data is never logged).
+    """
+
+    uri: str
+    method: str
+    cadence: float
+
+    def __repr__(self) -> str:
+        return f"ProbeIdentity(<hidden>, {self.method}, {self.cadence:g})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    group: str
+    network: Network
+    family: Family | None
+    target: ScoreTarget | None
+    node_id: NodeId
+
+    def __repr__(self) -> str:
+        return "_Key(<hidden>)"
+
+
+class _Scope:
+    """One metric's newest event time and bounded inertia."""
+
+    __slots__ = ("event", "mean")
+
+    def __init__(self) -> None:
+        self.event = float("-inf")
+        self.mean = WeightedMean(PERFORMANCE_INERTIA)
+
+    def add(self, value: float, weight: float, now: float) -> None:
+        if self.event - now >= PERFORMANCE_EXPIRY:
+            return  # a late report already expired against the newest event adds nothing
+        if now - self.event >= PERFORMANCE_EXPIRY:
+            self.mean.clear()  # expired: a fresh observation starts a new mean
+        self.mean.add(value, weight)
+        self.event = max(self.event, now)
+
+    def read(self, now: float) -> tuple[float, float] | None:
+        """(value, confidence), or None when expired or empty."""
+        age = now - self.event
+        if age >= PERFORMANCE_EXPIRY or len(self.mean) == 0:
+            return None
+        value = self.mean.mean()
+        if value is None:
+            return None
+        return value, (1.0 if age < PERFORMANCE_CONFIDENCE_LOSS else PERFORMANCE_STALE_CONFIDENCE)
+
+
+def _relative(metric_higher_better: bool, value: float, best: float) -> float:
+    if metric_higher_better:
+        return value / best
+    return max(best, PERFORMANCE_LATENCY_FLOOR) / max(value, PERFORMANCE_LATENCY_FLOOR)
+
+
+class FirstChoiceHeuristic:
+    """Per-scope performance state and the first-choice utility read; all times are explicit."""
+
+    def __init__(self) -> None:
+        self._cells: dict[_Key, dict[Hashable, _Scope]] = {}
+        self._probe_generation = 0
+
+    # --- observations ---------------------------------------------------------------------
+
+    def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
+        cell = self._cells.setdefault(key, {})
+        entry = cell.get(scope)
+        if entry is None:
+            entry = cell[scope] = _Scope()
+        entry.add(value, weight, now)
+
+    def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                      node_id: NodeId, latency: float, now: float) -> None:
+        """A setup latency (s), kept at the exact target (or targetless at its family/global level)."""
+        self._observe(_Key(group, network, family, target, node_id), Metric.SETUP, _latency(latency), 1.0, now)
+
+    def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                         node_id: NodeId, latency: float, now: float) -> None:
+        """A response latency (s), target-scoped like setup."""
+        self._observe(_Key(group, network, family, target, node_id), Metric.RESPONSE, _latency(latency), 1.0, now)
+
+    def observe_goodput(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                        node_id: NodeId, direction: Direction, nbytes: int, seconds: float, now: float) -> None:
+        """A directional transfer window; the mean is weighted by bytes, so tiny windows barely count."""
+        if nbytes <= 0 or not seconds > 0.0:
+            return  # no offered load measures nothing (unknown, not zero)
+        self._observe(_Key(group, network, family, target, node_id), _GOODPUT[direction],
+                      nbytes / seconds, float(nbytes), now)
+
+    def observe_probe(self, group: str, network: Network, health_family: Family | None, node_id: NodeId,
+                      probe: ProbeIdentity, rtt: float, now: float, generation: int | None = None) -> bool:
+        """A configured-probe RTT (s); refused (False) when from an old probe generation (GH-K-12)."""
+        if generation is not None and generation != self._probe_generation:
+            return False
+        self._observe(_Key(group, network, health_family, None, node_id), probe, _latency(rtt), 1.0, now)
+        return True
+
+    @property
+    def probe_generation(self) -> int:
+        """The current probe generation; probes started before a reload carry an older one."""
+        return self._probe_generation
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def reload(self, now: float) -> None:
+        """Clear every configured-probe baseline and start a new probe generation (GH-K-12).
+
+        Business metrics survive: admitted flows may keep reporting for surviving membership.
+        """
+        del now  # reload is a fence, not a timed event; kept for the uniform API
+        self._probe_generation += 1
+        for key in list(self._cells):
+            cell = self._cells[key]
+            for scope in [s for s in cell if isinstance(s, ProbeIdentity)]:
+                del cell[scope]
+            if not cell:
+                del self._cells[key]
+
+    def prune(self, valid_pairs: Iterable[tuple[str, NodeId]]) -> None:
+        """Forget every (group, node) not in ``valid_pairs``."""
+        valid = set(valid_pairs)
+        for key in [k for k in self._cells if (k.group, k.node_id) not in valid]:
+            del self._cells[key]
+
+    def expire(self, now: float) -> None:
+        """Drop expired scopes, bounding memory by recent activity."""
+        for key in list(self._cells):
+            cell = self._cells[key]
+            for scope in [s for s, e in cell.items() if e.read(now) is None]:
+                del cell[scope]
+            if not cell:
+                del self._cells[key]
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+              candidates: Sequence[Hashable], now: float) -> dict[Hashable, float | None]:
+        """Each candidate's utility in [0, 1] (higher better), or None with no fresh comparable metric.
+
+        Business scopes are read at (family, target); probe scopes at every health family, each
+        (identity, health family) its own scope.
+        """
+        # scope -> {candidate: (value, confidence)}
+        readings: dict[tuple[Hashable, Family | None], dict[Hashable, tuple[float, float]]] = {}
+        for node in candidates:
+            cell = self._cells.get(_Key(group, network, family, target, node))
+            if cell is not None:
+                for scope, entry in cell.items():
+                    if isinstance(scope, Metric):
+                        reading = entry.read(now)
+                        if reading is not None:
+                            readings.setdefault((scope, family), {})[node] = reading
+            for health in _HEALTH_FAMILIES:
+                cell = self._cells.get(_Key(group, network, health, None, node))
+                if cell is None:
+                    continue
+                for scope, entry in cell.items():
+                    if isinstance(scope, ProbeIdentity):
+                        reading = entry.read(now)
+                        if reading is not None:
+                            readings.setdefault((scope, health), {})[node] = reading
+        comparable = {s: r for s, r in readings.items() if len(r) >= PERFORMANCE_COMPARABLE_MIN}
+        probes = sum(1 for scope, _ in comparable if isinstance(scope, ProbeIdentity))
+        total = 0.0
+        gains: dict[Hashable, float] = {}
+        for (scope, _), by_node in comparable.items():
+            weight = PERFORMANCE_WEIGHT_PROBE / probes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
+            higher = scope in _HIGHER_BETTER
+            values = [v for v, _ in by_node.values()]
+            best = max(values) if higher else min(values)
+            if higher and best <= 0.0:
+                continue  # nothing moved anywhere: the scope ranks nobody
+            total += weight
+            for node, (value, confidence) in by_node.items():
+                gains[node] = gains.get(node, 0.0) + weight * confidence * _relative(higher, value, best)
+        return {node: (gains[node] / total if node in gains else None) for node in candidates}
+
+    def degraded(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
+                 sample: float, now: float, *, metric: Metric = Metric.RESPONSE,
+                 family: Family | None = None) -> bool:
+        """Whether a setup or response ``sample`` (s) is degraded against the same exact target's
+        fresh history (GH-K-47); never for a targetless read or against other targets.
+
+        ``family`` defaults to the target literal's family. The sample is not recorded.
+        """
+        if target is None or metric not in (Metric.SETUP, Metric.RESPONSE):
+            return False
+        if family is None:
+            family = target.family()
+        if family is None:
+            return False  # no family, no exact cell (keys.py)
+        cell = self._cells.get(_Key(group, network, family, target, node_id))
+        entry = cell.get(metric) if cell is not None else None
+        if entry is None or len(entry.mean) < DEGRADATION_MIN_HISTORY:
+            return False
+        reading = entry.read(now)
+        if reading is None:
+            return False
+        mean = reading[0]
+        return sample >= DEGRADATION_RATIO * mean and sample >= mean + DEGRADATION_MIN_EXCESS
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __repr__(self) -> str:
+        return f"FirstChoiceHeuristic(cells={len(self._cells)}, probe_generation={self._probe_generation})"
+
+
+def _latency(value: float) -> float:
+    if not value >= 0.0:
+        raise ValueError("a latency must be a non-negative number of seconds")
+    return value
+
+
+__all__ = ["Direction", "FirstChoiceHeuristic", "Metric", "ProbeIdentity"]

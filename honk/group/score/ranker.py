@@ -1,0 +1,406 @@
+"""Score's ordinary selection, sans-I/O (GH-K-01, 05, 06, 29, 34, 35, 44..46, 77, 82, 125..129).
+
+:class:`ScoreState` is the one Score object of a group manager. It holds the evidence, the
+failure cohorts, the switch history, the first-choice performance provider, the budget scopes
+and the reason counters, and :meth:`ScoreState.rank` turns them into one authoritative leaf.
+
+A rank runs in this order:
+
+1. ``exclude`` removes NodeIds (the failed leaf of a Score-owned setup retry, GH-K-77), then the
+   liveness filter's verdict removes dead members (``deadFiltered``). No score can bring a dead
+   member back (GH-K-01); with no live member the rank returns no winner and the caller decides
+   about last resort.
+2. Recent-failure exclusion (GH-K-46): a member with an open failure episode whose newest failure
+   is younger than RECENT_FAILURE_WINDOW is not eligible (``failStreakExcluded``), unless that
+   would leave nobody: liveness, not Score, decides whether a group can serve.
+3. The eligible members are ordered (GH-K-06, no randomness): the members whose blended
+   reliability lower bound is within RELIABILITY_BAND of the best form the front, ordered by
+   fresh utility (None last: missing performance is never a gain, GH-K-31), then reliability,
+   then configuration order; the rest follow by reliability, utility, configuration order.
+   Reliability comes first, so a faster node that keeps failing never outranks a reliable one
+   (GH-K-29); sample volume enters only through the Beta bound, never as a bonus.
+4. Cold exploration: while the scope's frozen allowance B (GH-K-82) is not spent, the first
+   eligible unqualified member in configuration order not yet tried in the scope is tried
+   instead. It spends one unit, is a trial (never an incumbent, never a switch) and is the
+   only thing that spends B; nothing mints credit in this issue.
+5. Otherwise the ordinary winner: the incumbent (the last ordinary winner of this
+   ``(group, network, family, target)``) escapes at once when it is dead, excluded or no longer
+   a member (``incumbentIneligible``), or when it has an unresolved failure (``freshFailureBypass``,
+   GH-K-34); else it is kept unless the best challenger beats it by a margin (hysteresis).
+
+Reason precedence (GH-K-125: exactly one final reason per applied multi-candidate rank), the
+spec's own listing order, first applicable wins:
+``coldExplore`` > ``incumbentIneligible`` > ``freshFailureBypass`` > ``insufficientEvidenceHeld``
+> ``incumbentHeld`` > ``reliabilityWinner`` > ``performanceWinner``. A trial names the work
+actually applied, so it outranks escape; escape outranks any hold because the incumbent did not
+compete; the held reasons apply only when an incumbent was kept; the winner reasons apply to a
+first choice or a promotion.
+
+Peek, a single remaining candidate (singleton bypass) and no live candidate (the caller's last
+resort) change nothing: no counter, no allowance, no incumbent, no switch (GH-K-129).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from honk.alive.outcome import Family
+from honk.core.net import IPAddress, Network
+from honk.group.score.cohort import Cohorts
+from honk.group.score.constants import (
+    HOLD_RELIABILITY_MARGIN,
+    HOLD_UTILITY_MARGIN,
+    RECENT_FAILURE_WINDOW,
+    RELIABILITY_BAND,
+    SWITCH_HISTORY_MAX,
+    cold_allowance,
+)
+from honk.group.score.evidence import EvidenceStats, ScoreEvidence
+from honk.group.score.keys import NodeId, ScoreTarget
+from honk.group.score.switches import SwitchHistory
+
+# Final reasons, in precedence order (see the module docstring).
+COLD_EXPLORE = "coldExplore"
+INCUMBENT_INELIGIBLE = "incumbentIneligible"
+FRESH_FAILURE_BYPASS = "freshFailureBypass"
+INSUFFICIENT_EVIDENCE_HELD = "insufficientEvidenceHeld"
+INCUMBENT_HELD = "incumbentHeld"
+RELIABILITY_WINNER = "reliabilityWinner"
+PERFORMANCE_WINNER = "performanceWinner"
+FINAL_REASONS = (COLD_EXPLORE, INCUMBENT_INELIGIBLE, FRESH_FAILURE_BYPASS, INSUFFICIENT_EVIDENCE_HELD,
+                 INCUMBENT_HELD, RELIABILITY_WINNER, PERFORMANCE_WINNER)
+# Candidate counters (GH-K-128): affected candidates, not flows.
+DEAD_FILTERED = "deadFiltered"
+FAIL_STREAK_EXCLUDED = "failStreakExcluded"
+CANDIDATE_COUNTERS = (DEAD_FILTERED, FAIL_STREAK_EXCLUDED)
+# Neutral outcomes: never counted (GH-K-129).
+PEEK = "peek"
+SINGLETON = "singleton"
+NO_CANDIDATE = "noCandidate"
+
+# Evidence keys read only the family of a destination address; one address per family stands for
+# "the target family the caller carries" when the target itself (a domain) has no address.
+_FAMILY_ADDRESS: dict[Family, IPAddress] = {Family.V4: ipaddress.IPv4Address(0), Family.V6: ipaddress.IPv6Address(0)}
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One configured member as the liveness filter left it; ``alive`` is its verdict."""
+
+    name: str
+    node_id: NodeId
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """``winner`` (None: no live candidate), the reason (a final reason or a neutral one) and
+    the eligible members in rank order (the trial, if any, first)."""
+
+    winner: Member | None
+    reason: str
+    order: tuple[Member, ...]
+
+
+class PerformanceProvider(Protocol):
+    """The first-choice heuristic: utility in [0, 1], None for no fresh performance (GH-K-31)."""
+
+    def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+              candidates: Sequence[NodeId], now: float) -> Mapping[NodeId, float | None]: ...
+
+
+@dataclass(slots=True)
+class BudgetScope:
+    """A (group, network, family) scope: its member count and cold allowance, frozen when it is
+    first retained (GH-K-82), the cold trials spent and the members already tried cold."""
+
+    members: int
+    allowance: int
+    spent: int = 0
+    tried: set = field(default_factory=set)
+
+    @property
+    def remaining(self) -> int:
+        return self.allowance - self.spent
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    member: Member
+    index: int  # configuration order
+    reliability: float
+    utility: float | None
+    qualified: bool
+    unresolved: bool  # an open failure episode in one of its layers
+    recent_failure: bool  # ... whose newest failure is within RECENT_FAILURE_WINDOW
+
+
+def _front_key(c: _Candidate) -> tuple:
+    return (c.utility is None, -(c.utility or 0.0), -c.reliability, c.index)
+
+
+def _rest_key(c: _Candidate) -> tuple:
+    return (-c.reliability, c.utility is None, -(c.utility or 0.0), c.index)
+
+
+def _order(candidates: list[_Candidate]) -> list[_Candidate]:
+    """Reliability first, then utility within the reliability band, then configuration order."""
+    if not candidates:
+        return []
+    best = max(c.reliability for c in candidates)
+    front = sorted((c for c in candidates if c.reliability >= best - RELIABILITY_BAND), key=_front_key)
+    rest = sorted((c for c in candidates if c.reliability < best - RELIABILITY_BAND), key=_rest_key)
+    return front + rest
+
+
+def _winner_reason(winner: _Candidate, order: list[_Candidate]) -> str:
+    """Why a first choice or promotion won: performance only when fresh utility decided it
+    among members of comparable reliability; reliability (or configuration order) otherwise."""
+    best = max(c.reliability for c in order)
+    rivals = [c for c in order if c is not winner and c.reliability >= best - RELIABILITY_BAND]
+    if winner.utility is not None and rivals:
+        return PERFORMANCE_WINNER
+    return RELIABILITY_WINNER
+
+
+def _challenge(incumbent: _Candidate, challenger: _Candidate) -> str | None:
+    """The reason the challenger displaces the incumbent, or None when the incumbent holds.
+
+    Reliability first: a challenger more reliable by HOLD_RELIABILITY_MARGIN wins outright; one
+    less reliable by that margin loses. In between, fresh utility must beat the incumbent's by
+    HOLD_UTILITY_MARGIN. An unqualified challenger is never promoted: the heuristic proposes,
+    it does not prove (GH-K-33)."""
+    if not challenger.qualified:
+        return None
+    if challenger.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN:
+        return RELIABILITY_WINNER
+    if challenger.reliability < incumbent.reliability - HOLD_RELIABILITY_MARGIN:
+        return None
+    if challenger.utility is None or incumbent.utility is None:
+        return None
+    if challenger.utility > incumbent.utility + HOLD_UTILITY_MARGIN:
+        return PERFORMANCE_WINNER
+    return None
+
+
+class ScoreState:
+    """The manager's Score state: evidence, cohorts, switches, budgets, counters (GH-K-07)."""
+
+    def __init__(self, performance: PerformanceProvider | None = None, *, evidence: ScoreEvidence | None = None,
+                 cohorts: Cohorts | None = None, switches: SwitchHistory | None = None,
+                 incumbents_max: int = SWITCH_HISTORY_MAX) -> None:
+        self.performance = performance
+        self.evidence = evidence if evidence is not None else ScoreEvidence()
+        self.cohorts = cohorts if cohorts is not None else Cohorts()
+        self.switches = switches if switches is not None else SwitchHistory()
+        self.scopes: dict[tuple[str, Network, Family | None], BudgetScope] = {}
+        # last ordinary winner per (group, network, family, target); bounded like the switch history
+        self._incumbents: OrderedDict[Hashable, NodeId] = OrderedDict()
+        self._incumbents_max = incumbents_max
+        self._counters: dict[tuple[str, Network], dict[str, int]] = {}
+        self._valid: frozenset[tuple[str, NodeId]] | None = None
+
+    # --- ranking --------------------------------------------------------------------------------
+
+    def rank(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+             members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
+             peek: bool = False) -> Ranked:
+        """Rank ``members`` (configuration order) for one flow; see the module docstring."""
+        considered = [(i, m) for i, m in enumerate(members) if m.node_id not in exclude]
+        alive = [(i, m) for i, m in considered if m.alive]
+        dead = len(considered) - len(alive)
+        if not alive:
+            return Ranked(None, NO_CANDIDATE, ())
+        if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
+            return Ranked(alive[0][1], SINGLETON, (alive[0][1],))
+
+        candidates = self._candidates(group, network, target, family, alive, now)
+        eligible = [c for c in candidates if not c.recent_failure]
+        if not eligible:  # every live member failed recently: rank them all rather than none
+            eligible = candidates
+        excluded = len(candidates) - len(eligible)
+        order = _order(eligible)
+
+        scope_key = (group, network, family)
+        scope = self.scopes.get(scope_key)
+        history_key = (group, network, family, target)
+        incumbent_id = self._incumbents.get(history_key)
+
+        # cold exploration: the first untried unqualified eligible member, funded by B
+        remaining = scope.remaining if scope is not None else cold_allowance(len(members))
+        tried = scope.tried if scope is not None else ()
+        cold = None
+        if remaining > 0:
+            cold = next((c for c in sorted(eligible, key=lambda c: c.index)
+                         if not c.qualified and c.member.node_id not in tried), None)
+
+        if cold is not None:
+            winner, reason, ordinary = cold, COLD_EXPLORE, False
+        else:
+            winner, reason = self._ordinary(order, candidates, incumbent_id)
+            ordinary = True
+        ranked_order = tuple([winner.member] + [c.member for c in order if c is not winner])
+        if peek:
+            return Ranked(winner.member, PEEK, ranked_order)
+
+        # applied: commit the work, then count exactly one final reason
+        if scope is None:
+            scope = self.scopes[scope_key] = BudgetScope(len(members), cold_allowance(len(members)))
+        if not ordinary:
+            scope.spent += 1
+            scope.tried.add(winner.member.node_id)
+        else:
+            self._incumbents[history_key] = winner.member.node_id
+            self._incumbents.move_to_end(history_key)
+            while len(self._incumbents) > self._incumbents_max:
+                self._incumbents.popitem(last=False)
+            self.switches.record(group, network, history_key, winner.member.node_id)
+        counters = self._scope_counters(group, network)
+        counters[reason] += 1
+        counters[DEAD_FILTERED] += dead
+        counters[FAIL_STREAK_EXCLUDED] += excluded
+        return Ranked(winner.member, reason, ranked_order)
+
+    def _ordinary(self, order: list[_Candidate], candidates: list[_Candidate],
+                  incumbent_id: NodeId | None) -> tuple[_Candidate, str]:
+        top = order[0]
+        if incumbent_id is None:
+            return top, _winner_reason(top, order)
+        incumbent = next((c for c in candidates if c.member.node_id == incumbent_id), None)
+        if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
+            return top, INCUMBENT_INELIGIBLE
+        others = [c for c in order if c is not incumbent]
+        if incumbent.unresolved:
+            if others:  # an unresolved failure loses at once to another eligible member (GH-K-34)
+                return others[0], FRESH_FAILURE_BYPASS
+            return incumbent, INCUMBENT_HELD  # the failed incumbent is all there is
+        challenger = others[0]  # incumbent is eligible and there are at least two candidates
+        promoted = _challenge(incumbent, challenger)
+        if promoted is not None:
+            return challenger, promoted
+        if order[0] is challenger and (not challenger.qualified or challenger.utility is None
+                                       or incumbent.utility is None):
+            # the challenger ranks first but has no shared comparison that could promote it
+            return incumbent, INSUFFICIENT_EVIDENCE_HELD
+        return incumbent, INCUMBENT_HELD
+
+    def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                    alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:
+        destination = _FAMILY_ADDRESS.get(family) if family is not None else None
+        if family is None:
+            target_for_read = None  # no family: only the global aggregate applies
+        else:
+            target_for_read = target
+        ids = tuple(m.node_id for _, m in alive)
+        utilities: Mapping[NodeId, float | None] = {}
+        if self.performance is not None:
+            utilities = self.performance.score(group, network, target, family, ids, now)
+        out = []
+        for index, member in alive:
+            node = member.node_id
+            blend = self.evidence.blend(group, network, target_for_read, node, now, destination)
+            unresolved, recent = self._failure_state(group, network, target_for_read, node, destination, now)
+            out.append(_Candidate(member, index, blend.reliability, utilities.get(node),
+                                  self.evidence.qualified(group, network, node, now, target_for_read, destination),
+                                  unresolved, recent))
+        return out
+
+    def _failure_state(self, group: str, network: Network, target: ScoreTarget | None, node: NodeId,
+                       destination: IPAddress | None, now: float) -> tuple[bool, bool]:
+        """(open episode in any layer, that episode's newest failure is recent).
+
+        Cohorts are keyed by the same AggregateKey/ExactKey objects as the evidence cells: a
+        node-scoped failure opens on an aggregate and shows for every target, a target failure
+        opens on its exact cell only. A failure time the evidence does not know counts as not
+        recent: the member stays eligible but cannot remain incumbent."""
+        unresolved = recent = False
+        keys = self.evidence.keys(group, network, target, node, destination)
+        layers = self.evidence.layers(group, network, target, node, destination)  # padded with None
+        for (_store, key), cell in zip(keys, layers, strict=False):
+            if self.cohorts.open_episode(key) is None:
+                continue
+            unresolved = True
+            if cell is not None and cell.last_failure is not None and now - cell.last_failure < RECENT_FAILURE_WINDOW:
+                recent = True
+        return unresolved, recent
+
+    def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
+        counters = self._counters.get((group, network))
+        if counters is None:
+            counters = self._counters[(group, network)] = dict.fromkeys(FINAL_REASONS + CANDIDATE_COUNTERS, 0)
+        return counters
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def prune(self, valid: Iterable[tuple[str, NodeId]]) -> int:
+        """Publish the (group, node) membership (GH-K-08): evidence drops removed cells; deleted
+        groups lose their scopes, counters and switch counters; retained scopes keep their frozen
+        n and B and what they spent (GH-K-82). Returns the evidence cells dropped."""
+        self._valid = frozenset(valid)
+        dropped = self.evidence.prune(self._valid)
+        groups = {g for g, _ in self._valid}
+        for key in [k for k in self.scopes if k[0] not in groups]:
+            del self.scopes[key]
+        for (group, _network, _family), scope in self.scopes.items():
+            scope.tried = {n for n in scope.tried if (group, n) in self._valid}
+        for key in [k for k, node in self._incumbents.items() if (k[0], node) not in self._valid]:
+            del self._incumbents[key]
+        for key in [k for k in self._counters if k[0] not in groups]:
+            del self._counters[key]
+        for group in {g for g, _ in self.switches.counters} - groups:
+            self.switches.forget_group(group)
+        return dropped
+
+    def reload(self, now: float, valid: Iterable[tuple[str, NodeId]] | None = None) -> int:
+        """A committed reload at ``now``: prune to ``valid`` (default: the last published
+        membership), revoke leases and restart cohorts behind a reload fence. Budget scopes,
+        incumbents and counters survive; the reload itself creates no failure."""
+        if valid is not None:
+            self.prune(valid)
+        if self._valid is None:
+            raise ValueError("reload needs the membership: none was published yet")
+        dropped = self.evidence.reload(self._valid, now)
+        self.cohorts.reload(now)
+        return dropped
+
+    # --- export ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """``/stats.score`` fields (GH-K-130): fixed counters per (group, network), budget totals per
+        group and network, and evidence cache totals. No node, target or cell identity."""
+        scopes: dict[tuple[str, Network], dict] = {}
+        for key in set(self._counters) | set(self.switches.counters) | {(g, n) for g, n, _ in self.scopes}:
+            scopes[key] = {}
+        groups = []
+        for (group, network) in sorted(scopes, key=lambda k: (k[0], str(getattr(k[1], "value", k[1])))):
+            counters = self._counters.get((group, network)) or dict.fromkeys(FINAL_REASONS + CANDIDATE_COUNTERS, 0)
+            switches = self.switches.counters.get((group, network))
+            budgets = [s for (g, n, _), s in self.scopes.items() if g == group and n == network]
+            groups.append({
+                "group": group,
+                "network": getattr(network, "value", network),
+                "reasons": {r: counters[r] for r in FINAL_REASONS},
+                "candidates": {c: counters[c] for c in CANDIDATE_COUNTERS},
+                "ordinarySwitch": switches.ordinary_switch if switches else 0,
+                "switchFlap": switches.switch_flap if switches else 0,
+                "coldAllowance": sum(s.allowance for s in budgets),
+                "coldSpent": sum(s.spent for s in budgets),
+            })
+        cache: EvidenceStats = self.evidence.stats()
+        return {
+            "groups": groups,
+            "cache": {
+                "exactEntries": cache.exact_entries, "exactCapacity": cache.exact_capacity,
+                "exactEvictions": cache.exact_evictions, "aggregateEntries": cache.aggregate_entries,
+                "aggregateCapacity": cache.aggregate_capacity, "aggregateEvictions": cache.aggregate_evictions,
+            },
+        }
+
+
+__all__ = [
+    "CANDIDATE_COUNTERS", "FINAL_REASONS", "BudgetScope", "Member", "PerformanceProvider", "Ranked", "ScoreState",
+]

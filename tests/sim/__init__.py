@@ -1,0 +1,1 @@
+"""Simulation harness for group policies: scripted nodes, flows on a fake clock, metrics (issue 11)."""
