@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from honk.alive.outcome import Family
 from honk.config.spec import GlobalSpec, Policy
-from honk.connection.plane import Decision
+from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.control.mode import RoutingMode
 from honk.core.clock import Clock
@@ -171,7 +171,8 @@ class Dispatcher:
         outbound = self.mode.override() if self.mode is not None else None
         if outbound is None:
             return None
-        selection = plane.groups.resolve(outbound, meta.network)
+        selection = plane.groups.resolve(outbound, meta.network, target=score_target(meta),
+                                         destination=meta.resolved)
         return self._routed(meta, Decision(RouteDecision(outbound, f"mode({self.mode.mode})", False, None),
                                            selection), plane.generation)
 
@@ -217,8 +218,9 @@ class Dispatcher:
         group's next-ranked members (at most three, in rank order, same deadline). Every
         failure counts in its node's streak, so a lone failure the round rescues leaves no
         strike (strikes come at a streak of two) while a dead winner is demoted by the second
-        one. Typed refusals, timeouts waiting for a dial permit and failures of other
-        policies are final."""
+        one. A Score group instead tries one different permitted leaf, the failed NodeId
+        excluded before ranking (GH-K-77). Typed refusals, timeouts waiting for a dial permit
+        and failures of other policies are final."""
         deadline = self.clock.now() + self.global_spec.connect_timeout
         try:
             return routed, await self._dial_leaf(routed.leaf, routed.meta.target, deadline)
@@ -240,11 +242,18 @@ class Dispatcher:
         retry = getattr(groups, "retry_candidates", None)
         if retry is None:
             return []
-        for name in reversed(routed.chain[:-1]):  # the URLTest group nearest the leaf decided
-            if name in groups and getattr(groups.policy(name), "kind", None) is Policy.URLTEST:
-                head = routed.chain[: routed.chain.index(name)]
-                return [dataclasses.replace(c, chain=head + c.chain)
-                        for c in retry(name, routed.meta.network, Family.V4, routed.leaf)]
+        meta = routed.meta
+        for name in reversed(routed.chain[:-1]):  # the URLTest or Score group nearest the leaf decided
+            kind = getattr(groups.policy(name), "kind", None) if name in groups else None
+            if kind is Policy.URLTEST:
+                candidates = retry(name, meta.network, Family.V4, routed.leaf)
+            elif kind is Policy.SCORE:
+                candidates = retry(name, meta.network, Family.V4, routed.leaf, target=score_target(meta),
+                                   destination=meta.resolved)
+            else:
+                continue
+            head = routed.chain[: routed.chain.index(name)]
+            return [dataclasses.replace(c, chain=head + c.chain) for c in candidates]
         return []
 
     async def _dial_leaf(self, leaf: Any, target: Any, deadline: float) -> DialedStream:

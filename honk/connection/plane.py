@@ -25,15 +25,25 @@ from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress, Network
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager, Identity, Selection
+from honk.group.score.keys import ScoreTarget
 from honk.outbound.base import Outbound
 from honk.outbound.registry import build_outbounds, retire_runtimes
 from honk.outbound.runtime import NodeRuntime
 from honk.route.resolve import Resolver, SystemResolver
 from honk.route.router import NeedsResolution, RouteDecision, Router
 
-__all__ = ["Decision", "Plane", "SystemResolver", "build_plane"]
+__all__ = ["Decision", "Plane", "SystemResolver", "build_plane", "score_target"]
 
 log = logging.getLogger(__name__)
+
+
+def score_target(meta: FlowMeta) -> ScoreTarget | None:
+    """The flow's target as Score keys it; None when it does not normalize (Score then ranks
+    on the aggregate rather than refusing the flow)."""
+    try:
+        return ScoreTarget.of(meta.target.host, meta.target.port)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +82,8 @@ class Plane:
         result = self.router.route(meta)
         if isinstance(result, NeedsResolution):
             return None
-        return Decision(result, self.groups.resolve(result.outbound, meta.network))
+        return Decision(result, self.groups.resolve(result.outbound, meta.network, target=score_target(meta),
+                                                    destination=meta.resolved))
 
     async def decide(self, meta: FlowMeta, resolver: Resolver) -> Decision:
         """Route ``meta`` and resolve the target name to one leaf.
@@ -100,7 +111,8 @@ class Plane:
                 result = self.router.route(meta, start=result.rule_index, resolution_failed=True)
             if isinstance(result, NeedsResolution):  # the router contract rules this out
                 raise RuntimeError("router asked for resolution twice")
-        selection = self.groups.resolve(result.outbound, meta.network)
+        selection = self.groups.resolve(result.outbound, meta.network, target=score_target(meta),
+                                        destination=meta.resolved)
         return Decision(result, selection, resolved)
 
 

@@ -22,6 +22,12 @@ Theory of operation
   cycle through finals) contributes none either.
 * ``peek`` resolution (introspection, delay-test listings) changes nothing a policy
   remembers: no LoadBalance cursor, Fallback pin or URLTest winner moves, no warning.
+* A Score group ranks with the flow's target (``resolve(..., target=, destination=)``) in the
+  one :class:`~honk.group.score.ranker.ScoreState` of the manager lineage (:attr:`score`):
+  ``build(previous=...)`` shares it and prunes removed membership, a fresh build starts
+  empty. Its result depends on the target and on evidence, so a walk through a Score group is
+  never cached and is served by deciding again with commit. A nested group member is judged
+  by its own pick as for any policy; attributing nested paths to each Score group is later work.
 
 Invariants: the structure never changes after ``build``; only policy state changes, on
 the event loop's thread, through :meth:`resolve` and :meth:`select`.
@@ -38,7 +44,7 @@ from honk.alive.outcome import Family
 from honk.config.spec import GroupSpec, Spec
 from honk.core.clock import Clock
 from honk.core.errors import NoRoute
-from honk.core.net import Network
+from honk.core.net import IPAddress, Network
 from honk.group.filter import NO_HEALTH, HealthFilter, node_id_of
 from honk.group.membership import Membership, resolve_membership
 from honk.group.policy import (
@@ -48,11 +54,14 @@ from honk.group.policy import (
     Fallback,
     Fixable,
     GroupPolicy,
+    Score,
     Selector,
     UnknownGroup,
     URLTest,
     make_policy,
 )
+from honk.group.score.keys import NodeId, ScoreTarget
+from honk.group.score.ranker import ScoreState
 from honk.outbound.base import Outbound
 
 log = logging.getLogger(__name__)
@@ -130,7 +139,8 @@ def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> di
 class _View:
     """The members of one group for one selection: resolves and judges them on demand."""
 
-    __slots__ = ("manager", "group", "network", "family", "chain", "depth", "peek", "_seen")
+    __slots__ = ("manager", "group", "network", "family", "chain", "depth", "peek", "target", "destination",
+                 "_seen")
 
     def __init__(self, manager: GroupManager, group: _Group, network: Network, family: Family,
                  chain: tuple[str, ...], depth: int, peek: bool) -> None:
@@ -141,7 +151,21 @@ class _View:
         self.chain = chain
         self.depth = depth
         self.peek = peek
+        self.target, self.destination = manager._flow  # the flow being resolved (Score reads it)
         self._seen: dict[str, tuple[Candidate, Selection | None]] = {}
+
+    def now(self) -> float:
+        clock = self.manager.clock
+        return clock.now() if clock is not None else 0.0
+
+    def node_id(self, member: str) -> NodeId:
+        """The NodeId of the leaf ``member`` resolves to; a builtin leaf or an unresolved member
+        gets a name-based identity (it has no evidence of its own)."""
+        selection = self.selection(member)
+        if selection is None:
+            return ("member", member)
+        node_id = node_id_of(selection.leaf)
+        return node_id if node_id is not None else ("builtin", selection.leaf.name)
 
     def selection(self, member: str) -> Selection | None:
         candidate, selection = self._judge(member)
@@ -187,9 +211,12 @@ class GroupManager:
     epoch: Epoch
 
     def __init__(self, groups: dict[str, _Group], outbounds: Mapping[str, Outbound], health: HealthFilter,
-                 clock: Clock | None) -> None:
+                 clock: Clock | None, score: ScoreState | None = None) -> None:
         self.epoch = Epoch()  # bumped by any policy state change
+        self.score = score if score is not None else ScoreState()  # shared by the lineage's Score groups
         self._last_resorts = 0  # last-resort selections served (they are never cached)
+        self._score_decisions = 0  # Score decisions made (target-dependent: never cached)
+        self._flow: tuple[ScoreTarget | None, IPAddress | None] = (None, None)  # set only inside resolve
         self._judged: dict[tuple, tuple] = {}  # leaf members: (its node's version, Candidate)
         self._groups = groups
         self._outbounds = outbounds
@@ -214,13 +241,18 @@ class GroupManager:
         previous: GroupManager | None = None,
         saved: Mapping[str, Mapping[Network, Identity]] | None = None,
         reuse: Collection[str] = (),
+        score_ranking: bool = False,
     ) -> GroupManager:
         """Build from ``spec``. Groups named in ``reuse`` (unchanged, and nothing they select
         through was rebuilt) keep ``previous``'s policy object with all its state: the
         URLTest winner, the LoadBalance cursor, the Fallback pin, the Selector choices.
         Selector choices of the others come from ``previous`` (the manager being replaced)
         or, at startup, from ``saved`` (the state database), for identities that are
-        still members."""
+        still members.
+
+        ``score_ranking``: Score groups rank with the lineage's ScoreState. Off by default while
+        the business reporters that feed it are not on the relay paths yet: until then a Score
+        group serves as URLTest (probe delays), which is what ``policy: score`` did so far."""
         specs: dict[str, GroupSpec] = {}
         for group in spec.groups:
             if group.name in specs:
@@ -231,6 +263,7 @@ class GroupManager:
         memberships = cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
         groups: dict[str, _Group] = {}
         identities = _identities(specs, previous, clock)
+        score = previous.score if previous is not None else ScoreState()
         for name, group in specs.items():
             membership = memberships[name]
             if group.final is not None and group.final not in names and group.final not in outbounds:
@@ -239,9 +272,10 @@ class GroupManager:
             if kept is not None and kept.policy.members == membership.members:
                 groups[name] = _Group(group, membership, kept.policy, identities[name], kept.warned_at)
             else:
-                groups[name] = _Group(group, membership, make_policy(group, membership.members),
-                                      identities[name])
-        manager = cls(groups, outbounds, health or NO_HEALTH, clock)
+                policy = make_policy(group, membership.members, score=score if score_ranking else None)
+                groups[name] = _Group(group, membership, policy, identities[name])
+        manager = cls(groups, outbounds, health or NO_HEALTH, clock, score)
+        score.prune(manager.score_membership())  # GH-K-08: removed membership loses its evidence
         carried = previous.choice_identities() if previous is not None else saved
         if carried:
             manager.restore_choices(carried)
@@ -277,6 +311,17 @@ class GroupManager:
                     log.info("group %s: the %s choice is no longer a member; it falls back", name, network.value)
                 else:
                     group.policy.restore({network: member})
+
+    def score_membership(self) -> set[tuple[str, NodeId]]:
+        """Every (Score group, NodeId) pair reachable below each Score group (members and
+        finals): the membership whose evidence survives a reload."""
+        out: set[tuple[str, NodeId]] = set()
+        for name, group in self._groups.items():
+            if isinstance(group.policy, Score):
+                for leaf in self.leaf_node_names_in_group(name):
+                    node_id = node_id_of(self._outbounds.get(leaf))
+                    out.add((name, node_id if node_id is not None else ("builtin", leaf)))
+        return out
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -342,15 +387,22 @@ class GroupManager:
 
     # --- resolving --------------------------------------------------------------------------
 
-    def resolve(self, name: str, network: Network, family: Family = Family.V4, *, peek: bool = False) -> Selection:
+    def resolve(self, name: str, network: Network, family: Family = Family.V4, *, peek: bool = False,
+                target: ScoreTarget | None = None, destination: IPAddress | None = None) -> Selection:
         """Resolve a route target (group, node, ``direct`` or ``block``) to one leaf.
 
-        Raises :class:`NoRoute` when no leaf results (unknown name, no eligible pick and no
-        usable final, nesting too deep, a cycle through finals).
+        ``target`` (and ``destination``, the IP actually used when known) is the flow's context
+        for Score groups; None ranks on the aggregate. Raises :class:`NoRoute` when no leaf
+        results (unknown name, no eligible pick and no usable final, nesting too deep, a cycle
+        through finals).
         """
         if name not in self._groups and name not in self._outbounds:
             raise NoRoute(f"{name!r} is neither a group nor an outbound")
-        selection = self._walk(name, network, family, (), 0, peek)
+        outer, self._flow = self._flow, (target, destination)
+        try:
+            selection = self._walk(name, network, family, (), 0, peek)
+        finally:
+            self._flow = outer
         if selection is None:
             raise NoRoute(f"{name}: no eligible {network.value} member and no usable final")
         return selection
@@ -364,13 +416,16 @@ class GroupManager:
         if name in chain or depth > MAX_NESTING_DEPTH:
             log.debug("group %s: skipped (%s)", name, "revisited" if name in chain else "too deep")
             return None
-        last_resorts = self._last_resorts
+        last_resorts = (self._last_resorts, self._score_decisions)
+        if not peek and isinstance(group.policy, Score):
+            return self._decide(group, name, network, family, chain, depth, False)  # one applied rank
         if not peek:
             # Serving = the peek's path, then each group on it commits its hop (a URLTest its
             # winner, a LoadBalance its cursor, a Fallback its pin): the same result as deciding
-            # again, without ranking every level twice. A last resort is decided again, to warn.
+            # again, without ranking every level twice. A last resort is decided again, to warn,
+            # and so is a path through a Score group (its rank is applied with the target).
             selection = self._walk(name, network, family, chain, depth, True)
-            if self._last_resorts != last_resorts:
+            if (self._last_resorts, self._score_decisions) != last_resorts:
                 return self._decide(group, name, network, family, chain, depth, False)
             if selection is not None:
                 self._commit(selection.chain[len(chain):], network, family, chain, depth)
@@ -384,8 +439,9 @@ class GroupManager:
             leaf, suffix = hit[1]
             return Selection(leaf, chain + suffix)
         result = self._decide(group, name, network, family, chain, depth, True)
-        if self._last_resorts == last_resorts:
-            # no last resort was served (its warning is due again later): keep the result
+        if (self._last_resorts, self._score_decisions) == last_resorts:
+            # no last resort was served (its warning is due again later) and no Score group
+            # decided (its pick depends on the target and on evidence): keep the result
             group.cache[key] = (stamp, None if result is None else (result.leaf, result.chain[len(chain):]))
         return result
 
@@ -435,6 +491,8 @@ class GroupManager:
     def _decide(self, group: _Group, name: str, network: Network, family: Family, chain: tuple[str, ...],
                 depth: int, peek: bool) -> Selection | None:
         chain = (*chain, name)
+        if isinstance(group.policy, Score):
+            self._score_decisions += 1
         view = _View(self, group, network, family, chain, depth, peek)
         member = group.policy.pick(view, commit=not peek)
         if member is not None:
@@ -487,10 +545,16 @@ class GroupManager:
         for member in members:
             self._chosen_leaves(member, chain, out, depth + 1)
 
-    def retry_candidates(self, group: str, network: Network, family: Family, exclude: Outbound) -> list[Selection]:
+    def retry_candidates(self, group: str, network: Network, family: Family, exclude: Outbound, *,
+                         target: ScoreTarget | None = None,
+                         destination: IPAddress | None = None) -> list[Selection]:
         """For a URLTest setup failure: the top eligible members by rank, other than the leaf
-        that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`)."""
+        that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`). For a Score
+        setup failure: one different permitted leaf, ranked (and applied) with the failed
+        NodeId excluded first (GH-K-77); [] when no other live member remains."""
         g = self._groups.get(group)
+        if g is not None and isinstance(g.policy, Score):
+            return self._score_retry(g, network, family, exclude, target, destination)
         if g is None or not isinstance(g.policy, URLTest):
             return []
         view = _View(self, g, network, family, (group,), 0, True)
@@ -500,6 +564,22 @@ class GroupManager:
             if selection is not None and selection.leaf is not exclude and len(out) < RETRY_CANDIDATES:
                 out.append(selection)
         return out
+
+    def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
+                     target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
+        failed = node_id_of(exclude)
+        excluded = frozenset((failed if failed is not None else ("builtin", exclude.name),))
+        outer, self._flow = self._flow, (target, destination)
+        try:
+            self._score_decisions += 1
+            view = _View(self, group, network, family, (group.spec.name,), 0, True)
+            winner = group.policy.rank(view, True, exclude=excluded).winner  # type: ignore[attr-defined]
+            selection = view.selection(winner.name) if winner is not None else None
+        finally:
+            self._flow = outer
+        if selection is None or selection.leaf is exclude:
+            return []
+        return [selection]
 
     # --- changing (the control owner only) ---------------------------------------------------
 

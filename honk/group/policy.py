@@ -20,6 +20,8 @@ policy remembers changes then. Nothing here does I/O or reads a clock.
 * :class:`LoadBalance`: the next eligible member after the last one served, per network.
 * :class:`Fallback`: the first eligible member, pinned per network until it stops being
   eligible; an earlier member's recovery does not take the pin back.
+* :class:`Score`: the manager's shared :class:`~honk.group.score.ranker.ScoreState` ranks the
+  eligible members for the flow's target; it remembers nothing itself.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from typing import Protocol
 
 from honk.config.spec import MIN_URLTEST_TOLERANCE, GroupSpec, Policy
 from honk.core.errors import HonkError
-from honk.core.net import Network
+from honk.core.net import IPAddress, Network
+from honk.group.score.keys import NodeId, ScoreTarget, target_family
+from honk.group.score.ranker import Member, Ranked, ScoreState
 
 log = logging.getLogger(__name__)
 
@@ -342,10 +346,57 @@ class Fallback(Fixable):
                 self.moved(network)
 
 
-def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None) -> GroupPolicy:
-    """The policy object of a group. Score groups run as URLTest until the Score policy lands."""
+class ScoreCandidates(Candidates, Protocol):
+    """What a Score pick reads beyond :class:`Candidates`: the flow's target context, the
+    time, and the NodeId each member resolves to."""
+
+    target: ScoreTarget | None
+    destination: IPAddress | None
+
+    def now(self) -> float: ...
+
+    def node_id(self, member: str) -> NodeId: ...
+
+
+class Score:
+    """``policy: score``: one authoritative leaf from the shared ScoreState's rank. Liveness is
+    the view's eligibility (a dead member never wins, GH-K-01); a peek ranks with ``peek=True``
+    and changes nothing (GH-K-129). All state lives in the ScoreState, so a reload that shares
+    it keeps what this group learned (GH-K-07, 08)."""
+
+    kind = Policy.SCORE
+    __slots__ = ("name", "members", "epoch", "state")
+
+    def __init__(self, name: str, members: tuple[str, ...], state: ScoreState, epoch: Epoch | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self.state = state
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        winner = self.rank(candidates, commit).winner  # type: ignore[arg-type]
+        return winner.name if winner is not None else None
+
+    def rank(self, candidates: ScoreCandidates, commit: bool, exclude: frozenset = frozenset()) -> Ranked:
+        """The ranker's verdict for this flow; ``exclude`` holds NodeIds ranked out first."""
+        target = getattr(candidates, "target", None)
+        destination = getattr(candidates, "destination", None)
+        members = [Member(c.member, candidates.node_id(c.member), c.eligible) for c in candidates.all()]
+        return self.state.rank(self.name, candidates.network, target, target_family(target, destination),
+                               members, candidates.now(), exclude=exclude, peek=not commit)
+
+    def commit(self, network: Network, member: str) -> None:
+        pass  # the manager applies a Score pick by ranking again with commit (it needs the target)
+
+
+def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None,
+                score: ScoreState | None = None) -> GroupPolicy:
+    """The policy object of a group. A Score group ranks with ``score``; without one it serves as
+    URLTest (see ``GroupManager.build``'s ``score_ranking``)."""
     if spec.policy is Policy.SELECTOR:
         return Selector(spec.name, members, spec.default, epoch)
+    if spec.policy is Policy.SCORE and score is not None:
+        return Score(spec.name, members, score, epoch)
     if spec.policy in (Policy.URLTEST, Policy.SCORE):
         return URLTest(spec.name, members, spec.tolerance, epoch)
     if spec.policy is Policy.LOADBALANCE:

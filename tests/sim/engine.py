@@ -67,6 +67,12 @@ class NodeScript:
                 return outage.success
         return self.target_success.get(target, self.success)
 
+    def node_fault(self, target: str, t: float) -> bool:
+        """Whether a failure of ``target`` at ``t`` is the node's own (an outage of every target:
+        the proxy is down), rather than the path to that target (what a proxy reports as a
+        refused or failed CONNECT after its own handshake succeeded)."""
+        return any(outage.targets is None and outage.covers(target, t) for outage in self.outages)
+
     @property
     def mean_latency(self) -> float:
         return self.setup + self.response
@@ -97,6 +103,7 @@ class FlowOutcome:
     ok: bool
     setup_latency: float  # until the setup succeeded, or until the failure was known
     response_latency: float | None  # None for a failed flow
+    node_fault: bool = False  # a failed flow's cause is the node (outage of every target), not the target path
 
 
 @dataclass(slots=True)
@@ -150,13 +157,14 @@ class _NodeRuntime:
             return max(mean, MIN_LATENCY)
         return max(self.rng.gauss(mean, self.spec.jitter), MIN_LATENCY)
 
-    def attempt(self, target: str, t: float) -> tuple[bool, float, float | None]:
-        """(ok, setup latency or time to failure, response latency or None) for a flow starting at ``t``."""
+    def attempt(self, target: str, t: float) -> tuple[bool, float, float | None, bool]:
+        """(ok, setup latency or time to failure, response latency or None, node fault) for a
+        flow starting at ``t``."""
         ok = self.rng.random() < self.spec.success_at(target, t)
         setup = self._latency(self.spec.setup)
         if not ok:
-            return False, self.spec.failure_latency, None
-        return True, setup, self._latency(self.spec.response)
+            return False, self.spec.failure_latency, None, self.spec.node_fault(target, t)
+        return True, setup, self._latency(self.spec.response), False
 
 
 def run(script: Script, factory: AdapterFactory) -> RunResult:
@@ -187,14 +195,14 @@ def run(script: Script, factory: AdapterFactory) -> RunResult:
             record = FlowRecord(len(flows), target, t, node)
             flows.append(record)
             if node is not None:
-                ok, setup, response = nodes[node].attempt(target, t)
+                ok, setup, response, node_fault = nodes[node].attempt(target, t)
                 took = setup + (response or 0.0)
-                outcome = FlowOutcome(record.flow_id, target, node, now, now + took, ok, setup, response)
+                outcome = FlowOutcome(record.flow_id, target, node, now, now + took, ok, setup, response, node_fault)
                 push(t + took, _SETTLE, (record, outcome))
             push(t + arrivals.expovariate(script.flow_rate), _ARRIVAL, None)
         elif kind == _PROBE:
             for name, runtime in nodes.items():
-                ok, setup, response = runtime.attempt(PROBE_TARGET, t)
+                ok, setup, response, _node_fault = runtime.attempt(PROBE_TARGET, t)
                 adapter.probe(name, setup + response if ok and response is not None else None, now)
                 probes += 1
             push(t + script.check_interval, _PROBE, None)

@@ -96,6 +96,12 @@ class Traversal:
         """The most specific evidence key: where this group's availability cohort lives."""
         return ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)[-1][1]
 
+    def node_cells(self) -> tuple[Hashable, ...]:
+        """The node's aggregate keys (family, then none): where a node-scoped failure opens, so
+        that every target of the node sees it (GH-K-15)."""
+        keys = ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)
+        return tuple(key for _store, key in keys[:-1]) if len(keys) > 1 else ()
+
 
 @dataclass(frozen=True, slots=True)
 class Episode:
@@ -160,14 +166,17 @@ class Result:
 
     ending: Ending
     episode: Episode | None = None
+    # whose failure it is (GH-K-14/15): True the node's (proxy, auth, framing, carrier, unknown
+    # pre-setup), False the target path's; None: decided by when it happened (before setup: node)
+    node_scoped: bool | None = None
 
     @classmethod
     def success(cls) -> Result:
         return cls(Ending.SUCCESS)
 
     @classmethod
-    def failure(cls, episode: Episode | None = None) -> Result:
-        return cls(Ending.FAILURE, episode if episode is not None else Episode())
+    def failure(cls, episode: Episode | None = None, *, node_scoped: bool | None = None) -> Result:
+        return cls(Ending.FAILURE, episode if episode is not None else Episode(), node_scoped)
 
     @classmethod
     def idle(cls, episode: Episode | None = None) -> Result:
@@ -299,7 +308,7 @@ class ScoreBusinessGuard:
 class ScoreReporter:
     """Reports one admitted business flow to every traversed Score group (GH-K-71..74)."""
 
-    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_publishers", "_settlement",
+    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_node_cells", "_publishers", "_settlement",
                  "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
 
     def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float) -> None:
@@ -307,6 +316,7 @@ class ScoreReporter:
         self._attempt = attempt
         self._admissions = admissions
         self._cells = tuple(step.cohort_cell() for step in feedback.traversed)
+        self._node_cells = tuple(step.node_cells() for step in feedback.traversed)
         self._publishers = tuple(RxPublisher(cell, attempt.reporter, feedback.cohorts, kind=feedback.kind)
                                  for cell in self._cells)
         self._settlement: Settlement | None = None
@@ -384,6 +394,7 @@ class ScoreReporter:
             rx_outcome = RxOutcome.SHUTDOWN
         feedback = self._attempt.feedback
         evidence = feedback.evidence
+        node_scoped = result.node_scoped if result.node_scoped is not None else self.setup_at is None
         for i, (publisher, admission, cell) in enumerate(
                 zip(self._publishers, self._admissions, self._cells, strict=True)):
             if not self._member(i):  # late feedback for deleted membership is ignored (GH-K-08)
@@ -396,6 +407,9 @@ class ScoreReporter:
             evidence.settle(admission, outcome, now)
             if outcome.is_failure:
                 feedback.cohorts.fail(cell, now, episode=result.episode)
+                if node_scoped:  # every target of the node sees it, not only this one
+                    for node_cell in self._node_cells[i]:
+                        feedback.cohorts.fail(node_cell, now, episode=result.episode)
         self._settlement = Settlement(result.ending, outcome)
         return self._settlement
 

@@ -82,6 +82,8 @@ __all__ = [
     "SWITCH_HISTORY_MAX", "TRIAL_OUTCOME_HALF_LIFE", "USABLE_REPORTERS", "cold_allowance",
     "BLEND_FULL_EVIDENCE", "RELIABILITY_CONFIDENCE", "RELIABILITY_PRIOR", "SETUP_FAILURE_WEIGHT",
     "EPISODE_MEMORY", "TX_MEMORY",
+    "EARN_DIVISOR", "EARNED_CREDIT_CAP", "EXPLORATION_BACKOFF_GROWTH", "EXPLORATION_BACKOFF_MAX",
+    "EXPLORATION_BACKOFF_MIN", "TRIAL_ANSWER_TIMEOUT",
     "PERFORMANCE_STALE_CONFIDENCE", "PERFORMANCE_LATENCY_FLOOR", "PERFORMANCE_COMPARABLE_MIN",
     "PERFORMANCE_WEIGHT_RESPONSE", "PERFORMANCE_WEIGHT_SETUP", "PERFORMANCE_WEIGHT_GOODPUT", "PERFORMANCE_WEIGHT_PROBE",
     "DEGRADATION_RATIO", "DEGRADATION_MIN_EXCESS", "DEGRADATION_MIN_HISTORY",
@@ -102,3 +104,18 @@ PERFORMANCE_WEIGHT_PROBE = 1.0  # the baseline, split evenly across comparable p
 DEGRADATION_RATIO = 1.5  # GH-K-47: a sample >= 1.5x the exact target's mean, like K-120's carrier RTT pressure rule
 DEGRADATION_MIN_EXCESS = 0.020  # seconds; and >= mean + 20 ms, so fast targets' jitter (2 ms -> 4 ms) is not degradation
 DEGRADATION_MIN_HISTORY = 2  # the target's fresh history needs two observations; one may itself be the outlier
+
+
+# --- recovery trials (K.10 minimal: backoff, earned-currency ledger, recovery continuations) ---
+EXPLORATION_BACKOFF_MIN = 300.0  # seconds; GH-K-95 "a 5-minute ... exploration backoff" after a real failure
+EXPLORATION_BACKOFF_MAX = 6 * 3600.0  # seconds; "... to 6-hour": the growth never exceeds it
+EXPLORATION_BACKOFF_GROWTH = 2.0  # each failed recovery trial doubles the delay: 5 min reaches the 6 h cap in
+# seven failed rounds (~12 trials in the first day, then four a day), so a dead path costs little, while one
+# chance failure costs one 5-minute wait. Recovery (the four-reporter quorum) ends the streak: the next failure
+# starts again at 5 min; a member that keeps recovering and failing is bounded by the ledger, not the backoff
+EARN_DIVISOR = 16  # GH-K-83 q = 16: each original applied rank earns 1/16 trial (the q = 8 acceleration is
+# not implemented: it needs decayed trial-outcome and demand tracking this issue does not have)
+EARNED_CREDIT_CAP = 8  # GH-K-85 "unspent earned credit is capped at eight", in the form
+# floor(E) - max(0, V - B) <= 8: E is clamped there, so an idle-but-busy scope cannot bank a burst of trials
+TRIAL_ANSWER_TIMEOUT = COHORT_GAP  # seconds; GH-K-94 one unanswered trial per member and target: a trial
+# neither answered (no RX after the fence) nor failed within a cohort gap is inconclusive and may be re-sent

@@ -19,10 +19,24 @@ A rank runs in this order:
    then configuration order; the rest follow by reliability, utility, configuration order.
    Reliability comes first, so a faster node that keeps failing never outranks a reliable one
    (GH-K-29); sample volume enters only through the Beta bound, never as a bonus.
-4. Cold exploration: while the scope's frozen allowance B (GH-K-82) is not spent, the first
-   eligible unqualified member in configuration order not yet tried in the scope is tried
-   instead. It spends one unit, is a trial (never an incumbent, never a switch) and is the
-   only thing that spends B; nothing mints credit in this issue.
+4. Optional trials, funded by the scope's ledger (GH-K-82..86, 90): each original applied rank
+   (not a peek, not a retry through ``exclude``) earns 1/EARN_DIVISOR credit E; a trial spends
+   one, and ``V <= B + floor(E)`` always holds (V spent, B the frozen cold allowance; a trial is
+   reserved and begun at once, because an applied rank is the dispatch, so R stays 0). Unspent
+   earned credit is clamped at EARNED_CREDIT_CAP. A trial is never an incumbent nor a switch
+   (GH-K-96). Dispatch order (GH-K-98): untrained members first, then recovery.
+
+   a. Cold exploration (``coldExplore``): the first eligible unqualified member in configuration
+      order not yet tried in the scope and without an open failure episode (that member's
+      question is recovery, and it is backing off).
+   b. Recovery (``periodicExplore``, the seed's reason for funded half-open work: recovery is the
+      first open question of GH-K-97): a member with an open failure episode for this target's
+      cells. After a real failure it backs off (GH-K-95) for EXPLORATION_BACKOFF_MIN, doubled on
+      every further failure up to EXPLORATION_BACKOFF_MAX, with at most one unanswered trial
+      (GH-K-94). Once a trial's RX is accepted behind the failure fence (GH-K-36), the next
+      flows keep going to it as funded recovery continuations until four reporters clear the
+      episode (GH-K-37) or it fails again; ordinary selection then promotes it on its merits.
+      Retries never get a recovery trial (GH-K-91).
 5. Otherwise the ordinary winner: the incumbent (the last ordinary winner of this
    ``(group, network, family, target)``) escapes at once when it is dead, excluded or no longer
    a member (``incumbentIneligible``), or when it has an unresolved failure (``freshFailureBypass``,
@@ -30,19 +44,21 @@ A rank runs in this order:
 
 Reason precedence (GH-K-125: exactly one final reason per applied multi-candidate rank), the
 spec's own listing order, first applicable wins:
-``coldExplore`` > ``incumbentIneligible`` > ``freshFailureBypass`` > ``insufficientEvidenceHeld``
+``coldExplore`` > ``periodicExplore`` > ``incumbentIneligible`` > ``freshFailureBypass`` > ``insufficientEvidenceHeld``
 > ``incumbentHeld`` > ``reliabilityWinner`` > ``performanceWinner``. A trial names the work
 actually applied, so it outranks escape; escape outranks any hold because the incumbent did not
 compete; the held reasons apply only when an incumbent was kept; the winner reasons apply to a
 first choice or a promotion.
 
 Peek, a single remaining candidate (singleton bypass) and no live candidate (the caller's last
-resort) change nothing: no counter, no allowance, no incumbent, no switch (GH-K-129).
+resort) change nothing: no counter, no allowance, no earned credit, no incumbent, no switch
+(GH-K-129).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +68,17 @@ from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
 from honk.group.score.cohort import Cohorts
 from honk.group.score.constants import (
+    EARN_DIVISOR,
+    EARNED_CREDIT_CAP,
+    EXPLORATION_BACKOFF_GROWTH,
+    EXPLORATION_BACKOFF_MAX,
+    EXPLORATION_BACKOFF_MIN,
     HOLD_RELIABILITY_MARGIN,
     HOLD_UTILITY_MARGIN,
     RECENT_FAILURE_WINDOW,
     RELIABILITY_BAND,
     SWITCH_HISTORY_MAX,
+    TRIAL_ANSWER_TIMEOUT,
     cold_allowance,
 )
 from honk.group.score.evidence import EvidenceStats, ScoreEvidence
@@ -65,13 +87,14 @@ from honk.group.score.switches import SwitchHistory
 
 # Final reasons, in precedence order (see the module docstring).
 COLD_EXPLORE = "coldExplore"
+PERIODIC_EXPLORE = "periodicExplore"  # recovery trials and continuations (funded half-open work)
 INCUMBENT_INELIGIBLE = "incumbentIneligible"
 FRESH_FAILURE_BYPASS = "freshFailureBypass"
 INSUFFICIENT_EVIDENCE_HELD = "insufficientEvidenceHeld"
 INCUMBENT_HELD = "incumbentHeld"
 RELIABILITY_WINNER = "reliabilityWinner"
 PERFORMANCE_WINNER = "performanceWinner"
-FINAL_REASONS = (COLD_EXPLORE, INCUMBENT_INELIGIBLE, FRESH_FAILURE_BYPASS, INSUFFICIENT_EVIDENCE_HELD,
+FINAL_REASONS = (COLD_EXPLORE, PERIODIC_EXPLORE, INCUMBENT_INELIGIBLE, FRESH_FAILURE_BYPASS, INSUFFICIENT_EVIDENCE_HELD,
                  INCUMBENT_HELD, RELIABILITY_WINNER, PERFORMANCE_WINNER)
 # Candidate counters (GH-K-128): affected candidates, not flows.
 DEAD_FILTERED = "deadFiltered"
@@ -115,17 +138,55 @@ class PerformanceProvider(Protocol):
 
 @dataclass(slots=True)
 class BudgetScope:
-    """A (group, network, family) scope: its member count and cold allowance, frozen when it is
-    first retained (GH-K-82), the cold trials spent and the members already tried cold."""
+    """A (group, network, family) scope's trial ledger: its member count and cold allowance B,
+    frozen when it is first retained (GH-K-82), the earned currency E (GH-K-83), the optional
+    trials spent V (cold and recovery alike) and the members already tried cold."""
 
     members: int
     allowance: int
     spent: int = 0
     tried: set = field(default_factory=set)
+    earned: float = 0.0
 
     @property
     def remaining(self) -> int:
-        return self.allowance - self.spent
+        """Trials the ledger admits now: ``B + floor(E) - V`` (never negative, GH-K-85)."""
+        return self.allowance + math.floor(self.earned) - self.spent
+
+    def earn(self) -> None:
+        """One original business start adds 1/q (GH-K-83), clamped so that the unspent earned
+        credit ``floor(E) - max(0, V - B)`` stays at most EARNED_CREDIT_CAP (GH-K-85)."""
+        cap = EARNED_CREDIT_CAP + max(0, self.spent - self.allowance)
+        self.earned = min(self.earned + 1.0 / EARN_DIVISOR, float(cap))
+
+    def spend(self) -> None:
+        """Reserve and begin one trial at once (the applied rank is the dispatch, GH-K-90)."""
+        if self.remaining < 1:
+            raise ValueError("the ledger admits no trial")
+        self.spent += 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Backoff:
+    """A member's exploration backoff for one (group, network, family, target) while its
+    failure streak lasts (GH-K-95): the newest failure seen, the current delay, and the last
+    recovery trial sent since that failure. Recovery ends the streak and drops it."""
+
+    failure: float
+    delay: float
+    trial_at: float | None = None
+
+    def elapsed(self, now: float) -> bool:
+        return now >= self.failure + self.delay
+
+    def after_failure(self, failure: float) -> _Backoff:
+        """The backoff after a failure newer than ``self.failure``: it grows when the failure
+        came after a trial (the trial failed), and otherwise (another flow of the burst that
+        opened the streak) stays as it is."""
+        delay = self.delay
+        if self.trial_at is not None and failure >= self.trial_at:
+            delay = min(self.delay * EXPLORATION_BACKOFF_GROWTH, EXPLORATION_BACKOFF_MAX)
+        return _Backoff(failure, delay)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +198,8 @@ class _Candidate:
     qualified: bool
     unresolved: bool  # an open failure episode in one of its layers
     recent_failure: bool  # ... whose newest failure is within RECENT_FAILURE_WINDOW
+    episodes: tuple = ()  # the cell keys with an open episode
+    last_failure: float | None = None  # the newest failure time the evidence knows among them
 
 
 def _front_key(c: _Candidate) -> tuple:
@@ -173,8 +236,9 @@ def _challenge(incumbent: _Candidate, challenger: _Candidate) -> str | None:
     Reliability first: a challenger more reliable by HOLD_RELIABILITY_MARGIN wins outright; one
     less reliable by that margin loses. In between, fresh utility must beat the incumbent's by
     HOLD_UTILITY_MARGIN. An unqualified challenger is never promoted: the heuristic proposes,
-    it does not prove (GH-K-33)."""
-    if not challenger.qualified:
+    it does not prove (GH-K-33). Nor is a challenger whose own failure is unresolved: it would
+    lose to the bypass on the very next flow, so promoting it only makes the selection flap."""
+    if not challenger.qualified or challenger.unresolved:
         return None
     if challenger.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN:
         return RELIABILITY_WINNER
@@ -201,6 +265,8 @@ class ScoreState:
         # last ordinary winner per (group, network, family, target); bounded like the switch history
         self._incumbents: OrderedDict[Hashable, NodeId] = OrderedDict()
         self._incumbents_max = incumbents_max
+        # exploration backoff per ((group, network, family, target), member); bounded the same way
+        self._backoffs: OrderedDict[tuple[Hashable, NodeId], _Backoff] = OrderedDict()
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
 
@@ -229,30 +295,55 @@ class ScoreState:
         scope = self.scopes.get(scope_key)
         history_key = (group, network, family, target)
         incumbent_id = self._incumbents.get(history_key)
+        original = not exclude  # a retry through ``exclude`` neither earns nor gets a recovery trial
+        # the ledger as this rank would leave it: peek works on a copy and commits nothing
+        if scope is None:
+            ledger = BudgetScope(len(members), cold_allowance(len(members)))
+        elif peek:
+            ledger = BudgetScope(scope.members, scope.allowance, scope.spent, set(scope.tried), scope.earned)
+        else:
+            ledger = scope
+        if original:
+            ledger.earn()
+        backoffs = {c.member.node_id: self._backoff(history_key, c, now) for c in candidates}
 
-        # cold exploration: the first untried unqualified eligible member, funded by B
-        remaining = scope.remaining if scope is not None else cold_allowance(len(members))
-        tried = scope.tried if scope is not None else ()
+        # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
+        # a member with an open episode has recovery as its question (GH-K-97) and its backoff
         cold = None
-        if remaining > 0:
+        if ledger.remaining > 0:
             cold = next((c for c in sorted(eligible, key=lambda c: c.index)
-                         if not c.qualified and c.member.node_id not in tried), None)
+                         if not c.qualified and not c.unresolved and c.member.node_id not in ledger.tried), None)
 
+        trial_reason = None
         if cold is not None:
-            winner, reason, ordinary = cold, COLD_EXPLORE, False
+            winner, reason, trial_reason = cold, COLD_EXPLORE, COLD_EXPLORE
         else:
             winner, reason = self._ordinary(order, candidates, incumbent_id)
-            ordinary = True
+            if original and ledger.remaining > 0:
+                recovery = self._recovery(eligible, backoffs, now)
+                if recovery is not None and recovery is not winner:
+                    winner, reason, trial_reason = recovery, PERIODIC_EXPLORE, PERIODIC_EXPLORE
         ranked_order = tuple([winner.member] + [c.member for c in order if c is not winner])
         if peek:
             return Ranked(winner.member, PEEK, ranked_order)
 
         # applied: commit the work, then count exactly one final reason
         if scope is None:
-            scope = self.scopes[scope_key] = BudgetScope(len(members), cold_allowance(len(members)))
-        if not ordinary:
-            scope.spent += 1
-            scope.tried.add(winner.member.node_id)
+            scope = self.scopes[scope_key] = ledger
+        for node_id, backoff in backoffs.items():
+            if backoff is None:
+                self._backoffs.pop((history_key, node_id), None)
+                continue
+            if node_id == winner.member.node_id and trial_reason == PERIODIC_EXPLORE:
+                backoff = _Backoff(backoff.failure, backoff.delay, now)
+            self._backoffs[(history_key, node_id)] = backoff
+            self._backoffs.move_to_end((history_key, node_id))
+        while len(self._backoffs) > self._incumbents_max:
+            self._backoffs.popitem(last=False)
+        if trial_reason is not None:
+            scope.spend()
+            if trial_reason == COLD_EXPLORE:
+                scope.tried.add(winner.member.node_id)
         else:
             self._incumbents[history_key] = winner.member.node_id
             self._incumbents.move_to_end(history_key)
@@ -265,6 +356,37 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
+    def _backoff(self, history_key: Hashable, c: _Candidate, now: float) -> _Backoff | None:
+        """The member's backoff as of ``now`` (not stored): the first failure of a streak starts
+        it (at the failure's time, or now when the evidence no longer knows it), a later one may
+        grow it; None when no episode is open (never failed here, or recovered)."""
+        if not c.unresolved:
+            return None
+        current = self._backoffs.get((history_key, c.member.node_id))
+        failure = c.last_failure
+        if current is None:
+            return _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
+        if failure is not None and failure > current.failure:
+            return current.after_failure(failure)
+        return current
+
+    def _recovery(self, eligible: list[_Candidate], backoffs: Mapping[NodeId, _Backoff | None],
+                  now: float) -> _Candidate | None:
+        """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
+        accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
+        has elapsed and whose previous trial is answered or timed out; configuration order."""
+        continuing, first = [], []
+        for c in sorted(eligible, key=lambda c: c.index):
+            backoff = backoffs.get(c.member.node_id)
+            if not c.unresolved or backoff is None:
+                continue
+            if all(self.cohorts.exploration_cleared(k) for k in c.episodes):
+                continuing.append(c)
+            elif backoff.elapsed(now) and (backoff.trial_at is None
+                                           or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
+                first.append(c)
+        return (continuing + first)[0] if continuing or first else None
+
     def _ordinary(self, order: list[_Candidate], candidates: list[_Candidate],
                   incumbent_id: NodeId | None) -> tuple[_Candidate, str]:
         top = order[0]
@@ -275,10 +397,16 @@ class ScoreState:
             return top, INCUMBENT_INELIGIBLE
         others = [c for c in order if c is not incumbent]
         if incumbent.unresolved:
-            if others:  # an unresolved failure loses at once to another eligible member (GH-K-34)
-                return others[0], FRESH_FAILURE_BYPASS
-            return incumbent, INCUMBENT_HELD  # the failed incumbent is all there is
-        challenger = others[0]  # incumbent is eligible and there are at least two candidates
+            # an unresolved failure loses at once to another eligible member (GH-K-34), one
+            # without an unresolved failure of its own: swapping one failed node for another
+            # only makes the selection flap
+            sound = [c for c in others if not c.unresolved]
+            if sound:
+                return sound[0], FRESH_FAILURE_BYPASS
+            return incumbent, INCUMBENT_HELD
+        if not others:  # the others were all excluded for a recent failure: nothing to compare
+            return incumbent, INCUMBENT_HELD
+        challenger = others[0]
         promoted = _challenge(incumbent, challenger)
         if promoted is not None:
             return challenger, promoted
@@ -303,30 +431,36 @@ class ScoreState:
         for index, member in alive:
             node = member.node_id
             blend = self.evidence.blend(group, network, target_for_read, node, now, destination)
-            unresolved, recent = self._failure_state(group, network, target_for_read, node, destination, now)
+            unresolved, recent, episodes, last = self._failure_state(group, network, target_for_read, node,
+                                                                     destination, now)
             out.append(_Candidate(member, index, blend.reliability, utilities.get(node),
                                   self.evidence.qualified(group, network, node, now, target_for_read, destination),
-                                  unresolved, recent))
+                                  unresolved, recent, episodes, last))
         return out
 
     def _failure_state(self, group: str, network: Network, target: ScoreTarget | None, node: NodeId,
-                       destination: IPAddress | None, now: float) -> tuple[bool, bool]:
-        """(open episode in any layer, that episode's newest failure is recent).
+                       destination: IPAddress | None, now: float) -> tuple[bool, bool, tuple, float | None]:
+        """(open episode in any layer, that episode's newest failure is recent, the cell keys with
+        an open episode, the newest failure time the evidence knows among them).
 
         Cohorts are keyed by the same AggregateKey/ExactKey objects as the evidence cells: a
         node-scoped failure opens on an aggregate and shows for every target, a target failure
         opens on its exact cell only. A failure time the evidence does not know counts as not
         recent: the member stays eligible but cannot remain incumbent."""
-        unresolved = recent = False
+        recent = False
+        episodes: list = []
+        last: float | None = None
         keys = self.evidence.keys(group, network, target, node, destination)
         layers = self.evidence.layers(group, network, target, node, destination)  # padded with None
         for (_store, key), cell in zip(keys, layers, strict=False):
             if self.cohorts.open_episode(key) is None:
                 continue
-            unresolved = True
-            if cell is not None and cell.last_failure is not None and now - cell.last_failure < RECENT_FAILURE_WINDOW:
-                recent = True
-        return unresolved, recent
+            episodes.append(key)
+            if cell is not None and cell.last_failure is not None:
+                last = cell.last_failure if last is None else max(last, cell.last_failure)
+                if now - cell.last_failure < RECENT_FAILURE_WINDOW:
+                    recent = True
+        return bool(episodes), recent, tuple(episodes), last
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
         counters = self._counters.get((group, network))
@@ -349,6 +483,8 @@ class ScoreState:
             scope.tried = {n for n in scope.tried if (group, n) in self._valid}
         for key in [k for k, node in self._incumbents.items() if (k[0], node) not in self._valid]:
             del self._incumbents[key]
+        for key in [k for k in self._backoffs if (k[0][0], k[1]) not in self._valid]:
+            del self._backoffs[key]
         for key in [k for k in self._counters if k[0] not in groups]:
             del self._counters[key]
         for group in {g for g, _ in self.switches.counters} - groups:

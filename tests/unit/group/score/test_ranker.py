@@ -1,15 +1,27 @@
 """Score's ordinary selection: liveness first, reliability first, escape, hysteresis, cold
-exploration funded by the frozen allowance, and exactly one reason per applied rank."""
+exploration and recovery trials funded by the ledger, the exploration backoff, and exactly one
+reason per applied rank."""
 
 from __future__ import annotations
 
 import ipaddress
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from honk.alive.outcome import Family
 from honk.core.net import Network
 from honk.group.score.cells import Outcome
+from honk.group.score.cohort import Kind, Reporter
+from honk.group.score.constants import (
+    EARN_DIVISOR,
+    EARNED_CREDIT_CAP,
+    EXPLORATION_BACKOFF_MAX,
+    EXPLORATION_BACKOFF_MIN,
+    RECOVERY_REPORTERS,
+    TRIAL_ANSWER_TIMEOUT,
+)
 from honk.group.score.keys import AggregateKey, ScoreTarget
 from honk.group.score.ranker import FINAL_REASONS, Member, ScoreState
 
@@ -123,7 +135,7 @@ def test_old_unresolved_failure_still_escapes_but_is_no_longer_excluded(state):
     group = members("a", "b")
     rank(state, group)
     fail(state, "a", T0 + 1)
-    ranked = rank(state, group, T0 + 500)  # older than the exclusion window, episode still open
+    ranked = rank(state, group, T0 + 200)  # older than the exclusion window, still backing off
     assert ranked.winner.name == "b" and ranked.reason == "freshFailureBypass"
     assert "a" in [m.name for m in ranked.order]
     assert entry(state)["candidates"]["failStreakExcluded"] == 0
@@ -307,3 +319,230 @@ def test_reload_keeps_scopes_and_needs_a_membership():
     rank(state, members("a", "b"))
     state.reload(T0 + 1, [(GROUP, "a"), (GROUP, "b")])
     assert entry(state)["coldSpent"] == 1
+
+
+
+def test_an_incumbent_whose_only_rival_failed_recently_is_held_not_a_crash(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    assert rank(state, group).winner.name == "a"
+    fail(state, "b", T0 + 1)  # the rival is excluded for its recent failure: no one to compare with
+    ranked = rank(state, group, T0 + 2)
+    assert ranked.winner.name == "a" and ranked.reason == "incumbentHeld"
+
+
+def test_a_challenger_with_an_unresolved_failure_is_not_promoted(state, perf):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    assert rank(state, group).winner.name == "a"
+    fail(state, "a", T0 + 1)
+    assert rank(state, group, T0 + 2).winner.name == "b"  # the bypass
+    perf.utility = {"a": 1.0, "b": 0.2}  # a would win on performance, but its failure is still open
+    for t in (T0 + 200, T0 + 201, T0 + 202):  # past the exclusion window, within the backoff
+        assert rank(state, group, t).winner.name == "b"
+
+
+# --- recovery trials: backoff, ledger, continuations -------------------------------------------
+
+TRIALS = ("coldExplore", "periodicExplore")
+
+
+def scope(state: ScoreState):
+    [s] = state.scopes.values()
+    return s
+
+
+def answer(state: ScoreState, node: str, reporter: str, now: float) -> None:
+    """A Traffic reporter's TX and RX on the node's failed cell (the global aggregate)."""
+    cell = AggregateKey(GROUP, TCP, None, node)
+    state.cohorts.tx(cell, Reporter(reporter), now)
+    state.cohorts.rx(cell, Reporter(reporter), now, kind=Kind.TRAFFIC)
+
+
+def earn(state: ScoreState, group, count: int, now: float) -> None:
+    """Original applied ranks that fund trials (the incumbent keeps winning them)."""
+    for i in range(count):
+        rank(state, group, now + i * 1e-3)
+
+
+def test_a_failed_member_backs_off_five_minutes_then_gets_one_recovery_trial(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    assert rank(state, group).winner.name == "a"
+    fail(state, "a", T0 + 1)
+    assert rank(state, group, T0 + 2).winner.name == "b"  # the escape
+    assert rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN - 1).winner.name == "b"  # backing off
+    trial = rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN)
+    assert trial.winner.name == "a" and trial.reason == "periodicExplore"
+    # one unanswered trial at a time: the next flow goes to the ordinary winner
+    assert rank(state, group, T0 + 2 + EXPLORATION_BACKOFF_MIN).winner.name == "b"
+
+
+def test_a_recovery_trial_never_becomes_the_incumbent_nor_a_switch(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    rank(state, group)
+    fail(state, "a", T0 + 1)
+    rank(state, group, T0 + 2)
+    switches = entry(state)["ordinarySwitch"]
+    assert rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN).reason == "periodicExplore"
+    assert list(state._incumbents.values()) == ["b"]
+    assert entry(state)["ordinarySwitch"] == switches
+    assert reasons(state)["periodicExplore"] == 1
+
+
+def test_an_unanswered_trial_may_be_sent_again_after_the_answer_timeout(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    rank(state, group)
+    fail(state, "a", T0 + 1)
+    start = T0 + 1 + EXPLORATION_BACKOFF_MIN
+    assert rank(state, group, start).reason == "periodicExplore"
+    assert rank(state, group, start + TRIAL_ANSWER_TIMEOUT - 1).winner.name == "b"
+    assert rank(state, group, start + TRIAL_ANSWER_TIMEOUT).reason == "periodicExplore"
+
+
+def test_backoff_doubles_on_each_failed_trial_up_to_six_hours(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    earn(state, group, 20 * EARN_DIVISOR, T0)  # fill the ledger: the cap still admits every trial below
+    failed = T0 + 1
+    fail(state, "a", failed, episode="e0")
+    delays = []
+    delay = EXPLORATION_BACKOFF_MIN
+    for round_ in range(9):
+        # backing off, even once its qualification has lapsed: no cold trial either
+        assert rank(state, group, failed + delay - 1).winner.name == "b"
+        trial = rank(state, group, failed + delay)
+        assert trial.winner.name == "a" and trial.reason == "periodicExplore"
+        delays.append(delay)
+        failed = failed + delay + 1  # the trial fails: the streak goes on
+        fail(state, "a", failed, episode=f"e{round_ + 1}")
+        earn(state, group, EARN_DIVISOR, failed + 0.5)  # fund the next round
+        delay = min(2 * delay, EXPLORATION_BACKOFF_MAX)
+    assert delays[:4] == [300.0, 600.0, 1200.0, 2400.0]
+    assert delays[-2:] == [EXPLORATION_BACKOFF_MAX, EXPLORATION_BACKOFF_MAX]
+
+
+def test_more_flows_of_the_failure_burst_do_not_grow_the_backoff(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    rank(state, group)
+    fail(state, "a", T0 + 1)
+    rank(state, group, T0 + 2)
+    fail(state, "a", T0 + 3)  # another flow that was in flight when the first failed
+    assert rank(state, group, T0 + 3 + EXPLORATION_BACKOFF_MIN).reason == "periodicExplore"
+
+
+def test_an_answered_trial_continues_until_four_reporters_recover_then_ordinary_selection_decides(state, perf):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    perf.utility = {"a": 0.9, "b": 0.3}
+    assert rank(state, group).winner.name == "a"
+    earn(state, group, 4 * EARN_DIVISOR, T0)  # four continuations need four credits
+    fail(state, "a", T0 + 1)
+    assert rank(state, group, T0 + 2).winner.name == "b"
+    now = T0 + 1 + EXPLORATION_BACKOFF_MIN
+    assert rank(state, group, now).reason == "periodicExplore"
+    answer(state, "a", "r0", now + 0.5)  # the trial's RX lands behind the failure fence (GH-K-36)
+    for i in range(1, RECOVERY_REPORTERS):
+        now += 1
+        continued = rank(state, group, now)
+        assert continued.winner.name == "a" and continued.reason == "periodicExplore"
+        answer(state, "a", f"r{i}", now + 0.5)
+    assert list(state._incumbents.values()) == ["b"]  # continuations never made it the incumbent
+    back = rank(state, group, now + 1)  # recovered: the ordinary rules win the faster member back
+    assert back.winner.name == "a" and back.reason == "performanceWinner"
+    assert list(state._incumbents.values()) == ["a"]
+
+
+def test_a_retry_gets_no_recovery_trial_and_earns_nothing(state):
+    for node in "abc":
+        train(state, node)
+    group = members("a", "b", "c")
+    rank(state, group)
+    fail(state, "a", T0 + 1)
+    rank(state, group, T0 + 2)
+    earned = scope(state).earned
+    retry = rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN, exclude=frozenset({"c"}))
+    assert retry.winner.name == "b" and retry.reason != "periodicExplore"
+    assert scope(state).earned == earned
+
+
+def test_each_original_applied_rank_earns_a_sixteenth_and_peeks_earn_nothing(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    for i in range(EARN_DIVISOR):
+        rank(state, group, T0 + i)
+        rank(state, group, T0 + i, peek=True)
+    assert scope(state).earned == 1.0
+    assert scope(state).remaining == scope(state).allowance + 1
+
+
+def test_unspent_earned_credit_is_capped_at_eight(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    earn(state, group, 20 * EARN_DIVISOR, T0)
+    s = scope(state)
+    assert s.earned == EARNED_CREDIT_CAP
+    assert s.remaining == s.allowance + EARNED_CREDIT_CAP
+
+
+def test_a_trial_without_credit_is_refused_and_the_flow_goes_to_the_ordinary_winner(state):
+    for node in "ab":
+        train(state, node)
+    group = members("a", "b")
+    rank(state, group)
+    s = scope(state)
+    s.spent = s.allowance  # the cold allowance is gone and less than one credit was earned
+    fail(state, "a", T0 + 1)
+    ranked = rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN)
+    assert ranked.winner.name == "b" and ranked.reason not in TRIALS
+
+
+_OPS = st.lists(st.tuples(
+    st.sampled_from(["rank", "peek", "retry", "fail", "answer", "wait"]),
+    st.sampled_from(["a", "b", "c"]),
+    st.floats(min_value=0.1, max_value=2 * EXPLORATION_BACKOFF_MIN),
+), max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_OPS)
+def test_ledger_invariant_and_trial_rules_hold_after_every_operation(ops):
+    state = ScoreState(FakeHeuristic())
+    for node in "ab":  # c stays untrained: cold exploration shares the ledger
+        train(state, node)
+    group = members("a", "b", "c")
+    now = T0
+    for step, (op, node, dt) in enumerate(ops):
+        now += dt
+        before = dict(state._incumbents)
+        if op == "rank":
+            ranked = rank(state, group, now)
+            if ranked.reason in TRIALS:
+                assert state._incumbents == before  # a trial never becomes the incumbent
+        elif op == "peek":
+            snapshot = state.stats()
+            rank(state, group, now, peek=True)
+            assert state.stats() == snapshot
+        elif op == "retry":
+            assert rank(state, group, now, exclude=frozenset({node})).reason not in ("periodicExplore",)
+        elif op == "fail":
+            fail(state, node, now, episode=f"e{step}")
+        elif op == "answer":
+            answer(state, node, f"r{step}", now)
+        for s in state.scopes.values():
+            assert s.spent <= s.allowance + int(s.earned)  # V + R <= B + floor(E), R = 0
+            assert int(s.earned) - max(0, s.spent - s.allowance) <= EARNED_CREDIT_CAP
+            assert s.remaining >= 0

@@ -1,0 +1,238 @@
+"""``policy: score`` in the group manager (GH-K-01, 05, 06, 07, 08, 77, 132), on a fake clock."""
+
+from __future__ import annotations
+
+import ipaddress
+from types import SimpleNamespace
+
+import pytest
+
+from honk.alive.group_checks import GroupChecks
+from honk.alive.health import AliveDialerSet
+from honk.alive.outcome import Domain, Family
+from honk.alive.thresholds import REGISTRATION_GRACE
+from honk.api.clash_views import PINNABLE, group_now
+from honk.config.links import with_node_id
+from honk.config.spec import FilterTerm, GroupSpec, MatchArg, NodeFilter, NodeSpec, Policy, Spec
+from honk.connection.dispatch import Dispatcher, Routed
+from honk.core.clock import FakeClock
+from honk.core.errors import DialError
+from honk.core.net import Address, FlowMeta, Network
+from honk.group.filter import HealthFilter
+from honk.group.manager import GroupManager
+from honk.group.policy import Score, UnknownGroup
+from honk.group.score.cells import Outcome
+from honk.group.score.keys import ScoreTarget
+from honk.group.score.ranker import Member
+from honk.outbound.registry import build_outbounds
+
+TCP = Network.TCP
+V4 = Family.V4
+KILL_FAILURES = 3  # consecutive check failures that make a node TCP-dead
+SELECTIONS = 20  # flows resolved where a test asserts "never"
+GOOD, BAD = 8, 6  # completions that make a node clearly better or worse for one target
+TARGET_X = ScoreTarget.of("x.example", 443)
+TARGET_Y = ScoreTarget.of("y.example", 443)
+DEST_X = ipaddress.ip_address("192.0.2.1")
+DEST_Y = ipaddress.ip_address("192.0.2.2")
+
+
+def node(name: str) -> NodeSpec:
+    return with_node_id(NodeSpec(name, "socks5", "127.0.0.1", 1000 + sum(map(ord, name))))
+
+
+def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> GroupSpec:
+    filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in members)),)),) if members else ()
+    return GroupSpec(name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw)
+
+
+def score(name: str, *members: str, **kw) -> GroupSpec:
+    return group(name, *members, policy=Policy.SCORE, **kw)
+
+
+class World:
+    """Nodes with real health state and a manager over them; ``rebuild`` is a reload."""
+
+    def __init__(self, *groups: GroupSpec, nodes=("a", "b", "c")) -> None:
+        self.clock = FakeClock()
+        self.alive = AliveDialerSet(self.clock)
+        self.health = HealthFilter(self.alive, GroupChecks(self.clock))
+        self.nodes = {n: node(n) for n in nodes}
+        self.ids = {n: spec.id for n, spec in self.nodes.items()}
+        for spec in self.nodes.values():
+            self.alive.register_node(spec.id, spec.name)
+        self.clock.advance(REGISTRATION_GRACE + 1)
+        self.manager = self.build(groups, previous=None)
+
+    def build(self, groups, previous: GroupManager | None, nodes=None) -> GroupManager:
+        self.spec = Spec(nodes=tuple(self.nodes[n] for n in (nodes or self.nodes)), groups=tuple(groups))
+        self.outbounds = build_outbounds(self.spec, self.clock)[0]
+        return GroupManager.build(self.spec, self.outbounds, health=self.health, clock=self.clock,
+                                  previous=previous, score_ranking=True)
+
+    def leaf(self, name: str, target: ScoreTarget | None = None, destination=None) -> str:
+        return self.manager.resolve(name, TCP, target=target, destination=destination).leaf.name
+
+    def kill(self, n: str) -> None:
+        for _ in range(KILL_FAILURES):
+            self.alive.notify_check_failure(self.ids[n], Domain.TCP, V4)
+
+    def record(self, grp: str, n: str, target: ScoreTarget | None, destination, outcome: Outcome, count: int) -> None:
+        for _ in range(count):
+            self.manager.score.evidence.record(grp, TCP, target, self.ids[n], outcome, self.clock.now(), destination)
+
+
+def test_score_group_is_a_score_policy_sharing_the_manager_state():
+    w = World(score("auto", "a", "b"))
+    policy = w.manager.policy("auto")
+    assert isinstance(policy, Score)
+    assert policy.state is w.manager.score
+
+
+def test_without_score_ranking_a_score_group_serves_as_urltest_from_probes():
+    from honk.group.policy import URLTest
+
+    w = World(score("auto", "a", "b"))
+    plain = GroupManager.build(w.spec, w.outbounds, health=w.health, clock=w.clock)  # the daemon's build today
+    assert isinstance(plain.policy("auto"), URLTest)
+
+
+def test_score_group_returns_one_authoritative_leaf_and_never_a_dead_member():
+    w = World(score("auto", "a", "b", "c"))
+    w.kill("a")
+    w.kill("c")
+    for _ in range(SELECTIONS):
+        selection = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+        assert selection.leaf.name == "b"
+        assert selection.chain == ("auto", "b")
+
+
+def test_a_score_group_with_every_member_dead_serves_nothing_but_its_final():
+    w = World(score("auto", "a", "b", final="c"))
+    w.kill("a")
+    w.kill("b")
+    assert w.leaf("auto", TARGET_X) == "c"
+
+
+def test_target_context_reaches_the_ranker_and_different_targets_pick_different_nodes():
+    w = World(score("auto", "a", "b"), nodes=("a", "b"))
+    w.record("auto", "a", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.record("auto", "b", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.record("auto", "b", TARGET_X, DEST_X, Outcome.FAILURE, BAD)
+    w.record("auto", "b", TARGET_Y, DEST_Y, Outcome.USEFUL, GOOD)
+    w.record("auto", "a", TARGET_Y, DEST_Y, Outcome.USEFUL, GOOD)
+    w.record("auto", "a", TARGET_Y, DEST_Y, Outcome.FAILURE, BAD)
+    assert w.leaf("auto", TARGET_X, DEST_X) == "a"
+    assert w.leaf("auto", TARGET_Y, DEST_Y) == "b"
+    assert w.leaf("auto", TARGET_X, DEST_X) == "a"  # nothing cached across targets
+
+
+def test_a_nested_score_group_resolves_through_its_own_pick():
+    w = World(score("auto", "a", "b"), group("outer", subgroups=("auto",), policy=Policy.SELECTOR))
+    w.kill("a")
+    assert w.manager.resolve("outer", TCP, target=TARGET_X).chain == ("outer", "auto", "b")
+
+
+def test_reload_shares_the_score_state_and_prunes_removed_members():
+    w = World(score("auto", "a", "b", "c"))
+    w.record("auto", "c", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.record("auto", "a", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    state = w.manager.score
+    reloaded = w.build([score("auto", "a", "b")], previous=w.manager, nodes=("a", "b"))
+    assert reloaded.score is state
+    assert state.evidence.layers("auto", TCP, TARGET_X, w.ids["c"], DEST_X) == [None, None, None]
+    assert all(cell is not None for cell in state.evidence.layers("auto", TCP, TARGET_X, w.ids["a"], DEST_X))
+    assert isinstance(reloaded.policy("auto"), Score) and reloaded.policy("auto").state is state
+
+
+def test_a_deleted_score_group_loses_its_state_on_reload():
+    w = World(score("auto", "a", "b"), score("other", "a", "b"))
+    w.record("auto", "a", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.leaf("auto", TARGET_X, DEST_X)
+    w.build([score("other", "a", "b")], previous=w.manager)
+    assert [g["group"] for g in w.manager.score.stats()["groups"]] == []
+    assert w.manager.score.evidence.layers("auto", TCP, TARGET_X, w.ids["a"], DEST_X) == [None, None, None]
+
+
+def test_a_restart_starts_with_an_empty_score_state():
+    w = World(score("auto", "a", "b"))
+    w.record("auto", "a", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.leaf("auto", TARGET_X, DEST_X)
+    fresh = w.build([score("auto", "a", "b")], previous=None)
+    assert fresh.score is not w.manager.score
+    assert fresh.score.stats()["groups"] == []
+    assert fresh.score.evidence.stats().aggregate_entries == 0
+
+
+def test_peek_changes_no_score_state():
+    w = World(score("auto", "a", "b", "c"))
+    w.record("auto", "b", None, None, Outcome.USEFUL, GOOD)
+    before = w.manager.score.stats()
+    chain = w.manager.selection_chain("auto")
+    w.manager.resolve("auto", TCP, peek=True, target=TARGET_X, destination=DEST_X)
+    w.manager.delay_test_members("auto")
+    now = group_now(w.manager, "auto")
+    assert w.manager.score.stats() == before
+    assert w.manager.score.scopes == {}
+    assert chain[0] == "auto" and now == chain[1]
+
+
+def test_clash_now_is_the_aggregate_tcp_winner():
+    w = World(score("auto", "a", "b"), nodes=("a", "b"))
+    w.record("auto", "a", None, None, Outcome.USEFUL, GOOD)
+    w.record("auto", "b", None, None, Outcome.USEFUL, GOOD)
+    w.record("auto", "a", None, None, Outcome.FAILURE, BAD)
+    # the aggregate rank with no target, as a peek
+    ranked = w.manager.score.rank("auto", TCP, None, None, _members(w, "a", "b"), w.clock.now(), peek=True)
+    assert group_now(w.manager, "auto") == ranked.winner.name == "b"
+
+
+def _members(w: World, *names: str) -> list[Member]:
+    return [Member(n, w.ids[n], True) for n in names]
+
+
+def test_a_score_group_cannot_be_pinned_or_selected_through_the_api():
+    w = World(score("auto", "a", "b"))
+    assert Policy.SCORE not in PINNABLE
+    with pytest.raises(UnknownGroup):
+        w.manager.pin("auto", "a")
+    with pytest.raises(UnknownGroup):
+        w.manager.select("auto", "a")
+
+
+def test_score_setup_retry_offers_one_different_node():
+    w = World(score("auto", "a", "b", "c"))
+    served = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+    retry = w.manager.retry_candidates("auto", TCP, V4, served.leaf, target=TARGET_X, destination=DEST_X)
+    assert len(retry) == 1
+    assert retry[0].leaf is not served.leaf and retry[0].chain[0] == "auto"
+
+
+def test_score_setup_retry_has_nothing_when_the_failed_node_was_the_only_live_one():
+    w = World(score("auto", "a", "b"), nodes=("a", "b"))
+    w.kill("b")
+    served = w.manager.resolve("auto", TCP, target=TARGET_X)
+    assert served.leaf.name == "a"
+    assert w.manager.retry_candidates("auto", TCP, V4, served.leaf, target=TARGET_X) == []
+
+
+def test_dispatcher_retry_round_for_a_score_group_is_one_different_leaf():
+    w = World(group("outer", subgroups=("auto",), policy=Policy.SELECTOR), score("auto", "a", "b", "c"))
+    meta = FlowMeta(TCP, Address("127.0.0.1", 50000), Address("x.example", 443), "socks")
+    served = w.manager.resolve("outer", TCP, target=TARGET_X)
+    routed = Routed(meta, "outer", "match", served.chain, served.leaf, 1)
+    dispatcher = Dispatcher.__new__(Dispatcher)
+    dispatcher._plane = SimpleNamespace(groups=w.manager)
+    retry = dispatcher._retry_round(routed, DialError(served.leaf.name, "connect", "refused"))
+    assert len(retry) == 1
+    assert retry[0].leaf is not served.leaf
+    assert retry[0].chain[:2] == ("outer", "auto")
+
+
+def test_each_served_flow_applies_exactly_one_rank():
+    w = World(score("auto", "a", "b", "c"), group("outer", subgroups=("auto",), policy=Policy.URLTEST))
+    for _ in range(SELECTIONS):
+        w.leaf("auto", TARGET_X, DEST_X)
+        w.leaf("outer", TARGET_X, DEST_X)
+    (entry,) = w.manager.score.stats()["groups"]
+    assert sum(entry["reasons"].values()) == 2 * SELECTIONS
