@@ -63,6 +63,15 @@ def fail(state: ScoreState, node: str, now: float, episode: str = "e1") -> None:
     state.cohorts.fail(AggregateKey(GROUP, TCP, None, node), now, episode=episode)
 
 
+def trained_incumbent(state: ScoreState, names: str) -> list[Member]:
+    """Members ``names``, each well trained, after a first rank that makes the first one incumbent."""
+    for node in names:
+        train(state, node)
+    group = members(*names)
+    assert rank(state, group).winner.name == names[0]
+    return group
+
+
 def rank(state: ScoreState, group_members, now: float = T0, **kw):
     return state.rank(GROUP, TCP, TARGET, V4, group_members, now, **kw)
 
@@ -118,10 +127,7 @@ def test_reliability_beats_a_faster_but_failing_node(state, perf):
 
 
 def test_incumbent_escapes_on_its_first_failure_to_the_next_eligible_member(state):
-    for node in "abc":
-        train(state, node)
-    group = members("a", "b", "c")
-    assert rank(state, group).winner.name == "a"  # equal evidence: configuration order
+    group = trained_incumbent(state, "abc")
     fail(state, "a", T0 + 1)
     ranked = rank(state, group, T0 + 2)
     assert ranked.winner.name == "b"
@@ -130,10 +136,7 @@ def test_incumbent_escapes_on_its_first_failure_to_the_next_eligible_member(stat
 
 
 def test_old_unresolved_failure_still_escapes_but_is_no_longer_excluded(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    rank(state, group)
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     ranked = rank(state, group, T0 + 200)  # older than the exclusion window, still backing off
     assert ranked.winner.name == "b" and ranked.reason == "freshFailureBypass"
@@ -165,10 +168,7 @@ def test_incumbent_is_kept_within_the_margin_and_loses_beyond_it(state, perf):
 
 
 def test_incumbent_without_fresh_performance_is_held_for_insufficient_evidence(state, perf):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    assert rank(state, group).winner.name == "a"
+    group = trained_incumbent(state, "ab")
     perf.utility = {"b": 0.9}  # b ranks first, but there is nothing shared to compare against
     ranked = rank(state, group, T0 + 1)
     assert ranked.winner.name == "a" and ranked.reason == "insufficientEvidenceHeld"
@@ -212,10 +212,7 @@ def test_qualified_members_are_not_cold_explored(state):
 
 
 def test_exclude_removes_the_failed_node_even_when_it_is_the_ordinary_winner(state):
-    for node in "abc":
-        train(state, node)
-    group = members("a", "b", "c")
-    assert rank(state, group).winner.name == "a"
+    group = trained_incumbent(state, "abc")
     ranked = rank(state, group, T0 + 1, exclude=frozenset({"a"}))
     assert ranked.winner.name == "b"
     assert all(m.name != "a" for m in ranked.order)
@@ -323,20 +320,14 @@ def test_reload_keeps_scopes_and_needs_a_membership():
 
 
 def test_an_incumbent_whose_only_rival_failed_recently_is_held_not_a_crash(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    assert rank(state, group).winner.name == "a"
+    group = trained_incumbent(state, "ab")
     fail(state, "b", T0 + 1)  # the rival is excluded for its recent failure: no one to compare with
     ranked = rank(state, group, T0 + 2)
     assert ranked.winner.name == "a" and ranked.reason == "incumbentHeld"
 
 
 def test_a_challenger_with_an_unresolved_failure_is_not_promoted(state, perf):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    assert rank(state, group).winner.name == "a"
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     assert rank(state, group, T0 + 2).winner.name == "b"  # the bypass
     perf.utility = {"a": 1.0, "b": 0.2}  # a would win on performance, but its failure is still open
@@ -368,10 +359,7 @@ def earn(state: ScoreState, group, count: int, now: float) -> None:
 
 
 def test_a_failed_member_backs_off_five_minutes_then_gets_one_recovery_trial(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    assert rank(state, group).winner.name == "a"
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     assert rank(state, group, T0 + 2).winner.name == "b"  # the escape
     assert rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN - 1).winner.name == "b"  # backing off
@@ -382,10 +370,7 @@ def test_a_failed_member_backs_off_five_minutes_then_gets_one_recovery_trial(sta
 
 
 def test_a_recovery_trial_never_becomes_the_incumbent_nor_a_switch(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    rank(state, group)
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     rank(state, group, T0 + 2)
     switches = entry(state)["ordinarySwitch"]
@@ -396,10 +381,7 @@ def test_a_recovery_trial_never_becomes_the_incumbent_nor_a_switch(state):
 
 
 def test_an_unanswered_trial_may_be_sent_again_after_the_answer_timeout(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    rank(state, group)
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     start = T0 + 1 + EXPLORATION_BACKOFF_MIN
     assert rank(state, group, start).reason == "periodicExplore"
@@ -431,10 +413,7 @@ def test_backoff_doubles_on_each_failed_trial_up_to_six_hours(state):
 
 
 def test_more_flows_of_the_failure_burst_do_not_grow_the_backoff(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    rank(state, group)
+    group = trained_incumbent(state, "ab")
     fail(state, "a", T0 + 1)
     rank(state, group, T0 + 2)
     fail(state, "a", T0 + 3)  # another flow that was in flight when the first failed
@@ -499,10 +478,7 @@ def test_unspent_earned_credit_is_capped_at_eight(state):
 
 
 def test_a_trial_without_credit_is_refused_and_the_flow_goes_to_the_ordinary_winner(state):
-    for node in "ab":
-        train(state, node)
-    group = members("a", "b")
-    rank(state, group)
+    group = trained_incumbent(state, "ab")
     s = scope(state)
     s.spent = s.allowance  # the cold allowance is gone and less than one credit was earned
     fail(state, "a", T0 + 1)
