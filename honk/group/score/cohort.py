@@ -84,6 +84,7 @@ class _Cell:
     rx_since_fence: bool = False
     tx: OrderedDict = field(default_factory=OrderedDict)  # reporter key -> time of first TX
     failures: int = 0
+    open_failures: int = 0  # independent failure episodes since the open episode opened
 
     def reset_cohort(self) -> None:
         self.credits.clear()
@@ -121,6 +122,7 @@ class Cohorts:
         state.episodes[episode] = None
         if len(state.episodes) > EPISODE_MEMORY:
             state.episodes.popitem(last=False)
+        state.open_failures = state.open_failures + 1 if state.episode is not None else 1
         state.episode = episode
         state.fence = max(state.fence, now)
         state.reset_cohort()
@@ -218,6 +220,12 @@ class Cohorts:
         """The recovery lease: valid from the quorum's event time for RECOVERY_LEASE (GH-K-37)."""
         state = self._cells.get(cell)
         return state is not None and state.lease_until is not None and now < state.lease_until
+
+    def episode_failures(self, cell: Hashable) -> int:
+        """Independent failures (distinct episodes, not fan-out) since the cell's open episode
+        opened; 0 when none is open."""
+        state = self._cells.get(cell)
+        return 0 if state is None or state.episode is None else state.open_failures
 
     def failures(self, cell: Hashable) -> int:
         """Failed flows counted for this cell; recovery and reload never lower it."""

@@ -119,3 +119,9 @@ EARNED_CREDIT_CAP = 8  # GH-K-85 "unspent earned credit is capped at eight", in 
 # floor(E) - max(0, V - B) <= 8: E is clamped there, so an idle-but-busy scope cannot bank a burst of trials
 TRIAL_ANSWER_TIMEOUT = COHORT_GAP  # seconds; GH-K-94 one unanswered trial per member and target: a trial
 # neither answered (no RX after the fence) nor failed within a cohort gap is inconclusive and may be re-sent
+
+# --- escape on a target-path failure -----------------------------------------------------------
+TARGET_ESCAPE_FAILURES = 2  # independent target-path failures in one open episode that make the
+# incumbent leave at once: a lone one among many successes may be chance (the incumbent's own next
+# flows then recover the cell), a second before recovery is not; node-scoped failures leave at once
+__all__ += ["TARGET_ESCAPE_FAILURES"]

@@ -78,11 +78,12 @@ from honk.group.score.constants import (
     RECENT_FAILURE_WINDOW,
     RELIABILITY_BAND,
     SWITCH_HISTORY_MAX,
+    TARGET_ESCAPE_FAILURES,
     TRIAL_ANSWER_TIMEOUT,
     cold_allowance,
 )
 from honk.group.score.evidence import EvidenceStats, ScoreEvidence
-from honk.group.score.keys import NodeId, ScoreTarget
+from honk.group.score.keys import AggregateKey, NodeId, ScoreTarget
 from honk.group.score.switches import SwitchHistory
 
 # Final reasons, in precedence order (see the module docstring).
@@ -285,7 +286,9 @@ class ScoreState:
             return Ranked(alive[0][1], SINGLETON, (alive[0][1],))
 
         candidates = self._candidates(group, network, target, family, alive, now)
-        eligible = [c for c in candidates if not c.recent_failure]
+        # a recent node-scoped failure keeps a member out; a target-path one only opens its cell
+        eligible = [c for c in candidates
+                    if not (c.recent_failure and any(isinstance(key, AggregateKey) for key in c.episodes))]
         if not eligible:  # every live member failed recently: rank them all rather than none
             eligible = candidates
         excluded = len(candidates) - len(eligible)
@@ -401,7 +404,7 @@ class ScoreState:
             # without an unresolved failure of its own: swapping one failed node for another
             # only makes the selection flap
             sound = [c for c in others if not c.unresolved]
-            if sound:
+            if sound and self._escapes(incumbent, sound[0]):
                 return sound[0], FRESH_FAILURE_BYPASS
             return incumbent, INCUMBENT_HELD
         if not others:  # the others were all excluded for a recent failure: nothing to compare
@@ -415,6 +418,19 @@ class ScoreState:
             # the challenger ranks first but has no shared comparison that could promote it
             return incumbent, INSUFFICIENT_EVIDENCE_HELD
         return incumbent, INCUMBENT_HELD
+
+    def _escapes(self, incumbent: _Candidate, sound: _Candidate) -> bool:
+        """Whether the incumbent's unresolved failure makes it leave now (GH-K-34 permits it; it
+        does not require it). A node-scoped failure always does: every target shares the cause.
+        A target-path failure does when it is not the first independent one of its episode, or
+        when the blended evidence already prefers the sound member. A lone one is held: the
+        incumbent's next flows are the reporters that can recover the cell, and a chance
+        failure of the best node must not send its target away for a whole backoff."""
+        if any(isinstance(key, AggregateKey) for key in incumbent.episodes):
+            return True
+        if any(self.cohorts.episode_failures(key) >= TARGET_ESCAPE_FAILURES for key in incumbent.episodes):
+            return True
+        return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                     alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:

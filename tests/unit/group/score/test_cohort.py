@@ -246,3 +246,20 @@ def test_forget_drops_the_cell() -> None:
     assert cohorts.open_episode(T1) is None
     assert cohorts.failures(T1) == 0
     assert cohorts.open_episode(T2) == NODE_FAILURE
+
+
+def test_episode_failures_count_independent_failures_not_fan_out_and_restart_after_recovery() -> None:
+    cohorts = Cohorts()
+    assert cohorts.episode_failures("T1") == 0
+    cohorts.fail("T1", 0.0, episode="e1")
+    cohorts.fail("T1", 0.5, episode="e1")  # another flow of the same fanned-out failure
+    assert cohorts.episode_failures("T1") == 1
+    cohorts.fail("T1", 1.0, episode="e2")  # an independent failure before recovery
+    assert cohorts.episode_failures("T1") == 2
+    for i, t in enumerate((5.0, 10.0, 15.0, 20.0)):
+        reporter = Reporter(f"r{i}")
+        cohorts.tx("T1", reporter, t)
+        cohorts.rx("T1", reporter, t + 0.1, kind=Kind.TRAFFIC)
+    assert cohorts.open_episode("T1") is None and cohorts.episode_failures("T1") == 0
+    cohorts.fail("T1", 30.0, episode="e3")
+    assert cohorts.episode_failures("T1") == 1  # a new episode starts counting afresh

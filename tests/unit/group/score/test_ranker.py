@@ -22,7 +22,7 @@ from honk.group.score.constants import (
     RECOVERY_REPORTERS,
     TRIAL_ANSWER_TIMEOUT,
 )
-from honk.group.score.keys import AggregateKey, ScoreTarget
+from honk.group.score.keys import AggregateKey, ExactKey, ScoreTarget
 from honk.group.score.ranker import FINAL_REASONS, Member, ScoreState
 
 GROUP = "auto"
@@ -522,3 +522,26 @@ def test_ledger_invariant_and_trial_rules_hold_after_every_operation(ops):
             assert s.spent <= s.allowance + int(s.earned)  # V + R <= B + floor(E), R = 0
             assert int(s.earned) - max(0, s.spent - s.allowance) <= EARNED_CREDIT_CAP
             assert s.remaining >= 0
+
+
+def target_fail(state: ScoreState, node: str, now: float, episode: str) -> None:
+    """A target-path failure: the outcome in the evidence, the episode on the exact cell only."""
+    state.evidence.record(GROUP, TCP, TARGET, node, Outcome.FAILURE, now, DESTINATION)
+    state.cohorts.fail(ExactKey(GROUP, TCP, V4, TARGET, node), now, episode=episode)
+
+
+def test_a_lone_target_path_failure_of_a_strong_incumbent_is_held(state):
+    group = trained_incumbent(state, "ab")
+    target_fail(state, "a", T0 + 1, "chance")
+    ranked = rank(state, group, T0 + 2)
+    assert ranked.winner.name == "a" and ranked.reason == "incumbentHeld"  # its next flows can recover it
+
+
+def test_a_second_independent_target_path_failure_escapes_at_once(state):
+    group = trained_incumbent(state, "ab")
+    target_fail(state, "a", T0 + 1, "first")
+    assert rank(state, group, T0 + 2).winner.name == "a"
+    target_fail(state, "a", T0 + 3, "second")
+    ranked = rank(state, group, T0 + 4)
+    assert ranked.winner.name == "b" and ranked.reason == "freshFailureBypass"
+
