@@ -26,13 +26,13 @@ import contextlib
 import ipaddress
 import logging
 import socket
-import struct
 from typing import Protocol
 
 from honk.config.spec import DnsBindSpec
 from honk.core.clock import Clock, timeout_at
 from honk.core.net import Address
 from honk.daemon.logs import kv
+from honk.dns.wire import TCP_LENGTH
 from honk.inbound.lifecycle import BindThenServe
 
 __all__ = ["TCP_IDLE_TIMEOUT", "TCP_PIPELINE", "DnsListener", "QueryHandler"]
@@ -45,7 +45,6 @@ MAX_TCP_CONNECTIONS = 256  # open TCP connections; newcomers beyond are closed a
 BACKLOG = 128
 EPHEMERAL_ATTEMPTS = 8  # port 0 with both transports: tries to find a port free for UDP and TCP
 MAX_UDP_QUERY = 65535
-LENGTH = struct.Struct("!H")
 
 
 class QueryHandler(Protocol):
@@ -226,7 +225,7 @@ class DnsListener(BindThenServe):
             while not ended.is_set():
                 try:
                     async with timeout_at(self._clock, self._clock.now() + TCP_IDLE_TIMEOUT):
-                        (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+                        (length,) = TCP_LENGTH.unpack(await reader.readexactly(TCP_LENGTH.size))
                         query = await reader.readexactly(length)
                 except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
                     break
@@ -257,7 +256,7 @@ class DnsListener(BindThenServe):
             async with lock:
                 if writer.is_closing():
                     return
-                writer.write(LENGTH.pack(len(reply)) + reply)
+                writer.write(TCP_LENGTH.pack(len(reply)) + reply)
                 async with timeout_at(self._clock, self._clock.now() + TCP_IDLE_TIMEOUT):
                     await writer.drain()
         except (TimeoutError, ConnectionError):

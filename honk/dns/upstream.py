@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import secrets
 import socket
-import struct
 from dataclasses import dataclass
 
 import dns.flags
@@ -35,22 +34,21 @@ import dns.opcode
 import dns.rcode
 import dns.rrset
 
+from honk.config.validate import DNS_INBOUND  # honk's own exchanges route as the DNS listener's tag
 from honk.connection.dispatch import Dispatcher, Routed
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import Blocked, DialError, DialTimeout, HonkError, NoRoute
 from honk.core.net import Address, FlowMeta, Network
-from honk.dns.wire import FLAG_QR, FLAG_TC, parse_response, response_header
+from honk.dns.wire import FLAG_QR, FLAG_TC, QUERY_ID, TCP_LENGTH, parse_response, response_header
 
 __all__ = ["DNS_INBOUND", "EXCHANGE_TIMEOUT", "Destination", "ExchangeFailed", "Exchanger"]
 
-DNS_INBOUND = "dns"  # the inbound name routing and logs see for honk's own DNS exchanges
 # A stub resolver (glibc's resolv.conf `timeout`) gives a server 5 s before it asks again;
 # an answer later than that reaches nobody, so an exchange waits no longer.
 EXCHANGE_TIMEOUT = 5.0  # seconds
 # A lost datagram should cost about a second, not the whole exchange: one resend after this.
 UDP_RESEND_AFTER = 1.0  # seconds
 MAX_DATAGRAM = 65535
-LENGTH = struct.Struct("!H")  # RFC 1035 §4.2.2: TCP messages are prefixed by their length
 UNKNOWN_SOURCE = Address("0.0.0.0", 0)  # routing's source for a query without a known client
 
 
@@ -113,7 +111,7 @@ class Exchanger:
         """The reply to ``wire`` (the client's query, sent under a fresh id) from ``destination``;
         ``tcp`` asks over TCP from the start. Raises :class:`ExchangeFailed`."""
         qid = secrets.randbits(16)
-        out = LENGTH.pack(qid) + wire[2:]
+        out = QUERY_ID.pack(qid) + wire[2:]
         question = query.question[0]
         try:
             async with timeout_at(self._clock, self._clock.now() + self.timeout):
@@ -195,8 +193,8 @@ class Exchanger:
                 sock = framed_socket(sock, dialed.framing)
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
-            await loop.sock_sendall(sock, LENGTH.pack(len(out)) + out)
-            (length,) = LENGTH.unpack(await _recv_exact(loop, sock, LENGTH.size))
+            await loop.sock_sendall(sock, TCP_LENGTH.pack(len(out)) + out)
+            (length,) = TCP_LENGTH.unpack(await _recv_exact(loop, sock, TCP_LENGTH.size))
             body = await _recv_exact(loop, sock, length)
         finally:
             sock.close()

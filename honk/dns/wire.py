@@ -41,6 +41,8 @@ FLAG_RD = 0x0100
 FLAG_RA = 0x0080
 OPCODE_MASK = 0x7800
 TCP_MAX_MESSAGE = 65535  # RFC 1035 §4.2.2: the two-octet length prefix
+TCP_LENGTH = struct.Struct("!H")  # RFC 1035 §4.2.2: TCP messages are prefixed by their length
+QUERY_ID = struct.Struct("!H")  # the header's first field, the ID a reply must echo
 UDP_MIN_PAYLOAD = 512  # RFC 1035 §4.2.1: what a client without EDNS accepts
 # The UDP reply ceiling, whatever a client advertises: DNS flag day 2020's 1232 bytes keeps
 # replies inside one unfragmented IPv6 packet (upstream honk clamps to 512..1232 as well).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from dataclasses import dataclass
 
 from honk.netlink import nftables, routing
@@ -101,8 +102,6 @@ def write_sysctl(path: str, value: str, netns: str | None = None) -> None:
         with open(os.path.join(PROC_SYS, path), "w") as f:
             f.write(value)
         return
-    import subprocess
-
     done = subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-qw", f"{path.replace('/', '.')}={value}"],
                           capture_output=True, text=True, timeout=routing.IP_TIMEOUT)
     if done.returncode != 0:

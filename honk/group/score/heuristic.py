@@ -23,6 +23,7 @@ appear in reprs (GH-K-09).
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from honk.group.score.constants import (
     DEGRADATION_MIN_EXCESS,
     DEGRADATION_MIN_HISTORY,
     DEGRADATION_RATIO,
+    EXACT_CELLS_MAX,
     PERFORMANCE_COMPARABLE_MIN,
     PERFORMANCE_CONFIDENCE_LOSS,
     PERFORMANCE_EXPIRY,
@@ -139,13 +141,20 @@ class FirstChoiceHeuristic:
     """Per-scope performance state and the first-choice utility read; all times are explicit."""
 
     def __init__(self) -> None:
-        self._cells: dict[_Key, dict[Hashable, _Scope]] = {}
+        # bounded like the exact evidence cells: the least recently observed key goes first
+        self._cells: OrderedDict[_Key, dict[Hashable, _Scope]] = OrderedDict()
         self._probe_generation = 0
 
     # --- observations ---------------------------------------------------------------------
 
     def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
-        cell = self._cells.setdefault(key, {})
+        cell = self._cells.get(key)
+        if cell is None:
+            cell = self._cells[key] = {}
+            if len(self._cells) > EXACT_CELLS_MAX:
+                self._cells.popitem(last=False)
+        else:
+            self._cells.move_to_end(key)
         entry = cell.get(scope)
         if entry is None:
             entry = cell[scope] = _Scope()

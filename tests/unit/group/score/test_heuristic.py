@@ -261,3 +261,12 @@ def test_late_report_older_than_expiry_is_ignored(clock):
     _response(h, A, 5.0, clock.now - PERFORMANCE_EXPIRY)  # stale report arriving late
     _response(h, B, 0.1, clock.now)
     assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
+
+
+def test_the_heuristic_keeps_at_most_as_many_keys_as_the_exact_evidence_store():
+    from honk.group.score.constants import EXACT_CELLS_MAX
+
+    heuristic = FirstChoiceHeuristic()
+    for i in range(EXACT_CELLS_MAX + 10):
+        heuristic.observe_setup("g", Network.TCP, None, None, f"node{i}", 0.05, 1.0)
+    assert len(heuristic) == EXACT_CELLS_MAX
