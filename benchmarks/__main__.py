@@ -5,6 +5,9 @@
 * kernels: the compiled ``_fast`` kernels against their pure-Python twins;
 * groups:  the per-flow plan through three nested groups of 50 members each
   (``benchmarks/groups.py``);
+* score:   Score's per-flow cost: each business reporter event (begin, setup, TX, RX
+  published and throttled, settle) and the plan through 50-member Score groups, alone and
+  nested, over 1,000 warmed targets (``benchmarks/score.py``; ``--no-score`` skips it);
 * api:     the control API at 2,000 nodes: response time and event-loop stall of the
   dashboard's reads, and a 64-byte echo through the mixed inbound with and without a
   dashboard polling (``benchmarks/api.py``; ``--no-api`` skips it);
@@ -25,9 +28,9 @@
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
   skips them).
 
-The full run takes about 13 minutes on two cores (the v2ray rows about 4 of them),
-``--quick`` about two. The figures and every run's raw output also go to
-``benchmarks/results/*.json``.
+The full run takes about 16 minutes on two cores (the v2ray rows about 4 of them, the
+score rows about 3), ``--quick`` about three. The figures and every run's raw output also
+go to ``benchmarks/results/*.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay, reload, tproxy
+from benchmarks import api, groups, health, kernels, relay, reload, score, tproxy
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -63,6 +66,7 @@ def main() -> None:
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
     parser.add_argument("--no-health", action="store_true", help="skip the probe-scheduler benchmark")
     parser.add_argument("--no-groups", action="store_true", help="skip the group plan benchmark")
+    parser.add_argument("--no-score", action="store_true", help="skip the Score reporter and plan benchmark")
     parser.add_argument("--no-api", action="store_true", help="skip the control API benchmark")
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
@@ -84,6 +88,7 @@ def main() -> None:
     kernel_rows: list[tuple[str, str, str, str]] = [] if args.no_kernels else kernels.run(quick=args.quick)
     health_rows: list[tuple[str, str, str, str]] = [] if args.no_health else health.run(quick=args.quick)
     group_rows: list[tuple[str, str, str, str]] = [] if args.no_groups else groups.run(quick=args.quick)
+    score_rows: list[tuple[str, ...]] = [] if args.no_score else score.run(quick=args.quick)
     api_rows: list[tuple[str, str, str, str]] = [] if args.no_api else api.run(quick=args.quick)
     reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
     tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
@@ -102,6 +107,9 @@ def main() -> None:
         print()
     if group_rows:
         print(relay.format_table(["group plans", "honk", "target", "status"], [list(r) for r in group_rows]))
+        print()
+    if score_rows:
+        print(relay.format_table(score.HEADER, [list(r) for r in score_rows]))
         print()
     if api_rows:
         print(relay.format_table(["control API", "honk", "target", "status"], [list(r) for r in api_rows]))
@@ -144,7 +152,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, **report.as_json(),
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

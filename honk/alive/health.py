@@ -233,6 +233,8 @@ class AliveDialerSet:
         self.version = 0
         self._serials = itertools.count(1)
         self._open_tickets: set[ProbeTicket] = set()
+        # told every ranked probe RTT (node, domain, family, seconds): Score's probe baseline
+        self.on_probe_rtt: Callable[[uuid.UUID, Domain, Family, float], None] | None = None
 
     # --- registration --------------------------------------------------------
 
@@ -322,6 +324,8 @@ class AliveDialerSet:
         state.record(wall, rtt)
         if rank:
             state.average.update(rtt)
+            if self.on_probe_rtt is not None:
+                self.on_probe_rtt(node_id, domain, family, rtt)
         if domain is Domain.TCP:
             node.latencies.push(wall, rtt, False)
             if node.healing >= 0:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from honk.alive.group_checks import GroupCheck, GroupChecks
 from honk.alive.health import AliveDialerSet
 from honk.alive.netwatch import NetworkWatcher
+from honk.alive.outcome import Domain, Family
 from honk.alive.prober import NodeProber
 from honk.alive.runner import HealthRunner
 from honk.alive.thresholds import DELAY_PERSIST_INTERVAL
@@ -37,6 +38,7 @@ from honk.core.net import Network
 from honk.core.stats import RuntimeStats
 from honk.group.filter import HealthFilter
 from honk.group.manager import Identity, identity_from_text, identity_text
+from honk.group.score.heuristic import ProbeIdentity
 from honk.outbound.base import Outbound
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,16 @@ def _reachable_leaves(plane: Plane, name: str, seen: set[str] | None = None) -> 
     return out
 
 
+def _score_groups_by_node(plane: Plane) -> dict[uuid.UUID, tuple[str, ...]]:
+    """Every node a Score group can serve, with those groups."""
+    membership = getattr(plane.groups, "score_membership", None)
+    out: dict[uuid.UUID, list[str]] = {}
+    for group, node_id in (membership() if membership is not None else ()):
+        if isinstance(node_id, uuid.UUID):
+            out.setdefault(node_id, []).append(group)
+    return {node: tuple(sorted(groups)) for node, groups in out.items()}
+
+
 def _group_spec(plane: Plane, name: str) -> GroupSpec | None:
     return next((g for g in plane.spec.groups if g.name == name), None)
 
@@ -90,6 +102,8 @@ class HealthService:
         self._writes: set[asyncio.Task[None]] = set()  # Selector choices being written
         self._opened = False
         self.filter = HealthFilter(self.alive, self.group_checks)  # the groups' view of health
+        self.alive.on_probe_rtt = self._probe_rtt
+        self._score_groups: dict[uuid.UUID, tuple[str, ...]] = {}  # node → the Score groups it serves in
         self.stats: RuntimeStats | None = None  # probe durations go here once set
 
     # --- lifecycle ---------------------------------------------------------------
@@ -190,8 +204,32 @@ class HealthService:
             leaf.runtime.traffic = NodeTraffic(self.alive, node_id)
         gone = self.alive.retain_only(leaves)
         self._plane = plane
+        self._score_groups = _score_groups_by_node(plane)
         if gone and self.db is not None:
             await asyncio.to_thread(self.db.forget, gone)
+
+    def _probe_rtt(self, node_id: uuid.UUID, domain: Domain, family: Family, rtt: float) -> None:
+        """A ranked probe RTT of a node some Score group holds: the quality baseline of Score's
+        first-choice heuristic, scoped by the configured probe (GH-K-32, GH-K-64). It is never
+        availability evidence: probes cannot recover a node (GH-K-39)."""
+        plane = self._plane
+        groups = self._score_groups.get(node_id)
+        if plane is None or not groups:
+            return
+        performance = getattr(getattr(plane.groups, "score", None), "performance", None)
+        observe = getattr(performance, "observe_probe", None)
+        if observe is None:
+            return
+        glob = plane.spec.global_
+        if domain is Domain.TCP:
+            network, probe = Network.TCP, ProbeIdentity(",".join(glob.tcp_check_url), glob.tcp_check_http_method,
+                                                        glob.check_interval)
+        else:
+            network, probe = Network.UDP, ProbeIdentity(",".join(glob.udp_check_dns), domain.value,
+                                                        glob.check_interval)
+        now = self.clock.now()
+        for group in groups:
+            observe(group, network, family, node_id, probe, rtt, now)
 
     def _prober(self, plane: Plane) -> NodeProber:
         score = set()

@@ -381,7 +381,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         plane = running_plane(control)
         tracker = control.tracker
         return reply(views.stats(plane.outbounds, control.stats.outbounds, tracker.bytes_by_leaf(),
-                                 tracker.snapshot()))
+                                 tracker.snapshot(), plane.groups.score.stats()))
 
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)

@@ -704,10 +704,12 @@ def configs(spec: Spec, mode: str, log_level: str, mixed_port: int) -> dict[str,
 
 
 def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
-          traffic: Mapping[str, tuple[int, int, int]], flows: Iterable[ConnectionInfo]) -> dict[str, Any]:
+          traffic: Mapping[str, tuple[int, int, int]], flows: Iterable[ConnectionInfo],
+          score: Mapping[str, Any]) -> dict[str, Any]:
     """``GET /stats``: upstream honk's userspace snapshot, with the parts honk has so far —
-    one row per outbound (connections started and open, bytes each way, failed dials) and the
-    live flows per network. The pool, warm and Score parts arrive with those features."""
+    one row per outbound (connections started and open, bytes each way, failed dials), the
+    live flows per network, and ``score`` (``/stats.score``: the Score counters and evidence
+    cache totals, GH-K-130). The pool and warm parts arrive with those features."""
     rows = []
     for name in outbounds:
         counts = dials.get(name)
@@ -723,4 +725,5 @@ def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
     active = {"tcp": 0, "udp": 0}
     for flow in flows:
         active[flow.network.value] += 1
-    return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]}, "udp": {"activeFlows": active["udp"]}}
+    return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]}, "udp": {"activeFlows": active["udp"]},
+            "score": dict(score)}

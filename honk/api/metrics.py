@@ -10,8 +10,10 @@ Label sets are bounded by the configuration, never by traffic: inbound,
 group and outbound tags, node names (``honk_node_alive`` has at most six
 series a node, one per health domain and family that has a known state), and
 small fixed sets (networks, results, error and probe kinds, apply error
-variants, drain policies). No target, client address, credential, URL or
-Score cell appears in a label or a value.
+variants, drain policies, Score reasons and cache layers). Score series are
+labelled by group and network only, read from ``ScoreState.stats()``
+(GH-K-130). No target, client address, credential, URL, Score cell or
+scorer-private node identity appears in a label or a value.
 
 Reading the state runs on the event loop (it is loop-owned); turning the
 families into text, the costly part with thousands of nodes, runs in a worker
@@ -33,6 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from honk import __version__
 from honk.alive.health import Status
 from honk.api.context import Control
+from honk.config.spec import Policy
 from honk.connection.admission import process_gates
 from honk.control.errors import ApplyError
 from honk.core.stats import (
@@ -45,6 +48,7 @@ from honk.core.stats import (
     SUBSCRIPTION_RESULTS,
     Histogram,
 )
+from honk.group.score.ranker import CANDIDATE_COUNTERS, FINAL_REASONS
 
 __all__ = ["METRICS_PATH", "HonkCollector", "routes"]
 
@@ -77,6 +81,7 @@ class HonkCollector:
         yield _results("honk_drained_flows_closed", "Flows closed by drains of outbound versions that "
                        "left service, by drain policy.", stats.drained_flows, DRAIN_CLOSING_POLICIES,
                        label="policy")
+        yield from _score(plane)
         yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
                        stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
         yield from _process()
@@ -245,6 +250,62 @@ def _draining_versions(control: Control) -> Metric:
         for tag, n in sorted(drainer.draining().items()):
             family.add_metric([tag], n)
     return family
+
+
+_SCORE_CACHE_LAYERS = ("exact", "aggregate")  # the evidence caches; their /stats.score keys start so
+
+
+def _score_rows(plane: Any, score: dict) -> dict[tuple[str, str], dict]:
+    """``/stats.score`` entries by (group, network): every configured Score group at zero on both
+    networks first (a rate over a series that appears late misses its first counts), then what
+    the ScoreState has counted."""
+    zero = {"reasons": dict.fromkeys(FINAL_REASONS, 0), "candidates": dict.fromkeys(CANDIDATE_COUNTERS, 0),
+            "ordinarySwitch": 0, "switchFlap": 0, "coldAllowance": 0, "coldSpent": 0}
+    rows = {(group.name, network): zero for group in plane.spec.groups if group.policy is Policy.SCORE
+            for network in _NETWORKS}
+    rows.update({(entry["group"], entry["network"]): entry for entry in score["groups"]})
+    return rows
+
+
+def _score(plane: Any) -> Iterator[Metric]:
+    """Score's fixed counters per group and network, and its evidence cache totals (GH-K-130)."""
+    group_labels = ["group", "network"]
+    reasons = CounterMetricFamily("honk_score_reason", "Applied multi-candidate Score ranks by final reason.",
+                                  labels=[*group_labels, "reason"])
+    candidates = CounterMetricFamily("honk_score_candidate", "Score candidates affected by a filter "
+                                     "(candidates, not flows).", labels=[*group_labels, "counter"])
+    switches = CounterMetricFamily("honk_score_ordinary_switch", "Committed ordinary Score winner changes "
+                                   "(first choices and trials excluded).", labels=group_labels)
+    flaps = CounterMetricFamily("honk_score_switch_flap", "Ordinary Score switches that returned to the "
+                                "previous winner soon after leaving it (a subset of the switches).",
+                                labels=group_labels)
+    allowance = GaugeMetricFamily("honk_score_cold_allowance", "Score trial budget: the cold allowance "
+                                  "frozen for the group's scopes.", labels=group_labels)
+    spent = CounterMetricFamily("honk_score_cold_spent", "Score optional trials spent (cold and recovery).",
+                                labels=group_labels)
+    entries = GaugeMetricFamily("honk_score_cache_entries", "Score evidence cells held, by cache layer.",
+                                labels=["layer"])
+    capacity = GaugeMetricFamily("honk_score_cache_capacity", "Score evidence cells a cache layer holds "
+                                 "at most.", labels=["layer"])
+    evictions = CounterMetricFamily("honk_score_cache_evictions", "Score evidence cells evicted, by cache "
+                                    "layer.", labels=["layer"])
+    if plane is not None:
+        score = plane.groups.score.stats()
+        for (group, network), row in _score_rows(plane, score).items():
+            for reason in FINAL_REASONS:
+                reasons.add_metric([group, network, reason], row["reasons"][reason])
+            for counter in CANDIDATE_COUNTERS:
+                candidates.add_metric([group, network, counter], row["candidates"][counter])
+            switches.add_metric([group, network], row["ordinarySwitch"])
+            flaps.add_metric([group, network], row["switchFlap"])
+            allowance.add_metric([group, network], row["coldAllowance"])
+            spent.add_metric([group, network], row["coldSpent"])
+        cache = score["cache"]
+        for layer in _SCORE_CACHE_LAYERS:
+            entries.add_metric([layer], cache[f"{layer}Entries"])
+            capacity.add_metric([layer], cache[f"{layer}Capacity"])
+            evictions.add_metric([layer], cache[f"{layer}Evictions"])
+    yield from (reasons, candidates, switches, flaps, allowance, spent, entries, capacity, evictions)
 
 
 def _process() -> Iterator[Metric]:

@@ -189,6 +189,12 @@ def routes(control: Control) -> list[web.RouteDef]:
             raise refused(name) from None
         return reply({"group": name, "cleared": [net.value for net in cleared]})
 
+    # --- Score statistics ----------------------------------------------------------------------
+
+    async def score_stats(request: web.Request) -> web.StreamResponse:
+        """``/stats.score``: counters only; reading it ranks nothing (GH-K-129)."""
+        return reply(views.score_view(running_plane(control)))
+
     # --- nodes and delay tests -------------------------------------------------------------
 
     async def list_nodes(request: web.Request) -> web.StreamResponse:
@@ -356,6 +362,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.get(f"{PREFIX}/groups/{{name}}", get_group, allow_head=False),
         web.put(f"{PREFIX}/groups/{{name}}/selection", put_selection),
         web.delete(f"{PREFIX}/groups/{{name}}/selection", delete_selection),
+        web.get(f"{PREFIX}/stats/score", score_stats, allow_head=False),
         web.get(f"{PREFIX}/nodes", list_nodes, allow_head=False),
         web.get(f"{PREFIX}/nodes/{{name}}", get_node, allow_head=False),
         web.post(f"{PREFIX}/delay", delay),

@@ -238,6 +238,16 @@ def diag_view(diagnostic: Diagnostic) -> JSON:
     }
 
 
+# --- Score ---------------------------------------------------------------------------------
+
+
+def score_view(plane: Plane) -> JSON:
+    """``/stats.score`` (GH-K-130): the running manager lineage's Score counters and evidence
+    cache totals, as :meth:`ScoreState.stats` builds them: fixed reason, candidate, switch and
+    budget fields per (group, network), never a node, target or cell identity."""
+    return plane.groups.score.stats()
+
+
 # --- version and status ---------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from honk.api.native_views import API_VERSION, HISTORY_ENTRIES
 from honk.api.streams import NDJSON as LINES_TYPE
 from honk.control.errors import refusal_kinds
 from honk.daemon.logs import LEVELS
+from honk.group.score.ranker import CANDIDATE_COUNTERS, FINAL_REASONS
 
 OPENAPI_VERSION = "3.1.0"
 JSON_TYPE = "application/json"
@@ -160,6 +161,26 @@ def schemas() -> dict[str, Schema]:
             "user": {"type": "string", "description": "the inbound user, empty without one"},
         }),
         "Diag": diag,
+        "ScoreStats": _obj({
+            "groups": {"type": "array", "description": "one entry per (Score group, network) that has "
+                                                       "counted anything, by group then network",
+                       "items": _obj({
+                           "group": STRING,
+                           "network": {"type": "string", "enum": NETWORKS_ENUM},
+                           "reasons": _obj({reason: INTEGER for reason in FINAL_REASONS},
+                                           description="applied multi-candidate ranks by final reason"),
+                           "candidates": _obj({counter: INTEGER for counter in CANDIDATE_COUNTERS},
+                                              description="candidates affected, not flows"),
+                           "ordinarySwitch": INTEGER,
+                           "switchFlap": INTEGER,
+                           "coldAllowance": INTEGER,
+                           "coldSpent": INTEGER,
+                       })},
+            "cache": _obj({field: INTEGER for field in (
+                "exactEntries", "exactCapacity", "exactEvictions",
+                "aggregateEntries", "aggregateCapacity", "aggregateEvictions")},
+                description="evidence cache totals"),
+        }, description="no node, target or cell identity (GH-K-130)"),
     }
 
 
@@ -245,6 +266,10 @@ def paths() -> dict[str, dict[str, Schema]]:
                 })), **_errors("invalid_request", "not_a_selector", "group_not_found", "not_running")},
                 parameters=[GROUP_NAME, _query("network", NETWORK_CHOICE, "which network's pin (default both)")]),
         },
+        f"{PREFIX}/stats/score": {"get": _op(
+            "getScoreStats", "Score's counters per group and network, and its evidence cache totals "
+                             "(the /stats.score document); reading ranks nothing",
+            {"200": _ok("the counters", _ref("ScoreStats")), **_errors("not_running")})},
         f"{PREFIX}/nodes": {"get": _op(
             "listNodes", "Every outbound (direct and block first) with its health",
             {"200": _ok("the nodes", _obj({"nodes": {"type": "array", "items": _ref("Node")}})),

@@ -25,11 +25,12 @@ import dataclasses
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from honk.alive.outcome import Family
 from honk.config.spec import GlobalSpec, Policy
+from honk.connection import scoring
 from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.control.mode import RoutingMode
@@ -38,6 +39,7 @@ from honk.core.errors import DialError, HonkError, TargetRefused
 from honk.core.net import FlowMeta, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
+from honk.group.score.attempt import ScoreFeedback, ScoreReporter
 from honk.outbound.base import DialedStream, Outbound
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
@@ -70,6 +72,10 @@ class Routed:
     leaf: Outbound
     plane_generation: int
     must: bool = False  # a `(must)` rule decided: the flow keeps its original destination
+    # the Score groups the selection traversed (None: none); each dial attempt reports to them
+    score: ScoreFeedback | None = field(default=None, compare=False)
+    # the served attempt's reporter once dialed (``dial_routed``): the relay feeds and settles it
+    reporter: ScoreReporter | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,14 @@ def _needs_admission(leaf: Any) -> bool:
 
         return not pool_for(leaf).has_room
     return True
+
+
+def _score_feedback(plane: Any, chain: tuple[str, ...], leaf: Any, meta: FlowMeta) -> ScoreFeedback | None:
+    """The flow's attribution to the Score groups on ``chain`` (None when it traversed none)."""
+    feedback = getattr(getattr(plane, "groups", None), "score_feedback", None)
+    if feedback is None:
+        return None
+    return feedback(chain, leaf, meta.network, score_target(meta), meta.resolved)
 
 
 def format_chain(chain: Sequence[str]) -> str:
@@ -164,7 +178,7 @@ class Dispatcher:
         forced = self._forced(plane, meta)
         if forced is not None:
             return forced
-        return self._routed(meta, await plane.decide(meta, self.resolver), plane.generation)
+        return self._routed(meta, await plane.decide(meta, self.resolver), plane)
 
     def _forced(self, plane: PlaneLike, meta: FlowMeta) -> Routed | None:
         """The routing of the ``global`` and ``direct`` modes (rules bypassed), or None in ``rule`` mode."""
@@ -174,7 +188,7 @@ class Dispatcher:
         selection = plane.groups.resolve(outbound, meta.network, target=score_target(meta),
                                          destination=meta.resolved)
         return self._routed(meta, Decision(RouteDecision(outbound, f"mode({self.mode.mode})", False, None),
-                                           selection), plane.generation)
+                                           selection), plane)
 
     def route_now(self, meta: FlowMeta) -> Routed | None:
         """:meth:`route` when the plane can decide without awaiting (no DNS needed), else
@@ -189,10 +203,11 @@ class Dispatcher:
         decision = decide_now(meta)
         if decision is None:
             return None
-        return self._routed(meta, decision, plane.generation)
+        return self._routed(meta, decision, plane)
 
-    def _routed(self, meta: FlowMeta, decision: Any, generation: int) -> Routed:
+    def _routed(self, meta: FlowMeta, decision: Any, plane: PlaneLike) -> Routed:
         chain = tuple(decision.selection.chain)
+        leaf = decision.selection.leaf
         if self.on_selection is not None and len(chain) > 1:
             self.on_selection(chain)
         return Routed(
@@ -200,10 +215,16 @@ class Dispatcher:
             outbound=decision.route.outbound,
             rule=decision.route.rule,
             chain=chain,
-            leaf=decision.selection.leaf,
-            plane_generation=generation,
+            leaf=leaf,
+            plane_generation=plane.generation,
             must=decision.route.must,
+            score=_score_feedback(plane, chain, leaf, meta) if len(chain) > 1 else None,
         )
+
+    def rescore(self, routed: Routed) -> Routed:
+        """``routed`` attributed for its own meta (a changed network or target, a routing made
+        outside :meth:`route`): its Score feedback built again from the current plane."""
+        return dataclasses.replace(routed, score=_score_feedback(self._plane, routed.chain, routed.leaf, routed.meta))
 
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
@@ -223,16 +244,19 @@ class Dispatcher:
         and failures of other policies are final."""
         deadline = self.clock.now() + self.global_spec.connect_timeout
         try:
-            return routed, await self._dial_leaf(routed.leaf, routed.meta.target, deadline)
+            dialed, reporter = await self._dial_leaf(routed.leaf, routed.meta.target, deadline, routed.score)
+            return dataclasses.replace(routed, reporter=reporter), dialed
         except HonkError as exc:
             first = exc
         for retry in self._retry_round(routed, first):
+            served = dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf,
+                                         score=_score_feedback(self._plane, retry.chain, retry.leaf, routed.meta))
             try:
-                dialed = await self._dial_leaf(retry.leaf, routed.meta.target, deadline)
+                dialed, reporter = await self._dial_leaf(served.leaf, routed.meta.target, deadline, served.score)
             except HonkError:
                 continue
             log.info("dial retried %s", kv(failed=routed.leaf.name, served=retry.leaf.name))
-            return dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf), dialed
+            return dataclasses.replace(served, reporter=reporter), dialed
         raise first
 
     def _retry_round(self, routed: Routed, error: HonkError) -> list[Any]:
@@ -256,12 +280,15 @@ class Dispatcher:
             return [dataclasses.replace(c, chain=head + c.chain) for c in candidates]
         return []
 
-    async def _dial_leaf(self, leaf: Any, target: Any, deadline: float) -> DialedStream:
+    async def _dial_leaf(self, leaf: Any, target: Any, deadline: float,
+                         score: ScoreFeedback | None) -> tuple[DialedStream, ScoreReporter | None]:
         """One dial under the dial budget (``block`` and a stream on a mux carrier with room are
         exempt; waiting past the deadline for a permit is a :class:`CapacityRefused`), reported
-        to the node's health with its latency."""
+        to the node's health with its latency, and to the Score groups it was selected through:
+        admitted before the permit wait, a reporter from the dial on (its setup, or its failure)."""
         started = self.clock.now()
         budget = getattr(self._plane, "admission", None)
+        guard = scoring.begin(score, self.clock)
         try:
             if budget is not None and _needs_admission(leaf):
                 async with budget.permit(deadline):
@@ -269,14 +296,19 @@ class Dispatcher:
             else:
                 dialed = await leaf.dial_tcp(target, deadline)
         except HonkError as exc:
+            scoring.report_setup(guard, self.clock, leaf, exc)
             _report(leaf, exc, None)
             if self.stats is not None:
                 self.stats.dial("tcp", exc, leaf.name)
             raise
+        except BaseException as exc:  # cancelled: neutral
+            scoring.report_setup(guard, self.clock, leaf, exc)
+            raise
+        reporter = scoring.report_setup(guard, self.clock, leaf, None)
         _report(leaf, None, self.clock.now() - started)
         if self.stats is not None:
             self.stats.dial("tcp", None, leaf.name)
-        return dialed
+        return dialed, reporter
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:
         """Register a flow the caller relays itself (HTTP forwarding, UDP)."""
@@ -300,6 +332,9 @@ class Dispatcher:
         routed = upstream.routed
         meta = routed.meta
         engine = relay_engine(self.clock)
+        reporter = routed.reporter
+        if reporter is not None:
+            engine.observer = scoring.RelayObserver(reporter, self.clock)
         flow = self.track(routed, engine)
         log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
@@ -312,7 +347,12 @@ class Dispatcher:
         try:
             await engine.run(client, upstream.sock, upstream.framing)
         except HonkError as exc:
+            scoring.settle_relay(reporter, self.clock, exc)
             return exc
+        except BaseException:
+            scoring.cancel(reporter, self.clock)
+            raise
         finally:
             flow.release()
+        scoring.settle_relay(reporter, self.clock, None)
         return None

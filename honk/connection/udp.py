@@ -50,8 +50,9 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed, format_chain, outbound_version
 from honk.connection.tracker import TrackedFlow
 from honk.core.errors import (
@@ -65,6 +66,7 @@ from honk.core.errors import (
 )
 from honk.core.net import Address, FlowMeta, Network
 from honk.daemon.logs import kv
+from honk.group.score.attempt import Episode, Result, ScoreReporter
 from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import PacketEndpoint
 
@@ -86,6 +88,8 @@ class _Route:
     version: str = ""  # the leaf's outbound version; "" for a dropped target
     rule: str = ""  # the rule that matched, and the chain to the leaf (for the tracker entry)
     chain: tuple[str, ...] = ()
+    # Score: this target's reporter (a route through a Score group); settled when the route ends
+    reporter: ScoreReporter | None = field(default=None, compare=False)
 
 
 class _EndpointHealth:
@@ -172,6 +176,9 @@ class UdpNat:
         self._flow: TrackedFlow | None = None
         self._retarget = False  # the flow's recorded version was drained: record the next route
         self._drained: set[str] = set()  # versions drained while this association lived
+        # Score: one failure episode per sub-link dial, shared by every target that waited on it
+        self._dial_episodes: dict[str, Episode] = {}
+        self._direct_reporters: dict[tuple[str, int], ScoreReporter] = {}  # direct routes': by sockaddr
         self._closed = asyncio.Event()
         self.error: HonkError | None = None
 
@@ -228,6 +235,8 @@ class UdpNat:
         if self._closed.is_set():
             return
         self.error = reason if reason is not None else FlowClosed("closed by request")
+        for route in self._routes.values():
+            self._retire(route, Result.idle() if isinstance(reason, IdleTimeout) else None)
         if isinstance(reason, IdleTimeout):
             for health in self._health.values():
                 if health.sent and not health.answered:
@@ -271,6 +280,8 @@ class UdpNat:
         task.add_done_callback(self._tasks.discard)
 
     def _send(self, route: _Route, payload: bytes) -> None:
+        if route.reporter is not None:
+            route.reporter.tx(self._clock.now(), len(payload))
         if route.endpoint is not None:
             assert route.target is not None
             if route.health is not None:
@@ -298,8 +309,14 @@ class UdpNat:
             )
             route = _Route(None, plane=plane)
         if self._closed.is_set():
+            self._retire(route)
             return
+        replaced = self._routes.get(target)
+        if replaced is not None:  # decided on an older plane: retired
+            self._retire(replaced)
         self._routes[target] = route
+        if route.sockaddr is not None and route.reporter is not None:
+            self._direct_reporters[route.sockaddr] = route.reporter
         for payload in self._pending.pop(target, []):
             self._send(route, payload)
 
@@ -332,16 +349,24 @@ class UdpNat:
             return drop
         version = outbound_version(leaf)
         dial = self._dial_target(target, routed)
-        if leaf.protocol != "direct":
-            endpoint = await self._endpoint(leaf)
-            self._note_route(meta.target, routed)
-            return _Route(None, endpoint, dial, self._health.get(version), plane, version,
-                          routed.rule, routed.chain)
-        ip = await self._resolve(dial)
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        await self._remote_socket(family)
+        guard = scoring.begin(routed.score, self._clock)
+        try:
+            if leaf.protocol != "direct":
+                endpoint = await self._endpoint(leaf)
+            else:
+                ip = await self._resolve(dial)
+                family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+                await self._remote_socket(family)
+        except BaseException as exc:
+            scoring.report_setup(guard, self._clock, leaf, exc, episode=self._dial_episodes.get(version))
+            raise
+        reporter = scoring.report_setup(guard, self._clock, leaf, None)
         self._note_route(meta.target, routed)
-        return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain)
+        if leaf.protocol != "direct":
+            return _Route(None, endpoint, dial, self._health.get(version), plane, version,
+                          routed.rule, routed.chain, reporter)
+        return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain,
+                      reporter=reporter)
 
     async def _resolve(self, target: Address) -> str:
         if target.ip is not None:
@@ -380,6 +405,7 @@ class UdpNat:
         if dialing is None:
             deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
             health = self._health[key] = _EndpointHealth(leaf)
+            self._dial_episodes[key] = Episode()
             dialing = asyncio.ensure_future(
                 leaf.dial_udp(
                     lambda data, source: self._from_endpoint(health, data, source),
@@ -420,6 +446,10 @@ class UdpNat:
             return
         if error is not None and health is not None:
             health.failed()  # a terminal send or receive error of the node's UDP path
+        episode = Episode()  # one carrier failure: one episode for every target through it
+        for route in self._routes.values():
+            if route.endpoint is endpoint:
+                self._retire(route, Result.failure(episode) if error is not None else None)
         log.info("udp endpoint ended association=%s outbound_version=%s error=%s", self.id, version,
                  type(error).__name__ if error is not None else "-")
         self._forget_routes(lambda route: route.endpoint is endpoint)
@@ -428,8 +458,20 @@ class UdpNat:
         """Drop the decisions ``match`` picks: their targets' next datagrams route again."""
         stale = [target for target, route in self._routes.items() if match(route)]
         for target in stale:
-            del self._routes[target]
+            self._retire(self._routes.pop(target))
         return len(stale)
+
+    def _retire(self, route: _Route, result: Result | None = None) -> None:
+        """Settle a route's Score reporter: with ``result``, or as an intentional retirement
+        (a success after a reply, neutral without one, GH-K-22)."""
+        reporter = route.reporter
+        if reporter is None or reporter.settled:
+            return
+        if route.sockaddr is not None and self._direct_reporters.get(route.sockaddr) is reporter:
+            del self._direct_reporters[route.sockaddr]
+        if result is None:
+            result = Result.success() if reporter.first_response_at is not None else Result.neutral()
+        reporter.settle(self._clock.now(), result)
 
     def _note_route(self, target: Address, routed: Routed) -> None:
         """The tracker entry shows the first routed target, or the next one after its version
@@ -484,9 +526,22 @@ class UdpNat:
         if self._closed.is_set() or not self._can_deliver():
             return
         health.answer()
-        self.last_activity = self._clock.now()
+        self.last_activity = now = self._clock.now()
         self.bytes_down += len(data)
+        reporter = self._endpoint_reporter(health, source)
+        if reporter is not None:
+            reporter.rx(now, len(data))
         self._deliver(source, data)
+
+    def _endpoint_reporter(self, health: _EndpointHealth, source: Address) -> ScoreReporter | None:
+        """The reporter of the target a proxied reply answers: the route to ``source``, else the
+        one route through that sub-link to a name on the same port (the proxy reports the IP)."""
+        route = self._routes.get(source)
+        if route is not None and route.health is health:
+            return route.reporter
+        named = [r for r in self._routes.values()
+                 if r.health is health and r.target is not None and r.target.ip is None and r.target.port == source.port]
+        return named[0].reporter if len(named) == 1 else None
 
     def _from_remote(self, data: bytes, addr: tuple) -> None:
         if self._closed.is_set() or not self._can_deliver():
@@ -498,8 +553,11 @@ class UdpNat:
         if key not in self._sent:
             log.debug("udp reply from an unsolicited source dropped association=%s from=%s", self.id, key)
             return
-        self.last_activity = self._clock.now()
+        self.last_activity = now = self._clock.now()
         self.bytes_down += len(data)
+        reporter = self._direct_reporters.get(key)
+        if reporter is not None:
+            reporter.rx(now, len(data))
         self._deliver(Address(*key), data)
 
 

@@ -352,6 +352,8 @@ class Applier:
             daemon.slots.reload(prepared.groups, spec.routing, lambda: daemon.publish(plane, prepared.resolver))
             plane.retire(old_plane)
             self.plane = plane
+            if old_plane is not None and prepared.groups is not old_plane.groups:
+                prepared.groups.commit_score(daemon.clock.now())  # the reload fence of the shared Score state
             await daemon.health_sync(plane, first=old_plane is None)
         else:
             self._restamp(desired)

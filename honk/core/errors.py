@@ -39,6 +39,9 @@ class CodecError(HonkError):
     """
 
     protocol = "codec"  # each protocol's subclass says its name, which leads the message
+    # the node's framing, authentication or carrier broke, for every flow on it (Score scopes
+    # it to the node); False for an error that ends one flow only (a mux session's reset)
+    carrier_wide = True
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{self.protocol}: {reason}" + (f" ({detail})" if detail else ""))

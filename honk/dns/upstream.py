@@ -35,11 +35,14 @@ import dns.rcode
 import dns.rrset
 
 from honk.config.validate import DNS_INBOUND  # honk's own exchanges route as the DNS listener's tag
+from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed
+from honk.connection.plane import score_target
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import Blocked, DialError, DialTimeout, HonkError, NoRoute
 from honk.core.net import Address, FlowMeta, Network
 from honk.dns.wire import FLAG_QR, FLAG_TC, QUERY_ID, TCP_LENGTH, parse_response, response_header
+from honk.group.score.attempt import Result, ScoreReporter
 
 __all__ = ["DNS_INBOUND", "EXCHANGE_TIMEOUT", "Destination", "ExchangeFailed", "Exchanger"]
 
@@ -113,6 +116,7 @@ class Exchanger:
         qid = secrets.randbits(16)
         out = QUERY_ID.pack(qid) + wire[2:]
         question = query.question[0]
+        reporters: list[ScoreReporter] = []  # Score: one per carrier used (GH-K-24), settled below
         try:
             async with timeout_at(self._clock, self._clock.now() + self.timeout):
                 routed = await self._route(destination, client)
@@ -120,31 +124,85 @@ class Exchanger:
                 if leaf.protocol == "block":
                     raise ExchangeFailed("blocked")
                 if leaf.protocol == "direct" and destination.protocol == "udp" and not tcp:
-                    reply = await self._udp(leaf, destination.address, out, qid, question)
+                    reply = await self._udp(routed, destination.address, out, qid, question, reporters)
                     if reply is not None:
                         return reply
-                return await self._tcp(routed, out, qid, question)
+                reply = await self._tcp(routed, out, qid, question, reporters)
+                self._settle(reporters, Result.success())
+                return reply
         except ExchangeFailed:
+            self._settle(reporters, Result.failure())
             raise
         except TimeoutError:
+            self._settle(reporters, Result.failure())
             raise ExchangeFailed("timeout") from None
         except (HonkError, OSError) as exc:
+            self._settle(reporters, Result.failure())
             raise ExchangeFailed(_reason(exc), str(exc)) from None
+        finally:
+            self._settle(reporters, Result.neutral())  # cancelled: nothing recorded
+
+    def _settle(self, reporters: list[ScoreReporter], result: Result) -> None:
+        now = self._clock.now()
+        for reporter in reporters:
+            reporter.settle(now, result)  # at most once each: a settled reporter ignores it
 
     async def _route(self, destination: Destination, client: Address | None) -> Routed:
         source = client or UNKNOWN_SOURCE
         if destination.outbound is not None:
             plane = self._dispatcher.plane
             meta = FlowMeta(Network.TCP, source, destination.address, DNS_INBOUND)
-            selection = plane.groups.resolve(destination.outbound, Network.TCP)  # type: ignore[attr-defined]
-            return Routed(meta, destination.outbound, f"dns({destination.label})", tuple(selection.chain),
-                          selection.leaf, plane.generation)
+            # chosen for TCP (what a proxy carries DNS over); a direct leaf asked over UDP uses UDP,
+            # so that is the carrier Score hears of
+            selection = plane.groups.resolve(destination.outbound, Network.TCP,  # type: ignore[attr-defined]
+                                             target=score_target(meta))
+            if destination.protocol == "udp" and selection.leaf.protocol == "direct":
+                meta = dataclasses.replace(meta, network=Network.UDP)
+            return self._dispatcher.rescore(Routed(meta, destination.outbound, f"dns({destination.label})",
+                                                   tuple(selection.chain), selection.leaf, plane.generation))
         network = Network.UDP if destination.protocol == "udp" else Network.TCP
         return await self._dispatcher.route(FlowMeta(network, source, destination.address, DNS_INBOUND))
 
-    async def _udp(self, leaf, address: Address, out: bytes, qid: int,  # noqa: ANN001 - the direct leaf
-                   question: dns.rrset.RRset) -> dns.message.Message | None:
+    async def _udp(self, routed: Routed, address: Address, out: bytes, qid: int, question: dns.rrset.RRset,
+                   reporters: list[ScoreReporter]) -> dns.message.Message | None:
         """The reply over UDP from a local, marked socket; None when it came truncated (TC)."""
+        leaf = routed.leaf
+        guard = scoring.begin(routed.score, self._clock)
+        try:
+            sock = await self._udp_socket(leaf, address)
+        except BaseException as exc:
+            scoring.report_setup(guard, self._clock, leaf, exc)
+            raise
+        reporter = scoring.report_setup(guard, self._clock, leaf, None)
+        if reporter is not None:
+            reporters.append(reporter)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(sock, out)
+            if reporter is not None:  # the query went out: its reply can count for the cohort
+                reporter.tx(self._clock.now(), len(out))
+            resend = self._clock.call_later(UDP_RESEND_AFTER, lambda: _send_quietly(sock, out))
+            try:
+                while True:
+                    data = await loop.sock_recv(sock, MAX_DATAGRAM)
+                    header = response_header(data)
+                    if header is None or header[0] != qid or not header[1] & FLAG_QR:
+                        continue  # not ours: a late reply to another query, or noise
+                    if reporter is not None:  # an answer, even a truncated one: this carrier works
+                        reporter.rx(self._clock.now(), len(data))
+                        reporter.settle(self._clock.now(), Result.success())
+                    if header[1] & FLAG_TC:
+                        return None
+                    reply = parse_response(data)
+                    if reply is not None and _matches(reply, qid, question):
+                        return reply
+            finally:
+                resend.cancel()
+        finally:
+            sock.close()
+
+    async def _udp_socket(self, leaf, address: Address) -> socket.socket:  # noqa: ANN001 - the direct leaf
+        """A connected, marked, non-blocking UDP socket to ``address`` (a name resolved first)."""
         ip = address.ip
         if ip is None:
             resolve = getattr(leaf, "resolve", None)
@@ -162,29 +220,21 @@ class Exchanger:
             if mark is not None:
                 mark(sock)
             sock.connect((str(ip), address.port))
-            loop = asyncio.get_running_loop()
-            await loop.sock_sendall(sock, out)
-            resend = self._clock.call_later(UDP_RESEND_AFTER, lambda: _send_quietly(sock, out))
-            try:
-                while True:
-                    data = await loop.sock_recv(sock, MAX_DATAGRAM)
-                    header = response_header(data)
-                    if header is None or header[0] != qid or not header[1] & FLAG_QR:
-                        continue  # not ours: a late reply to another query, or noise
-                    if header[1] & FLAG_TC:
-                        return None
-                    reply = parse_response(data)
-                    if reply is not None and _matches(reply, qid, question):
-                        return reply
-            finally:
-                resend.cancel()
-        finally:
+        except BaseException:
             sock.close()
+            raise
+        return sock
 
-    async def _tcp(self, routed: Routed, out: bytes, qid: int, question: dns.rrset.RRset) -> dns.message.Message:
-        """The reply over a TCP stream the routed leaf opens (direct, or through the proxy)."""
-        tcp = dataclasses.replace(routed, meta=dataclasses.replace(routed.meta, network=Network.TCP))
-        _, dialed = await self._dispatcher.dial_routed(tcp)
+    async def _tcp(self, routed: Routed, out: bytes, qid: int, question: dns.rrset.RRset,
+                   reporters: list[ScoreReporter]) -> dns.message.Message:
+        """The reply over a TCP stream the routed leaf opens (direct, or through the proxy);
+        Score hears of it on the TCP carrier, whatever network routed it."""
+        tcp = self._dispatcher.rescore(dataclasses.replace(routed, meta=dataclasses.replace(routed.meta,
+                                                                                             network=Network.TCP)))
+        served, dialed = await self._dispatcher.dial_routed(tcp)
+        reporter = served.reporter
+        if reporter is not None:
+            reporters.append(reporter)
         sock = dialed.sock
         try:
             if dialed.framing is not None:
@@ -194,8 +244,12 @@ class Exchanger:
             sock.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_sendall(sock, TCP_LENGTH.pack(len(out)) + out)
+            if reporter is not None:
+                reporter.tx(self._clock.now(), len(out) + TCP_LENGTH.size)
             (length,) = TCP_LENGTH.unpack(await _recv_exact(loop, sock, TCP_LENGTH.size))
             body = await _recv_exact(loop, sock, length)
+            if reporter is not None:
+                reporter.rx(self._clock.now(), length + TCP_LENGTH.size)
         finally:
             sock.close()
         reply = parse_response(body)

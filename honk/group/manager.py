@@ -24,10 +24,11 @@ Theory of operation
   remembers: no LoadBalance cursor, Fallback pin or URLTest winner moves, no warning.
 * A Score group ranks with the flow's target (``resolve(..., target=, destination=)``) in the
   one :class:`~honk.group.score.ranker.ScoreState` of the manager lineage (:attr:`score`):
-  ``build(previous=...)`` shares it and prunes removed membership, a fresh build starts
-  empty. Its result depends on the target and on evidence, so a walk through a Score group is
+  ``build(previous=...)`` shares it, :meth:`commit_score` prunes removed membership when
+  that manager starts serving, a fresh build starts empty. Its result depends on the target and on evidence, so a walk through a Score group is
   never cached and is served by deciding again with commit. A nested group member is judged
-  by its own pick as for any policy; attributing nested paths to each Score group is later work.
+  by its own pick as for any policy. :meth:`score_feedback` attributes a served flow to every
+  Score group on its path, once each, with the leaf's NodeId (GH-K-05).
 
 Invariants: the structure never changes after ``build``; only policy state changes, on
 the event loop's thread, through :meth:`resolve` and :meth:`select`.
@@ -60,6 +61,8 @@ from honk.group.policy import (
     URLTest,
     make_policy,
 )
+from honk.group.score.attempt import ScoreFeedback, Traversal
+from honk.group.score.heuristic import FirstChoiceHeuristic
 from honk.group.score.keys import NodeId, ScoreTarget
 from honk.group.score.ranker import ScoreState
 from honk.outbound.base import Outbound
@@ -164,8 +167,7 @@ class _View:
         selection = self.selection(member)
         if selection is None:
             return ("member", member)
-        node_id = node_id_of(selection.leaf)
-        return node_id if node_id is not None else ("builtin", selection.leaf.name)
+        return _leaf_node_id(selection.leaf)
 
     def selection(self, member: str) -> Selection | None:
         candidate, selection = self._judge(member)
@@ -205,6 +207,14 @@ class _View:
         return m._candidate(group, member, index, selection.leaf, self.network, self.family), selection
 
 
+def _leaf_node_id(leaf: Outbound | None, name: str | None = None) -> NodeId:
+    """A leaf's NodeId; a builtin leaf (direct, block) gets a name-based identity."""
+    node_id = node_id_of(leaf)
+    if node_id is not None:
+        return node_id
+    return ("builtin", name if name is not None else leaf.name)  # type: ignore[union-attr]
+
+
 class GroupManager:
     """Group structure plus policy state. Build with :meth:`build`; owned by the event loop."""
 
@@ -241,7 +251,7 @@ class GroupManager:
         previous: GroupManager | None = None,
         saved: Mapping[str, Mapping[Network, Identity]] | None = None,
         reuse: Collection[str] = (),
-        score_ranking: bool = False,
+        score_ranking: bool = True,
     ) -> GroupManager:
         """Build from ``spec``. Groups named in ``reuse`` (unchanged, and nothing they select
         through was rebuilt) keep ``previous``'s policy object with all its state: the
@@ -250,9 +260,9 @@ class GroupManager:
         or, at startup, from ``saved`` (the state database), for identities that are
         still members.
 
-        ``score_ranking``: Score groups rank with the lineage's ScoreState. Off by default while
-        the business reporters that feed it are not on the relay paths yet: until then a Score
-        group serves as URLTest (probe delays), which is what ``policy: score`` did so far."""
+        ``score_ranking``: Score groups rank with the lineage's ScoreState, fed by the reporters
+        of every business path (:mod:`honk.connection.scoring`). Off, a Score group serves as
+        URLTest from probe delays (a comparison baseline for tests and the simulation)."""
         specs: dict[str, GroupSpec] = {}
         for group in spec.groups:
             if group.name in specs:
@@ -263,7 +273,7 @@ class GroupManager:
         memberships = cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
         groups: dict[str, _Group] = {}
         identities = _identities(specs, previous, clock)
-        score = previous.score if previous is not None else ScoreState()
+        score = previous.score if previous is not None else ScoreState(FirstChoiceHeuristic())
         for name, group in specs.items():
             membership = memberships[name]
             if group.final is not None and group.final not in names and group.final not in outbounds:
@@ -275,7 +285,8 @@ class GroupManager:
                 policy = make_policy(group, membership.members, score=score if score_ranking else None)
                 groups[name] = _Group(group, membership, policy, identities[name])
         manager = cls(groups, outbounds, health or NO_HEALTH, clock, score)
-        score.prune(manager.score_membership())  # GH-K-08: removed membership loses its evidence
+        if previous is None:  # a fresh state: publish the membership it serves
+            score.prune(manager.score_membership())
         carried = previous.choice_identities() if previous is not None else saved
         if carried:
             manager.restore_choices(carried)
@@ -319,9 +330,30 @@ class GroupManager:
         for name, group in self._groups.items():
             if isinstance(group.policy, Score):
                 for leaf in self.leaf_node_names_in_group(name):
-                    node_id = node_id_of(self._outbounds.get(leaf))
-                    out.add((name, node_id if node_id is not None else ("builtin", leaf)))
+                    out.add((name, _leaf_node_id(self._outbounds.get(leaf), leaf)))
         return out
+
+    def commit_score(self, now: float) -> None:
+        """This manager, built with ``previous``, now serves (a committed reload): the shared
+        Score state prunes removed membership and ignores its late feedback (GH-K-08), revokes
+        leases and restarts cohorts behind a reload fence (GH-K-45) and clears configured-probe
+        baselines (GH-K-12). A prepared manager that is never committed changes nothing."""
+        self.score.reload(now, self.score_membership())
+        reload_performance = getattr(self.score.performance, "reload", None)
+        if reload_performance is not None:
+            reload_performance(now)
+
+    def score_feedback(self, chain: tuple[str, ...], leaf: Outbound, network: Network,
+                       target: ScoreTarget | None, destination: IPAddress | None) -> ScoreFeedback | None:
+        """The attribution of a flow served through ``chain`` to ``leaf``: every Score group on the
+        path, each once, with the leaf's NodeId (GH-K-05); None when no Score group was traversed
+        (the flow then reports to no Score evidence)."""
+        steps = [Traversal(name, network, target, _leaf_node_id(leaf), destination)
+                 for name in chain[:-1] if isinstance(getattr(self._groups.get(name), "policy", None), Score)]
+        if not steps:
+            return None
+        score = self.score
+        return ScoreFeedback.of(steps, score.evidence, score.cohorts, performance=score.performance)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -567,8 +599,7 @@ class GroupManager:
 
     def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
                      target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
-        failed = node_id_of(exclude)
-        excluded = frozenset((failed if failed is not None else ("builtin", exclude.name),))
+        excluded = frozenset((_leaf_node_id(exclude),))
         outer, self._flow = self._flow, (target, destination)
         try:
             self._score_decisions += 1

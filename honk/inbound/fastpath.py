@@ -56,6 +56,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from honk._fast import relay as _relay
+from honk.connection import scoring
 from honk.connection.dispatch import Routed, format_chain
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
@@ -106,6 +107,10 @@ class FastFlow(NativeRelay):
         self.tracked: Any = None
         self.timer: Any = None
         self._path = path
+        self.reporter = routed.reporter  # Score: the Python dial's reporter, or the engine dial's (EV_OPEN)
+        self.score_guard: Any = None  # Score: the engine dial's admitted attempt until EV_OPEN or refusal
+        if self.reporter is not None:
+            self.observer = scoring.RelayObserver(self.reporter, path.clock)
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
         if kind == _relay.EV_OPEN:
@@ -250,6 +255,7 @@ class SocksFastPath:
         target = routed.meta.target
         if target.ip is not None and type(leaf) is DirectOutbound and leaf._connect is None:
             flow = FastFlow(self, routed)
+            flow.score_guard = scoring.begin(routed.score, self.clock)
             mark = leaf._mark
             flow._id = self.engine.hs_connect(token, target.host, target.port, -1 if mark is None else mark, flow)
             self._flows.add(flow)
@@ -321,6 +327,11 @@ class SocksFastPath:
         routed = flow.routed
         meta = routed.meta
         flow.last_activity = self.clock.now()
+        if flow.score_guard is not None:
+            flow.reporter = scoring.report_setup(flow.score_guard, self.clock, routed.leaf, None)
+            flow.score_guard = None
+            if flow.reporter is not None:
+                flow.observer = scoring.RelayObserver(flow.reporter, self.clock)
         flow.tracked = self._dispatcher.track(routed, flow)
         self._count_dial(None, routed.leaf.name)
         conn_log.debug(
@@ -336,6 +347,7 @@ class SocksFastPath:
 
     def _ended(self, flow: FastFlow) -> None:
         self._flows.discard(flow)
+        scoring.settle_relay(flow.reporter, self.clock, flow.error)
         flow.tracked.release()
         self._changed_now()
 
@@ -357,6 +369,9 @@ class SocksFastPath:
             else:
                 error = FlowClosed("relay engine closed")
         flow._error = error
+        if flow.score_guard is not None:
+            scoring.report_setup(flow.score_guard, self.clock, flow.routed.leaf, error)
+            flow.score_guard = None
         if isinstance(error, ClientGone):
             log.debug(
                 "flow ended inbound=%s source=%s error=%s reason=%s",

@@ -58,6 +58,7 @@ from typing import Any
 import h11
 
 from honk.config.spec import InboundSpec
+from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Upstream, format_chain
 from honk.connection.udp import UdpAssociation
 from honk.core.clock import Clock, TimerHandle
@@ -696,6 +697,8 @@ class _HttpUpstream:
         self.conn = conn
         self.handle = handle
         self.flow = flow
+        self.reporter = upstream.routed.reporter  # Score: settled once, when this connection ends
+        self.clock = handle._client.inbound._clock
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_SIZE)
 
     @property
@@ -708,8 +711,19 @@ class _HttpUpstream:
         )
 
     def drop(self) -> None:
+        """End the upstream connection: a success for Score if it answered, else neutral."""
+        reporter = self.reporter
+        if reporter is not None and not reporter.settled:
+            if reporter.first_response_at is not None:
+                scoring.settle_relay(reporter, self.clock, None)
+            else:
+                scoring.cancel(reporter, self.clock)
         self.conn.close()
         self.flow.release()
+
+    def failed(self, error: HonkError) -> None:
+        """The upstream broke (bad HTTP, a failed read or write): a failure for Score."""
+        scoring.settle_relay(self.reporter, self.clock, error)
 
 
 class _HttpClient(_Client):
@@ -852,15 +866,21 @@ class _HttpClient(_Client):
         clock = self.inbound._clock
         handle = up.handle
 
+        reporter = up.reporter
+
         def to_upstream(data: bytes) -> None:
             up.conn.write(data)
             handle.bytes_up += len(data)
-            handle.last_activity = clock.now()
+            handle.last_activity = now = clock.now()
+            if reporter is not None:
+                reporter.tx(now, len(data))
 
         def to_client(data: bytes) -> None:
             self.conn.write(data)
             handle.bytes_down += len(data)
-            handle.last_activity = clock.now()
+            handle.last_activity = now = clock.now()
+            if reporter is not None:
+                reporter.rx(now, len(data))
 
         try:
             to_upstream(up.h11.send(request.forward) or b"")
@@ -877,9 +897,11 @@ class _HttpClient(_Client):
             await self._relay_response(up, to_client)
         except h11.ProtocolError as exc:
             error = UpstreamFailed(f"upstream spoke bad HTTP: {exc}")
+            up.failed(error)
             self._send_error(error)
             raise error from None
         except UpstreamFailed as exc:
+            up.failed(exc)
             self._send_error(exc)
             raise
         if up.h11.our_state is h11.DONE and up.h11.their_state is h11.DONE:

@@ -105,6 +105,8 @@ class MuxProtocolError(MuxError):
 class MuxSessionReset(MuxError):
     """The server ended one session with the error option; the others are unaffected."""
 
+    carrier_wide = False
+
     def __init__(self, session_id: int) -> None:
         super().__init__("session-reset", f"session {session_id}")
         self.session_id = session_id

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from honk.core.clock import Clock
@@ -84,6 +85,12 @@ class _Side(asyncio.Protocol):
             relay.bytes_up += len(data)
         else:
             relay.bytes_down += len(data)
+        observer = relay.observer
+        if observer is not None:
+            if self.is_client:
+                observer(len(data), 0)
+            else:
+                observer(0, len(data))
         framing = relay._framing
         if framing is not None:
             if self.is_client:
@@ -182,6 +189,8 @@ class CopyRelay:
         self._started = False  # both transports are wrapped (or setup failed)
         self._open = 0
         self._framing: Any = None
+        # told (up, down) byte counts as they arrive (the flow's Score reporter); None: nobody
+        self.observer: Callable[[int, int], None] | None = None
 
     @property
     def error(self) -> HonkError | None:

@@ -51,6 +51,7 @@ import errno
 import os
 import socket
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from honk._fast import relay as _relay
@@ -167,6 +168,9 @@ class NativeRelay:
         self._done: asyncio.Future[None] | None = None
         self._copy: CopyRelay | None = None
         self.framing: Any = None  # the upstream's framing (run() sets it; the fast path before hs_relay)
+        # told (up, down) byte deltas at each byte event (the flow's Score reporter); None: nobody
+        self.observer: Callable[[int, int], None] | None = None
+        self._seen = (0, 0)  # the counters the observer was last told
 
     # -- what the tracker reads ---------------------------------------------------------
 
@@ -249,6 +253,7 @@ class NativeRelay:
     async def _run_copy(self, client: StreamConn, upstream: socket.socket, framing: Any) -> None:
         self.engine = "copy"
         self._copy = CopyRelay(self.clock)
+        self._copy.observer = self.observer
         try:
             await self._copy.run(client, upstream, framing)
         finally:
@@ -272,9 +277,13 @@ class NativeRelay:
             if up != self._up or b != self._down:
                 self.last_activity = self.clock.now()
             self._up, self._down = up, b
+            if self.observer is not None:
+                self._observe(up, b)
         elif kind == _relay.EV_FIRST_BYTE:
             self.first_byte_at = t
             self.last_activity = self.clock.now()
+            if self.observer is not None:  # told at once: byte events are coalesced to one a second
+                self._observe(self._seen[0], max(self._seen[1], 1))
         elif kind == _relay.EV_HALF_CLOSE:
             self.half_closed |= 1 << a
         elif kind == _relay.EV_END:
@@ -295,6 +304,13 @@ class NativeRelay:
             done = self._done
             if done is not None and not done.done():
                 done.set_result(None)
+
+
+    def _observe(self, up: int, down: int) -> None:
+        seen_up, seen_down = self._seen
+        if up > seen_up or down > seen_down:
+            self._seen = (max(up, seen_up), max(down, seen_down))
+            self.observer(max(up - seen_up, 0), max(down - seen_down, 0))  # type: ignore[misc]
 
 
 def _eligible(transport: Any, upstream: socket.socket) -> bool:

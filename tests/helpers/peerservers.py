@@ -447,14 +447,17 @@ def microsocks(user: str | None = None, password: str | None = None) -> Iterator
 
 
 @contextlib.contextmanager
-def ss_server(method: str, password: str, udp: bool = True) -> Iterator[ShadowsocksPeer]:
-    """shadowsocks-libev's ss-server with one AEAD ``method``; relays UDP on the same port when ``udp``."""
+def ss_server(method: str, password: str, udp: bool = True, egress: str | None = None) -> Iterator[ShadowsocksPeer]:
+    """shadowsocks-libev's ss-server with one AEAD ``method``; relays UDP on the same port when ``udp``;
+    ``egress``: the local address its connections to targets come from (``-b``)."""
     binary = require_binary("ss-server")
     with _workdir("ss-server") as tmp:
 
         def launch(port: int) -> tuple[list[str], list[Probe]]:
             # No -f: ss-server daemonizes when given a pid file.
             argv = [binary, "-s", LOOPBACK, "-p", str(port), "-k", password, "-m", method]
+            if egress is not None:
+                argv += ["-b", egress]
             probes = [tcp_accepts(port)]
             if udp:
                 argv.append("-u")

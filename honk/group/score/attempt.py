@@ -42,10 +42,12 @@ import enum
 import itertools
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from honk.alive.outcome import Family
 from honk.core.errors import (
     ClientGone,
+    CodecError,
     FlowClosed,
     HonkError,
     IdleTimeout,
@@ -72,6 +74,16 @@ class ScoreLifecycleError(RuntimeError):
 
 
 # --- attribution ---------------------------------------------------------------------------------
+
+
+class LatencySink(Protocol):
+    """What a reporter tells the first-choice heuristic (:class:`~honk.group.score.heuristic.FirstChoiceHeuristic`)."""
+
+    def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                      node_id: NodeId, latency: float, now: float) -> None: ...
+
+    def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
+                         node_id: NodeId, latency: float, now: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +132,21 @@ class ScoreFeedback:
     cohorts: Cohorts = field(compare=False)
     kind: Kind = Kind.TRAFFIC
     origin: Hashable = field(default_factory=lambda: ("feedback", next(_ids)))
+    # the first-choice heuristic told each setup and first-response latency; None: not kept
+    performance: LatencySink | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, traversed: Iterable[Traversal], evidence: ScoreEvidence, cohorts: Cohorts, *,
-           kind: Kind = Kind.TRAFFIC) -> ScoreFeedback:
+           kind: Kind = Kind.TRAFFIC, performance: LatencySink | None = None) -> ScoreFeedback:
         """Attribution that keeps the first traversal of each group: a group counts once (GH-K-05)."""
         seen: dict[str, Traversal] = {}
         for step in traversed:
             seen.setdefault(step.group, step)
-        return cls(tuple(seen.values()), evidence, cohorts, kind)
+        return cls(tuple(seen.values()), evidence, cohorts, kind, performance=performance)
 
     def clone(self) -> ScoreFeedback:
         """The same attribution and origin: its attempts count as the same business flow."""
-        return ScoreFeedback(self.traversed, self.evidence, self.cohorts, self.kind, self.origin)
+        return ScoreFeedback(self.traversed, self.evidence, self.cohorts, self.kind, self.origin, self.performance)
 
     def start(self) -> ScoreAttempt:
         """A new, independent observation of this business flow; the feedback is unchanged."""
@@ -204,7 +218,9 @@ def classify_relay_end(error: BaseException | None, *, episode: Episode | None =
     docstring). Everything else -- :class:`UpstreamFailed` (the same errnos on the upstream side),
     codec/protocol errors, an unexpected errno on the client's socket and local relay failures,
     all plain ``RelayError``s -- keeps its failure treatment. Only the type decides: a log
-    severity never makes an error neutral."""
+    severity never makes an error neutral. A carrier-wide :class:`CodecError` (the node's framing
+    or AEAD authentication) is node-scoped; other failures after setup, a mux session's reset
+    included, are the target path's (GH-K-14, 15, 19)."""
     if error is None:
         return Result.success()
     if isinstance(error, ClientGone):
@@ -213,6 +229,8 @@ def classify_relay_end(error: BaseException | None, *, episode: Episode | None =
         return Result.neutral(Ending.CANCELLED)
     if isinstance(error, IdleTimeout):
         return Result.idle(episode)
+    if isinstance(error, CodecError) and error.carrier_wide:  # the node's framing or authentication broke
+        return Result.failure(episode, node_scoped=True)
     return Result.failure(episode)
 
 
@@ -288,7 +306,7 @@ class ScoreBusinessGuard:
         if self._state != self._OPEN:
             raise ScoreLifecycleError(f"the guard is already {self._state}")
         self._state = self._TRANSFERRED
-        return ScoreReporter(self._attempt, self._admissions, now)
+        return ScoreReporter(self._attempt, self._admissions, now, begun_at=self.begun_at)
 
     def close(self) -> None:
         """Cancel neutrally unless transferred: nothing was observed, so nothing is recorded."""
@@ -309,9 +327,10 @@ class ScoreReporter:
     """Reports one admitted business flow to every traversed Score group (GH-K-71..74)."""
 
     __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_node_cells", "_publishers", "_settlement",
-                 "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
+                 "begun_at", "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
 
-    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float) -> None:
+    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
+                 begun_at: float | None = None) -> None:
         feedback = attempt.feedback
         self._attempt = attempt
         self._admissions = admissions
@@ -321,6 +340,7 @@ class ScoreReporter:
                                  for cell in self._cells)
         self._settlement: Settlement | None = None
         self.started_at = now
+        self.begun_at = begun_at if begun_at is not None else now  # admission: setup latency runs from here
         self.setup_at: float | None = None
         self.first_response_at: float | None = None
         self.tx_bytes = 0
@@ -348,6 +368,7 @@ class ScoreReporter:
         self.setup_at = now
         for publisher in self._publishers:
             publisher.setup(now)
+        self._observe("observe_setup", now - self.begun_at, now)
         return True
 
     def first_response(self, now: float) -> bool:
@@ -355,7 +376,20 @@ class ScoreReporter:
         if self.first_response_at is not None or self.settled:
             return False
         self.first_response_at = now
+        if self.setup_at is not None:
+            self._observe("observe_response", now - self.setup_at, now)
         return True
+
+    def _observe(self, method: str, latency: float, now: float) -> None:
+        """A latency for the first-choice heuristic, in every traversed group still holding the node."""
+        feedback = self._attempt.feedback
+        performance = feedback.performance
+        if performance is None:
+            return
+        for i, step in enumerate(feedback.traversed):
+            if self._member(i):
+                getattr(performance, method)(step.group, step.network, step.target, step.family, step.node_id,
+                                             latency, now)
 
     def tx(self, now: float, nbytes: int) -> None:
         """Accepted TX. It announces the reporter to the cohorts; it never proves availability."""

@@ -21,7 +21,9 @@ from honk.core.net import Address, FlowMeta, Network
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager
 from honk.group.policy import Score, UnknownGroup
+from honk.group.score.attempt import Result
 from honk.group.score.cells import Outcome
+from honk.group.score.constants import RECOVERY_REPORTERS
 from honk.group.score.keys import ScoreTarget
 from honk.group.score.ranker import Member
 from honk.outbound.registry import build_outbounds
@@ -93,8 +95,14 @@ def test_without_score_ranking_a_score_group_serves_as_urltest_from_probes():
     from honk.group.policy import URLTest
 
     w = World(score("auto", "a", "b"))
-    plain = GroupManager.build(w.spec, w.outbounds, health=w.health, clock=w.clock)  # the daemon's build today
+    plain = GroupManager.build(w.spec, w.outbounds, health=w.health, clock=w.clock, score_ranking=False)
     assert isinstance(plain.policy("auto"), URLTest)
+
+
+def test_the_default_build_ranks_score_groups_with_the_score_state():
+    w = World(score("auto", "a", "b"))
+    built = GroupManager.build(w.spec, w.outbounds, health=w.health, clock=w.clock)  # what the daemon builds
+    assert isinstance(built.policy("auto"), Score)
 
 
 def test_score_group_returns_one_authoritative_leaf_and_never_a_dead_member():
@@ -140,16 +148,52 @@ def test_reload_shares_the_score_state_and_prunes_removed_members():
     state = w.manager.score
     reloaded = w.build([score("auto", "a", "b")], previous=w.manager, nodes=("a", "b"))
     assert reloaded.score is state
+    reloaded.commit_score(w.clock.now())
     assert state.evidence.layers("auto", TCP, TARGET_X, w.ids["c"], DEST_X) == [None, None, None]
     assert all(cell is not None for cell in state.evidence.layers("auto", TCP, TARGET_X, w.ids["a"], DEST_X))
     assert isinstance(reloaded.policy("auto"), Score) and reloaded.policy("auto").state is state
+
+
+def test_a_prepared_reload_that_is_never_committed_prunes_nothing():
+    w = World(score("auto", "a", "b", "c"))
+    w.record("auto", "c", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
+    w.build([score("auto", "a", "b")], previous=w.manager, nodes=("a", "b"))  # prepared, then abandoned
+    assert all(cell is not None for cell in w.manager.score.evidence.layers("auto", TCP, TARGET_X, w.ids["c"], DEST_X))
+    assert w.manager.score.evidence.is_member("auto", w.ids["c"])
+
+
+def test_a_committed_reload_revokes_leases_and_clears_probe_baselines():
+    w = World(score("auto", "a", "b"))
+    feedback = w.manager.score_feedback(("auto", "a"), w.outbounds["a"], TCP, TARGET_X, DEST_X)
+    cell = feedback.traversed[0].cohort_cell()
+    failed = feedback.start().begin(w.clock.now()).into_reporter(w.clock.now())
+    failed.setup(w.clock.now())
+    failed.settle(w.clock.now(), Result.failure())
+    for _ in range(RECOVERY_REPORTERS):  # four flows with RX after TX: the episode clears, a lease starts
+        w.clock.advance(0.1)
+        feedback = w.manager.score_feedback(("auto", "a"), w.outbounds["a"], TCP, TARGET_X, DEST_X)
+        reporter = feedback.start().begin(w.clock.now()).into_reporter(w.clock.now())
+        reporter.setup(w.clock.now())
+        reporter.tx(w.clock.now(), 100)
+        reporter.rx(w.clock.now(), 100)
+        reporter.settle(w.clock.now(), Result.success())
+    cohorts = w.manager.score.cohorts
+    assert cohorts.lease_valid(cell, w.clock.now())
+    heuristic = w.manager.score.performance
+    generation = heuristic.probe_generation
+
+    reloaded = w.build([score("auto", "a", "b")], previous=w.manager)
+    assert cohorts.lease_valid(cell, w.clock.now())  # prepared only: nothing changed yet
+    reloaded.commit_score(w.clock.now())
+    assert not cohorts.lease_valid(cell, w.clock.now())
+    assert heuristic.probe_generation == generation + 1
 
 
 def test_a_deleted_score_group_loses_its_state_on_reload():
     w = World(score("auto", "a", "b"), score("other", "a", "b"))
     w.record("auto", "a", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
     w.leaf("auto", TARGET_X, DEST_X)
-    w.build([score("other", "a", "b")], previous=w.manager)
+    w.build([score("other", "a", "b")], previous=w.manager).commit_score(w.clock.now())
     assert [g["group"] for g in w.manager.score.stats()["groups"]] == []
     assert w.manager.score.evidence.layers("auto", TCP, TARGET_X, w.ids["a"], DEST_X) == [None, None, None]
 

@@ -287,6 +287,16 @@ def test_relay_ends_classify_by_type(error, ending) -> None:
     assert classify_relay_end(error).ending is ending
 
 
+def test_a_broken_node_codec_is_node_scoped_and_a_mux_session_reset_is_not() -> None:
+    from honk.proto.mux import MuxSessionReset
+    from honk.proto.shadowsocks import ShadowsocksAuthError
+
+    assert classify_relay_end(ShadowsocksAuthError("bad-tag")).node_scoped is True
+    reset = classify_relay_end(MuxSessionReset(7))
+    assert reset.ending is Ending.FAILURE and not reset.node_scoped  # one flow's end: the target path's
+    assert not classify_relay_end(UpstreamFailed("upstream connection lost")).node_scoped  # decided by setup
+
+
 def test_one_failure_fans_out_with_one_episode_to_several_flows() -> None:
     evidence, cohorts = ScoreEvidence(), Cohorts()
     flows = [_flowing(_feedback(evidence, cohorts)) for _ in range(3)]

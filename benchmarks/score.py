@@ -1,0 +1,435 @@
+"""Score's per-flow cost (issue 11): each reporter event, and the plan through Score groups.
+
+    .venv/bin/python -m benchmarks.score [--quick] [--no-twin] [--profile WORLD]
+
+Targets: "<= 10 µs median per reporter event and <= 50 µs median per Score plan()".
+
+Flows run the daemon's sequence on a :class:`FakeClock`: ``GroupManager.resolve`` with the
+flow's target (commit), ``score_feedback`` + ``start``, ``begin``, ``into_reporter``,
+``setup``, TX and RX, ``settle``. Flows start every FLOW_SPACING seconds and overlap (a long
+flow lives 1.6 s), their events are replayed in time order, so the 1 s RX throttle publishes
+and holds as it does for real traffic and the clock never goes back. Targets are drawn from
+1,000 (Zipf-like, every tenth over IPv6); a few flows fail after setup (the target path's
+failure) or before it (the node's). WARMUP flows fill the evidence, cohorts, incumbents and
+heuristic before any call is timed.
+
+Worlds (50-member groups, real health as in ``benchmarks/groups.py``):
+
+* score: one Score group of 50 nodes (every flow reports to 1 Score group);
+* selector>score: a Selector of 49 nodes whose choice is that Score group;
+* urltest>score: a URLTest of 49 slow nodes and that Score group (its nodes are faster);
+* score>score: a Score group of 49 nodes and an inner Score group of 50 (the outer ranks the
+  inner by the inner's own pick; the inner is last in configuration order and, with every
+  outer node sound, no flow goes down to it: the row's "via" counts say so);
+* score>score-deep: the same with the outer's own nodes TCP-dead, so every flow traverses and
+  reports to 2 Score groups.
+
+Each call is timed alone with ``perf_counter_ns``; rows give median and 99th percentile in µs
+and the ratio median / target. A flow's lifecycle is the sum of its reporter calls (the plan
+excluded). The twin figures rerun the same in a subprocess with ``HONK_NO_EXTENSIONS=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import heapq
+import ipaddress
+import json
+import os
+import pstats
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from benchmarks.groups import DEAD_AFTER, FASTEST_RTT, FIRST_PORT, GROUP_SIZE, OTHER_RTT, RTT_STEP, _group
+from honk._fast import beta, decay, movavg
+from honk.alive.group_checks import GroupChecks
+from honk.alive.health import AliveDialerSet
+from honk.alive.outcome import Domain, Family
+from honk.alive.thresholds import REGISTRATION_GRACE
+from honk.config.links import with_node_id
+from honk.config.spec import NodeSpec, Policy, Spec
+from honk.core.clock import FakeClock
+from honk.core.net import IPAddress, Network
+from honk.group.filter import HealthFilter
+from honk.group.manager import GroupManager
+from honk.group.score.attempt import Result, ScoreReporter
+from honk.group.score.keys import ScoreTarget
+from honk.outbound.registry import build_outbounds
+
+EVENT_TARGET_US = 10.0  # "target <= 10 us ... median" per reporter event
+PLAN_TARGET_US = 50.0  # "... and <= 50 us median" per Score plan()
+TARGETS = 1_000  # "~1,000 distinct targets"
+ZIPF_EXPONENT = 0.8  # target popularity: weight 1 / rank**s, a few hot sites and a long tail
+V6_EVERY = 10  # every tenth target resolves to an IPv6 destination
+FLOW_SPACING = 0.005  # seconds between flow starts: 200 new flows/s, ~200 in flight
+FLOWS = 2_000  # timed flows per world (a plan costs milliseconds today: ~6 minutes with the twin)
+QUICK_FLOWS = 300
+WARMUP = 1_500  # untimed flows first, every target once: evidence, cohorts, incumbents, heuristic
+QUICK_WARMUP = 1_000
+SLOW_RTT = 0.080  # seconds: the URLTest's own nodes, so it always prefers the Score group
+SEED = 11
+PROFILE_FLOWS = 500
+PROFILE_LINES = 30
+NS_PER_US = 1000
+
+# A flow's script: (offset in seconds from its start, event, sample name). "start" is the plan,
+# the feedback and begin; the RX throttle publishes the first RX and then once per second.
+SHORT: tuple[tuple[float, str, str], ...] = (
+    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.030, "setup", "setup"),
+    (0.032, "tx", "tx first (announces)"), (0.080, "rx", "rx first response (published)"),
+    (0.120, "rx", "rx throttled"), (0.150, "success", "settle success (flushes held RX)"),
+)
+LONG: tuple[tuple[float, str, str], ...] = (
+    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.040, "setup", "setup"),
+    (0.045, "tx", "tx first (announces)"), (0.090, "rx", "rx first response (published)"),
+    (0.300, "rx", "rx throttled"), (0.500, "tx", "tx repeat"), (0.700, "rx", "rx throttled"),
+    (1.200, "rx", "rx published (after 1 s)"), (1.500, "rx", "rx throttled"),
+    (1.600, "success", "settle success (flushes held RX)"),
+)
+FAIL: tuple[tuple[float, str, str], ...] = (  # the target path failed: set up, sent, no answer
+    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.050, "setup", "setup"),
+    (0.060, "tx", "tx first (announces)"), (2.000, "failure", "settle failure"),
+)
+SETUP_FAIL: tuple[tuple[float, str, str], ...] = (  # the node failed before setup
+    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.500, "failure", "settle failure"),
+)
+# per 100 flows
+MIX = ((SHORT, 60), (LONG, 34), (FAIL, 5), (SETUP_FAIL, 1))
+SCRIPT_NAMES = {SHORT: "short flow", LONG: "long flow", FAIL: "failed flow", SETUP_FAIL: "setup failure"}
+# the printed order of a world's rows (a lifecycle's name ends with its event count)
+ROW_ORDER = ("plan", "feedback + start", "begin", "into_reporter", "setup", "tx first (announces)", "tx repeat",
+             "rx first response (published)", "rx published (after 1 s)", "rx throttled",
+             "settle success (flushes held RX)", "settle failure",
+             *(f"lifecycle: {name} ({len(script)} events)" for script, name in SCRIPT_NAMES.items()))
+
+
+@dataclass
+class World:
+    """A manager over 50-member groups and the route target every flow asks for."""
+
+    name: str
+    label: str
+    manager: GroupManager
+    clock: FakeClock
+    root: str
+    depth: int | None  # Score groups every flow must report to; None: it varies
+
+
+@dataclass
+class Samples:
+    """Timed calls by row name (ns), and per-flow counts."""
+
+    calls: dict[str, list[int]] = field(default_factory=dict)
+    via_score: dict[int, int] = field(default_factory=dict)  # Score groups traversed -> flows
+
+    def add(self, name: str, ns: int) -> None:
+        self.calls.setdefault(name, []).append(ns)
+
+
+def _nodes(prefix: str, count: int, first: int) -> list[NodeSpec]:
+    return [with_node_id(NodeSpec(f"{prefix}-{i}", "socks5", "127.0.0.1", FIRST_PORT + first + i))
+            for i in range(count)]
+
+
+def build(name: str) -> World:
+    """One world of the module docstring."""
+    clock = FakeClock()
+    inner = _nodes("score", GROUP_SIZE, 0)
+    outer = _nodes("top", GROUP_SIZE - 1, GROUP_SIZE)
+    inner_names = [n.name for n in inner]
+    outer_names = [n.name for n in outer]
+    if name == "score":
+        nodes, groups, root, depth = inner, (_group("score", Policy.SCORE, inner_names, None),), "score", 1
+    else:
+        top_policy = {"selector>score": Policy.SELECTOR, "urltest>score": Policy.URLTEST}.get(name, Policy.SCORE)
+        nodes = inner + outer
+        groups = (_group("top", top_policy, outer_names, "score"), _group("score", Policy.SCORE, inner_names, None))
+        root = "top"
+        depth = {"selector>score": 1, "score>score-deep": 2}.get(name)
+    spec = Spec(nodes=tuple(nodes), groups=groups)
+    outbounds = build_outbounds(spec, clock)[0]
+    alive = AliveDialerSet(clock)
+    for n in nodes:
+        alive.register_node(n.id, n.name)
+    clock.advance(REGISTRATION_GRACE + 1)  # failures count as deaths from now on
+    for i, n in enumerate(inner):
+        alive.notify_check_success(n.id, Domain.TCP, Family.V4, FASTEST_RTT + i * RTT_STEP)
+        alive.notify_check_success(n.id, Domain.TCP, Family.V6, FASTEST_RTT + i * RTT_STEP)
+    for i, n in enumerate(outer):
+        rtt = SLOW_RTT if name == "urltest>score" else OTHER_RTT
+        alive.notify_check_success(n.id, Domain.TCP, Family.V4, rtt + i * RTT_STEP)
+        alive.notify_check_success(n.id, Domain.TCP, Family.V6, rtt + i * RTT_STEP)
+        if name == "score>score-deep":
+            for family in (Family.V4, Family.V6):
+                for _ in range(DEAD_AFTER):
+                    alive.notify_check_failure(n.id, Domain.TCP, family)
+    manager = GroupManager.build(spec, outbounds, health=HealthFilter(alive, GroupChecks(clock)), clock=clock,
+                                 score_ranking=True)
+    label = WORLDS[name]
+    return World(name, label, manager, clock, root, depth)
+
+
+WORLDS = {
+    "score": "Score, 50 nodes",
+    "selector>score": "Selector(49 nodes, chosen: Score of 50)",
+    "urltest>score": "URLTest(49 slow nodes, Score of 50)",
+    "score>score": "Score(49 nodes, Score of 50)",
+    "score>score-deep": "Score(49 dead nodes, Score of 50): always 2 deep",
+}
+EVENT_WORLDS = {"score": 1, "score>score-deep": 2}  # worlds whose reporter events are rows, by groups traversed
+
+
+def targets(count: int = TARGETS) -> list[tuple[ScoreTarget, IPAddress]]:
+    """Distinct targets, each with the destination address actually dialled."""
+    out = []
+    for i in range(count):
+        if i % V6_EVERY == 0:
+            ip: IPAddress = ipaddress.IPv6Address(f"2001:db8::{i:x}")
+        else:
+            ip = ipaddress.IPv4Address(f"198.18.{i // 256}.{i % 256}")
+        out.append((ScoreTarget.of(f"site{i}.example", 443), ip))
+    return out
+
+
+class _Flow:
+    __slots__ = ("script", "target", "destination", "guard", "reporter", "timed", "total", "depth")
+
+    def __init__(self, script: tuple, target: ScoreTarget, destination: IPAddress, timed: bool) -> None:
+        self.script = script
+        self.target = target
+        self.destination = destination
+        self.guard = None
+        self.reporter: ScoreReporter | None = None
+        self.timed = timed
+        self.total = 0
+        self.depth = 0
+
+
+def drive(world: World, flows: int, warmup: int, samples: Samples | None = None, *,
+          plans: cProfile.Profile | None = None, events: cProfile.Profile | None = None) -> Samples:
+    """Run ``warmup`` + ``flows`` flows in event-time order; time the calls of the last ``flows``.
+
+    ``plans`` / ``events``: profilers enabled around each plan / each reporter call (begin
+    included, the plan not), for ``--profile``."""
+    samples = samples if samples is not None else Samples()
+    rng = random.Random(SEED)
+    pool = targets()
+    weights = [1.0 / (rank + 1) ** ZIPF_EXPONENT for rank in range(len(pool))]
+    first = list(range(min(warmup, len(pool))))  # the warm-up visits every target once first
+    rng.shuffle(first)
+    picks = first + rng.choices(range(len(pool)), weights=weights, k=warmup + flows - len(first))
+    scripts = [script for script, share in MIX for _ in range(share)]
+    rng.shuffle(scripts)
+    manager, clock, root = world.manager, world.clock, world.root
+    resolve, feedback_of, tcp = manager.resolve, manager.score_feedback, Network.TCP
+    ns = time.perf_counter_ns
+    heap: list[tuple[float, int, int, _Flow]] = []  # (time, flow number, step, flow)
+    started = clock.now()
+    total = warmup + flows
+    begun = 0
+    while begun < total or heap:
+        if begun < total and (not heap or started + begun * FLOW_SPACING <= heap[0][0]):
+            at = started + begun * FLOW_SPACING
+            target, destination = pool[picks[begun]]
+            flow = _Flow(scripts[begun % len(scripts)], target, destination, begun >= warmup)
+            number, step = begun, 0
+            begun += 1
+        else:
+            at, number, step, flow = heapq.heappop(heap)
+        if at > clock.now():
+            clock.advance(at - clock.now())
+        now = clock.now()
+        _offset, event, name = flow.script[step]
+        if event == "start":
+            if plans is not None:
+                plans.enable()
+            t0 = ns()
+            selection = resolve(root, tcp, target=flow.target, destination=flow.destination)
+            t1 = ns()
+            if plans is not None:
+                plans.disable()
+            if events is not None:
+                events.enable()
+            t1b = ns()
+            feedback = feedback_of(selection.chain, selection.leaf, tcp, flow.target, flow.destination)
+            attempt = feedback.start() if feedback is not None else None
+            t2 = ns()
+            if attempt is None:  # the plan passed no Score group: nothing reports
+                if events is not None:
+                    events.disable()
+                samples.via_score[0] = samples.via_score.get(0, 0) + flow.timed
+                continue
+            flow.guard = attempt.begin(now)
+            t3 = ns()
+            if events is not None:
+                events.disable()
+            flow.depth = len(feedback.traversed)
+            if world.depth is not None and flow.depth != world.depth:
+                raise AssertionError(f"{world.name}: a flow reported to {flow.depth} Score groups")
+            if flow.timed:
+                samples.via_score[flow.depth] = samples.via_score.get(flow.depth, 0) + 1
+                samples.add("plan", t1 - t0)
+                samples.add("feedback + start", t2 - t1b)
+                samples.add("begin", t3 - t2)
+                flow.total = (t2 - t1b) + (t3 - t2)
+        else:
+            reporter = flow.reporter
+            if events is not None:
+                events.enable()
+            if event == "into":
+                t0 = ns()
+                flow.reporter = flow.guard.into_reporter(now)
+                t1 = ns()
+                flow.guard = None
+            elif event == "setup":
+                t0 = ns()
+                reporter.setup(now)
+                t1 = ns()
+            elif event == "tx":
+                t0 = ns()
+                reporter.tx(now, 1400)
+                t1 = ns()
+            elif event == "rx":
+                t0 = ns()
+                reporter.rx(now, 1400)
+                t1 = ns()
+            elif event == "success":
+                t0 = ns()
+                reporter.settle(now, Result.success())
+                t1 = ns()
+            else:
+                result = Result.failure()  # its own episode: built outside the timed call
+                t0 = ns()
+                reporter.settle(now, result)
+                t1 = ns()
+            if events is not None:
+                events.disable()
+            if flow.timed:
+                samples.add(name, t1 - t0)
+                flow.total += t1 - t0
+        if step + 1 < len(flow.script):
+            heapq.heappush(heap, (at - flow.script[step][0] + flow.script[step + 1][0], number, step + 1, flow))
+        elif flow.timed:
+            samples.add(f"lifecycle: {SCRIPT_NAMES[flow.script]} ({len(flow.script)} events)", flow.total)
+    return samples
+
+
+def _summary(values: list[int]) -> dict[str, float]:
+    p99 = statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
+    return {"median_us": statistics.median(values) / NS_PER_US, "p99_us": p99 / NS_PER_US, "n": len(values)}
+
+
+def _event_target(name: str) -> float:
+    """The per-event target; a lifecycle's is that of its events (the plan is not one of them)."""
+    if name.startswith("lifecycle"):
+        script = next(s for s, n in SCRIPT_NAMES.items() if name.startswith(f"lifecycle: {n}"))
+        return EVENT_TARGET_US * len(script)
+    return EVENT_TARGET_US
+
+
+def figures(quick: bool) -> dict[str, dict]:
+    """By world: each row's median, p99 (µs) and count, target (µs), and the flows' Score depths."""
+    flows, warmup = (QUICK_FLOWS, QUICK_WARMUP) if quick else (FLOWS, WARMUP)
+    out: dict[str, dict] = {}
+    for name in WORLDS:
+        world = build(name)
+        samples = drive(world, flows, warmup)
+        rows = {"plan": {**_summary(samples.calls["plan"]), "target_us": PLAN_TARGET_US}}
+        if name in EVENT_WORLDS:
+            for row in ROW_ORDER[1:]:
+                if samples.calls.get(row):
+                    rows[row] = {**_summary(samples.calls[row]), "target_us": _event_target(row)}
+        out[name] = {"rows": rows, "via_score": {str(k): v for k, v in sorted(samples.via_score.items())}}
+    return out
+
+
+def _implementation() -> str:
+    kinds = {beta.IMPLEMENTATION, decay.IMPLEMENTATION, movavg.IMPLEMENTATION}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _twin(quick: bool) -> dict[str, dict] | None:
+    """The same figures with HONK_NO_EXTENSIONS=1, from a subprocess; None if it failed."""
+    argv = [sys.executable, "-m", "benchmarks.score", "--json", "--no-twin"] + (["--quick"] if quick else [])
+    env = dict(os.environ, HONK_NO_EXTENSIONS="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        return None
+    out = json.loads(done.stdout)
+    return out["figures"] if out["implementation"] == "python" else None
+
+
+def _rows(figs: dict[str, dict], prefix: str, built: bool) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for name, label in WORLDS.items():
+        world = figs[name]
+        depths = ", ".join(f"{v} via {k}" for k, v in world["via_score"].items())
+        for row, f in world["rows"].items():
+            what = f"plan: {label} [{depths}]" if row == "plan" else f"  {name} ({EVENT_WORLDS[name]} grp): {row}"
+            ratio = f["median_us"] / f["target_us"]
+            status = ("met" if ratio <= 1.0 else "NOT met") + ("" if built else " (extensions not built)")
+            rows.append((prefix + what, f"{f['median_us']:.1f}", f"{f['p99_us']:.1f}", f"{f['target_us']:.0f}",
+                         f"{ratio:.2f}", status))
+    return rows
+
+
+def run(quick: bool = False, twin: bool = True) -> list[tuple[str, ...]]:
+    """Rows (what, median µs, p99 µs, target µs, ratio, status) for the benchmark table; the
+    twin's rows follow, prefixed."""
+    print("score benchmarks:", file=sys.stderr, flush=True)
+    ours = figures(quick)
+    rows = _rows(ours, "", _implementation() == "compiled")
+    if twin:
+        twins = _twin(quick)
+        if twins is None:
+            rows.append(("twin (HONK_NO_EXTENSIONS=1)", "-", "-", "-", "-", "subprocess failed"))
+        else:
+            rows += _rows(twins, "twin: ", True)  # the twin is pure Python by design
+    return rows
+
+
+HEADER = ["score cost", "median µs", "p99 µs", "target µs", "ratio", "status"]
+
+
+def profile(name: str, flows: int = PROFILE_FLOWS) -> None:
+    """cProfile the plans, then the reporter calls, of ``flows`` flows of one world after the
+    warm-up; print each by own and by total time."""
+    world = build(name)
+    drive(world, 0, WARMUP)
+    plans, events = cProfile.Profile(), cProfile.Profile()
+    drive(world, flows, 0, plans=plans, events=events)
+    for what, profiler in (("plans", plans), ("reporter calls", events)):
+        stats = pstats.Stats(profiler)
+        print(f"--- {name}: {what} of {flows} flows, by own time")
+        stats.sort_stats("tottime").print_stats(PROFILE_LINES)
+        print(f"--- {name}: {what}, by cumulative time")
+        stats.sort_stats("cumulative").print_stats(PROFILE_LINES)
+
+
+def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> None:
+    from benchmarks.relay import format_table
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.score")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-twin", action="store_true", help="skip the HONK_NO_EXTENSIONS=1 rerun")
+    parser.add_argument("--json", action="store_true", help="print this process's figures as JSON")
+    parser.add_argument("--profile", choices=list(WORLDS), help="cProfile one world instead of measuring")
+    args = parser.parse_args(argv)
+    if args.profile:
+        profile(args.profile)
+        return
+    if args.json:
+        out(json.dumps({"implementation": _implementation(), "figures": figures(args.quick)}))
+        return
+    out(format_table(HEADER, [list(r) for r in run(args.quick, not args.no_twin)]))
+
+
+if __name__ == "__main__":
+    main()
