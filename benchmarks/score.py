@@ -13,8 +13,10 @@ and holds as it does for real traffic and the clock never goes back. Targets are
 failure) or before it (the node's). WARMUP flows fill the evidence, cohorts, incumbents and
 heuristic before any call is timed.
 
-Worlds (50-member groups, real health as in ``benchmarks/groups.py``):
+Worlds (50-member groups unless said, real health as in ``benchmarks/groups.py``):
 
+* score-4, score-8, score-16: one Score group of that many nodes (the plan's cost grows with
+  the members ranked; a serving pool of at most eight, the next Score issue, will bound it);
 * score: one Score group of 50 nodes (every flow reports to 1 Score group);
 * selector>score: a Selector of 49 nodes whose choice is that Score group;
 * urltest>score: a URLTest of 49 slow nodes and that Score group (its nodes are faster);
@@ -140,11 +142,12 @@ def _nodes(prefix: str, count: int, first: int) -> list[NodeSpec]:
 def build(name: str) -> World:
     """One world of the module docstring."""
     clock = FakeClock()
-    inner = _nodes("score", GROUP_SIZE, 0)
+    size = SIZED.get(name, GROUP_SIZE)
+    inner = _nodes("score", size, 0)
     outer = _nodes("top", GROUP_SIZE - 1, GROUP_SIZE)
     inner_names = [n.name for n in inner]
     outer_names = [n.name for n in outer]
-    if name == "score":
+    if name == "score" or name in SIZED:
         nodes, groups, root, depth = inner, (_group("score", Policy.SCORE, inner_names, None),), "score", 1
     else:
         top_policy = {"selector>score": Policy.SELECTOR, "urltest>score": Policy.URLTEST}.get(name, Policy.SCORE)
@@ -175,7 +178,13 @@ def build(name: str) -> World:
     return World(name, label, manager, clock, root, depth)
 
 
+# Score groups of other sizes: the plan's cost grows with the members ranked (a serving pool of
+# at most eight members, the next Score issue, bounds it whatever the group's size)
+SIZED = {"score-4": 4, "score-8": 8, "score-16": 16}
 WORLDS = {
+    "score-4": "Score, 4 nodes",
+    "score-8": "Score, 8 nodes",
+    "score-16": "Score, 16 nodes",
     "score": "Score, 50 nodes",
     "selector>score": "Selector(49 nodes, chosen: Score of 50)",
     "urltest>score": "URLTest(49 slow nodes, Score of 50)",

@@ -164,6 +164,13 @@ class _View:
     def node_id(self, member: str) -> NodeId:
         """The NodeId of the leaf ``member`` resolves to; a builtin leaf or an unresolved member
         gets a name-based identity (it has no evidence of its own)."""
+        m = self.manager
+        if member not in m._groups:  # a leaf: its identity, without resolving a selection
+            known = m._leaf_ids.get(member)
+            if known is None and member in m._outbounds:
+                known = m._leaf_ids[member] = _leaf_node_id(m._outbounds[member])
+            if known is not None:
+                return known
         selection = self.selection(member)
         if selection is None:
             return ("member", member)
@@ -226,6 +233,8 @@ class GroupManager:
         self.score = score if score is not None else ScoreState()  # shared by the lineage's Score groups
         self._last_resorts = 0  # last-resort selections served (they are never cached)
         self._score_decisions = 0  # Score decisions made (target-dependent: never cached)
+        self._leaf_ids: dict[str, NodeId] = {}  # leaf name -> NodeId (the outbounds never change)
+        self._reaches_score: dict[str, bool] = {}  # group -> a Score group is at or below it
         self._flow: tuple[ScoreTarget | None, IPAddress | None] = (None, None)  # set only inside resolve
         self._judged: dict[tuple, tuple] = {}  # leaf members: (its node's version, Candidate)
         self._groups = groups
@@ -449,8 +458,10 @@ class GroupManager:
             log.debug("group %s: skipped (%s)", name, "revisited" if name in chain else "too deep")
             return None
         last_resorts = (self._last_resorts, self._score_decisions)
-        if not peek and isinstance(group.policy, Score):
-            return self._decide(group, name, network, family, chain, depth, False)  # one applied rank
+        if not peek and self._score_below(name):
+            # one applied rank per Score group: a path through one is never cached, so serving
+            # by peeking first would only rank it again
+            return self._decide(group, name, network, family, chain, depth, False)
         if not peek:
             # Serving = the peek's path, then each group on it commits its hop (a URLTest its
             # winner, a LoadBalance its cursor, a Fallback its pin): the same result as deciding
@@ -476,6 +487,18 @@ class GroupManager:
             # decided (its pick depends on the target and on evidence): keep the result
             group.cache[key] = (stamp, None if result is None else (result.leaf, result.chain[len(chain):]))
         return result
+
+    def _score_below(self, name: str) -> bool:
+        """Whether ``name`` is a Score group or reaches one through its members or final."""
+        known = self._reaches_score.get(name)
+        if known is None:
+            self._reaches_score[name] = False  # a cycle through finals reaches nothing new
+            group = self._groups[name]
+            known = isinstance(group.policy, Score) or any(
+                self._score_below(m) for m in (*group.policy.members, *([group.spec.final] if group.spec.final else ()))
+                if m in self._groups)
+            self._reaches_score[name] = known
+        return known
 
     def _commit(self, path: tuple[str, ...], network: Network, family: Family, chain: tuple[str, ...],
                 depth: int) -> None:

@@ -271,13 +271,9 @@ class ScoreAttempt:
         evidence = feedback.evidence
         if not all(evidence.is_member(step.group, step.node_id) for step in feedback.traversed):
             raise ScoreAttemptRefused("the selected member left its Score group")
-        admissions = []
-        for step in feedback.traversed:
-            admission = step.admit(evidence)
-            if admission is None:  # cannot happen after the check above; stay typed anyway
-                raise ScoreAttemptRefused("the selected member left its Score group")
-            admissions.append(admission)
-        return ScoreBusinessGuard(self, tuple(admissions), now)
+        # every traversal is a member (checked above), so admit() returns an admission for each
+        admissions = tuple(step.admit(evidence) for step in feedback.traversed)
+        return ScoreBusinessGuard(self, admissions, now)  # type: ignore[arg-type]
 
 
 class ScoreBusinessGuard:
@@ -326,7 +322,8 @@ class ScoreBusinessGuard:
 class ScoreReporter:
     """Reports one admitted business flow to every traversed Score group (GH-K-71..74)."""
 
-    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_node_cells", "_publishers", "_settlement",
+    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_members", "_node_cells", "_publishers",
+                 "_settlement",
                  "begun_at", "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
 
     def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
@@ -334,8 +331,11 @@ class ScoreReporter:
         feedback = attempt.feedback
         self._attempt = attempt
         self._admissions = admissions
-        self._cells = tuple(step.cohort_cell() for step in feedback.traversed)
-        self._node_cells = tuple(step.node_cells() for step in feedback.traversed)
+        # the admitted keys, global first and the most specific last: the cohort cell is the last
+        # (Traversal.cohort_cell), the node's aggregates the others (Traversal.node_cells)
+        self._cells = tuple(admission.cells[-1][1] for admission in admissions)
+        self._node_cells = tuple(tuple(key for _store, key, _inc in admission.cells[:-1]) for admission in admissions)
+        self._members: tuple[int, tuple[bool, ...]] | None = None  # (membership version, per traversal)
         self._publishers = tuple(RxPublisher(cell, attempt.reporter, feedback.cohorts, kind=feedback.kind)
                                  for cell in self._cells)
         self._settlement: Settlement | None = None
@@ -452,8 +452,13 @@ class ScoreReporter:
         return self.settle(now, Result.neutral(ending))
 
     def _member(self, i: int) -> bool:
-        step = self._attempt.feedback.traversed[i]
-        return self._attempt.feedback.evidence.is_member(step.group, step.node_id)
+        """Whether traversal ``i``'s (group, node) is still a member (cached per membership)."""
+        evidence = self._attempt.feedback.evidence
+        known = self._members
+        if known is None or known[0] != evidence.membership_version:
+            known = self._members = (evidence.membership_version, tuple(
+                evidence.is_member(step.group, step.node_id) for step in self._attempt.feedback.traversed))
+        return known[1][i]
 
     def _outcome(self, result: Result) -> Outcome | None:
         ending = result.ending

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from honk._fast.decay import EVIDENCE_HALF_LIFE, DecayedCounter
 
 K = TypeVar("K", bound=Hashable)
+_NO_ROW: dict = {}  # what CellStore.row returns for a row without cells (never written)
 
 
 class Outcome(enum.Enum):
@@ -38,11 +39,12 @@ class Outcome(enum.Enum):
 class EvidenceCell:
     """Decayed outcome counts of one key. Time is always an argument."""
 
-    __slots__ = ("attempts", "failures", "incarnation", "last_failure", "lease_until", "setup_failures",
-                 "successes", "useful")
+    __slots__ = ("_bound", "attempts", "failures", "incarnation", "key", "last_failure", "lease_until",
+                 "setup_failures", "successes", "useful")
 
-    def __init__(self, incarnation: int) -> None:
+    def __init__(self, incarnation: int, key: Hashable = None) -> None:
         self.incarnation = incarnation
+        self.key = key  # the key object the store holds it under: reusing it makes lookups identity hits
         self.attempts = DecayedCounter(EVIDENCE_HALF_LIFE)  # every recorded sample, warm-up included
         self.successes = DecayedCounter(EVIDENCE_HALF_LIFE)  # settled successes (useful or not)
         self.failures = DecayedCounter(EVIDENCE_HALF_LIFE)  # failures after setup
@@ -50,9 +52,21 @@ class EvidenceCell:
         self.useful = DecayedCounter(EVIDENCE_HALF_LIFE)  # useful completions
         self.last_failure: float | None = None  # event time of the newest failure
         self.lease_until: float | None = None  # qualification lease end (kept on the global cell)
+        self._bound: tuple[float, float] | None = None  # (time, reliability bound at it): one rank's reads
+
+    def memo_bound(self, now: float, compute: Callable[[EvidenceCell, float], float]) -> float:
+        """``compute(self, now)``, kept until the time or the counts change: the ranks of one flow
+        (a nested path, a peek then its commit, a retry) read each cell at one time."""
+        memo = self._bound
+        if memo is not None and memo[0] == now:
+            return memo[1]
+        value = compute(self, now)
+        self._bound = (now, value)
+        return value
 
     def record(self, outcome: Outcome, now: float) -> None:
         """Add one ``outcome`` that happened at ``now``."""
+        self._bound = None
         self.attempts.add(1.0, now)
         if outcome is Outcome.SUCCESS or outcome is Outcome.USEFUL:
             self.successes.add(1.0, now)
@@ -82,6 +96,9 @@ class CellStore(Generic[K]):
         self.evictions = 0  # cells dropped to stay within max_entries (prunes and clears not counted)
         self._cells: OrderedDict[K, EvidenceCell] = OrderedDict()
         self._incarnations = itertools.count(1)
+        # the same cells by row (the key without its node, ``key.row``) then node: a rank reads
+        # one row for all its members instead of building and hashing a key per member
+        self._rows: dict[Hashable, dict[Hashable, EvidenceCell]] = {}
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -92,12 +109,28 @@ class CellStore(Generic[K]):
         if cell is not None:
             self._cells.move_to_end(key)
             return cell
-        cell = EvidenceCell(next(self._incarnations))
+        cell = EvidenceCell(next(self._incarnations), key)
         self._cells[key] = cell
+        row = getattr(key, "row", None)  # score keys have rows; a plain key is only in the LRU
+        if row is not None:
+            self._rows.setdefault(row, {})[key.node_id] = cell  # type: ignore[attr-defined]
         while len(self._cells) > self.max_entries:
-            self._cells.popitem(last=False)
+            evicted, _ = self._cells.popitem(last=False)
+            self._unindex(evicted)
             self.evictions += 1
         return cell
+
+    def _unindex(self, key: K) -> None:
+        row_key = getattr(key, "row", None)
+        row = self._rows.get(row_key) if row_key is not None else None
+        if row is not None:
+            row.pop(key.node_id, None)  # type: ignore[attr-defined]
+            if not row:
+                del self._rows[row_key]
+
+    def row(self, row: Hashable) -> dict[Hashable, EvidenceCell]:
+        """The cells of one row by node (read-only; empty when it has none)."""
+        return self._rows.get(row, _NO_ROW)
 
     def current(self, key: K, incarnation: int) -> EvidenceCell | None:
         """The cell of ``key`` if it is still ``incarnation`` (touching it), else None: never creates."""
@@ -116,6 +149,7 @@ class CellStore(Generic[K]):
         doomed = [key for key in self._cells if not keep(key)]
         for key in doomed:
             del self._cells[key]
+            self._unindex(key)
         return len(doomed)
 
     def cells(self):
@@ -125,6 +159,7 @@ class CellStore(Generic[K]):
     def clear(self) -> None:
         """Drop every cell; incarnations keep counting so no old reporter matches a new cell."""
         self._cells.clear()
+        self._rows.clear()
 
 
 __all__ = ["CellStore", "EvidenceCell", "Outcome"]

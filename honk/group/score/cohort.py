@@ -96,6 +96,9 @@ class Cohorts:
 
     def __init__(self) -> None:
         self._cells: dict[Hashable, _Cell] = {}
+        # node -> how many of its cells have an open episode: a rank skips the lookups for nodes
+        # without one (the common case), keyed by the cell key's ``node_id`` when it has one
+        self._open_nodes: dict[Hashable, int] = {}
 
     def _cell(self, cell: Hashable) -> _Cell:
         state = self._cells.get(cell)
@@ -122,6 +125,8 @@ class Cohorts:
         state.episodes[episode] = None
         if len(state.episodes) > EPISODE_MEMORY:
             state.episodes.popitem(last=False)
+        if state.episode is None:
+            self._opened(cell, 1)
         state.open_failures = state.open_failures + 1 if state.episode is not None else 1
         state.episode = episode
         state.fence = max(state.fence, now)
@@ -173,6 +178,7 @@ class Cohorts:
         if state.episode is not None and len(state.credits) >= RECOVERY_REPORTERS:
             # The cohort began after the failure (fail() reset it), so it is post-failure.
             state.episode = None
+            self._opened(cell, -1)
             state.lease_until = state.last_event + RECOVERY_LEASE
             return Credit.RECOVERED
         return Credit.COUNTED
@@ -188,7 +194,21 @@ class Cohorts:
 
     def forget(self, cell: Hashable) -> None:
         """Drop a cell the evidence store evicted or pruned."""
-        self._cells.pop(cell, None)
+        state = self._cells.pop(cell, None)
+        if state is not None and state.episode is not None:
+            self._opened(cell, -1)
+
+    def _opened(self, cell: Hashable, change: int) -> None:
+        node = getattr(cell, "node_id", None)
+        count = self._open_nodes.get(node, 0) + change
+        if count > 0:
+            self._open_nodes[node] = count
+        else:
+            self._open_nodes.pop(node, None)
+
+    def node_has_open_episode(self, node: Hashable) -> bool:
+        """Whether any cell keyed for ``node`` has an open episode (a cheap pre-check)."""
+        return node in self._open_nodes
 
     # --- reads --------------------------------------------------------------------------------
 

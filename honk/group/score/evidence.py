@@ -26,10 +26,11 @@ on the global aggregate cell, so it shares that cell's incarnation and eviction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from honk._fast.beta import beta_lower_bound
+from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
 from honk.group.score.cells import CellStore, EvidenceCell, Outcome
 from honk.group.score.constants import (
@@ -45,6 +46,7 @@ from honk.group.score.constants import (
 from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, target_family
 
 LAYERS = 3  # global, family, exact
+_EMPTY: Mapping = {}  # a row a read has no layer for
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,33 @@ def reliability_bound(cell: EvidenceCell | None, now: float) -> float:
                             RELIABILITY_PRIOR, RELIABILITY_PRIOR)
 
 
+_PRIOR_BOUND = beta_lower_bound(0.0, 0.0, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR, RELIABILITY_PRIOR)
+
+
+def blended_reliability(cells: list[EvidenceCell | None], now: float) -> float:
+    """The hierarchical blend's reliability of (global, family, exact) cells at ``now`` (GH-K-04):
+    what :meth:`ScoreEvidence.blend` reports, read straight from cells a caller already holds."""
+    glob = cells[0]
+    estimate = _PRIOR_BOUND if glob is None else glob.memo_bound(now, reliability_bound)
+    for cell in cells[1:]:
+        if cell is None:
+            continue
+        w = layer_weight(cell, now)
+        if w > 0.0:
+            estimate = w * cell.memo_bound(now, reliability_bound) + (1.0 - w) * estimate
+    return estimate
+
+
+def qualified_cells(cells: list[EvidenceCell | None], now: float) -> bool:
+    """Qualification from (global, family, exact) cells: earned completions in a layer, or the
+    global cell's running lease (GH-K-27/28)."""
+    for cell in cells:
+        if cell is not None and cell.useful.value(now) >= QUALIFYING_COMPLETIONS:
+            return True
+    glob = cells[0]
+    return glob is not None and glob.lease_until is not None and now < glob.lease_until
+
+
 def layer_weight(cell: EvidenceCell | None, now: float) -> float:
     """How much of the estimate a layer takes over from its parents (GH-K-04)."""
     if cell is None:
@@ -112,6 +141,7 @@ class ScoreEvidence:
         self.aggregate: CellStore[AggregateKey] = self._stores["aggregate"]
         # None: no membership published yet, every (group, node) is accepted
         self._valid: frozenset[tuple[str, NodeId]] | None = None if membership is None else frozenset(membership)
+        self.membership_version = 0  # +1 at every published membership: a cached is_member answer is stale
         self._reload_fence: float | None = None  # time of the last reload: older RX renews nothing
 
     # --- keys -----------------------------------------------------------------------------------
@@ -143,13 +173,16 @@ class ScoreEvidence:
             return None
         cells = []
         for store, key in self.keys(group, network, target, node_id, destination):
-            cells.append((store, key, self._stores[store].get_or_create(key).incarnation))
+            cell = self._stores[store].get_or_create(key)
+            cells.append((store, cell.key, cell.incarnation))  # the store's own key object
         return Admission(tuple(cells), target is not None)
 
     def _current(self, admission: Admission):
+        if self._valid is not None:  # every cell of an admission is one (group, node)
+            key = admission.cells[0][1]
+            if (key.group, key.node_id) not in self._valid:  # type: ignore[attr-defined]
+                return
         for store, key, incarnation in admission.cells:
-            if not self.is_member(key.group, key.node_id):  # type: ignore[attr-defined]
-                continue
             cell = self._stores[store].current(key, incarnation)
             if cell is not None:
                 yield key, cell
@@ -173,17 +206,17 @@ class ScoreEvidence:
         """
         if admission is None or not admission.targeted:
             return False
-        current = dict(self._current(admission))
-        global_key = admission.cells[0][1]
-        cell = current.get(global_key)
-        if cell is None:
-            return False
         if self._reload_fence is not None and now <= self._reload_fence:
             return False
-        if any(c.last_failure is not None and now <= c.last_failure for c in current.values()):
+        current = [cell for _key, cell in self._current(admission)]
+        # the global cell, when still current, comes first (admission order)
+        cell = current[0] if current and current[0].key is admission.cells[0][1] else None
+        if cell is None:
+            return False
+        if any(c.last_failure is not None and now <= c.last_failure for c in current):
             return False
         earned = (cell.lease_until is not None and now < cell.lease_until) or \
-            max(c.useful.value(now) for c in current.values()) >= QUALIFYING_COMPLETIONS
+            max(c.useful.value(now) for c in current) >= QUALIFYING_COMPLETIONS
         if not earned:
             return False
         cell.lease_until = max(cell.lease_until or now, now + QUALIFICATION_LEASE)
@@ -199,31 +232,36 @@ class ScoreEvidence:
             out[i] = self._stores[store].peek(key)
         return out
 
+    def rows(self, group: str, network: Network, family: Family | None,
+             target: ScoreTarget | None) -> tuple[Mapping[NodeId, EvidenceCell], ...]:
+        """The (global, family, exact) rows of one read, each cells by node: what :meth:`layers`
+        gives for every node at once (a family row only with a family, an exact one only with a
+        target too)."""
+        glob = self.aggregate.row((group, network, None))
+        if family is None:
+            return glob, _EMPTY, _EMPTY
+        fam = self.aggregate.row((group, network, family))
+        return glob, fam, (self.exact.row((group, network, family, target)) if target is not None else _EMPTY)
+
     def blend(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId, now: float,
               destination: IPAddress | None = None) -> Blend:
         """The hierarchical blend of the layers at ``now`` (GH-K-04)."""
         cells = self.layers(group, network, target, node_id, destination)
-        estimate = reliability_bound(cells[0], now)
         weights = [1.0, 0.0, 0.0]
         for i in range(1, LAYERS):
             w = layer_weight(cells[i], now)
             if w > 0.0:
-                estimate = w * reliability_bound(cells[i], now) + (1.0 - w) * estimate
                 weights = [x * (1.0 - w) for x in weights]
                 weights[i] = w
         present = [c for c in cells if c is not None]
         support = max((c.outcomes(now) for c in present), default=0.0)
         useful = max((c.useful.value(now) for c in present), default=0.0)
-        return Blend(estimate, (weights[0], weights[1], weights[2]), support, useful)
+        return Blend(blended_reliability(cells, now), (weights[0], weights[1], weights[2]), support, useful)
 
     def qualified(self, group: str, network: Network, node_id: NodeId, now: float,
                   target: ScoreTarget | None = None, destination: IPAddress | None = None) -> bool:
         """Whether the node is qualified at ``now``: earned completions or a running lease."""
-        cells = [c for c in self.layers(group, network, target, node_id, destination) if c is not None]
-        if max((c.useful.value(now) for c in cells), default=0.0) >= QUALIFYING_COMPLETIONS:
-            return True
-        glob = self.aggregate.peek(AggregateKey(group, network, None, node_id))
-        return glob is not None and glob.lease_until is not None and now < glob.lease_until
+        return qualified_cells(self.layers(group, network, target, node_id, destination), now)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -233,6 +271,7 @@ class ScoreEvidence:
         Returns how many cells were dropped. Late feedback for removed membership is ignored.
         """
         self._valid = frozenset(valid)
+        self.membership_version += 1
         keep = self._valid
         return sum(store.prune(lambda key: (key.group, key.node_id) in keep) for store in self._stores.values())
 
@@ -251,6 +290,7 @@ class ScoreEvidence:
         for store in self._stores.values():
             store.clear()
         self._valid = None
+        self.membership_version += 1
         self._reload_fence = None
 
     def stats(self) -> EvidenceStats:
@@ -258,4 +298,5 @@ class ScoreEvidence:
                              len(self.aggregate), self.aggregate.max_entries, self.aggregate.evictions)
 
 
-__all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "layer_weight", "reliability_bound"]
+__all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "blended_reliability", "layer_weight",
+           "qualified_cells", "reliability_bound"]

@@ -26,6 +26,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from honk._fast.movavg import WeightedMean
 from honk.alive.outcome import Family
@@ -91,8 +92,7 @@ class ProbeIdentity:
         return f"ProbeIdentity(<hidden>, {self.method}, {self.cadence:g})"
 
 
-@dataclass(frozen=True, slots=True)
-class _Key:
+class _Key(NamedTuple):  # a tuple: built per observation and per read, several times cheaper
     group: str
     network: Network
     family: Family | None
@@ -143,6 +143,9 @@ class FirstChoiceHeuristic:
     def __init__(self) -> None:
         # bounded like the exact evidence cells: the least recently observed key goes first
         self._cells: OrderedDict[_Key, dict[Hashable, _Scope]] = OrderedDict()
+        # the same cells by (group, network, family, target) then node: a read takes one row for
+        # all its candidates instead of building and hashing a key per candidate
+        self._rows: dict[tuple, dict[NodeId, dict[Hashable, _Scope]]] = {}
         self._probe_generation = 0
 
     # --- observations ---------------------------------------------------------------------
@@ -151,8 +154,9 @@ class FirstChoiceHeuristic:
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = {}
+            self._rows.setdefault(_row(key), {})[key.node_id] = cell
             if len(self._cells) > EXACT_CELLS_MAX:
-                self._cells.popitem(last=False)
+                self._unindex(self._cells.popitem(last=False)[0])
         else:
             self._cells.move_to_end(key)
         entry = cell.get(scope)
@@ -205,13 +209,13 @@ class FirstChoiceHeuristic:
             for scope in [s for s in cell if isinstance(s, ProbeIdentity)]:
                 del cell[scope]
             if not cell:
-                del self._cells[key]
+                self._drop(key)
 
     def prune(self, valid_pairs: Iterable[tuple[str, NodeId]]) -> None:
         """Forget every (group, node) not in ``valid_pairs``."""
         valid = set(valid_pairs)
         for key in [k for k in self._cells if (k.group, k.node_id) not in valid]:
-            del self._cells[key]
+            self._drop(key)
 
     def expire(self, now: float) -> None:
         """Drop expired scopes, bounding memory by recent activity."""
@@ -220,7 +224,19 @@ class FirstChoiceHeuristic:
             for scope in [s for s, e in cell.items() if e.read(now) is None]:
                 del cell[scope]
             if not cell:
-                del self._cells[key]
+                self._drop(key)
+
+    def _drop(self, key: _Key) -> None:
+        del self._cells[key]
+        self._unindex(key)
+
+    def _unindex(self, key: _Key) -> None:
+        row_key = _row(key)
+        row = self._rows.get(row_key)
+        if row is not None:
+            row.pop(key.node_id, None)
+            if not row:
+                del self._rows[row_key]
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -233,16 +249,19 @@ class FirstChoiceHeuristic:
         """
         # scope -> {candidate: (value, confidence)}
         readings: dict[tuple[Hashable, Family | None], dict[Hashable, tuple[float, float]]] = {}
+        business = self._rows.get((group, network, family, target))
+        probes = [(health, row) for health in _HEALTH_FAMILIES
+                  if (row := self._rows.get((group, network, health, None))) is not None]
         for node in candidates:
-            cell = self._cells.get(_Key(group, network, family, target, node))
+            cell = business.get(node) if business is not None else None
             if cell is not None:
                 for scope, entry in cell.items():
                     if isinstance(scope, Metric):
                         reading = entry.read(now)
                         if reading is not None:
                             readings.setdefault((scope, family), {})[node] = reading
-            for health in _HEALTH_FAMILIES:
-                cell = self._cells.get(_Key(group, network, health, None, node))
+            for health, row in probes:
+                cell = row.get(node)
                 if cell is None:
                     continue
                 for scope, entry in cell.items():
@@ -295,6 +314,10 @@ class FirstChoiceHeuristic:
 
     def __repr__(self) -> str:
         return f"FirstChoiceHeuristic(cells={len(self._cells)}, probe_generation={self._probe_generation})"
+
+
+def _row(key: _Key) -> tuple:
+    return (key.group, key.network, key.family, key.target)
 
 
 def _latency(value: float) -> float:

@@ -129,25 +129,81 @@ def target_family(target: ScoreTarget | None, destination: IPAddress | None = No
     return Family.V6 if ip.version == 6 else Family.V4
 
 
-@dataclass(frozen=True, slots=True)
-class ExactKey:
+class _CellKey:
+    """A cell key: compared by its fields, hashed once (a key is looked up many times per flow
+    and per rank, and hashing its fields means hashing a UUID and enums in Python each time).
+    Treat it as immutable: its hash is fixed when it is built."""
+
+    __slots__ = ("_hash",)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __repr__(self) -> str:  # the target stays hidden (GH-K-09)
+        return f"{type(self).__name__}({self.group!r}, {self.network}, {self.family}, <node>)"  # type: ignore[attr-defined]
+
+
+class ExactKey(_CellKey):
     """One node's evidence for one target in one group (GH-K-02)."""
 
-    group: str
-    network: Network
-    family: Family
-    target: ScoreTarget
-    node_id: NodeId
+    __slots__ = ("family", "group", "network", "node_id", "target")
+
+    def __init__(self, group: str, network: Network, family: Family, target: ScoreTarget, node_id: NodeId) -> None:
+        self.group = group
+        self.network = network
+        self.family = family
+        self.target = target
+        self.node_id = node_id
+        self._hash = hash((group, network, family, target, node_id))
+
+    __hash__ = _CellKey.__hash__  # defining __eq__ would otherwise drop it
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not ExactKey:
+            return NotImplemented
+        return (self._hash == other._hash and self.node_id == other.node_id  # type: ignore[attr-defined]
+                and self.target == other.target and self.group == other.group  # type: ignore[attr-defined]
+                and self.family == other.family and self.network == other.network)  # type: ignore[attr-defined]
+
+    @property
+    def row(self) -> tuple:
+        """The key without its node: every member's cell for one target."""
+        return (self.group, self.network, self.family, self.target)
 
 
-@dataclass(frozen=True, slots=True)
-class AggregateKey:
+class AggregateKey(_CellKey):
     """One node's evidence in one group over all targets of a family, or of all (family None)."""
 
-    group: str
-    network: Network
-    family: Family | None
-    node_id: NodeId
+    __slots__ = ("family", "group", "network", "node_id")
+
+    def __init__(self, group: str, network: Network, family: Family | None, node_id: NodeId) -> None:
+        self.group = group
+        self.network = network
+        self.family = family
+        self.node_id = node_id
+        self._hash = hash((group, network, family, node_id))
+
+    __hash__ = _CellKey.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if other.__class__ is not AggregateKey:
+            return NotImplemented
+        return (self._hash == other._hash and self.node_id == other.node_id  # type: ignore[attr-defined]
+                and self.group == other.group and self.family == other.family  # type: ignore[attr-defined]
+                and self.network == other.network)  # type: ignore[attr-defined]
+
+    @property
+    def row(self) -> tuple:
+        """The key without its node: every member's cell of one layer."""
+        return (self.group, self.network, self.family)
 
 
 __all__ = ["AggregateKey", "ExactKey", "NodeId", "ScoreTarget", "target_family"]

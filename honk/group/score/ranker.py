@@ -62,10 +62,11 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
+from honk.group.score.cells import EvidenceCell
 from honk.group.score.cohort import Cohorts
 from honk.group.score.constants import (
     EARN_DIVISOR,
@@ -82,7 +83,13 @@ from honk.group.score.constants import (
     TRIAL_ANSWER_TIMEOUT,
     cold_allowance,
 )
-from honk.group.score.evidence import EvidenceStats, ScoreEvidence
+from honk.group.score.evidence import (
+    LAYERS,
+    EvidenceStats,
+    ScoreEvidence,
+    blended_reliability,
+    qualified_cells,
+)
 from honk.group.score.keys import AggregateKey, NodeId, ScoreTarget
 from honk.group.score.switches import SwitchHistory
 
@@ -111,9 +118,9 @@ NO_CANDIDATE = "noCandidate"
 _FAMILY_ADDRESS: dict[Family, IPAddress] = {Family.V4: ipaddress.IPv4Address(0), Family.V6: ipaddress.IPv6Address(0)}
 
 
-@dataclass(frozen=True, slots=True)
-class Member:
-    """One configured member as the liveness filter left it; ``alive`` is its verdict."""
+class Member(NamedTuple):
+    """One configured member as the liveness filter left it; ``alive`` is its verdict. (A named
+    tuple: one is built per member per rank, and a tuple builds several times faster.)"""
 
     name: str
     node_id: NodeId
@@ -190,8 +197,8 @@ class _Backoff:
         return _Backoff(failure, delay)
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
+@dataclass(slots=True)
+class _Candidate:  # built per member per rank: a plain slots class (a frozen one costs twice as much)
     member: Member
     index: int  # configuration order
     reliability: float
@@ -267,7 +274,8 @@ class ScoreState:
         self._incumbents: OrderedDict[Hashable, NodeId] = OrderedDict()
         self._incumbents_max = incumbents_max
         # exploration backoff per ((group, network, family, target), member); bounded the same way
-        self._backoffs: OrderedDict[tuple[Hashable, NodeId], _Backoff] = OrderedDict()
+        # (grouped by history key, so a rank looks up one entry and not one per member)
+        self._backoffs: OrderedDict[Hashable, dict[NodeId, _Backoff]] = OrderedDict()
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
 
@@ -308,7 +316,8 @@ class ScoreState:
             ledger = scope
         if original:
             ledger.earn()
-        backoffs = {c.member.node_id: self._backoff(history_key, c, now) for c in candidates}
+        held = self._backoffs.get(history_key)
+        backoffs = {c.member.node_id: self._backoff(held, c, now) for c in candidates if c.unresolved}
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
@@ -333,16 +342,23 @@ class ScoreState:
         # applied: commit the work, then count exactly one final reason
         if scope is None:
             scope = self.scopes[scope_key] = ledger
-        for node_id, backoff in backoffs.items():
-            if backoff is None:
-                self._backoffs.pop((history_key, node_id), None)
-                continue
-            if node_id == winner.member.node_id and trial_reason == PERIODIC_EXPLORE:
-                backoff = _Backoff(backoff.failure, backoff.delay, now)
-            self._backoffs[(history_key, node_id)] = backoff
-            self._backoffs.move_to_end((history_key, node_id))
-        while len(self._backoffs) > self._incumbents_max:
-            self._backoffs.popitem(last=False)
+        if backoffs or held:
+            kept = dict(held) if held else {}
+            if held:  # recovered candidates end their streak; members not ranked keep theirs
+                for c in candidates:
+                    if not c.unresolved:
+                        kept.pop(c.member.node_id, None)
+            for node_id, backoff in backoffs.items():
+                if node_id == winner.member.node_id and trial_reason == PERIODIC_EXPLORE:
+                    backoff = _Backoff(backoff.failure, backoff.delay, now)
+                kept[node_id] = backoff
+            if kept:
+                self._backoffs[history_key] = kept
+                self._backoffs.move_to_end(history_key)
+                while len(self._backoffs) > self._incumbents_max:
+                    self._backoffs.popitem(last=False)
+            else:
+                self._backoffs.pop(history_key, None)
         if trial_reason is not None:
             scope.spend()
             if trial_reason == COLD_EXPLORE:
@@ -359,13 +375,13 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
-    def _backoff(self, history_key: Hashable, c: _Candidate, now: float) -> _Backoff | None:
+    def _backoff(self, held: Mapping[NodeId, _Backoff] | None, c: _Candidate, now: float) -> _Backoff | None:
         """The member's backoff as of ``now`` (not stored): the first failure of a streak starts
         it (at the failure's time, or now when the evidence no longer knows it), a later one may
         grow it; None when no episode is open (never failed here, or recovered)."""
         if not c.unresolved:
             return None
-        current = self._backoffs.get((history_key, c.member.node_id))
+        current = held.get(c.member.node_id) if held else None
         failure = c.last_failure
         if current is None:
             return _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
@@ -435,27 +451,30 @@ class ScoreState:
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                     alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:
         destination = _FAMILY_ADDRESS.get(family) if family is not None else None
-        if family is None:
-            target_for_read = None  # no family: only the global aggregate applies
-        else:
-            target_for_read = target
+        target_for_read = target if family is not None else None  # no family: only the global aggregate
         ids = tuple(m.node_id for _, m in alive)
         utilities: Mapping[NodeId, float | None] = {}
         if self.performance is not None:
             utilities = self.performance.score(group, network, target, family, ids, now)
+        # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
+        glob_row, family_row, exact_row = self.evidence.rows(group, network, family, target_for_read)
+        cohorts = self.cohorts
         out = []
         for index, member in alive:
             node = member.node_id
-            blend = self.evidence.blend(group, network, target_for_read, node, now, destination)
-            unresolved, recent, episodes, last = self._failure_state(group, network, target_for_read, node,
-                                                                     destination, now)
-            out.append(_Candidate(member, index, blend.reliability, utilities.get(node),
-                                  self.evidence.qualified(group, network, node, now, target_for_read, destination),
-                                  unresolved, recent, episodes, last))
+            cells = [glob_row.get(node), family_row.get(node), exact_row.get(node)]
+            if cohorts.node_has_open_episode(node):
+                unresolved, recent, episodes, last = self._failure_state(group, network, target_for_read, node,
+                                                                         destination, cells, now)
+            else:  # no cell of this node has an open episode: nothing to look up
+                unresolved, recent, episodes, last = False, False, (), None
+            out.append(_Candidate(member, index, blended_reliability(cells, now), utilities.get(node),
+                                  qualified_cells(cells, now), unresolved, recent, episodes, last))
         return out
 
     def _failure_state(self, group: str, network: Network, target: ScoreTarget | None, node: NodeId,
-                       destination: IPAddress | None, now: float) -> tuple[bool, bool, tuple, float | None]:
+                       destination: IPAddress | None, cells: list[EvidenceCell | None],
+                       now: float) -> tuple[bool, bool, tuple, float | None]:
         """(open episode in any layer, that episode's newest failure is recent, the cell keys with
         an open episode, the newest failure time the evidence knows among them).
 
@@ -466,9 +485,15 @@ class ScoreState:
         recent = False
         episodes: list = []
         last: float | None = None
-        keys = self.evidence.keys(group, network, target, node, destination)
-        layers = self.evidence.layers(group, network, target, node, destination)  # padded with None
-        for (_store, key), cell in zip(keys, layers, strict=False):
+        keys = None  # built only for a layer whose cell is gone (a cell knows its own key)
+        applicable = 1 if destination is None else (2 if target is None else LAYERS)
+        for i, cell in enumerate(cells[:applicable]):
+            if cell is not None:
+                key = cell.key
+            else:
+                if keys is None:
+                    keys = self.evidence.keys(group, network, target, node, destination)
+                key = keys[i][1]
             if self.cohorts.open_episode(key) is None:
                 continue
             episodes.append(key)
@@ -499,8 +524,12 @@ class ScoreState:
             scope.tried = {n for n in scope.tried if (group, n) in self._valid}
         for key in [k for k, node in self._incumbents.items() if (k[0], node) not in self._valid]:
             del self._incumbents[key]
-        for key in [k for k in self._backoffs if (k[0][0], k[1]) not in self._valid]:
-            del self._backoffs[key]
+        for history_key in list(self._backoffs):
+            held = self._backoffs[history_key]
+            for node in [n for n in held if (history_key[0], n) not in self._valid]:
+                del held[node]
+            if not held:
+                del self._backoffs[history_key]
         for key in [k for k in self._counters if k[0] not in groups]:
             del self._counters[key]
         for group in {g for g, _ in self.switches.counters} - groups:
