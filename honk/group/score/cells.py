@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 from honk._fast.decay import EVIDENCE_HALF_LIFE, DecayedCounter
+from honk.group.score.constants import BOUND_REUSE
 
 K = TypeVar("K", bound=Hashable)
 _NO_ROW: dict = {}  # what CellStore.row returns for a row without cells (never written)
@@ -55,10 +56,10 @@ class EvidenceCell:
         self._bound: tuple[float, float] | None = None  # (time, reliability bound at it): one rank's reads
 
     def memo_bound(self, now: float, compute: Callable[[EvidenceCell, float], float]) -> float:
-        """``compute(self, now)``, kept until the time or the counts change: the ranks of one flow
-        (a nested path, a peek then its commit, a retry) read each cell at one time."""
+        """``compute(self, now)``, reused for BOUND_REUSE seconds while the counts are unchanged
+        (a record drops it): the ranks of a busy group read every member's cells each flow."""
         memo = self._bound
-        if memo is not None and memo[0] == now:
+        if memo is not None and 0.0 <= now - memo[0] < BOUND_REUSE:
             return memo[1]
         value = compute(self, now)
         self._bound = (now, value)

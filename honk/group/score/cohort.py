@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Container, Hashable
 from dataclasses import dataclass, field
 
 from honk.group.score.constants import (
@@ -91,14 +91,17 @@ class _Cell:
         self.last_event = None
 
 
+_NONE: frozenset = frozenset()
+
+
 class Cohorts:
     """Episodes and availability cohorts of every cell, keyed by an opaque cell key."""
 
     def __init__(self) -> None:
         self._cells: dict[Hashable, _Cell] = {}
-        # node -> how many of its cells have an open episode: a rank skips the lookups for nodes
-        # without one (the common case), keyed by the cell key's ``node_id`` when it has one
-        self._open_nodes: dict[Hashable, int] = {}
+        # row (the cell key without its node) -> the nodes with an open episode in it: a rank
+        # looks episodes up only for members with one in its own rows (keys with a ``row``)
+        self._open_rows: dict[Hashable, set[Hashable]] = {}
 
     def _cell(self, cell: Hashable) -> _Cell:
         state = self._cells.get(cell)
@@ -199,16 +202,20 @@ class Cohorts:
             self._opened(cell, -1)
 
     def _opened(self, cell: Hashable, change: int) -> None:
-        node = getattr(cell, "node_id", None)
-        count = self._open_nodes.get(node, 0) + change
-        if count > 0:
-            self._open_nodes[node] = count
+        row = getattr(cell, "row", None)
+        if row is None:
+            return
+        nodes = self._open_rows.setdefault(row, set())
+        if change > 0:
+            nodes.add(cell.node_id)  # type: ignore[attr-defined]
         else:
-            self._open_nodes.pop(node, None)
+            nodes.discard(cell.node_id)  # type: ignore[attr-defined]
+            if not nodes:
+                del self._open_rows[row]
 
-    def node_has_open_episode(self, node: Hashable) -> bool:
-        """Whether any cell keyed for ``node`` has an open episode (a cheap pre-check)."""
-        return node in self._open_nodes
+    def open_nodes(self, row: Hashable) -> Container[Hashable]:
+        """The nodes with an open episode in ``row`` (a cheap pre-check before open_episode)."""
+        return self._open_rows.get(row, _NONE)
 
     # --- reads --------------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ SETUP_FAILURE_WEIGHT = 2.0  # a setup failure delivers nothing and costs the use
 RELIABILITY_CONFIDENCE = 0.9  # one-sided 90 % lower bound: four clean completions already rate
 # above 0.6, while one failure in five still shows clearly
 RELIABILITY_PRIOR = DEFAULT_PRIOR  # Beta(1, 1): the uniform prior of the Beta kernel
+BOUND_REUSE = 1.0  # seconds a cell's Beta bound is reused while its counts are unchanged: at the
+# 30-minute half-life its counts decay 0.04 % a second, which moves the bound far less than any
+# margin it is compared with, and every rank of a busy group no longer recomputes every bound
 
 # --- K.4 first-choice performance heuristic ---------------------------------------------------
 PERFORMANCE_CONFIDENCE_LOSS = 60.0  # seconds; "Each metric loses confidence 60 s after its event time"
@@ -80,7 +83,7 @@ __all__ = [
     "EXACT_CELLS_MAX", "FLAP_WINDOW", "PERFORMANCE_CONFIDENCE_LOSS", "PERFORMANCE_EXPIRY", "PERFORMANCE_INERTIA",
     "QUALIFICATION_LEASE", "QUALIFYING_COMPLETIONS", "RECOVERY_LEASE", "RECOVERY_REPORTERS", "RX_PUBLISH_INTERVAL",
     "SWITCH_HISTORY_MAX", "TRIAL_OUTCOME_HALF_LIFE", "USABLE_REPORTERS", "cold_allowance",
-    "BLEND_FULL_EVIDENCE", "RELIABILITY_CONFIDENCE", "RELIABILITY_PRIOR", "SETUP_FAILURE_WEIGHT",
+    "BLEND_FULL_EVIDENCE", "RELIABILITY_CONFIDENCE", "RELIABILITY_PRIOR", "SETUP_FAILURE_WEIGHT", "BOUND_REUSE",
     "EPISODE_MEMORY", "TX_MEMORY",
     "EARN_DIVISOR", "EARNED_CREDIT_CAP", "EXPLORATION_BACKOFF_GROWTH", "EXPLORATION_BACKOFF_MAX",
     "EXPLORATION_BACKOFF_MIN", "TRIAL_ANSWER_TIMEOUT",

@@ -84,7 +84,6 @@ from honk.group.score.constants import (
     cold_allowance,
 )
 from honk.group.score.evidence import (
-    LAYERS,
     EvidenceStats,
     ScoreEvidence,
     blended_reliability,
@@ -112,6 +111,8 @@ CANDIDATE_COUNTERS = (DEAD_FILTERED, FAIL_STREAK_EXCLUDED)
 PEEK = "peek"
 SINGLETON = "singleton"
 NO_CANDIDATE = "noCandidate"
+
+_NO_NODES: frozenset = frozenset()  # a layer a read does not have: no node has an episode in it
 
 # Evidence keys read only the family of a destination address; one address per family stands for
 # "the target family the caller carries" when the target itself (a domain) has no address.
@@ -458,14 +459,21 @@ class ScoreState:
             utilities = self.performance.score(group, network, target, family, ids, now)
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
         glob_row, family_row, exact_row = self.evidence.rows(group, network, family, target_for_read)
+        # per layer, the nodes with an open episode in this read's row: only they need lookups
         cohorts = self.cohorts
+        open_rows = (cohorts.open_nodes((group, network, None)),
+                     cohorts.open_nodes((group, network, family)) if family is not None else _NO_NODES,
+                     cohorts.open_nodes((group, network, family, target_for_read))
+                     if family is not None and target_for_read is not None else _NO_NODES)
+        any_open = any(open_rows)
         out = []
         for index, member in alive:
             node = member.node_id
             cells = [glob_row.get(node), family_row.get(node), exact_row.get(node)]
-            if cohorts.node_has_open_episode(node):
+            layers_open = [node in nodes for nodes in open_rows] if any_open else None
+            if layers_open is not None and True in layers_open:
                 unresolved, recent, episodes, last = self._failure_state(group, network, target_for_read, node,
-                                                                         destination, cells, now)
+                                                                         destination, cells, layers_open, now)
             else:  # no cell of this node has an open episode: nothing to look up
                 unresolved, recent, episodes, last = False, False, (), None
             out.append(_Candidate(member, index, blended_reliability(cells, now), utilities.get(node),
@@ -473,7 +481,7 @@ class ScoreState:
         return out
 
     def _failure_state(self, group: str, network: Network, target: ScoreTarget | None, node: NodeId,
-                       destination: IPAddress | None, cells: list[EvidenceCell | None],
+                       destination: IPAddress | None, cells: list[EvidenceCell | None], layers_open: list[bool],
                        now: float) -> tuple[bool, bool, tuple, float | None]:
         """(open episode in any layer, that episode's newest failure is recent, the cell keys with
         an open episode, the newest failure time the evidence knows among them).
@@ -486,8 +494,9 @@ class ScoreState:
         episodes: list = []
         last: float | None = None
         keys = None  # built only for a layer whose cell is gone (a cell knows its own key)
-        applicable = 1 if destination is None else (2 if target is None else LAYERS)
-        for i, cell in enumerate(cells[:applicable]):
+        for i, cell in enumerate(cells):
+            if not layers_open[i]:  # no episode open for this node in this layer's row
+                continue
             if cell is not None:
                 key = cell.key
             else:

@@ -306,3 +306,22 @@ def test_stats_count_entries_and_evictions_without_keys():
     stats = ev.stats()
     assert (stats.exact_entries, stats.exact_evictions, stats.aggregate_entries) == (2, 2, 2)
     assert "example" not in repr(stats)
+
+
+def test_a_cells_bound_is_reused_briefly_and_recomputed_after_a_record_or_the_reuse_window():
+    from honk.group.score.constants import BOUND_REUSE
+
+    store = CellStore(4)
+    cell = store.get_or_create(AggregateKey("g", TCP, None, NODE))
+    for _ in range(6):
+        cell.record(Outcome.USEFUL, 0.0)
+    cell.record(Outcome.FAILURE, 0.0)
+    first = cell.memo_bound(10.0, reliability_bound)
+    assert first == reliability_bound(cell, 10.0)
+    later = 10.0 + BOUND_REUSE / 2
+    assert cell.memo_bound(later, reliability_bound) == first  # reused within the window ...
+    assert abs(first - reliability_bound(cell, later)) < 1e-4  # ... where decay barely moves it
+    cell.record(Outcome.FAILURE, later)  # new evidence: recomputed at once
+    assert cell.memo_bound(later, reliability_bound) == reliability_bound(cell, later) < first
+    after = later + BOUND_REUSE
+    assert cell.memo_bound(after, reliability_bound) == reliability_bound(cell, after)
