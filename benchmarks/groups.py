@@ -31,15 +31,13 @@ import argparse
 import cProfile
 import dataclasses
 import json
-import os
 import pstats
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchmarks import twin_figures
 from honk._fast import movavg
 from honk.alive.group_checks import GroupChecks
 from honk.alive.health import AliveDialerSet
@@ -181,14 +179,7 @@ def figures(quick: bool) -> dict[str, dict[str, float]]:
 
 def _twin(quick: bool) -> dict[str, dict[str, float]] | None:
     """The same figures with HONK_NO_EXTENSIONS=1, from a subprocess; None if it failed."""
-    argv = [sys.executable, "-m", "benchmarks.groups", "--json", "--no-twin"] + (["--quick"] if quick else [])
-    env = dict(os.environ, HONK_NO_EXTENSIONS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode != 0:
-        return None
-    out = json.loads(done.stdout)
-    return out["figures"] if out["implementation"] == "python" else None
+    return twin_figures("benchmarks.groups", quick, 600)
 
 
 def run(quick: bool = False, twin: bool = True) -> list[tuple[str, str, str, str]]:

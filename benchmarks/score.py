@@ -38,16 +38,15 @@ import cProfile
 import heapq
 import ipaddress
 import json
-import os
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from benchmarks import twin_figures
 from benchmarks.groups import DEAD_AFTER, FASTEST_RTT, FIRST_PORT, GROUP_SIZE, OTHER_RTT, RTT_STEP, _group
 from honk._fast import beta, decay, movavg
 from honk.alive.group_checks import GroupChecks
@@ -365,14 +364,7 @@ def _implementation() -> str:
 
 def _twin(quick: bool) -> dict[str, dict] | None:
     """The same figures with HONK_NO_EXTENSIONS=1, from a subprocess; None if it failed."""
-    argv = [sys.executable, "-m", "benchmarks.score", "--json", "--no-twin"] + (["--quick"] if quick else [])
-    env = dict(os.environ, HONK_NO_EXTENSIONS="1")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=900, check=False)
-    if done.returncode != 0:
-        return None
-    out = json.loads(done.stdout)
-    return out["figures"] if out["implementation"] == "python" else None
+    return twin_figures("benchmarks.score", quick, 900)
 
 
 def _rows(figs: dict[str, dict], prefix: str, built: bool) -> list[tuple[str, ...]]:
