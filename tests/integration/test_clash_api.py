@@ -354,6 +354,17 @@ async def test_a_group_delay_returns_only_successful_members_and_clears_a_pin(ap
     assert status == 200 and body["delay"] > 0  # a group measures its current leaf
 
 
+async def test_a_delay_test_of_a_score_group_creates_no_score_evidence(api):
+    # GH-L-11, GH-F-26: delay tests feed the latency history, never Score's cells or counters
+    score = api.daemon.plane.groups.score
+    before = (score.evidence.stats(), score.stats())  # (the heuristic may hear the daemon's own probes)
+    status, body = await api.get("/group/Smart/delay", params={"url": api.check_204, "timeout": "3000"})
+    assert status == 200 and set(body) == {"hk-01"}
+    status, _ = await api.get("/proxies/hk-01/delay", params={"url": api.check_204, "timeout": "3000"})
+    assert status == 200
+    assert (score.evidence.stats(), score.stats()) == before
+
+
 async def test_a_group_whose_members_all_fail_answers_504_within_its_timeout(api):
     started = time.monotonic()
     status, body = await api.get("/group/Down/delay", params={"url": api.check_204, "timeout": "800"})

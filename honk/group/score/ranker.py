@@ -286,7 +286,8 @@ class ScoreState:
              members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
              peek: bool = False) -> Ranked:
         """Rank ``members`` (configuration order) for one flow; see the module docstring."""
-        considered = [(i, m) for i, m in enumerate(members) if m.node_id not in exclude]
+        considered = ([(i, m) for i, m in enumerate(members) if m.node_id not in exclude] if exclude
+                      else list(enumerate(members)))
         alive = [(i, m) for i, m in considered if m.alive]
         dead = len(considered) - len(alive)
         if not alive:
@@ -324,7 +325,7 @@ class ScoreState:
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
         cold = None
         if ledger.remaining > 0:
-            cold = next((c for c in sorted(eligible, key=lambda c: c.index)
+            cold = next((c for c in eligible  # configuration order, as the candidates were built
                          if not c.qualified and not c.unresolved and c.member.node_id not in ledger.tried), None)
 
         trial_reason = None
@@ -396,7 +397,7 @@ class ScoreState:
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
         has elapsed and whose previous trial is answered or timed out; configuration order."""
         continuing, first = [], []
-        for c in sorted(eligible, key=lambda c: c.index):
+        for c in eligible:  # configuration order
             backoff = backoffs.get(c.member.node_id)
             if not c.unresolved or backoff is None:
                 continue
