@@ -28,6 +28,8 @@ class Family(enum.IntEnum):
     V4 = 4
     V6 = 6
 
+    __hash__ = int.__hash__  # equal to its int, so hashed as one, in C (Enum's hash is Python-level)
+
 
 class ProbeError(HonkError):
     """A probe failed. ``phase``: where; ``reason``: a short static word."""

@@ -14,6 +14,10 @@ class Network(enum.Enum):
     TCP = "tcp"
     UDP = "udp"
 
+    # members are singletons compared by identity: hash them by identity too, in C, instead of
+    # Enum's Python-level hash of the name (a Network is part of many hot dictionary keys)
+    __hash__ = object.__hash__
+
 
 @functools.lru_cache(maxsize=4096)
 def _parse_host(host: str) -> tuple[str, IPAddress | None]:
