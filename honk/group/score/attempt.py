@@ -42,7 +42,7 @@ import enum
 import itertools
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from honk.alive.outcome import Family
 from honk.core.errors import (
@@ -234,8 +234,7 @@ def classify_relay_end(error: BaseException | None, *, episode: Episode | None =
     return Result.failure(episode)
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
+class Settlement(NamedTuple):  # one per settled flow: a tuple builds several times faster
     """What settlement recorded: ``outcome`` is None for a neutral ending."""
 
     ending: Ending
@@ -434,11 +433,12 @@ class ScoreReporter:
             if not self._member(i):  # late feedback for deleted membership is ignored (GH-K-08)
                 continue
             flushed = publisher.settle(now, rx_outcome)
-            if flushed is not None and flushed.flushed_at is not None:
-                evidence.rx(admission, flushed.flushed_at)
+            rx_at = flushed.flushed_at if flushed is not None else None
             if outcome is None:
+                if rx_at is not None:
+                    evidence.rx(admission, rx_at)
                 continue
-            evidence.settle(admission, outcome, now)
+            evidence.settle(admission, outcome, now, rx_at=rx_at)
             if outcome.is_failure:
                 feedback.cohorts.fail(cell, now, episode=result.episode)
                 if node_scoped:  # every target of the node sees it, not only this one

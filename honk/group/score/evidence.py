@@ -187,11 +187,16 @@ class ScoreEvidence:
             if cell is not None:
                 yield key, cell
 
-    def settle(self, admission: Admission | None, outcome: Outcome, now: float) -> None:
-        """Record ``outcome`` at ``now`` into every admitted cell that is still current."""
+    def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
+               rx_at: float | None = None) -> None:
+        """Record ``outcome`` at ``now`` into every admitted cell that is still current; ``rx_at``:
+        a held RX flushed by this settlement first (as :meth:`rx` would, on the same cells)."""
         if admission is None:
             return
-        for _key, cell in self._current(admission):
+        current = [cell for _key, cell in self._current(admission)]
+        if rx_at is not None:
+            self._renew(admission, current, rx_at)
+        for cell in current:
             cell.record(outcome, now)
 
     def record(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
@@ -204,11 +209,15 @@ class ScoreEvidence:
 
         Adds no completion. Returns whether the lease was renewed.
         """
-        if admission is None or not admission.targeted:
+        if admission is None:
+            return False
+        return self._renew(admission, [cell for _key, cell in self._current(admission)], now)
+
+    def _renew(self, admission: Admission, current: list[EvidenceCell], now: float) -> bool:
+        if not admission.targeted:
             return False
         if self._reload_fence is not None and now <= self._reload_fence:
             return False
-        current = [cell for _key, cell in self._current(admission)]
         # the global cell, when still current, comes first (admission order)
         cell = current[0] if current and current[0].key is admission.cells[0][1] else None
         if cell is None:

@@ -60,6 +60,8 @@ class Metric(enum.Enum):
     GOODPUT_UP = "goodput_up"
     GOODPUT_DOWN = "goodput_down"
 
+    __hash__ = object.__hash__  # singletons compared by identity: hashed so, in C (a hot dict key)
+
 
 class Direction(enum.Enum):
     UP = "up"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ipaddress
 import uuid
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
@@ -60,6 +60,15 @@ class ScoreTarget:
     host: str
     port: int
     ip: IPAddress | None = None
+    # hashed once: a target is part of the keys every rank and report looks up (an IP address
+    # alone hashes in Python); not a field of equality or of the repr
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.host, self.port, self.ip)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def of(cls, host: str, port: int) -> ScoreTarget:
