@@ -249,8 +249,7 @@ class Dispatcher:
         except HonkError as exc:
             first = exc
         for retry in self._retry_round(routed, first):
-            served = dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf,
-                                         score=_score_feedback(self._plane, retry.chain, retry.leaf, routed.meta))
+            served = self.rescore(dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf))
             try:
                 dialed, reporter = await self._dial_leaf(served.leaf, routed.meta.target, deadline, served.score)
             except HonkError:

@@ -21,7 +21,7 @@ from helpers.apidaemon import LAN_INBOUND, quiet_global, running_daemon
 from helpers.dns import DnsResponder
 from helpers.engines import poll
 from helpers.peerservers import danted
-from helpers.servers import HttpOrigin, echo_server
+from helpers.servers import HttpOrigin, echo_server, free_port
 
 from honk.core.net import Address, Network
 from honk.daemon.app import Daemon
@@ -37,6 +37,7 @@ MIXED = "Smart"  # Score group: builtin direct plus the danted node
 ONLY_DIRECT = "Local"  # Score group: builtin direct only (deterministic selection)
 ONLY_PEER = "Remote"  # Score group: the danted node only (deterministic selection)
 OUTER = "Outer"  # Score group whose one member is the group ONLY_DIRECT
+RETRY = "Retry"  # Score group: a node whose server refuses, then the builtin direct
 PAYLOAD = b"honk score reporters"
 FLOW_NAME = "score.test"
 UDP_READ = 65536
@@ -46,16 +47,18 @@ SOCKS_OK = 0
 SOCKS_REFUSED = 5
 
 
-def _config(peer_port: int, rules: list[tuple[int, str]]) -> str:
-    """A daemon with the three Score groups, ``dport(port) -> group`` rules, the rest direct."""
+def _config(peer_port: int, rules: list[tuple[int, str]], refused_port: int | None = None) -> str:
+    """A daemon with the Score groups, ``dport(port) -> group`` rules, the rest direct."""
     routing = "".join(f"    dport({port}) -> {group}\n" for port, group in rules)
+    refused = refused_port if refused_port is not None else free_port()
     return (quiet_global() + LAN_INBOUND
-            + f"node {{\n    peer: 'socks5://{LOOPBACK}:{peer_port}'\n}}\n"
+            + f"node {{\n    peer: 'socks5://{LOOPBACK}:{peer_port}'\n    gone: 'socks5://{LOOPBACK}:{refused}'\n}}\n"
             "group {\n"
             f"    {MIXED} {{\n        filter: name(direct, peer)\n        policy: score\n    }}\n"
             f"    {ONLY_DIRECT} {{\n        filter: name(direct)\n        policy: score\n    }}\n"
             f"    {ONLY_PEER} {{\n        filter: name(peer)\n        policy: score\n    }}\n"
             f"    {OUTER} {{\n        filter: group({ONLY_DIRECT})\n        policy: score\n    }}\n"
+            f"    {RETRY} {{\n        filter: name(gone, direct)\n        policy: score\n    }}\n"
             "}\n"
             f"routing {{\n{routing}    fallback: direct\n}}\n")
 
@@ -391,3 +394,17 @@ async def test_score_never_logs_a_flows_target_at_info(tmp_path, peer, caplog):
         text = record.getMessage()
         for port in (target, udp_target):
             assert f"{LOOPBACK}:{port}" not in text and str(port) not in text, text
+
+
+# --- the setup retry: one failure recorded, the served leaf reported ------------------------------
+
+
+async def test_a_score_setup_retry_records_the_failed_node_and_reports_the_leaf_that_served(tmp_path, peer):
+    async with echo_server() as target, daemon_for(tmp_path, peer, [(target, RETRY)]) as daemon:
+        gone = next(node for node in node_ids(daemon, RETRY) if node != DIRECT)
+        await echo_once(lan_port(daemon), target)  # the first pick (config order) is refused
+        await poll(lambda: useful(daemon, traversal(RETRY, Network.TCP, target, DIRECT)) == 1,
+                   "the retried leaf's useful completion")
+        failed = score(daemon).evidence.layers(RETRY, Network.TCP, None, gone)[0]
+        assert failed is not None and round(failed.setup_failures.value(daemon.clock.now())) == 1
+        assert useful(daemon, traversal(RETRY, Network.TCP, target, gone)) == 0
