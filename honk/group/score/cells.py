@@ -129,8 +129,8 @@ class CellStore(Generic[K]):
             if not row:
                 del self._rows[row_key]
 
-    def row(self, row: Hashable) -> dict[Hashable, EvidenceCell]:
-        """The cells of one row by node (read-only; empty when it has none)."""
+    def row(self, row: Hashable | None) -> dict[Hashable, EvidenceCell]:
+        """The cells of one row by node (read-only; empty when it has none, or for None)."""
         return self._rows.get(row, _NO_ROW)
 
     def current(self, key: K, incarnation: int) -> EvidenceCell | None:

@@ -213,8 +213,9 @@ class Cohorts:
             if not nodes:
                 del self._open_rows[row]
 
-    def open_nodes(self, row: Hashable) -> Container[Hashable]:
-        """The nodes with an open episode in ``row`` (a cheap pre-check before open_episode)."""
+    def open_nodes(self, row: Hashable | None) -> Container[Hashable]:
+        """The nodes with an open episode in ``row`` (a cheap pre-check before open_episode);
+        none for None (a layer the read does not have)."""
         return self._open_rows.get(row, _NONE)
 
     # --- reads --------------------------------------------------------------------------------

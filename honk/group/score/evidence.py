@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from honk._fast.beta import beta_lower_bound
-from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
 from honk.group.score.cells import CellStore, EvidenceCell, Outcome
 from honk.group.score.constants import (
@@ -46,7 +45,6 @@ from honk.group.score.constants import (
 from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, target_family
 
 LAYERS = 3  # global, family, exact
-_EMPTY: Mapping = {}  # a row a read has no layer for
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,16 +239,11 @@ class ScoreEvidence:
             out[i] = self._stores[store].peek(key)
         return out
 
-    def rows(self, group: str, network: Network, family: Family | None,
-             target: ScoreTarget | None) -> tuple[Mapping[NodeId, EvidenceCell], ...]:
-        """The (global, family, exact) rows of one read, each cells by node: what :meth:`layers`
-        gives for every node at once (a family row only with a family, an exact one only with a
-        target too)."""
-        glob = self.aggregate.row((group, network, None))
-        if family is None:
-            return glob, _EMPTY, _EMPTY
-        fam = self.aggregate.row((group, network, family))
-        return glob, fam, (self.exact.row((group, network, family, target)) if target is not None else _EMPTY)
+    def rows(self, rows: tuple[tuple | None, tuple | None, tuple | None]) -> tuple[Mapping[NodeId, EvidenceCell], ...]:
+        """The cells by node of the (global, family, exact) ``rows`` of one read (:func:`layer_rows`):
+        what :meth:`layers` gives for every node at once; a layer the read lacks is empty."""
+        glob, fam, exact = rows
+        return self.aggregate.row(glob), self.aggregate.row(fam), self.exact.row(exact)
 
     def blend(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId, now: float,
               destination: IPAddress | None = None) -> Blend:

@@ -215,4 +215,14 @@ class AggregateKey(_CellKey):
         return (self.group, self.network, self.family)
 
 
-__all__ = ["AggregateKey", "ExactKey", "NodeId", "ScoreTarget", "target_family"]
+def layer_rows(group: str, network: Network, family: Family | None,
+               target: ScoreTarget | None) -> tuple[tuple | None, tuple | None, tuple | None]:
+    """The row (``AggregateKey.row``, ``ExactKey.row``) of each layer one read uses, global,
+    family and exact; None for a layer it does not have (no family, or no target)."""
+    if family is None:
+        return (group, network, None), None, None
+    return (group, network, None), (group, network, family), \
+        ((group, network, family, target) if target is not None else None)
+
+
+__all__ = ["AggregateKey", "ExactKey", "NodeId", "ScoreTarget", "layer_rows", "target_family"]

@@ -89,7 +89,7 @@ from honk.group.score.evidence import (
     blended_reliability,
     qualified_cells,
 )
-from honk.group.score.keys import AggregateKey, NodeId, ScoreTarget
+from honk.group.score.keys import AggregateKey, NodeId, ScoreTarget, layer_rows
 from honk.group.score.switches import SwitchHistory
 
 # Final reasons, in precedence order (see the module docstring).
@@ -111,8 +111,6 @@ CANDIDATE_COUNTERS = (DEAD_FILTERED, FAIL_STREAK_EXCLUDED)
 PEEK = "peek"
 SINGLETON = "singleton"
 NO_CANDIDATE = "noCandidate"
-
-_NO_NODES: frozenset = frozenset()  # a layer a read does not have: no node has an episode in it
 
 # Evidence keys read only the family of a destination address; one address per family stands for
 # "the target family the caller carries" when the target itself (a domain) has no address.
@@ -459,13 +457,10 @@ class ScoreState:
         if self.performance is not None:
             utilities = self.performance.score(group, network, target, family, ids, now)
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
-        glob_row, family_row, exact_row = self.evidence.rows(group, network, family, target_for_read)
+        rows = layer_rows(group, network, family, target_for_read)
+        glob_row, family_row, exact_row = self.evidence.rows(rows)
         # per layer, the nodes with an open episode in this read's row: only they need lookups
-        cohorts = self.cohorts
-        open_rows = (cohorts.open_nodes((group, network, None)),
-                     cohorts.open_nodes((group, network, family)) if family is not None else _NO_NODES,
-                     cohorts.open_nodes((group, network, family, target_for_read))
-                     if family is not None and target_for_read is not None else _NO_NODES)
+        open_rows = [self.cohorts.open_nodes(row) for row in rows]
         any_open = any(open_rows)
         out = []
         for index, member in alive:
