@@ -64,7 +64,7 @@ from honk.group.policy import (
 from honk.group.score.attempt import ScoreFeedback, Traversal
 from honk.group.score.heuristic import FirstChoiceHeuristic
 from honk.group.score.keys import NodeId, ScoreTarget
-from honk.group.score.ranker import ScoreState
+from honk.group.score.ranker import Member, ScoreState
 from honk.outbound.base import Outbound
 
 log = logging.getLogger(__name__)
@@ -109,9 +109,14 @@ class _Group:
     # (network, family, chain, peek) -> (stamp, (leaf, chain suffix) or None): the last result,
     # valid while nothing that can change it (health, any policy's state) has changed
     cache: dict[tuple, tuple] = field(default_factory=dict)
+    # a Score group's ranked members: (network, family) -> (stamp, [Member]); only when every
+    # member is a leaf (_View.score_members)
+    score_members: dict[tuple, tuple] = field(default_factory=dict)
+    leaves_only: bool = field(init=False, default=False)  # no member is a group
 
     def __post_init__(self) -> None:
         self.positions = {m: i for i, m in enumerate(self.policy.members)}
+        self.leaves_only = not self.membership.subgroups
 
 
 def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> dict[str, Membership]:
@@ -187,6 +192,24 @@ class _View:
 
     def all(self) -> list[Candidate]:
         return [self.evaluate(m) for m in self.group.policy.members]
+
+    def score_members(self) -> list[Member]:
+        """Every member as the Score ranker reads it (configuration order). A group whose members
+        are all leaves reads the same list until health or policy state changes, so it is kept
+        under the manager's stamp; a sub-group member's leaf (and so its NodeId) can depend on
+        the flow, so a group with one is judged again."""
+        m = self.manager
+        group = self.group
+        key = (self.network, self.family)
+        stamp = m._stamp()
+        if group.leaves_only:
+            known = group.score_members.get(key)
+            if known is not None and known[0] == stamp:
+                return known[1]
+        members = [Member(c.member, self.node_id(c.member), c.eligible) for c in self.all()]
+        if group.leaves_only:
+            group.score_members[key] = (stamp, members)
+        return members
 
     def _judge(self, member: str) -> tuple[Candidate, Selection | None]:
         known = self._seen.get(member)

@@ -27,7 +27,7 @@ policy remembers changes then. Nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -357,6 +357,9 @@ class ScoreCandidates(Candidates, Protocol):
 
     def node_id(self, member: str) -> NodeId: ...
 
+    def score_members(self) -> Sequence[Member]:
+        """Every member in configuration order: its name, its leaf's NodeId, its eligibility."""
+
 
 class Score:
     """``policy: score``: one authoritative leaf from the shared ScoreState's rank. Liveness is
@@ -381,7 +384,7 @@ class Score:
         """The ranker's verdict for this flow; ``exclude`` holds NodeIds ranked out first."""
         target = getattr(candidates, "target", None)
         destination = getattr(candidates, "destination", None)
-        members = [Member(c.member, candidates.node_id(c.member), c.eligible) for c in candidates.all()]
+        members = candidates.score_members()
         return self.state.rank(self.name, candidates.network, target, target_family(target, destination),
                                members, candidates.now(), exclude=exclude, peek=not commit)
 

@@ -14,7 +14,7 @@ import enum
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from honk._fast.decay import EVIDENCE_HALF_LIFE, DecayedCounter
 from honk.group.score.constants import BOUND_REUSE
@@ -37,10 +37,18 @@ class Outcome(enum.Enum):
         return self is Outcome.FAILURE or self is Outcome.SETUP_FAILURE
 
 
+class Standing(NamedTuple):
+    """What a rank reads of one cell at one time (see :func:`honk.group.score.evidence.standing`)."""
+
+    bound: float  # the Beta reliability lower bound (GH-K-26)
+    weight: float  # how much of the blend this layer takes over from its parents (GH-K-04)
+    useful: float  # decayed useful completions (qualification, GH-K-27)
+
+
 class EvidenceCell:
     """Decayed outcome counts of one key. Time is always an argument."""
 
-    __slots__ = ("_bound", "attempts", "failures", "incarnation", "key", "last_failure", "lease_until",
+    __slots__ = ("_standing", "attempts", "failures", "incarnation", "key", "last_failure", "lease_until",
                  "setup_failures", "successes", "useful")
 
     def __init__(self, incarnation: int, key: Hashable = None) -> None:
@@ -53,21 +61,21 @@ class EvidenceCell:
         self.useful = DecayedCounter(EVIDENCE_HALF_LIFE)  # useful completions
         self.last_failure: float | None = None  # event time of the newest failure
         self.lease_until: float | None = None  # qualification lease end (kept on the global cell)
-        self._bound: tuple[float, float] | None = None  # (time, reliability bound at it): one rank's reads
+        self._standing: tuple[float, Standing] | None = None  # (time, what a rank reads of it then)
 
-    def memo_bound(self, now: float, compute: Callable[[EvidenceCell, float], float]) -> float:
+    def standing(self, now: float, compute: Callable[[EvidenceCell, float], Standing]) -> Standing:
         """``compute(self, now)``, reused for BOUND_REUSE seconds while the counts are unchanged
         (a record drops it): the ranks of a busy group read every member's cells each flow."""
-        memo = self._bound
+        memo = self._standing
         if memo is not None and 0.0 <= now - memo[0] < BOUND_REUSE:
             return memo[1]
         value = compute(self, now)
-        self._bound = (now, value)
+        self._standing = (now, value)
         return value
 
     def record(self, outcome: Outcome, now: float) -> None:
         """Add one ``outcome`` that happened at ``now``."""
-        self._bound = None
+        self._standing = None
         self.attempts.add(1.0, now)
         if outcome is Outcome.SUCCESS or outcome is Outcome.USEFUL:
             self.successes.add(1.0, now)
@@ -163,4 +171,4 @@ class CellStore(Generic[K]):
         self._rows.clear()
 
 
-__all__ = ["CellStore", "EvidenceCell", "Outcome"]
+__all__ = ["CellStore", "EvidenceCell", "Outcome", "Standing"]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Container, Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
 
 from honk.group.score.constants import (
     COHORT_GAP,
@@ -72,8 +74,23 @@ class Reporter:
         return Reporter(id, self.key)
 
 
+class EpisodeState(Protocol):
+    """What a reader sees of a cell with an open episode (:meth:`Cohorts.open_states`)."""
+
+    @property
+    def rx_since_fence(self) -> bool:
+        """An accepted RX came after the episode's (or a later reload's) fence: funded
+        half-open work may continue (GH-K-36)."""
+
+    @property
+    def open_failures(self) -> int:
+        """Independent failures since the episode opened (fan-out not counted)."""
+
+
 @dataclass(slots=True)
 class _Cell:
+    """One cell's episode and cohort state (read through :class:`EpisodeState`)."""
+
     episode: Hashable | None = None  # the open hard-failure episode
     episodes: OrderedDict = field(default_factory=OrderedDict)  # recently seen episode ids
     fence: float = float("-inf")  # RX must be strictly later than the last failure/reload
@@ -91,7 +108,7 @@ class _Cell:
         self.last_event = None
 
 
-_NONE: frozenset = frozenset()
+_NO_STATES: Mapping = MappingProxyType({})  # what open_states returns for a row without any
 
 
 class Cohorts:
@@ -99,9 +116,9 @@ class Cohorts:
 
     def __init__(self) -> None:
         self._cells: dict[Hashable, _Cell] = {}
-        # row (the cell key without its node) -> the nodes with an open episode in it: a rank
-        # looks episodes up only for members with one in its own rows (keys with a ``row``)
-        self._open_rows: dict[Hashable, set[Hashable]] = {}
+        # row (the cell key without its node) -> node -> the state of its open episode: a rank
+        # reads the open episodes of its own rows at once (keys with a ``row``)
+        self._open_rows: dict[Hashable, dict[Hashable, _Cell]] = {}
 
     def _cell(self, cell: Hashable) -> _Cell:
         state = self._cells.get(cell)
@@ -129,7 +146,7 @@ class Cohorts:
         if len(state.episodes) > EPISODE_MEMORY:
             state.episodes.popitem(last=False)
         if state.episode is None:
-            self._opened(cell, 1)
+            self._opened(cell, state)
         state.open_failures = state.open_failures + 1 if state.episode is not None else 1
         state.episode = episode
         state.fence = max(state.fence, now)
@@ -181,7 +198,7 @@ class Cohorts:
         if state.episode is not None and len(state.credits) >= RECOVERY_REPORTERS:
             # The cohort began after the failure (fail() reset it), so it is post-failure.
             state.episode = None
-            self._opened(cell, -1)
+            self._opened(cell, None)
             state.lease_until = state.last_event + RECOVERY_LEASE
             return Credit.RECOVERED
         return Credit.COUNTED
@@ -199,24 +216,27 @@ class Cohorts:
         """Drop a cell the evidence store evicted or pruned."""
         state = self._cells.pop(cell, None)
         if state is not None and state.episode is not None:
-            self._opened(cell, -1)
+            self._opened(cell, None)
 
-    def _opened(self, cell: Hashable, change: int) -> None:
+    def _opened(self, cell: Hashable, state: _Cell | None) -> None:
+        """Index ``cell``'s open episode (``state``), or drop it (None), under its row."""
         row = getattr(cell, "row", None)
         if row is None:
             return
-        nodes = self._open_rows.setdefault(row, set())
-        if change > 0:
-            nodes.add(cell.node_id)  # type: ignore[attr-defined]
-        else:
-            nodes.discard(cell.node_id)  # type: ignore[attr-defined]
+        if state is not None:
+            self._open_rows.setdefault(row, {})[cell.node_id] = state  # type: ignore[attr-defined]
+            return
+        nodes = self._open_rows.get(row)
+        if nodes is not None:
+            nodes.pop(cell.node_id, None)  # type: ignore[attr-defined]
             if not nodes:
                 del self._open_rows[row]
 
-    def open_nodes(self, row: Hashable | None) -> Container[Hashable]:
-        """The nodes with an open episode in ``row`` (a cheap pre-check before open_episode);
-        none for None (a layer the read does not have)."""
-        return self._open_rows.get(row, _NONE)
+    def open_states(self, row: Hashable | None) -> Mapping[Hashable, EpisodeState]:
+        """The cells of ``row`` with an open episode, by node: their states, to read and never
+        change (a rank reads the members of its rows at once); none for None (a layer the read
+        does not have)."""
+        return self._open_rows.get(row, _NO_STATES)
 
     # --- reads --------------------------------------------------------------------------------
 
@@ -262,5 +282,5 @@ class Cohorts:
 
 
 __all__ = [
-    "EPISODE_MEMORY", "TX_MEMORY", "Cohorts", "Credit", "FailResult", "Kind", "Reporter",
+    "EPISODE_MEMORY", "TX_MEMORY", "Cohorts", "Credit", "EpisodeState", "FailResult", "Kind", "Reporter",
 ]

@@ -29,9 +29,10 @@ SETUP_FAILURE_WEIGHT = 2.0  # a setup failure delivers nothing and costs the use
 RELIABILITY_CONFIDENCE = 0.9  # one-sided 90 % lower bound: four clean completions already rate
 # above 0.6, while one failure in five still shows clearly
 RELIABILITY_PRIOR = DEFAULT_PRIOR  # Beta(1, 1): the uniform prior of the Beta kernel
-BOUND_REUSE = 1.0  # seconds a cell's Beta bound is reused while its counts are unchanged: at the
-# 30-minute half-life its counts decay 0.04 % a second, which moves the bound far less than any
-# margin it is compared with, and every rank of a busy group no longer recomputes every bound
+BOUND_REUSE = 1.0  # seconds a cell's Beta bound, layer weight and useful count are reused while its
+# counts are unchanged: at the 30-minute half-life its counts decay 0.04 % a second, which moves
+# them far less than any margin they are compared with (a record recomputes them at once), and
+# every rank of a busy group no longer recomputes every cell
 
 # --- K.4 first-choice performance heuristic ---------------------------------------------------
 PERFORMANCE_CONFIDENCE_LOSS = 60.0  # seconds; "Each metric loses confidence 60 s after its event time"

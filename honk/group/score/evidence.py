@@ -26,12 +26,12 @@ on the global aggregate cell, so it shares that cell's incarnation and eviction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from honk._fast.beta import beta_lower_bound
 from honk.core.net import IPAddress, Network
-from honk.group.score.cells import CellStore, EvidenceCell, Outcome
+from honk.group.score.cells import CellStore, EvidenceCell, Outcome, Standing
 from honk.group.score.constants import (
     AGGREGATE_CELLS_MAX,
     BLEND_FULL_EVIDENCE,
@@ -45,6 +45,7 @@ from honk.group.score.constants import (
 from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, target_family
 
 LAYERS = 3  # global, family, exact
+EXACT_LAYER = 2  # the index of the exact layer in a read's cells; the aggregates come before it
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,28 +99,43 @@ def reliability_bound(cell: EvidenceCell | None, now: float) -> float:
 _PRIOR_BOUND = beta_lower_bound(0.0, 0.0, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR, RELIABILITY_PRIOR)
 
 
-def blended_reliability(cells: list[EvidenceCell | None], now: float) -> float:
-    """The hierarchical blend's reliability of (global, family, exact) cells at ``now`` (GH-K-04):
-    what :meth:`ScoreEvidence.blend` reports, read straight from cells a caller already holds."""
+def standing(cell: EvidenceCell, now: float) -> Standing:
+    """What a rank reads of ``cell`` at ``now``: its bound, its layer weight, its useful count."""
+    return Standing(reliability_bound(cell, now), layer_weight(cell, now), cell.useful.value(now))
+
+
+def read_cells(cells: Sequence[EvidenceCell | None], now: float) -> tuple[float, bool]:
+    """(reliability, qualified) of (global, family, exact) cells at ``now``: the hierarchical
+    blend's reliability (GH-K-04), and qualification by earned completions in a layer or the
+    global cell's running lease (GH-K-27/28). Each cell's standing is reused briefly."""
     glob = cells[0]
-    estimate = _PRIOR_BOUND if glob is None else glob.memo_bound(now, reliability_bound)
+    if glob is None:
+        estimate, qualified = _PRIOR_BOUND, False
+    else:
+        read = glob.standing(now, standing)
+        estimate = read.bound
+        qualified = read.useful >= QUALIFYING_COMPLETIONS or (glob.lease_until is not None and now < glob.lease_until)
     for cell in cells[1:]:
         if cell is None:
             continue
-        w = layer_weight(cell, now)
-        if w > 0.0:
-            estimate = w * cell.memo_bound(now, reliability_bound) + (1.0 - w) * estimate
-    return estimate
+        read = cell.standing(now, standing)
+        if read.weight > 0.0:
+            estimate = read.weight * read.bound + (1.0 - read.weight) * estimate
+        if read.useful >= QUALIFYING_COMPLETIONS:
+            qualified = True
+    return estimate, qualified
 
 
-def qualified_cells(cells: list[EvidenceCell | None], now: float) -> bool:
+def blended_reliability(cells: Sequence[EvidenceCell | None], now: float) -> float:
+    """The hierarchical blend's reliability of (global, family, exact) cells at ``now`` (GH-K-04):
+    what :meth:`ScoreEvidence.blend` reports, read straight from cells a caller already holds."""
+    return read_cells(cells, now)[0]
+
+
+def qualified_cells(cells: Sequence[EvidenceCell | None], now: float) -> bool:
     """Qualification from (global, family, exact) cells: earned completions in a layer, or the
     global cell's running lease (GH-K-27/28)."""
-    for cell in cells:
-        if cell is not None and cell.useful.value(now) >= QUALIFYING_COMPLETIONS:
-            return True
-    glob = cells[0]
-    return glob is not None and glob.lease_until is not None and now < glob.lease_until
+    return read_cells(cells, now)[1]
 
 
 def layer_weight(cell: EvidenceCell | None, now: float) -> float:
@@ -301,4 +317,4 @@ class ScoreEvidence:
 
 
 __all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "blended_reliability", "layer_weight",
-           "qualified_cells", "reliability_bound"]
+           "qualified_cells", "read_cells", "reliability_bound", "standing"]

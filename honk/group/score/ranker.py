@@ -57,7 +57,6 @@ resort) change nothing: no counter, no allowance, no earned credit, no incumbent
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -65,9 +64,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from honk.alive.outcome import Family
-from honk.core.net import IPAddress, Network
-from honk.group.score.cells import EvidenceCell
-from honk.group.score.cohort import Cohorts
+from honk.core.net import Network
+from honk.group.score.cohort import Cohorts, EpisodeState
 from honk.group.score.constants import (
     EARN_DIVISOR,
     EARNED_CREDIT_CAP,
@@ -83,13 +81,8 @@ from honk.group.score.constants import (
     TRIAL_ANSWER_TIMEOUT,
     cold_allowance,
 )
-from honk.group.score.evidence import (
-    EvidenceStats,
-    ScoreEvidence,
-    blended_reliability,
-    qualified_cells,
-)
-from honk.group.score.keys import AggregateKey, NodeId, ScoreTarget, layer_rows
+from honk.group.score.evidence import EXACT_LAYER, EvidenceStats, ScoreEvidence, read_cells
+from honk.group.score.keys import NodeId, ScoreTarget, layer_rows
 from honk.group.score.switches import SwitchHistory
 
 # Final reasons, in precedence order (see the module docstring).
@@ -111,10 +104,6 @@ CANDIDATE_COUNTERS = (DEAD_FILTERED, FAIL_STREAK_EXCLUDED)
 PEEK = "peek"
 SINGLETON = "singleton"
 NO_CANDIDATE = "noCandidate"
-
-# Evidence keys read only the family of a destination address; one address per family stands for
-# "the target family the caller carries" when the target itself (a domain) has no address.
-_FAMILY_ADDRESS: dict[Family, IPAddress] = {Family.V4: ipaddress.IPv4Address(0), Family.V6: ipaddress.IPv6Address(0)}
 
 
 class Member(NamedTuple):
@@ -205,7 +194,8 @@ class _Candidate:  # built per member per rank: a plain slots class (a frozen on
     qualified: bool
     unresolved: bool  # an open failure episode in one of its layers
     recent_failure: bool  # ... whose newest failure is within RECENT_FAILURE_WINDOW
-    episodes: tuple = ()  # the cell keys with an open episode
+    node_failure: bool = False  # ... in an aggregate layer: node-scoped, every target sees it
+    episodes: tuple[EpisodeState, ...] = ()  # the open episodes' cohort states
     last_failure: float | None = None  # the newest failure time the evidence knows among them
 
 
@@ -295,8 +285,7 @@ class ScoreState:
 
         candidates = self._candidates(group, network, target, family, alive, now)
         # a recent node-scoped failure keeps a member out; a target-path one only opens its cell
-        eligible = [c for c in candidates
-                    if not (c.recent_failure and any(isinstance(key, AggregateKey) for key in c.episodes))]
+        eligible = [c for c in candidates if not (c.recent_failure and c.node_failure)]
         if not eligible:  # every live member failed recently: rank them all rather than none
             eligible = candidates
         excluded = len(candidates) - len(eligible)
@@ -399,7 +388,7 @@ class ScoreState:
             backoff = backoffs.get(c.member.node_id)
             if not c.unresolved or backoff is None:
                 continue
-            if all(self.cohorts.exploration_cleared(k) for k in c.episodes):
+            if all(episode.rx_since_fence for episode in c.episodes):  # exploration cleared
                 continuing.append(c)
             elif backoff.elapsed(now) and (backoff.trial_at is None
                                            or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
@@ -442,71 +431,47 @@ class ScoreState:
         when the blended evidence already prefers the sound member. A lone one is held: the
         incumbent's next flows are the reporters that can recover the cell, and a chance
         failure of the best node must not send its target away for a whole backoff."""
-        if any(isinstance(key, AggregateKey) for key in incumbent.episodes):
+        if incumbent.node_failure:
             return True
-        if any(self.cohorts.episode_failures(key) >= TARGET_ESCAPE_FAILURES for key in incumbent.episodes):
+        if any(episode.open_failures >= TARGET_ESCAPE_FAILURES for episode in incumbent.episodes):
             return True
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                     alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:
-        destination = _FAMILY_ADDRESS.get(family) if family is not None else None
         target_for_read = target if family is not None else None  # no family: only the global aggregate
-        ids = tuple(m.node_id for _, m in alive)
         utilities: Mapping[NodeId, float | None] = {}
         if self.performance is not None:
-            utilities = self.performance.score(group, network, target, family, ids, now)
+            utilities = self.performance.score(group, network, target, family, [m.node_id for _, m in alive], now)
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
         rows = layer_rows(group, network, family, target_for_read)
         glob_row, family_row, exact_row = self.evidence.rows(rows)
-        # per layer, the nodes with an open episode in this read's row: only they need lookups
-        open_rows = [self.cohorts.open_nodes(row) for row in rows]
-        any_open = any(open_rows)
+        # the open episodes of this read's rows, by node: only their members look further
+        opened: dict[NodeId, list[tuple[int, EpisodeState]]] = {}
+        for layer, row in enumerate(rows):
+            for node, episode in self.cohorts.open_states(row).items():
+                opened.setdefault(node, []).append((layer, episode))
         out = []
         for index, member in alive:
             node = member.node_id
-            cells = [glob_row.get(node), family_row.get(node), exact_row.get(node)]
-            layers_open = [node in nodes for nodes in open_rows] if any_open else None
-            if layers_open is not None and True in layers_open:
-                unresolved, recent, episodes, last = self._failure_state(group, network, target_for_read, node,
-                                                                         destination, cells, layers_open, now)
-            else:  # no cell of this node has an open episode: nothing to look up
-                unresolved, recent, episodes, last = False, False, (), None
-            out.append(_Candidate(member, index, blended_reliability(cells, now), utilities.get(node),
-                                  qualified_cells(cells, now), unresolved, recent, episodes, last))
+            cells = (glob_row.get(node), family_row.get(node), exact_row.get(node))
+            reliability, qualified = read_cells(cells, now)
+            episodes = opened.get(node) if opened else None
+            if episodes is None:  # no cell of this node has an open episode
+                out.append(_Candidate(member, index, reliability, utilities.get(node), qualified, False, False))
+                continue
+            recent = node_failure = False
+            last: float | None = None
+            for layer, _episode in episodes:
+                node_failure = node_failure or layer < EXACT_LAYER
+                cell = cells[layer]
+                if cell is not None and cell.last_failure is not None:
+                    last = cell.last_failure if last is None else max(last, cell.last_failure)
+                    if now - cell.last_failure < RECENT_FAILURE_WINDOW:
+                        recent = True
+            out.append(_Candidate(member, index, reliability, utilities.get(node), qualified, True, recent,
+                                  node_failure, tuple(episode for _, episode in episodes), last))
         return out
-
-    def _failure_state(self, group: str, network: Network, target: ScoreTarget | None, node: NodeId,
-                       destination: IPAddress | None, cells: list[EvidenceCell | None], layers_open: list[bool],
-                       now: float) -> tuple[bool, bool, tuple, float | None]:
-        """(open episode in any layer, that episode's newest failure is recent, the cell keys with
-        an open episode, the newest failure time the evidence knows among them).
-
-        Cohorts are keyed by the same AggregateKey/ExactKey objects as the evidence cells: a
-        node-scoped failure opens on an aggregate and shows for every target, a target failure
-        opens on its exact cell only. A failure time the evidence does not know counts as not
-        recent: the member stays eligible but cannot remain incumbent."""
-        recent = False
-        episodes: list = []
-        last: float | None = None
-        keys = None  # built only for a layer whose cell is gone (a cell knows its own key)
-        for i, cell in enumerate(cells):
-            if not layers_open[i]:  # no episode open for this node in this layer's row
-                continue
-            if cell is not None:
-                key = cell.key
-            else:
-                if keys is None:
-                    keys = self.evidence.keys(group, network, target, node, destination)
-                key = keys[i][1]
-            if self.cohorts.open_episode(key) is None:
-                continue
-            episodes.append(key)
-            if cell is not None and cell.last_failure is not None:
-                last = cell.last_failure if last is None else max(last, cell.last_failure)
-                if now - cell.last_failure < RECENT_FAILURE_WINDOW:
-                    recent = True
-        return bool(episodes), recent, tuple(episodes), last
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
         counters = self._counters.get((group, network))

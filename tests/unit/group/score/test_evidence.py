@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import uuid
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,7 +20,7 @@ from honk.group.score.constants import (
     QUALIFYING_COMPLETIONS,
     SETUP_FAILURE_WEIGHT,
 )
-from honk.group.score.evidence import ScoreEvidence, reliability_bound
+from honk.group.score.evidence import ScoreEvidence, reliability_bound, standing
 from honk.group.score.keys import AggregateKey, ExactKey, ScoreTarget
 
 TCP = Network.TCP
@@ -308,7 +309,7 @@ def test_stats_count_entries_and_evictions_without_keys():
     assert "example" not in repr(stats)
 
 
-def test_a_cells_bound_is_reused_briefly_and_recomputed_after_a_record_or_the_reuse_window():
+def test_a_cells_standing_is_reused_briefly_and_recomputed_after_a_record_or_the_reuse_window():
     from honk.group.score.constants import BOUND_REUSE
 
     store = CellStore(4)
@@ -316,12 +317,15 @@ def test_a_cells_bound_is_reused_briefly_and_recomputed_after_a_record_or_the_re
     for _ in range(6):
         cell.record(Outcome.USEFUL, 0.0)
     cell.record(Outcome.FAILURE, 0.0)
-    first = cell.memo_bound(10.0, reliability_bound)
-    assert first == reliability_bound(cell, 10.0)
+    first = cell.standing(10.0, standing)
+    assert first == standing(cell, 10.0)
+    assert first.bound == reliability_bound(cell, 10.0) and first.useful == cell.useful.value(10.0)
     later = 10.0 + BOUND_REUSE / 2
-    assert cell.memo_bound(later, reliability_bound) == first  # reused within the window ...
-    assert abs(first - reliability_bound(cell, later)) < 1e-4  # ... where decay barely moves it
+    assert cell.standing(later, standing) == first  # reused within the window ...
+    fresh = standing(cell, later)
+    assert first == pytest.approx(fresh, rel=5e-4)  # ... where decay barely moves it (0.02 % in half a second)
     cell.record(Outcome.FAILURE, later)  # new evidence: recomputed at once
-    assert cell.memo_bound(later, reliability_bound) == reliability_bound(cell, later) < first
+    assert cell.standing(later, standing) == standing(cell, later)
+    assert cell.standing(later, standing).bound < first.bound
     after = later + BOUND_REUSE
-    assert cell.memo_bound(after, reliability_bound) == reliability_bound(cell, after)
+    assert cell.standing(after, standing) == standing(cell, after)
