@@ -88,7 +88,7 @@ class ScoreAdapter:
         return node
 
     def _incumbent(self, members: list[Member], key: ScoreTarget) -> Member | None:
-        node_id = self.state._incumbents.get((GROUP, NETWORK, FAMILY, key))  # noqa: SLF001
+        node_id = self.state.switches.winner((GROUP, NETWORK, FAMILY, key))
         return next((m for m in members if m.node_id == node_id), None)
 
     def settle(self, outcome: FlowOutcome) -> None:

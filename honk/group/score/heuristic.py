@@ -243,25 +243,32 @@ class FirstChoiceHeuristic:
     # --- reads ----------------------------------------------------------------------------
 
     def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-              candidates: Sequence[Hashable], now: float) -> dict[Hashable, float | None]:
-        """Each candidate's utility in [0, 1] (higher better), or None with no fresh comparable metric.
+              candidates: Sequence[Hashable], now: float) -> list[float | None]:
+        """Each candidate's utility in [0, 1] (higher better), or None with no fresh comparable
+        metric; in the candidates' order.
 
         Business scopes are read at (family, target); probe scopes at every health family, each
         (identity, health family) its own scope.
         """
-        # scope -> {candidate: (value, confidence)}
-        readings: dict[tuple[Hashable, Family | None], dict[Hashable, tuple[float, float]]] = {}
+        # scope -> [(candidate position, value, confidence)]: positions, so no node hashes again
+        readings: dict[tuple[Hashable, Family | None], list[tuple[int, float, float]]] = {}
         business = self._rows.get((group, network, family, target))
         probes = [(health, row) for health in _HEALTH_FAMILIES
                   if (row := self._rows.get((group, network, health, None))) is not None]
-        for node in candidates:
+        first: dict[Hashable, int] = {}  # a node listed twice (two names, one node) reads once
+        aliases: list[tuple[int, int]] = []
+        for i, node in enumerate(candidates):
+            j = first.setdefault(node, i)
+            if j != i:
+                aliases.append((i, j))
+                continue
             cell = business.get(node) if business is not None else None
             if cell is not None:
                 for scope, entry in cell.items():
                     if isinstance(scope, Metric):
                         reading = entry.read(now)
                         if reading is not None:
-                            readings.setdefault((scope, family), {})[node] = reading
+                            readings.setdefault((scope, family), []).append((i, *reading))
             for health, row in probes:
                 cell = row.get(node)
                 if cell is None:
@@ -270,22 +277,26 @@ class FirstChoiceHeuristic:
                     if isinstance(scope, ProbeIdentity):
                         reading = entry.read(now)
                         if reading is not None:
-                            readings.setdefault((scope, health), {})[node] = reading
-        comparable = {s: r for s, r in readings.items() if len(r) >= PERFORMANCE_COMPARABLE_MIN}
-        probes = sum(1 for scope, _ in comparable if isinstance(scope, ProbeIdentity))
+                            readings.setdefault((scope, health), []).append((i, *reading))
+        comparable = [(s, r) for s, r in readings.items() if len(r) >= PERFORMANCE_COMPARABLE_MIN]
+        probe_scopes = sum(1 for (scope, _), _r in comparable if isinstance(scope, ProbeIdentity))
         total = 0.0
-        gains: dict[Hashable, float] = {}
-        for (scope, _), by_node in comparable.items():
-            weight = PERFORMANCE_WEIGHT_PROBE / probes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
+        gains: list[float | None] = [None] * len(candidates)
+        for (scope, _), by_position in comparable:
+            weight = PERFORMANCE_WEIGHT_PROBE / probe_scopes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
             higher = scope in _HIGHER_BETTER
-            values = [v for v, _ in by_node.values()]
+            values = [value for _, value, _ in by_position]
             best = max(values) if higher else min(values)
             if higher and best <= 0.0:
                 continue  # nothing moved anywhere: the scope ranks nobody
             total += weight
-            for node, (value, confidence) in by_node.items():
-                gains[node] = gains.get(node, 0.0) + weight * confidence * _relative(higher, value, best)
-        return {node: (gains[node] / total if node in gains else None) for node in candidates}
+            for i, value, confidence in by_position:
+                gain = weight * confidence * _relative(higher, value, best)
+                known = gains[i]
+                gains[i] = gain if known is None else known + gain
+        for i, j in aliases:
+            gains[i] = gains[j]
+        return [None if gain is None else gain / total for gain in gains]
 
     def degraded(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
                  sample: float, now: float, *, metric: Metric = Metric.RESPONSE,

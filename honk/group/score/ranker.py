@@ -125,11 +125,15 @@ class Ranked:
     order: tuple[Member, ...]
 
 
+_NO_UTILITIES: tuple[None] = (None,)  # without a performance provider every utility is unknown
+
+
 class PerformanceProvider(Protocol):
     """The first-choice heuristic: utility in [0, 1], None for no fresh performance (GH-K-31)."""
 
     def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-              candidates: Sequence[NodeId], now: float) -> Mapping[NodeId, float | None]: ...
+              candidates: Sequence[NodeId], now: float) -> Sequence[float | None]:
+        """Each candidate's utility, in the candidates' order."""
 
 
 @dataclass(slots=True)
@@ -195,8 +199,9 @@ class _Candidate:  # built per member per rank: a plain slots class (a frozen on
     unresolved: bool  # an open failure episode in one of its layers
     recent_failure: bool  # ... whose newest failure is within RECENT_FAILURE_WINDOW
     node_failure: bool = False  # ... in an aggregate layer: node-scoped, every target sees it
-    episodes: tuple[EpisodeState, ...] = ()  # the open episodes' cohort states
+    episodes: Sequence[tuple[int, EpisodeState]] = ()  # the open episodes: (layer, cohort state)
     last_failure: float | None = None  # the newest failure time the evidence knows among them
+    backoff: _Backoff | None = None  # the exploration backoff as of this rank (unresolved only)
 
 
 def _front_key(c: _Candidate) -> tuple:
@@ -253,18 +258,17 @@ class ScoreState:
 
     def __init__(self, performance: PerformanceProvider | None = None, *, evidence: ScoreEvidence | None = None,
                  cohorts: Cohorts | None = None, switches: SwitchHistory | None = None,
-                 incumbents_max: int = SWITCH_HISTORY_MAX) -> None:
+                 history_max: int = SWITCH_HISTORY_MAX) -> None:
         self.performance = performance
         self.evidence = evidence if evidence is not None else ScoreEvidence()
         self.cohorts = cohorts if cohorts is not None else Cohorts()
-        self.switches = switches if switches is not None else SwitchHistory()
+        self.switches = switches if switches is not None else SwitchHistory(history_max)
         self.scopes: dict[tuple[str, Network, Family | None], BudgetScope] = {}
-        # last ordinary winner per (group, network, family, target); bounded like the switch history
-        self._incumbents: OrderedDict[Hashable, NodeId] = OrderedDict()
-        self._incumbents_max = incumbents_max
+        # the incumbent of a (group, network, family, target) is its switch history's last winner
         # exploration backoff per ((group, network, family, target), member); bounded the same way
         # (grouped by history key, so a rank looks up one entry and not one per member)
         self._backoffs: OrderedDict[Hashable, dict[NodeId, _Backoff]] = OrderedDict()
+        self._history_max = history_max
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
 
@@ -274,10 +278,13 @@ class ScoreState:
              members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
              peek: bool = False) -> Ranked:
         """Rank ``members`` (configuration order) for one flow; see the module docstring."""
-        considered = ([(i, m) for i, m in enumerate(members) if m.node_id not in exclude] if exclude
-                      else list(enumerate(members)))
-        alive = [(i, m) for i, m in considered if m.alive]
-        dead = len(considered) - len(alive)
+        if exclude:
+            considered = [(i, m) for i, m in enumerate(members) if m.node_id not in exclude]
+            alive = [(i, m) for i, m in considered if m.alive]
+            dead = len(considered) - len(alive)
+        else:
+            alive = [(i, m) for i, m in enumerate(members) if m.alive]
+            dead = len(members) - len(alive)
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
@@ -294,7 +301,7 @@ class ScoreState:
         scope_key = (group, network, family)
         scope = self.scopes.get(scope_key)
         history_key = (group, network, family, target)
-        incumbent_id = self._incumbents.get(history_key)
+        incumbent_id = self.switches.winner(history_key)
         original = not exclude  # a retry through ``exclude`` neither earns nor gets a recovery trial
         # the ledger as this rank would leave it: peek works on a copy and commits nothing
         if scope is None:
@@ -306,7 +313,9 @@ class ScoreState:
         if original:
             ledger.earn()
         held = self._backoffs.get(history_key)
-        backoffs = {c.member.node_id: self._backoff(held, c, now) for c in candidates if c.unresolved}
+        unresolved = [c for c in candidates if c.unresolved]
+        for c in unresolved:
+            c.backoff = self._backoff(held, c, now)
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
@@ -321,7 +330,7 @@ class ScoreState:
         else:
             winner, reason = self._ordinary(order, candidates, incumbent_id)
             if original and ledger.remaining > 0:
-                recovery = self._recovery(eligible, backoffs, now)
+                recovery = self._recovery(eligible, now)
                 if recovery is not None and recovery is not winner:
                     winner, reason, trial_reason = recovery, PERIODIC_EXPLORE, PERIODIC_EXPLORE
         ranked_order = tuple([winner.member] + [c.member for c in order if c is not winner])
@@ -331,20 +340,21 @@ class ScoreState:
         # applied: commit the work, then count exactly one final reason
         if scope is None:
             scope = self.scopes[scope_key] = ledger
-        if backoffs or held:
+        if unresolved or held:
             kept = dict(held) if held else {}
             if held:  # recovered candidates end their streak; members not ranked keep theirs
                 for c in candidates:
                     if not c.unresolved:
                         kept.pop(c.member.node_id, None)
-            for node_id, backoff in backoffs.items():
-                if node_id == winner.member.node_id and trial_reason == PERIODIC_EXPLORE:
-                    backoff = _Backoff(backoff.failure, backoff.delay, now)
-                kept[node_id] = backoff
+            for c in unresolved:
+                backoff = c.backoff
+                if trial_reason == PERIODIC_EXPLORE and c.member.node_id == winner.member.node_id:
+                    backoff = _Backoff(backoff.failure, backoff.delay, now)  # type: ignore[union-attr]
+                kept[c.member.node_id] = backoff
             if kept:
                 self._backoffs[history_key] = kept
                 self._backoffs.move_to_end(history_key)
-                while len(self._backoffs) > self._incumbents_max:
+                while len(self._backoffs) > self._history_max:
                     self._backoffs.popitem(last=False)
             else:
                 self._backoffs.pop(history_key, None)
@@ -353,10 +363,6 @@ class ScoreState:
             if trial_reason == COLD_EXPLORE:
                 scope.tried.add(winner.member.node_id)
         else:
-            self._incumbents[history_key] = winner.member.node_id
-            self._incumbents.move_to_end(history_key)
-            while len(self._incumbents) > self._incumbents_max:
-                self._incumbents.popitem(last=False)
             self.switches.record(group, network, history_key, winner.member.node_id)
         counters = self._scope_counters(group, network)
         counters[reason] += 1
@@ -364,12 +370,10 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
-    def _backoff(self, held: Mapping[NodeId, _Backoff] | None, c: _Candidate, now: float) -> _Backoff | None:
-        """The member's backoff as of ``now`` (not stored): the first failure of a streak starts
-        it (at the failure's time, or now when the evidence no longer knows it), a later one may
-        grow it; None when no episode is open (never failed here, or recovered)."""
-        if not c.unresolved:
-            return None
+    def _backoff(self, held: Mapping[NodeId, _Backoff] | None, c: _Candidate, now: float) -> _Backoff:
+        """An unresolved member's backoff as of ``now`` (not stored): the first failure of a
+        streak starts it (at the failure's time, or now when the evidence no longer knows it),
+        a later one may grow it."""
         current = held.get(c.member.node_id) if held else None
         failure = c.last_failure
         if current is None:
@@ -378,17 +382,16 @@ class ScoreState:
             return current.after_failure(failure)
         return current
 
-    def _recovery(self, eligible: list[_Candidate], backoffs: Mapping[NodeId, _Backoff | None],
-                  now: float) -> _Candidate | None:
+    def _recovery(self, eligible: list[_Candidate], now: float) -> _Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
         has elapsed and whose previous trial is answered or timed out; configuration order."""
         continuing, first = [], []
         for c in eligible:  # configuration order
-            backoff = backoffs.get(c.member.node_id)
-            if not c.unresolved or backoff is None:
+            backoff = c.backoff
+            if backoff is None:  # no open episode
                 continue
-            if all(episode.rx_since_fence for episode in c.episodes):  # exploration cleared
+            if all(episode.rx_since_fence for _, episode in c.episodes):  # exploration cleared
                 continuing.append(c)
             elif backoff.elapsed(now) and (backoff.trial_at is None
                                            or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
@@ -433,14 +436,14 @@ class ScoreState:
         failure of the best node must not send its target away for a whole backoff."""
         if incumbent.node_failure:
             return True
-        if any(episode.open_failures >= TARGET_ESCAPE_FAILURES for episode in incumbent.episodes):
+        if any(episode.open_failures >= TARGET_ESCAPE_FAILURES for _, episode in incumbent.episodes):
             return True
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                     alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:
         target_for_read = target if family is not None else None  # no family: only the global aggregate
-        utilities: Mapping[NodeId, float | None] = {}
+        utilities: Sequence[float | None] = _NO_UTILITIES * len(alive)
         if self.performance is not None:
             utilities = self.performance.score(group, network, target, family, [m.node_id for _, m in alive], now)
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
@@ -452,13 +455,14 @@ class ScoreState:
             for node, episode in self.cohorts.open_states(row).items():
                 opened.setdefault(node, []).append((layer, episode))
         out = []
-        for index, member in alive:
+        for position, (index, member) in enumerate(alive):
             node = member.node_id
+            utility = utilities[position]
             cells = (glob_row.get(node), family_row.get(node), exact_row.get(node))
             reliability, qualified = read_cells(cells, now)
             episodes = opened.get(node) if opened else None
             if episodes is None:  # no cell of this node has an open episode
-                out.append(_Candidate(member, index, reliability, utilities.get(node), qualified, False, False))
+                out.append(_Candidate(member, index, reliability, utility, qualified, False, False))
                 continue
             recent = node_failure = False
             last: float | None = None
@@ -469,8 +473,8 @@ class ScoreState:
                     last = cell.last_failure if last is None else max(last, cell.last_failure)
                     if now - cell.last_failure < RECENT_FAILURE_WINDOW:
                         recent = True
-            out.append(_Candidate(member, index, reliability, utilities.get(node), qualified, True, recent,
-                                  node_failure, tuple(episode for _, episode in episodes), last))
+            out.append(_Candidate(member, index, reliability, utility, qualified, True, recent,
+                                  node_failure, episodes, last))
         return out
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
@@ -492,8 +496,7 @@ class ScoreState:
             del self.scopes[key]
         for (group, _network, _family), scope in self.scopes.items():
             scope.tried = {n for n in scope.tried if (group, n) in self._valid}
-        for key in [k for k, node in self._incumbents.items() if (k[0], node) not in self._valid]:
-            del self._incumbents[key]
+        self.switches.forget_winners(lambda key, node: (key[0], node) in self._valid)
         for history_key in list(self._backoffs):
             held = self._backoffs[history_key]
             for node in [n for n in held if (history_key[0], n) not in self._valid]:

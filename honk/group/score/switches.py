@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from honk.group.score.constants import FLAP_WINDOW, SWITCH_HISTORY_MAX
@@ -79,6 +79,21 @@ class SwitchHistory:
             counters.switch_flap += 1
         history.previous, history.winner, history.since_switch = history.winner, winner, 1
         return Selection.FLAP if flap else Selection.SWITCH
+
+    def winner(self, key: Hashable) -> Hashable | None:
+        """The last ordinary winner for ``key`` (the incumbent), or None."""
+        history = self._histories.get(key)
+        return None if history is None else history.winner
+
+    def winners(self) -> dict[Hashable, Hashable]:
+        """Every key's last ordinary winner (a copy, least recently selected first)."""
+        return {key: history.winner for key, history in self._histories.items()}
+
+    def forget_winners(self, keep: Callable[[Hashable, Hashable], bool]) -> None:
+        """Drop the history of every key whose winner ``keep(key, winner)`` rejects: a removed
+        member is nobody's incumbent (its key starts again with a first selection)."""
+        for key in [k for k, h in self._histories.items() if not keep(k, h.winner)]:
+            del self._histories[key]
 
     def forget_group(self, group: str) -> None:
         """A deleted group's counters go (its keys age out of the LRU)."""

@@ -54,9 +54,9 @@ async def test_a_ranked_tcp_probe_of_a_score_member_feeds_the_probe_baseline(tmp
     async with _world(tmp_path, Policy.SCORE) as w:
         w.alive.notify_check_success(w.a, Domain.TCP, V4, PROBE_RTT)
         w.alive.notify_check_success(w.b, Domain.TCP, V4, PROBE_RTT * 4)
-        utilities = w.score.performance.score("auto", TCP, None, V4, (w.a, w.b), w.clock.now())
-        assert utilities[w.a] is not None and utilities[w.b] is not None
-        assert utilities[w.a] > utilities[w.b]  # the faster probe ranks better within its own scope
+        a, b = w.score.performance.score("auto", TCP, None, V4, (w.a, w.b), w.clock.now())
+        assert a is not None and b is not None
+        assert a > b  # the faster probe ranks better within its own scope
 
 
 async def test_a_fallback_probe_sample_is_not_a_baseline(tmp_path):

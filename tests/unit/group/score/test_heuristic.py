@@ -29,6 +29,11 @@ PROBE = ProbeIdentity("https://www.gstatic.com/generate_204", "HEAD", 30.0)
 PROBE_GET = ProbeIdentity("https://www.gstatic.com/generate_204", "GET", 30.0)
 
 
+def utilities(h: FirstChoiceHeuristic, group, network, target, family, candidates, now) -> dict:
+    """``h.score`` by candidate (it answers in the candidates' order)."""
+    return dict(zip(candidates, h.score(group, network, target, family, candidates, now), strict=True))
+
+
 class FakeClock:
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -55,16 +60,25 @@ def test_equal_fresh_responses_score_fully(clock):
     h = FirstChoiceHeuristic()
     _response(h, A, 0.1, clock.now)
     _response(h, B, 0.1, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
 
 
 def test_faster_response_ranks_relative_to_best(clock):
     h = FirstChoiceHeuristic()
     _response(h, A, 0.1, clock.now)
     _response(h, B, 0.2, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[A] == 1.0
     assert scores[B] == pytest.approx(0.5)
+
+
+def test_scores_answer_in_candidate_order_and_a_node_listed_twice_is_one_comparison(clock):
+    h = FirstChoiceHeuristic()
+    _response(h, A, 0.1, clock.now)
+    _response(h, B, 0.2, clock.now)
+    assert h.score("g", TCP, T1, V4, [B, A, B], clock.now) == [pytest.approx(0.5), 1.0, pytest.approx(0.5)]
+    # one measured node under two names is not two comparable nodes
+    assert h.score("g", TCP, T1, V4, [A, C, A], clock.now) == [None, None, None]
 
 
 def test_metric_loses_confidence_after_60s_and_expires_at_120s(clock):
@@ -73,14 +87,14 @@ def test_metric_loses_confidence_after_60s_and_expires_at_120s(clock):
     t0 = clock.now
     clock.advance(PERFORMANCE_CONFIDENCE_LOSS - 1)
     _response(h, B, 0.1, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now)[A] == 1.0
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[A] == 1.0
     clock.now = t0 + PERFORMANCE_CONFIDENCE_LOSS
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[A] == pytest.approx(PERFORMANCE_STALE_CONFIDENCE)
     assert scores[B] == 1.0
     clock.now = t0 + PERFORMANCE_EXPIRY
     # A expired; B is alone, so its scope is no longer comparable
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
 
 
 def test_expiry_ignores_historical_count(clock):
@@ -90,7 +104,7 @@ def test_expiry_ignores_historical_count(clock):
     clock.advance(PERFORMANCE_EXPIRY)
     _response(h, B, 0.3, clock.now)
     _response(h, C, 0.3, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B, C], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now)
     assert scores[A] is None
     assert scores[B] == scores[C] == 1.0
 
@@ -101,7 +115,7 @@ def test_expired_performance_is_never_a_gain(clock):
     clock.advance(PERFORMANCE_EXPIRY + 1)
     _response(h, B, 0.5, clock.now)
     _response(h, C, 0.9, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B, C], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now)
     assert scores[A] is None
     assert scores[B] > scores[C]
 
@@ -112,7 +126,7 @@ def test_missing_comparable_metric_is_never_a_gain(clock):
         _probe(h, node, 0.05, clock.now)
     _response(h, B, 0.2, clock.now)
     _response(h, C, 0.2, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B, C], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now)
     assert scores[A] < scores[B] == scores[C]
 
 
@@ -122,7 +136,7 @@ def test_inertia_keeps_only_four_observations(clock):
     for _ in range(PERFORMANCE_INERTIA):
         _response(h, A, 0.1, clock.now)
     _response(h, B, 0.1, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now)[A] == pytest.approx(1.0)
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[A] == pytest.approx(1.0)
 
 
 def test_inertia_damps_a_single_new_sample(clock):
@@ -132,7 +146,7 @@ def test_inertia_damps_a_single_new_sample(clock):
     _response(h, A, 0.5, clock.now)
     _response(h, B, 0.2, clock.now)
     # A's mean is (3 * 0.1 + 0.5) / 4 = 0.2, not 0.5
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[A] == pytest.approx(1.0) and scores[B] == pytest.approx(1.0)
 
 
@@ -140,10 +154,10 @@ def test_fresh_comparable_target_response_overrides_probe_baseline(clock):
     h = FirstChoiceHeuristic()
     _probe(h, A, 0.010, clock.now)
     _probe(h, B, 0.100, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now)[A] > h.score("g", TCP, T1, V4, [A, B], clock.now)[B]
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[A] > utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[B]
     _response(h, A, 0.300, clock.now)
     _response(h, B, 0.100, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[B] > scores[A]
 
 
@@ -152,7 +166,7 @@ def test_lone_target_response_does_not_override_probe_baseline(clock):
     _probe(h, A, 0.010, clock.now)
     _probe(h, B, 0.100, clock.now)
     _response(h, B, 0.050, clock.now)
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[A] > scores[B]
 
 
@@ -161,25 +175,25 @@ def test_setup_and_response_are_normalized_in_their_own_scopes(clock):
     # A has only a 10 ms setup, B only a 300 ms response: different scopes, nothing comparable
     h.observe_setup("g", TCP, T1, V4, A, 0.010, clock.now)
     _response(h, B, 0.300, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
     # within each scope both candidates are equal, so neither the 10 ms nor the 300 ms wins
     h.observe_setup("g", TCP, T1, V4, B, 0.010, clock.now)
     _response(h, A, 0.300, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
 
 
 def test_other_targets_metrics_are_not_compared(clock):
     h = FirstChoiceHeuristic()
     _response(h, A, 0.010, clock.now, target=T1)
     _response(h, B, 0.300, clock.now, target=T2)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
 
 
 def test_probe_identities_are_distinct_scopes(clock):
     h = FirstChoiceHeuristic()
     _probe(h, A, 0.010, clock.now, probe=PROBE)
     _probe(h, B, 0.300, clock.now, probe=PROBE_GET)
-    assert h.score("g", TCP, None, None, [A, B], clock.now) == {A: None, B: None}
+    assert utilities(h, "g", TCP, None, None, [A, B], clock.now) == {A: None, B: None}
 
 
 def test_goodput_higher_is_better_and_unknown_direction_is_no_scope(clock):
@@ -187,7 +201,7 @@ def test_goodput_higher_is_better_and_unknown_direction_is_no_scope(clock):
     h.observe_goodput("g", TCP, T1, V4, A, Direction.DOWN, 1_000_000, 1.0, clock.now)
     h.observe_goodput("g", TCP, T1, V4, B, Direction.DOWN, 500_000, 1.0, clock.now)
     h.observe_goodput("g", TCP, T1, V4, A, Direction.UP, 0, 1.0, clock.now)  # no load: unknown
-    scores = h.score("g", TCP, T1, V4, [A, B], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
     assert scores[A] == 1.0
     assert scores[B] == pytest.approx(0.5)
 
@@ -200,11 +214,11 @@ def test_reload_clears_probe_baselines_and_rejects_old_generation(clock):
     _response(h, A, 0.1, clock.now)
     _response(h, B, 0.1, clock.now)
     h.reload(clock.now)
-    assert h.score("g", TCP, None, None, [A, B], clock.now) == {A: None, B: None}
+    assert utilities(h, "g", TCP, None, None, [A, B], clock.now) == {A: None, B: None}
     assert not h.observe_probe("g", TCP, V4, A, PROBE, 0.01, clock.now, generation=generation)
     assert h.observe_probe("g", TCP, V4, A, PROBE, 0.01, clock.now, generation=h.probe_generation)
     # business metrics survive the reload
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
 
 
 def test_prune_forgets_invalid_pairs(clock):
@@ -213,7 +227,7 @@ def test_prune_forgets_invalid_pairs(clock):
     _response(h, B, 0.1, clock.now)
     _response(h, C, 0.1, clock.now)
     h.prune([("g", A), ("g", B)])
-    scores = h.score("g", TCP, T1, V4, [A, B, C], clock.now)
+    scores = utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now)
     assert scores[C] is None and scores[A] == 1.0
 
 
@@ -260,7 +274,7 @@ def test_late_report_older_than_expiry_is_ignored(clock):
     _response(h, A, 0.1, clock.now)
     _response(h, A, 5.0, clock.now - PERFORMANCE_EXPIRY)  # stale report arriving late
     _response(h, B, 0.1, clock.now)
-    assert h.score("g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 1.0}
 
 
 def test_the_heuristic_keeps_at_most_as_many_keys_as_the_exact_evidence_store():

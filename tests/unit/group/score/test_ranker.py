@@ -43,7 +43,7 @@ class FakeHeuristic:
 
     def score(self, group, network, target, family, candidates, now):
         self.calls += 1
-        return {node: self.utility.get(node) for node in candidates}
+        return [self.utility.get(node) for node in candidates]
 
 
 def members(*names: str, dead: tuple[str, ...] = ()) -> list[Member]:
@@ -277,7 +277,7 @@ def test_cold_trials_are_not_switches_and_do_not_become_incumbent(state):
     rank(state, group)
     rank(state, group, T0 + 1)
     assert entry(state)["ordinarySwitch"] == 0
-    assert state._incumbents == {}
+    assert state.switches.winners() == {}
 
 
 def test_rank_is_deterministic_for_the_same_state_and_input(perf):
@@ -304,7 +304,7 @@ def test_prune_forgets_removed_incumbents_and_deleted_groups(state):
         train(state, node)
     rank(state, members("a", "b"))
     state.prune([(GROUP, "b")])
-    assert state._incumbents == {}
+    assert state.switches.winners() == {}
     state.prune([("other", "x")])
     assert state.stats()["groups"] == []
 
@@ -375,7 +375,7 @@ def test_a_recovery_trial_never_becomes_the_incumbent_nor_a_switch(state):
     rank(state, group, T0 + 2)
     switches = entry(state)["ordinarySwitch"]
     assert rank(state, group, T0 + 1 + EXPLORATION_BACKOFF_MIN).reason == "periodicExplore"
-    assert list(state._incumbents.values()) == ["b"]
+    assert list(state.switches.winners().values()) == ["b"]
     assert entry(state)["ordinarySwitch"] == switches
     assert reasons(state)["periodicExplore"] == 1
 
@@ -437,10 +437,10 @@ def test_an_answered_trial_continues_until_four_reporters_recover_then_ordinary_
         continued = rank(state, group, now)
         assert continued.winner.name == "a" and continued.reason == "periodicExplore"
         answer(state, "a", f"r{i}", now + 0.5)
-    assert list(state._incumbents.values()) == ["b"]  # continuations never made it the incumbent
+    assert list(state.switches.winners().values()) == ["b"]  # continuations never made it the incumbent
     back = rank(state, group, now + 1)  # recovered: the ordinary rules win the faster member back
     assert back.winner.name == "a" and back.reason == "performanceWinner"
-    assert list(state._incumbents.values()) == ["a"]
+    assert list(state.switches.winners().values()) == ["a"]
 
 
 def test_a_retry_gets_no_recovery_trial_and_earns_nothing(state):
@@ -503,11 +503,11 @@ def test_ledger_invariant_and_trial_rules_hold_after_every_operation(ops):
     now = T0
     for step, (op, node, dt) in enumerate(ops):
         now += dt
-        before = dict(state._incumbents)
+        before = state.switches.winners()
         if op == "rank":
             ranked = rank(state, group, now)
             if ranked.reason in TRIALS:
-                assert state._incumbents == before  # a trial never becomes the incumbent
+                assert state.switches.winners() == before  # a trial never becomes the incumbent
         elif op == "peek":
             snapshot = state.stats()
             rank(state, group, now, peek=True)
