@@ -56,7 +56,7 @@ class Admission:
     reporter has a business target (only targeted RX can renew a lease).
     """
 
-    cells: tuple[tuple[str, object, int], ...]
+    cells: tuple[tuple[CellStore, object, int], ...]
     targeted: bool
 
 
@@ -186,20 +186,25 @@ class ScoreEvidence:
         if not self.is_member(group, node_id):
             return None
         cells = []
-        for store, key in self.keys(group, network, target, node_id, destination):
-            cell = self._stores[store].get_or_create(key)
+        for name, key in self.keys(group, network, target, node_id, destination):
+            store = self._stores[name]
+            cell = store.get_or_create(key)
             cells.append((store, cell.key, cell.incarnation))  # the store's own key object
         return Admission(tuple(cells), target is not None)
 
-    def _current(self, admission: Admission):
+    def _current(self, admission: Admission) -> list[EvidenceCell]:
+        """The admitted cells still current (each touched), in admission order."""
+        cells = admission.cells
         if self._valid is not None:  # every cell of an admission is one (group, node)
-            key = admission.cells[0][1]
+            key = cells[0][1]
             if (key.group, key.node_id) not in self._valid:  # type: ignore[attr-defined]
-                return
-        for store, key, incarnation in admission.cells:
-            cell = self._stores[store].current(key, incarnation)
+                return []
+        current = []
+        for store, key, incarnation in cells:
+            cell = store.current(key, incarnation)
             if cell is not None:
-                yield key, cell
+                current.append(cell)
+        return current
 
     def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
                rx_at: float | None = None) -> None:
@@ -207,7 +212,7 @@ class ScoreEvidence:
         a held RX flushed by this settlement first (as :meth:`rx` would, on the same cells)."""
         if admission is None:
             return
-        current = [cell for _key, cell in self._current(admission)]
+        current = self._current(admission)
         if rx_at is not None:
             self._renew(admission, current, rx_at)
         for cell in current:
@@ -225,7 +230,7 @@ class ScoreEvidence:
         """
         if admission is None:
             return False
-        return self._renew(admission, [cell for _key, cell in self._current(admission)], now)
+        return self._renew(admission, self._current(admission), now)
 
     def _renew(self, admission: Admission, current: list[EvidenceCell], now: float) -> bool:
         if not admission.targeted:
