@@ -165,6 +165,8 @@ class Ending(enum.Enum):
     SHUTDOWN = "shutdown"  # neutral
     CLIENT_GONE = "client_gone"  # neutral (GH-K-20)
 
+    __hash__ = object.__hash__  # singletons compared by identity: hashed so, in C (every settlement asks)
+
     @property
     def neutral(self) -> bool:
         return self in _NEUTRAL
@@ -385,8 +387,8 @@ class ScoreReporter:
         performance = feedback.performance
         if performance is None:
             return
-        for i, step in enumerate(feedback.traversed):
-            if self._member(i):
+        for step, member in zip(feedback.traversed, self._memberships(), strict=True):
+            if member:
                 getattr(performance, method)(step.group, step.network, step.target, step.family, step.node_id,
                                              latency, now)
 
@@ -395,8 +397,8 @@ class ScoreReporter:
         if nbytes <= 0 or self.settled:
             return
         self.tx_bytes += nbytes
-        for i, publisher in enumerate(self._publishers):
-            if self._member(i):
+        for publisher, member in zip(self._publishers, self._memberships(), strict=True):
+            if member:
                 publisher.tx(now)
 
     def rx(self, now: float, nbytes: int) -> None:
@@ -407,8 +409,8 @@ class ScoreReporter:
         if self.setup_at is not None:
             self.first_response(now)
         evidence = self._attempt.feedback.evidence
-        for i, (publisher, admission) in enumerate(zip(self._publishers, self._admissions, strict=True)):
-            if self._member(i) and publisher.rx(now) is not None:
+        for publisher, admission, member in zip(self._publishers, self._admissions, self._memberships(), strict=True):
+            if member and publisher.rx(now) is not None:
                 evidence.rx(admission, now)
 
     def settle(self, now: float, result: Result) -> Settlement | None:
@@ -416,21 +418,24 @@ class ScoreReporter:
 
         Held RX is flushed at its own event time for every ending (it happened). A failure also
         opens or joins ``result.episode`` in each traversed group's cohort (GH-K-17)."""
-        if self.settled:
+        if self._settlement is not None:
             return None
         outcome = self._outcome(result)
-        rx_outcome = (RxOutcome.SUCCESS if outcome is not None and not outcome.is_failure
-                      else RxOutcome.FAILURE if outcome is not None else RxOutcome.CANCELLED)
-        if result.ending is Ending.REJECTED:
+        ending = result.ending
+        if ending is Ending.REJECTED:
             rx_outcome = RxOutcome.REJECTED
-        elif result.ending is Ending.SHUTDOWN:
+        elif ending is Ending.SHUTDOWN:
             rx_outcome = RxOutcome.SHUTDOWN
+        elif outcome is None:
+            rx_outcome = RxOutcome.CANCELLED
+        else:
+            rx_outcome = RxOutcome.FAILURE if outcome.is_failure else RxOutcome.SUCCESS
         feedback = self._attempt.feedback
         evidence = feedback.evidence
         node_scoped = result.node_scoped if result.node_scoped is not None else self.setup_at is None
-        for i, (publisher, admission, cell) in enumerate(
-                zip(self._publishers, self._admissions, self._cells, strict=True)):
-            if not self._member(i):  # late feedback for deleted membership is ignored (GH-K-08)
+        for i, (publisher, admission, cell, member) in enumerate(
+                zip(self._publishers, self._admissions, self._cells, self._memberships(), strict=True)):
+            if not member:  # late feedback for deleted membership is ignored (GH-K-08)
                 continue
             flushed = publisher.settle(now, rx_outcome)
             rx_at = flushed.flushed_at if flushed is not None else None
@@ -451,14 +456,14 @@ class ScoreReporter:
         """Settle neutrally: nothing recorded, factual RX kept (GH-K-74)."""
         return self.settle(now, Result.neutral(ending))
 
-    def _member(self, i: int) -> bool:
-        """Whether traversal ``i``'s (group, node) is still a member (cached per membership)."""
+    def _memberships(self) -> tuple[bool, ...]:
+        """Whether each traversal's (group, node) is still a member (cached per membership)."""
         evidence = self._attempt.feedback.evidence
         known = self._members
         if known is None or known[0] != evidence.membership_version:
             known = self._members = (evidence.membership_version, tuple(
                 evidence.is_member(step.group, step.node_id) for step in self._attempt.feedback.traversed))
-        return known[1][i]
+        return known[1]
 
     def _outcome(self, result: Result) -> Outcome | None:
         ending = result.ending

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 from honk._fast.decay import EVIDENCE_HALF_LIFE, DecayedCounter
@@ -171,4 +171,18 @@ class CellStore(Generic[K]):
         self._rows.clear()
 
 
-__all__ = ["CellStore", "EvidenceCell", "Outcome", "Standing"]
+def current_cells(admitted: Iterable[tuple[CellStore, Hashable, int]]) -> list[EvidenceCell]:
+    """:meth:`CellStore.current` of each (store, key, incarnation) in ``admitted``, keeping the
+    cells still current, in order: a reporter's settlement and its published RX touch all
+    their cells at once."""
+    out = []
+    for store, key, incarnation in admitted:
+        cells = store._cells  # this module's own store: one lookup and one touch per cell
+        cell = cells.get(key)
+        if cell is not None and cell.incarnation == incarnation:
+            cells.move_to_end(key)
+            out.append(cell)
+    return out
+
+
+__all__ = ["CellStore", "EvidenceCell", "Outcome", "Standing", "current_cells"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from honk._fast.beta import beta_lower_bound
 from honk.core.net import IPAddress, Network
-from honk.group.score.cells import CellStore, EvidenceCell, Outcome, Standing
+from honk.group.score.cells import CellStore, EvidenceCell, Outcome, Standing, current_cells
 from honk.group.score.constants import (
     AGGREGATE_CELLS_MAX,
     BLEND_FULL_EVIDENCE,
@@ -193,18 +193,10 @@ class ScoreEvidence:
         return Admission(tuple(cells), target is not None)
 
     def _current(self, admission: Admission) -> list[EvidenceCell]:
-        """The admitted cells still current (each touched), in admission order."""
-        cells = admission.cells
-        if self._valid is not None:  # every cell of an admission is one (group, node)
-            key = cells[0][1]
-            if (key.group, key.node_id) not in self._valid:  # type: ignore[attr-defined]
-                return []
-        current = []
-        for store, key, incarnation in cells:
-            cell = store.current(key, incarnation)
-            if cell is not None:
-                current.append(cell)
-        return current
+        """The admitted cells still current (each touched), in admission order. A (group, node)
+        that left the membership has no cells left (prune dropped them), so its late feedback
+        finds none (GH-K-08)."""
+        return current_cells(admission.cells)
 
     def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
                rx_at: float | None = None) -> None:
@@ -241,12 +233,12 @@ class ScoreEvidence:
         cell = current[0] if current and current[0].key is admission.cells[0][1] else None
         if cell is None:
             return False
-        if any(c.last_failure is not None and now <= c.last_failure for c in current):
-            return False
-        earned = (cell.lease_until is not None and now < cell.lease_until) or \
-            max(c.useful.value(now) for c in current) >= QUALIFYING_COMPLETIONS
-        if not earned:
-            return False
+        for c in current:
+            if c.last_failure is not None and now <= c.last_failure:
+                return False
+        if cell.lease_until is None or now >= cell.lease_until:  # no running lease: earned afresh?
+            if max(c.useful.value(now) for c in current) < QUALIFYING_COMPLETIONS:
+                return False
         cell.lease_until = max(cell.lease_until or now, now + QUALIFICATION_LEASE)
         return True
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -189,6 +189,17 @@ class _Backoff:
         return _Backoff(failure, delay)
 
 
+def _backoff(current: _Backoff | None, failure: float | None, now: float) -> _Backoff:
+    """An unresolved member's backoff as of ``now`` (not stored), from the one held for it:
+    the first failure of a streak starts it (at the failure's time, or now when the evidence
+    no longer knows it), a later one may grow it."""
+    if current is None:
+        return _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
+    if failure is not None and failure > current.failure:
+        return current.after_failure(failure)
+    return current
+
+
 @dataclass(slots=True)
 class _Candidate:  # built per member per rank: a plain slots class (a frozen one costs twice as much)
     member: Member
@@ -202,6 +213,7 @@ class _Candidate:  # built per member per rank: a plain slots class (a frozen on
     episodes: Sequence[tuple[int, EpisodeState]] = ()  # the open episodes: (layer, cohort state)
     last_failure: float | None = None  # the newest failure time the evidence knows among them
     backoff: _Backoff | None = None  # the exploration backoff as of this rank (unresolved only)
+    cleared: bool = False  # every open episode accepted an RX after its fence: exploration cleared
 
 
 def _front_key(c: _Candidate) -> tuple:
@@ -216,10 +228,8 @@ def _order(candidates: list[_Candidate]) -> list[_Candidate]:
     """Reliability first, then utility within the reliability band, then configuration order."""
     if not candidates:
         return []
-    best = max(c.reliability for c in candidates)
-    front = sorted((c for c in candidates if c.reliability >= best - RELIABILITY_BAND), key=_front_key)
-    rest = sorted((c for c in candidates if c.reliability < best - RELIABILITY_BAND), key=_rest_key)
-    return front + rest
+    floor = max([c.reliability for c in candidates]) - RELIABILITY_BAND
+    return sorted(candidates, key=lambda c: (False, _front_key(c)) if c.reliability >= floor else (True, _rest_key(c)))
 
 
 def _winner_reason(winner: _Candidate, order: list[_Candidate]) -> str:
@@ -315,7 +325,7 @@ class ScoreState:
         held = self._backoffs.get(history_key)
         unresolved = [c for c in candidates if c.unresolved]
         for c in unresolved:
-            c.backoff = self._backoff(held, c, now)
+            c.backoff = _backoff(held.get(c.member.node_id) if held else None, c.last_failure, now)
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
@@ -341,7 +351,7 @@ class ScoreState:
         if scope is None:
             scope = self.scopes[scope_key] = ledger
         if unresolved or held:
-            kept = dict(held) if held else {}
+            kept = held if held is not None else {}  # updated in place: a peek never gets here
             if held:  # recovered candidates end their streak; members not ranked keep theirs
                 for c in candidates:
                     if not c.unresolved:
@@ -351,13 +361,14 @@ class ScoreState:
                 if trial_reason == PERIODIC_EXPLORE and c.member.node_id == winner.member.node_id:
                     backoff = _Backoff(backoff.failure, backoff.delay, now)  # type: ignore[union-attr]
                 kept[c.member.node_id] = backoff
-            if kept:
-                self._backoffs[history_key] = kept
+            if not kept:
+                self._backoffs.pop(history_key, None)
+            elif held is not None:
                 self._backoffs.move_to_end(history_key)
+            else:
+                self._backoffs[history_key] = kept
                 while len(self._backoffs) > self._history_max:
                     self._backoffs.popitem(last=False)
-            else:
-                self._backoffs.pop(history_key, None)
         if trial_reason is not None:
             scope.spend()
             if trial_reason == COLD_EXPLORE:
@@ -370,18 +381,6 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
-    def _backoff(self, held: Mapping[NodeId, _Backoff] | None, c: _Candidate, now: float) -> _Backoff:
-        """An unresolved member's backoff as of ``now`` (not stored): the first failure of a
-        streak starts it (at the failure's time, or now when the evidence no longer knows it),
-        a later one may grow it."""
-        current = held.get(c.member.node_id) if held else None
-        failure = c.last_failure
-        if current is None:
-            return _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
-        if failure is not None and failure > current.failure:
-            return current.after_failure(failure)
-        return current
-
     def _recovery(self, eligible: list[_Candidate], now: float) -> _Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
@@ -391,7 +390,7 @@ class ScoreState:
             backoff = c.backoff
             if backoff is None:  # no open episode
                 continue
-            if all(episode.rx_since_fence for _, episode in c.episodes):  # exploration cleared
+            if c.cleared:
                 continuing.append(c)
             elif backoff.elapsed(now) and (backoff.trial_at is None
                                            or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
@@ -403,7 +402,9 @@ class ScoreState:
         top = order[0]
         if incumbent_id is None:
             return top, _winner_reason(top, order)
-        incumbent = next((c for c in candidates if c.member.node_id == incumbent_id), None)
+        # the ids of one manager's members are the same objects; after a reload, equal ones
+        incumbent = (next((c for c in candidates if c.member.node_id is incumbent_id), None)
+                     or next((c for c in candidates if c.member.node_id == incumbent_id), None))
         if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
             return top, INCUMBENT_INELIGIBLE
         others = [c for c in order if c is not incumbent]
@@ -465,16 +466,18 @@ class ScoreState:
                 out.append(_Candidate(member, index, reliability, utility, qualified, False, False))
                 continue
             recent = node_failure = False
+            cleared = True
             last: float | None = None
-            for layer, _episode in episodes:
+            for layer, episode in episodes:
                 node_failure = node_failure or layer < EXACT_LAYER
+                cleared = cleared and episode.rx_since_fence
                 cell = cells[layer]
                 if cell is not None and cell.last_failure is not None:
                     last = cell.last_failure if last is None else max(last, cell.last_failure)
                     if now - cell.last_failure < RECENT_FAILURE_WINDOW:
                         recent = True
             out.append(_Candidate(member, index, reliability, utility, qualified, True, recent,
-                                  node_failure, episodes, last))
+                                  node_failure, episodes, last, None, cleared))
         return out
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:

@@ -69,7 +69,7 @@ class SwitchHistory:
                 self._histories.popitem(last=False)  # the least recently selected key
             return Selection.FIRST
         self._histories.move_to_end(key)
-        if winner == history.winner:
+        if winner is history.winner or winner == history.winner:  # the same id object, mostly
             history.since_switch += 1
             return Selection.KEPT
         counters = self.counters.setdefault((group, network), SwitchCounters())
