@@ -41,6 +41,7 @@ from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
 from honk.group.score.attempt import ScoreFeedback, ScoreReporter
 from honk.outbound.base import DialedStream, Outbound
+from honk.outbound.bridge import relay_end
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 from honk.route.router import RouteDecision
@@ -85,6 +86,7 @@ class Upstream:
     routed: Routed
     sock: socket.socket
     framing: Any = None  # DialedStream.framing: None for a plain stream
+    bridge: Any = None  # DialedStream.bridge: how a bridged stream's server side ended
 
 
 def _report(leaf: Any, outcome: HonkError | None, latency: float | None) -> None:
@@ -229,7 +231,7 @@ class Dispatcher:
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
         routed, dialed = await self.dial_routed(await self.route(meta))
-        return Upstream(routed, dialed.sock, dialed.framing)
+        return Upstream(routed, dialed.sock, dialed.framing, dialed.bridge)
 
     async def dial_routed(self, routed: Routed) -> tuple[Routed, DialedStream]:
         """Dial a routed TCP flow within one absolute deadline; the routing it was served by
@@ -353,5 +355,6 @@ class Dispatcher:
             raise
         finally:
             flow.release()
-        scoring.settle_relay(reporter, self.clock, None)
-        return None
+        end = relay_end(None, upstream.bridge)  # a bridged stream's failure ends its socket cleanly
+        scoring.settle_relay(reporter, self.clock, end)
+        return end

@@ -62,6 +62,7 @@ from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTime
 from honk.core.net import Address, FlowMeta, Network
 from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
+from honk.outbound.bridge import relay_end
 from honk.outbound.direct import ConnectFailed, DirectOutbound
 from honk.relay.native import NativeRelay, native_available, shared_engine
 
@@ -109,6 +110,7 @@ class FastFlow(NativeRelay):
         self._path = path
         self.reporter = routed.reporter  # Score: the Python dial's reporter, or the engine dial's (EV_OPEN)
         self.score_guard: Any = None  # Score: the engine dial's admitted attempt until EV_OPEN or refusal
+        self.bridge: Any = None  # DialedStream.bridge: how a bridged upstream's server side ended
         if self.reporter is not None:
             self.observer = scoring.RelayObserver(self.reporter, path.clock)
 
@@ -300,6 +302,7 @@ class SocksFastPath:
             raise
         flow = FastFlow(self, routed)
         flow.framing = dialed.framing
+        flow.bridge = dialed.bridge
         fd = dialed.sock.detach()
         try:
             flow._id = self.engine.hs_relay(token, fd, flow, dialed.framing)
@@ -347,7 +350,7 @@ class SocksFastPath:
 
     def _ended(self, flow: FastFlow) -> None:
         self._flows.discard(flow)
-        scoring.settle_relay(flow.reporter, self.clock, flow.error)
+        scoring.settle_relay(flow.reporter, self.clock, relay_end(flow.error, flow.bridge))
         flow.tracked.release()
         self._changed_now()
 

@@ -82,6 +82,7 @@ from honk.inbound import socks5
 from honk.inbound.http import MAX_HEAD_SIZE, HttpProxyServerConnection, ProxyRequest
 from honk.inbound.lifecycle import BindThenServe
 from honk.inbound.sessions import USER_REMOVED_TEXT, Principal, Session, SessionRegistry, admit, authenticate
+from honk.outbound.bridge import relay_end
 from honk.relay.native import framed_socket
 from honk.relay.stream import StreamConn
 
@@ -698,6 +699,7 @@ class _HttpUpstream:
         self.handle = handle
         self.flow = flow
         self.reporter = upstream.routed.reporter  # Score: settled once, when this connection ends
+        self.bridge = upstream.bridge  # how a bridged upstream's server side ended
         self.clock = handle._client.inbound._clock
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_SIZE)
 
@@ -722,8 +724,9 @@ class _HttpUpstream:
         self.flow.release()
 
     def failed(self, error: HonkError) -> None:
-        """The upstream broke (bad HTTP, a failed read or write): a failure for Score."""
-        scoring.settle_relay(self.reporter, self.clock, error)
+        """The upstream broke (bad HTTP, a failed read or write): a failure for Score, the
+        failure of a bridged upstream's server side when it had one (the cause)."""
+        scoring.settle_relay(self.reporter, self.clock, relay_end(None, self.bridge) or error)
 
 
 class _HttpClient(_Client):

@@ -453,7 +453,7 @@ class TransparentInbound(BindThenServe):
         to_dial = dataclasses.replace(routed, meta=dataclasses.replace(routed.meta, target=dial_target))
         served, dialed = await dispatcher.dial_routed(to_dial)
         served = dataclasses.replace(served, meta=plan.meta)
-        return Upstream(served, dialed.sock, dialed.framing)
+        return Upstream(served, dialed.sock, dialed.framing, dialed.bridge)
 
     def _refused(self, tag: str, source: Address, target: Address | None, error: HonkError) -> None:
         level = logging.DEBUG if isinstance(error, Blocked) else logging.INFO

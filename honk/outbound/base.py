@@ -55,6 +55,9 @@ class DialedStream:
     # What the relay applies between the client's bytes and this socket; None: plain bytes.
     # Each framed protocol defines its own (honk.proto.shadowsocks.ShadowsocksFraming).
     framing: Any = None
+    # A stream bridged from a channel (honk.outbound.bridge.BridgeEnd): how the server's side
+    # ended, which a clean end of the relay's socket does not show. None: a real socket.
+    bridge: Any = None
 
 
 class Outbound(Protocol):

@@ -13,9 +13,15 @@ outbound's name (when the caller gives it), the error's type and its
 ``reason`` (the codec's slug: VLESS ``no-response``, Trojan
 ``closed-before-data``...). When a write fails because the server is gone,
 the server's side is let finish first and its error, if any, is the one
-logged: the write only found out later. That line is the flow's only record
-of why it ended: the relay sees the socketpair end as a plain close, since a
-UNIX socket has no reset to carry the failure further.
+logged: the write only found out later. The relay sees the socketpair end as
+a plain close, since a UNIX socket has no reset to carry the failure further,
+so the bridge also keeps the verdict (:class:`BridgeEnd`): the error the
+server's side ended with, set before the relay's end closes. The flow's owner
+reads it when the relay ends cleanly, so Score and the flow's end see an
+upstream failure and not a success. An error the channel raised that is not a
+:class:`~honk.core.errors.HonkError` becomes an ``UpstreamFailed`` caused by
+it; the same object raised to many streams (a mux carrier's loss) keeps
+that one cause.
 
 The bridge costs one extra copy per byte in Python; it is for protocols whose
 transform lives in asyncio, not for plain streams.
@@ -28,11 +34,12 @@ import contextlib
 import logging
 import socket
 
-from honk.core.errors import UpstreamFailed
+from honk.core.errors import HonkError, UpstreamFailed
 from honk.daemon.logs import kv
+from honk.outbound.base import DialedStream
 from honk.outbound.channel import Channel
 
-__all__ = ["bridge_stream"]
+__all__ = ["BridgeEnd", "bridge_stream", "bridged", "relay_end", "upstream_failure"]
 
 PUMP_CHUNK = 256 * 1024  # bytes read from the relay's end per turn
 VERDICT_WAIT = 1.0  # seconds a failed write waits for the server's side to say how it ended (a guard only)
@@ -42,22 +49,69 @@ log = logging.getLogger("honk.outbound.bridge")
 _pumps: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
 
-def bridge_stream(conn: Channel, outbound: str = "") -> socket.socket:
-    """A connected non-blocking socket whose bytes are ``conn``'s, both ways; ``outbound`` names it in the log."""
+class BridgeEnd:
+    """How the server's side of one bridged stream ended: ``failure`` is the error its channel
+    raised (a HonkError), None while it has raised none."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self) -> None:
+        self.failure: HonkError | None = None
+
+    def fail(self, error: BaseException) -> None:
+        """The channel raised ``error``: the first one is the verdict."""
+        if self.failure is None:
+            self.failure = upstream_failure(error)
+
+
+def upstream_failure(error: BaseException) -> HonkError:
+    """``error`` as a flow's typed upstream end: a HonkError as it is, anything else an
+    ``UpstreamFailed`` caused by it."""
+    if isinstance(error, HonkError):
+        return error
+    failure = UpstreamFailed(f"upstream connection lost: {error!r}")
+    failure.__cause__ = error
+    return failure
+
+
+def relay_end(error: HonkError | None, bridge: BridgeEnd | None) -> HonkError | None:
+    """How a relayed flow ended: the relay's own typed end, or, when the relay saw a bridged
+    stream end cleanly, the failure its server's side ended with (None: a clean end)."""
+    if error is None and bridge is not None:
+        return bridge.failure
+    return error
+
+
+def bridged(conn: Channel, outbound: str = "") -> DialedStream:
+    """``conn`` bridged for the relay, with the verdict of its server's side."""
+    end = BridgeEnd()
+    return DialedStream(bridge_stream(conn, outbound, end), bridge=end)
+
+
+def bridge_stream(conn: Channel, outbound: str = "", end: BridgeEnd | None = None) -> socket.socket:
+    """A connected non-blocking socket whose bytes are ``conn``'s, both ways; ``outbound`` names it
+    in the log, ``end`` (when given) receives how the server's side ended."""
     outer, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     outer.setblocking(False)
     inner.setblocking(False)
-    task = asyncio.get_running_loop().create_task(_pump(conn, inner, outbound))
+    task = asyncio.get_running_loop().create_task(_pump(conn, inner, outbound, end if end is not None else BridgeEnd()))
     _pumps.add(task)
     task.add_done_callback(_pumps.discard)
     return outer
 
 
-async def _pump(conn: Channel, inner: socket.socket, outbound: str) -> None:
+async def _pump(conn: Channel, inner: socket.socket, outbound: str, end: BridgeEnd) -> None:
     loop = asyncio.get_running_loop()
 
     async def transport_to_inner() -> None:
-        while data := await conn.receive():
+        while True:
+            try:
+                data = await conn.receive()
+            except Exception as exc:  # noqa: BLE001 - the server's side ended with it
+                end.fail(exc)
+                raise
+            if not data:
+                break
             await loop.sock_sendall(inner, data)
         inner.shutdown(socket.SHUT_WR)
 
@@ -66,12 +120,20 @@ async def _pump(conn: Channel, inner: socket.socket, outbound: str) -> None:
             try:
                 conn.write(data)
                 await conn.drain()
-            except UpstreamFailed:
+            except UpstreamFailed as exc:
                 # The server's side is gone, so its reading half ends at once; how it ended (a
                 # codec's typed error at EOF, say) is the flow's story, not this write's.
                 await asyncio.wait([download], timeout=VERDICT_WAIT)
+                end.fail(exc)
                 raise
-        conn.write_eof()
+            except Exception as exc:  # noqa: BLE001
+                end.fail(exc)
+                raise
+        try:
+            conn.write_eof()
+        except Exception as exc:  # noqa: BLE001
+            end.fail(exc)
+            raise
 
     download = loop.create_task(transport_to_inner())
     tasks = [download, loop.create_task(inner_to_transport())]  # in the order their errors are reported

@@ -27,7 +27,7 @@ from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
-from honk.outbound.bridge import bridge_stream
+from honk.outbound.bridge import bridged
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope, recv_some, wait_readable
 from honk.outbound.tls import ca_path, client_context, tls_connect, tls_verification
 from honk.proto.http_connect import MAX_RESPONSE_HEAD, check_status, connect_request, parse_connect_response
@@ -57,19 +57,19 @@ class HttpOutbound(ProxyLeaf):
         sock = await self.connect_server(deadline)
         try:
             if context is not None:
-                stream = await self._tunnel_over_tls(sock, context, request, deadline)  # owns sock from here
+                dialed = await self._tunnel_over_tls(sock, context, request, deadline)  # owns sock from here
             else:
                 try:
                     await self._tunnel(sock, request, deadline)
                 except BaseException:
                     sock.close()
                     raise
-                stream = sock
+                dialed = DialedStream(sock)
         except HonkError as exc:
             self.count(exc)
             raise
         self.count(None)
-        return DialedStream(stream)
+        return dialed
 
     async def _tunnel(self, sock: socket.socket, request: bytes, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -92,7 +92,7 @@ class HttpOutbound(ProxyLeaf):
                 return
 
     async def _tunnel_over_tls(self, sock: socket.socket, context: ssl.SSLContext, request: bytes,
-                               deadline: float) -> socket.socket:
+                               deadline: float) -> DialedStream:
         conn = await tls_connect(sock, context, self._sni, self.clock, deadline, self.name)
         try:
             async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
@@ -109,7 +109,7 @@ class HttpOutbound(ProxyLeaf):
         except BaseException:
             conn.abort()
             raise
-        return bridge_stream(conn, self.name)
+        return bridged(conn, self.name)
 
     def _tls_context(self) -> ssl.SSLContext:
         return client_context(tls_verification(self.node.params), (), ca_path(self.node.params), self.name)

@@ -38,11 +38,11 @@ from typing import Any
 
 from honk.connection.admission import AdmissionWatch, CarrierPermit, process_gates
 from honk.core.clock import Clock, TimerHandle, timeout_at
-from honk.core.errors import CapacityRefused, DialTimeout
+from honk.core.errors import CapacityRefused, CodecError, DialTimeout, FlowClosed
 from honk.core.net import Address, Network
 from honk.daemon.logs import kv
 from honk.outbound.base import DialedStream
-from honk.outbound.bridge import bridge_stream
+from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel
 from honk.proto.mux import (
     MAX_DATA,
@@ -248,15 +248,23 @@ class MuxCarrier:
         self._arm_idle()
 
     def close(self) -> None:
-        """Close the carrier (the runtime going away, or idle): its streams end with one error."""
+        """Close the carrier (the runtime going away, or idle): its streams end with one error,
+        a deliberate close (neutral for Score: it says nothing about the node)."""
         if not self.closed:
-            self.fail(MuxError("carrier-closed", "the node closed the carrier"), quiet=True)
+            self.fail(FlowClosed("the node's mux carrier was closed"), quiet=True)
 
     def fail(self, error: BaseException, *, quiet: bool = False) -> None:
-        """The carrier is gone: every stream on it ends with ``error`` (one episode, logged once)."""
+        """The carrier is gone: every stream on it ends with one error object (one episode for
+        Score, logged once). A loss that is not already the carrier's codec error becomes one
+        (``carrier-lost``, caused by it): losing the carrier is the node's failure, for every
+        stream on it."""
         if self.closed:
             return
         self.closed = True
+        if not isinstance(error, FlowClosed) and not (isinstance(error, CodecError) and error.carrier_wide):
+            lost = MuxError("carrier-lost", f"{type(error).__name__}: {getattr(error, 'reason', '') or error}")
+            lost.__cause__ = error
+            error = lost
         ended = self.sessions.fail(error)
         if not quiet or ended:
             log.warning("mux carrier failed %s", kv(node=self.pool.name, streams=len(ended),
@@ -347,7 +355,7 @@ class MuxPool:
     async def dial(self, open_carrier: OpenCarrier, target: Address, deadline: float) -> DialedStream:
         """A logical stream to ``target``, bridged to a socket for the relay."""
         stream = await self.open_stream(open_carrier, target, deadline)
-        return DialedStream(bridge_stream(stream))
+        return bridged(stream)
 
     async def open_stream(self, open_carrier: OpenCarrier, target: Address, deadline: float) -> MuxStream:
         carrier = self._with_room()

@@ -17,7 +17,7 @@ from honk.core.clock import Clock
 from honk.core.errors import ConfigRefused, HonkError
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DialedStream
-from honk.outbound.bridge import bridge_stream
+from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel, CodecChannel
 from honk.outbound.mux import mux_requested, pool_for
 from honk.outbound.proxy import ProxyLeaf
@@ -78,7 +78,7 @@ class StackedLeaf(ProxyLeaf):
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
-        return DialedStream(bridge_stream(await self._framed(stream, deadline), self.name))
+        return bridged(await self._framed(stream, deadline), self.name)
 
     async def open_channel(self, deadline: float) -> Channel:
         """The node's transport up, for a stream the subclass frames itself (UDP); the dial is counted."""

@@ -18,7 +18,7 @@ import struct
 from helpers.sockets import tcp_pair
 
 from honk.core.errors import HonkError, UpstreamFailed
-from honk.outbound.bridge import bridge_stream
+from honk.outbound.bridge import BridgeEnd, bridge_stream, relay_end, upstream_failure
 from honk.outbound.channel import CodecChannel, WsChannel
 from honk.relay.stream import StreamConn
 
@@ -150,3 +150,58 @@ def test_a_server_stopping_inside_a_frame_ends_the_bridge_with_a_logged_typed_er
     with caplog.at_level(logging.INFO, logger="honk.outbound.bridge"):
         assert run(main()) == b"complete"  # the whole chunk arrives, the cut one never does
     assert "bridged stream failed error=_Truncated" in caplog.text
+
+
+def test_the_bridge_keeps_the_server_sides_typed_failure_behind_the_relays_clean_eof(run) -> None:
+    """The relay's end of the pair only sees EOF; the verdict says why the server's side ended."""
+    async def main() -> tuple[bytes, BridgeEnd]:
+        loop = asyncio.get_running_loop()
+        near, far = tcp_pair()
+        codec = ToyCodec()
+        end = BridgeEnd()
+        plain = bridge_stream(CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode,
+                                           at_eof=codec.at_eof), end=end)
+        await loop.sock_sendall(far, ToyCodec.encode(b"cut short")[:6])
+        far.shutdown(socket.SHUT_WR)
+        got = await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP)
+        plain.close()
+        far.close()
+        return got, end
+
+    got, end = run(main())
+    assert got == b""  # a clean EOF is all the relay gets ...
+    assert isinstance(end.failure, _Truncated)  # ... the verdict names the codec's typed error
+    assert relay_end(None, end) is end.failure and relay_end(UpstreamFailed("x"), end) is not end.failure
+
+
+def test_a_bridge_whose_server_side_ends_cleanly_or_whose_relay_side_goes_first_has_no_failure(run) -> None:
+    async def main() -> tuple[BridgeEnd, BridgeEnd]:
+        loop = asyncio.get_running_loop()
+        verdicts = []
+        for server_first in (True, False):
+            near, far = tcp_pair()
+            end = BridgeEnd()
+            plain = bridge_stream(await _stream_conn(near), end=end)
+            if server_first:  # the server answers and closes: a clean end
+                await loop.sock_sendall(far, b"answer")
+                far.shutdown(socket.SHUT_WR)
+                assert await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP) == b"answer"
+                assert await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP) == b""
+            else:  # the relay's side resets first (its client went away): not the server's failure
+                plain.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            plain.close()
+            await asyncio.wait_for(loop.sock_recv(far, 65536), STEP)  # the server side sees the end
+            far.close()
+            verdicts.append(end)
+        return verdicts[0], verdicts[1]
+
+    clean, relay_gone = run(main())
+    assert clean.failure is None and relay_gone.failure is None
+
+
+def test_a_non_honk_error_becomes_an_upstream_failure_caused_by_that_one_object() -> None:
+    shared = ConnectionResetError(104, "reset")  # one carrier's loss, raised to many streams
+    first, second = upstream_failure(shared), upstream_failure(shared)
+    assert isinstance(first, UpstreamFailed) and first.__cause__ is shared and second.__cause__ is shared
+    typed = _Truncated("stopped")
+    assert upstream_failure(typed) is typed

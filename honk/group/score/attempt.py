@@ -38,6 +38,7 @@ Decisions the requirements leave open:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 from collections.abc import Hashable, Iterable
@@ -209,6 +210,26 @@ class Result:
         return self.ending.neutral
 
 
+CAUSE_DEPTH = 8  # causes followed to find the error object a failure fanned out from
+
+
+def shared_episode(error: BaseException) -> Episode:
+    """The failure episode of ``error``: flows that ended with one error object, or with errors
+    caused by one (a mux carrier's loss reaches every stream on it so), share one episode
+    (GH-K-17); every other failure is its own. The episode rides on that object."""
+    root = error
+    for _ in range(CAUSE_DEPTH):
+        if root.__cause__ is None:
+            break
+        root = root.__cause__
+    episode = getattr(root, "score_episode", None)
+    if not isinstance(episode, Episode):
+        episode = Episode()
+        with contextlib.suppress(AttributeError):  # an error that takes no attribute: its own episode
+            root.score_episode = episode  # type: ignore[attr-defined]
+    return episode
+
+
 def classify_relay_end(error: BaseException | None, *, episode: Episode | None = None) -> Result:
     """The Score result of a TCP relay's end (GH-K-20), from the engines' typed ends
     (:mod:`honk.relay.ends`, the same for copy and splice engines).
@@ -220,18 +241,21 @@ def classify_relay_end(error: BaseException | None, *, episode: Episode | None =
     docstring). Everything else -- :class:`UpstreamFailed` (the same errnos on the upstream side),
     codec/protocol errors, an unexpected errno on the client's socket and local relay failures,
     all plain ``RelayError``s -- keeps its failure treatment. Only the type decides: a log
-    severity never makes an error neutral. A carrier-wide :class:`CodecError` (the node's framing
-    or AEAD authentication) is node-scoped; other failures after setup, a mux session's reset
-    included, are the target path's (GH-K-14, 15, 19)."""
+    severity never makes an error neutral. A carrier-wide :class:`CodecError` (the node's framing,
+    AEAD authentication or a mux carrier's loss) is node-scoped; other failures after setup, a
+    mux session's reset included, are the target path's (GH-K-14, 15, 19). Without ``episode``,
+    flows that ended with one error object share its episode (:func:`shared_episode`)."""
     if error is None:
         return Result.success()
     if isinstance(error, ClientGone):
         return Result.neutral(Ending.CLIENT_GONE)
     if isinstance(error, FlowClosed | asyncio.CancelledError):
         return Result.neutral(Ending.CANCELLED)
+    if episode is None:
+        episode = shared_episode(error)
     if isinstance(error, IdleTimeout):
         return Result.idle(episode)
-    if isinstance(error, CodecError) and error.carrier_wide:  # the node's framing or authentication broke
+    if isinstance(error, CodecError) and error.carrier_wide:  # the node's framing, authentication or carrier broke
         return Result.failure(episode, node_scoped=True)
     return Result.failure(episode)
 
@@ -485,5 +509,5 @@ class ScoreReporter:
 __all__ = [
     "Ending", "Episode", "Result", "ScoreAttempt", "ScoreAttemptRefused", "ScoreBusinessGuard",
     "ScoreFeedback", "ScoreLifecycleError", "ScoreReporter", "Settlement", "Traversal",
-    "classify_relay_end",
+    "classify_relay_end", "shared_episode",
 ]

@@ -297,6 +297,23 @@ def test_a_broken_node_codec_is_node_scoped_and_a_mux_session_reset_is_not() -> 
     assert not classify_relay_end(UpstreamFailed("upstream connection lost")).node_scoped  # decided by setup
 
 
+def test_flows_ended_by_one_error_object_or_by_errors_it_caused_share_one_episode() -> None:
+    from honk.proto.mux import MuxError
+
+    carrier = MuxError("carrier-lost", "reset")  # a mux carrier's loss: the same object to every stream
+    first, second = classify_relay_end(carrier), classify_relay_end(carrier)
+    assert first.node_scoped and first.episode is second.episode
+    cause = ConnectionResetError(104, "reset")
+    wrapped = [UpstreamFailed("upstream connection lost") for _ in range(2)]
+    for error in wrapped:
+        error.__cause__ = cause
+    assert classify_relay_end(wrapped[0]).episode is classify_relay_end(wrapped[1]).episode
+    # separate failures stay separate episodes; an episode the caller names wins
+    assert classify_relay_end(UpstreamFailed("a")).episode is not classify_relay_end(UpstreamFailed("b")).episode
+    named = Episode()
+    assert classify_relay_end(carrier, episode=named).episode is named
+
+
 def test_one_failure_fans_out_with_one_episode_to_several_flows() -> None:
     evidence, cohorts = ScoreEvidence(), Cohorts()
     flows = [_flowing(_feedback(evidence, cohorts)) for _ in range(3)]
