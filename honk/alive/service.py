@@ -163,9 +163,12 @@ class HealthService:
                 log.warning("network changes are not watched: %s", exc)
 
     async def apply(self, plane: Plane) -> None:
-        """A new plane was published: probe its nodes from now on."""
+        """A new plane was published: probe its nodes from now on. Probes started before it are
+        stale at once, before anything here waits: the reload's commit has just cleared Score's
+        probe baselines, and none of those results may refill them (GH-K-12)."""
         if self.runner is None:
             return
+        self.alive.next_generation()
         await self._register(plane)
         await self.runner.reload(self._prober(plane), plane.spec.global_.check_interval)
         self._plan(plane)

@@ -4,6 +4,7 @@ nothing else; a probe never counts as availability evidence."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from types import SimpleNamespace
@@ -41,7 +42,8 @@ async def _world(tmp_path, policy: Policy):
     await service.start(plane)
     await service.runner.stop()
     try:
-        yield SimpleNamespace(clock=clock, a=a.id, b=b.id, score=plane.groups.score, alive=service.alive)
+        yield SimpleNamespace(clock=clock, a=a.id, b=b.id, score=plane.groups.score, alive=service.alive,
+                              service=service, plane=plane)
     finally:
         await service.stop()
 
@@ -79,3 +81,30 @@ async def test_a_probe_never_recovers_or_qualifies_a_node(tmp_path):
         stats = w.score.evidence.stats()
         assert stats.exact_entries == 0 and stats.aggregate_entries == 0
         assert not w.score.evidence.qualified("auto", TCP, w.a, w.clock.now())
+
+
+async def test_a_probe_in_flight_across_a_reload_never_reaches_the_cleared_baseline(tmp_path, monkeypatch):
+    """A committed reload clears the probe baselines (GH-K-12). A probe started before it must
+    not refill them, even one that finishes while the health service is still taking the new
+    plane (its registration may wait on the state database)."""
+    async with _world(tmp_path, Policy.SCORE) as w:
+        ticket = w.alive.issue_ticket()  # a probe started under the old plane, still running
+        w.alive.notify_check_success(w.a, Domain.TCP, V4, PROBE_RTT)
+        assert len(w.score.performance) == 1
+        w.plane.groups.commit_score(w.clock.now())  # the reload's commit: baselines cleared
+        assert len(w.score.performance) == 0
+        registering, release = asyncio.Event(), asyncio.Event()
+        register = w.service._register
+
+        async def slow_register(plane):  # noqa: ANN001, ANN202 - the database's thread hop, held open
+            registering.set()
+            await release.wait()
+            await register(plane)
+
+        monkeypatch.setattr(w.service, "_register", slow_register)
+        applying = asyncio.create_task(w.service.apply(w.plane))
+        await registering.wait()
+        assert not w.alive.notify_check_success(w.a, Domain.TCP, V4, PROBE_RTT, ticket=ticket)  # stale now
+        assert len(w.score.performance) == 0
+        release.set()
+        await applying
