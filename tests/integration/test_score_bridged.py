@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -122,8 +122,10 @@ def _counted(honk: Honk, cell, field: str) -> int:
     return 0 if cell is None else round(getattr(cell, field).value(honk.clock.now()))
 
 
-@pytest.mark.parametrize("fastpath", ["on", "off"])
-async def test_a_lost_mux_carrier_is_one_node_scoped_failure_episode_for_every_flow_on_it(monkeypatch, fastpath):
+@contextlib.asynccontextmanager
+async def _carrier_cut(monkeypatch, fastpath: str, cut: Callable[[MuxCarrier], None]) -> AsyncIterator[tuple[Honk, int]]:
+    """FLOWS answered flows on one carrier, ``cut(carrier)`` under them, each client's EOF read and
+    every client closed (so every relay has ended and settled); yields honk and the target port."""
     monkeypatch.setenv("HONK_FASTPATH", fastpath)
     with v2ray_server("vless", mux=True) as peer:
         monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
@@ -131,38 +133,37 @@ async def test_a_lost_mux_carrier_is_one_node_scoped_failure_episode_for_every_f
             async with _flows(honk, target) as pipes:
                 [carrier] = honk.carriers()
                 assert len(carrier.streams) == FLOWS  # every flow rides the one carrier
-                carrier.channel.abort()  # the physical connection dies under the flows
+                cut(carrier)
                 for reader, _ in pipes:
                     assert await asyncio.wait_for(reader.read(), STEP) == b""
-            # the clients closed: every relay has ended and settled
-            glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
-            cohorts = honk.groups.score.cohorts
-            await poll(lambda: cohorts.failures(glob) == FLOWS, "every flow's failure")
-            # node-scoped: the node's aggregates hold the episode, so every target escapes it
-            assert cohorts.open_episode(glob) is not None
-            assert cohorts.open_episode(AggregateKey(GROUP, Network.TCP, Family.V4, _node_id(honk))) is not None
-            assert cohorts.episode_failures(glob) == 1  # one carrier's loss: one independent failure
-            glob_cell, _family, exact = _cells(honk, target)
-            assert _counted(honk, glob_cell, "failures") == FLOWS
-            assert _counted(honk, exact, "successes") == 0  # not one of them passed for a success
+            yield honk, target
+
+
+@pytest.mark.parametrize("fastpath", ["on", "off"])
+async def test_a_lost_mux_carrier_is_one_node_scoped_failure_episode_for_every_flow_on_it(monkeypatch, fastpath):
+    # the physical connection dies under the flows
+    async with _carrier_cut(monkeypatch, fastpath, lambda carrier: carrier.channel.abort()) as (honk, target):
+        glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
+        cohorts = honk.groups.score.cohorts
+        await poll(lambda: cohorts.failures(glob) == FLOWS, "every flow's failure")
+        # node-scoped: the node's aggregates hold the episode, so every target escapes it
+        assert cohorts.open_episode(glob) is not None
+        assert cohorts.open_episode(AggregateKey(GROUP, Network.TCP, Family.V4, _node_id(honk))) is not None
+        assert cohorts.episode_failures(glob) == 1  # one carrier's loss: one independent failure
+        glob_cell, _family, exact = _cells(honk, target)
+        assert _counted(honk, glob_cell, "failures") == FLOWS
+        assert _counted(honk, exact, "successes") == 0  # not one of them passed for a success
 
 
 @pytest.mark.parametrize("fastpath", ["on", "off"])
 async def test_closing_a_carrier_on_purpose_records_nothing_for_its_flows(monkeypatch, fastpath):
-    monkeypatch.setenv("HONK_FASTPATH", fastpath)
-    with v2ray_server("vless", mux=True) as peer:
-        monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
-        async with echo_server() as target, honk_score_via(peer.share_link()) as honk:
-            async with _flows(honk, target) as pipes:
-                [carrier] = honk.carriers()
-                carrier.close()  # honk's own close (the node's runtime going away): not the node's fault
-                for reader, _ in pipes:
-                    assert await asyncio.wait_for(reader.read(), STEP) == b""
-            await poll(lambda: len(honk.tracker) == 0, "the flows to end")
-            glob_cell, _family, exact = _cells(honk, target)
-            assert _counted(honk, glob_cell, "failures") == 0
-            assert _counted(honk, exact, "successes") == 0  # neutral: neither a failure nor a success
-            assert honk.groups.score.cohorts.failures(AggregateKey(GROUP, Network.TCP, None, _node_id(honk))) == 0
+    # honk's own close (the node's runtime going away): not the node's fault
+    async with _carrier_cut(monkeypatch, fastpath, lambda carrier: carrier.close()) as (honk, target):
+        await poll(lambda: len(honk.tracker) == 0, "the flows to end")
+        glob_cell, _family, exact = _cells(honk, target)
+        assert _counted(honk, glob_cell, "failures") == 0
+        assert _counted(honk, exact, "successes") == 0  # neutral: neither a failure nor a success
+        assert honk.groups.score.cohorts.failures(AggregateKey(GROUP, Network.TCP, None, _node_id(honk))) == 0
 
 
 async def test_an_http_forward_cut_by_a_lost_carrier_is_the_nodes_failure(monkeypatch):
