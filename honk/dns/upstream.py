@@ -42,7 +42,8 @@ from honk.core.clock import Clock, timeout_at
 from honk.core.errors import Blocked, DialError, DialTimeout, HonkError, NoRoute
 from honk.core.net import Address, FlowMeta, Network
 from honk.dns.wire import FLAG_QR, FLAG_TC, QUERY_ID, TCP_LENGTH, parse_response, response_header
-from honk.group.score.attempt import Result, ScoreReporter
+from honk.group.score.attempt import Result, ScoreReporter, classify_relay_end
+from honk.outbound.bridge import relay_end
 
 __all__ = ["DNS_INBOUND", "EXCHANGE_TIMEOUT", "Destination", "ExchangeFailed", "Exchanger"]
 
@@ -250,6 +251,13 @@ class Exchanger:
             body = await _recv_exact(loop, sock, length)
             if reporter is not None:
                 reporter.rx(self._clock.now(), length + TCP_LENGTH.size)
+        except ExchangeFailed:
+            # a bridged stream only closes: its server side's end says why (a lost mux carrier
+            # is the node's failure, one episode with every flow it cut)
+            failure = relay_end(None, dialed.bridge)
+            if failure is not None and reporter is not None:
+                reporter.settle(self._clock.now(), classify_relay_end(failure))
+            raise
         finally:
             sock.close()
         reply = parse_response(body)

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import dns.message
 import pytest
 from helpers.aio import close_writer, socks5_open
 from helpers.engines import poll
@@ -37,7 +38,8 @@ from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import MonotonicClock
-from honk.core.net import Network
+from honk.core.net import Address, Network
+from honk.dns.upstream import Destination, ExchangeFailed, Exchanger
 from honk.group.manager import GroupManager
 from honk.group.score.keys import AggregateKey, ScoreTarget
 from honk.inbound.mixed import MixedInbound
@@ -60,6 +62,7 @@ class Honk:
     tracker: ConnectionTracker
     clock: MonotonicClock
     leaf: object  # the node's outbound
+    dispatcher: Dispatcher
 
     def carriers(self) -> list[MuxCarrier]:
         return pool_for(self.leaf).carriers
@@ -82,7 +85,7 @@ async def honk_score_via(link: str) -> AsyncIterator[Honk]:
     await inbound.start()
     try:
         assert inbound.bound is not None
-        yield Honk(inbound.bound.port, plane.groups, tracker, clock, plane.outbounds[node.name])
+        yield Honk(inbound.bound.port, plane.groups, tracker, clock, plane.outbounds[node.name], dispatcher)
     finally:
         await inbound.aclose()
         tracker.close_all("test over")
@@ -186,4 +189,27 @@ async def test_an_http_forward_cut_by_a_lost_carrier_is_the_nodes_failure(monkey
             await close_writer(writer)
             glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
             await poll(lambda: honk.groups.score.cohorts.failures(glob) == 1, "the forward's failure")
+            assert honk.groups.score.cohorts.open_episode(glob) is not None  # the node's, not the target's
+
+
+async def test_a_dns_exchange_cut_by_a_lost_carrier_is_the_nodes_failure(monkeypatch):
+    """honk's own DNS over TCP through the node: the stream only closes; Score records why."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the query, never answers
+        writer.close()
+
+    with v2ray_server("vless", mux=True) as peer:
+        monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+        server = await asyncio.start_server(silent, LOOPBACK, 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, honk_score_via(peer.share_link()) as honk:
+            query = dns.message.make_query("bridged.test", "A")
+            exchange = asyncio.create_task(Exchanger(honk.dispatcher, honk.clock).exchange(
+                Destination("up", "tcp", Address(LOOPBACK, port), GROUP), query, query.to_wire(), None))
+            await poll(lambda: len(honk.carriers()) == 1 and honk.carriers()[0].streams, "the exchange's stream")
+            honk.carriers()[0].channel.abort()
+            with pytest.raises(ExchangeFailed):
+                await asyncio.wait_for(exchange, STEP)
+            glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
+            assert honk.groups.score.cohorts.failures(glob) == 1
             assert honk.groups.score.cohorts.open_episode(glob) is not None  # the node's, not the target's

@@ -116,10 +116,11 @@ class Traversal:
         return tuple(key for _store, key in keys[:-1]) if len(keys) > 1 else ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Episode:
     """A failure episode identity (GH-K-17). Build one per independently constructed failure and
-    hand the same one to every flow a shared failure fans out to."""
+    hand the same one to every flow a shared failure fans out to. Compared and hashed as the
+    object it is (in C): every cohort a failure reaches looks it up."""
 
     id: int = field(default_factory=lambda: next(_ids))
 
