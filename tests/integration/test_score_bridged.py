@@ -169,47 +169,54 @@ async def test_closing_a_carrier_on_purpose_records_nothing_for_its_flows(monkey
         assert honk.groups.score.cohorts.failures(AggregateKey(GROUP, Network.TCP, None, _node_id(honk))) == 0
 
 
-async def test_an_http_forward_cut_by_a_lost_carrier_is_the_nodes_failure(monkeypatch):
-    """The forward fails on the bridge's clean EOF; Score records the carrier's loss behind it."""
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # takes the request, never answers
-        writer.close()
+async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that takes what it is sent and never answers."""
+    await reader.read()
+    writer.close()
 
+
+@contextlib.asynccontextmanager
+async def _silent_target(monkeypatch) -> AsyncIterator[tuple[Honk, int]]:
+    """honk over the mux node, and a silent server's port to reach through it."""
     with v2ray_server("vless", mux=True) as peer:
         monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
-        server = await asyncio.start_server(silent, LOOPBACK, 0)
-        target = server.sockets[0].getsockname()[1]
+        server = await asyncio.start_server(_silent, LOOPBACK, 0)
         async with server, honk_score_via(peer.share_link()) as honk:
-            reader, writer = await asyncio.open_connection(LOOPBACK, honk.port)
-            writer.write(f"GET http://{LOOPBACK}:{target}/ HTTP/1.1\r\nHost: {LOOPBACK}:{target}\r\n\r\n".encode())
-            await poll(lambda: len(honk.carriers()) == 1 and honk.carriers()[0].streams, "the forward's stream")
-            honk.carriers()[0].channel.abort()
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STEP)
-            assert head.split(b" ")[1] == b"502"
-            await close_writer(writer)
-            glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
-            await poll(lambda: honk.groups.score.cohorts.failures(glob) == 1, "the forward's failure")
-            assert honk.groups.score.cohorts.open_episode(glob) is not None  # the node's, not the target's
+            yield honk, server.sockets[0].getsockname()[1]
+
+
+async def _cut_the_carrier(honk: Honk) -> None:
+    """Once the one carrier holds a stream, its physical connection dies."""
+    await poll(lambda: len(honk.carriers()) == 1 and bool(honk.carriers()[0].streams), "a stream on the carrier")
+    honk.carriers()[0].channel.abort()
+
+
+def _node_failed_once(honk: Honk) -> bool:
+    """One failure counted on the node's aggregate, with its episode open there (node-scoped)."""
+    glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
+    cohorts = honk.groups.score.cohorts
+    return cohorts.failures(glob) == 1 and cohorts.open_episode(glob) is not None
+
+
+async def test_an_http_forward_cut_by_a_lost_carrier_is_the_nodes_failure(monkeypatch):
+    """The forward fails on the bridge's clean EOF; Score records the carrier's loss behind it."""
+    async with _silent_target(monkeypatch) as (honk, target):
+        reader, writer = await asyncio.open_connection(LOOPBACK, honk.port)
+        writer.write(f"GET http://{LOOPBACK}:{target}/ HTTP/1.1\r\nHost: {LOOPBACK}:{target}\r\n\r\n".encode())
+        await _cut_the_carrier(honk)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STEP)
+        assert head.split(b" ")[1] == b"502"
+        await close_writer(writer)
+        await poll(lambda: _node_failed_once(honk), "the forward's node-scoped failure")
 
 
 async def test_a_dns_exchange_cut_by_a_lost_carrier_is_the_nodes_failure(monkeypatch):
     """honk's own DNS over TCP through the node: the stream only closes; Score records why."""
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # takes the query, never answers
-        writer.close()
-
-    with v2ray_server("vless", mux=True) as peer:
-        monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
-        server = await asyncio.start_server(silent, LOOPBACK, 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server, honk_score_via(peer.share_link()) as honk:
-            query = dns.message.make_query("bridged.test", "A")
-            exchange = asyncio.create_task(Exchanger(honk.dispatcher, honk.clock).exchange(
-                Destination("up", "tcp", Address(LOOPBACK, port), GROUP), query, query.to_wire(), None))
-            await poll(lambda: len(honk.carriers()) == 1 and honk.carriers()[0].streams, "the exchange's stream")
-            honk.carriers()[0].channel.abort()
-            with pytest.raises(ExchangeFailed):
-                await asyncio.wait_for(exchange, STEP)
-            glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
-            assert honk.groups.score.cohorts.failures(glob) == 1
-            assert honk.groups.score.cohorts.open_episode(glob) is not None  # the node's, not the target's
+    async with _silent_target(monkeypatch) as (honk, port):
+        query = dns.message.make_query("bridged.test", "A")
+        exchange = asyncio.create_task(Exchanger(honk.dispatcher, honk.clock).exchange(
+            Destination("up", "tcp", Address(LOOPBACK, port), GROUP), query, query.to_wire(), None))
+        await _cut_the_carrier(honk)
+        with pytest.raises(ExchangeFailed):
+            await asyncio.wait_for(exchange, STEP)
+        assert _node_failed_once(honk)
