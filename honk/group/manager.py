@@ -112,11 +112,14 @@ class _Group:
     # a Score group's ranked members: (network, family) -> (stamp, [Member]); only when every
     # member is a leaf (_View.score_members)
     score_members: dict[tuple, tuple] = field(default_factory=dict)
-    leaves_only: bool = field(init=False, default=False)  # no member is a group
 
     def __post_init__(self) -> None:
         self.positions = {m: i for i, m in enumerate(self.policy.members)}
-        self.leaves_only = not self.membership.subgroups
+
+    @property
+    def leaves_only(self) -> bool:
+        """No member is a group."""
+        return not self.membership.subgroups
 
 
 def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> dict[str, Membership]:

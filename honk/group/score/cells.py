@@ -141,14 +141,6 @@ class CellStore(Generic[K]):
         """The cells of one row by node (read-only; empty when it has none, or for None)."""
         return self._rows.get(row, _NO_ROW)
 
-    def current(self, key: K, incarnation: int) -> EvidenceCell | None:
-        """The cell of ``key`` if it is still ``incarnation`` (touching it), else None: never creates."""
-        cell = self._cells.get(key)
-        if cell is None or cell.incarnation != incarnation:
-            return None
-        self._cells.move_to_end(key)
-        return cell
-
     def peek(self, key: K) -> EvidenceCell | None:
         """The cell of ``key`` without touching the LRU order (reads are not use)."""
         return self._cells.get(key)
@@ -172,9 +164,9 @@ class CellStore(Generic[K]):
 
 
 def current_cells(admitted: Iterable[tuple[CellStore, Hashable, int]]) -> list[EvidenceCell]:
-    """:meth:`CellStore.current` of each (store, key, incarnation) in ``admitted``, keeping the
-    cells still current, in order: a reporter's settlement and its published RX touch all
-    their cells at once."""
+    """The cells of the (store, key, incarnation) triples in ``admitted`` that are still that
+    incarnation, in order, each touched; never creates one (an evicted, pruned or cleared cell's
+    old reporter finds nothing). A reporter's settlement and its published RX read them all at once."""
     out = []
     for store, key, incarnation in admitted:
         cells = store._cells  # this module's own store: one lookup and one touch per cell

@@ -126,18 +126,6 @@ def read_cells(cells: Sequence[EvidenceCell | None], now: float) -> tuple[float,
     return estimate, qualified
 
 
-def blended_reliability(cells: Sequence[EvidenceCell | None], now: float) -> float:
-    """The hierarchical blend's reliability of (global, family, exact) cells at ``now`` (GH-K-04):
-    what :meth:`ScoreEvidence.blend` reports, read straight from cells a caller already holds."""
-    return read_cells(cells, now)[0]
-
-
-def qualified_cells(cells: Sequence[EvidenceCell | None], now: float) -> bool:
-    """Qualification from (global, family, exact) cells: earned completions in a layer, or the
-    global cell's running lease (GH-K-27/28)."""
-    return read_cells(cells, now)[1]
-
-
 def layer_weight(cell: EvidenceCell | None, now: float) -> float:
     """How much of the estimate a layer takes over from its parents (GH-K-04)."""
     if cell is None:
@@ -271,12 +259,12 @@ class ScoreEvidence:
         present = [c for c in cells if c is not None]
         support = max((c.outcomes(now) for c in present), default=0.0)
         useful = max((c.useful.value(now) for c in present), default=0.0)
-        return Blend(blended_reliability(cells, now), (weights[0], weights[1], weights[2]), support, useful)
+        return Blend(read_cells(cells, now)[0], (weights[0], weights[1], weights[2]), support, useful)
 
     def qualified(self, group: str, network: Network, node_id: NodeId, now: float,
                   target: ScoreTarget | None = None, destination: IPAddress | None = None) -> bool:
         """Whether the node is qualified at ``now``: earned completions or a running lease."""
-        return qualified_cells(self.layers(group, network, target, node_id, destination), now)
+        return read_cells(self.layers(group, network, target, node_id, destination), now)[1]
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -313,5 +301,5 @@ class ScoreEvidence:
                              len(self.aggregate), self.aggregate.max_entries, self.aggregate.evictions)
 
 
-__all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "blended_reliability", "layer_weight",
-           "qualified_cells", "read_cells", "reliability_bound", "standing"]
+__all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "layer_weight", "read_cells",
+           "reliability_bound", "standing"]

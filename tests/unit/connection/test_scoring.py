@@ -90,6 +90,13 @@ def test_begin_is_refused_when_the_member_left_its_group():
 # --- setup_failure ---------------------------------------------------------------------------------
 
 
+def failure_scope(leaf, error) -> bool | None:
+    """Whether the setup failure is node-scoped (False: the target path's); it must be a failure."""
+    result = scoring.setup_failure(leaf, error)
+    assert result is not None and result.ending is Ending.FAILURE
+    return result.node_scoped
+
+
 @pytest.mark.parametrize("error", [
     CapacityRefused("no dial permit"),
     ClientGone("the client left"),
@@ -106,9 +113,7 @@ def test_an_error_that_is_not_honks_is_neutral():
 
 
 def test_a_refusal_the_proxy_relayed_from_the_target_is_target_scoped():
-    result = scoring.setup_failure(PROXY_LEAF, TargetRefused("n1", REPLY_CODE, "refused"))
-    assert result is not None and result.ending is Ending.FAILURE
-    assert result.node_scoped is False
+    assert failure_scope(PROXY_LEAF, TargetRefused("n1", REPLY_CODE, "refused")) is False
 
 
 @pytest.mark.parametrize("error", [
@@ -118,9 +123,7 @@ def test_a_refusal_the_proxy_relayed_from_the_target_is_target_scoped():
     UpstreamFailed("reset"),
 ], ids=["connect", "timeout", "resolve", "other-honk-error"])
 def test_any_failure_of_a_direct_leaf_is_target_scoped(error):
-    result = scoring.setup_failure(DIRECT_LEAF, error)
-    assert result is not None and result.ending is Ending.FAILURE
-    assert result.node_scoped is False
+    assert failure_scope(DIRECT_LEAF, error) is False
 
 
 @pytest.mark.parametrize("error", [
@@ -131,9 +134,7 @@ def test_any_failure_of_a_direct_leaf_is_target_scoped(error):
     ProxyAuthFailed("n1", "bad password"),
 ], ids=["connect", "timeout", "tls", "handshake", "auth"])
 def test_other_dial_errors_of_a_proxy_are_node_scoped(error):
-    result = scoring.setup_failure(PROXY_LEAF, error)
-    assert result is not None and result.ending is Ending.FAILURE
-    assert result.node_scoped is True
+    assert failure_scope(PROXY_LEAF, error) is True
 
 
 def test_a_setup_failure_carries_the_shared_episode_when_given():
