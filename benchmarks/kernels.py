@@ -11,7 +11,7 @@ import importlib
 import time
 from collections.abc import Callable
 
-OPS = 2_000_000  # calls per row for the cheap kernels; the Beta row runs OPS // 40
+OPS = 2_000_000  # calls per row for the cheap kernels; the Beta, cell and rank rows run OPS // 40
 
 
 def _movavg_update(mod, n: int) -> None:
@@ -53,6 +53,36 @@ def _beta_lower_bound(mod, n: int) -> None:
         bound(float(i % 97), float(i % 13), 0.95, 1.0, 1.0, 2.0)
 
 
+def _cell_record_read(mod, n: int) -> None:
+    from honk._fast.outcome import Outcome
+
+    glob, family, exact = mod.EvidenceCell(1), mod.EvidenceCell(2), mod.EvidenceCell(3)
+    cells = (glob, family, exact)
+    read = mod.read_cells
+    for i in range(n):  # a settled flow records into its three layers; the next rank re-reads them
+        now = float(i)
+        for cell in cells:
+            cell.record(Outcome.FAILURE if i % 17 == 0 else Outcome.USEFUL, now)
+        read(cells, now + 0.5)
+
+
+def _rank_read_order(mod, n: int) -> None:
+    from honk._fast.outcome import Outcome
+
+    cell = importlib.import_module(mod.__name__.replace("rank_", "cell_"))
+    members = [(i, ("m", f"node-{i}", True)) for i in range(8)]
+    rows = ({}, {}, {})
+    for i, (_, member) in enumerate(members):
+        for layer, row in enumerate(rows):
+            c = row[member[1]] = cell.EvidenceCell(i * 3 + layer)
+            for k in range(20 + i):
+                c.record(Outcome.USEFUL if k % 9 else Outcome.FAILURE, float(k))
+    utilities = [None, 0.5, 0.7, None, 0.9, 0.2, None, 0.4]
+    for _ in range(n):  # the standings are reused, so this is the read and the order, not the bounds
+        out = mod.candidates(members, utilities, *rows, {}, {}, {}, 100.0, 120.0)
+        mod.order(out, 0.05)
+
+
 # (row label, kernel, loop over one implementation module, calls per OPS)
 ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
     ("movavg.HalvingAverage.update", "movavg", _movavg_update, 1.0),
@@ -61,6 +91,8 @@ ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
     ("ring.LatencyRing.push (cap 10)", "ring", _ring_push, 1.0),
     ("decay.DecayedCounter add+value", "decay", _decay_add_value, 0.5),
     ("beta.beta_lower_bound", "beta", _beta_lower_bound, 1 / 40),
+    ("cell: 3 records + read_cells", "cell", _cell_record_read, 1 / 40),
+    ("rank: candidates + order, 8 members", "rank", _rank_read_order, 1 / 40),
 )
 
 

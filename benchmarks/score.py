@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from benchmarks import twin_figures
 from benchmarks.groups import DEAD_AFTER, FASTEST_RTT, FIRST_PORT, GROUP_SIZE, OTHER_RTT, RTT_STEP, _group
-from honk._fast import beta, decay, movavg
+from honk._fast import beta, cell, decay, movavg, rank
 from honk.alive.group_checks import GroupChecks
 from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family
@@ -358,7 +358,8 @@ def figures(quick: bool) -> dict[str, dict]:
 
 
 def _implementation() -> str:
-    kinds = {beta.IMPLEMENTATION, decay.IMPLEMENTATION, movavg.IMPLEMENTATION}
+    kinds = {beta.IMPLEMENTATION, cell.IMPLEMENTATION, decay.IMPLEMENTATION, movavg.IMPLEMENTATION,
+             rank.IMPLEMENTATION}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 

@@ -10,89 +10,16 @@ it can never recreate a cell (GH-K-11).
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, TypeVar
 
-from honk._fast.decay import EVIDENCE_HALF_LIFE, DecayedCounter
-from honk.group.score.constants import BOUND_REUSE
+from honk._fast.cell import EvidenceCell
+from honk._fast.outcome import Outcome, Standing
 
 K = TypeVar("K", bound=Hashable)
 _NO_ROW: dict = {}  # what CellStore.row returns for a row without cells (never written)
-
-
-class Outcome(enum.Enum):
-    """What one settled attempt (or one warm-up sample) contributes to a cell."""
-
-    SETUP_OK = "setup_ok"  # a setup that succeeded and settles nothing else (warm-up)
-    SUCCESS = "success"  # a settled success that saw no response
-    USEFUL = "useful"  # a settled success that saw a response: a useful completion (GH-K-27)
-    FAILURE = "failure"  # a business failure after setup
-    SETUP_FAILURE = "setup_failure"  # the setup itself failed; weighs more in the Beta bound
-
-    @property
-    def is_failure(self) -> bool:
-        return self is Outcome.FAILURE or self is Outcome.SETUP_FAILURE
-
-
-class Standing(NamedTuple):
-    """What a rank reads of one cell at one time (see :func:`honk.group.score.evidence.standing`)."""
-
-    bound: float  # the Beta reliability lower bound (GH-K-26)
-    weight: float  # how much of the blend this layer takes over from its parents (GH-K-04)
-    useful: float  # decayed useful completions (qualification, GH-K-27)
-
-
-class EvidenceCell:
-    """Decayed outcome counts of one key. Time is always an argument."""
-
-    __slots__ = ("_standing", "attempts", "failures", "incarnation", "key", "last_failure", "lease_until",
-                 "setup_failures", "successes", "useful")
-
-    def __init__(self, incarnation: int, key: Hashable = None) -> None:
-        self.incarnation = incarnation
-        self.key = key  # the key object the store holds it under: reusing it makes lookups identity hits
-        self.attempts = DecayedCounter(EVIDENCE_HALF_LIFE)  # every recorded sample, warm-up included
-        self.successes = DecayedCounter(EVIDENCE_HALF_LIFE)  # settled successes (useful or not)
-        self.failures = DecayedCounter(EVIDENCE_HALF_LIFE)  # failures after setup
-        self.setup_failures = DecayedCounter(EVIDENCE_HALF_LIFE)
-        self.useful = DecayedCounter(EVIDENCE_HALF_LIFE)  # useful completions
-        self.last_failure: float | None = None  # event time of the newest failure
-        self.lease_until: float | None = None  # qualification lease end (kept on the global cell)
-        self._standing: tuple[float, Standing] | None = None  # (time, what a rank reads of it then)
-
-    def standing(self, now: float, compute: Callable[[EvidenceCell, float], Standing]) -> Standing:
-        """``compute(self, now)``, reused for BOUND_REUSE seconds while the counts are unchanged
-        (a record drops it): the ranks of a busy group read every member's cells each flow."""
-        memo = self._standing
-        if memo is not None and 0.0 <= now - memo[0] < BOUND_REUSE:
-            return memo[1]
-        value = compute(self, now)
-        self._standing = (now, value)
-        return value
-
-    def record(self, outcome: Outcome, now: float) -> None:
-        """Add one ``outcome`` that happened at ``now``."""
-        self._standing = None
-        self.attempts.add(1.0, now)
-        if outcome is Outcome.SUCCESS or outcome is Outcome.USEFUL:
-            self.successes.add(1.0, now)
-            if outcome is Outcome.USEFUL:
-                self.useful.add(1.0, now)
-        elif outcome.is_failure:
-            (self.failures if outcome is Outcome.FAILURE else self.setup_failures).add(1.0, now)
-            if self.last_failure is None or now > self.last_failure:
-                self.last_failure = now
-            self.lease_until = None  # a failure revokes the qualification lease (GH-K-28)
-
-    def outcomes(self, now: float) -> float:
-        """Decayed settled outcomes (successes and failures of both kinds): the layer's evidence."""
-        return self.successes.value(now) + self.failures.value(now) + self.setup_failures.value(now)
-
-    def __repr__(self) -> str:
-        return f"EvidenceCell(incarnation={self.incarnation})"
 
 
 class CellStore(Generic[K]):

@@ -19,7 +19,6 @@ import enum
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Protocol
 
 from honk.group.score.constants import (
@@ -108,7 +107,7 @@ class _Cell:
         self.last_event = None
 
 
-_NO_STATES: Mapping = MappingProxyType({})  # what open_states returns for a row without any
+_NO_STATES: dict = {}  # what open_states returns for a row without any (never written)
 
 
 class Cohorts:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import math
 
-from honk._fast.beta_py import DEFAULT_PRIOR
+from honk._fast.cell_py import (
+    BLEND_FULL_EVIDENCE,
+    BOUND_REUSE,
+    QUALIFYING_COMPLETIONS,
+    RELIABILITY_CONFIDENCE,
+    RELIABILITY_PRIOR,
+    SETUP_FAILURE_WEIGHT,
+)
 from honk._fast.decay_py import DEMAND_HALF_LIFE, EVIDENCE_HALF_LIFE, TRIAL_OUTCOME_HALF_LIFE
 
 # --- K.1 keys, layers and storage -------------------------------------------------------------
@@ -18,21 +25,13 @@ EXACT_CELLS_MAX = 4096  # "Exact cells live in a 4,096-entry LRU"
 AGGREGATE_CELLS_MAX = 4096  # "and aggregate cells in a separate 4,096-entry LRU"
 
 # --- K.3 decay, Beta bounds, qualification and leases -----------------------------------------
-QUALIFYING_COMPLETIONS = 4.0  # "Initial qualification requires four effective (decayed) useful completions"
+# The cell kernel (``honk._fast.cell_py``) holds the numbers a rank's read of a cell uses:
+# QUALIFYING_COMPLETIONS ("Initial qualification requires four effective (decayed) useful
+# completions"), BLEND_FULL_EVIDENCE, SETUP_FAILURE_WEIGHT, RELIABILITY_CONFIDENCE,
+# RELIABILITY_PRIOR and BOUND_REUSE, each with its reason; they are re-exported here.
 QUALIFICATION_LEASE = 60.0  # seconds; "retains earned qualification for 60 s from the RX event time"
-# A "useful" completion (GH-K-27) is a settled success that saw a response (cells.Outcome.USEFUL):
+# A "useful" completion (GH-K-27) is a settled success that saw a response (Outcome.USEFUL):
 # a setup alone or a silent success proves the path opens, not that it serves.
-BLEND_FULL_EVIDENCE = 8.0  # a layer's weight is min(1, its decayed outcomes / 8): twice the
-# qualification count, so a just-qualified target still leans half on its family before overriding it
-SETUP_FAILURE_WEIGHT = 2.0  # a setup failure delivers nothing and costs the user a retry, so it
-# counts as two post-setup failures in the Beta bound
-RELIABILITY_CONFIDENCE = 0.9  # one-sided 90 % lower bound: four clean completions already rate
-# above 0.6, while one failure in five still shows clearly
-RELIABILITY_PRIOR = DEFAULT_PRIOR  # Beta(1, 1): the uniform prior of the Beta kernel
-BOUND_REUSE = 1.0  # seconds a cell's Beta bound, layer weight and useful count are reused while its
-# counts are unchanged: at the 30-minute half-life its counts decay 0.04 % a second, which moves
-# them far less than any margin they are compared with (a record recomputes them at once), and
-# every rank of a busy group no longer recomputes every cell
 
 # --- K.4 first-choice performance heuristic ---------------------------------------------------
 PERFORMANCE_CONFIDENCE_LOSS = 60.0  # seconds; "Each metric loses confidence 60 s after its event time"

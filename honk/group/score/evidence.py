@@ -26,21 +26,17 @@ on the global aggregate cell, so it shares that cell's incarnation and eviction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from honk._fast.beta import beta_lower_bound
+from honk._fast.cell import layer_weight, read_cells, reliability_bound, standing
 from honk.core.net import IPAddress, Network
-from honk.group.score.cells import CellStore, EvidenceCell, Outcome, Standing, current_cells
+from honk.group.score.cells import CellStore, EvidenceCell, Outcome, current_cells
 from honk.group.score.constants import (
     AGGREGATE_CELLS_MAX,
-    BLEND_FULL_EVIDENCE,
     EXACT_CELLS_MAX,
     QUALIFICATION_LEASE,
     QUALIFYING_COMPLETIONS,
-    RELIABILITY_CONFIDENCE,
-    RELIABILITY_PRIOR,
-    SETUP_FAILURE_WEIGHT,
 )
 from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, target_family
 
@@ -85,52 +81,6 @@ class EvidenceStats:
     aggregate_entries: int
     aggregate_capacity: int
     aggregate_evictions: int
-
-
-def reliability_bound(cell: EvidenceCell | None, now: float) -> float:
-    """A cell's reliability lower bound; setup failures weigh SETUP_FAILURE_WEIGHT (GH-K-26)."""
-    if cell is None:
-        return beta_lower_bound(0.0, 0.0, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR, RELIABILITY_PRIOR)
-    failures = cell.failures.value(now) + SETUP_FAILURE_WEIGHT * cell.setup_failures.value(now)
-    return beta_lower_bound(cell.successes.value(now), failures, RELIABILITY_CONFIDENCE,
-                            RELIABILITY_PRIOR, RELIABILITY_PRIOR)
-
-
-_PRIOR_BOUND = beta_lower_bound(0.0, 0.0, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR, RELIABILITY_PRIOR)
-
-
-def standing(cell: EvidenceCell, now: float) -> Standing:
-    """What a rank reads of ``cell`` at ``now``: its bound, its layer weight, its useful count."""
-    return Standing(reliability_bound(cell, now), layer_weight(cell, now), cell.useful.value(now))
-
-
-def read_cells(cells: Sequence[EvidenceCell | None], now: float) -> tuple[float, bool]:
-    """(reliability, qualified) of (global, family, exact) cells at ``now``: the hierarchical
-    blend's reliability (GH-K-04), and qualification by earned completions in a layer or the
-    global cell's running lease (GH-K-27/28). Each cell's standing is reused briefly."""
-    glob = cells[0]
-    if glob is None:
-        estimate, qualified = _PRIOR_BOUND, False
-    else:
-        read = glob.standing(now, standing)
-        estimate = read.bound
-        qualified = read.useful >= QUALIFYING_COMPLETIONS or (glob.lease_until is not None and now < glob.lease_until)
-    for cell in cells[1:]:
-        if cell is None:
-            continue
-        read = cell.standing(now, standing)
-        if read.weight > 0.0:
-            estimate = read.weight * read.bound + (1.0 - read.weight) * estimate
-        if read.useful >= QUALIFYING_COMPLETIONS:
-            qualified = True
-    return estimate, qualified
-
-
-def layer_weight(cell: EvidenceCell | None, now: float) -> float:
-    """How much of the estimate a layer takes over from its parents (GH-K-04)."""
-    if cell is None:
-        return 0.0
-    return min(1.0, cell.outcomes(now) / BLEND_FULL_EVIDENCE)
 
 
 class ScoreEvidence:
@@ -259,12 +209,12 @@ class ScoreEvidence:
         present = [c for c in cells if c is not None]
         support = max((c.outcomes(now) for c in present), default=0.0)
         useful = max((c.useful.value(now) for c in present), default=0.0)
-        return Blend(read_cells(cells, now)[0], (weights[0], weights[1], weights[2]), support, useful)
+        return Blend(read_cells(tuple(cells), now)[0], (weights[0], weights[1], weights[2]), support, useful)
 
     def qualified(self, group: str, network: Network, node_id: NodeId, now: float,
                   target: ScoreTarget | None = None, destination: IPAddress | None = None) -> bool:
         """Whether the node is qualified at ``now``: earned completions or a running lease."""
-        return read_cells(self.layers(group, network, target, node_id, destination), now)[1]
+        return read_cells(tuple(self.layers(group, network, target, node_id, destination)), now)[1]
 
     # --- lifecycle ------------------------------------------------------------------------------
 

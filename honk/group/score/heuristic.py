@@ -250,34 +250,29 @@ class FirstChoiceHeuristic:
         Business scopes are read at (family, target); probe scopes at every health family, each
         (identity, health family) its own scope.
         """
-        # scope -> [(candidate position, value, confidence)]: positions, so no node hashes again
-        readings: dict[tuple[Hashable, Family | None], list[tuple[int, float, float]]] = {}
+        # the rows to read: a target's business row (it holds the few nodes that carried the
+        # target), and each health family's probe row. Each row's scopes are its own, so a row
+        # of fewer nodes than a comparison needs cannot rank anybody.
+        rows = []
         business = self._rows.get((group, network, family, target))
-        probes = [(health, row) for health in _HEALTH_FAMILIES
-                  if (row := self._rows.get((group, network, health, None))) is not None]
-        first: dict[Hashable, int] = {}  # a node listed twice (two names, one node) reads once
+        if business is not None and len(business) >= PERFORMANCE_COMPARABLE_MIN:
+            rows.append((business, Metric, family))
+        for health in _HEALTH_FAMILIES:
+            row = self._rows.get((group, network, health, None))
+            if row is not None and len(row) >= PERFORMANCE_COMPARABLE_MIN:
+                rows.append((row, ProbeIdentity, health))
+        if not rows:
+            return [None] * len(candidates)
+        position: dict[Hashable, int] = {}  # a node listed twice (two names, one node) reads once
         aliases: list[tuple[int, int]] = []
         for i, node in enumerate(candidates):
-            j = first.setdefault(node, i)
+            j = position.setdefault(node, i)
             if j != i:
                 aliases.append((i, j))
-                continue
-            cell = business.get(node) if business is not None else None
-            if cell is not None:
-                for scope, entry in cell.items():
-                    if isinstance(scope, Metric):
-                        reading = entry.read(now)
-                        if reading is not None:
-                            readings.setdefault((scope, family), []).append((i, *reading))
-            for health, row in probes:
-                cell = row.get(node)
-                if cell is None:
-                    continue
-                for scope, entry in cell.items():
-                    if isinstance(scope, ProbeIdentity):
-                        reading = entry.read(now)
-                        if reading is not None:
-                            readings.setdefault((scope, health), []).append((i, *reading))
+        # scope -> [(candidate position, value, confidence)]: positions, so no node hashes again
+        readings: dict[tuple[Hashable, Family | None], list[tuple[int, float, float]]] = {}
+        for row, kind, row_family in rows:
+            _read_row(row, position, kind, row_family, now, readings)
         comparable = [(s, r) for s, r in readings.items() if len(r) >= PERFORMANCE_COMPARABLE_MIN]
         probe_scopes = sum(1 for (scope, _), _r in comparable if isinstance(scope, ProbeIdentity))
         total = 0.0
@@ -327,6 +322,21 @@ class FirstChoiceHeuristic:
 
     def __repr__(self) -> str:
         return f"FirstChoiceHeuristic(cells={len(self._cells)}, probe_generation={self._probe_generation})"
+
+
+def _read_row(row: dict[NodeId, dict[Hashable, _Scope]], position: dict[Hashable, int], kind: type,
+              family: Family | None, now: float, readings: dict[tuple[Hashable, Family | None], list]) -> None:
+    """Add the fresh readings of ``kind`` scopes (metrics or probe identities) of the row's
+    candidate nodes to ``readings``, each under (scope, family)."""
+    for node, cell in row.items():
+        i = position.get(node)
+        if i is None:
+            continue
+        for scope, entry in cell.items():
+            if isinstance(scope, kind):
+                reading = entry.read(now)
+                if reading is not None:
+                    readings.setdefault((scope, family), []).append((i, *reading))
 
 
 def _row(key: _Key) -> tuple:

@@ -19,6 +19,7 @@ A rank runs in this order:
    then configuration order; the rest follow by reliability, utility, configuration order.
    Reliability comes first, so a faster node that keeps failing never outranks a reliable one
    (GH-K-29); sample volume enters only through the Beta bound, never as a bonus.
+   Reading the members and ordering them is the compiled ``honk._fast.rank`` kernel.
 4. Optional trials, funded by the scope's ledger (GH-K-82..86, 90): each original applied rank
    (not a peek, not a retry through ``exclude``) earns 1/EARN_DIVISOR credit E; a trial spends
    one, and ``V <= B + floor(E)`` always holds (V spent, B the frozen cold allowance; a trial is
@@ -63,9 +64,12 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from honk._fast.rank import Candidate
+from honk._fast.rank import candidates as rank_candidates
+from honk._fast.rank import order as rank_order
 from honk.alive.outcome import Family
 from honk.core.net import Network
-from honk.group.score.cohort import Cohorts, EpisodeState
+from honk.group.score.cohort import Cohorts
 from honk.group.score.constants import (
     EARN_DIVISOR,
     EARNED_CREDIT_CAP,
@@ -81,7 +85,7 @@ from honk.group.score.constants import (
     TRIAL_ANSWER_TIMEOUT,
     cold_allowance,
 )
-from honk.group.score.evidence import EXACT_LAYER, EvidenceStats, ScoreEvidence, read_cells
+from honk.group.score.evidence import EvidenceStats, ScoreEvidence
 from honk.group.score.keys import NodeId, ScoreTarget, layer_rows
 from honk.group.score.switches import SwitchHistory
 
@@ -200,39 +204,7 @@ def _backoff(current: _Backoff | None, failure: float | None, now: float) -> _Ba
     return current
 
 
-@dataclass(slots=True)
-class _Candidate:  # built per member per rank: a plain slots class (a frozen one costs twice as much)
-    member: Member
-    index: int  # configuration order
-    reliability: float
-    utility: float | None
-    qualified: bool
-    unresolved: bool  # an open failure episode in one of its layers
-    recent_failure: bool  # ... whose newest failure is within RECENT_FAILURE_WINDOW
-    node_failure: bool = False  # ... in an aggregate layer: node-scoped, every target sees it
-    episodes: Sequence[tuple[int, EpisodeState]] = ()  # the open episodes: (layer, cohort state)
-    last_failure: float | None = None  # the newest failure time the evidence knows among them
-    backoff: _Backoff | None = None  # the exploration backoff as of this rank (unresolved only)
-    cleared: bool = False  # every open episode accepted an RX after its fence: exploration cleared
-
-
-def _front_key(c: _Candidate) -> tuple:
-    return (c.utility is None, -(c.utility or 0.0), -c.reliability, c.index)
-
-
-def _rest_key(c: _Candidate) -> tuple:
-    return (-c.reliability, c.utility is None, -(c.utility or 0.0), c.index)
-
-
-def _order(candidates: list[_Candidate]) -> list[_Candidate]:
-    """Reliability first, then utility within the reliability band, then configuration order."""
-    if not candidates:
-        return []
-    floor = max([c.reliability for c in candidates]) - RELIABILITY_BAND
-    return sorted(candidates, key=lambda c: (False, _front_key(c)) if c.reliability >= floor else (True, _rest_key(c)))
-
-
-def _winner_reason(winner: _Candidate, order: list[_Candidate]) -> str:
+def _winner_reason(winner: Candidate, order: list[Candidate]) -> str:
     """Why a first choice or promotion won: performance only when fresh utility decided it
     among members of comparable reliability; reliability (or configuration order) otherwise."""
     best = max(c.reliability for c in order)
@@ -242,7 +214,7 @@ def _winner_reason(winner: _Candidate, order: list[_Candidate]) -> str:
     return RELIABILITY_WINNER
 
 
-def _challenge(incumbent: _Candidate, challenger: _Candidate) -> str | None:
+def _challenge(incumbent: Candidate, challenger: Candidate) -> str | None:
     """The reason the challenger displaces the incumbent, or None when the incumbent holds.
 
     Reliability first: a challenger more reliable by HOLD_RELIABILITY_MARGIN wins outright; one
@@ -306,7 +278,7 @@ class ScoreState:
         if not eligible:  # every live member failed recently: rank them all rather than none
             eligible = candidates
         excluded = len(candidates) - len(eligible)
-        order = _order(eligible)
+        order = rank_order(eligible, RELIABILITY_BAND)
 
         scope_key = (group, network, family)
         scope = self.scopes.get(scope_key)
@@ -325,7 +297,11 @@ class ScoreState:
         held = self._backoffs.get(history_key)
         unresolved = [c for c in candidates if c.unresolved]
         for c in unresolved:
-            c.backoff = _backoff(held.get(c.member.node_id) if held else None, c.last_failure, now)
+            current = held.get(c.member.node_id) if held else None
+            if current is not None and (c.last_failure is None or c.last_failure <= current.failure):
+                c.backoff = current  # the streak goes on with no newer failure: as held
+            else:
+                c.backoff = _backoff(current, c.last_failure, now)
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
@@ -381,7 +357,7 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
-    def _recovery(self, eligible: list[_Candidate], now: float) -> _Candidate | None:
+    def _recovery(self, eligible: list[Candidate], now: float) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
         has elapsed and whose previous trial is answered or timed out; configuration order."""
@@ -397,14 +373,19 @@ class ScoreState:
                 first.append(c)
         return (continuing + first)[0] if continuing or first else None
 
-    def _ordinary(self, order: list[_Candidate], candidates: list[_Candidate],
-                  incumbent_id: NodeId | None) -> tuple[_Candidate, str]:
+    def _ordinary(self, order: list[Candidate], candidates: list[Candidate],
+                  incumbent_id: NodeId | None) -> tuple[Candidate, str]:
         top = order[0]
         if incumbent_id is None:
             return top, _winner_reason(top, order)
         # the ids of one manager's members are the same objects; after a reload, equal ones
-        incumbent = (next((c for c in candidates if c.member.node_id is incumbent_id), None)
-                     or next((c for c in candidates if c.member.node_id == incumbent_id), None))
+        incumbent = None
+        for c in candidates:
+            if c.member.node_id is incumbent_id:
+                incumbent = c
+                break
+        else:
+            incumbent = next((c for c in candidates if c.member.node_id == incumbent_id), None)
         if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
             return top, INCUMBENT_INELIGIBLE
         others = [c for c in order if c is not incumbent]
@@ -428,7 +409,7 @@ class ScoreState:
             return incumbent, INSUFFICIENT_EVIDENCE_HELD
         return incumbent, INCUMBENT_HELD
 
-    def _escapes(self, incumbent: _Candidate, sound: _Candidate) -> bool:
+    def _escapes(self, incumbent: Candidate, sound: Candidate) -> bool:
         """Whether the incumbent's unresolved failure makes it leave now (GH-K-34 permits it; it
         does not require it). A node-scoped failure always does: every target shares the cause.
         A target-path failure does when it is not the first independent one of its episode, or
@@ -442,7 +423,7 @@ class ScoreState:
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                    alive: list[tuple[int, Member]], now: float) -> list[_Candidate]:
+                    alive: list[tuple[int, Member]], now: float) -> list[Candidate]:
         target_for_read = target if family is not None else None  # no family: only the global aggregate
         utilities: Sequence[float | None] = _NO_UTILITIES * len(alive)
         if self.performance is not None:
@@ -450,35 +431,11 @@ class ScoreState:
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
         rows = layer_rows(group, network, family, target_for_read)
         glob_row, family_row, exact_row = self.evidence.rows(rows)
-        # the open episodes of this read's rows, by node: only their members look further
-        opened: dict[NodeId, list[tuple[int, EpisodeState]]] = {}
-        for layer, row in enumerate(rows):
-            for node, episode in self.cohorts.open_states(row).items():
-                opened.setdefault(node, []).append((layer, episode))
-        out = []
-        for position, (index, member) in enumerate(alive):
-            node = member.node_id
-            utility = utilities[position]
-            cells = (glob_row.get(node), family_row.get(node), exact_row.get(node))
-            reliability, qualified = read_cells(cells, now)
-            episodes = opened.get(node) if opened else None
-            if episodes is None:  # no cell of this node has an open episode
-                out.append(_Candidate(member, index, reliability, utility, qualified, False, False))
-                continue
-            recent = node_failure = False
-            cleared = True
-            last: float | None = None
-            for layer, episode in episodes:
-                node_failure = node_failure or layer < EXACT_LAYER
-                cleared = cleared and episode.rx_since_fence
-                cell = cells[layer]
-                if cell is not None and cell.last_failure is not None:
-                    last = cell.last_failure if last is None else max(last, cell.last_failure)
-                    if now - cell.last_failure < RECENT_FAILURE_WINDOW:
-                        recent = True
-            out.append(_Candidate(member, index, reliability, utility, qualified, True, recent,
-                                  node_failure, episodes, last, None, cleared))
-        return out
+        # the open failure episodes of the same rows, by node
+        open_states = self.cohorts.open_states
+        glob_open, family_open, exact_open = open_states(rows[0]), open_states(rows[1]), open_states(rows[2])
+        return rank_candidates(alive, utilities, glob_row, family_row, exact_row, glob_open, family_open, exact_open,
+                               now, RECENT_FAILURE_WINDOW)
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
         counters = self._counters.get((group, network))

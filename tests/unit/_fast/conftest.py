@@ -32,3 +32,13 @@ def decay_mod(request):
 @pytest.fixture(params=IMPLS)
 def beta_mod(request):
     return load("beta", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def cell_mod(request):
+    return load("cell", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def rank_mod(request):
+    return load("rank", request.param)

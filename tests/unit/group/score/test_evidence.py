@@ -317,15 +317,15 @@ def test_a_cells_standing_is_reused_briefly_and_recomputed_after_a_record_or_the
     for _ in range(6):
         cell.record(Outcome.USEFUL, 0.0)
     cell.record(Outcome.FAILURE, 0.0)
-    first = cell.standing(10.0, standing)
+    first = cell.standing(10.0)
     assert first == standing(cell, 10.0)
     assert first.bound == reliability_bound(cell, 10.0) and first.useful == cell.useful.value(10.0)
     later = 10.0 + BOUND_REUSE / 2
-    assert cell.standing(later, standing) == first  # reused within the window ...
+    assert cell.standing(later) == first  # reused within the window ...
     fresh = standing(cell, later)
     assert first == pytest.approx(fresh, rel=5e-4)  # ... where decay barely moves it (0.02 % in half a second)
     cell.record(Outcome.FAILURE, later)  # new evidence: recomputed at once
-    assert cell.standing(later, standing) == standing(cell, later)
-    assert cell.standing(later, standing).bound < first.bound
+    assert cell.standing(later) == standing(cell, later)
+    assert cell.standing(later).bound < first.bound
     after = later + BOUND_REUSE
-    assert cell.standing(after, standing) == standing(cell, after)
+    assert cell.standing(after) == standing(cell, after)

@@ -1,0 +1,35 @@
+# C types for the compiled build of rank_py.py (keep in step with it).
+
+cimport cython
+from honk._fast.cell_c cimport read_cells
+
+cdef Py_ssize_t EXACT_LAYER
+
+cdef class Candidate:
+    cdef public object member
+    cdef public Py_ssize_t index
+    cdef public double reliability
+    cdef public object utility
+    cdef public bint qualified
+    cdef public bint unresolved
+    cdef public bint recent_failure
+    cdef public bint node_failure
+    cdef public object episodes
+    cdef public object last_failure
+    cdef public object backoff
+    cdef public bint cleared
+
+@cython.locals(c=Candidate)
+cdef Candidate _candidate(object member, Py_ssize_t index, double reliability, object utility, bint qualified)
+
+@cython.locals(out=list, position=Py_ssize_t, index=object, reliability=double, qualified=bint, recent=bint,
+               node_failure=bint, cleared=bint, layer=Py_ssize_t, cells=tuple, failed=double, any_open=bint,
+               episodes=list, opens=dict)
+cpdef list candidates(list alive, object utilities, dict glob_row, dict family_row, dict exact_row,
+                      dict glob_open, dict family_open, dict exact_open, double now, double recent_window)
+
+@cython.locals(a_front=bint)
+cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
+
+@cython.locals(count=Py_ssize_t, best=double, floor=double, i=Py_ssize_t, j=Py_ssize_t, c=Candidate, out=list)
+cpdef list order(list candidates, double band)

@@ -1,0 +1,157 @@
+"""Score's per-member read of one rank, and the reliability-first order (GH-K-04, 06, 29, 46).
+
+A rank of a Score group reads every live member on every flow: its blended cells, its open
+failure episodes, its utility. That loop and the order are the kernel; the decisions made on
+the ordered candidates stay in ``honk.group.score.ranker``.
+
+Order (GH-K-06, no randomness): the members whose reliability lower bound is within ``band``
+of the best form the front, ordered by fresh utility (None last: missing performance is never a
+gain, GH-K-31), then reliability, then configuration order; the rest follow by reliability,
+utility, configuration order. The configuration index makes every key unique.
+
+This file is plain Python and also the Cython source of ``rank_c`` (types in ``rank_c.pxd``);
+keep the two in step.
+"""
+
+import cython
+
+if not cython.compiled:  # the compiled build cimports the compiled cell kernel (rank_c.pxd)
+    from honk._fast.cell_py import read_cells  # reads a cell of either build
+
+EXACT_LAYER = 2  # the exact layer's index in a read's (global, family, exact) cells
+
+
+class Candidate:
+    """One live member as a rank sees it (built per member per rank)."""
+
+    def __init__(self, member: object, index: int, reliability: float, utility: object, qualified: bool,
+                 unresolved: bool = False, recent_failure: bool = False, node_failure: bool = False,
+                 episodes: object = (), last_failure: object = None, cleared: bool = False) -> None:
+        self.member = member
+        self.index = index  # configuration order
+        self.reliability = reliability
+        self.utility = utility  # None: no fresh performance
+        self.qualified = qualified
+        self.unresolved = unresolved  # an open failure episode in one of its layers
+        self.recent_failure = recent_failure  # ... whose newest failure is within the recent window
+        self.node_failure = node_failure  # ... in an aggregate layer: node-scoped, every target sees it
+        self.episodes = episodes  # the open episodes: (layer, cohort state)
+        self.last_failure = last_failure  # the newest failure time the evidence knows among them
+        self.backoff = None  # the exploration backoff as of this rank (the ranker sets it)
+        self.cleared = cleared  # every open episode accepted an RX after its fence
+
+    def __repr__(self) -> str:
+        return f"Candidate(index={self.index}, reliability={self.reliability:.3f}, utility={self.utility})"
+
+
+def _candidate(member, index, reliability, utility, qualified):  # typed in rank_c.pxd
+    """A candidate without an open episode (the compiled build skips the argument parsing)."""
+    if not cython.compiled:
+        return Candidate(member, index, reliability, utility, qualified)
+    c = Candidate.__new__(Candidate)
+    c.member = member
+    c.index = index
+    c.reliability = reliability
+    c.utility = utility
+    c.qualified = qualified
+    c.episodes = ()
+    return c
+
+
+def candidates(alive: list, utilities: object, glob_row: dict, family_row: dict, exact_row: dict,
+               glob_open: dict, family_open: dict, exact_open: dict, now: float, recent_window: float) -> list:
+    """A :class:`Candidate` per ``(configuration index, member)`` of ``alive``, in its order.
+
+    ``utilities`` are in ``alive``'s order. The rows map a node to its cell of that layer, the
+    opens to that cell's open failure episode state (:meth:`Cohorts.open_states`). A failure
+    within ``recent_window`` of ``now`` is recent (GH-K-46)."""
+    out = []
+    position = 0
+    any_open = bool(glob_open) or bool(family_open) or bool(exact_open)
+    for index, member in alive:
+        node = member[1]  # Member.node_id
+        utility = utilities[position]
+        position += 1
+        cells = (glob_row.get(node), family_row.get(node), exact_row.get(node))
+        reliability, qualified = read_cells(cells, now)
+        episodes = None
+        if any_open:
+            for layer, opens in enumerate((glob_open, family_open, exact_open)):
+                if opens:
+                    episode = opens.get(node)
+                    if episode is not None:
+                        if episodes is None:
+                            episodes = []
+                        episodes.append((layer, episode))
+        if episodes is None:  # no cell of this node has an open episode
+            out.append(_candidate(member, index, reliability, utility, qualified))
+            continue
+        recent = False
+        node_failure = False
+        cleared = True
+        last = None
+        for layer, episode in episodes:
+            if layer < EXACT_LAYER:
+                node_failure = True
+            if not episode.rx_since_fence:
+                cleared = False
+            cell = cells[layer]
+            if cell is not None and cell.last_failure is not None:
+                failed = cell.last_failure
+                if last is None or failed > last:
+                    last = failed
+                if now - failed < recent_window:
+                    recent = True
+        out.append(Candidate(member, index, reliability, utility, qualified, True, recent, node_failure, episodes,
+                             last, cleared))
+    return out
+
+
+def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
+    """Whether ``a`` ranks before ``b`` (see the module docstring); the same order as
+    :func:`_sort_key`."""
+    a_front = a.reliability >= floor
+    if a_front != (b.reliability >= floor):
+        return a_front
+    if not a_front and a.reliability != b.reliability:  # behind the band: reliability first
+        return a.reliability > b.reliability
+    if (a.utility is None) != (b.utility is None):  # missing performance is never a gain
+        return b.utility is None
+    if a.utility is not None and a.utility != b.utility:
+        return a.utility > b.utility
+    if a.reliability != b.reliability:
+        return a.reliability > b.reliability
+    return a.index < b.index
+
+
+def _sort_key(c: Candidate, floor: float) -> tuple:
+    """The order as a key (the pure-Python build sorts with it)."""
+    u = 0.0 if c.utility is None else c.utility
+    if c.reliability >= floor:
+        return (False, c.utility is None, -u, -c.reliability, c.index)
+    return (True, -c.reliability, c.utility is None, -u, c.index)
+
+
+def order(candidates: list, band: float) -> list:
+    """``candidates`` in rank order: reliability first, utility within the reliability band,
+    then configuration order."""
+    count = len(candidates)
+    if count == 0:
+        return []
+    best = candidates[0].reliability
+    for i in range(1, count):
+        c = candidates[i]
+        if c.reliability > best:
+            best = c.reliability
+    floor = best - band
+    if not cython.compiled:  # keys are unique (the index), so the pairs never compare candidates
+        return [c for _, c in sorted([(_sort_key(c, floor), c) for c in candidates])]
+    out = list(candidates)
+    for i in range(1, count):  # insertion sort in C: a rank orders a handful of members
+        c = out[i]
+        j = i - 1
+        while j >= 0 and _precedes(c, out[j], floor):
+            out[j + 1] = out[j]
+            j -= 1
+        out[j + 1] = c
+    return out
