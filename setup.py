@@ -47,6 +47,18 @@ class OptionalBuildExt(build_ext):
             print(f"honk: {ext.name} not built ({exc}); its pure-Python twin will be used")
 
 
+def _drop_stale_sources(exts):
+    """Remove a generated C file older than any kernel .pxd: cythonize does not notice a changed
+    augmenting .pxd (its own, or one it cimports), and a stale module then fails at import with
+    a binary-size mismatch. Regenerating the few small kernels is cheap."""
+    pxds = [os.path.join("honk/_fast", f) for f in os.listdir("honk/_fast") if f.endswith(".pxd")]
+    newest = max((os.path.getmtime(p) for p in pxds), default=0.0)
+    for ext in exts:
+        generated = os.path.splitext(ext.sources[0])[0] + ".c"
+        if os.path.exists(generated) and os.path.getmtime(generated) < newest:
+            os.remove(generated)
+
+
 def extensions():
     if NO_EXTENSIONS:
         print("honk: HONK_NO_EXTENSIONS set; not compiling the _fast kernels")
@@ -63,6 +75,7 @@ def extensions():
     exts += [Extension(f"honk._fast.{m}_c", [f"honk/_fast/{m}_c.pyx"], libraries=LIBRARIES.get(m, []))
              for m in PYX_MODULES if os.path.exists(f"honk/_fast/{m}_c.pyx")]
     print(f"honk: compiling {', '.join(e.name for e in exts)} with Cython")
+    _drop_stale_sources(exts)
     return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
 
 

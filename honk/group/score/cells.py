@@ -1,7 +1,7 @@
 """Score's evidence cells and their bounded LRU stores (GH-K-07, GH-K-11, GH-K-25).
 
-A cell holds decayed (30-minute half-life) counts of one node's outcomes under one key. The
-stores are LRUs populated on demand; eviction drops the least recently admitted or updated
+A cell holds decayed (30-minute half-life) counts of one node's outcomes under one key; the cell
+itself is the compiled kernel ``honk._fast.cell``, every rank reads it. The stores are LRUs populated on demand; eviction drops the least recently admitted or updated
 cell. Every cell gets an *incarnation* from a store-wide counter that never goes back, and a
 reporter's update names the incarnation it was admitted under: after an eviction, a prune or
 a clear, a stale reporter finds no cell or a newer incarnation and its update is ignored, so
