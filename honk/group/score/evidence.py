@@ -41,7 +41,6 @@ from honk.group.score.constants import (
 from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, target_family
 
 LAYERS = 3  # global, family, exact
-EXACT_LAYER = 2  # the index of the exact layer in a read's cells; the aggregates come before it
 
 
 @dataclass(frozen=True, slots=True)
