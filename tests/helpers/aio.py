@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from helpers.socks import encode_address
 from honk.config.spec import MatchArg, Predicate, RuleSpec
@@ -41,3 +42,12 @@ async def close_writer(writer: asyncio.StreamWriter) -> None:
     writer.close()
     with contextlib.suppress(OSError):
         await writer.wait_closed()
+
+
+async def until(condition: Callable[[], bool], what: str, turns: int = 1000) -> None:
+    """Let the loop run until ``condition()`` holds: bounded in loop turns, not in time."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import aiohttp
-from helpers.aio import close_writer, socks5_open
+from helpers.aio import close_writer, socks5_open, until
 from helpers.apidaemon import api_base, bearer, quiet_global, running_daemon
 from helpers.engines import poll
 from helpers.servers import echo_server, free_port
@@ -110,6 +110,8 @@ async def test_a_close_drain_ends_only_the_drained_versions_flows_with_the_drain
         leaf = dispatcher.plane.outbounds["direct"]
         leaf.outbound_id = "direct@v1"  # what the reconciler sets on each build
         old_reader, old_writer, _, _ = await socks5_open(port, "127.0.0.1", echo)
+        # the SOCKS reply comes before the server tracks the flow (and reads its version)
+        await until(lambda: tracker.versions_with_flows() == {"direct@v1": 1}, "the first flow tracked")
         leaf.outbound_id = "direct@v2"  # a rebuild: new flows open on the next version
         new_reader, new_writer, _, _ = await socks5_open(port, "127.0.0.1", echo)
         try:
