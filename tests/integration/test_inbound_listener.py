@@ -17,7 +17,7 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from helpers.aio import close_writer, socks5_open
+from helpers.aio import close_writer, socks5_open, until
 from helpers.engines import FASTPATH_ENGINES
 from helpers.servers import EchoServer, HttpOrigin
 from helpers.socks import encode_address
@@ -135,15 +135,6 @@ def listening_inodes(port: int) -> list[int]:
                 if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                     inodes.append(inode)
     return inodes
-
-
-async def until(condition, what: str) -> None:
-    """Let the loop run until ``condition()`` holds (bounded in turns, not in time)."""
-    for _ in range(YIELDS):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def connect_through(port: int, echo: EchoServer, auth: tuple[str, str] | None = None):
@@ -401,7 +392,7 @@ def test_close_tag_ends_handshaking_and_relaying_sessions_of_that_tag_only(run, 
                 assert await ended(relaying_r)
                 assert await ended(shaking_r)
                 assert await echoes(other_r, other_w)
-                await until(lambda: not w.sessions.sessions("lan"), "lan's sessions finished")
+                await until(lambda: not w.sessions.sessions("lan"), "lan's sessions finished", YIELDS)
                 for writer in (relaying_w, shaking_w, other_w):
                     await close_writer(writer)
 
@@ -497,7 +488,7 @@ def test_an_http_request_under_a_revoked_principal_is_refused_with_403(run, asyn
                 inbound = w.inbound("lan", (ALICE, BOB))
                 await inbound.start()
                 reader, writer = await asyncio.open_connection("127.0.0.1", _port(inbound))
-                await until(lambda: len(w.sessions) == 1, "the connection was accepted")
+                await until(lambda: len(w.sessions) == 1, "the connection was accepted", YIELDS)
                 # a reload removes alice while the connection (served with the old table) is open
                 admissions, revoked = admit(inbound.admissions, "lan", (BOB,))
                 w.sessions.revoke(revoked, KEEP, w.clock)
@@ -565,7 +556,7 @@ def test_registry_aclose_ends_a_stalled_handshake_and_a_pending_grace_at_once(ru
                 alice = await connect_through(_port(inbound), echo, auth=(ALICE.username, ALICE.password))
                 stalled_r, stalled_w = await asyncio.open_connection("127.0.0.1", _port(inbound))
                 stalled_w.write(b"\x05")  # half a greeting, then nothing
-                await until(lambda: len(w.sessions) == 2, "the stalled client was accepted")
+                await until(lambda: len(w.sessions) == 2, "the stalled client was accepted", YIELDS)
                 w.sessions.revoke([inbound.admissions["alice"]], close_after(3600.0), w.clock)
 
                 assert await w.sessions.aclose() == 2
