@@ -11,7 +11,7 @@ import importlib
 import time
 from collections.abc import Callable
 
-OPS = 2_000_000  # calls per row for the cheap kernels; the Beta, cell and rank rows run OPS // 40
+OPS = 2_000_000  # calls per row for the cheap kernels (a NodeId row: lookups); the Beta, cell and rank rows run OPS // 40
 
 
 def _movavg_update(mod, n: int) -> None:
@@ -83,6 +83,15 @@ def _rank_read_order(mod, n: int) -> None:
         mod.order(out, 0.05)
 
 
+def _nodeid_lookup(mod, n: int) -> None:
+    ids = [mod.NodeId(int=(i + 1) * 0x9E3779B97F4A7C15) for i in range(50)]
+    row = {node: i for i, node in enumerate(ids)}  # a rank's row of cells by node
+    get = row.get
+    for _ in range(n // 50):
+        for node in ids:
+            get(node)
+
+
 # (row label, kernel, loop over one implementation module, calls per OPS)
 ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
     ("movavg.HalvingAverage.update", "movavg", _movavg_update, 1.0),
@@ -93,6 +102,7 @@ ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
     ("beta.beta_lower_bound", "beta", _beta_lower_bound, 1 / 40),
     ("cell: 3 records + read_cells", "cell", _cell_record_read, 1 / 40),
     ("rank: candidates + order, 8 members", "rank", _rank_read_order, 1 / 40),
+    ("nodeid: dict lookup by NodeId", "nodeid", _nodeid_lookup, 1.0),
 )
 
 

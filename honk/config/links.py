@@ -61,6 +61,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote as pct_decode
 
+from honk._fast.nodeid import node_id
 from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
 from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
 
@@ -574,4 +575,4 @@ def derive_node_id(node: NodeSpec) -> uuid.UUID:
         f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in NON_IDENTITY_PARAMS)
     )
     fields = (node.protocol, node.host, str(node.port), fingerprint, shape)
-    return uuid.uuid5(NODE_ID_NAMESPACE, "|".join(_escape(f) for f in fields))
+    return node_id(uuid.uuid5(NODE_ID_NAMESPACE, "|".join(_escape(f) for f in fields)))

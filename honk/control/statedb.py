@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from honk._fast.nodeid import NodeId
+
 __all__ = ["DELAY_MAX_AGE", "SCHEMA_VERSION", "StateDB", "corrupt_path", "create_private_file", "state_db_path"]
 
 log = logging.getLogger(__name__)
@@ -215,7 +217,7 @@ class StateDB:
             )
             for node_id, delay, measured_at in rows:
                 try:
-                    key = uuid.UUID(node_id)
+                    key = NodeId(node_id)
                 except (TypeError, ValueError, AttributeError):
                     continue  # not written by us; ignore rather than fail the whole load
                 if isinstance(delay, float) and math.isfinite(delay) and delay >= 0:

@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
+from honk._fast import nodeid
 from honk.alive.outcome import Family
 from honk.config.spec import GroupSpec, Spec
 from honk.core.clock import Clock
@@ -745,7 +746,7 @@ def _normal_identity(identity: Identity) -> Identity:
     """Identities read back from storage carry text; nodes are keyed by UUID."""
     kind, value = identity
     if kind == "node" and not isinstance(value, uuid.UUID):
-        return (kind, uuid.UUID(str(value)))
+        return (kind, nodeid.NodeId(str(value)))
     return (kind, value)
 
 

@@ -42,3 +42,8 @@ def cell_mod(request):
 @pytest.fixture(params=IMPLS)
 def rank_mod(request):
     return load("rank", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def nodeid_mod(request):
+    return load("nodeid", request.param)
