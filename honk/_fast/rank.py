@@ -6,11 +6,28 @@ from honk._fast import load
 
 IMPLEMENTATION: str
 if TYPE_CHECKING:
-    from honk._fast.rank_py import Candidate, candidates, order
+    from honk._fast.rank_py import (
+        Candidate,
+        candidates,
+        find,
+        first_cold,
+        forget_resolved,
+        live,
+        members_first,
+        order,
+        survey,
+    )
 else:
     _impl, IMPLEMENTATION = load("rank")
     Candidate = _impl.Candidate
     candidates = _impl.candidates
     order = _impl.order
+    live = _impl.live
+    survey = _impl.survey
+    first_cold = _impl.first_cold
+    find = _impl.find
+    forget_resolved = _impl.forget_resolved
+    members_first = _impl.members_first
 
-__all__ = ["Candidate", "IMPLEMENTATION", "candidates", "order"]
+__all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "forget_resolved", "live", "members_first",
+           "order", "survey"]

@@ -33,3 +33,21 @@ cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
 
 @cython.locals(count=Py_ssize_t, best=double, floor=double, i=Py_ssize_t, j=Py_ssize_t, c=Candidate, out=list)
 cpdef list order(list candidates, double band)
+
+@cython.locals(alive=list, nodes=list, dead=Py_ssize_t, index=Py_ssize_t, excluding=bint)
+cpdef tuple live(object members, object exclude)
+
+@cython.locals(eligible=list, unresolved=list, c=Candidate)
+cpdef tuple survey(list candidates)
+
+@cython.locals(c=Candidate)
+cpdef object first_cold(list eligible, object tried)
+
+@cython.locals(c=Candidate)
+cpdef object find(list candidates, object node)
+
+@cython.locals(c=Candidate)
+cpdef void forget_resolved(list candidates, dict held)
+
+@cython.locals(out=list, c=Candidate)
+cpdef tuple members_first(list order, Candidate winner)

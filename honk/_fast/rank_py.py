@@ -58,6 +58,26 @@ def _candidate(member, index, reliability, utility, qualified):  # typed in rank
     return c
 
 
+def live(members: object, exclude: object) -> tuple:
+    """``(alive, nodes, dead)``: the live members of ``members`` as ``(configuration index,
+    member)``, their nodes in that order, and how many considered members were dead. A member is
+    ``(name, node, alive)``; one whose node is in ``exclude`` is not considered at all."""
+    alive = []
+    nodes = []
+    dead = 0
+    index = 0
+    excluding = bool(exclude)
+    for member in members:
+        if not excluding or member[1] not in exclude:
+            if member[2]:
+                alive.append((index, member))
+                nodes.append(member[1])
+            else:
+                dead += 1
+        index += 1
+    return alive, nodes, dead
+
+
 def candidates(alive: list, utilities: object, glob_row: dict, family_row: dict, exact_row: dict,
                glob_open: dict, family_open: dict, exact_open: dict, now: float, recent_window: float) -> list:
     """A :class:`Candidate` per ``(configuration index, member)`` of ``alive``, in its order.
@@ -105,6 +125,59 @@ def candidates(alive: list, utilities: object, glob_row: dict, family_row: dict,
         out.append(Candidate(member, index, reliability, utility, qualified, True, recent, node_failure, episodes,
                              last, cleared))
     return out
+
+
+def survey(candidates: list) -> tuple:
+    """``(eligible, unresolved)`` of ``candidates``, each in their order. A recent node-scoped
+    failure keeps a member out (GH-K-46); when that would leave none, every candidate is
+    eligible. ``unresolved``: the candidates with an open failure episode."""
+    eligible = []
+    unresolved = []
+    for c in candidates:
+        if c.unresolved:
+            unresolved.append(c)
+            if c.recent_failure and c.node_failure:
+                continue
+        eligible.append(c)
+    if not eligible:
+        return list(candidates), unresolved
+    return eligible, unresolved
+
+
+def first_cold(eligible: list, tried: object) -> object:
+    """The first of ``eligible`` that is unqualified, has no open episode and whose node is not
+    in ``tried``; None when there is none."""
+    for c in eligible:
+        if not c.qualified and not c.unresolved and c.member[1] not in tried:
+            return c
+    return None
+
+
+def find(candidates: list, node: object) -> object:
+    """The candidate whose member's node is ``node`` (the same object, else an equal one), or None."""
+    for c in candidates:
+        if c.member[1] is node:
+            return c
+    for c in candidates:
+        if c.member[1] == node:
+            return c
+    return None
+
+
+def forget_resolved(candidates: list, held: dict) -> None:
+    """Remove from ``held`` (by node) every candidate without an open episode."""
+    for c in candidates:
+        if not c.unresolved:
+            held.pop(c.member[1], None)
+
+
+def members_first(order: list, winner: Candidate) -> tuple:
+    """The members of ``order``, ``winner``'s first."""
+    out = [winner.member]
+    for c in order:
+        if c is not winner:
+            out.append(c.member)
+    return tuple(out)
 
 
 def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:

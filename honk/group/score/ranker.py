@@ -64,7 +64,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from honk._fast.rank import Candidate
+from honk._fast.rank import Candidate, find, first_cold, forget_resolved, live, members_first, survey
 from honk._fast.rank import candidates as rank_candidates
 from honk._fast.rank import order as rank_order
 from honk.alive.outcome import Family
@@ -260,23 +260,16 @@ class ScoreState:
              members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
              peek: bool = False) -> Ranked:
         """Rank ``members`` (configuration order) for one flow; see the module docstring."""
-        if exclude:
-            considered = [(i, m) for i, m in enumerate(members) if m.node_id not in exclude]
-            alive = [(i, m) for i, m in considered if m.alive]
-            dead = len(considered) - len(alive)
-        else:
-            alive = [(i, m) for i, m in enumerate(members) if m.alive]
-            dead = len(members) - len(alive)
+        alive, nodes, dead = live(members, exclude)
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
             return Ranked(alive[0][1], SINGLETON, (alive[0][1],))
 
-        candidates = self._candidates(group, network, target, family, alive, now)
+        candidates = self._candidates(group, network, target, family, alive, nodes, now)
         # a recent node-scoped failure keeps a member out; a target-path one only opens its cell
-        eligible = [c for c in candidates if not (c.recent_failure and c.node_failure)]
-        if not eligible:  # every live member failed recently: rank them all rather than none
-            eligible = candidates
+        # (and when every live member failed recently, all are ranked rather than none)
+        eligible, unresolved = survey(candidates)
         excluded = len(candidates) - len(eligible)
         order = rank_order(eligible, RELIABILITY_BAND)
 
@@ -295,7 +288,6 @@ class ScoreState:
         if original:
             ledger.earn()
         held = self._backoffs.get(history_key)
-        unresolved = [c for c in candidates if c.unresolved]
         for c in unresolved:
             current = held.get(c.member.node_id) if held else None
             if current is not None and (c.last_failure is None or c.last_failure <= current.failure):
@@ -305,10 +297,7 @@ class ScoreState:
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
-        cold = None
-        if ledger.remaining > 0:
-            cold = next((c for c in eligible  # configuration order, as the candidates were built
-                         if not c.qualified and not c.unresolved and c.member.node_id not in ledger.tried), None)
+        cold = first_cold(eligible, ledger.tried) if ledger.remaining > 0 else None  # configuration order
 
         trial_reason = None
         if cold is not None:
@@ -316,10 +305,10 @@ class ScoreState:
         else:
             winner, reason = self._ordinary(order, candidates, incumbent_id)
             if original and ledger.remaining > 0:
-                recovery = self._recovery(eligible, now)
+                recovery = self._recovery(eligible, unresolved, now)
                 if recovery is not None and recovery is not winner:
                     winner, reason, trial_reason = recovery, PERIODIC_EXPLORE, PERIODIC_EXPLORE
-        ranked_order = tuple([winner.member] + [c.member for c in order if c is not winner])
+        ranked_order = members_first(order, winner)
         if peek:
             return Ranked(winner.member, PEEK, ranked_order)
 
@@ -329,9 +318,7 @@ class ScoreState:
         if unresolved or held:
             kept = held if held is not None else {}  # updated in place: a peek never gets here
             if held:  # recovered candidates end their streak; members not ranked keep theirs
-                for c in candidates:
-                    if not c.unresolved:
-                        kept.pop(c.member.node_id, None)
+                forget_resolved(candidates, kept)
             for c in unresolved:
                 backoff = c.backoff
                 if trial_reason == PERIODIC_EXPLORE and c.member.node_id == winner.member.node_id:
@@ -357,10 +344,13 @@ class ScoreState:
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, ranked_order)
 
-    def _recovery(self, eligible: list[Candidate], now: float) -> Candidate | None:
+    def _recovery(self, eligible: list[Candidate], unresolved: list[Candidate], now: float) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
-        has elapsed and whose previous trial is answered or timed out; configuration order."""
+        has elapsed and whose previous trial is answered or timed out; configuration order.
+        Only a member with an open episode (``unresolved``, each with its backoff) is owed one."""
+        if not unresolved:
+            return None
         continuing, first = [], []
         for c in eligible:  # configuration order
             backoff = c.backoff
@@ -379,13 +369,7 @@ class ScoreState:
         if incumbent_id is None:
             return top, _winner_reason(top, order)
         # the ids of one manager's members are the same objects; after a reload, equal ones
-        incumbent = None
-        for c in candidates:
-            if c.member.node_id is incumbent_id:
-                incumbent = c
-                break
-        else:
-            incumbent = next((c for c in candidates if c.member.node_id == incumbent_id), None)
+        incumbent = find(candidates, incumbent_id)
         if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
             return top, INCUMBENT_INELIGIBLE
         others = [c for c in order if c is not incumbent]
@@ -423,11 +407,11 @@ class ScoreState:
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                    alive: list[tuple[int, Member]], now: float) -> list[Candidate]:
+                    alive: list[tuple[int, Member]], nodes: list[NodeId], now: float) -> list[Candidate]:
         target_for_read = target if family is not None else None  # no family: only the global aggregate
         utilities: Sequence[float | None] = _NO_UTILITIES * len(alive)
         if self.performance is not None:
-            utilities = self.performance.score(group, network, target, family, [m.node_id for _, m in alive], now)
+            utilities = self.performance.score(group, network, target, family, nodes, now)
         # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
         rows = layer_rows(group, network, family, target_for_read)
         glob_row, family_row, exact_row = self.evidence.rows(rows)

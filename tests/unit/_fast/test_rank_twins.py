@@ -22,6 +22,9 @@ member = st.fixed_dictionaries({
     "utility": st.one_of(st.none(), st.floats(0.0, 1.0)),
     "layers": st.lists(outcomes, min_size=3, max_size=3),  # per layer: None cell when empty
     "opens": st.lists(st.one_of(st.none(), st.booleans()), min_size=3, max_size=3),  # episode: rx since fence
+    "excluded": st.booleans(),  # ranked out by the caller (a retry)
+    "tried": st.booleans(),  # cold-explored already
+    "held": st.booleans(),  # has an exploration backoff held
 })
 world = st.tuples(st.lists(member, min_size=1, max_size=12), st.floats(0.0, 400.0))
 
@@ -53,12 +56,105 @@ def _read(impl, members, now):
     return fields, [c.index for c in rank.order(out, BAND)]
 
 
+def _decide(impl, members, now):
+    """The kernel's per-member decision helpers over ``members`` in one build: what the ranker
+    takes from them, as plain values."""
+    rank, cell = _build(impl)
+    nodes = [f"node-{i}" for i in range(len(members))]
+    listed = [Member(f"m{i}", node, m["alive"]) for i, (node, m) in enumerate(zip(nodes, members, strict=True))]
+    exclude = frozenset(node for node, m in zip(nodes, members, strict=True) if m["excluded"])
+    alive, live_nodes, dead = rank.live(listed, exclude)
+    opens = ({}, {}, {})
+    for i, m in enumerate(members):
+        for layer in range(3):
+            if m["opens"][layer] is not None:
+                opens[layer][nodes[i]] = SimpleNamespace(rx_since_fence=m["opens"][layer], open_failures=1)
+    failed = {}
+    for i, m in enumerate(members):
+        failed[nodes[i]] = c = cell.EvidenceCell(i + 1)
+        for outcome, at in sorted(m["layers"][0], key=lambda pair: pair[1]):
+            c.record(outcome, at)
+    cands = rank.candidates(alive, [m["utility"] for _, m in ((i, members[i]) for i, _ in alive)],
+                            failed, {}, {}, *opens, now, WINDOW)
+    eligible, unresolved = rank.survey(cands)
+    tried = {node for node, m in zip(nodes, members, strict=True) if m["tried"]}
+    cold = rank.first_cold(eligible, tried)
+    held = {node: i for i, (node, m) in enumerate(zip(nodes, members, strict=True)) if m["held"]}
+    rank.forget_resolved(cands, held)
+    found = [rank.find(cands, node) for node in nodes]
+    ordered = rank.order(eligible, BAND)
+    first = rank.members_first(ordered, ordered[-1]) if ordered else ()
+    return ([(i, m.name) for i, m in alive], live_nodes, dead, [c.index for c in eligible],
+            [c.index for c in unresolved], None if cold is None else cold.index, held,
+            [None if c is None else c.index for c in found], [m.name for m in first])
+
+
 @pytest.mark.compiled
 @pytest.mark.skipif(NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built")
 @given(w=world)
 def test_compiled_and_python_rank_reads_and_orders_agree(w):
     members, now = w
     assert _read("c", members, now) == _read("py", members, now)
+
+
+@pytest.mark.compiled
+@pytest.mark.skipif(NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built")
+@given(w=world)
+def test_compiled_and_python_decision_helpers_agree(w):
+    members, now = w
+    assert _decide("c", members, now) == _decide("py", members, now)
+
+
+def test_live_keeps_configuration_indexes_and_counts_dead_but_not_excluded_members(rank_mod):
+    listed = [Member("a", "na", True), Member("b", "nb", False), Member("c", "nc", True), Member("d", "nd", False)]
+    alive, nodes, dead = rank_mod.live(listed, frozenset({"nc", "nd"}))
+    assert (alive, nodes, dead) == ([(0, listed[0])], ["na"], 1)  # excluded: neither alive nor dead
+    alive, nodes, dead = rank_mod.live(listed, frozenset())
+    assert ([i for i, _ in alive], nodes, dead) == ([0, 2], ["na", "nc"], 2)
+
+
+def _candidate(rank_mod, index, *, qualified=True, unresolved=False, recent=False, node_failure=False):
+    return rank_mod.Candidate(Member(f"m{index}", f"n{index}", True), index, 0.9, None, qualified, unresolved,
+                              recent, node_failure)
+
+
+def test_survey_keeps_out_recent_node_scoped_failures_unless_that_leaves_nobody(rank_mod):
+    sound = _candidate(rank_mod, 0)
+    target_failure = _candidate(rank_mod, 1, unresolved=True, recent=True)  # target-scoped: still eligible
+    node_failure = _candidate(rank_mod, 2, unresolved=True, recent=True, node_failure=True)
+    old_node_failure = _candidate(rank_mod, 3, unresolved=True, node_failure=True)  # not recent: eligible
+    eligible, unresolved = rank_mod.survey([sound, target_failure, node_failure, old_node_failure])
+    assert [c.index for c in eligible] == [0, 1, 3]
+    assert [c.index for c in unresolved] == [1, 2, 3]
+    eligible, unresolved = rank_mod.survey([node_failure])
+    assert eligible == [node_failure] and unresolved == [node_failure]
+
+
+def test_first_cold_is_the_first_untried_unqualified_member_without_an_open_episode(rank_mod):
+    cands = [_candidate(rank_mod, 0), _candidate(rank_mod, 1, qualified=False, unresolved=True),
+             _candidate(rank_mod, 2, qualified=False), _candidate(rank_mod, 3, qualified=False)]
+    assert rank_mod.first_cold(cands, set()).index == 2
+    assert rank_mod.first_cold(cands, {"n2"}).index == 3
+    assert rank_mod.first_cold(cands, {"n2", "n3"}) is None
+
+
+def test_find_prefers_the_same_node_object_and_falls_back_to_an_equal_one(rank_mod):
+    a, b = _candidate(rank_mod, 0), _candidate(rank_mod, 1)
+    assert rank_mod.find([a, b], b.member.node_id) is b
+    assert rank_mod.find([a, b], "".join(["n", "1"])) is b  # equal, not identical
+    assert rank_mod.find([a, b], "n9") is None
+
+
+def test_forget_resolved_drops_held_backoffs_of_resolved_candidates_only(rank_mod):
+    cands = [_candidate(rank_mod, 0), _candidate(rank_mod, 1, unresolved=True)]
+    held = {"n0": "a", "n1": "b", "n7": "not ranked"}
+    rank_mod.forget_resolved(cands, held)
+    assert held == {"n1": "b", "n7": "not ranked"}
+
+
+def test_members_first_puts_the_winner_first_and_keeps_the_rest_in_order(rank_mod):
+    cands = [_candidate(rank_mod, i) for i in range(4)]
+    assert [m.name for m in rank_mod.members_first(cands, cands[2])] == ["m2", "m0", "m1", "m3"]
 
 
 candidate = st.builds(lambda index, reliability, utility: (index, reliability, utility),
