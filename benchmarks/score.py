@@ -13,7 +13,9 @@ and holds as it does for real traffic and the clock never goes back. Targets are
 failure) or before it (the node's). WARMUP flows fill the evidence, cohorts, incumbents and
 heuristic before any call is timed.
 
-Worlds (50-member groups unless said, real health as in ``benchmarks/groups.py``):
+Worlds (50-member groups unless said, real health as in ``benchmarks/groups.py``; each Score
+group's nodes have one round of probe RTTs in the heuristic, as the daemon feeds them, so every
+plan also reads the group's probe rows):
 
 * score-4, score-8, score-16: one Score group of that many nodes (the plan's cost grows with
   the members ranked; a serving pool of at most eight, the next Score issue, will bound it);
@@ -60,6 +62,7 @@ from honk.core.net import IPAddress, Network
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager
 from honk.group.score.attempt import Result, ScoreReporter
+from honk.group.score.heuristic import ProbeIdentity
 from honk.group.score.keys import ScoreTarget
 from honk.outbound.registry import build_outbounds
 
@@ -75,6 +78,8 @@ WARMUP = 1_500  # untimed flows first, every target once: evidence, cohorts, inc
 QUICK_WARMUP = 1_000
 SLOW_RTT = 0.080  # seconds: the URLTest's own nodes, so it always prefers the Score group
 SEED = 11
+PROBE_URL = "http://probe.example/generate_204"  # the configured TCP check, as ProbeIdentity scopes it
+PROBE_CADENCE = 30.0  # s: its interval; one round of RTTs stays fresh for the whole run (< 60 s)
 PROFILE_FLOWS = 500
 PROFILE_LINES = 30
 NS_PER_US = 1000
@@ -173,6 +178,16 @@ def build(name: str) -> World:
                     alive.notify_check_failure(n.id, Domain.TCP, family)
     manager = GroupManager.build(spec, outbounds, health=HealthFilter(alive, GroupChecks(clock)), clock=clock,
                                  score_ranking=True)
+    # the daemon feeds each ranked probe RTT of a Score group's node to the heuristic, so every
+    # plan also reads the group's probe rows (one per health family, holding every member)
+    observe = manager.score.performance.observe_probe
+    probe = ProbeIdentity(PROBE_URL, "HEAD", PROBE_CADENCE)
+    now = clock.now()
+    probed = [("score", inner, FASTEST_RTT)] + ([("top", outer, OTHER_RTT)] if name == "score>score" else [])
+    for group, members, base in probed:  # (the deep world's outer nodes are dead: no RTT)
+        for i, n in enumerate(members):
+            for family in (Family.V4, Family.V6):
+                observe(group, Network.TCP, family, n.id, probe, base + i * RTT_STEP, now)
     label = WORLDS[name]
     return World(name, label, manager, clock, root, depth)
 

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
         live,
         members_first,
         order,
+        positions,
+        scope_add,
+        scope_best,
         survey,
     )
 else:
@@ -28,6 +31,9 @@ else:
     find = _impl.find
     forget_resolved = _impl.forget_resolved
     members_first = _impl.members_first
+    positions = _impl.positions
+    scope_best = _impl.scope_best
+    scope_add = _impl.scope_add
 
 __all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "forget_resolved", "live", "members_first",
-           "order", "survey"]
+           "order", "positions", "scope_add", "scope_best", "survey"]

@@ -51,3 +51,13 @@ cpdef void forget_resolved(list candidates, dict held)
 
 @cython.locals(out=list, c=Candidate)
 cpdef tuple members_first(list order, Candidate winner)
+
+@cython.locals(position=dict, aliases=list, i=Py_ssize_t, j=Py_ssize_t)
+cpdef tuple positions(list nodes)
+
+@cython.locals(count=Py_ssize_t, best=double, k=Py_ssize_t, value=double)
+cpdef tuple scope_best(list nodes, list values, dict position, bint higher)
+
+@cython.locals(k=Py_ssize_t, value=double, relative=double, gain=double)
+cpdef void scope_add(list nodes, list values, list confidences, dict position, bint higher, double best,
+                     double weight, double latency_floor, list gains) except *

@@ -180,6 +180,57 @@ def members_first(order: list, winner: Candidate) -> tuple:
     return tuple(out)
 
 
+def positions(nodes: list) -> tuple:
+    """``(position, aliases)``: each node's first index in ``nodes``, and ``(index, first index)``
+    for every later listing of a node already listed (two member names, one node)."""
+    position = {}
+    aliases = []
+    i = 0
+    for node in nodes:
+        j = position.setdefault(node, i)
+        if j != i:
+            aliases.append((i, j))
+        i += 1
+    return position, aliases
+
+
+def scope_best(nodes: list, values: list, position: dict, higher: bool) -> tuple:
+    """``(count, best)`` of one performance scope's readings (``nodes[k]`` read ``values[k]``)
+    over the nodes that are in ``position``: how many, and the best value (the highest when
+    ``higher``, else the lowest; 0.0 when none)."""
+    count = 0
+    best = 0.0
+    k = 0
+    for node in nodes:
+        if node in position:
+            value = values[k]
+            if count == 0 or (value > best if higher else value < best):
+                best = value
+            count += 1
+        k += 1
+    return count, best
+
+
+def scope_add(nodes: list, values: list, confidences: list, position: dict, higher: bool, best: float,
+              weight: float, latency_floor: float, gains: list) -> None:
+    """Add one comparable scope's weighted relative readings to ``gains`` (by position; None:
+    nothing yet). Relative: value / best when ``higher``, else best / value with both raised to
+    ``latency_floor``."""
+    k = 0
+    for node in nodes:
+        i = position.get(node)
+        if i is not None:
+            value = values[k]
+            if higher:
+                relative = value / best
+            else:
+                relative = max(best, latency_floor) / max(value, latency_floor)
+            gain = weight * confidences[k] * relative
+            known = gains[i]
+            gains[i] = gain if known is None else known + gain
+        k += 1
+
+
 def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
     """Whether ``a`` ranks before ``b`` (see the module docstring); the same order as
     :func:`_sort_key`."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from honk._fast.movavg import WeightedMean
+from honk._fast.rank import positions, scope_add, scope_best
 from honk.alive.outcome import Family
 from honk.core.net import Network
 from honk.group.score.constants import (
@@ -133,10 +134,40 @@ class _Scope:
         return value, (1.0 if age < PERFORMANCE_CONFIDENCE_LOSS else PERFORMANCE_STALE_CONFIDENCE)
 
 
-def _relative(metric_higher_better: bool, value: float, best: float) -> float:
-    if metric_higher_better:
-        return value / best
-    return max(best, PERFORMANCE_LATENCY_FLOOR) / max(value, PERFORMANCE_LATENCY_FLOOR)
+class _RowView:
+    """One row's fresh readings as of ``built``, per scope of one kind, valid until the first
+    confidence loss or expiry among them (an observation into the row drops the view).
+
+    Probe rows hold every member of a group and change only when a probe reports, yet every
+    plan of the group reads them: the view spares each plan a read of every scope."""
+
+    __slots__ = ("built", "until", "scopes")
+
+    def __init__(self, row: dict[NodeId, dict[Hashable, _Scope]], kind: type, now: float) -> None:
+        self.built = now
+        until = float("inf")
+        by_scope: dict[Hashable, tuple[list, list, list]] = {}
+        for node, cell in row.items():
+            for scope, entry in cell.items():
+                if not isinstance(scope, kind):
+                    continue
+                reading = entry.read(now)
+                if reading is None:
+                    continue
+                lists = by_scope.get(scope)
+                if lists is None:
+                    lists = by_scope[scope] = ([], [], [])
+                lists[0].append(node)
+                lists[1].append(reading[0])
+                lists[2].append(reading[1])
+                fresh_until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
+                until = min(until, fresh_until if now < fresh_until else entry.event + PERFORMANCE_EXPIRY)
+        self.until = until
+        # (scope, higher is better, nodes, values, confidences), in the row's order
+        self.scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in by_scope.items()]
+
+    def current(self, now: float) -> bool:
+        return self.built <= now < self.until
 
 
 class FirstChoiceHeuristic:
@@ -148,11 +179,14 @@ class FirstChoiceHeuristic:
         # the same cells by (group, network, family, target) then node: a read takes one row for
         # all its candidates instead of building and hashing a key per candidate
         self._rows: dict[tuple, dict[NodeId, dict[Hashable, _Scope]]] = {}
+        self._views: dict[tuple, _RowView] = {}  # by row key; dropped whenever the row changes
         self._probe_generation = 0
 
     # --- observations ---------------------------------------------------------------------
 
     def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
+        if self._views:
+            self._views.pop(_row(key), None)
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = {}
@@ -206,6 +240,7 @@ class FirstChoiceHeuristic:
         """
         del now  # reload is a fence, not a timed event; kept for the uniform API
         self._probe_generation += 1
+        self._views.clear()
         for key in list(self._cells):
             cell = self._cells[key]
             for scope in [s for s in cell if isinstance(s, ProbeIdentity)]:
@@ -216,11 +251,13 @@ class FirstChoiceHeuristic:
     def prune(self, valid_pairs: Iterable[tuple[str, NodeId]]) -> None:
         """Forget every (group, node) not in ``valid_pairs``."""
         valid = set(valid_pairs)
+        self._views.clear()
         for key in [k for k in self._cells if (k.group, k.node_id) not in valid]:
             self._drop(key)
 
     def expire(self, now: float) -> None:
         """Drop expired scopes, bounding memory by recent activity."""
+        self._views.clear()
         for key in list(self._cells):
             cell = self._cells[key]
             for scope in [s for s, e in cell.items() if e.read(now) is None]:
@@ -234,6 +271,7 @@ class FirstChoiceHeuristic:
 
     def _unindex(self, key: _Key) -> None:
         row_key = _row(key)
+        self._views.pop(row_key, None)
         row = self._rows.get(row_key)
         if row is not None:
             row.pop(key.node_id, None)
@@ -241,6 +279,13 @@ class FirstChoiceHeuristic:
                 del self._rows[row_key]
 
     # --- reads ----------------------------------------------------------------------------
+
+    def _view(self, row_key: tuple, row: dict[NodeId, dict[Hashable, _Scope]], kind: type,
+              now: float) -> _RowView:
+        view = self._views.get(row_key)
+        if view is None or not view.current(now):
+            view = self._views[row_key] = _RowView(row, kind, now)
+        return view
 
     def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
               candidates: Sequence[Hashable], now: float) -> list[float | None]:
@@ -253,42 +298,38 @@ class FirstChoiceHeuristic:
         # the rows to read: a target's business row (it holds the few nodes that carried the
         # target), and each health family's probe row. Each row's scopes are its own, so a row
         # of fewer nodes than a comparison needs cannot rank anybody.
-        rows = []
-        business = self._rows.get((group, network, family, target))
+        views = []
+        business_key = (group, network, family, target)
+        business = self._rows.get(business_key)
         if business is not None and len(business) >= PERFORMANCE_COMPARABLE_MIN:
-            rows.append((business, Metric, family))
+            views.append(self._view(business_key, business, Metric, now))
         for health in _HEALTH_FAMILIES:
-            row = self._rows.get((group, network, health, None))
+            row_key = (group, network, health, None)
+            row = self._rows.get(row_key)
             if row is not None and len(row) >= PERFORMANCE_COMPARABLE_MIN:
-                rows.append((row, ProbeIdentity, health))
-        if not rows:
+                views.append(self._view(row_key, row, ProbeIdentity, now))
+        if not views:
             return [None] * len(candidates)
-        position: dict[Hashable, int] = {}  # a node listed twice (two names, one node) reads once
-        aliases: list[tuple[int, int]] = []
-        for i, node in enumerate(candidates):
-            j = position.setdefault(node, i)
-            if j != i:
-                aliases.append((i, j))
-        # scope -> [(candidate position, value, confidence)]: positions, so no node hashes again
-        readings: dict[tuple[Hashable, Family | None], list[tuple[int, float, float]]] = {}
-        for row, kind, row_family in rows:
-            _read_row(row, position, kind, row_family, now, readings)
-        comparable = [(s, r) for s, r in readings.items() if len(r) >= PERFORMANCE_COMPARABLE_MIN]
-        probe_scopes = sum(1 for (scope, _), _r in comparable if isinstance(scope, ProbeIdentity))
+        # a node listed twice (two names, one node) reads once; its alias copies the gain
+        position, aliases = positions(candidates if isinstance(candidates, list) else list(candidates))
+        # each (scope, row family) lives in one row: a scope counts when enough candidates read it
+        comparable = []
+        probe_scopes = 0
+        for view in views:
+            for scope, higher, nodes, values, confidences in view.scopes:
+                count, best = scope_best(nodes, values, position, higher)
+                if count >= PERFORMANCE_COMPARABLE_MIN:
+                    comparable.append((scope, higher, nodes, values, confidences, best))
+                    if isinstance(scope, ProbeIdentity):
+                        probe_scopes += 1
         total = 0.0
         gains: list[float | None] = [None] * len(candidates)
-        for (scope, _), by_position in comparable:
-            weight = PERFORMANCE_WEIGHT_PROBE / probe_scopes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
-            higher = scope in _HIGHER_BETTER
-            values = [value for _, value, _ in by_position]
-            best = max(values) if higher else min(values)
+        for scope, higher, nodes, values, confidences, best in comparable:
             if higher and best <= 0.0:
                 continue  # nothing moved anywhere: the scope ranks nobody
+            weight = PERFORMANCE_WEIGHT_PROBE / probe_scopes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
             total += weight
-            for i, value, confidence in by_position:
-                gain = weight * confidence * _relative(higher, value, best)
-                known = gains[i]
-                gains[i] = gain if known is None else known + gain
+            scope_add(nodes, values, confidences, position, higher, best, weight, PERFORMANCE_LATENCY_FLOOR, gains)
         for i, j in aliases:
             gains[i] = gains[j]
         return [None if gain is None else gain / total for gain in gains]
@@ -322,21 +363,6 @@ class FirstChoiceHeuristic:
 
     def __repr__(self) -> str:
         return f"FirstChoiceHeuristic(cells={len(self._cells)}, probe_generation={self._probe_generation})"
-
-
-def _read_row(row: dict[NodeId, dict[Hashable, _Scope]], position: dict[Hashable, int], kind: type,
-              family: Family | None, now: float, readings: dict[tuple[Hashable, Family | None], list]) -> None:
-    """Add the fresh readings of ``kind`` scopes (metrics or probe identities) of the row's
-    candidate nodes to ``readings``, each under (scope, family)."""
-    for node, cell in row.items():
-        i = position.get(node)
-        if i is None:
-            continue
-        for scope, entry in cell.items():
-            if isinstance(scope, kind):
-                reading = entry.read(now)
-                if reading is not None:
-                    readings.setdefault((scope, family), []).append((i, *reading))
 
 
 def _row(key: _Key) -> tuple:

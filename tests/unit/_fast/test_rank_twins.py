@@ -194,3 +194,44 @@ def test_an_open_episode_marks_its_member_and_a_node_scoped_one_says_so(rank_mod
     [c] = rank_mod.candidates([(0, member)], [None], {}, {}, {"node-a": failed}, {}, {}, {"node-a": episode},
                               10.0 + WINDOW, WINDOW)
     assert (c.unresolved, c.recent_failure, c.node_failure) == (True, False, False)  # target-scoped, no longer recent
+
+
+readings = st.lists(st.tuples(st.integers(0, 9), st.floats(0.0, 5.0), st.sampled_from([1.0, 0.5])), max_size=12,
+                    unique_by=lambda r: r[0])
+
+
+def _gains(impl, candidates, row, higher):
+    """positions + scope_best + scope_add of one build over one scope's readings."""
+    rank, _ = _build(impl)
+    nodes, values, confidences = [r[0] for r in row], [r[1] for r in row], [r[2] for r in row]
+    position, aliases = rank.positions(candidates)
+    count, best = rank.scope_best(nodes, values, position, higher)
+    gains = [None] * len(candidates)
+    if count and not (higher and best <= 0.0):
+        rank.scope_add(nodes, values, confidences, position, higher, best, 0.4, 0.005, gains)
+    return position, aliases, count, best, gains
+
+
+@pytest.mark.compiled
+@pytest.mark.skipif(NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built")
+@given(st.lists(st.integers(0, 9), max_size=10), readings, st.booleans())
+def test_compiled_and_python_scope_reads_agree(candidates, row, higher):
+    assert _gains("c", candidates, row, higher) == _gains("py", candidates, row, higher)
+
+
+@given(st.lists(st.integers(0, 9), max_size=10), readings, st.booleans())
+def test_a_scope_reads_only_candidates_relative_to_the_best_of_them(candidates, row, higher):
+    position, aliases, count, best, gains = _gains("py", candidates, row, higher)
+    assert position == {n: candidates.index(n) for n in candidates}
+    assert aliases == [(i, candidates.index(n)) for i, n in enumerate(candidates) if candidates.index(n) != i]
+    read = [(position[n], v, c) for n, v, c in row if n in position]
+    assert count == len(read)
+    if not read:
+        return
+    assert best == (max if higher else min)(v for _, v, _ in read)
+    if higher and best <= 0.0:
+        return
+    for i, value, confidence in read:
+        relative = value / best if higher else max(best, 0.005) / max(value, 0.005)
+        assert gains[i] == pytest.approx(0.4 * confidence * relative)
+    assert all(g is None for i, g in enumerate(gains) if i not in {p for p, _, _ in read})

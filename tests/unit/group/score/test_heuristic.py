@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from honk.alive.outcome import Family
 from honk.core.net import Network
@@ -284,3 +286,76 @@ def test_the_heuristic_keeps_at_most_as_many_keys_as_the_exact_evidence_store():
     for i in range(EXACT_CELLS_MAX + 10):
         heuristic.observe_setup("g", Network.TCP, None, None, f"node{i}", 0.05, 1.0)
     assert len(heuristic) == EXACT_CELLS_MAX
+
+
+_op = st.one_of(
+    st.tuples(st.just("probe"), st.sampled_from([A, B, C]), st.sampled_from([V4, Family.V6]),
+              st.floats(0.001, 0.5)),
+    st.tuples(st.just("response"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
+    st.tuples(st.just("advance"), st.floats(0.0, 70.0)),
+    st.tuples(st.just("read"), st.sampled_from([T1, T2, None]), st.sampled_from([[A, B, C], [B, A], [A, C, A]])),
+    st.tuples(st.just("reload"),),
+    st.tuples(st.just("prune"), st.sampled_from([A, B, C])),
+    st.tuples(st.just("expire"),),
+)
+
+
+def _apply(h, op, now):
+    kind = op[0]
+    if kind == "probe":
+        h.observe_probe("g", TCP, op[2], op[1], PROBE, op[3], now)
+    elif kind == "response":
+        h.observe_response("g", TCP, op[2], V4, op[1], op[3], now)
+    elif kind == "reload":
+        h.reload(now)
+    elif kind == "prune":
+        h.prune([("g", n) for n in (A, B, C) if n != op[1]])
+    elif kind == "expire":
+        h.expire(now)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_op, max_size=30))
+def test_a_read_returns_what_a_heuristic_that_never_read_before_returns(ops):
+    """Reads keep each row's readings until the row changes or a reading's confidence or
+    freshness runs out; that must never change an answer."""
+    h = FirstChoiceHeuristic()
+    now = 1000.0
+    applied = []
+    for op in ops:
+        if op[0] == "advance":
+            now += op[1]
+            continue
+        if op[0] != "read":
+            _apply(h, op, now)
+            applied.append((op, now))
+            continue
+        target, candidates = op[1], op[2]
+        family = V4 if target is not None else None
+        fresh = FirstChoiceHeuristic()
+        for earlier, at in applied:
+            _apply(fresh, earlier, at)
+        assert h.score("g", TCP, target, family, candidates, now) == \
+            fresh.score("g", TCP, target, family, candidates, now)
+
+
+def test_a_new_probe_rtt_changes_the_very_next_read(clock):
+    h = FirstChoiceHeuristic()
+    _probe(h, A, 0.01, clock.now)
+    _probe(h, B, 0.02, clock.now)
+    assert utilities(h, "g", TCP, None, None, [A, B], clock.now) == {A: 1.0, B: 0.5}
+    for _ in range(PERFORMANCE_INERTIA):  # B's mean becomes 1 ms: now A is the slower one
+        _probe(h, B, 0.001, clock.now)
+    scores = utilities(h, "g", TCP, None, None, [A, B], clock.now)
+    assert scores[B] == 1.0 and scores[A] < 1.0
+
+
+def test_a_reload_or_prune_after_a_read_takes_effect_on_the_next_read(clock):
+    h = FirstChoiceHeuristic()
+    for node, rtt in ((A, 0.01), (B, 0.02), (C, 0.04)):
+        _probe(h, node, rtt, clock.now)
+    assert utilities(h, "g", TCP, None, None, [A, B, C], clock.now)[C] == 0.25
+    h.prune([("g", B), ("g", C)])
+    assert utilities(h, "g", TCP, None, None, [A, B, C], clock.now) == {A: None, B: 1.0, C: 0.5}
+    h.reload(clock.now)
+    assert utilities(h, "g", TCP, None, None, [A, B, C], clock.now) == {A: None, B: None, C: None}
