@@ -135,22 +135,21 @@ class _Scope:
 
 
 class _RowView:
-    """One row's fresh readings as of ``built``, per scope of one kind, valid until the first
-    confidence loss or expiry among them (an observation into the row drops the view).
+    """One row's fresh readings as of ``built``, per scope, valid until the first confidence
+    loss or expiry among them (an observation into the row drops the view). Business metrics
+    and probe scopes apart: a targetless read of a family reads that family's row as both.
 
     Probe rows hold every member of a group and change only when a probe reports, yet every
     plan of the group reads them: the view spares each plan a read of every scope."""
 
-    __slots__ = ("built", "until", "scopes")
+    __slots__ = ("built", "until", "metrics", "probes")
 
-    def __init__(self, row: dict[NodeId, dict[Hashable, _Scope]], kind: type, now: float) -> None:
+    def __init__(self, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> None:
         self.built = now
         until = float("inf")
         by_scope: dict[Hashable, tuple[list, list, list]] = {}
         for node, cell in row.items():
             for scope, entry in cell.items():
-                if not isinstance(scope, kind):
-                    continue
                 reading = entry.read(now)
                 if reading is None:
                     continue
@@ -164,7 +163,9 @@ class _RowView:
                 until = min(until, fresh_until if now < fresh_until else entry.event + PERFORMANCE_EXPIRY)
         self.until = until
         # (scope, higher is better, nodes, values, confidences), in the row's order
-        self.scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in by_scope.items()]
+        scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in by_scope.items()]
+        self.metrics = [entry for entry in scopes if isinstance(entry[0], Metric)]
+        self.probes = [entry for entry in scopes if isinstance(entry[0], ProbeIdentity)]
 
     def current(self, now: float) -> bool:
         return self.built <= now < self.until
@@ -280,11 +281,10 @@ class FirstChoiceHeuristic:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def _view(self, row_key: tuple, row: dict[NodeId, dict[Hashable, _Scope]], kind: type,
-              now: float) -> _RowView:
+    def _view(self, row_key: tuple, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> _RowView:
         view = self._views.get(row_key)
         if view is None or not view.current(now):
-            view = self._views[row_key] = _RowView(row, kind, now)
+            view = self._views[row_key] = _RowView(row, now)
         return view
 
     def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
@@ -298,25 +298,25 @@ class FirstChoiceHeuristic:
         # the rows to read: a target's business row (it holds the few nodes that carried the
         # target), and each health family's probe row. Each row's scopes are its own, so a row
         # of fewer nodes than a comparison needs cannot rank anybody.
-        views = []
+        reads = []  # per row read: its (scope, higher, nodes, values, confidences)
         business_key = (group, network, family, target)
         business = self._rows.get(business_key)
         if business is not None and len(business) >= PERFORMANCE_COMPARABLE_MIN:
-            views.append(self._view(business_key, business, Metric, now))
+            reads.append(self._view(business_key, business, now).metrics)
         for health in _HEALTH_FAMILIES:
             row_key = (group, network, health, None)
             row = self._rows.get(row_key)
             if row is not None and len(row) >= PERFORMANCE_COMPARABLE_MIN:
-                views.append(self._view(row_key, row, ProbeIdentity, now))
-        if not views:
+                reads.append(self._view(row_key, row, now).probes)
+        if not reads:
             return [None] * len(candidates)
         # a node listed twice (two names, one node) reads once; its alias copies the gain
         position, aliases = positions(candidates if isinstance(candidates, list) else list(candidates))
         # each (scope, row family) lives in one row: a scope counts when enough candidates read it
         comparable = []
         probe_scopes = 0
-        for view in views:
-            for scope, higher, nodes, values, confidences in view.scopes:
+        for scopes in reads:
+            for scope, higher, nodes, values, confidences in scopes:
                 count, best = scope_best(nodes, values, position, higher)
                 if count >= PERFORMANCE_COMPARABLE_MIN:
                     comparable.append((scope, higher, nodes, values, confidences, best))

@@ -293,7 +293,8 @@ _op = st.one_of(
               st.floats(0.001, 0.5)),
     st.tuples(st.just("response"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
     st.tuples(st.just("advance"), st.floats(0.0, 70.0)),
-    st.tuples(st.just("read"), st.sampled_from([T1, T2, None]), st.sampled_from([[A, B, C], [B, A], [A, C, A]])),
+    st.tuples(st.just("read"), st.sampled_from([T1, T2, None]), st.sampled_from([V4, Family.V6, None]),
+              st.sampled_from([[A, B, C], [B, A], [A, C, A]])),
     st.tuples(st.just("reload"),),
     st.tuples(st.just("prune"), st.sampled_from([A, B, C])),
     st.tuples(st.just("expire"),),
@@ -314,7 +315,7 @@ def _apply(h, op, now):
         h.expire(now)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(_op, max_size=30))
 def test_a_read_returns_what_a_heuristic_that_never_read_before_returns(ops):
     """Reads keep each row's readings until the row changes or a reading's confidence or
@@ -330,8 +331,7 @@ def test_a_read_returns_what_a_heuristic_that_never_read_before_returns(ops):
             _apply(h, op, now)
             applied.append((op, now))
             continue
-        target, candidates = op[1], op[2]
-        family = V4 if target is not None else None
+        target, family, candidates = op[1], op[2], op[3]
         fresh = FirstChoiceHeuristic()
         for earlier, at in applied:
             _apply(fresh, earlier, at)
@@ -359,3 +359,12 @@ def test_a_reload_or_prune_after_a_read_takes_effect_on_the_next_read(clock):
     assert utilities(h, "g", TCP, None, None, [A, B, C], clock.now) == {A: None, B: 1.0, C: 0.5}
     h.reload(clock.now)
     assert utilities(h, "g", TCP, None, None, [A, B, C], clock.now) == {A: None, B: None, C: None}
+
+
+def test_a_targetless_read_of_a_family_reads_its_probe_row_as_probes(clock):
+    """Without a target, a family's business row and its probe row are the same row."""
+    h = FirstChoiceHeuristic()
+    _probe(h, A, 0.01, clock.now)
+    _probe(h, B, 0.02, clock.now)
+    assert utilities(h, "g", TCP, None, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}
+    assert utilities(h, "g", TCP, None, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}  # and again, from the view
