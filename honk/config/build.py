@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from dataclasses import dataclass, field
 
-from honk._fast.nodeid import NodeId
 from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
 from honk.config.expr import parse_filter_line, parse_rule
@@ -337,7 +337,7 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
             s = V.get_str(e, sink)
             if s is not None:
                 try:
-                    values[key] = NodeId(s)
+                    values[key] = uuid.UUID(s)
                 except ValueError:
                     sink.error("invalid-value", e.path, "not a UUID", e.loc)
     if check_url_entry is not None and policy is Policy.SELECTOR:
