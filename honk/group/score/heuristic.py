@@ -180,14 +180,15 @@ class FirstChoiceHeuristic:
         # the same cells by (group, network, family, target) then node: a read takes one row for
         # all its candidates instead of building and hashing a key per candidate
         self._rows: dict[tuple, dict[NodeId, dict[Hashable, _Scope]]] = {}
-        self._views: dict[tuple, _RowView] = {}  # by row key; dropped whenever the row changes
+        # by row key; dropped whenever the row changes (an observation, a dropped key), and all
+        # at once when scopes leave cells in place (reload, expire)
+        self._views: dict[tuple, _RowView] = {}
         self._probe_generation = 0
 
     # --- observations ---------------------------------------------------------------------
 
     def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
-        if self._views:
-            self._views.pop(_row(key), None)
+        self._views.pop(_row(key), None)
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = {}
@@ -251,8 +252,7 @@ class FirstChoiceHeuristic:
 
     def prune(self, valid_pairs: Iterable[tuple[str, NodeId]]) -> None:
         """Forget every (group, node) not in ``valid_pairs``."""
-        valid = set(valid_pairs)
-        self._views.clear()
+        valid = set(valid_pairs)  # (each dropped key's row drops its view)
         for key in [k for k in self._cells if (k.group, k.node_id) not in valid]:
             self._drop(key)
 
