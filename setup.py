@@ -18,7 +18,7 @@ from setuptools.command.build_ext import build_ext
 # Kernels compiled from their pure-Python twin (<name>_py.py typed by <name>_c.pxd),
 # and modules written in Cython proper (<name>_c.pyx). A source that does not
 # exist yet is skipped, so the list can name modules before they land.
-KERNELS = ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid")
+KERNELS = ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid", "valuetype")
 PYX_MODULES = ("relay", "bpfmap")
 # C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
 # AEAD chunks with OpenSSL's libcrypto (headers from libssl-dev).

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+from honk._fast.valuetype import install as _value_type
 from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
 
@@ -49,6 +50,7 @@ def _parse_ip(text: str) -> IPAddress | None:
         return None
 
 
+@_value_type  # hashed and compared in C by the compiled build
 @dataclass(frozen=True, slots=True)
 class ScoreTarget:
     """A normalized business target: ``host`` is a lower-case name or the canonical IP text.
@@ -135,7 +137,10 @@ def target_family(target: ScoreTarget | None, destination: IPAddress | None = No
     ip = destination if destination is not None else (target.ip if target is not None else None)
     if ip is None:
         return None
-    return Family.V6 if ip.version == 6 else Family.V4
+    return _V6 if ip.version == 6 else _V4
+
+
+_V4, _V6 = Family.V4, Family.V6  # bound once: an Enum.MEMBER read costs a metaclass hook (Python 3.11)
 
 
 class _CellKey:
@@ -156,6 +161,7 @@ class _CellKey:
         return f"{type(self).__name__}({self.group!r}, {self.network}, {self.family}, <node>)"  # type: ignore[attr-defined]
 
 
+@_value_type  # hashed and compared in C by the compiled build
 class ExactKey(_CellKey):
     """One node's evidence for one target in one group (GH-K-02)."""
 
@@ -186,6 +192,7 @@ class ExactKey(_CellKey):
         return (self.group, self.network, self.family, self.target)
 
 
+@_value_type
 class AggregateKey(_CellKey):
     """One node's evidence in one group over all targets of a family, or of all (family None)."""
 

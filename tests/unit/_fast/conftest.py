@@ -47,3 +47,8 @@ def rank_mod(request):
 @pytest.fixture(params=IMPLS)
 def nodeid_mod(request):
     return load("nodeid", request.param)
+
+
+@pytest.fixture(params=IMPLS)
+def valuetype_mod(request):
+    return load("valuetype", request.param)
