@@ -21,7 +21,11 @@ class Outcome(enum.Enum):
 
     @property
     def is_failure(self) -> bool:
-        return self is Outcome.FAILURE or self is Outcome.SETUP_FAILURE
+        return self is _FAILURE or self is _SETUP_FAILURE
+
+
+# bound once: an Enum.MEMBER read costs a metaclass hook in Python 3.11
+_FAILURE, _SETUP_FAILURE = Outcome.FAILURE, Outcome.SETUP_FAILURE
 
 
 class Standing(NamedTuple):

@@ -41,7 +41,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -97,10 +97,11 @@ class Traversal:
     target: ScoreTarget | None
     node_id: NodeId
     destination: IPAddress | None = None
+    # the target family, decided once: every admission and latency of the flow uses it
+    family: Family | None = field(init=False, compare=False, repr=False)
 
-    @property
-    def family(self) -> Family | None:
-        return target_family(self.target, self.destination)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", target_family(self.target, self.destination))
 
     def admit(self, evidence: ScoreEvidence) -> Admission | None:
         return evidence.admit(self.group, self.network, self.target, self.node_id, self.destination)
@@ -190,7 +191,7 @@ class Result:
 
     @classmethod
     def success(cls) -> Result:
-        return cls(Ending.SUCCESS)
+        return _SUCCESS  # immutable, so one serves every flow
 
     @classmethod
     def failure(cls, episode: Episode | None = None, *, node_scoped: bool | None = None) -> Result:
@@ -210,6 +211,17 @@ class Result:
     def is_neutral(self) -> bool:
         return self.ending.neutral
 
+
+_SUCCESS = Result(Ending.SUCCESS)
+
+# Enum members read on every event, bound once: in Python 3.11 each ``Enum.MEMBER`` read goes
+# through the enum metaclass's __getattr__ hook, several hundred instructions; a global is one.
+_END_SUCCESS, _END_FAILURE, _END_IDLE = Ending.SUCCESS, Ending.FAILURE, Ending.IDLE
+_END_REJECTED, _END_SHUTDOWN = Ending.REJECTED, Ending.SHUTDOWN
+_USEFUL, _SUCCEEDED, _FAILED, _SETUP_FAILED = Outcome.USEFUL, Outcome.SUCCESS, Outcome.FAILURE, Outcome.SETUP_FAILURE
+_RX_REJECTED, _RX_SHUTDOWN, _RX_CANCELLED = RxOutcome.REJECTED, RxOutcome.SHUTDOWN, RxOutcome.CANCELLED
+_RX_FAILURE, _RX_SUCCESS = RxOutcome.FAILURE, RxOutcome.SUCCESS
+_tuple_new = tuple.__new__  # builds a named tuple as its _make does, without a Python call
 
 CAUSE_DEPTH = 8  # causes followed to find the error object a failure fanned out from
 
@@ -295,23 +307,28 @@ class ScoreAttempt:
         self._begun = True
         feedback = self.feedback
         evidence = feedback.evidence
-        if not all(evidence.is_member(step.group, step.node_id) for step in feedback.traversed):
-            raise ScoreAttemptRefused("the selected member left its Score group")
-        # every traversal is a member (checked above), so admit() returns an admission for each
-        admissions = tuple(step.admit(evidence) for step in feedback.traversed)
-        return ScoreBusinessGuard(self, admissions, now)  # type: ignore[arg-type]
+        traversed = feedback.traversed
+        for step in traversed:
+            if not evidence.is_member(step.group, step.node_id):
+                raise ScoreAttemptRefused("the selected member left its Score group")
+        # every traversal is a member (checked above): admit each without asking again
+        admissions = tuple([evidence.admit_member(step.group, step.network, step.family, step.target, step.node_id)
+                            for step in traversed])
+        return ScoreBusinessGuard(self, admissions, now, members_at=evidence.membership_version)
 
 
 class ScoreBusinessGuard:
     """The single admitted guard of an attempt. Owns cancellation until transferred (GH-K-70)."""
 
-    __slots__ = ("__weakref__", "_admissions", "_attempt", "_state", "begun_at")
+    __slots__ = ("__weakref__", "_admissions", "_attempt", "_members_at", "_state", "begun_at")
 
     _OPEN, _TRANSFERRED, _CANCELLED = "open", "transferred", "cancelled"
 
-    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float) -> None:
+    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
+                 members_at: int | None = None) -> None:
         self._attempt = attempt
         self._admissions = admissions
+        self._members_at = members_at  # the membership version begin() found every traversal in
         self._state = self._OPEN
         self.begun_at = now
 
@@ -328,7 +345,8 @@ class ScoreBusinessGuard:
         if self._state != self._OPEN:
             raise ScoreLifecycleError(f"the guard is already {self._state}")
         self._state = self._TRANSFERRED
-        return ScoreReporter(self._attempt, self._admissions, now, begun_at=self.begun_at)
+        return ScoreReporter(self._attempt, self._admissions, now, begun_at=self.begun_at,
+                             members_at=self._members_at)
 
     def close(self) -> None:
         """Cancel neutrally unless transferred: nothing was observed, so nothing is recorded."""
@@ -353,17 +371,21 @@ class ScoreReporter:
                  "begun_at", "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
 
     def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
-                 begun_at: float | None = None) -> None:
+                 begun_at: float | None = None, members_at: int | None = None) -> None:
         feedback = attempt.feedback
         self._attempt = attempt
         self._admissions = admissions
         # the admitted keys, global first and the most specific last: the cohort cell is the last
         # (Traversal.cohort_cell), the node's aggregates the others (Traversal.node_cells)
-        self._cells = tuple(admission.cells[-1][1] for admission in admissions)
-        self._node_cells = tuple(tuple(key for _store, key, _inc in admission.cells[:-1]) for admission in admissions)
-        self._members: tuple[int, tuple[bool, ...]] | None = None  # (membership version, per traversal)
-        self._publishers = tuple(RxPublisher(cell, attempt.reporter, feedback.cohorts, kind=feedback.kind)
-                                 for cell in self._cells)
+        # parallel to ``admissions`` (and so to the traversals), as are the node cells and publishers
+        self._cells = tuple([admission.cells[-1][1] for admission in admissions])
+        self._node_cells = tuple([tuple([key for _store, key, _inc in admission.cells[:-1]])
+                                  for admission in admissions])
+        # (membership version, per traversal); ``members_at``: a version at which all were members
+        self._members: tuple[int, tuple[bool, ...]] | None = (
+            None if members_at is None else (members_at, (True,) * len(admissions)))
+        reporter, cohorts, kind = attempt.reporter, feedback.cohorts, feedback.kind
+        self._publishers = tuple([RxPublisher(cell, reporter, cohorts, kind=kind) for cell in self._cells])
         self._settlement: Settlement | None = None
         self.started_at = now
         self.begun_at = begun_at if begun_at is not None else now  # admission: setup latency runs from here
@@ -389,54 +411,57 @@ class ScoreReporter:
 
     def setup(self, now: float) -> bool:
         """Setup finished at ``now``. Publishes once; returns whether this call published."""
-        if self.setup_at is not None or self.settled:
+        if self.setup_at is not None or self._settlement is not None:
             return False
         self.setup_at = now
         for publisher in self._publishers:
             publisher.setup(now)
-        self._observe("observe_setup", now - self.begun_at, now)
+        performance = self._attempt.feedback.performance
+        if performance is not None:
+            self._observe(performance.observe_setup, now - self.begun_at, now)
         return True
 
     def first_response(self, now: float) -> bool:
         """The first response byte at ``now``. Publishes once; returns whether this call did."""
-        if self.first_response_at is not None or self.settled:
+        if self.first_response_at is not None or self._settlement is not None:
             return False
         self.first_response_at = now
         if self.setup_at is not None:
-            self._observe("observe_response", now - self.setup_at, now)
+            performance = self._attempt.feedback.performance
+            if performance is not None:
+                self._observe(performance.observe_response, now - self.setup_at, now)
         return True
 
-    def _observe(self, method: str, latency: float, now: float) -> None:
-        """A latency for the first-choice heuristic, in every traversed group still holding the node."""
-        feedback = self._attempt.feedback
-        performance = feedback.performance
-        if performance is None:
-            return
-        for step, member in zip(feedback.traversed, self._memberships(), strict=True):
-            if member:
-                getattr(performance, method)(step.group, step.network, step.target, step.family, step.node_id,
-                                             latency, now)
+    def _observe(self, observe: Callable[..., None], latency: float, now: float) -> None:
+        """A latency for the first-choice heuristic (``observe``, one of the sink's methods), in
+        every traversed group still holding the node."""
+        members = self._memberships()
+        for i, step in enumerate(self._attempt.feedback.traversed):
+            if members[i]:
+                observe(step.group, step.network, step.target, step.family, step.node_id, latency, now)
 
     def tx(self, now: float, nbytes: int) -> None:
         """Accepted TX. It announces the reporter to the cohorts; it never proves availability."""
-        if nbytes <= 0 or self.settled:
+        if nbytes <= 0 or self._settlement is not None:
             return
         self.tx_bytes += nbytes
-        for publisher, member in zip(self._publishers, self._memberships(), strict=True):
-            if member:
+        members = self._memberships()
+        for i, publisher in enumerate(self._publishers):
+            if members[i]:
                 publisher.tx(now)
 
     def rx(self, now: float, nbytes: int) -> None:
         """Delivered RX. Through each group's throttle; a published RX may renew qualification."""
-        if nbytes <= 0 or self.settled:
+        if nbytes <= 0 or self._settlement is not None:
             return
         self.rx_bytes += nbytes
-        if self.setup_at is not None:
+        if self.setup_at is not None and self.first_response_at is None:
             self.first_response(now)
         evidence = self._attempt.feedback.evidence
-        for publisher, admission, member in zip(self._publishers, self._admissions, self._memberships(), strict=True):
-            if member and publisher.rx(now) is not None:
-                evidence.rx(admission, now)
+        members = self._memberships()
+        for i, publisher in enumerate(self._publishers):
+            if members[i] and publisher.rx(now) is not None:
+                evidence.rx(self._admissions[i], now)
 
     def settle(self, now: float, result: Result) -> Settlement | None:
         """Contribute at most one outcome (GH-K-73); None when already settled.
@@ -446,22 +471,24 @@ class ScoreReporter:
         if self._settlement is not None:
             return None
         outcome = self._outcome(result)
+        failed = outcome is _FAILED or outcome is _SETUP_FAILED
         ending = result.ending
-        if ending is Ending.REJECTED:
-            rx_outcome = RxOutcome.REJECTED
-        elif ending is Ending.SHUTDOWN:
-            rx_outcome = RxOutcome.SHUTDOWN
+        if ending is _END_REJECTED:
+            rx_outcome = _RX_REJECTED
+        elif ending is _END_SHUTDOWN:
+            rx_outcome = _RX_SHUTDOWN
         elif outcome is None:
-            rx_outcome = RxOutcome.CANCELLED
+            rx_outcome = _RX_CANCELLED
         else:
-            rx_outcome = RxOutcome.FAILURE if outcome.is_failure else RxOutcome.SUCCESS
+            rx_outcome = _RX_FAILURE if failed else _RX_SUCCESS
         feedback = self._attempt.feedback
         evidence = feedback.evidence
         node_scoped = result.node_scoped if result.node_scoped is not None else self.setup_at is None
-        for i, (publisher, admission, cell, member) in enumerate(
-                zip(self._publishers, self._admissions, self._cells, self._memberships(), strict=True)):
-            if not member:  # late feedback for deleted membership is ignored (GH-K-08)
+        members = self._memberships()
+        for i, publisher in enumerate(self._publishers):
+            if not members[i]:  # late feedback for deleted membership is ignored (GH-K-08)
                 continue
+            admission = self._admissions[i]
             flushed = publisher.settle(now, rx_outcome)
             rx_at = flushed.flushed_at if flushed is not None else None
             if outcome is None:
@@ -469,12 +496,12 @@ class ScoreReporter:
                     evidence.rx(admission, rx_at)
                 continue
             evidence.settle(admission, outcome, now, rx_at=rx_at)
-            if outcome.is_failure:
-                feedback.cohorts.fail(cell, now, episode=result.episode)
+            if failed:
+                feedback.cohorts.fail(self._cells[i], now, episode=result.episode)
                 if node_scoped:  # every target of the node sees it, not only this one
                     for node_cell in self._node_cells[i]:
                         feedback.cohorts.fail(node_cell, now, episode=result.episode)
-        self._settlement = Settlement(result.ending, outcome)
+        self._settlement = _tuple_new(Settlement, (result.ending, outcome))  # Settlement(...), no Python __new__
         return self._settlement
 
     def cancel(self, now: float, ending: Ending = Ending.CANCELLED) -> Settlement | None:
@@ -486,19 +513,19 @@ class ScoreReporter:
         evidence = self._attempt.feedback.evidence
         known = self._members
         if known is None or known[0] != evidence.membership_version:
-            known = self._members = (evidence.membership_version, tuple(
-                evidence.is_member(step.group, step.node_id) for step in self._attempt.feedback.traversed))
+            known = self._members = (evidence.membership_version, tuple([
+                evidence.is_member(step.group, step.node_id) for step in self._attempt.feedback.traversed]))
         return known[1]
 
     def _outcome(self, result: Result) -> Outcome | None:
         ending = result.ending
-        if ending.neutral:
+        if ending in _NEUTRAL:
             return None
-        if ending is Ending.IDLE:
-            ending = Ending.SUCCESS if self.first_response_at is not None else Ending.FAILURE
-        if ending is Ending.SUCCESS:
-            return Outcome.USEFUL if self.first_response_at is not None else Outcome.SUCCESS
-        return Outcome.SETUP_FAILURE if self.setup_at is None else Outcome.FAILURE
+        if ending is _END_IDLE:
+            ending = _END_SUCCESS if self.first_response_at is not None else _END_FAILURE
+        if ending is _END_SUCCESS:
+            return _USEFUL if self.first_response_at is not None else _SUCCEEDED
+        return _SETUP_FAILED if self.setup_at is None else _FAILED
 
     def __del__(self) -> None:
         # Dropping the last unfinished handle cancels (GH-K-73). Without a clock, held RX is

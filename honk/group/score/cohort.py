@@ -107,6 +107,12 @@ class _Cell:
         self.last_event = None
 
 
+# Enum members read on every event, bound once: in Python 3.11 each ``Enum.MEMBER`` read goes
+# through the enum metaclass's __getattr__ hook, several hundred instructions; a global is one.
+_TRAFFIC = Kind.TRAFFIC
+_IGNORED, _REFRESHED, _RECOVERED, _COUNTED = Credit.IGNORED, Credit.REFRESHED, Credit.RECOVERED, Credit.COUNTED
+_KEPT, _FAIL_COUNTED, _OPENED = FailResult.KEPT, FailResult.COUNTED, FailResult.OPENED
+
 _NO_STATES: dict = {}  # what open_states returns for a row without any (never written)
 
 
@@ -137,10 +143,10 @@ class Cohorts:
         state = self._cell(cell)
         state.failures += 1
         if episode == state.episode:
-            return FailResult.KEPT
+            return _KEPT
         if episode in state.episodes:
             state.episodes.move_to_end(episode)
-            return FailResult.COUNTED
+            return _FAIL_COUNTED
         state.episodes[episode] = None
         if len(state.episodes) > EPISODE_MEMORY:
             state.episodes.popitem(last=False)
@@ -152,7 +158,7 @@ class Cohorts:
         state.reset_cohort()
         state.lease_until = None
         state.rx_since_fence = False
-        return FailResult.OPENED
+        return _OPENED
 
     def tx(self, cell: Hashable, reporter: Reporter, now: float) -> None:
         """The reporter is set up and made positive TX on this cell; its later RX may count."""
@@ -174,33 +180,34 @@ class Cohorts:
         cohort's last event starts a new cohort, so one returning reporter cannot revive old
         credits (GH-K-42)."""
         at = now if at is None else at
-        if kind is not Kind.TRAFFIC:
-            return Credit.IGNORED
+        if kind is not _TRAFFIC:
+            return _IGNORED
         state = self._cells.get(cell)
         if state is None:
-            return Credit.IGNORED
+            return _IGNORED
         key = reporter.key
         tx_at = state.tx.get(key)
         if tx_at is None or at < tx_at or at <= state.fence or at < state.floor:
-            return Credit.IGNORED
+            return _IGNORED
         if now - at >= COHORT_GAP:  # never flush across expired support (GH-K-43)
-            return Credit.IGNORED
+            return _IGNORED
         state.tx.move_to_end(key)
         state.rx_since_fence = True
         if state.last_event is not None and at - state.last_event >= COHORT_GAP:
             state.floor = state.last_event + COHORT_GAP
             state.reset_cohort()
-        state.last_event = at if state.last_event is None else max(state.last_event, at)
+        if state.last_event is None or at > state.last_event:  # (not max(): a call per RX)
+            state.last_event = at
         if key in state.credits or len(state.credits) >= _CREDITS_NEEDED:
-            return Credit.REFRESHED
+            return _REFRESHED
         state.credits.add(key)
         if state.episode is not None and len(state.credits) >= RECOVERY_REPORTERS:
             # The cohort began after the failure (fail() reset it), so it is post-failure.
             state.episode = None
             self._opened(cell, None)
             state.lease_until = state.last_event + RECOVERY_LEASE
-            return Credit.RECOVERED
-        return Credit.COUNTED
+            return _RECOVERED
+        return _COUNTED
 
     def reload(self, now: float) -> None:
         """A committed reload: every cohort restarts behind a reload fence and usability and

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from honk._fast.cell import layer_weight, read_cells, reliability_bound, standing
+from honk.alive.outcome import Family
 from honk.core.net import IPAddress, Network
 from honk.group.score.cells import CellStore, EvidenceCell, Outcome, current_cells
 from honk.group.score.constants import (
@@ -43,16 +44,19 @@ from honk.group.score.keys import AggregateKey, ExactKey, NodeId, ScoreTarget, t
 LAYERS = 3  # global, family, exact
 
 
-@dataclass(frozen=True, slots=True)
 class Admission:
     """The cells one reporter was admitted to, with their incarnations; opaque to callers.
 
     ``cells`` lists (store, key, incarnation), global aggregate first. ``targeted`` says the
-    reporter has a business target (only targeted RX can renew a lease).
+    reporter has a business target (only targeted RX can renew a lease). Treat it as
+    immutable (a plain slots class: one is built per flow and group).
     """
 
-    cells: tuple[tuple[CellStore, object, int], ...]
-    targeted: bool
+    __slots__ = ("cells", "targeted")
+
+    def __init__(self, cells: tuple[tuple[CellStore, object, int], ...], targeted: bool) -> None:
+        self.cells = cells
+        self.targeted = targeted
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,16 @@ class EvidenceStats:
     aggregate_evictions: int
 
 
+def _layer_keys(group: str, network: Network, family: Family | None, target: ScoreTarget | None,
+                node_id: NodeId) -> list[tuple[str, object]]:
+    layers: list[tuple[str, object]] = [("aggregate", AggregateKey(group, network, None, node_id))]
+    if family is not None:
+        layers.append(("aggregate", AggregateKey(group, network, family, node_id)))
+        if target is not None:
+            layers.append(("exact", ExactKey(group, network, family, target, node_id)))
+    return layers
+
+
 class ScoreEvidence:
     """The per-manager evidence state; one object lives across in-process reloads (GH-K-08)."""
 
@@ -101,13 +115,7 @@ class ScoreEvidence:
     def keys(group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
              destination: IPAddress | None = None) -> list[tuple[str, object]]:
         """The (store, key) layers of a flow, global first; an exact key only with a family."""
-        family = target_family(target, destination)
-        layers: list[tuple[str, object]] = [("aggregate", AggregateKey(group, network, None, node_id))]
-        if family is not None:
-            layers.append(("aggregate", AggregateKey(group, network, family, node_id)))
-            if target is not None:
-                layers.append(("exact", ExactKey(group, network, family, target, node_id)))
-        return layers
+        return _layer_keys(group, network, target_family(target, destination), target, node_id)
 
     def is_member(self, group: str, node_id: NodeId) -> bool:
         return self._valid is None or (group, node_id) in self._valid
@@ -122,18 +130,18 @@ class ScoreEvidence:
         """
         if not self.is_member(group, node_id):
             return None
+        return self.admit_member(group, network, target_family(target, destination), target, node_id)
+
+    def admit_member(self, group: str, network: Network, family: Family | None, target: ScoreTarget | None,
+                     node_id: NodeId) -> Admission:
+        """:meth:`admit` for a (group, node) the caller just found a member, with the flow's
+        target ``family`` already decided."""
         cells = []
-        for name, key in self.keys(group, network, target, node_id, destination):
+        for name, key in _layer_keys(group, network, family, target, node_id):
             store = self._stores[name]
             cell = store.get_or_create(key)
             cells.append((store, cell.key, cell.incarnation))  # the store's own key object
         return Admission(tuple(cells), target is not None)
-
-    def _current(self, admission: Admission) -> list[EvidenceCell]:
-        """The admitted cells still current (each touched), in admission order. A (group, node)
-        that left the membership has no cells left (prune dropped them), so its late feedback
-        finds none (GH-K-08)."""
-        return current_cells(admission.cells)
 
     def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
                rx_at: float | None = None) -> None:
@@ -141,7 +149,9 @@ class ScoreEvidence:
         a held RX flushed by this settlement first (as :meth:`rx` would, on the same cells)."""
         if admission is None:
             return
-        current = self._current(admission)
+        # the admitted cells still current, each touched: a (group, node) that left the
+        # membership has none left (prune dropped them), so its late feedback finds none (GH-K-08)
+        current = current_cells(admission.cells)
         if rx_at is not None:
             self._renew(admission, current, rx_at)
         for cell in current:
@@ -159,7 +169,7 @@ class ScoreEvidence:
         """
         if admission is None:
             return False
-        return self._renew(admission, self._current(admission), now)
+        return self._renew(admission, current_cells(admission.cells), now)
 
     def _renew(self, admission: Admission, current: list[EvidenceCell], now: float) -> bool:
         if not admission.targeted:
@@ -174,9 +184,14 @@ class ScoreEvidence:
             if c.last_failure is not None and now <= c.last_failure:
                 return False
         if cell.lease_until is None or now >= cell.lease_until:  # no running lease: earned afresh?
-            if max(c.useful.value(now) for c in current) < QUALIFYING_COMPLETIONS:
+            for c in current:
+                if c.useful.value(now) >= QUALIFYING_COMPLETIONS:
+                    break
+            else:
                 return False
-        cell.lease_until = max(cell.lease_until or now, now + QUALIFICATION_LEASE)
+        renewed = now + QUALIFICATION_LEASE  # never shortens a running lease (not max(): a call per RX)
+        if cell.lease_until is None or renewed > cell.lease_until:
+            cell.lease_until = renewed
         return True
 
     # --- reading (never creates or touches cells) -----------------------------------------------

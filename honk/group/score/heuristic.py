@@ -26,7 +26,6 @@ import enum
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from honk._fast.movavg import WeightedMean
 from honk._fast.rank import positions, scope_add, scope_best
@@ -69,6 +68,7 @@ class Direction(enum.Enum):
     DOWN = "down"
 
 
+_SETUP, _RESPONSE = Metric.SETUP, Metric.RESPONSE  # bound once: an Enum.MEMBER read costs a metaclass hook (3.11)
 _GOODPUT = {Direction.UP: Metric.GOODPUT_UP, Direction.DOWN: Metric.GOODPUT_DOWN}
 _WEIGHTS = {
     Metric.RESPONSE: PERFORMANCE_WEIGHT_RESPONSE,
@@ -95,15 +95,11 @@ class ProbeIdentity:
         return f"ProbeIdentity(<hidden>, {self.method}, {self.cadence:g})"
 
 
-class _Key(NamedTuple):  # a tuple: built per observation and per read, several times cheaper
-    group: str
-    network: Network
-    family: Family | None
-    target: ScoreTarget | None
-    node_id: NodeId
-
-    def __repr__(self) -> str:
-        return "_Key(<hidden>)"
+# A heuristic cell's key: (group, network, family, target, node id), a plain tuple (built per
+# observation and per read; a named tuple's constructor costs a Python call). Its first four
+# fields are its row (:func:`_row`); a target's repr is hidden, so a key never shows one.
+_Key = tuple
+_GROUP, _NODE = 0, 4
 
 
 class _Scope:
@@ -121,7 +117,8 @@ class _Scope:
         if now - self.event >= PERFORMANCE_EXPIRY:
             self.mean.clear()  # expired: a fresh observation starts a new mean
         self.mean.add(value, weight)
-        self.event = max(self.event, now)
+        if now > self.event:  # (not max(): a call per observation)
+            self.event = now
 
     def read(self, now: float) -> tuple[float, float] | None:
         """(value, confidence), or None when expired or empty."""
@@ -188,11 +185,12 @@ class FirstChoiceHeuristic:
     # --- observations ---------------------------------------------------------------------
 
     def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
-        self._views.pop(_row(key), None)
+        row = _row(key)
+        self._views.pop(row, None)
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = {}
-            self._rows.setdefault(_row(key), {})[key.node_id] = cell
+            self._rows.setdefault(row, {})[key[_NODE]] = cell
             if len(self._cells) > EXACT_CELLS_MAX:
                 self._unindex(self._cells.popitem(last=False)[0])
         else:
@@ -205,19 +203,23 @@ class FirstChoiceHeuristic:
     def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                       node_id: NodeId, latency: float, now: float) -> None:
         """A setup latency (s), kept at the exact target (or targetless at its family/global level)."""
-        self._observe(_Key(group, network, family, target, node_id), Metric.SETUP, _latency(latency), 1.0, now)
+        if not latency >= 0.0:
+            raise ValueError(_BAD_LATENCY)
+        self._observe((group, network, family, target, node_id), _SETUP, latency, 1.0, now)
 
     def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                          node_id: NodeId, latency: float, now: float) -> None:
         """A response latency (s), target-scoped like setup."""
-        self._observe(_Key(group, network, family, target, node_id), Metric.RESPONSE, _latency(latency), 1.0, now)
+        if not latency >= 0.0:
+            raise ValueError(_BAD_LATENCY)
+        self._observe((group, network, family, target, node_id), _RESPONSE, latency, 1.0, now)
 
     def observe_goodput(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                         node_id: NodeId, direction: Direction, nbytes: int, seconds: float, now: float) -> None:
         """A directional transfer window; the mean is weighted by bytes, so tiny windows barely count."""
         if nbytes <= 0 or not seconds > 0.0:
             return  # no offered load measures nothing (unknown, not zero)
-        self._observe(_Key(group, network, family, target, node_id), _GOODPUT[direction],
+        self._observe((group, network, family, target, node_id), _GOODPUT[direction],
                       nbytes / seconds, float(nbytes), now)
 
     def observe_probe(self, group: str, network: Network, health_family: Family | None, node_id: NodeId,
@@ -225,7 +227,7 @@ class FirstChoiceHeuristic:
         """A configured-probe RTT (s); refused (False) when from an old probe generation (GH-K-12)."""
         if generation is not None and generation != self._probe_generation:
             return False
-        self._observe(_Key(group, network, health_family, None, node_id), probe, _latency(rtt), 1.0, now)
+        self._observe((group, network, health_family, None, node_id), probe, _latency(rtt), 1.0, now)
         return True
 
     @property
@@ -253,7 +255,7 @@ class FirstChoiceHeuristic:
     def prune(self, valid_pairs: Iterable[tuple[str, NodeId]]) -> None:
         """Forget every (group, node) not in ``valid_pairs``."""
         valid = set(valid_pairs)  # (each dropped key's row drops its view)
-        for key in [k for k in self._cells if (k.group, k.node_id) not in valid]:
+        for key in [k for k in self._cells if (k[_GROUP], k[_NODE]) not in valid]:
             self._drop(key)
 
     def expire(self, now: float) -> None:
@@ -275,7 +277,7 @@ class FirstChoiceHeuristic:
         self._views.pop(row_key, None)
         row = self._rows.get(row_key)
         if row is not None:
-            row.pop(key.node_id, None)
+            row.pop(key[_NODE], None)
             if not row:
                 del self._rows[row_key]
 
@@ -348,7 +350,7 @@ class FirstChoiceHeuristic:
             family = target.family()
         if family is None:
             return False  # no family, no exact cell (keys.py)
-        cell = self._cells.get(_Key(group, network, family, target, node_id))
+        cell = self._cells.get((group, network, family, target, node_id))
         entry = cell.get(metric) if cell is not None else None
         if entry is None or len(entry.mean) < DEGRADATION_MIN_HISTORY:
             return False
@@ -366,12 +368,16 @@ class FirstChoiceHeuristic:
 
 
 def _row(key: _Key) -> tuple:
-    return (key.group, key.network, key.family, key.target)
+    """The key without its node (the fields before it): every member's cell of one read."""
+    return key[:4]
+
+
+_BAD_LATENCY = "a latency must be a non-negative number of seconds"
 
 
 def _latency(value: float) -> float:
     if not value >= 0.0:
-        raise ValueError("a latency must be a non-negative number of seconds")
+        raise ValueError(_BAD_LATENCY)
     return value
 
 

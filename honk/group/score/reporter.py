@@ -36,6 +36,10 @@ class Outcome(enum.Enum):
     SHUTDOWN = "shutdown"  # neutral
 
 
+_SUCCESS = Outcome.SUCCESS  # bound once: an Enum.MEMBER read costs a metaclass hook in Python 3.11
+_tuple_new = tuple.__new__  # builds a named tuple as its _make does, without a Python call
+
+
 class Settled(NamedTuple):  # one per settled publisher: a tuple builds several times faster
     """What settlement did: the flushed RX's event time (None if nothing was held) and whether
     the caller should record a terminal success (only for SUCCESS)."""
@@ -106,7 +110,7 @@ class RxPublisher:
         if flushed is not None:
             self._held = None
             self._sink.rx(self._cell, self._reporter, now, kind=self._kind, at=flushed)
-        return Settled(flushed, outcome is Outcome.SUCCESS)
+        return _tuple_new(Settled, (flushed, outcome is _SUCCESS))  # Settled(...) without its Python __new__
 
 
 __all__ = ["Outcome", "RxPublisher", "RxSink", "Settled"]
