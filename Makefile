@@ -69,14 +69,25 @@ peers:
 run: venv
 	$(BIN)/honk run -c $(CONFIG)
 
-# The whole suite with the compiled kernels required, then the whole suite again
-# on the pure-Python twins (the relay engine's twin included).
+# The whole suite with the compiled kernels required, then on the pure-Python twins
+# the suites that reach the kernels: every sans-I/O test (the kernels' own, groups,
+# health, Score, the simulations) and the integration tests whose bytes cross the
+# relay engine or the eBPF maps. The rest of the integration suite would run the
+# same kernel code a third time and cost the twin pass two thirds of its time.
+TWIN_TESTS = tests/unit tests/sim \
+	tests/integration/test_relay_engine.py tests/integration/test_socks_fastpath.py \
+	tests/integration/test_mixed_proxy.py tests/integration/test_transparent_tcp.py \
+	tests/integration/test_shadowsocks_relay.py tests/integration/test_shadowsocks_outbound.py \
+	tests/integration/test_v2_outbounds.py tests/integration/test_v2_udp.py \
+	tests/integration/test_score_escape.py tests/integration/test_score_reporters.py \
+	tests/integration/test_ebpf_datapath.py
+
 test: build peers
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 	$(MAKE) --no-print-directory test-twins
 
 test-twins: venv
-	HONK_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	HONK_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(TWIN_TESTS)
 
 # The programs honk is measured against (see benchmarks/relay.py). Each is
 # installed only when missing; one that cannot be installed is skipped with the
