@@ -103,9 +103,6 @@ class Traversal:
     def __post_init__(self) -> None:
         object.__setattr__(self, "family", target_family(self.target, self.destination))
 
-    def admit(self, evidence: ScoreEvidence) -> Admission | None:
-        return evidence.admit(self.group, self.network, self.target, self.node_id, self.destination)
-
     def cohort_cell(self) -> Hashable:
         """The most specific evidence key: where this group's availability cohort lives."""
         return ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)[-1][1]
@@ -471,7 +468,7 @@ class ScoreReporter:
         if self._settlement is not None:
             return None
         outcome = self._outcome(result)
-        failed = outcome is _FAILED or outcome is _SETUP_FAILED
+        failed = outcome is not None and outcome.is_failure
         ending = result.ending
         if ending is _END_REJECTED:
             rx_outcome = _RX_REJECTED

@@ -203,16 +203,12 @@ class FirstChoiceHeuristic:
     def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                       node_id: NodeId, latency: float, now: float) -> None:
         """A setup latency (s), kept at the exact target (or targetless at its family/global level)."""
-        if not latency >= 0.0:
-            raise ValueError(_BAD_LATENCY)
-        self._observe((group, network, family, target, node_id), _SETUP, latency, 1.0, now)
+        self._observe((group, network, family, target, node_id), _SETUP, _latency(latency), 1.0, now)
 
     def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                          node_id: NodeId, latency: float, now: float) -> None:
         """A response latency (s), target-scoped like setup."""
-        if not latency >= 0.0:
-            raise ValueError(_BAD_LATENCY)
-        self._observe((group, network, family, target, node_id), _RESPONSE, latency, 1.0, now)
+        self._observe((group, network, family, target, node_id), _RESPONSE, _latency(latency), 1.0, now)
 
     def observe_goodput(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
                         node_id: NodeId, direction: Direction, nbytes: int, seconds: float, now: float) -> None:
@@ -372,12 +368,9 @@ def _row(key: _Key) -> tuple:
     return key[:4]
 
 
-_BAD_LATENCY = "a latency must be a non-negative number of seconds"
-
-
 def _latency(value: float) -> float:
     if not value >= 0.0:
-        raise ValueError(_BAD_LATENCY)
+        raise ValueError("a latency must be a non-negative number of seconds")
     return value
 
 
