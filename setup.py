@@ -48,10 +48,10 @@ class OptionalBuildExt(build_ext):
 
 
 def _drop_stale_sources(exts):
-    """Remove a generated C file older than any kernel .pxd: cythonize does not notice a changed
-    augmenting .pxd (its own, or one it cimports), and a stale module then fails at import with
-    a binary-size mismatch. Regenerating the few small kernels is cheap."""
-    pxds = [os.path.join("honk/_fast", f) for f in os.listdir("honk/_fast") if f.endswith(".pxd")]
+    """Remove a generated C file older than any kernel .pxd or C header: cythonize does not notice
+    a changed augmenting .pxd (its own, or one it cimports) or header, and a stale module then
+    fails at import with a binary-size mismatch. Regenerating the few small kernels is cheap."""
+    pxds = [os.path.join("honk/_fast", f) for f in os.listdir("honk/_fast") if f.endswith((".pxd", ".h"))]
     newest = max((os.path.getmtime(p) for p in pxds), default=0.0)
     for ext in exts:
         generated = os.path.splitext(ext.sources[0])[0] + ".c"

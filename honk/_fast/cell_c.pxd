@@ -41,5 +41,7 @@ cdef class EvidenceCell:
 cpdef double reliability_bound(EvidenceCell cell, double now) except? -1.0
 cpdef double layer_weight(EvidenceCell cell, double now)
 
-@cython.locals(glob=EvidenceCell, cell=EvidenceCell, estimate=double, qualified=bint, layer=Py_ssize_t)
+@cython.locals(estimate=double)
+cpdef double blend(EvidenceCell glob, EvidenceCell family, EvidenceCell exact, double now) except? -1.0
+cpdef bint qualified(EvidenceCell glob, EvidenceCell family, EvidenceCell exact, double now) except -1
 cpdef tuple read_cells(tuple cells, double now)

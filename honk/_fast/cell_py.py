@@ -138,25 +138,46 @@ def standing(cell: EvidenceCell, now: float) -> Standing:
     return Standing(cell.bound(now), cell.weight(now), cell.useful.value(now))
 
 
-def read_cells(cells: tuple, now: float) -> tuple:
-    """(reliability, qualified) of the (global, family, exact) cells at ``now`` (None: no cell):
-    the hierarchical blend's reliability (GH-K-04), and qualification by earned completions in a
-    layer or the global cell's running lease (GH-K-27/28). Each cell's standing is reused."""
-    glob = cells[0]
+def blend(glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None, now: float) -> float:
+    """The hierarchical blend's reliability of a member's (global, family, exact) cells at ``now``
+    (None: no cell, GH-K-04): each present layer takes over from its parents by its weight, from
+    the prior's bound when there is no global cell. Each cell's standing is reused."""
     if glob is None:
         estimate = PRIOR_BOUND
-        qualified = False
     else:
         glob._refresh(now)
         estimate = glob._bound
-        qualified = glob._useful >= QUALIFYING_COMPLETIONS or (glob.lease_until is not None and now < glob.lease_until)
-    for layer in range(1, 3):
-        cell = cells[layer]
-        if cell is None:
-            continue
-        cell._refresh(now)
-        if cell._weight > 0.0:
-            estimate = cell._weight * cell._bound + (1.0 - cell._weight) * estimate
-        if cell._useful >= QUALIFYING_COMPLETIONS:
-            qualified = True
-    return estimate, qualified
+    if family is not None:
+        family._refresh(now)
+        if family._weight > 0.0:
+            estimate = family._weight * family._bound + (1.0 - family._weight) * estimate
+    if exact is not None:
+        exact._refresh(now)
+        if exact._weight > 0.0:
+            estimate = exact._weight * exact._bound + (1.0 - exact._weight) * estimate
+    return estimate
+
+
+def qualified(glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None,
+              now: float) -> bool:
+    """Whether a member with these cells is qualified at ``now``: earned completions in a layer,
+    or the global cell's running lease (GH-K-27/28)."""
+    if glob is not None:
+        glob._refresh(now)
+        if glob._useful >= QUALIFYING_COMPLETIONS or (glob.lease_until is not None and now < glob.lease_until):
+            return True
+    if family is not None:
+        family._refresh(now)
+        if family._useful >= QUALIFYING_COMPLETIONS:
+            return True
+    if exact is not None:
+        exact._refresh(now)
+        if exact._useful >= QUALIFYING_COMPLETIONS:
+            return True
+    return False
+
+
+def read_cells(cells: tuple, now: float) -> tuple:
+    """(reliability, qualified) of the (global, family, exact) cells at ``now`` (None: no cell):
+    :func:`blend` and :func:`qualified` of them."""
+    return blend(cells[0], cells[1], cells[2], now), qualified(cells[0], cells[1], cells[2], now)

@@ -4,6 +4,9 @@
 # lookup, a call and an attribute read, about 360 instructions per hash. The compiled build
 # points NodeId's tp_hash at a C function that reads the stored hash from its slot directly.
 
+cdef extern from "stored_hash.h":
+    pass
+
 cdef extern from *:
     """
     #include "structmember.h"  /* PyMemberDef (Python 3.11) */
@@ -16,7 +19,7 @@ cdef extern from *:
             PyErr_SetString(PyExc_TypeError, "NodeId has no value");
             return -1;
         }
-        return (Py_hash_t)PyLong_AsSsize_t(stored);  /* a hash() value always fits */
+        return honk_stored_hash(stored);  /* a hash() value always fits */
     }
 
     static int honk_install_nodeid_hash(PyObject *type) {

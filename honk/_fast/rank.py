@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         forget_resolved,
         live,
         members_first,
+        normalized,
         order,
         positions,
         scope_add,
@@ -31,9 +32,10 @@ else:
     find = _impl.find
     forget_resolved = _impl.forget_resolved
     members_first = _impl.members_first
+    normalized = _impl.normalized
     positions = _impl.positions
     scope_best = _impl.scope_best
     scope_add = _impl.scope_add
 
 __all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "forget_resolved", "live", "members_first",
-           "order", "positions", "scope_add", "scope_best", "survey"]
+           "normalized", "order", "positions", "scope_add", "scope_best", "survey"]

@@ -1,7 +1,7 @@
 # C types for the compiled build of rank_py.py (keep in step with it).
 
 cimport cython
-from honk._fast.cell_c cimport read_cells
+from honk._fast.cell_c cimport EvidenceCell, blend, qualified
 
 cdef Py_ssize_t EXACT_LAYER
 
@@ -10,6 +10,8 @@ cdef class Candidate:
     cdef public Py_ssize_t index
     cdef public double reliability
     cdef public object utility
+    cdef readonly bint rated
+    cdef readonly double utility_value
     cdef public bint qualified
     cdef public bint unresolved
     cdef public bint recent_failure
@@ -22,11 +24,15 @@ cdef class Candidate:
 @cython.locals(c=Candidate)
 cdef Candidate _candidate(object member, Py_ssize_t index, double reliability, object utility, bint qualified)
 
-@cython.locals(out=list, position=Py_ssize_t, index=object, reliability=double, qualified=bint, recent=bint,
-               node_failure=bint, cleared=bint, layer=Py_ssize_t, cells=tuple, failed=double, any_open=bint,
-               episodes=list, opens=dict)
+@cython.locals(out=list, position=Py_ssize_t, index=object, any_open=bint, c=Candidate, glob=EvidenceCell,
+               family=EvidenceCell, exact=EvidenceCell)
 cpdef list candidates(list alive, object utilities, dict glob_row, dict family_row, dict exact_row,
                       dict glob_open, dict family_open, dict exact_open, double now, double recent_window)
+
+@cython.locals(episodes=list, recent=bint, layer=Py_ssize_t, cell=EvidenceCell, failed=double)
+cdef void _open_episodes(Candidate c, object glob_episode, object family_episode, object exact_episode,
+                         EvidenceCell glob, EvidenceCell family, EvidenceCell exact, double now,
+                         double recent_window) except *
 
 @cython.locals(a_front=bint)
 cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
@@ -61,3 +67,6 @@ cpdef tuple scope_best(list nodes, list values, dict position, bint higher)
 @cython.locals(k=Py_ssize_t, value=double, relative=double, gain=double)
 cpdef void scope_add(list nodes, list values, list confidences, dict position, bint higher, double best,
                      double weight, double latency_floor, list gains) except *
+
+@cython.locals(out=list)
+cpdef list normalized(list gains, double total)

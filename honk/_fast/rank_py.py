@@ -16,7 +16,7 @@ keep the two in step.
 import cython
 
 if not cython.compiled:  # the compiled build cimports the compiled cell kernel (rank_c.pxd)
-    from honk._fast.cell_py import read_cells  # reads a cell of either build
+    from honk._fast.cell_py import blend, qualified  # read a cell of either build
 
 EXACT_LAYER = 2  # the exact layer's index in a read's (global, family, exact) cells
 
@@ -30,7 +30,9 @@ class Candidate:
         self.member = member
         self.index = index  # configuration order
         self.reliability = reliability
-        self.utility = utility  # None: no fresh performance
+        self.utility = utility  # None: no fresh performance; set once (the two below copy it)
+        self.rated = utility is not None  # typed copies for the compiled order's comparisons
+        self.utility_value = 0.0 if utility is None else utility
         self.qualified = qualified
         self.unresolved = unresolved  # an open failure episode in one of its layers
         self.recent_failure = recent_failure  # ... whose newest failure is within the recent window
@@ -53,6 +55,8 @@ def _candidate(member, index, reliability, utility, qualified):  # typed in rank
     c.index = index
     c.reliability = reliability
     c.utility = utility
+    c.rated = utility is not None
+    c.utility_value = 0.0 if utility is None else utility
     c.qualified = qualified
     c.episodes = ()
     return c
@@ -92,39 +96,43 @@ def candidates(alive: list, utilities: object, glob_row: dict, family_row: dict,
         node = member[1]  # Member.node_id
         utility = utilities[position]
         position += 1
-        cells = (glob_row.get(node), family_row.get(node), exact_row.get(node))
-        reliability, qualified = read_cells(cells, now)
-        episodes = None
+        glob = glob_row.get(node)
+        family = family_row.get(node)
+        exact = exact_row.get(node)
+        c = _candidate(member, index, blend(glob, family, exact, now), utility, qualified(glob, family, exact, now))
         if any_open:
-            for layer, opens in enumerate((glob_open, family_open, exact_open)):
-                if opens:
-                    episode = opens.get(node)
-                    if episode is not None:
-                        if episodes is None:
-                            episodes = []
-                        episodes.append((layer, episode))
-        if episodes is None:  # no cell of this node has an open episode
-            out.append(_candidate(member, index, reliability, utility, qualified))
-            continue
-        recent = False
-        node_failure = False
-        cleared = True
-        last = None
-        for layer, episode in episodes:
-            if layer < EXACT_LAYER:
-                node_failure = True
-            if not episode.rx_since_fence:
-                cleared = False
-            cell = cells[layer]
-            if cell is not None and cell.last_failure is not None:
-                failed = cell.last_failure
-                if last is None or failed > last:
-                    last = failed
-                if now - failed < recent_window:
-                    recent = True
-        out.append(Candidate(member, index, reliability, utility, qualified, True, recent, node_failure, episodes,
-                             last, cleared))
+            _open_episodes(c, glob_open.get(node) if glob_open else None,
+                           family_open.get(node) if family_open else None,
+                           exact_open.get(node) if exact_open else None, glob, family, exact, now, recent_window)
+        out.append(c)
     return out
+
+
+def _open_episodes(c: Candidate, glob_episode: object, family_episode: object, exact_episode: object,
+                   glob: object, family: object, exact: object, now: float, recent_window: float) -> None:
+    """Mark ``c`` with its open episodes, one per layer or None, and their cells' failures."""
+    if glob_episode is None and family_episode is None and exact_episode is None:
+        return  # no cell of this node has an open episode
+    episodes = []
+    last = None
+    recent = False
+    for layer, episode, cell in ((0, glob_episode, glob), (1, family_episode, family),
+                                 (EXACT_LAYER, exact_episode, exact)):
+        if episode is None:
+            continue
+        episodes.append((layer, episode))
+        if cell is not None and cell.last_failure is not None:
+            failed = cell.last_failure
+            if last is None or failed > last:
+                last = failed
+            if now - failed < recent_window:
+                recent = True
+    c.unresolved = True
+    c.recent_failure = recent
+    c.node_failure = glob_episode is not None or family_episode is not None  # an aggregate layer
+    c.episodes = episodes
+    c.last_failure = last
+    c.cleared = all(episode.rx_since_fence for _, episode in episodes)
 
 
 def survey(candidates: list) -> tuple:
@@ -231,6 +239,14 @@ def scope_add(nodes: list, values: list, confidences: list, position: dict, high
         k += 1
 
 
+def normalized(gains: list, total: float) -> list:
+    """Each of ``gains`` divided by ``total``, None kept (a candidate with no comparable scope)."""
+    out = []
+    for gain in gains:
+        out.append(None if gain is None else gain / total)
+    return out
+
+
 def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
     """Whether ``a`` ranks before ``b`` (see the module docstring); the same order as
     :func:`_sort_key`."""
@@ -239,10 +255,10 @@ def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
         return a_front
     if not a_front and a.reliability != b.reliability:  # behind the band: reliability first
         return a.reliability > b.reliability
-    if (a.utility is None) != (b.utility is None):  # missing performance is never a gain
-        return b.utility is None
-    if a.utility is not None and a.utility != b.utility:
-        return a.utility > b.utility
+    if a.rated != b.rated:  # missing performance is never a gain
+        return a.rated
+    if a.rated and a.utility_value != b.utility_value:
+        return a.utility_value > b.utility_value
     if a.reliability != b.reliability:
         return a.reliability > b.reliability
     return a.index < b.index

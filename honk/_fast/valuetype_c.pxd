@@ -5,6 +5,9 @@
 # function reading the stored hash and its tp_richcompare at one comparing every slot with
 # PyObject_RichCompareBool (which takes identical objects as equal at once), the hash first.
 
+cdef extern from "stored_hash.h":
+    pass
+
 cdef extern from *:
     """
     #include "structmember.h"  /* PyMemberDef, PyMemberDescrObject (Python 3.11) */
@@ -54,7 +57,7 @@ cdef extern from *:
             PyErr_Format(PyExc_TypeError, "%s has no value", Py_TYPE(self)->tp_name);
             return -1;
         }
-        return (Py_hash_t)PyLong_AsSsize_t(stored);  /* a hash() value always fits */
+        return honk_stored_hash(stored);  /* a hash() value always fits */
     }
 
     static PyObject *honk_value_richcompare(PyObject *self, PyObject *other, int op) {

@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from honk._fast.movavg import WeightedMean
-from honk._fast.rank import positions, scope_add, scope_best
+from honk._fast.rank import normalized, positions, scope_add, scope_best
 from honk.alive.outcome import Family
 from honk.core.net import Network
 from honk.group.score.constants import (
@@ -77,6 +77,9 @@ _WEIGHTS = {
     Metric.GOODPUT_DOWN: PERFORMANCE_WEIGHT_GOODPUT,
 }
 _HIGHER_BETTER = frozenset({Metric.GOODPUT_UP, Metric.GOODPUT_DOWN})
+_METRIC_ORDER = {metric: i for i, metric in enumerate(Metric)}
+VIEW_PENDING_MAX = 16  # changes a target row's view notes before it is dropped instead (a row observed
+# but not read would otherwise note every observation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,7 @@ class ProbeIdentity:
 # observation and per read; a named tuple's constructor costs a Python call). Its first four
 # fields are its row (:func:`_row`); a target's repr is hidden, so a key never shows one.
 _Key = tuple
-_GROUP, _NODE = 0, 4
+_GROUP, _TARGET, _NODE = 0, 3, 4
 
 
 class _Scope:
@@ -133,39 +136,121 @@ class _Scope:
 
 class _RowView:
     """One row's fresh readings as of ``built``, per scope, valid until the first confidence
-    loss or expiry among them (an observation into the row drops the view). Business metrics
-    and probe scopes apart: a targetless read of a family reads that family's row as both.
+    loss or expiry among them. Business metrics and probe scopes apart: a targetless read of a
+    family reads that family's row as both.
 
     Probe rows hold every member of a group and change only when a probe reports, yet every
-    plan of the group reads them: the view spares each plan a read of every scope."""
+    plan of the group reads them: the view spares each plan a read of every scope. A target's
+    row changes on almost every flow of the target: an observation there leaves the view and
+    notes the (node, scope) it changed, and the next read takes just those readings again
+    (``refresh``), where building the view anew reads every scope of the row."""
 
-    __slots__ = ("built", "until", "metrics", "probes")
+    __slots__ = ("built", "until", "metrics", "probes", "_lists", "pending")
 
     def __init__(self, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> None:
         self.built = now
-        until = float("inf")
-        by_scope: dict[Hashable, tuple[list, list, list]] = {}
+        self.until = float("inf")
+        self._lists: dict[Hashable, tuple[list, list, list]] = {}  # scope -> (nodes, values, confidences)
+        self.pending: list[tuple[NodeId, Hashable]] = []  # changed since the view was built
         for node, cell in row.items():
             for scope, entry in cell.items():
-                reading = entry.read(now)
-                if reading is None:
-                    continue
-                lists = by_scope.get(scope)
-                if lists is None:
-                    lists = by_scope[scope] = ([], [], [])
-                lists[0].append(node)
-                lists[1].append(reading[0])
-                lists[2].append(reading[1])
-                fresh_until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
-                until = min(until, fresh_until if now < fresh_until else entry.event + PERFORMANCE_EXPIRY)
-        self.until = until
-        # (scope, higher is better, nodes, values, confidences), in the row's order
-        scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in by_scope.items()]
-        self.metrics = [entry for entry in scopes if isinstance(entry[0], Metric)]
+                self._take(node, scope, entry, now)
+        # (scope, higher is better, nodes, values, confidences); business metrics in Metric
+        # order, so that every view of the same readings adds its scopes in the same order
+        scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in self._lists.items()]
+        self.metrics = sorted((entry for entry in scopes if isinstance(entry[0], Metric)),
+                              key=lambda entry: _METRIC_ORDER[entry[0]])
         self.probes = [entry for entry in scopes if isinstance(entry[0], ProbeIdentity)]
+
+    def _take(self, node: NodeId, scope: Hashable, entry: _Scope, now: float) -> None:
+        """Read ``entry`` (new to the view) into its scope's lists, and shorten the validity."""
+        reading = entry.read(now)
+        if reading is None:
+            return
+        lists = self._lists.get(scope)
+        if lists is None:
+            lists = self._lists[scope] = ([], [], [])
+        lists[0].append(node)
+        lists[1].append(reading[0])
+        lists[2].append(reading[1])
+        self._shorten(entry, now)
+
+    def _shorten(self, entry: _Scope, now: float) -> None:
+        fresh_until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
+        until = fresh_until if now < fresh_until else entry.event + PERFORMANCE_EXPIRY
+        if until < self.until:
+            self.until = until
 
     def current(self, now: float) -> bool:
         return self.built <= now < self.until
+
+    def refresh(self, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> bool:
+        """Take the pending (node, scope) readings again at ``now``; False when the view must be
+        built anew instead (a scope it does not list, a reading that vanished)."""
+        for node, scope in self.pending:
+            lists = self._lists.get(scope)
+            cell = row.get(node)
+            entry = cell.get(scope) if cell is not None else None
+            if lists is None or entry is None:
+                return False
+            reading = entry.read(now)
+            if reading is None:
+                return False
+            nodes = lists[0]
+            if node in nodes:  # (a row lists each node once; order within a scope changes no sum)
+                k = nodes.index(node)
+                lists[1][k] = reading[0]
+                lists[2][k] = reading[1]
+            else:
+                nodes.append(node)
+                lists[1].append(reading[0])
+                lists[2].append(reading[1])
+            self._shorten(entry, now)
+        self.pending.clear()
+        return True
+
+
+class _ProbeBaseline:
+    """The probe rows' share of one (group, network)'s reads for one candidate list: each
+    candidate's weighted probe gain and the probe weight, as of ``built``, valid until the first
+    confidence loss or expiry among its rows' readings (a probe into any of the rows drops it).
+
+    Every plan of a group reads the same probe rows over the same members, while its target's
+    business row holds only the few nodes that carried the target: the baseline spares each
+    plan a pass over every member of every probe row. Candidate positions are kept with it."""
+
+    __slots__ = ("built", "until", "candidates", "position", "aliases", "gains", "weight", "utilities")
+
+    def __init__(self, views: list[_RowView], candidates: list, now: float) -> None:
+        self.built = now
+        self.until = min((view.until for view in views), default=float("inf"))
+        self.candidates = candidates
+        self.position, self.aliases = positions(candidates)
+        # a probe scope counts when enough candidates read it; the weight is split evenly
+        # across the counting ones
+        comparable = []
+        for view in views:
+            for _scope, higher, nodes, values, confidences in view.probes:
+                count, best = scope_best(nodes, values, self.position, higher)
+                if count >= PERFORMANCE_COMPARABLE_MIN:
+                    comparable.append((higher, nodes, values, confidences, best))
+        gains: list[float | None] = [None] * len(candidates)
+        weight = 0.0
+        for higher, nodes, values, confidences, best in comparable:
+            if higher and best <= 0.0:
+                continue  # nothing moved anywhere: the scope ranks nobody
+            share = PERFORMANCE_WEIGHT_PROBE / len(comparable)
+            weight += share
+            scope_add(nodes, values, confidences, self.position, higher, best, share, PERFORMANCE_LATENCY_FLOOR,
+                      gains)
+        for i, j in self.aliases:
+            gains[i] = gains[j]
+        self.gains = gains
+        self.weight = weight
+        self.utilities = normalized(gains, weight)  # what a read with no comparable business scope answers
+
+    def current(self, candidates: list, now: float) -> bool:
+        return self.built <= now < self.until and candidates == self.candidates
 
 
 class FirstChoiceHeuristic:
@@ -177,16 +262,30 @@ class FirstChoiceHeuristic:
         # the same cells by (group, network, family, target) then node: a read takes one row for
         # all its candidates instead of building and hashing a key per candidate
         self._rows: dict[tuple, dict[NodeId, dict[Hashable, _Scope]]] = {}
-        # by row key; dropped whenever the row changes (an observation, a dropped key), and all
-        # at once when scopes leave cells in place (reload, expire)
+        # by row key; a targetless row's is dropped whenever the row changes, a target row's
+        # notes the change (_RowView.refresh); dropped when a key leaves the row, and all at once
+        # when scopes leave cells in place (reload, expire)
         self._views: dict[tuple, _RowView] = {}
+        # by (group, network); dropped whenever one of its targetless rows changes, and all at
+        # once with the views
+        self._baselines: dict[tuple, _ProbeBaseline] = {}
         self._probe_generation = 0
 
     # --- observations ---------------------------------------------------------------------
 
     def _observe(self, key: _Key, scope: Hashable, value: float, weight: float, now: float) -> None:
         row = _row(key)
-        self._views.pop(row, None)
+        if key[_TARGET] is None:  # a targetless row: one a probe baseline may read
+            self._views.pop(row, None)
+            self._baselines.pop(key[:2], None)
+        else:
+            view = self._views.get(row)
+            if view is not None:
+                pending = view.pending
+                if len(pending) < VIEW_PENDING_MAX:
+                    pending.append((key[_NODE], scope))
+                else:
+                    del self._views[row]
         cell = self._cells.get(key)
         if cell is None:
             cell = self._cells[key] = {}
@@ -241,6 +340,7 @@ class FirstChoiceHeuristic:
         del now  # reload is a fence, not a timed event; kept for the uniform API
         self._probe_generation += 1
         self._views.clear()
+        self._baselines.clear()
         for key in list(self._cells):
             cell = self._cells[key]
             for scope in [s for s in cell if isinstance(s, ProbeIdentity)]:
@@ -257,6 +357,7 @@ class FirstChoiceHeuristic:
     def expire(self, now: float) -> None:
         """Drop expired scopes, bounding memory by recent activity."""
         self._views.clear()
+        self._baselines.clear()
         for key in list(self._cells):
             cell = self._cells[key]
             for scope in [s for s, e in cell.items() if e.read(now) is None]:
@@ -271,6 +372,8 @@ class FirstChoiceHeuristic:
     def _unindex(self, key: _Key) -> None:
         row_key = _row(key)
         self._views.pop(row_key, None)
+        if key[_TARGET] is None:
+            self._baselines.pop(key[:2], None)
         row = self._rows.get(row_key)
         if row is not None:
             row.pop(key[_NODE], None)
@@ -281,7 +384,7 @@ class FirstChoiceHeuristic:
 
     def _view(self, row_key: tuple, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> _RowView:
         view = self._views.get(row_key)
-        if view is None or not view.current(now):
+        if view is None or not view.current(now) or (view.pending and not view.refresh(row, now)):
             view = self._views[row_key] = _RowView(row, now)
         return view
 
@@ -293,44 +396,46 @@ class FirstChoiceHeuristic:
         Business scopes are read at (family, target); probe scopes at every health family, each
         (identity, health family) its own scope.
         """
-        # the rows to read: a target's business row (it holds the few nodes that carried the
-        # target), and each health family's probe row. Each row's scopes are its own, so a row
-        # of fewer nodes than a comparison needs cannot rank anybody.
-        reads = []  # per row read: its (scope, higher, nodes, values, confidences)
+        candidates = candidates if isinstance(candidates, list) else list(candidates)
+        baseline = self._baseline(group, network, candidates, now)
+        # a target's business row holds the few nodes that carried the target; a row of fewer
+        # nodes than a comparison needs cannot rank anybody
         business_key = (group, network, family, target)
         business = self._rows.get(business_key)
-        if business is not None and len(business) >= PERFORMANCE_COMPARABLE_MIN:
-            reads.append(self._view(business_key, business, now).metrics)
-        for health in _HEALTH_FAMILIES:
-            row_key = (group, network, health, None)
-            row = self._rows.get(row_key)
-            if row is not None and len(row) >= PERFORMANCE_COMPARABLE_MIN:
-                reads.append(self._view(row_key, row, now).probes)
-        if not reads:
-            return [None] * len(candidates)
-        # a node listed twice (two names, one node) reads once; its alias copies the gain
-        position, aliases = positions(candidates if isinstance(candidates, list) else list(candidates))
-        # each (scope, row family) lives in one row: a scope counts when enough candidates read it
-        comparable = []
-        probe_scopes = 0
-        for scopes in reads:
-            for scope, higher, nodes, values, confidences in scopes:
-                count, best = scope_best(nodes, values, position, higher)
-                if count >= PERFORMANCE_COMPARABLE_MIN:
-                    comparable.append((scope, higher, nodes, values, confidences, best))
-                    if isinstance(scope, ProbeIdentity):
-                        probe_scopes += 1
-        total = 0.0
-        gains: list[float | None] = [None] * len(candidates)
-        for scope, higher, nodes, values, confidences, best in comparable:
-            if higher and best <= 0.0:
-                continue  # nothing moved anywhere: the scope ranks nobody
-            weight = PERFORMANCE_WEIGHT_PROBE / probe_scopes if isinstance(scope, ProbeIdentity) else _WEIGHTS[scope]
+        if business is None or len(business) < PERFORMANCE_COMPARABLE_MIN:
+            return list(baseline.utilities)
+        position = baseline.position
+        gains = None
+        total = baseline.weight
+        for scope, higher, nodes, values, confidences in self._view(business_key, business, now).metrics:
+            count, best = scope_best(nodes, values, position, higher)
+            if count < PERFORMANCE_COMPARABLE_MIN or (higher and best <= 0.0):
+                continue  # compares nothing, or nothing moved anywhere: the scope ranks nobody
+            if gains is None:
+                gains = list(baseline.gains)
+            weight = _WEIGHTS[scope]
             total += weight
             scope_add(nodes, values, confidences, position, higher, best, weight, PERFORMANCE_LATENCY_FLOOR, gains)
-        for i, j in aliases:
+        if gains is None:
+            return list(baseline.utilities)
+        # a node listed twice (two names, one node) reads once; its alias copies the gain
+        for i, j in baseline.aliases:
             gains[i] = gains[j]
-        return [None if gain is None else gain / total for gain in gains]
+        return normalized(gains, total)
+
+    def _baseline(self, group: str, network: Network, candidates: list, now: float) -> _ProbeBaseline:
+        """The (group, network)'s probe baseline for ``candidates`` at ``now``: each health
+        family's probe row, each (identity, health family) its own scope."""
+        baseline = self._baselines.get((group, network))
+        if baseline is None or not baseline.current(candidates, now):
+            views = []
+            for health in _HEALTH_FAMILIES:
+                row_key = (group, network, health, None)
+                row = self._rows.get(row_key)
+                if row is not None and len(row) >= PERFORMANCE_COMPARABLE_MIN:
+                    views.append(self._view(row_key, row, now))
+            baseline = self._baselines[(group, network)] = _ProbeBaseline(views, list(candidates), now)
+        return baseline
 
     def degraded(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
                  sample: float, now: float, *, metric: Metric = Metric.RESPONSE,

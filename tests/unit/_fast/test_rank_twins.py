@@ -201,7 +201,7 @@ readings = st.lists(st.tuples(st.integers(0, 9), st.floats(0.0, 5.0), st.sampled
 
 
 def _gains(impl, candidates, row, higher):
-    """positions + scope_best + scope_add of one build over one scope's readings."""
+    """positions + scope_best + scope_add + normalized of one build over one scope's readings."""
     rank, _ = _build(impl)
     nodes, values, confidences = [r[0] for r in row], [r[1] for r in row], [r[2] for r in row]
     position, aliases = rank.positions(candidates)
@@ -209,7 +209,7 @@ def _gains(impl, candidates, row, higher):
     gains = [None] * len(candidates)
     if count and not (higher and best <= 0.0):
         rank.scope_add(nodes, values, confidences, position, higher, best, 0.4, 0.005, gains)
-    return position, aliases, count, best, gains
+    return position, aliases, count, best, gains, rank.normalized(gains, 0.8)
 
 
 @pytest.mark.compiled
@@ -221,7 +221,8 @@ def test_compiled_and_python_scope_reads_agree(candidates, row, higher):
 
 @given(st.lists(st.integers(0, 9), max_size=10), readings, st.booleans())
 def test_a_scope_reads_only_candidates_relative_to_the_best_of_them(candidates, row, higher):
-    position, aliases, count, best, gains = _gains("py", candidates, row, higher)
+    position, aliases, count, best, gains, utilities = _gains("py", candidates, row, higher)
+    assert utilities == [None if g is None else g / 0.8 for g in gains]
     assert position == {n: candidates.index(n) for n in candidates}
     assert aliases == [(i, candidates.index(n)) for i, n in enumerate(candidates) if candidates.index(n) != i]
     read = [(position[n], v, c) for n, v, c in row if n in position]

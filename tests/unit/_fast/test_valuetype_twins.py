@@ -78,6 +78,20 @@ def test_installed_and_python_value_types_agree_on_equality_hash_and_lookup(valu
             assert table[installed(left, right)] == {(lf, rt): i for i, (lf, rt) in enumerate(values)}[(left, right)]
 
 
+# every width a stored hash can have: none, one, two and three 30-bit digits, either sign
+HASH_EDGES = [0, 1, -2, 2**30 - 1, 2**30, -(2**30), 2**60 - 1, 2**60, -(2**60), 2**61 - 2, -(2**61 - 2)]
+
+
+@given(st.one_of(st.sampled_from(HASH_EDGES), st.integers(-(2**70), 2**70)))
+def test_a_stored_hash_of_any_width_and_sign_is_the_hash(value):
+    """The compiled hash reads the stored int's digits itself; it must give hash() exactly."""
+    for build in BUILDS:
+        installed = build.install(_pair_class())
+        pair = installed(value, None)
+        pair._hash = hash(value)  # the stored hash is any value hash() returns
+        assert hash(pair) == hash(value)
+
+
 @given(st.text(max_size=5), st.integers(0, 65535), st.text(max_size=5), st.integers(0, 65535))
 def test_an_installed_dataclass_compares_like_its_generated_equality(host, port, other_host, other_port):
     reference = _target_class()

@@ -292,6 +292,7 @@ _op = st.one_of(
     st.tuples(st.just("probe"), st.sampled_from([A, B, C]), st.sampled_from([V4, Family.V6]),
               st.floats(0.001, 0.5)),
     st.tuples(st.just("response"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
+    st.tuples(st.just("setup"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
     st.tuples(st.just("advance"), st.floats(0.0, 70.0)),
     st.tuples(st.just("read"), st.sampled_from([T1, T2, None]), st.sampled_from([V4, Family.V6, None]),
               st.sampled_from([[A, B, C], [B, A], [A, C, A]])),
@@ -307,6 +308,8 @@ def _apply(h, op, now):
         h.observe_probe("g", TCP, op[2], op[1], PROBE, op[3], now)
     elif kind == "response":
         h.observe_response("g", TCP, op[2], V4, op[1], op[3], now)
+    elif kind == "setup":
+        h.observe_setup("g", TCP, op[2], V4, op[1], op[3], now)
     elif kind == "reload":
         h.reload(now)
     elif kind == "prune":
@@ -315,11 +318,12 @@ def _apply(h, op, now):
         h.expire(now)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_op, max_size=30))
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_op, max_size=40))
 def test_a_read_returns_what_a_heuristic_that_never_read_before_returns(ops):
-    """Reads keep each row's readings until the row changes or a reading's confidence or
-    freshness runs out; that must never change an answer."""
+    """Reads keep each row's readings (and a group's probe baseline) until the row changes or a
+    reading's confidence or freshness runs out, and a target row's view takes the readings an
+    observation changed again; none of that may ever change an answer."""
     h = FirstChoiceHeuristic()
     now = 1000.0
     applied = []
@@ -368,3 +372,30 @@ def test_a_targetless_read_of_a_family_reads_its_probe_row_as_probes(clock):
     _probe(h, B, 0.02, clock.now)
     assert utilities(h, "g", TCP, None, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}
     assert utilities(h, "g", TCP, None, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}  # and again, from the view
+
+
+def test_a_probe_baseline_loses_confidence_and_expires_with_its_readings(clock):
+    """The group's probe baseline is kept between reads, never past its readings' freshness."""
+    h = FirstChoiceHeuristic()
+    _probe(h, A, 0.01, clock.now)
+    _probe(h, B, 0.02, clock.now)
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}
+    clock.advance(PERFORMANCE_CONFIDENCE_LOSS)
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == \
+        {A: PERFORMANCE_STALE_CONFIDENCE, B: 0.5 * PERFORMANCE_STALE_CONFIDENCE}
+    clock.advance(PERFORMANCE_EXPIRY - PERFORMANCE_CONFIDENCE_LOSS)
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
+
+
+def test_a_target_rows_view_takes_each_new_observation_on_the_next_read(clock):
+    """Observations into a target's row after a read change the very next read, as they would
+    for a heuristic that never read the row."""
+    h = FirstChoiceHeuristic()
+    _response(h, A, 0.1, clock.now)
+    _response(h, B, 0.2, clock.now)
+    assert utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now) == {A: 1.0, B: 0.5, C: None}
+    clock.advance(1.0)
+    for _ in range(PERFORMANCE_INERTIA):  # B becomes the faster; C joins the row
+        _response(h, B, 0.05, clock.now)
+    _response(h, C, 0.1, clock.now)
+    assert utilities(h, "g", TCP, T1, V4, [A, B, C], clock.now) == {A: 0.5, B: 1.0, C: 0.5}
