@@ -372,23 +372,22 @@ class ScoreState:
         incumbent = find(candidates, incumbent_id)
         if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
             return top, INCUMBENT_INELIGIBLE
-        others = [c for c in order if c is not incumbent]
         if incumbent.unresolved:
             # an unresolved failure loses at once to another eligible member (GH-K-34), one
             # without an unresolved failure of its own: swapping one failed node for another
             # only makes the selection flap
-            sound = [c for c in others if not c.unresolved]
-            if sound and self._escapes(incumbent, sound[0]):
-                return sound[0], FRESH_FAILURE_BYPASS
+            sound = next((c for c in order if c is not incumbent and not c.unresolved), None)
+            if sound is not None and self._escapes(incumbent, sound):
+                return sound, FRESH_FAILURE_BYPASS
             return incumbent, INCUMBENT_HELD
-        if not others:  # the others were all excluded for a recent failure: nothing to compare
+        if len(order) == 1:  # the others were all excluded for a recent failure: nothing to compare
             return incumbent, INCUMBENT_HELD
-        challenger = others[0]
+        challenger = order[1] if top is incumbent else top
         promoted = _challenge(incumbent, challenger)
         if promoted is not None:
             return challenger, promoted
-        if order[0] is challenger and (not challenger.qualified or challenger.utility is None
-                                       or incumbent.utility is None):
+        if top is challenger and (not challenger.qualified or challenger.utility is None
+                                  or incumbent.utility is None):
             # the challenger ranks first but has no shared comparison that could promote it
             return incumbent, INSUFFICIENT_EVIDENCE_HELD
         return incumbent, INCUMBENT_HELD

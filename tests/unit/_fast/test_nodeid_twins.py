@@ -41,6 +41,22 @@ def test_state_keyed_by_either_form_is_found_by_the_other(value, other):
         assert (build.NodeId(int=other) in by_node) == (other == value)
 
 
+@given(values, values)
+def test_node_ids_compare_as_the_plain_uuids_of_their_values(value, other):
+    """Two node ids compare by value (the compiled build in C), and every other comparison
+    (with a plain UUID, another type, an order) is UUID's own."""
+    a, b = uuid.UUID(int=value), uuid.UUID(int=other)
+    for build in BUILDS:
+        node, peer = build.NodeId(int=value), build.NodeId(int=other)
+        assert (node == peer) == (a == b) and (node != peer) == (a != b)
+        assert (node == build.NodeId(int=value)) and not (node != build.NodeId(int=value))
+        assert (node == b) == (a == b) and (b == node) == (a == b) and (node != b) == (a != b)
+        assert (node < peer) == (a < b) and (node >= b) == (a >= b)
+        assert node != value and not node == str(a)
+        assert (node in [build.NodeId(int=other), build.NodeId(int=value)])
+        assert (node in [build.NodeId(int=other)]) == (value == other)
+
+
 def test_every_uuid_constructor_form_makes_the_same_node_id(nodeid_mod):
     plain = uuid.uuid5(uuid.NAMESPACE_DNS, "node.example")
     forms = [nodeid_mod.NodeId(str(plain)), nodeid_mod.NodeId(bytes=plain.bytes),
