@@ -29,7 +29,8 @@ cdef Candidate _candidate(object member, Py_ssize_t index, double reliability, o
 cpdef list candidates(list alive, object utilities, dict glob_row, dict family_row, dict exact_row,
                       dict glob_open, dict family_open, dict exact_open, double now, double recent_window)
 
-@cython.locals(episodes=list, recent=bint, layer=Py_ssize_t, cell=EvidenceCell, failed=double)
+@cython.locals(episodes=list, recent=bint, cleared=bint, layer=Py_ssize_t, episode=object, cell=EvidenceCell,
+               failed=double)
 cdef void _open_episodes(Candidate c, object glob_episode, object family_episode, object exact_episode,
                          EvidenceCell glob, EvidenceCell family, EvidenceCell exact, double now,
                          double recent_window) except *

@@ -116,11 +116,20 @@ def _open_episodes(c: Candidate, glob_episode: object, family_episode: object, e
     episodes = []
     last = None
     recent = False
-    for layer, episode, cell in ((0, glob_episode, glob), (1, family_episode, family),
-                                 (EXACT_LAYER, exact_episode, exact)):
+    cleared = True
+    # the layers one by one (no tuple of layers built per member)
+    for layer in range(EXACT_LAYER + 1):
+        if layer == 0:
+            episode, cell = glob_episode, glob
+        elif layer == 1:
+            episode, cell = family_episode, family
+        else:
+            episode, cell = exact_episode, exact
         if episode is None:
             continue
         episodes.append((layer, episode))
+        if not episode.rx_since_fence:
+            cleared = False
         if cell is not None and cell.last_failure is not None:
             failed = cell.last_failure
             if last is None or failed > last:
@@ -132,7 +141,7 @@ def _open_episodes(c: Candidate, glob_episode: object, family_episode: object, e
     c.node_failure = glob_episode is not None or family_episode is not None  # an aggregate layer
     c.episodes = episodes
     c.last_failure = last
-    c.cleared = all(episode.rx_since_fence for _, episode in episodes)
+    c.cleared = cleared  # every open episode accepted an RX after its fence
 
 
 def survey(candidates: list) -> tuple:

@@ -77,7 +77,8 @@ _WEIGHTS = {
     Metric.GOODPUT_DOWN: PERFORMANCE_WEIGHT_GOODPUT,
 }
 _HIGHER_BETTER = frozenset({Metric.GOODPUT_UP, Metric.GOODPUT_DOWN})
-_METRIC_ORDER = {metric: i for i, metric in enumerate(Metric)}
+_METRICS = tuple(Metric)  # the order a view lists business metrics in
+_NEVER = float("inf")
 VIEW_PENDING_MAX = 16  # changes a target row's view notes before it is dropped instead (a row observed
 # but not read would otherwise note every observation)
 
@@ -149,37 +150,38 @@ class _RowView:
 
     def __init__(self, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> None:
         self.built = now
-        self.until = float("inf")
-        self._lists: dict[Hashable, tuple[list, list, list]] = {}  # scope -> (nodes, values, confidences)
+        self.until = _NEVER
+        lists: dict[Hashable, tuple[list, list, list]] = {}  # scope -> (nodes, values, confidences)
+        self._lists = lists
         self.pending: list[tuple[NodeId, Hashable]] = []  # changed since the view was built
         for node, cell in row.items():
             for scope, entry in cell.items():
-                self._take(node, scope, entry, now)
+                # _Scope.read inlined: a view reads every entry of its row
+                age = now - entry.event
+                mean = entry.mean
+                if age >= PERFORMANCE_EXPIRY or len(mean) == 0:
+                    continue
+                value = mean.mean()
+                if value is None:
+                    continue
+                scope_lists = lists.get(scope)
+                if scope_lists is None:
+                    scope_lists = lists[scope] = ([], [], [])
+                scope_lists[0].append(node)
+                scope_lists[1].append(value)
+                if age < PERFORMANCE_CONFIDENCE_LOSS:
+                    scope_lists[2].append(1.0)
+                    until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
+                else:
+                    scope_lists[2].append(PERFORMANCE_STALE_CONFIDENCE)
+                    until = entry.event + PERFORMANCE_EXPIRY
+                if until < self.until:
+                    self.until = until
         # (scope, higher is better, nodes, values, confidences); business metrics in Metric
         # order, so that every view of the same readings adds its scopes in the same order
-        scopes = [(scope, scope in _HIGHER_BETTER, *lists) for scope, lists in self._lists.items()]
-        self.metrics = sorted((entry for entry in scopes if isinstance(entry[0], Metric)),
-                              key=lambda entry: _METRIC_ORDER[entry[0]])
-        self.probes = [entry for entry in scopes if isinstance(entry[0], ProbeIdentity)]
-
-    def _take(self, node: NodeId, scope: Hashable, entry: _Scope, now: float) -> None:
-        """Read ``entry`` (new to the view) into its scope's lists, and shorten the validity."""
-        reading = entry.read(now)
-        if reading is None:
-            return
-        lists = self._lists.get(scope)
-        if lists is None:
-            lists = self._lists[scope] = ([], [], [])
-        lists[0].append(node)
-        lists[1].append(reading[0])
-        lists[2].append(reading[1])
-        self._shorten(entry, now)
-
-    def _shorten(self, entry: _Scope, now: float) -> None:
-        fresh_until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
-        until = fresh_until if now < fresh_until else entry.event + PERFORMANCE_EXPIRY
-        if until < self.until:
-            self.until = until
+        self.metrics = [(metric, metric in _HIGHER_BETTER, *lists[metric]) for metric in _METRICS if metric in lists]
+        self.probes = [(scope, False, *scope_lists) for scope, scope_lists in lists.items()
+                       if scope.__class__ is ProbeIdentity]
 
     def current(self, now: float) -> bool:
         return self.built <= now < self.until
@@ -187,25 +189,37 @@ class _RowView:
     def refresh(self, row: dict[NodeId, dict[Hashable, _Scope]], now: float) -> bool:
         """Take the pending (node, scope) readings again at ``now``; False when the view must be
         built anew instead (a scope it does not list, a reading that vanished)."""
+        lists = self._lists
         for node, scope in self.pending:
-            lists = self._lists.get(scope)
+            scope_lists = lists.get(scope)
             cell = row.get(node)
             entry = cell.get(scope) if cell is not None else None
-            if lists is None or entry is None:
+            if scope_lists is None or entry is None:
                 return False
-            reading = entry.read(now)
-            if reading is None:
+            age = now - entry.event  # _Scope.read inlined, as in __init__
+            mean = entry.mean
+            if age >= PERFORMANCE_EXPIRY or len(mean) == 0:
                 return False
-            nodes = lists[0]
+            value = mean.mean()
+            if value is None:
+                return False
+            if age < PERFORMANCE_CONFIDENCE_LOSS:
+                confidence = 1.0
+                until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
+            else:
+                confidence = PERFORMANCE_STALE_CONFIDENCE
+                until = entry.event + PERFORMANCE_EXPIRY
+            nodes = scope_lists[0]
             if node in nodes:  # (a row lists each node once; order within a scope changes no sum)
                 k = nodes.index(node)
-                lists[1][k] = reading[0]
-                lists[2][k] = reading[1]
+                scope_lists[1][k] = value
+                scope_lists[2][k] = confidence
             else:
                 nodes.append(node)
-                lists[1].append(reading[0])
-                lists[2].append(reading[1])
-            self._shorten(entry, now)
+                scope_lists[1].append(value)
+                scope_lists[2].append(confidence)
+            if until < self.until:
+                self.until = until
         self.pending.clear()
         return True
 

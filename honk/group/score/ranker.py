@@ -170,15 +170,22 @@ class BudgetScope:
         self.spent += 1
 
 
-@dataclass(frozen=True, slots=True)
 class _Backoff:
     """A member's exploration backoff for one (group, network, family, target) while its
     failure streak lasts (GH-K-95): the newest failure seen, the current delay, and the last
-    recovery trial sent since that failure. Recovery ends the streak and drops it."""
+    recovery trial sent since that failure. Recovery ends the streak and drops it. Never
+    changed once made (a change makes a new one); a plain slotted class, because a rank makes
+    one for each unresolved member of a target it has not held yet."""
 
-    failure: float
-    delay: float
-    trial_at: float | None = None
+    __slots__ = ("failure", "delay", "trial_at")
+
+    def __init__(self, failure: float, delay: float, trial_at: float | None = None) -> None:
+        self.failure = failure
+        self.delay = delay
+        self.trial_at = trial_at
+
+    def __repr__(self) -> str:
+        return f"_Backoff(failure={self.failure}, delay={self.delay}, trial_at={self.trial_at})"
 
     def elapsed(self, now: float) -> bool:
         return now >= self.failure + self.delay
@@ -191,17 +198,6 @@ class _Backoff:
         if self.trial_at is not None and failure >= self.trial_at:
             delay = min(self.delay * EXPLORATION_BACKOFF_GROWTH, EXPLORATION_BACKOFF_MAX)
         return _Backoff(failure, delay)
-
-
-def _backoff(current: _Backoff | None, failure: float | None, now: float) -> _Backoff:
-    """An unresolved member's backoff as of ``now`` (not stored), from the one held for it:
-    the first failure of a streak starts it (at the failure's time, or now when the evidence
-    no longer knows it), a later one may grow it."""
-    if current is None:
-        return _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
-    if failure is not None and failure > current.failure:
-        return current.after_failure(failure)
-    return current
 
 
 def _winner_reason(winner: Candidate, order: list[Candidate]) -> str:
@@ -253,6 +249,8 @@ class ScoreState:
         self._history_max = history_max
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
+        # per (group, network): the last members list ranked without exclusions and its live() reading
+        self._live: dict[tuple[str, Network], tuple[Sequence[Member], tuple[list, list, int]]] = {}
 
     # --- ranking --------------------------------------------------------------------------------
 
@@ -260,7 +258,15 @@ class ScoreState:
              members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
              peek: bool = False) -> Ranked:
         """Rank ``members`` (configuration order) for one flow; see the module docstring."""
-        alive, nodes, dead = live(members, exclude)
+        if exclude:
+            alive, nodes, dead = live(members, exclude)
+        else:  # a group's members list is kept while health stands still (GroupManager): so is its reading
+            known = self._live.get((group, network))
+            if known is not None and known[0] is members:
+                alive, nodes, dead = known[1]
+            else:
+                alive, nodes, dead = reading = live(members, exclude)
+                self._live[(group, network)] = (members, reading)
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
@@ -290,10 +296,13 @@ class ScoreState:
         held = self._backoffs.get(history_key)
         for c in unresolved:
             current = held.get(c.member.node_id) if held else None
-            if current is not None and (c.last_failure is None or c.last_failure <= current.failure):
+            failure = c.last_failure
+            if current is None:  # the first failure of a streak starts it (now: the evidence forgot it)
+                c.backoff = _Backoff(now if failure is None else failure, EXPLORATION_BACKOFF_MIN)
+            elif failure is None or failure <= current.failure:
                 c.backoff = current  # the streak goes on with no newer failure: as held
             else:
-                c.backoff = _backoff(current, c.last_failure, now)
+                c.backoff = current.after_failure(failure)
 
         # cold exploration: the first untried unqualified eligible member (untrained first, GH-K-98);
         # a member with an open episode has recovery as its question (GH-K-97) and its backoff
@@ -435,6 +444,8 @@ class ScoreState:
         self._valid = frozenset(valid)
         dropped = self.evidence.prune(self._valid)
         groups = {g for g, _ in self._valid}
+        for key in [k for k in self._live if k[0] not in groups]:
+            del self._live[key]
         for key in [k for k in self.scopes if k[0] not in groups]:
             del self.scopes[key]
         for (group, _network, _family), scope in self.scopes.items():
