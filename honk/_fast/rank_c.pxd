@@ -38,7 +38,8 @@ cdef void _open_episodes(Candidate c, object glob_episode, object family_episode
 @cython.locals(a_front=bint)
 cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
 
-@cython.locals(count=Py_ssize_t, best=double, floor=double, i=Py_ssize_t, j=Py_ssize_t, c=Candidate, out=list)
+@cython.locals(count=Py_ssize_t, best=double, floor=double, i=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t,
+               mid=Py_ssize_t, c=Candidate, out=list)
 cpdef list order(list candidates, double band)
 
 @cython.locals(alive=list, nodes=list, dead=Py_ssize_t, index=Py_ssize_t, excluding=bint)

@@ -295,12 +295,16 @@ def order(candidates: list, band: float) -> list:
     floor = best - band
     if not cython.compiled:  # keys are unique (the index), so the pairs never compare candidates
         return [c for _, c in sorted([(_sort_key(c, floor), c) for c in candidates])]
-    out = list(candidates)
-    for i in range(1, count):  # insertion sort in C: a rank orders a handful of members
-        c = out[i]
-        j = i - 1
-        while j >= 0 and _precedes(c, out[j], floor):
-            out[j + 1] = out[j]
-            j -= 1
-        out[j + 1] = c
+    out = []
+    for i in range(count):  # binary insertion in C: few comparisons, and a list insert is a memmove
+        c = candidates[i]
+        lo = 0
+        hi = i
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if _precedes(c, out[mid], floor):
+                hi = mid
+            else:
+                lo = mid + 1
+        out.insert(lo, c)
     return out

@@ -257,7 +257,11 @@ class ScoreState:
     def rank(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
              members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
              peek: bool = False) -> Ranked:
-        """Rank ``members`` (configuration order) for one flow; see the module docstring."""
+        """Rank ``members`` (configuration order) for one flow; see the module docstring.
+
+        ``members`` is only read, and its live reading is kept while the same list object comes
+        back (the manager keeps a group's list until health changes): a caller never changes a
+        list it has ranked, it passes a new one."""
         if exclude:
             alive, nodes, dead = live(members, exclude)
         else:  # a group's members list is kept while health stands still (GroupManager): so is its reading

@@ -110,6 +110,21 @@ def test_dead_member_is_never_returned_whatever_its_score(state, perf):
     assert entry(state)["candidates"]["deadFiltered"] == 5
 
 
+def test_a_new_members_list_is_read_again_and_the_same_list_reads_as_before(state):
+    """The live reading is kept per (group, network) for the very list object ranked: the
+    manager passes a new list when health changes, and that list's dead member is filtered."""
+    trained_incumbent(state, "abc")
+    assert rank(state, members("a", "b", "c"), T0 + 1).winner.name == "a"
+    after_death = members("a", "b", "c", dead=("a",))
+    for i in range(2, 4):  # the new list, then the same list object again
+        ranked = rank(state, after_death, T0 + i)
+        assert ranked.winner.name != "a"
+        assert ranked.reason == "incumbentIneligible" if i == 2 else ranked.reason != "incumbentIneligible"
+    assert entry(state)["candidates"]["deadFiltered"] == 2
+    assert rank(state, members("a", "b", "c"), T0 + 4).winner.name in ("a", "b", "c")
+    assert entry(state)["candidates"]["deadFiltered"] == 2
+
+
 def test_no_live_member_returns_no_winner_and_counts_nothing(state):
     ranked = rank(state, members("a", "b", dead=("a", "b")))
     assert ranked.winner is None and ranked.order == ()
