@@ -11,7 +11,9 @@ if TYPE_CHECKING:
         candidates,
         find,
         first_cold,
+        first_sound,
         forget_resolved,
+        leaders,
         live,
         members_first,
         normalized,
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
         positions,
         scope_add,
         scope_best,
+        scope_utilities,
         survey,
     )
 else:
@@ -31,11 +34,15 @@ else:
     first_cold = _impl.first_cold
     find = _impl.find
     forget_resolved = _impl.forget_resolved
+    leaders = _impl.leaders
+    first_sound = _impl.first_sound
     members_first = _impl.members_first
     normalized = _impl.normalized
     positions = _impl.positions
     scope_best = _impl.scope_best
     scope_add = _impl.scope_add
+    scope_utilities = _impl.scope_utilities
 
-__all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "forget_resolved", "live", "members_first",
-           "normalized", "order", "positions", "scope_add", "scope_best", "survey"]
+__all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "first_sound", "forget_resolved", "leaders",
+           "live", "members_first",
+           "normalized", "order", "positions", "scope_add", "scope_best", "scope_utilities", "survey"]

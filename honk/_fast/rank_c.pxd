@@ -38,7 +38,16 @@ cdef void _open_episodes(Candidate c, object glob_episode, object family_episode
 @cython.locals(a_front=bint)
 cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
 
-@cython.locals(count=Py_ssize_t, best=double, floor=double, i=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t,
+@cython.locals(best=double, i=Py_ssize_t, c=Candidate)
+cdef double _floor(list candidates, double band) except? -1.0
+
+@cython.locals(floor=double, c=Candidate, first=Candidate, second=Candidate)
+cpdef tuple leaders(list candidates, double band)
+
+@cython.locals(floor=double, c=Candidate, best=Candidate)
+cpdef object first_sound(list candidates, double band, object skip)
+
+@cython.locals(count=Py_ssize_t, floor=double, i=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t,
                mid=Py_ssize_t, c=Candidate, out=list)
 cpdef list order(list candidates, double band)
 
@@ -54,8 +63,8 @@ cpdef object first_cold(list eligible, object tried)
 @cython.locals(c=Candidate)
 cpdef object find(list candidates, object node)
 
-@cython.locals(c=Candidate)
-cpdef void forget_resolved(list candidates, dict held)
+@cython.locals(c=Candidate, open_nodes=set)
+cpdef void forget_resolved(dict held, object ranked, list unresolved) except *
 
 @cython.locals(out=list, c=Candidate)
 cpdef tuple members_first(list order, Candidate winner)
@@ -69,6 +78,11 @@ cpdef tuple scope_best(list nodes, list values, dict position, bint higher)
 @cython.locals(k=Py_ssize_t, value=double, relative=double, gain=double)
 cpdef void scope_add(list nodes, list values, list confidences, dict position, bint higher, double best,
                      double weight, double latency_floor, list gains) except *
+
+@cython.locals(gains=list, total=double, entry=tuple, higher=bint, nodes=list, values=list, count=Py_ssize_t,
+               best=double, weight=double, i=Py_ssize_t, j=Py_ssize_t)
+cpdef object scope_utilities(list scopes, dict position, list aliases, list base_gains, double base_weight,
+                             double latency_floor, Py_ssize_t comparable_min)
 
 @cython.locals(out=list)
 cpdef list normalized(list gains, double total)

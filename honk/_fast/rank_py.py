@@ -181,11 +181,19 @@ def find(candidates: list, node: object) -> object:
     return None
 
 
-def forget_resolved(candidates: list, held: dict) -> None:
-    """Remove from ``held`` (by node) every candidate without an open episode."""
-    for c in candidates:
-        if not c.unresolved:
-            held.pop(c.member[1], None)
+def forget_resolved(held: dict, ranked: object, unresolved: list) -> None:
+    """Remove from ``held`` (by node) every node of ``ranked`` (the ranked nodes, a set) that is
+    not the node of one of ``unresolved`` (the candidates with an open episode): a rank's
+    resolved candidates end their streaks, members it did not rank keep theirs. Walks ``held``
+    (a few nodes), not the ranked members."""
+    if not held:
+        return
+    open_nodes = set()
+    for c in unresolved:
+        open_nodes.add(c.member[1])
+    for node in list(held):
+        if node in ranked and node not in open_nodes:
+            del held[node]
 
 
 def members_first(order: list, winner: Candidate) -> tuple:
@@ -248,6 +256,34 @@ def scope_add(nodes: list, values: list, confidences: list, position: dict, high
         k += 1
 
 
+def scope_utilities(scopes: list, position: dict, aliases: list, base_gains: list, base_weight: float,
+                    latency_floor: float, comparable_min) -> object:  # comparable_min: typed in rank_c.pxd
+    """Each candidate's utility from ``base_gains`` (weighing ``base_weight`` in all) and the
+    comparable ``scopes``, each ``(scope, higher, nodes, values, confidences, weight)``: a scope
+    counts when at least ``comparable_min`` candidates read it and, when higher is better, its
+    best moved; then :func:`scope_add` with its weight, ``aliases`` copied, :func:`normalized`.
+    None when no scope counts (the base's own utilities answer)."""
+    gains = None
+    total = base_weight
+    for entry in scopes:
+        higher = entry[1]
+        nodes = entry[2]
+        values = entry[3]
+        count, best = scope_best(nodes, values, position, higher)
+        if count < comparable_min or (higher and best <= 0.0):
+            continue  # compares nothing, or nothing moved anywhere: the scope ranks nobody
+        if gains is None:
+            gains = list(base_gains)
+        weight = entry[5]
+        total += weight
+        scope_add(nodes, values, entry[4], position, higher, best, weight, latency_floor, gains)
+    if gains is None:
+        return None
+    for i, j in aliases:  # a node listed twice (two names, one node) reads once; its alias copies the gain
+        gains[i] = gains[j]
+    return normalized(gains, total)
+
+
 def normalized(gains: list, total: float) -> list:
     """Each of ``gains`` divided by ``total``, None kept (a candidate with no comparable scope)."""
     out = []
@@ -281,18 +317,53 @@ def _sort_key(c: Candidate, floor: float) -> tuple:
     return (True, -c.reliability, c.utility is None, -u, c.index)
 
 
+def _floor(candidates: list, band: float) -> float:
+    """The reliability a candidate needs to be in the front band: the best one's less ``band``."""
+    best = candidates[0].reliability
+    for i in range(1, len(candidates)):
+        c = candidates[i]
+        if c.reliability > best:
+            best = c.reliability
+    return best - band
+
+
+def leaders(candidates: list, band: float) -> tuple:
+    """``(first, second)`` of ``order(candidates, band)`` in one pass, without ordering the
+    rest (None for a place nobody takes): what an ordinary rank compares."""
+    first = None
+    second = None
+    if not candidates:
+        return first, second
+    floor = _floor(candidates, band)
+    for c in candidates:
+        if first is None or _precedes(c, first, floor):
+            second = first
+            first = c
+        elif second is None or _precedes(c, second, floor):
+            second = c
+    return first, second
+
+
+def first_sound(candidates: list, band: float, skip: object) -> object:
+    """The first of ``order(candidates, band)`` without an open episode, ``skip`` passed over;
+    None when there is none."""
+    best = None
+    if not candidates:
+        return best
+    floor = _floor(candidates, band)
+    for c in candidates:
+        if c is not skip and not c.unresolved and (best is None or _precedes(c, best, floor)):
+            best = c
+    return best
+
+
 def order(candidates: list, band: float) -> list:
     """``candidates`` in rank order: reliability first, utility within the reliability band,
     then configuration order."""
     count = len(candidates)
     if count == 0:
         return []
-    best = candidates[0].reliability
-    for i in range(1, count):
-        c = candidates[i]
-        if c.reliability > best:
-            best = c.reliability
-    floor = best - band
+    floor = _floor(candidates, band)
     if not cython.compiled:  # keys are unique (the index), so the pairs never compare candidates
         return [c for _, c in sorted([(_sort_key(c, floor), c) for c in candidates])]
     out = []

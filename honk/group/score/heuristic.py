@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from honk._fast.movavg import WeightedMean
-from honk._fast.rank import normalized, positions, scope_add, scope_best
+from honk._fast.rank import normalized, positions, scope_add, scope_best, scope_utilities
 from honk.alive.outcome import Family
 from honk.core.net import Network
 from honk.group.score.constants import (
@@ -177,9 +177,11 @@ class _RowView:
                     until = entry.event + PERFORMANCE_EXPIRY
                 if until < self.until:
                     self.until = until
-        # (scope, higher is better, nodes, values, confidences); business metrics in Metric
-        # order, so that every view of the same readings adds its scopes in the same order
-        self.metrics = [(metric, metric in _HIGHER_BETTER, *lists[metric]) for metric in _METRICS if metric in lists]
+        # business metrics as (metric, higher is better, nodes, values, confidences, weight), in
+        # Metric order so that every view of the same readings adds its scopes in the same order;
+        # probe scopes as (identity, False, nodes, values, confidences)
+        self.metrics = [(metric, metric in _HIGHER_BETTER, *lists[metric], _WEIGHTS[metric]) for metric in _METRICS
+                        if metric in lists]
         self.probes = [(scope, False, *scope_lists) for scope, scope_lists in lists.items()
                        if scope.__class__ is ProbeIdentity]
 
@@ -418,24 +420,10 @@ class FirstChoiceHeuristic:
         business = self._rows.get(business_key)
         if business is None or len(business) < PERFORMANCE_COMPARABLE_MIN:
             return list(baseline.utilities)
-        position = baseline.position
-        gains = None
-        total = baseline.weight
-        for scope, higher, nodes, values, confidences in self._view(business_key, business, now).metrics:
-            count, best = scope_best(nodes, values, position, higher)
-            if count < PERFORMANCE_COMPARABLE_MIN or (higher and best <= 0.0):
-                continue  # compares nothing, or nothing moved anywhere: the scope ranks nobody
-            if gains is None:
-                gains = list(baseline.gains)
-            weight = _WEIGHTS[scope]
-            total += weight
-            scope_add(nodes, values, confidences, position, higher, best, weight, PERFORMANCE_LATENCY_FLOOR, gains)
-        if gains is None:
-            return list(baseline.utilities)
-        # a node listed twice (two names, one node) reads once; its alias copies the gain
-        for i, j in baseline.aliases:
-            gains[i] = gains[j]
-        return normalized(gains, total)
+        utilities = scope_utilities(self._view(business_key, business, now).metrics, baseline.position,
+                                    baseline.aliases, baseline.gains, baseline.weight, PERFORMANCE_LATENCY_FLOOR,
+                                    PERFORMANCE_COMPARABLE_MIN)
+        return list(baseline.utilities) if utilities is None else utilities
 
     def _baseline(self, group: str, network: Network, candidates: list, now: float) -> _ProbeBaseline:
         """The (group, network)'s probe baseline for ``candidates`` at ``now``: each health

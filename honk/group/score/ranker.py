@@ -64,7 +64,17 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from honk._fast.rank import Candidate, find, first_cold, forget_resolved, live, members_first, survey
+from honk._fast.rank import (
+    Candidate,
+    find,
+    first_cold,
+    first_sound,
+    forget_resolved,
+    leaders,
+    live,
+    members_first,
+    survey,
+)
 from honk._fast.rank import candidates as rank_candidates
 from honk._fast.rank import order as rank_order
 from honk.alive.outcome import Family
@@ -119,14 +129,38 @@ class Member(NamedTuple):
     alive: bool
 
 
-@dataclass(frozen=True, slots=True)
 class Ranked:
     """``winner`` (None: no live candidate), the reason (a final reason or a neutral one) and
-    the eligible members in rank order (the trial, if any, first)."""
+    ``order``, the eligible members in rank order (the trial, if any, first). A rank decides on
+    its leaders alone; the whole order is sorted only when it is read."""
 
-    winner: Member | None
-    reason: str
-    order: tuple[Member, ...]
+    __slots__ = ("winner", "reason", "_order", "_eligible", "_first")
+
+    def __init__(self, winner: Member | None, reason: str, order: tuple[Member, ...] | None = None,
+                 eligible: list[Candidate] | None = None, first: Candidate | None = None) -> None:
+        self.winner = winner
+        self.reason = reason
+        self._order = order  # None: sorted from ``eligible`` on the first read, ``first`` first
+        self._eligible = eligible
+        self._first = first
+
+    @property
+    def order(self) -> tuple[Member, ...]:
+        if self._order is None:
+            self._order = members_first(rank_order(self._eligible, RELIABILITY_BAND), self._first)
+            self._eligible = self._first = None
+        return self._order
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Ranked):
+            return NotImplemented
+        return (self.winner, self.reason, self.order) == (other.winner, other.reason, other.order)
+
+    def __hash__(self) -> int:
+        return hash((self.winner, self.reason, self.order))
+
+    def __repr__(self) -> str:
+        return f"Ranked(winner={self.winner!r}, reason={self.reason!r}, order={self.order!r})"
 
 
 _NO_UTILITIES: tuple[None] = (None,)  # without a performance provider every utility is unknown
@@ -187,9 +221,6 @@ class _Backoff:
     def __repr__(self) -> str:
         return f"_Backoff(failure={self.failure}, delay={self.delay}, trial_at={self.trial_at})"
 
-    def elapsed(self, now: float) -> bool:
-        return now >= self.failure + self.delay
-
     def after_failure(self, failure: float) -> _Backoff:
         """The backoff after a failure newer than ``self.failure``: it grows when the failure
         came after a trial (the trial failed), and otherwise (another flow of the burst that
@@ -200,11 +231,11 @@ class _Backoff:
         return _Backoff(failure, delay)
 
 
-def _winner_reason(winner: Candidate, order: list[Candidate]) -> str:
+def _winner_reason(winner: Candidate, eligible: list[Candidate]) -> str:
     """Why a first choice or promotion won: performance only when fresh utility decided it
     among members of comparable reliability; reliability (or configuration order) otherwise."""
-    best = max(c.reliability for c in order)
-    rivals = [c for c in order if c is not winner and c.reliability >= best - RELIABILITY_BAND]
+    best = max(c.reliability for c in eligible)
+    rivals = [c for c in eligible if c is not winner and c.reliability >= best - RELIABILITY_BAND]
     if winner.utility is not None and rivals:
         return PERFORMANCE_WINNER
     return RELIABILITY_WINNER
@@ -249,8 +280,9 @@ class ScoreState:
         self._history_max = history_max
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
-        # per (group, network): the last members list ranked without exclusions and its live() reading
-        self._live: dict[tuple[str, Network], tuple[Sequence[Member], tuple[list, list, int]]] = {}
+        # per (group, network): the last members list ranked without exclusions, its live()
+        # reading and, once a rank needs it, the set of its live nodes
+        self._live: dict[tuple[str, Network], tuple] = {}
 
     # --- ranking --------------------------------------------------------------------------------
 
@@ -281,7 +313,6 @@ class ScoreState:
         # (and when every live member failed recently, all are ranked rather than none)
         eligible, unresolved = survey(candidates)
         excluded = len(candidates) - len(eligible)
-        order = rank_order(eligible, RELIABILITY_BAND)
 
         scope_key = (group, network, family)
         scope = self.scopes.get(scope_key)
@@ -316,14 +347,13 @@ class ScoreState:
         if cold is not None:
             winner, reason, trial_reason = cold, COLD_EXPLORE, COLD_EXPLORE
         else:
-            winner, reason = self._ordinary(order, candidates, incumbent_id)
+            winner, reason = self._ordinary(eligible, candidates, incumbent_id)
             if original and ledger.remaining > 0:
                 recovery = self._recovery(eligible, unresolved, now)
                 if recovery is not None and recovery is not winner:
                     winner, reason, trial_reason = recovery, PERIODIC_EXPLORE, PERIODIC_EXPLORE
-        ranked_order = members_first(order, winner)
         if peek:
-            return Ranked(winner.member, PEEK, ranked_order)
+            return Ranked(winner.member, PEEK, None, eligible, winner)
 
         # applied: commit the work, then count exactly one final reason
         if scope is None:
@@ -331,7 +361,7 @@ class ScoreState:
         if unresolved or held:
             kept = held if held is not None else {}  # updated in place: a peek never gets here
             if held:  # recovered candidates end their streak; members not ranked keep theirs
-                forget_resolved(candidates, kept)
+                forget_resolved(kept, self._ranked_nodes(group, network, nodes, exclude), unresolved)
             for c in unresolved:
                 backoff = c.backoff
                 if trial_reason == PERIODIC_EXPLORE and c.member.node_id == winner.member.node_id:
@@ -355,7 +385,16 @@ class ScoreState:
         counters[reason] += 1
         counters[DEAD_FILTERED] += dead
         counters[FAIL_STREAK_EXCLUDED] += excluded
-        return Ranked(winner.member, reason, ranked_order)
+        return Ranked(winner.member, reason, None, eligible, winner)
+
+    def _ranked_nodes(self, group: str, network: Network, nodes: list[NodeId], exclude: frozenset) -> frozenset:
+        """The live members' nodes as a set, kept with their live reading (see :meth:`rank`)."""
+        if exclude:
+            return frozenset(nodes)
+        known = self._live[(group, network)]
+        if len(known) == 2:
+            known = self._live[(group, network)] = (*known, frozenset(nodes))
+        return known[2]
 
     def _recovery(self, eligible: list[Candidate], unresolved: list[Candidate], now: float) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
@@ -364,23 +403,23 @@ class ScoreState:
         Only a member with an open episode (``unresolved``, each with its backoff) is owed one."""
         if not unresolved:
             return None
-        continuing, first = [], []
+        first = None
         for c in eligible:  # configuration order
             backoff = c.backoff
             if backoff is None:  # no open episode
                 continue
             if c.cleared:
-                continuing.append(c)
-            elif backoff.elapsed(now) and (backoff.trial_at is None
-                                           or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
-                first.append(c)
-        return (continuing + first)[0] if continuing or first else None
+                return c  # a continuation comes before any first trial
+            if first is None and now >= backoff.failure + backoff.delay and (  # the backoff elapsed
+                    backoff.trial_at is None or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
+                first = c
+        return first
 
-    def _ordinary(self, order: list[Candidate], candidates: list[Candidate],
+    def _ordinary(self, eligible: list[Candidate], candidates: list[Candidate],
                   incumbent_id: NodeId | None) -> tuple[Candidate, str]:
-        top = order[0]
+        top, second = leaders(eligible, RELIABILITY_BAND)
         if incumbent_id is None:
-            return top, _winner_reason(top, order)
+            return top, _winner_reason(top, eligible)
         # the ids of one manager's members are the same objects; after a reload, equal ones
         incumbent = find(candidates, incumbent_id)
         if incumbent is None:  # dead, excluded by the caller or no longer a member: escape at once
@@ -389,13 +428,13 @@ class ScoreState:
             # an unresolved failure loses at once to another eligible member (GH-K-34), one
             # without an unresolved failure of its own: swapping one failed node for another
             # only makes the selection flap
-            sound = next((c for c in order if c is not incumbent and not c.unresolved), None)
+            sound = first_sound(eligible, RELIABILITY_BAND, incumbent)
             if sound is not None and self._escapes(incumbent, sound):
                 return sound, FRESH_FAILURE_BYPASS
             return incumbent, INCUMBENT_HELD
-        if len(order) == 1:  # the others were all excluded for a recent failure: nothing to compare
+        if second is None:  # the others were all excluded for a recent failure: nothing to compare
             return incumbent, INCUMBENT_HELD
-        challenger = order[1] if top is incumbent else top
+        challenger = second if top is incumbent else top
         promoted = _challenge(incumbent, challenger)
         if promoted is not None:
             return challenger, promoted

@@ -80,13 +80,16 @@ def _decide(impl, members, now):
     tried = {node for node, m in zip(nodes, members, strict=True) if m["tried"]}
     cold = rank.first_cold(eligible, tried)
     held = {node: i for i, (node, m) in enumerate(zip(nodes, members, strict=True)) if m["held"]}
-    rank.forget_resolved(cands, held)
+    rank.forget_resolved(held, frozenset(live_nodes), unresolved)
     found = [rank.find(cands, node) for node in nodes]
     ordered = rank.order(eligible, BAND)
     first = rank.members_first(ordered, ordered[-1]) if ordered else ()
+    top, second = rank.leaders(eligible, BAND)
+    sound = rank.first_sound(eligible, BAND, ordered[0] if ordered else None)
     return ([(i, m.name) for i, m in alive], live_nodes, dead, [c.index for c in eligible],
             [c.index for c in unresolved], None if cold is None else cold.index, held,
-            [None if c is None else c.index for c in found], [m.name for m in first])
+            [None if c is None else c.index for c in found], [m.name for m in first],
+            [None if c is None else c.index for c in (top, second, sound)])
 
 
 @pytest.mark.compiled
@@ -146,10 +149,12 @@ def test_find_prefers_the_same_node_object_and_falls_back_to_an_equal_one(rank_m
 
 
 def test_forget_resolved_drops_held_backoffs_of_resolved_candidates_only(rank_mod):
-    cands = [_candidate(rank_mod, 0), _candidate(rank_mod, 1, unresolved=True)]
+    unresolved = [_candidate(rank_mod, 1, unresolved=True)]
     held = {"n0": "a", "n1": "b", "n7": "not ranked"}
-    rank_mod.forget_resolved(cands, held)
+    rank_mod.forget_resolved(held, frozenset({"n0", "n1"}), unresolved)
     assert held == {"n1": "b", "n7": "not ranked"}
+    rank_mod.forget_resolved(held, frozenset({"n0", "n1", "n7"}), [])
+    assert held == {}
 
 
 def test_members_first_puts_the_winner_first_and_keeps_the_rest_in_order(rank_mod):
@@ -170,6 +175,20 @@ def test_precedes_is_the_order_of_the_sort_key(spec, band):
         for b in cands:
             if a is not b:
                 assert rank._precedes(a, b, floor) == (rank._sort_key(a, floor) < rank._sort_key(b, floor))
+
+
+@given(st.lists(candidate, max_size=20, unique_by=lambda c: c[0]), st.floats(0.0, 0.2),
+       st.lists(st.booleans(), min_size=20, max_size=20), st.integers(0, 19))
+def test_the_leaders_and_the_first_sound_are_those_of_the_whole_order(spec, band, unresolved, skip):
+    rank, _ = _build("py")
+    cands = [rank.Candidate(None, index, reliability, utility, False, unresolved[i])
+             for i, (index, reliability, utility) in enumerate(spec)]
+    ordered = rank.order(cands, band)
+    top, second = rank.leaders(cands, band)
+    assert [top, second] == (ordered + [None, None])[:2]
+    skipped = cands[skip] if skip < len(cands) else None
+    assert rank.first_sound(cands, band, skipped) == next(
+        (c for c in ordered if c is not skipped and not c.unresolved), None)
 
 
 def test_the_band_ranks_utility_first_and_the_rest_by_reliability(rank_mod):
@@ -217,6 +236,47 @@ def _gains(impl, candidates, row, higher):
 @given(st.lists(st.integers(0, 9), max_size=10), readings, st.booleans())
 def test_compiled_and_python_scope_reads_agree(candidates, row, higher):
     assert _gains("c", candidates, row, higher) == _gains("py", candidates, row, higher)
+
+
+scopes = st.lists(st.tuples(readings, st.booleans(), st.sampled_from([0.1, 0.25, 0.4])), max_size=4)
+
+
+def _utilities(impl, candidates, base, scope_list):
+    """scope_utilities of one build, and the same composed of its parts (scope_best, scope_add,
+    normalized) as the heuristic composed them before."""
+    rank, _ = _build(impl)
+    position, aliases = rank.positions(candidates)
+    base_gains = [None if g is None else g * 0.3 for g in base[:len(candidates)]] + [None] * (len(candidates) - len(base))
+    entries = [("s", higher, [r[0] for r in row], [r[1] for r in row], [r[2] for r in row], weight)
+               for row, higher, weight in scope_list]
+    got = rank.scope_utilities(entries, position, aliases, base_gains, 0.3, 0.005, 2)
+    gains, total = None, 0.3
+    for _, higher, nodes, values, confidences, weight in entries:
+        count, best = rank.scope_best(nodes, values, position, higher)
+        if count < 2 or (higher and best <= 0.0):
+            continue
+        gains = list(base_gains) if gains is None else gains
+        total += weight
+        rank.scope_add(nodes, values, confidences, position, higher, best, weight, 0.005, gains)
+    if gains is not None:
+        for i, j in aliases:
+            gains[i] = gains[j]
+    return got, None if gains is None else rank.normalized(gains, total)
+
+
+@given(st.lists(st.integers(0, 9), max_size=10), st.lists(st.one_of(st.none(), st.floats(0.0, 1.0)), max_size=10),
+       scopes)
+def test_scope_utilities_are_the_scopes_added_to_the_base_and_normalized(candidates, base, scope_list):
+    got, composed = _utilities("py", candidates, base, scope_list)
+    assert got == composed
+
+
+@pytest.mark.compiled
+@pytest.mark.skipif(NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built")
+@given(st.lists(st.integers(0, 9), max_size=10), st.lists(st.one_of(st.none(), st.floats(0.0, 1.0)), max_size=10),
+       scopes)
+def test_compiled_and_python_scope_utilities_agree(candidates, base, scope_list):
+    assert _utilities("c", candidates, base, scope_list) == _utilities("py", candidates, base, scope_list)
 
 
 @given(st.lists(st.integers(0, 9), max_size=10), readings, st.booleans())
