@@ -25,11 +25,10 @@ cdef class Ema:
 
 cdef class WeightedMean:
     cdef Py_ssize_t _size
-    cdef double[::1] _values
-    cdef double[::1] _weights
+    cdef double[::1] _slots
     cdef Py_ssize_t _head
     cdef Py_ssize_t _len
     cpdef object add(self, double value, double weight=*)
-    @cython.locals(i=Py_ssize_t, total=double, weight=double)
+    @cython.locals(i=Py_ssize_t, size=Py_ssize_t, total=double, weight=double)
     cpdef object mean(self)
     cpdef void clear(self)

@@ -135,6 +135,9 @@ class Ema:
         return self._warmup
 
 
+_ZERO = array("d", [0.0])  # repeated into a mean's zeroed buffer
+
+
 class WeightedMean:
     """Weighted mean of the newest ``size`` observations; older ones drop out.
 
@@ -147,8 +150,8 @@ class WeightedMean:
         if size < 1:
             raise ValueError(f"size must be at least 1, got {size}")
         self._size = size
-        self._values = array("d", bytes(8 * size))
-        self._weights = array("d", bytes(8 * size))
+        # observation k's value at k and its weight at size + k: one buffer, made once per mean
+        self._slots = _ZERO * (2 * size)
         self._head = 0
         self._len = 0
 
@@ -158,8 +161,8 @@ class WeightedMean:
             raise ValueError(f"value must be finite, got {value}")
         if not (weight >= 0.0 and math.isfinite(weight)):
             raise ValueError(f"weight must be finite and non-negative, got {weight}")
-        self._values[self._head] = value
-        self._weights[self._head] = weight
+        self._slots[self._head] = value
+        self._slots[self._size + self._head] = weight
         self._head += 1
         if self._head == self._size:
             self._head = 0
@@ -174,9 +177,10 @@ class WeightedMean:
         """
         total = 0.0
         weight = 0.0
+        size = self._size
         for i in range(self._len):
-            total += self._values[i] * self._weights[i]
-            weight += self._weights[i]
+            total += self._slots[i] * self._slots[size + i]
+            weight += self._slots[size + i]
         if weight == 0.0:
             return None
         return total / weight

@@ -108,6 +108,10 @@ class ScoreEvidence:
         self._valid: frozenset[tuple[str, NodeId]] | None = None if membership is None else frozenset(membership)
         self.membership_version = 0  # +1 at every published membership: a cached is_member answer is stale
         self._reload_fence: float | None = None  # time of the last reload: older RX renews nothing
+        # (group, network, family, node) -> its aggregate keys, global first: every flow of a
+        # node admits the same ones, and a key is built (its hash computed) once, not per flow;
+        # dropped with the membership they were built for
+        self._aggregate_keys: dict[tuple, tuple[AggregateKey, ...]] = {}
 
     # --- keys -----------------------------------------------------------------------------------
 
@@ -136,11 +140,19 @@ class ScoreEvidence:
                      node_id: NodeId) -> Admission:
         """:meth:`admit` for a (group, node) the caller just found a member, with the flow's
         target ``family`` already decided."""
+        aggregate_keys = self._aggregate_keys.get((group, network, family, node_id))
+        if aggregate_keys is None:
+            aggregate_keys = self._aggregate_keys[(group, network, family, node_id)] = tuple(
+                key for _name, key in _layer_keys(group, network, family, None, node_id))
         cells = []
-        for name, key in _layer_keys(group, network, family, target, node_id):
-            store = self._stores[name]
+        store = self.aggregate
+        for key in aggregate_keys:
             cell = store.get_or_create(key)
             cells.append((store, cell.key, cell.incarnation))  # the store's own key object
+        if family is not None and target is not None:
+            store = self.exact
+            cell = store.get_or_create(ExactKey(group, network, family, target, node_id))
+            cells.append((store, cell.key, cell.incarnation))
         return Admission(tuple(cells), target is not None)
 
     def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
@@ -239,6 +251,7 @@ class ScoreEvidence:
         """
         self._valid = frozenset(valid)
         self.membership_version += 1
+        self._aggregate_keys.clear()
         keep = self._valid
         return sum(store.prune(lambda key: (key.group, key.node_id) in keep) for store in self._stores.values())
 
@@ -256,6 +269,7 @@ class ScoreEvidence:
         """Forget everything, as a process restart would; incarnations keep counting."""
         for store in self._stores.values():
             store.clear()
+        self._aggregate_keys.clear()
         self._valid = None
         self.membership_version += 1
         self._reload_fence = None

@@ -79,6 +79,7 @@ _WEIGHTS = {
 _HIGHER_BETTER = frozenset({Metric.GOODPUT_UP, Metric.GOODPUT_DOWN})
 _METRICS = tuple(Metric)  # the order a view lists business metrics in
 _NEVER = float("inf")
+_LONG_AGO = float("-inf")  # a new scope's newest event: none yet
 VIEW_PENDING_MAX = 16  # changes a target row's view notes before it is dropped instead (a row observed
 # but not read would otherwise note every observation)
 
@@ -112,7 +113,7 @@ class _Scope:
     __slots__ = ("event", "mean")
 
     def __init__(self) -> None:
-        self.event = float("-inf")
+        self.event = _LONG_AGO
         self.mean = WeightedMean(PERFORMANCE_INERTIA)
 
     def add(self, value: float, weight: float, now: float) -> None:
