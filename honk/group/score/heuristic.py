@@ -125,15 +125,18 @@ class _Scope:
         if now > self.event:  # (not max(): a call per observation)
             self.event = now
 
-    def read(self, now: float) -> tuple[float, float] | None:
-        """(value, confidence), or None when expired or empty."""
+    def read(self, now: float) -> tuple[float, float, float] | None:
+        """(value, confidence, until): the reading at ``now`` and when it next changes (its
+        confidence loss, else its expiry); None when expired or empty."""
         age = now - self.event
         if age >= PERFORMANCE_EXPIRY or len(self.mean) == 0:
             return None
         value = self.mean.mean()
         if value is None:
             return None
-        return value, (1.0 if age < PERFORMANCE_CONFIDENCE_LOSS else PERFORMANCE_STALE_CONFIDENCE)
+        if age < PERFORMANCE_CONFIDENCE_LOSS:
+            return value, 1.0, self.event + PERFORMANCE_CONFIDENCE_LOSS
+        return value, PERFORMANCE_STALE_CONFIDENCE, self.event + PERFORMANCE_EXPIRY
 
 
 class _RowView:
@@ -157,27 +160,17 @@ class _RowView:
         self.pending: list[tuple[NodeId, Hashable]] = []  # changed since the view was built
         for node, cell in row.items():
             for scope, entry in cell.items():
-                # _Scope.read inlined: a view reads every entry of its row
-                age = now - entry.event
-                mean = entry.mean
-                if age >= PERFORMANCE_EXPIRY or len(mean) == 0:
-                    continue
-                value = mean.mean()
-                if value is None:
+                reading = entry.read(now)
+                if reading is None:
                     continue
                 scope_lists = lists.get(scope)
                 if scope_lists is None:
                     scope_lists = lists[scope] = ([], [], [])
                 scope_lists[0].append(node)
-                scope_lists[1].append(value)
-                if age < PERFORMANCE_CONFIDENCE_LOSS:
-                    scope_lists[2].append(1.0)
-                    until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
-                else:
-                    scope_lists[2].append(PERFORMANCE_STALE_CONFIDENCE)
-                    until = entry.event + PERFORMANCE_EXPIRY
-                if until < self.until:
-                    self.until = until
+                scope_lists[1].append(reading[0])
+                scope_lists[2].append(reading[1])
+                if reading[2] < self.until:
+                    self.until = reading[2]
         # business metrics as (metric, higher is better, nodes, values, confidences, weight), in
         # Metric order so that every view of the same readings adds its scopes in the same order;
         # probe scopes as (identity, False, nodes, values, confidences)
@@ -199,30 +192,20 @@ class _RowView:
             entry = cell.get(scope) if cell is not None else None
             if scope_lists is None or entry is None:
                 return False
-            age = now - entry.event  # _Scope.read inlined, as in __init__
-            mean = entry.mean
-            if age >= PERFORMANCE_EXPIRY or len(mean) == 0:
+            reading = entry.read(now)
+            if reading is None:
                 return False
-            value = mean.mean()
-            if value is None:
-                return False
-            if age < PERFORMANCE_CONFIDENCE_LOSS:
-                confidence = 1.0
-                until = entry.event + PERFORMANCE_CONFIDENCE_LOSS
-            else:
-                confidence = PERFORMANCE_STALE_CONFIDENCE
-                until = entry.event + PERFORMANCE_EXPIRY
             nodes = scope_lists[0]
             if node in nodes:  # (a row lists each node once; order within a scope changes no sum)
                 k = nodes.index(node)
-                scope_lists[1][k] = value
-                scope_lists[2][k] = confidence
+                scope_lists[1][k] = reading[0]
+                scope_lists[2][k] = reading[1]
             else:
                 nodes.append(node)
-                scope_lists[1].append(value)
-                scope_lists[2].append(confidence)
-            if until < self.until:
-                self.until = until
+                scope_lists[1].append(reading[0])
+                scope_lists[2].append(reading[1])
+            if reading[2] < self.until:
+                self.until = reading[2]
         self.pending.clear()
         return True
 
