@@ -31,9 +31,9 @@ plan also reads the group's probe rows):
 Each world is built, then the heap settled as the daemon settles it once its configuration
 runs (``settle_heap``: the configuration frozen out of the collector's passes, the young
 generation collected every GC_YOUNG_THRESHOLD allocations). Each call is timed alone with
-``perf_counter_ns``; rows give median and 99th percentile in µs
-and the ratio median / target. A flow's lifecycle is the sum of its reporter calls (the plan
-excluded). The twin figures rerun the same in a subprocess with ``HONK_NO_EXTENSIONS=1``.
+``perf_counter_ns``; rows give median and 99th percentile in µs and the ratio median / target.
+A flow's lifecycle is the sum of its reporter calls (the plan excluded). The twin figures rerun
+the same in a subprocess with ``HONK_NO_EXTENSIONS=1``.
 """
 
 from __future__ import annotations

@@ -44,5 +44,5 @@ else:
     scope_utilities = _impl.scope_utilities
 
 __all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "first_sound", "forget_resolved", "leaders",
-           "live", "members_first",
-           "normalized", "order", "positions", "scope_add", "scope_best", "scope_utilities", "survey"]
+           "live", "members_first", "normalized", "order", "positions", "scope_add", "scope_best", "scope_utilities",
+           "survey"]

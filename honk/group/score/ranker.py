@@ -281,7 +281,7 @@ class ScoreState:
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
         # per (group, network): the last members list ranked without exclusions, its live()
-        # reading and, once a rank needs it, the set of its live nodes
+        # reading and the set of its live nodes
         self._live: dict[tuple[str, Network], tuple] = {}
 
     # --- ranking --------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ class ScoreState:
                 alive, nodes, dead = known[1]
             else:
                 alive, nodes, dead = reading = live(members, exclude)
-                self._live[(group, network)] = (members, reading)
+                self._live[(group, network)] = (members, reading, frozenset(nodes))
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
@@ -361,7 +361,8 @@ class ScoreState:
         if unresolved or held:
             kept = held if held is not None else {}  # updated in place: a peek never gets here
             if held:  # recovered candidates end their streak; members not ranked keep theirs
-                forget_resolved(kept, self._ranked_nodes(group, network, nodes, exclude), unresolved)
+                ranked = frozenset(nodes) if exclude else self._live[(group, network)][2]
+                forget_resolved(kept, ranked, unresolved)
             for c in unresolved:
                 backoff = c.backoff
                 if trial_reason == PERIODIC_EXPLORE and c.member.node_id == winner.member.node_id:
@@ -386,15 +387,6 @@ class ScoreState:
         counters[DEAD_FILTERED] += dead
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, None, eligible, winner)
-
-    def _ranked_nodes(self, group: str, network: Network, nodes: list[NodeId], exclude: frozenset) -> frozenset:
-        """The live members' nodes as a set, kept with their live reading (see :meth:`rank`)."""
-        if exclude:
-            return frozenset(nodes)
-        known = self._live[(group, network)]
-        if len(known) == 2:
-            known = self._live[(group, network)] = (*known, frozenset(nodes))
-        return known[2]
 
     def _recovery(self, eligible: list[Candidate], unresolved: list[Candidate], now: float) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
