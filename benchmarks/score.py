@@ -28,6 +28,11 @@ plan also reads the group's probe rows):
 * score>score-deep: the same with the outer's own nodes TCP-dead, so every flow traverses and
   reports to 2 Score groups.
 
+In the nested worlds each Score group's own ``plan()`` (one rank: a nested path ranks the inner
+group once to learn its pick and once more to apply it when the outer picks it) is also a row
+of its own, timed in a second pass over a fresh world so that its timer never weighs on the
+whole plan's row.
+
 Each world is built, then the heap settled as the daemon settles it once its configuration
 runs (``settle_heap``: the configuration frozen out of the collector's passes, the young
 generation collected every GC_YOUNG_THRESHOLD allocations). Each call is timed alone with
@@ -210,6 +215,11 @@ WORLDS = {
     "score>score": "Score(49 nodes, Score of 50)",
     "score>score-deep": "Score(49 dead nodes, Score of 50): always 2 deep",
 }
+# worlds whose plan ranks some Score group other than as a lone group: each rank is also a row
+RANK_WORLDS = ("selector>score", "urltest>score", "score>score", "score>score-deep")
+RANK_ROW = "plan() of Score group "
+GROUP_SIZES = {name: {"score": "50 nodes", "top": "49 nodes + the inner group"} for name in RANK_WORLDS}
+GROUP_SIZES["score>score-deep"]["top"] = "49 dead nodes + the inner group"
 EVENT_WORLDS = {"score": 1, "score>score-deep": 2}  # worlds whose reporter events are rows, by groups traversed
 
 
@@ -348,6 +358,30 @@ def drive(world: World, flows: int, warmup: int, samples: Samples | None = None,
     return samples
 
 
+def time_ranks(world: World, flows: int, warmup: int) -> dict[str, list[int]]:
+    """Each Score group's own ``plan()`` (one ``ScoreState.rank`` call; a nested path makes one
+    per Score group it ranks) over the last ``flows`` flows, in ns by group: a second pass over
+    a fresh world, so that the timer around each rank never weighs on the whole plan's rows."""
+    state = world.manager.score
+    rank, ns = state.rank, time.perf_counter_ns
+    timed: dict[str, list[int]] = {}
+    counting = [False]
+
+    def timed_rank(group: str, *args: object, **kwargs: object) -> object:
+        t0 = ns()
+        ranked = rank(group, *args, **kwargs)
+        t1 = ns()
+        if counting[0]:
+            timed.setdefault(group, []).append(t1 - t0)
+        return ranked
+
+    state.rank = timed_rank  # type: ignore[method-assign]
+    drive(world, 0, warmup)
+    counting[0] = True
+    drive(world, flows, 0)
+    return timed
+
+
 def _summary(values: list[int]) -> dict[str, float]:
     p99 = statistics.quantiles(values, n=100)[98] if len(values) > 1 else values[0]
     return {"median_us": statistics.median(values) / NS_PER_US, "p99_us": p99 / NS_PER_US, "n": len(values)}
@@ -369,6 +403,9 @@ def figures(quick: bool) -> dict[str, dict]:
         world = build(name)
         samples = drive(world, flows, warmup)
         rows = {"plan": {**_summary(samples.calls["plan"]), "target_us": PLAN_TARGET_US}}
+        if name in RANK_WORLDS:
+            for group, timed in sorted(time_ranks(build(name), flows, warmup).items()):
+                rows[f"{RANK_ROW}{group}"] = {**_summary(timed), "target_us": PLAN_TARGET_US}
         if name in EVENT_WORLDS:
             for row in ROW_ORDER[1:]:
                 if samples.calls.get(row):
@@ -394,7 +431,12 @@ def _rows(figs: dict[str, dict], prefix: str, built: bool) -> list[tuple[str, ..
         world = figs[name]
         depths = ", ".join(f"{v} via {k}" for k, v in world["via_score"].items())
         for row, f in world["rows"].items():
-            what = f"plan: {label} [{depths}]" if row == "plan" else f"  {name} ({EVENT_WORLDS[name]} grp): {row}"
+            if row == "plan":
+                what = f"plan: {label} [{depths}]"
+            elif row.startswith(RANK_ROW):
+                what = f"  {name}: {row} ({GROUP_SIZES[name][row.removeprefix(RANK_ROW)]}, every rank)"
+            else:
+                what = f"  {name} ({EVENT_WORLDS[name]} grp): {row}"
             ratio = f["median_us"] / f["target_us"]
             status = ("met" if ratio <= 1.0 else "NOT met") + ("" if built else " (extensions not built)")
             rows.append((prefix + what, f"{f['median_us']:.1f}", f"{f['p99_us']:.1f}", f"{f['target_us']:.0f}",

@@ -110,17 +110,12 @@ class _Group:
     # (network, family, chain, peek) -> (stamp, (leaf, chain suffix) or None): the last result,
     # valid while nothing that can change it (health, any policy's state) has changed
     cache: dict[tuple, tuple] = field(default_factory=dict)
-    # a Score group's ranked members: (network, family) -> (stamp, [Member]); only when every
-    # member is a leaf (_View.score_members)
+    # a Score group's ranked members: (network, family) -> (stamp, [Member], indices of the
+    # members judged again per flow: its sub-groups) (_View.score_members)
     score_members: dict[tuple, tuple] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.positions = {m: i for i, m in enumerate(self.policy.members)}
-
-    @property
-    def leaves_only(self) -> bool:
-        """No member is a group."""
-        return not self.membership.subgroups
 
 
 def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> dict[str, Membership]:
@@ -198,21 +193,35 @@ class _View:
         return [self.evaluate(m) for m in self.group.policy.members]
 
     def score_members(self) -> list[Member]:
-        """Every member as the Score ranker reads it (configuration order). A group whose members
-        are all leaves reads the same list until health or policy state changes, so it is kept
-        under the manager's stamp; a sub-group member's leaf (and so its NodeId) can depend on
-        the flow, so a group with one is judged again."""
+        """Every member as the Score ranker reads it (configuration order), kept under the
+        manager's stamp: a leaf member reads the same until health or policy state changes. A
+        sub-group member's leaf (and so its NodeId) can depend on the flow, so each flow judges
+        those members again and, when they read as before, gets the kept list object itself
+        (the ranker keeps its reading of a list while the same object comes back)."""
         m = self.manager
         group = self.group
         key = (self.network, self.family)
         stamp = m._stamp()
-        if group.leaves_only:
-            known = group.score_members.get(key)
-            if known is not None and known[0] == stamp:
-                return known[1]
+        known = group.score_members.get(key)
+        if known is not None and known[0] == stamp:
+            members, routed = known[1], known[2]
+            changed = None
+            for i in routed:
+                name = members[i].name
+                member = Member(name, self.node_id(name), self.evaluate(name).eligible)
+                if member != members[i]:
+                    if changed is None:
+                        changed = list(members)  # a list once ranked is never changed: a new one
+                    changed[i] = member
+            if changed is None:
+                return members
+            group.score_members[key] = (stamp, changed, routed)
+            return changed
         members = [Member(c.member, self.node_id(c.member), c.eligible) for c in self.all()]
-        if group.leaves_only:
-            group.score_members[key] = (stamp, members)
+        # the members judged per flow: sub-groups, and names that are no leaf (judged as a group)
+        routed = tuple(i for i, name in enumerate(group.policy.members)
+                       if name in m._groups or name not in m._outbounds)
+        group.score_members[key] = (stamp, members, routed)
         return members
 
     def _judge(self, member: str) -> tuple[Candidate, Selection | None]:

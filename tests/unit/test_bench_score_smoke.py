@@ -49,3 +49,15 @@ def test_rows_carry_median_p99_target_and_ratio_for_each_world():
 def test_a_lifecycle_target_is_the_event_target_times_its_events():
     assert score._event_target("lifecycle: long flow (11 events)") == score.EVENT_TARGET_US * len(score.LONG)
     assert score._event_target("begin") == score.EVENT_TARGET_US
+
+
+def test_each_score_group_of_a_nested_world_gets_its_own_plan_row():
+    timed = score.time_ranks(score.build("score>score-deep"), 5, 0)
+    assert sorted(timed) == ["score", "top"]  # the outer and the inner Score group, each on every flow
+    assert all(len(v) >= 5 for v in timed.values())
+    figures = {name: {"rows": {}, "via_score": {}} for name in score.WORLDS}
+    figures["score>score-deep"]["rows"] = {f"{score.RANK_ROW}{g}": {**score._summary(v), "target_us": 50.0}
+                                           for g, v in sorted(timed.items())}
+    labels = [row[0] for row in score._rows(figures, "", built=True)]
+    assert labels == ["  score>score-deep: plan() of Score group score (50 nodes, every rank)",
+                      "  score>score-deep: plan() of Score group top (49 dead nodes + the inner group, every rank)"]

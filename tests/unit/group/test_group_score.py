@@ -141,6 +141,32 @@ def test_a_nested_score_group_resolves_through_its_own_pick():
     assert w.manager.resolve("outer", TCP, target=TARGET_X).chain == ("outer", "auto", "b")
 
 
+def test_a_score_group_over_a_sub_group_keeps_its_members_list_while_every_member_reads_the_same():
+    w = World(score("inner", "a", "b"), score("top", "c", "d", subgroups=("inner",)), nodes=("a", "b", "c", "d"))
+    lists: list[list[Member]] = []
+    rank = w.manager.score.rank
+
+    def spy(group, network, target, family, members, now, **kw):
+        if group == "top":
+            lists.append(members)
+        return rank(group, network, target, family, members, now, **kw)
+
+    w.manager.score.rank = spy
+    w.leaf("top", TARGET_X, DEST_X)
+    w.leaf("top", TARGET_Y, DEST_Y)
+    assert lists[0] is lists[1]  # leaves and the sub-group's pick read the same: the very same list
+    inner = lists[0][2]
+    w.kill(w.manager.resolve("inner", TCP, peek=True, target=TARGET_X, destination=DEST_X).leaf.name)
+    w.leaf("top", TARGET_X, DEST_X)
+    assert lists[-1] is not lists[0]
+    assert lists[-1][2].name == "inner" and lists[-1][2].node_id != inner.node_id  # the inner's new pick
+    assert lists[0][2] == inner  # a list once ranked is never changed
+    before = lists[-1]
+    w.kill("c")
+    w.leaf("top", TARGET_X, DEST_X)
+    assert lists[-1] is not before and lists[-1][0] == Member("c", w.ids["c"], False)
+
+
 def test_reload_shares_the_score_state_and_prunes_removed_members():
     w = World(score("auto", "a", "b", "c"))
     w.record("auto", "c", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
