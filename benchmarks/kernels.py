@@ -79,7 +79,9 @@ def _rank_read_order(mod, n: int) -> None:
                 c.record(Outcome.USEFUL if k % 9 else Outcome.FAILURE, float(k))
     utilities = [None, 0.5, 0.7, None, 0.9, 0.2, None, 0.4]
     for _ in range(n):  # the standings are reused, so this is the read and the order, not the bounds
-        out = mod.candidates(members, utilities, *rows, {}, {}, {}, 100.0, 120.0)
+        nodes = [member[1] for _, member in members]
+        out = mod.candidates(members, utilities, *(mod.aligned(nodes, row) for row in rows), None, None, None,
+                             100.0, 120.0)
         mod.order(out, 0.05)
 
 

@@ -8,6 +8,7 @@ IMPLEMENTATION: str
 if TYPE_CHECKING:
     from honk._fast.rank_py import (
         Candidate,
+        aligned,
         candidates,
         find,
         first_cold,
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
         members_first,
         normalized,
         order,
+        placed,
         positions,
         scope_add,
         scope_best,
@@ -28,6 +30,8 @@ else:
     _impl, IMPLEMENTATION = load("rank")
     Candidate = _impl.Candidate
     candidates = _impl.candidates
+    aligned = _impl.aligned
+    placed = _impl.placed
     order = _impl.order
     live = _impl.live
     survey = _impl.survey
@@ -43,6 +47,6 @@ else:
     scope_add = _impl.scope_add
     scope_utilities = _impl.scope_utilities
 
-__all__ = ["Candidate", "IMPLEMENTATION", "candidates", "find", "first_cold", "first_sound", "forget_resolved", "leaders",
-           "live", "members_first", "normalized", "order", "positions", "scope_add", "scope_best", "scope_utilities",
+__all__ = ["Candidate", "IMPLEMENTATION", "aligned", "candidates", "find", "first_cold", "first_sound", "forget_resolved", "leaders",
+           "live", "members_first", "normalized", "order", "placed", "positions", "scope_add", "scope_best", "scope_utilities",
            "survey"]

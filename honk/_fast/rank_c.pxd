@@ -24,10 +24,16 @@ cdef class Candidate:
 @cython.locals(c=Candidate)
 cdef Candidate _candidate(object member, Py_ssize_t index, double reliability, object utility, bint qualified)
 
+@cython.locals(out=list, node=object)
+cpdef object aligned(list nodes, dict row)
+
+@cython.locals(out=list, node=object, entry=object, i=object, j=Py_ssize_t)
+cpdef object placed(dict row, dict position, list aliases, Py_ssize_t count)
+
 @cython.locals(out=list, position=Py_ssize_t, index=object, any_open=bint, c=Candidate, glob=EvidenceCell,
                family=EvidenceCell, exact=EvidenceCell)
-cpdef list candidates(list alive, object utilities, dict glob_row, dict family_row, dict exact_row,
-                      dict glob_open, dict family_open, dict exact_open, double now, double recent_window)
+cpdef list candidates(list alive, object utilities, list globs, list families, list exacts,
+                      list glob_opens, list family_opens, list exact_opens, double now, double recent_window)
 
 @cython.locals(episodes=list, recent=bint, cleared=bint, layer=Py_ssize_t, episode=object, cell=EvidenceCell,
                failed=double)

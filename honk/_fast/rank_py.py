@@ -82,28 +82,58 @@ def live(members: object, exclude: object) -> tuple:
     return alive, nodes, dead
 
 
-def candidates(alive: list, utilities: object, glob_row: dict, family_row: dict, exact_row: dict,
-               glob_open: dict, family_open: dict, exact_open: dict, now: float, recent_window: float) -> list:
+def aligned(nodes: list, row: dict) -> object:
+    """``row``'s entry for each of ``nodes`` (None where it has none), in their order; None when
+    ``row`` is empty. A rank keeps this for the aggregate rows, which change far less often
+    than it reads them."""
+    if not row:
+        return None
+    out = []
+    for node in nodes:
+        out.append(row.get(node))
+    return out
+
+
+def placed(row: dict, position: dict, aliases: list, count) -> object:  # count: typed in rank_c.pxd
+    """What :func:`aligned` gives for the ``count`` nodes whose first indices are ``position``
+    (``aliases``: each later listing of a node, as ``(index, first index)``), walking ``row``
+    (a target's few entries) instead of the nodes; None when no node of ``row`` is listed."""
+    out = None
+    for node, entry in row.items():
+        i = position.get(node)
+        if i is not None:
+            if out is None:
+                out = [None] * count
+            out[i] = entry
+    if out is not None:
+        for i, j in aliases:
+            out[i] = out[j]
+    return out
+
+
+def candidates(alive: list, utilities: object, globs, families, exacts, glob_opens, family_opens,  # lists or None:
+               exact_opens, now: float, recent_window: float) -> list:  # typed in rank_c.pxd
     """A :class:`Candidate` per ``(configuration index, member)`` of ``alive``, in its order.
 
-    ``utilities`` are in ``alive``'s order. The rows map a node to its cell of that layer, the
-    opens to that cell's open failure episode state (:meth:`Cohorts.open_states`). A failure
-    within ``recent_window`` of ``now`` is recent (GH-K-46)."""
+    ``utilities`` are in ``alive``'s order, and so is each layer's list (:func:`aligned`,
+    :func:`placed`; None: no member has an entry there): the member's cell of that layer, and
+    its open failure episode state there (:meth:`Cohorts.open_states`). A failure within
+    ``recent_window`` of ``now`` is recent (GH-K-46)."""
     out = []
     position = 0
-    any_open = bool(glob_open) or bool(family_open) or bool(exact_open)
+    any_open = glob_opens is not None or family_opens is not None or exact_opens is not None
     for index, member in alive:
-        node = member[1]  # Member.node_id
         utility = utilities[position]
-        position += 1
-        glob = glob_row.get(node)
-        family = family_row.get(node)
-        exact = exact_row.get(node)
+        glob = globs[position] if globs is not None else None
+        family = families[position] if families is not None else None
+        exact = exacts[position] if exacts is not None else None
         c = _candidate(member, index, blend(glob, family, exact, now), utility, qualified(glob, family, exact, now))
         if any_open:
-            _open_episodes(c, glob_open.get(node) if glob_open else None,
-                           family_open.get(node) if family_open else None,
-                           exact_open.get(node) if exact_open else None, glob, family, exact, now, recent_window)
+            _open_episodes(c, glob_opens[position] if glob_opens is not None else None,
+                           family_opens[position] if family_opens is not None else None,
+                           exact_opens[position] if exact_opens is not None else None, glob, family, exact, now,
+                           recent_window)
+        position += 1
         out.append(c)
     return out
 

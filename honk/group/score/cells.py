@@ -35,6 +35,10 @@ class CellStore(Generic[K]):
         # the same cells by row (the key without its node, ``key.row``) then node: a rank reads
         # one row for all its members instead of building and hashing a key per member
         self._rows: dict[Hashable, dict[Hashable, EvidenceCell]] = {}
+        # counts every change of which cell a row holds for a node (a cell made, evicted, pruned
+        # or cleared; a cell's own counts change in place): a reader may keep what it took from
+        # the rows while this stands
+        self.row_changes = 0
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -50,6 +54,7 @@ class CellStore(Generic[K]):
         row = getattr(key, "row", None)  # score keys have rows; a plain key is only in the LRU
         if row is not None:
             self._rows.setdefault(row, {})[key.node_id] = cell  # type: ignore[attr-defined]
+            self.row_changes += 1
         while len(self._cells) > self.max_entries:
             evicted, _ = self._cells.popitem(last=False)
             self._unindex(evicted)
@@ -61,6 +66,7 @@ class CellStore(Generic[K]):
         row = self._rows.get(row_key) if row_key is not None else None
         if row is not None:
             row.pop(key.node_id, None)  # type: ignore[attr-defined]
+            self.row_changes += 1
             if not row:
                 del self._rows[row_key]
 
@@ -88,6 +94,7 @@ class CellStore(Generic[K]):
         """Drop every cell; incarnations keep counting so no old reporter matches a new cell."""
         self._cells.clear()
         self._rows.clear()
+        self.row_changes += 1
 
 
 def current_cells(admitted: Iterable[tuple[CellStore, Hashable, int]]) -> list[EvidenceCell]:

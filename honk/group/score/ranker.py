@@ -66,6 +66,7 @@ from typing import NamedTuple, Protocol
 
 from honk._fast.rank import (
     Candidate,
+    aligned,
     find,
     first_cold,
     first_sound,
@@ -73,6 +74,8 @@ from honk._fast.rank import (
     leaders,
     live,
     members_first,
+    placed,
+    positions,
     survey,
 )
 from honk._fast.rank import candidates as rank_candidates
@@ -281,8 +284,11 @@ class ScoreState:
         self._counters: dict[tuple[str, Network], dict[str, int]] = {}
         self._valid: frozenset[tuple[str, NodeId]] | None = None
         # per (group, network): the last members list ranked without exclusions, its live()
-        # reading and the set of its live nodes
+        # reading, the set of its live nodes and their positions (positions())
         self._live: dict[tuple[str, Network], tuple] = {}
+        # per (group, network, family): the live nodes it was read for, the aggregate store's
+        # row_changes then, and the global and family rows' cells aligned with those nodes
+        self._aligned: dict[tuple, tuple] = {}
 
     # --- ranking --------------------------------------------------------------------------------
 
@@ -296,19 +302,22 @@ class ScoreState:
         list it has ranked, it passes a new one."""
         if exclude:
             alive, nodes, dead = live(members, exclude)
+            place = positions(nodes)
         else:  # a group's members list is kept while health stands still (GroupManager): so is its reading
             known = self._live.get((group, network))
             if known is not None and known[0] is members:
                 alive, nodes, dead = known[1]
+                place = known[3]
             else:
                 alive, nodes, dead = reading = live(members, exclude)
-                self._live[(group, network)] = (members, reading, frozenset(nodes))
+                place = positions(nodes)
+                self._live[(group, network)] = (members, reading, frozenset(nodes), place)
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
             return Ranked(alive[0][1], SINGLETON, (alive[0][1],))
 
-        candidates = self._candidates(group, network, target, family, alive, nodes, now)
+        candidates = self._candidates(group, network, target, family, alive, nodes, place, now)
         # a recent node-scoped failure keeps a member out; a target-path one only opens its cell
         # (and when every live member failed recently, all are ranked rather than none)
         eligible, unresolved = survey(candidates)
@@ -450,19 +459,32 @@ class ScoreState:
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
     def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                    alive: list[tuple[int, Member]], nodes: list[NodeId], now: float) -> list[Candidate]:
+                    alive: list[tuple[int, Member]], nodes: list[NodeId], place: tuple, now: float) -> list[Candidate]:
         target_for_read = target if family is not None else None  # no family: only the global aggregate
         utilities: Sequence[float | None] = _NO_UTILITIES * len(alive)
         if self.performance is not None:
             utilities = self.performance.score(group, network, target, family, nodes, now)
-        # one read of each layer's row for every member (the same cells ScoreEvidence.layers reads)
+        # each layer's cells and open episodes in the members' order (the same cells
+        # ScoreEvidence.layers reads). The aggregate rows hold nearly every member and change
+        # only when a cell is made or dropped, so their alignment is kept; a target's row and
+        # the open episodes hold a few nodes, walked each time.
         rows = layer_rows(group, network, family, target_for_read)
-        glob_row, family_row, exact_row = self.evidence.rows(rows)
-        # the open failure episodes of the same rows, by node
+        aggregate = self.evidence.aggregate
+        scope = (group, network, family)
+        known = self._aligned.get(scope)
+        if known is not None and known[0] is nodes and known[1] == aggregate.row_changes:
+            globs, families = known[2], known[3]
+        else:
+            globs, families = aligned(nodes, aggregate.row(rows[0])), aligned(nodes, aggregate.row(rows[1]))
+            self._aligned[scope] = (nodes, aggregate.row_changes, globs, families)
+        position, aliases = place
+        count = len(nodes)
+        exacts = placed(self.evidence.exact.row(rows[2]), position, aliases, count)
         open_states = self.cohorts.open_states
-        glob_open, family_open, exact_open = open_states(rows[0]), open_states(rows[1]), open_states(rows[2])
-        return rank_candidates(alive, utilities, glob_row, family_row, exact_row, glob_open, family_open, exact_open,
-                               now, RECENT_FAILURE_WINDOW)
+        return rank_candidates(alive, utilities, globs, families, exacts,
+                               placed(open_states(rows[0]), position, aliases, count),
+                               placed(open_states(rows[1]), position, aliases, count),
+                               placed(open_states(rows[2]), position, aliases, count), now, RECENT_FAILURE_WINDOW)
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
         counters = self._counters.get((group, network))
@@ -481,6 +503,8 @@ class ScoreState:
         groups = {g for g, _ in self._valid}
         for key in [k for k in self._live if k[0] not in groups]:
             del self._live[key]
+        for key in [k for k in self._aligned if k[0] not in groups]:
+            del self._aligned[key]
         for key in [k for k in self.scopes if k[0] not in groups]:
             del self.scopes[key]
         for (group, _network, _family), scope in self.scopes.items():

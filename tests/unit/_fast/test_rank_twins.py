@@ -33,6 +33,15 @@ def _build(impl):
     return importlib.import_module(f"honk._fast.rank_{impl}"), importlib.import_module(f"honk._fast.cell_{impl}")
 
 
+def _layers(rank, alive, rows, opens):
+    """The kernel's per-layer lists for ``alive`` from rows and opens by node: the global row
+    aligned, the rest placed (as the ranker passes them)."""
+    nodes = [m[1] for _, m in alive]
+    position, aliases = rank.positions(nodes)
+    placed = [rank.placed(layer, position, aliases, len(nodes)) for layer in (*rows[1:], *opens)]
+    return [rank.aligned(nodes, rows[0]), *placed]
+
+
 def _read(impl, members, now):
     """The kernel's candidates and order over ``members`` in one build."""
     rank, cell = _build(impl)
@@ -50,7 +59,7 @@ def _read(impl, members, now):
         if m["alive"]:
             alive.append((i, Member(f"m{i}", node, True)))
             utilities.append(m["utility"])
-    out = rank.candidates(alive, utilities, *rows, *opens, now, WINDOW)
+    out = rank.candidates(alive, utilities, *_layers(rank, alive, rows, opens), now, WINDOW)
     fields = [(c.member, c.index, c.reliability, c.utility, c.qualified, c.unresolved, c.recent_failure,
                c.node_failure, [layer for layer, _ in c.episodes], c.last_failure, c.cleared) for c in out]
     return fields, [c.index for c in rank.order(out, BAND)]
@@ -75,7 +84,7 @@ def _decide(impl, members, now):
         for outcome, at in sorted(m["layers"][0], key=lambda pair: pair[1]):
             c.record(outcome, at)
     cands = rank.candidates(alive, [m["utility"] for _, m in ((i, members[i]) for i, _ in alive)],
-                            failed, {}, {}, *opens, now, WINDOW)
+                            *_layers(rank, alive, (failed, {}, {}), opens), now, WINDOW)
     eligible, unresolved = rank.survey(cands)
     tried = {node for node, m in zip(nodes, members, strict=True) if m["tried"]}
     cold = rank.first_cold(eligible, tried)
@@ -207,11 +216,10 @@ def test_an_open_episode_marks_its_member_and_a_node_scoped_one_says_so(rank_mod
     failed.record(Outcome.FAILURE, 10.0)
     member = Member("a", "node-a", True)
     episode = SimpleNamespace(rx_since_fence=False, open_failures=1)
-    [c] = rank_mod.candidates([(0, member)], [None], {"node-a": failed}, {}, {}, {"node-a": episode}, {}, {},
-                              50.0, WINDOW)
+    [c] = rank_mod.candidates([(0, member)], [None], [failed], None, None, [episode], None, None, 50.0, WINDOW)
     assert (c.unresolved, c.recent_failure, c.node_failure, c.cleared, c.last_failure) == (True, True, True, False, 10.0)
-    [c] = rank_mod.candidates([(0, member)], [None], {}, {}, {"node-a": failed}, {}, {}, {"node-a": episode},
-                              10.0 + WINDOW, WINDOW)
+    [c] = rank_mod.candidates([(0, member)], [None], None, None, [failed], None, None, [episode], 10.0 + WINDOW,
+                              WINDOW)
     assert (c.unresolved, c.recent_failure, c.node_failure) == (True, False, False)  # target-scoped, no longer recent
 
 
@@ -296,3 +304,28 @@ def test_a_scope_reads_only_candidates_relative_to_the_best_of_them(candidates, 
         relative = value / best if higher else max(best, 0.005) / max(value, 0.005)
         assert gains[i] == pytest.approx(0.4 * confidence * relative)
     assert all(g is None for i, g in enumerate(gains) if i not in {p for p, _, _ in read})
+
+
+listed = st.lists(st.integers(0, 7), max_size=12)  # node numbers, repeats allowed (two names, one node)
+row_of = st.dictionaries(st.integers(0, 9), st.integers(100, 200), max_size=10)
+
+
+@pytest.mark.parametrize("impl", ["py", pytest.param("c", marks=pytest.mark.skipif(
+    NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built"))])
+@given(nodes=listed, row=row_of)
+def test_aligned_and_placed_give_each_listed_node_its_row_entry(impl, nodes, row):
+    rank, _ = _build(impl)
+    expected = [row.get(n) for n in nodes] if any(n in row for n in nodes) else None
+    position, aliases = rank.positions(nodes)
+    assert rank.placed(row, position, aliases, len(nodes)) == expected
+    assert rank.aligned(nodes, row) == (None if not row else [row.get(n) for n in nodes])
+
+
+@pytest.mark.compiled
+@pytest.mark.skipif(NO_EXTENSIONS, reason="HONK_NO_EXTENSIONS: only the twin is built")
+@given(nodes=listed, row=row_of)
+def test_compiled_and_python_alignment_agree(nodes, row):
+    c, _ = _build("c")
+    py, _ = _build("py")
+    assert c.placed(row, *c.positions(nodes), len(nodes)) == py.placed(row, *py.positions(nodes), len(nodes))
+    assert c.aligned(nodes, row) == py.aligned(nodes, row)

@@ -23,7 +23,7 @@ from honk.group.score.constants import (
     TRIAL_ANSWER_TIMEOUT,
 )
 from honk.group.score.keys import AggregateKey, ExactKey, ScoreTarget
-from honk.group.score.ranker import FINAL_REASONS, Member, ScoreState
+from honk.group.score.ranker import FINAL_REASONS, BudgetScope, Member, ScoreState
 
 GROUP = "auto"
 TCP = Network.TCP
@@ -123,6 +123,21 @@ def test_a_new_members_list_is_read_again_and_the_same_list_reads_as_before(stat
     assert entry(state)["candidates"]["deadFiltered"] == 2
     assert rank(state, members("a", "b", "c"), T0 + 4).winner.name in ("a", "b", "c")
     assert entry(state)["candidates"]["deadFiltered"] == 2
+
+
+def test_a_member_whose_aggregate_cells_appear_later_is_read_with_them_on_the_same_list(state):
+    """The aggregate rows' alignment with a members list is kept only while the store holds the
+    same cells: a member's first cells (and a prune's dropped ones) are read at once."""
+    state.scopes[(GROUP, TCP, V4)] = BudgetScope(3, 0)  # no cold allowance: only ordinary selection
+    group = members("a", "b", "c")
+    train(state, "a", failures=3)
+    train(state, "b", failures=3)
+    assert rank(state, group, peek=True).winner.name == "a"  # c has no evidence: the prior's bound
+    for _ in range(3 * TRAINED):  # c's first cell, targetless (global aggregate only): a new row entry
+        state.evidence.record(GROUP, TCP, None, "c", Outcome.USEFUL, T0)
+    assert rank(state, group, T0 + 1, peek=True).winner.name == "c"
+    state.prune({(GROUP, "a"), (GROUP, "b")})  # c's cells dropped while it stays listed
+    assert rank(state, group, T0 + 2, peek=True).winner.name == "a"
 
 
 def test_no_live_member_returns_no_winner_and_counts_nothing(state):
