@@ -381,7 +381,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         plane = running_plane(control)
         tracker = control.tracker
         return reply(views.stats(plane.outbounds, control.stats.outbounds, tracker.bytes_by_leaf(),
-                                 tracker.snapshot(), plane.groups.score.stats()))
+                                 tracker.snapshot(), plane.groups.score.stats(), control.stats.udp_stagger.as_dict()))
 
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)

@@ -33,7 +33,7 @@ from honk.connection.plane import Plane
 from honk.connection.tracker import ConnectionInfo
 from honk.control.mode import global_members
 from honk.core.net import Network
-from honk.core.stats import OutboundCounts
+from honk.core.stats import OutboundCounts, StaggerCounts
 from honk.group.filter import node_id_of
 from honk.group.manager import GroupManager
 from honk.group.policy import Selector
@@ -705,11 +705,12 @@ def configs(spec: Spec, mode: str, log_level: str, mixed_port: int) -> dict[str,
 
 def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
           traffic: Mapping[str, tuple[int, int, int]], flows: Iterable[ConnectionInfo],
-          score: Mapping[str, Any]) -> dict[str, Any]:
+          score: Mapping[str, Any], stagger: Mapping[str, int] | None = None) -> dict[str, Any]:
     """``GET /stats``: upstream honk's userspace snapshot, with the parts honk has so far —
     one row per outbound (connections started and open, bytes each way, failed dials), the
-    live flows per network, and ``score`` (``/stats.score``: the Score counters and evidence
-    cache totals, GH-K-130). The pool and warm parts arrive with those features."""
+    live flows per network, ``udp.stagger`` (cold UDP preparations, StaggerCounts) and
+    ``score`` (``/stats.score``: the Score counters and evidence cache totals, GH-K-130). The
+    pool and warm parts arrive with those features."""
     rows = []
     for name in outbounds:
         counts = dials.get(name)
@@ -725,5 +726,6 @@ def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
     active = {"tcp": 0, "udp": 0}
     for flow in flows:
         active[flow.network.value] += 1
-    return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]}, "udp": {"activeFlows": active["udp"]},
+    return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]},
+            "udp": {"activeFlows": active["udp"], "stagger": dict(stagger or StaggerCounts().as_dict())},
             "score": dict(score)}

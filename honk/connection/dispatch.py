@@ -228,6 +228,31 @@ class Dispatcher:
         outside :meth:`route`): its Score feedback built again from the current plane."""
         return dataclasses.replace(routed, score=_score_feedback(self._plane, routed.chain, routed.leaf, routed.meta))
 
+    def cold_udp_candidates(self, routed: Routed) -> list[Routed]:
+        """The routings a UDP flow's cold preparation races (GH-G-01): the rule target's
+        URLTest members by rank when none has a usable UDP measurement, each as ``routed``
+        with its own chain and leaf, the routed leaf among them; [] for every other plan (it
+        prepares its one leaf). Only the route's own target counts: a URLTest reached
+        through another group is not top level."""
+        if routed.meta.network is not Network.UDP or len(routed.chain) < 2:
+            return []
+        cold = getattr(getattr(self._plane, "groups", None), "cold_udp_candidates", None)
+        if cold is None:
+            return []
+        selections = cold(routed.chain[0], Family.V4)
+        if not any(s.leaf is routed.leaf for s in selections):
+            return []  # the selection served something else (a pin, a final): that one leaf
+        return [self.rescore(dataclasses.replace(routed, chain=tuple(s.chain), leaf=s.leaf)) for s in selections]
+
+    def udp_eligible(self, routed: Routed) -> bool:
+        """Whether ``routed``'s leaf may still carry UDP for its group on the current plane (the
+        cold preparation's winner recheck, GH-G-06)."""
+        groups = getattr(self._plane, "groups", None)
+        health = getattr(groups, "health", None)
+        if health is None or len(routed.chain) < 2:
+            return True
+        return health.eligible(routed.leaf, Network.UDP, Family.V4, routed.chain[-2], routed.chain[-1])
+
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
         routed, dialed = await self.dial_routed(await self.route(meta))

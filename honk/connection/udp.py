@@ -33,6 +33,12 @@ Theory of operation:
     endpoint that ends (its server went away) drops the routes through it, so
     the next datagram routes and dials afresh. Datagrams that arrive while a
     target is being routed wait in a small queue.
+  * Cold preparation: when a target's rule points at a URLTest none of whose
+    members has a usable UDP measurement, and the association has no sub-link of
+    the picked leaf yet, the members' leaves race their endpoint dials
+    (:mod:`honk.connection.stagger`: staggered starts, at most three at once, one
+    deadline); the first eligible success becomes the sub-link, every other is
+    closed unpublished.
   * A drain of an outbound version (:meth:`UdpAssociation.close_version`)
     closes the association's sub-link of that version and forgets the routes
     through it; the association goes on and the next datagram routes again.
@@ -54,6 +60,7 @@ from dataclasses import dataclass, field
 
 from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed, format_chain, outbound_version
+from honk.connection.stagger import preparation_deadline, prepare_first
 from honk.connection.tracker import TrackedFlow
 from honk.core.errors import (
     Blocked,
@@ -348,6 +355,11 @@ class UdpNat:
             )
             return drop
         version = outbound_version(leaf)
+        cold = [] if leaf.protocol == "direct" or self._has_endpoint(version) else \
+            self._dispatcher.cold_udp_candidates(routed)
+        if cold:  # a top-level URLTest with no UDP measurement: its candidates race (GH-G-01)
+            routed = await self._prepare_cold(cold)  # the winner's sub-link, committed: _endpoint finds it
+            leaf, version = routed.leaf, outbound_version(routed.leaf)
         dial = self._dial_target(target, routed)
         guard = scoring.begin(routed.score, self._clock)
         try:
@@ -367,6 +379,51 @@ class UdpNat:
                           routed.rule, routed.chain, reporter)
         return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain,
                       reporter=reporter)
+
+    def _has_endpoint(self, version: str) -> bool:
+        """A sub-link of ``version`` is open or being dialled: a target through it is not cold."""
+        endpoint = self._endpoints.get(version)
+        return (endpoint is not None and not endpoint.closed) or version in self._dialing
+
+    async def _prepare_cold(self, candidates: list[Routed]) -> Routed:
+        """Race the candidates' endpoint dials (honk.connection.stagger) under one preparation
+        deadline; the winner's endpoint is published as the association's sub-link of its
+        version only once every loser is drained and the winner rechecked. A loser's endpoint
+        is closed unpublished; its dial error, if it had one, was counted by its leaf (the
+        only health event: cancellation and a drained success are neutral)."""
+        deadline = self._clock.now() + preparation_deadline(self._dispatcher.global_spec.connect_timeout)
+
+        async def prepare(routed: Routed) -> tuple[_EndpointHealth, PacketEndpoint]:
+            leaf = routed.leaf
+            key = outbound_version(leaf)
+            health = _EndpointHealth(leaf)
+            endpoint = await leaf.dial_udp(lambda data, source: self._from_endpoint(health, data, source), deadline,
+                                           on_lost=lambda error: self._endpoint_lost(key, error))
+            return health, endpoint
+
+        def eligible(routed: Routed) -> bool:
+            return (not self._closed.is_set() and outbound_version(routed.leaf) not in self._drained
+                    and self._dispatcher.udp_eligible(routed))
+
+        def commit(routed: Routed, prepared: tuple[_EndpointHealth, PacketEndpoint]) -> None:
+            key = outbound_version(routed.leaf)
+            self._health[key], self._endpoints[key] = prepared
+            self._dial_episodes[key] = Episode()
+            self._count(routed.leaf.name, None)
+
+        def observed_error(routed: Routed, error: BaseException) -> None:
+            self._count(routed.leaf.name, error)
+            log.info("udp cold preparation failed %s", kv(association=self.id, outbound=routed.leaf.name,
+                                                          error=type(error).__name__))
+
+        winner, _ = await prepare_first(
+            candidates, prepare, clock=self._clock, deadline=deadline, eligible=eligible, commit=commit,
+            observed_error=observed_error, discard=lambda prepared: prepared[1].close(),
+            counts=getattr(getattr(self._dispatcher, "stats", None), "udp_stagger", None))
+        if winner.leaf is not candidates[0].leaf:
+            log.info("udp cold preparation served %s", kv(association=self.id, first=candidates[0].leaf.name,
+                                                         served=winner.leaf.name))
+        return winner
 
     async def _resolve(self, target: Address) -> str:
         if target.ip is not None:
@@ -434,10 +491,13 @@ class UdpNat:
 
     def _count_dial(self, outbound: str, dialing: asyncio.Future[PacketEndpoint]) -> None:
         """One endpoint dial ended: counted once, however many targets waited for it."""
+        if not dialing.cancelled():  # a cancelled dial (the association ended) has no outcome
+            self._count(outbound, dialing.exception())
+
+    def _count(self, outbound: str, error: BaseException | None) -> None:
         stats = getattr(self._dispatcher, "stats", None)
-        if stats is None or dialing.cancelled():
-            return  # a cancelled dial (the association ended) has no outcome
-        stats.dial("udp", dialing.exception(), outbound)
+        if stats is not None:
+            stats.dial("udp", error, outbound)
 
     def _endpoint_lost(self, version: str, error: HonkError | None) -> None:
         endpoint = self._endpoints.pop(version, None)

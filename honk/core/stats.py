@@ -95,6 +95,26 @@ class OutboundCounts:
     errors: int = 0  # dials through the outbound that failed
 
 
+@dataclass(slots=True)
+class StaggerCounts:
+    """``/stats`` ``udp.stagger``: cold UDP preparations (honk.connection.stagger) and what
+    became of their attempts."""
+
+    plans: int = 0  # cold preparations run (several candidates raced)
+    attempts: int = 0  # candidate preparations started
+    wins: int = 0  # preparations that committed a winner
+    failures: int = 0  # ... that ended with no candidate left
+    timeouts: int = 0  # ... whose deadline passed first
+    errors: int = 0  # observed preparation errors (each one a health event of its node)
+    drained: int = 0  # started attempts aborted and drained (after a winner, at the deadline)
+    rejected: int = 0  # successes no longer eligible, dropped neutrally
+
+    def as_dict(self) -> dict[str, int]:
+        return {"plans": self.plans, "attempts": self.attempts, "wins": self.wins, "failures": self.failures,
+                "timeouts": self.timeouts, "errors": self.errors, "drained": self.drained,
+                "rejected": self.rejected}
+
+
 class RuntimeStats:
     """Event counters for one daemon. One instance, owned by the daemon, shared by reference."""
 
@@ -106,6 +126,7 @@ class RuntimeStats:
         self.reloads: Counter[tuple[str, str]] = Counter()  # (applied | refused, error variant or "")
         self.drained_flows: Counter[str] = Counter()  # drain policy label -> flows its drains closed
         self.subscription_refreshes: Counter[str] = Counter()  # result: accepted | unchanged | failed
+        self.udp_stagger = StaggerCounts()
 
     def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
         """A dial through ``outbound`` (a leaf name) ended with ``error`` (None: connected)."""

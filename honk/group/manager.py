@@ -656,6 +656,32 @@ class GroupManager:
                 out.append(selection)
         return out
 
+    def cold_udp_candidates(self, name: str, family: Family = Family.V4) -> list[Selection]:
+        """The leaves a cold UDP plan of route target ``name`` prepares in a race (GH-G-01): when
+        ``name`` is a URLTest with no UDP pin and none of its eligible members has a usable UDP
+        measurement, its eligible members by the policy's ranking (TCP's, which its UDP pick
+        mirrors while UDP is unmeasured), resolved to distinct proxy leaves that carry UDP.
+        [] for every other plan, and when fewer than two such leaves remain: it prepares the
+        one leaf its selection gives. The caller passes only a route's own target (top level)."""
+        g = self._groups.get(name)
+        if g is None or not isinstance(g.policy, URLTest) or Network.UDP in g.policy.fixed():
+            return []
+        view = _View(self, g, Network.UDP, family, (name,), 0, True)
+        eligible = [c for c in view.all() if c.eligible]
+        if any(c.udp_metric is not None for c in eligible):
+            return []  # measured: the URLTest's own UDP pick, one leaf
+        eligible.sort(key=lambda c: (c.demoted, c.metric is None, c.metric or 0.0, c.index))
+        out: list[Selection] = []
+        for c in eligible:
+            selection = view.selection(c.member)
+            if selection is None or any(s.leaf is selection.leaf for s in out):
+                continue
+            leaf = selection.leaf
+            if leaf.protocol in ("direct", "block") or not leaf.capabilities.udp:
+                continue
+            out.append(selection)
+        return out if len(out) > 1 else []
+
     def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
                      target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
         excluded = frozenset((_leaf_node_id(exclude),))

@@ -521,6 +521,8 @@ async def test_stats_counts_connections_bytes_and_failed_dials_per_outbound(api)
     assert (hk["totalConns"], hk["activeConns"], hk["errors"]) == (1, 1, 0)
     assert hk["upload"] > 0 and hk["download"] > 0
     assert body["tcp"]["activeFlows"] == 1
+    assert body["udp"]["stagger"] == {"plans": 0, "attempts": 0, "wins": 0, "failures": 0, "timeouts": 0,
+                                      "errors": 0, "drained": 0, "rejected": 0}  # no cold UDP plan ran
     writer.close()
     await poll(lambda: not api.daemon.tracker.snapshot(), "the flow to end")
     status, body = await api.get("/stats")

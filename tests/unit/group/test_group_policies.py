@@ -421,3 +421,50 @@ def test_readers_of_the_shared_handle_always_see_one_whole_manager():
         chosen = manager.resolve("g", TCP).leaf.name
         seen.add((members, chosen))
     assert seen == {(("a", "b"), "b"), (("b", "c"), "b")}  # both whole managers, never a mix
+
+
+# --- G: cold URLTest UDP preparation plan ----------------------------------------------------------
+
+
+def _cold(w: World, name: str = "auto") -> list[str]:
+    return [s.leaf.name for s in w.manager.cold_udp_candidates(name, V4)]
+
+
+def test_an_unmeasured_top_level_urltest_prepares_its_members_by_rank():
+    w = World(group("auto", "a", "b", "c", policy=Policy.URLTEST))
+    w.sample("a", 50)
+    w.sample("b", 80)
+    w.sample("c", 20)
+    assert _cold(w) == ["c", "a", "b"]  # the URLTest's own ranking (TCP's, which unmeasured UDP mirrors)
+    assert w.leaf("auto", UDP) == "c"  # its pick comes first
+
+
+def test_any_usable_udp_measurement_makes_the_plan_single_leaf():
+    w = World(group("auto", "a", "b", "c", policy=Policy.URLTEST))
+    w.sample("a", 50)
+    w.sample("b", 20, Domain.DNS_UDP)  # DnsUdp is a usable UDP measurement as well
+    assert _cold(w) == []
+
+
+def test_a_nested_urltest_is_not_top_level_and_other_policies_prepare_one_leaf():
+    w = World(group("auto", "a", "b", policy=Policy.URLTEST), group("outer", subgroups=("auto",),
+                                                                     policy=Policy.SELECTOR))
+    assert _cold(w, "outer") == []  # the route's target is the Selector: one leaf
+    assert _cold(w, "auto") == ["a", "b"]  # (the dispatcher asks only for a route's own target)
+    w2 = World(group("fb", "a", "b", policy=Policy.FALLBACK), group("lb", "a", "b", policy=Policy.LOADBALANCE))
+    assert _cold(w2, "fb") == [] and _cold(w2, "lb") == [] and _cold(w2, "a") == []
+
+
+def test_the_cold_plan_leaves_out_dead_udp_less_and_duplicate_leaves():
+    w = World(group("auto", "a", "b", "c", "h", policy=Policy.URLTEST), nodes=("a", "b", "c", "h"),
+              tcp_only=("h",))
+    w.kill("b", Domain.DATA_UDP)
+    assert _cold(w) == ["a", "c"]  # b cannot carry UDP now; h (HTTP CONNECT) never can
+    w.kill("c", Domain.DATA_UDP)
+    assert _cold(w) == []  # one leaf left: nothing to race
+
+
+def test_a_udp_pin_makes_the_plan_single_leaf():
+    w = World(group("auto", "a", "b", policy=Policy.URLTEST))
+    w.manager.pin("auto", "b", UDP)
+    assert _cold(w) == []
