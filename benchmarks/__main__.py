@@ -23,6 +23,9 @@
   load tool ``benchmarks/loadgen.c`` (see ``benchmarks/relay.py``);
 * shadowsocks: honk with an ``ss://`` node against shadowsocks-libev's ss-local,
   both into one ss-server per cipher (bulk, one stream; ``--no-ss`` skips them);
+* warm:  time to the first response byte of a new flow through a Selector's VMess Mux.Cool
+  node, its carrier kept warm against opened by the flow (``benchmarks/warm.py``;
+  ``--no-warm`` skips it);
 * v2ray: honk with a ``vmess://``, ``trojan://`` or ``vless://`` node against a
   v2ray client, both into one v2ray server per protocol (VMess over TCP, Trojan
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
@@ -45,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay, reload, score, tproxy
+from benchmarks import api, groups, health, kernels, relay, reload, score, tproxy, warm
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -70,6 +73,7 @@ def main() -> None:
     parser.add_argument("--no-api", action="store_true", help="skip the control API benchmark")
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-up first-byte benchmark")
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -92,6 +96,7 @@ def main() -> None:
     api_rows: list[tuple[str, str, str, str]] = [] if args.no_api else api.run(quick=args.quick)
     reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
     tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
+    warm_rows: list[tuple[str, ...]] = [] if args.no_warm else warm.run(quick=args.quick)
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
                        shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
@@ -119,6 +124,9 @@ def main() -> None:
         print()
     if tproxy_rows:
         print(relay.format_table(["router path", "honk", "against", "status"], [list(r) for r in tproxy_rows]))
+        print()
+    if warm_rows:
+        print(relay.format_table(warm.HEADER, [list(r) for r in warm_rows]))
         print()
     subjects = report.measured()
     paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
@@ -152,7 +160,8 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, **report.as_json(),
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows,
+        **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
 

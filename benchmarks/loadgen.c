@@ -19,6 +19,7 @@
  *   rate     --concurrency N --warmup S --duration S
  *   latency  --count N --size BYTES
  *   idle     --count N   (prints "ready ...", waits for a line or EOF on stdin)
+ *   first    one new connection: its time from connect() to the first echoed byte
  *
  * Throughput is counted at the receiving end over the window after the
  * warm-up: the origin's byte counter for up, the client's for down.
@@ -596,6 +597,28 @@ static int run_latency(void) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ first */
+
+/* A new connection's time to its first response byte: connect, the SOCKS5 exchange when
+ * asked, the echo mode byte and one payload byte out, one byte back. */
+static int run_first(void) {
+    double t0 = now();
+    int fd = open_stream('E');
+    if (fd < 0) {
+        printf("mode=first error=open_stream\n");
+        return 1;
+    }
+    char byte = 'p', in;
+    if (send(fd, &byte, 1, MSG_NOSIGNAL) != 1 || recv_exact(fd, &in, 1) < 0) {
+        printf("mode=first error=round_trip\n");
+        return 1;
+    }
+    double us = (now() - t0) * 1e6;
+    abort_close(fd);
+    printf("mode=first first_byte_us=%.2f\n", us);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ idle */
 
 static int run_idle(void) {
@@ -623,7 +646,7 @@ static int run_idle(void) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: loadgen bulk|rate|latency|idle [--origin-port P] [--target HOST:PORT [--socks]]\n"
+            "usage: loadgen bulk|rate|latency|idle|first [--origin-port P] [--target HOST:PORT [--socks]]\n"
             "       [--streams N] [--dir up|down] [--concurrency N] [--count N] [--size B]\n"
             "       [--warmup S] [--duration S] [--threads N]\n");
     exit(2);
@@ -689,6 +712,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(o_mode, "rate")) rc = run_rate();
     else if (!strcmp(o_mode, "latency")) rc = run_latency();
     else if (!strcmp(o_mode, "idle")) rc = run_idle();
+    else if (!strcmp(o_mode, "first")) rc = run_first();
     else usage();
     fflush(stdout);
     _exit(rc); /* the origin thread never returns */

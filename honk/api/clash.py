@@ -46,6 +46,7 @@ from honk.api.errors import ApiError, bad_request, not_found, refused
 from honk.api.jsonio import encode_each, reply, stream_json, text_reply
 from honk.config.spec import InboundSpec, Policy, Spec
 from honk.connection.plane import Plane
+from honk.connection.warm import pool_stats, warm_stats
 from honk.control.errors import ApplyError
 from honk.control.mode import MODES
 from honk.core.clock import timeout_at
@@ -380,8 +381,10 @@ def routes(control: Control) -> list[web.RouteDef]:
     async def get_stats(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)
         tracker = control.tracker
+        warm = getattr(control, "warm", None)
         return reply(views.stats(plane.outbounds, control.stats.outbounds, tracker.bytes_by_leaf(),
-                                 tracker.snapshot(), plane.groups.score.stats(), control.stats.udp_stagger.as_dict()))
+                                 tracker.snapshot(), plane.groups.score.stats(), control.stats.udp_stagger.as_dict(),
+                                 pool_stats(plane), warm_stats(plane, warm) if warm is not None else None))
 
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)

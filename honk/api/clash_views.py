@@ -705,12 +705,14 @@ def configs(spec: Spec, mode: str, log_level: str, mixed_port: int) -> dict[str,
 
 def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
           traffic: Mapping[str, tuple[int, int, int]], flows: Iterable[ConnectionInfo],
-          score: Mapping[str, Any], stagger: Mapping[str, int] | None = None) -> dict[str, Any]:
+          score: Mapping[str, Any], stagger: Mapping[str, int] | None = None,
+          pool: Mapping[str, int] | None = None, warm: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``GET /stats``: upstream honk's userspace snapshot, with the parts honk has so far —
     one row per outbound (connections started and open, bytes each way, failed dials), the
-    live flows per network, ``udp.stagger`` (cold UDP preparations, StaggerCounts) and
-    ``score`` (``/stats.score``: the Score counters and evidence cache totals, GH-K-130). The
-    pool and warm parts arrive with those features."""
+    live flows per network, ``udp.stagger`` (cold UDP preparations, StaggerCounts), ``pool``
+    (ready pools: hits, misses, entries), ``warm`` (nodes held by each warm owner, the sessions
+    they keep by protocol, startup preconnect's deposits) and ``score`` (``/stats.score``: the
+    Score counters and evidence cache totals, GH-K-130)."""
     rows = []
     for name in outbounds:
         counts = dials.get(name)
@@ -728,4 +730,6 @@ def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
         active[flow.network.value] += 1
     return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]},
             "udp": {"activeFlows": active["udp"], "stagger": dict(stagger or StaggerCounts().as_dict())},
+            "pool": dict(pool or {"readyHits": 0, "readyMisses": 0, "entries": 0}),
+            "warm": dict(warm or {"nodes": {"selector": 0, "udp": 0}, "sessions": {}, "preconnected": 0}),
             "score": dict(score)}

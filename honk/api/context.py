@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from honk.api.server import ApiServer
     from honk.connection.plane import Plane
     from honk.connection.tracker import ConnectionTracker
+    from honk.connection.warm import WarmUp
     from honk.control.mode import RoutingMode
     from honk.core.clock import Clock
     from honk.core.stats import RuntimeStats
@@ -43,6 +44,7 @@ class Control(Protocol):
     started_at: float  # clock.now() at the same moment (uptime)
     api: ApiServer | None  # the listener serving this API (its bound address)
     inbounds: dict[str, MixedInbound]  # the listeners by name (their bound addresses)
+    warm: WarmUp  # startup preconnect and the Selector pins (/stats warm)
 
     @property
     def plane(self) -> Plane | None:

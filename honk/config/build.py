@@ -24,6 +24,7 @@ from honk.config.spec import (
     DIAL_MODES,
     LOG_LEVELS,
     POLICY_SPELLINGS,
+    PRECONNECT_AUTO,
     TPROXY_MARK,
     ClashApiSpec,
     GlobalSpec,
@@ -58,8 +59,6 @@ ACCEPTED_GLOBAL_KEYS = frozenset(
         "fallback_resolver",
         "bandwidth_max_tx",
         "bandwidth_max_rx",
-        "preconnect_node_count",
-        "udp_warm_node_count",
     }
 )
 
@@ -78,6 +77,17 @@ def _unknown(sink: Sink, entry: Entry) -> None:
 
 
 # --- global ----------------------------------------------------------------------------
+
+
+def _count(g: dict[str, object], entry: Entry, sink: Sink, least: int, message: str) -> None:
+    """An integer global key of at least ``least`` into ``g``; otherwise an error with ``message``."""
+    n = V.get_int(entry, sink)
+    if n is None:
+        return
+    if n >= least:
+        g[entry.key or ""] = n
+    else:
+        sink.error("invalid-value", entry.path, message, entry.loc)
 
 
 def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
@@ -123,12 +133,14 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                 continue
             g[key] = seconds
         elif key == "max_concurrent_dials":
-            n = V.get_int(e, sink)
-            if n is not None:
-                if n >= 1:
-                    g[key] = n
-                else:
-                    sink.error("invalid-value", e.path, "must be a positive integer", e.loc)
+            _count(g, e, sink, 1, "must be a positive integer")
+        elif key == "preconnect_node_count":
+            if isinstance(e.value, str) and V.unquote(e.value).strip().lower() == "auto":
+                g[key] = PRECONNECT_AUTO
+            else:
+                _count(g, e, sink, 0, "must be 'auto' or a count (0 disables)")
+        elif key == "udp_warm_node_count":
+            _count(g, e, sink, 0, "must be a count (0 disables)")
         elif key == "data_dir":
             s = V.get_str(e, sink)
             if s is not None:

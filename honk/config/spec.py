@@ -27,6 +27,8 @@ DEFAULT_CHECK_INTERVAL = 30.0  # seconds; global check_interval "30s"
 DEFAULT_CHECK_TOLERANCE = 0.050  # seconds; global check_tolerance "50ms"
 DEFAULT_CONNECT_TIMEOUT = 3.0  # seconds; connect_timeout_ms 3000 ms stage timeout
 DEFAULT_MAX_CONCURRENT_DIALS = 64  # max_concurrent_dials
+PRECONNECT_AUTO = -1  # preconnect_node_count: 'auto' (the default): at most 8 nodes; 0 disables
+DEFAULT_UDP_WARM_NODE_COUNT = 0  # udp_warm_node_count: the UDP warm set is opt-in
 DEFAULT_DATA_DIR = "/var/lib/honk"
 DEFAULT_URLTEST_IDLE_TIMEOUT = 1800.0  # seconds; idle_timeout null -> 1800 s
 MIN_URLTEST_TOLERANCE = 0.001  # seconds; "effective minimum of 1 ms"
@@ -89,6 +91,8 @@ class GlobalSpec:
     check_tolerance: float = DEFAULT_CHECK_TOLERANCE  # seconds
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT  # seconds, per dial stage
     max_concurrent_dials: int = DEFAULT_MAX_CONCURRENT_DIALS
+    preconnect_node_count: int = PRECONNECT_AUTO  # startup preconnect: PRECONNECT_AUTO, 0 (off) or N
+    udp_warm_node_count: int = DEFAULT_UDP_WARM_NODE_COUNT
     data_dir: str = DEFAULT_DATA_DIR
     relay_idle_timeout: float = DEFAULT_RELAY_IDLE_TIMEOUT  # seconds
     udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds

@@ -89,17 +89,25 @@ class Upstream:
     bridge: Any = None  # DialedStream.bridge: how a bridged stream's server side ended
 
 
-def _report(leaf: Any, outcome: HonkError | None, latency: float | None) -> None:
-    """A flow's dial outcome, for the node's health (real traffic)."""
+def _report(leaf: Any, outcome: HonkError | None, latency: float | None, pool_hit: bool = False) -> None:
+    """A flow's dial outcome, for the node's health (real traffic); ``pool_hit``: it took a
+    ready connection, so its latency measured no network round trip."""
     traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
     if traffic is not None:
-        traffic.dial(outcome, getattr(leaf, "health_family", 4), latency)
+        traffic.dial(outcome, getattr(leaf, "health_family", 4), latency, pool_hit)
 
 
-def _needs_admission(leaf: Any) -> bool:
+def _ready_hit(leaf: Any, now: float) -> bool:
+    """Whether a dial through ``leaf`` now takes a ready server connection warm-up opened
+    (its take is the dial's first step, with no await before it)."""
+    runtime = getattr(leaf, "runtime", None)
+    return runtime is not None and not getattr(leaf, "mux", False) and runtime.ready.has_ready(now)
+
+
+def _needs_admission(leaf: Any, ready_hit: bool = False) -> bool:
     """Whether a dial through ``leaf`` makes a physical connection: ``block`` never does, nor
-    does a logical stream on a mux carrier that has room."""
-    if leaf.protocol == "block":
+    does one that takes a ready connection, nor a logical stream on a mux carrier with room."""
+    if leaf.protocol == "block" or ready_hit:
         return False
     if getattr(leaf, "mux", False):
         from honk.outbound.mux import pool_for
@@ -315,8 +323,9 @@ class Dispatcher:
         started = self.clock.now()
         budget = getattr(self._plane, "admission", None)
         guard = scoring.begin(score, self.clock)
+        ready_hit = _ready_hit(leaf, started)
         try:
-            if budget is not None and _needs_admission(leaf):
+            if budget is not None and _needs_admission(leaf, ready_hit):
                 async with budget.permit(deadline):
                     dialed = await leaf.dial_tcp(target, deadline)
             else:
@@ -331,7 +340,7 @@ class Dispatcher:
             scoring.report_setup(guard, self.clock, leaf, exc)
             raise
         reporter = scoring.report_setup(guard, self.clock, leaf, None)
-        _report(leaf, None, self.clock.now() - started)
+        _report(leaf, None, self.clock.now() - started, ready_hit)
         if self.stats is not None:
             self.stats.dial("tcp", None, leaf.name)
         return dialed, reporter

@@ -40,6 +40,7 @@ from honk.config.spec import GlobalSpec, InboundUser, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
+from honk.connection.warm import WarmUp
 from honk.control.apply import Applier, empty_plane
 from honk.control.desired import API_TAG, DesiredState, lower
 from honk.control.drain import Drainer
@@ -125,6 +126,7 @@ class Daemon:
         self.dispatcher.stats = self.stats
         self.started_wall = 0.0  # wall-clock seconds at ready
         self.started_at = 0.0  # clock.now() at ready (uptime)
+        self.warm = WarmUp(self.clock, lambda: self.plane)  # startup preconnect and Selector pins
 
     # --- what runs (read-only views of the applier) -----------------------------------
 
@@ -193,6 +195,7 @@ class Daemon:
             self.tracker.run_sweeper(SWEEP_INTERVAL), name="honk-idle-sweeper"
         )
         self.reconciler.start()
+        self.warm.start()
         settle_heap()
         api = self.api
         api_address = {"api": f"{api.bound[0]}:{api.bound[1]}"} if api is not None and api.bound else {}
@@ -217,6 +220,7 @@ class Daemon:
         self.stats.retain_groups(set(plane.groups.names))
         self.stats.retain_outbounds(set(plane.outbounds))
         self.tracker.forget_leaves(set(plane.outbounds))
+        self.warm.wake()  # its pins follow the new plane's Selectors
         if self.mode.global_choice not in global_members(plane):
             self.mode.global_choice = GLOBAL_DEFAULT
 
@@ -235,6 +239,8 @@ class Daemon:
 
     def _selection_moved(self, group: str, network: Network) -> None:
         self.stats.selection_changed(group, network.value)
+        if network is Network.TCP:
+            self.warm.wake()  # a Selector's new choice is warmed at once (GH-I-05)
 
     def _subscription_manager(self, config: Spec) -> SubscriptionManager:
         glob = config.global_
@@ -546,6 +552,7 @@ class Daemon:
                 self.tracker.close_all("shutdown")
                 log.info("closed flows left after grace %s", kv(closed=left))
         await self.sessions.aclose("shutdown")  # handshakes still open, and user-removal timers
+        await self.warm.stop()
         await self.health.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()

@@ -44,6 +44,7 @@ from honk.daemon.logs import kv
 from honk.outbound.base import DialedStream
 from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel
+from honk.outbound.runtime import WarmOwner
 from honk.proto.mux import (
     MAX_DATA,
     MuxClientSessions,
@@ -73,6 +74,9 @@ MAX_STREAMS_PER_CARRIER = 128
 MAX_CARRIERS_PER_NODE = 4  # honk's bound on physical carriers per node
 MUX_IDLE_TIMEOUT = 30.0  # seconds a carrier without sessions stays open (honk's choice)
 STREAM_BUFFER_LIMIT = 256 * 1024  # unread bytes one stream may hold before the carrier stops reading
+# the warm owners whose node keeps one idle carrier: the TCP path's session (GH-I-04, 08). A
+# carrier carries TCP only, so the UDP warm set's bit never keeps one; preconnect only seeds
+SESSION_OWNERS = WarmOwner.SELECTOR_PIN
 
 MUX_TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -326,6 +330,9 @@ class MuxCarrier:
     def _idle_expired(self) -> None:
         self._idle = None
         if self.sessions.idle and not self.closed:
+            if self.pool.keeps(self):  # the node is held warm: its one carrier waits for the next flow
+                self._arm_idle()
+                return
             log.debug("mux carrier idle %s", kv(node=self.pool.name))
             self.close()
 
@@ -372,6 +379,27 @@ class MuxPool:
                     raise CapacityRefused(f"{self.name}: no mux carrier slot before the deadline") from None
                 raise DialTimeout(self.name, "connect", "mux: no carrier before the deadline") from None
         return carrier.open_stream(target)
+
+    async def ensure_carrier(self, open_carrier: OpenCarrier, deadline: float) -> bool:
+        """A usable carrier, opened now when there is none (warm-up: the session a pinned node
+        keeps); whether it opened one. Shares the one-dial-at-a-time lock with the flows."""
+        if self._with_room() is not None:
+            return False
+        async with timeout_at(self.clock, deadline):
+            async with self._dialing:
+                if self._with_room() is not None:
+                    return False
+                await self._open(open_carrier, deadline)
+                return True
+
+    def keeps(self, carrier: MuxCarrier) -> bool:
+        """Whether ``carrier`` stays open while idle: the node is held warm by an owner that
+        keeps a session (a Selector's pin) and it is the pool's first usable carrier (only one
+        is kept)."""
+        runtime = self.runtime
+        if runtime is None or not runtime.warm & SESSION_OWNERS:
+            return False
+        return self._with_room() is carrier
 
     @property
     def has_room(self) -> bool:

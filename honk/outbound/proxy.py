@@ -94,7 +94,13 @@ class ProxyLeaf:
         raise NotImplementedError
 
     async def connect_server(self, deadline: float) -> socket.socket:
-        """A connected socket to the node's server (its failures are counted)."""
+        """A connected socket to the node's server: a ready one warm-up opened ahead (its
+        runtime's :class:`~honk.outbound.ready.ReadyPool`), else a new connection (whose
+        failures are counted)."""
+        if self.runtime is not None:
+            ready = self.runtime.ready.take(self.clock.now())
+            if ready is not None:
+                return ready
         try:
             return await self.connector.connect(self.server, deadline)
         except HonkError as exc:

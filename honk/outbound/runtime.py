@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from honk.outbound.ready import ReadyPool
+
 
 class Closable(Protocol):
     def close(self) -> None: ...
@@ -31,7 +33,7 @@ class TrafficReporter(Protocol):
     """Where a node's real traffic reports to (health; see honk.alive.traffic.NodeTraffic).
     ``family`` is 4 or 6: the address family the node's server is reached over."""
 
-    def dial(self, outcome: Any, family: int) -> None: ...
+    def dial(self, outcome: Any, family: int, latency: float | None = None, pool_hit: bool = False) -> None: ...
 
     def packets_failed(self, family: int) -> None: ...
 
@@ -56,6 +58,7 @@ class NodeRuntime:
         # dial outcomes by kind: "ok", or a failure phase ("connect", "auth", "target", ...)
         self.dials: Counter[str] = Counter()
         self.traffic: TrafficReporter | None = None  # set by the health service
+        self.ready = ReadyPool()  # bare server connections opened ahead (warm-up)
         self._resources: set[Closable] = set()
         self.closed = False
 
@@ -72,6 +75,22 @@ class NodeRuntime:
     @property
     def open_resources(self) -> int:
         return len(self._resources)
+
+    def hold(self, owner: WarmOwner) -> None:
+        """``owner`` wants the node kept warm (GH-I-08: the owners are independent bits)."""
+        self.warm |= owner
+
+    def let_go(self, owner: WarmOwner) -> bool:
+        """``owner`` no longer wants the node warm. When no owner is left, future reuse drains:
+        ready connections and idle carriers close, busy carriers take no new flows and close
+        when theirs end (an active flow is never cut, GH-I-09). Whether it drained."""
+        if not self.warm & owner:
+            return False
+        self.warm &= ~owner
+        if self.warm:
+            return False  # another owner still wants the shared resources
+        self._drain_reuse()
+        return True
 
     def is_warm(self) -> bool:
         """Kept warm by an owner, or holding shared resources that live flows use."""
@@ -99,7 +118,10 @@ class NodeRuntime:
         now; one still carrying flows takes no new ones and closes when they end, so no live
         connection is cut. How many were closed or retired. (UDP endpoints belong to their
         association, which drops them on its own failure.)"""
-        purged = 0
+        return self._drain_reuse()
+
+    def _drain_reuse(self) -> int:
+        purged = self.ready.drain()
         for resource in list(self._resources):
             if getattr(resource, "idle", True):
                 self._resources.discard(resource)
@@ -116,6 +138,7 @@ class NodeRuntime:
         if self.closed:
             return
         self.closed = True
+        self.ready.drain()
         for resource in list(self._resources):
             resource.close()
         self._resources.clear()

@@ -7,6 +7,7 @@ text's ``.format`` (a block put inside a ``.format`` template would need its bra
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from honk.core.clock import Clock
 from honk.daemon.app import Daemon
 
 # the mixed inbound on a free loopback port (the tests read it back from daemon.inbounds["lan"])
+WARM_SETTLE = 10.0  # seconds the first warm-up passes may take (a dial each, bounded by connect_timeout)
 LAN_INBOUND = """inbound {
     lan: 'mixed://127.0.0.1:0'
 }
@@ -25,12 +27,14 @@ LAN_INBOUND = """inbound {
 
 
 def quiet_global(data_dir: str | os.PathLike = "./var") -> str:
-    """The global block these tests share: no check URL to reach, and the periodic health check an
-    hour away, so no probe runs on its own during a test."""
+    """The global block these tests share: no check URL to reach, the periodic health check an
+    hour away and no startup preconnect, so no probe or warm-up connection runs on its own
+    during a test (a Selector's pin is waited for: ``running_daemon``)."""
     return f"""global {{
     data_dir: {data_dir}
     tcp_check_url: ''
     check_interval: 3600s
+    preconnect_node_count: 0
 }}
 """
 
@@ -55,6 +59,7 @@ async def running_daemon(tmp_path: Path, config_text: str,
     config.write_text(config_text)
     daemon = Daemon(config, clock=clock)
     await daemon.start()
+    await asyncio.wait_for(daemon.warm.rested(), WARM_SETTLE)  # its first warm-up passes done
     try:
         yield daemon
     finally:

@@ -523,6 +523,9 @@ async def test_stats_counts_connections_bytes_and_failed_dials_per_outbound(api)
     assert body["tcp"]["activeFlows"] == 1
     assert body["udp"]["stagger"] == {"plans": 0, "attempts": 0, "wins": 0, "failures": 0, "timeouts": 0,
                                       "errors": 0, "drained": 0, "rejected": 0}  # no cold UDP plan ran
+    assert set(body["pool"]) == {"readyHits", "readyMisses", "entries"}
+    assert body["warm"]["nodes"]["selector"] >= 1  # the Selectors' choices are pinned
+    assert body["warm"]["preconnected"] == 0  # quiet_global turns startup preconnect off
     writer.close()
     await poll(lambda: not api.daemon.tracker.snapshot(), "the flow to end")
     status, body = await api.get("/stats")

@@ -264,7 +264,7 @@ async def test_reload_prints_what_the_apply_did_and_a_rejected_file_exits_1(tmp_
         live.config.write_text(config_text(fallback="no-such-outbound"))
         rejected = await live.ctl("reload")
         assert rejected.exit_code == 1
-        assert rejected.stderr.startswith(f"error: reload_config: {live.config}:30: routing.fallback: ")
+        assert rejected.stderr.startswith(f"error: reload_config: {live.config}:31: routing.fallback: ")
         assert live.daemon.generation == 2
 
 
@@ -296,7 +296,7 @@ async def test_check_prints_the_summary_or_the_located_errors_with_exit_5(tmp_pa
         bad.write_text(config_text(fallback="no-such-outbound"))
         invalid = await live.ctl("check", str(bad))
         assert invalid.exit_code == 5
-        line = 30  # `fallback:` in config_text()
+        line = 31  # `fallback:` in config_text()
         assert f"{bad}:{line}" in invalid.stderr and "unknown-outbound" in invalid.stderr
         assert invalid.stderr.strip().endswith(f"{bad}: invalid (1 error(s))")
         scripted = await live.ctl("--json", "check", str(bad))

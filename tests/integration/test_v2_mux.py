@@ -166,6 +166,29 @@ def test_a_carrier_without_streams_closes_after_the_idle_timeout(run) -> None:
         run(_with_streams(leaf, echo, 1, body)())
 
 
+def test_a_node_held_warm_keeps_its_idle_carrier_until_its_last_owner_lets_go(run) -> None:
+    from honk.outbound.runtime import WarmOwner
+
+    clock = FakeClock(wall_offset=time.time() - 1000.0)
+
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        runtime = pool.runtime
+        runtime.hold(WarmOwner.SELECTOR_PIN)  # a Selector's choice: its session is kept
+        assert await _all_round_trip(pipes) == [True]
+        carrier = pool.carriers[0]
+        await _close(pipes)
+        await _until(lambda: carrier.sessions.idle, "the carrier to have no session")
+        clock.advance(3 * MUX_IDLE_TIMEOUT)
+        assert pool.carriers == [carrier] and not carrier.closed  # idle, but warm
+        assert runtime.let_go(WarmOwner.SELECTOR_PIN)  # the last owner: future reuse drains
+        assert carrier.closed and pool.carrier_count == 0
+        await _until(lambda: peer.carriers() == 0, "v2ray to see the carrier close")
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        leaf = _mux_leaf(peer, clock)
+        run(_with_streams(leaf, echo, 1, body)())
+
+
 def test_a_full_carrier_opens_another_and_full_carriers_refuse_the_dial(run, monkeypatch) -> None:
     per_carrier = 2
     monkeypatch.setattr(mux, "MAX_STREAMS_PER_CARRIER", per_carrier)

@@ -6,7 +6,8 @@ import pytest
 from config_helpers import run
 
 from honk.config.diagnostics import ConfigError, Severity
-from honk.config.spec import DEFAULT_CHECK_TOLERANCE, Policy
+from honk.config.load import load_text
+from honk.config.spec import DEFAULT_CHECK_TOLERANCE, PRECONNECT_AUTO, Policy
 
 E, W = Severity.ERROR, Severity.WARNING
 
@@ -338,6 +339,24 @@ CASES = [
         "global.max_concurrent_dials",
         2,
     ),
+    (
+        "preconnect-node-count-word",
+        "dae",
+        "global {\n    preconnect_node_count: someday\n}\n",
+        E,
+        "invalid-value",
+        "global.preconnect_node_count",
+        2,
+    ),
+    (
+        "udp-warm-node-count-negative",
+        "toml",
+        "[global]\nudp_warm_node_count = -1\n",
+        E,
+        "invalid-value",
+        "global.udp_warm_node_count",
+        2,
+    ),
     ("unmatched-close", "dae", "global {\n}\n}\n", W, "unmatched-close", "document", 3),
     ("rule-without-arrow", "dae", "routing {\n    dport(22)\n}\n", W, "missing-arrow", "routing.rules[0]", 2),
     ("unknown-section", "dae", "global {\n}\nplugins {\n    a: b\n}\n", W, "unknown-section", "plugins", 3),
@@ -582,3 +601,15 @@ def test_selector_group_warns_that_check_url_is_ignored():
     outcome = run("group {\n    g {\n        check_url: 'https://a.example/'\n    }\n}\n")
     (d,) = outcome.find("ineffective-option")
     assert (d.key_path, d.loc.line) == ("group.g.check_url", 3)
+
+
+@pytest.mark.parametrize(("text", "preconnect", "udp_warm"), [
+    ("global {\n}\n", PRECONNECT_AUTO, 0),  # the defaults: 'auto', and the UDP warm set off
+    ("global {\n    preconnect_node_count: 'auto'\n    udp_warm_node_count: 3\n}\n", PRECONNECT_AUTO, 3),
+    ("global {\n    preconnect_node_count: 0\n}\n", 0, 0),
+    ("global {\n    preconnect_node_count: 12\n}\n", 12, 0),
+])
+def test_warm_up_counts_read_auto_zero_and_explicit_values(text, preconnect, udp_warm):
+    spec = load_text(text + "routing {\n    fallback: direct\n}\n", "dae")
+    assert (spec.global_.preconnect_node_count, spec.global_.udp_warm_node_count) == (preconnect, udp_warm)
+    assert not spec.diagnostics  # documented keys: no unknown-key warning

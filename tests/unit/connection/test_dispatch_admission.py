@@ -35,6 +35,8 @@ class HeldLeaf:
         if self.protocol == "block":
             raise Blocked("blocked")
         self.started += 1
+        if self.runtime is not None and (ready := self.runtime.ready.take(self.clock.now())) is not None:
+            return DialedStream(ready)  # as ProxyLeaf.connect_server: a ready connection first
         await self.release.wait()
         a, b = socket.socketpair()
         b.close()
@@ -108,3 +110,41 @@ async def test_a_stream_on_a_mux_carrier_with_room_is_exempt_while_every_permit_
     physical.release.set()
     (await holder).sock.close()
     (await cold).sock.close()
+
+
+class TrafficLog:
+    """A node's health sink: each dial report with its latency and whether a ready pool served it."""
+
+    def __init__(self) -> None:
+        self.dials: list[tuple] = []
+
+    def dial(self, outcome, family, latency=None, pool_hit=False) -> None:  # noqa: ANN001
+        self.dials.append((outcome, latency, pool_hit))
+
+
+async def test_a_dial_a_ready_connection_serves_is_exempt_and_reported_as_a_pool_hit():
+    import uuid
+
+    from honk.outbound.runtime import NodeRuntime
+
+    clock, budget, dispatcher = rig(limit=1)
+    physical = HeldLeaf()
+    holder = asyncio.ensure_future(dial_stream(dispatcher, routed(physical)))
+    await settle()
+    assert budget.in_use == 1  # every permit held
+    warm = HeldLeaf()
+    warm.runtime = NodeRuntime(uuid.uuid4(), warm.name)
+    warm.runtime.traffic = log = TrafficLog()
+    ready, server_end = socket.socketpair()
+    warm.runtime.ready.deposit(ready, clock.now())  # what warm-up opened ahead
+    (await asyncio.wait_for(dial_stream(dispatcher, routed(warm)), 1)).sock.close()  # the ready one
+    assert budget.waiting == 0 and log.dials[-1][2] is True  # no permit asked; health told it was pooled
+    server_end.close()
+    cold = asyncio.ensure_future(dial_stream(dispatcher, routed(warm)))  # nothing ready: a permit is needed
+    await settle()
+    assert budget.waiting == 1
+    physical.release.set()
+    warm.release.set()
+    (await holder).sock.close()
+    (await cold).sock.close()
+    assert log.dials[-1][2] is False

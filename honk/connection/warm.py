@@ -1,0 +1,299 @@
+"""Warm-up: startup preconnect and the Selector pin (design area I, GH-I-01..05, 08, 09, 12).
+
+A router's users feel the first flow after a selection change or after idle: a new server
+connection, and for a mux node a new carrier with its protocol handshake. Warm-up keeps the
+reusable resource of the nodes they are about to use open ahead of them:
+
+* **Startup preconnect** (``preconnect_node_count``): one pass at startup. Candidates are every
+  group's current TCP pick first, then the nodes in configuration order, only proxy nodes whose
+  dial starts with a bare TCP connection (not a mux node: its carrier is a session). Each gets one
+  bare server connection deposited in its ready pool (:mod:`honk.outbound.ready`). ``'auto'``
+  takes at most PRECONNECT_AUTO_NODES nodes, 0 disables it, N takes at most N; attempts run at
+  most PRECONNECT_AUTO_CONCURRENCY (auto) or PRECONNECT_MAX_CONCURRENCY at once. It sets no
+  ownership bit: a seed, not a retention.
+* **Selector pin**: every Selector's TCP choice (an unhealthy explicit choice included: health
+  never substitutes for a Selector) keeps its leaf warm, deduplicated by node (NodeId): a mux
+  node keeps one carrier open (its session), any other proxy node one bare server connection
+  ready. The pin holds the runtime's ``SELECTOR_PIN`` bit; a node that stops being a choice is
+  let go, and only when no owner is left does its future reuse drain (flows on it continue).
+  A change of choice wakes the pass at once; every REPAIR_INTERVAL seconds it also repairs what
+  was consumed, lost or expired, and reaps stale ready connections.
+
+Warm-up only reads the groups with silent peeks (no last-resort warning, nothing committed) and
+reports nothing to Score: it never recovers a node nor earns availability (GH-I-12). Its own
+connections go through the dial budget like any physical dial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from honk.config.spec import PRECONNECT_AUTO
+from honk.core.clock import Clock
+from honk.core.errors import HonkError, NoRoute
+from honk.core.net import Network
+from honk.daemon.logs import kv
+from honk.group.policy import Selector
+from honk.outbound.mux import pool_for
+from honk.outbound.runtime import NodeRuntime, WarmOwner
+
+__all__ = [
+    "PRECONNECT_AUTO_CONCURRENCY",
+    "PRECONNECT_AUTO_NODES",
+    "PRECONNECT_MAX_CONCURRENCY",
+    "REPAIR_INTERVAL",
+    "WarmUp",
+    "bare_poolable",
+    "pin_targets",
+    "pool_stats",
+    "preconnect_candidates",
+    "warm_stats",
+]
+
+log = logging.getLogger("honk.connection.warm")
+
+REPAIR_INTERVAL = 10.0  # "A 10-second pass repairs state that was lost, consumed or expired"
+PRECONNECT_AUTO_NODES = 8  # "'auto' selects at most 8 nodes"
+PRECONNECT_AUTO_CONCURRENCY = 4  # 'auto' runs at most four attempts at once (upstream honk's choice)
+PRECONNECT_MAX_CONCURRENCY = 8  # "explicit N ... but at most 8 concurrent attempts"
+PIN_CONCURRENCY = 8  # pins repaired at once (honk's choice: one pass never floods the dial budget)
+
+
+def _proxy(leaf: Any) -> bool:
+    return getattr(leaf, "runtime", None) is not None and getattr(leaf, "server", None) is not None
+
+
+def bare_poolable(leaf: Any) -> bool:
+    """A proxy leaf whose dial starts with a bare TCP connection to its server (not a mux
+    node, whose reusable resource is its carrier; never ``direct`` or ``block``)."""
+    return _proxy(leaf) and not getattr(leaf, "mux", False)
+
+
+def _pick(groups: Any, name: str) -> Any:
+    """The leaf ``name`` serves TCP with now, by a silent peek; None when it serves nothing."""
+    try:
+        return groups.resolve(name, Network.TCP, peek=True).leaf
+    except NoRoute:
+        return None
+
+
+def preconnect_candidates(plane: Any, count: int) -> list[Any]:
+    """The leaves startup preconnect warms (GH-I-02): every group's current TCP pick first, in
+    group order, then the nodes in configuration order; bare-poolable ones only, each node
+    once; at most PRECONNECT_AUTO_NODES for ``PRECONNECT_AUTO``, at most ``count`` otherwise."""
+    limit = PRECONNECT_AUTO_NODES if count == PRECONNECT_AUTO else count
+    if limit <= 0:
+        return []
+    groups, outbounds = plane.groups, plane.outbounds
+    ordered = [_pick(groups, name) for name in groups.names]
+    ordered += [outbounds.get(node.name) for node in plane.spec.nodes]
+    out: list[Any] = []
+    seen: set[Any] = set()
+    for leaf in ordered:
+        if leaf is None or not bare_poolable(leaf) or leaf.runtime.node_id in seen:
+            continue
+        seen.add(leaf.runtime.node_id)
+        out.append(leaf)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def pin_targets(plane: Any) -> dict[Any, Any]:
+    """Each Selector's TCP choice as a leaf, by node (GH-I-03): a leaf member itself, however
+    unhealthy; a sub-group member's current pick. Proxy leaves only, each node once (the
+    first Selector's leaf generation)."""
+    groups, outbounds = plane.groups, plane.outbounds
+    out: dict[Any, Any] = {}
+    for name in groups.names:
+        policy = groups.policy(name)
+        if not isinstance(policy, Selector):
+            continue
+        member = policy.chosen(Network.TCP)
+        if member is None:
+            continue
+        leaf = outbounds.get(member) if member not in groups else _pick(groups, member)
+        if leaf is not None and _proxy(leaf):
+            out.setdefault(leaf.runtime.node_id, leaf)
+    return out
+
+
+class WarmUp:
+    """The daemon's warm-up: the startup preconnect pass and the Selector pins with their
+    repair pass. One instance; :meth:`publish` hands it each new plane, :meth:`wake` a choice
+    change."""
+
+    def __init__(self, clock: Clock, plane: Callable[[], Any]) -> None:
+        self.clock = clock
+        self._plane = plane  # the published plane, read at each pass
+        self._pinned: dict[Any, NodeRuntime] = {}  # node -> runtime holding SELECTOR_PIN
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Future | None = None
+        self._woken = False  # a wake that came while a pass ran: the next one starts at once
+        self._resting = asyncio.Event()  # set while no pass runs (between passes, or not started)
+        self._resting.set()
+        self.preconnected = 0  # bare connections startup preconnect deposited
+        self.passes = 0
+
+    # --- control ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the preconnect pass once, then the pins, on this loop."""
+        if self._task is None:
+            self._resting.clear()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="honk-warm-up")
+
+    def wake(self) -> None:
+        """An effective choice changed (or a new plane): pass again now."""
+        self._woken = True
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def stop(self) -> None:
+        """Stop passing and let every pin go (the runtimes close with their plane)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._resting.set()
+        for runtime in self._pinned.values():
+            runtime.let_go(WarmOwner.SELECTOR_PIN)
+        self._pinned.clear()
+
+    async def rested(self) -> None:
+        """Return once no pass runs (the startup passes done, say): for a caller that wants
+        what warm-up opened settled before it measures."""
+        await self._resting.wait()
+
+    @property
+    def pinned(self) -> frozenset[Any]:
+        """The nodes the Selector pins hold now."""
+        return frozenset(self._pinned)
+
+    # --- passes -------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        plane = self._plane()
+        if plane is not None:
+            await self.preconnect(plane)
+        while True:
+            try:
+                await self.pin_pass()
+            except Exception:  # noqa: BLE001 - a pass's surprise must not end warm-up
+                log.exception("warm-up pass failed")
+            await self._sleep_or_wake()
+
+    async def _sleep_or_wake(self) -> None:
+        if self._woken:
+            self._woken = False
+            return
+        wake = self._wake = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(REPAIR_INTERVAL, lambda: wake.done() or wake.set_result(None))
+        self._resting.set()
+        try:
+            await wake
+        finally:
+            self._resting.clear()
+            timer.cancel()
+            self._wake = None
+            self._woken = False
+
+    async def preconnect(self, plane: Any) -> int:
+        """The startup pass: one bare connection per candidate into its ready pool; how many."""
+        count = plane.spec.global_.preconnect_node_count
+        leaves = preconnect_candidates(plane, count)
+        if not leaves:
+            return 0
+        limit = asyncio.Semaphore(PRECONNECT_AUTO_CONCURRENCY if count == PRECONNECT_AUTO
+                                  else min(count, PRECONNECT_MAX_CONCURRENCY))
+        results = await asyncio.gather(*(self._deposit(plane, leaf, limit) for leaf in leaves))
+        deposited = sum(results)
+        self.preconnected += deposited
+        log.info("warm-up preconnect %s", kv(nodes=len(leaves), deposited=deposited))
+        return deposited
+
+    async def pin_pass(self) -> None:
+        """Hold every Selector choice's node, let go of the others, and keep each held node's
+        resource ready; reap stale ready connections of every node."""
+        plane = self._plane()
+        if plane is None:
+            return
+        self.passes += 1
+        targets = pin_targets(plane)
+        for node in [n for n in self._pinned if n not in targets]:
+            self._pinned.pop(node).let_go(WarmOwner.SELECTOR_PIN)
+        for node, leaf in targets.items():
+            runtime = self._pinned.get(node)
+            if runtime is not None and runtime is not leaf.runtime:  # (a new runtime: the node changed)
+                runtime.let_go(WarmOwner.SELECTOR_PIN)
+            leaf.runtime.hold(WarmOwner.SELECTOR_PIN)
+            self._pinned[node] = leaf.runtime
+        now = self.clock.now()
+        for runtime in _runtimes(plane.outbounds.values()):
+            runtime.ready.reap(now)
+        limit = asyncio.Semaphore(PIN_CONCURRENCY)
+        await asyncio.gather(*(self._keep_warm(plane, leaf, limit) for leaf in targets.values()))
+
+    async def _keep_warm(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
+        """A pinned leaf's resource: its mux carrier, else one ready server connection."""
+        if getattr(leaf, "mux", False):
+            async with limit:
+                deadline = self.clock.now() + plane.spec.global_.connect_timeout
+                try:
+                    if await pool_for(leaf).ensure_carrier(leaf.open_mux_carrier, deadline):
+                        log.debug("warm-up carrier opened %s", kv(node=leaf.name))
+                except (HonkError, TimeoutError, OSError) as exc:
+                    log.debug("warm-up carrier failed %s", kv(node=leaf.name, error=type(exc).__name__))
+            return
+        if not leaf.runtime.ready.has_ready(self.clock.now()):
+            await self._deposit(plane, leaf, limit)
+
+    async def _deposit(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> int:
+        """One bare server connection of ``leaf`` into its ready pool, under the dial budget;
+        1 if deposited. A failure is only logged: warm-up reports nothing to health or Score."""
+        async with limit:
+            deadline = self.clock.now() + plane.spec.global_.connect_timeout
+            budget = getattr(plane, "admission", None)
+            try:
+                if budget is not None:
+                    async with budget.permit(deadline):
+                        sock = await leaf.connector.connect(leaf.server, deadline)
+                else:
+                    sock = await leaf.connector.connect(leaf.server, deadline)
+            except (HonkError, OSError) as exc:
+                log.debug("warm-up connection failed %s", kv(node=leaf.name, error=type(exc).__name__))
+                return 0
+            return int(leaf.runtime.ready.deposit(sock, self.clock.now()))
+
+
+def _runtimes(leaves: Iterable[Any]) -> list[NodeRuntime]:
+    return [leaf.runtime for leaf in leaves if getattr(leaf, "runtime", None) is not None]
+
+
+def pool_stats(plane: Any) -> dict[str, int]:
+    """``/stats`` ``pool``: the ready pools of the plane's nodes, summed."""
+    runtimes = plane.runtimes.values()
+    return {"readyHits": sum(r.ready.hits for r in runtimes), "readyMisses": sum(r.ready.misses for r in runtimes),
+            "entries": sum(r.ready.entries for r in runtimes)}
+
+
+def warm_stats(plane: Any, warm: WarmUp) -> dict[str, Any]:
+    """``/stats`` ``warm``: the plane's nodes held by each owner, the sessions (mux carriers)
+    held nodes keep open by protocol, and the connections startup preconnect deposited."""
+    runtimes = plane.runtimes.values()
+    nodes = {"selector": sum(1 for r in runtimes if r.warm & WarmOwner.SELECTOR_PIN),
+             "udp": sum(1 for r in runtimes if r.warm & WarmOwner.UDP_WARM)}
+    sessions: dict[str, int] = {}
+    seen: set[Any] = set()
+    for leaf in plane.outbounds.values():
+        runtime = getattr(leaf, "runtime", None)
+        if runtime is None or not getattr(leaf, "mux", False) or not runtime.warm or runtime.node_id in seen:
+            continue
+        seen.add(runtime.node_id)
+        sessions[leaf.protocol] = sessions.get(leaf.protocol, 0) + pool_for(leaf).carrier_count
+    return {"nodes": nodes, "sessions": sessions, "preconnected": warm.preconnected}
