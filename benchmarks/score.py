@@ -31,7 +31,10 @@ plan also reads the group's probe rows):
 In the nested worlds each Score group's own ``plan()`` (one rank: a nested path ranks the inner
 group once to learn its pick and once more to apply it when the outer picks it) is also a row
 of its own, timed in a second pass over a fresh world so that its timer never weighs on the
-whole plan's row.
+whole plan's row. Two rows read the targets over the whole flow mix: "every Score plan()"
+pools each Score group's ranks of a nested world, and "every reporter event" pools every
+reporter call of the event rows, as the flows made them (the per-kind rows are the stricter
+reading, and are printed too).
 
 Each world is built, then the heap settled as the daemon settles it once its configuration
 runs (``settle_heap``: the configuration frozen out of the collector's passes, the young
@@ -117,10 +120,12 @@ SETUP_FAIL: tuple[tuple[float, str, str], ...] = (  # the node failed before set
 # per 100 flows
 MIX = ((SHORT, 60), (LONG, 34), (FAIL, 5), (SETUP_FAIL, 1))
 SCRIPT_NAMES = {SHORT: "short flow", LONG: "long flow", FAIL: "failed flow", SETUP_FAIL: "setup failure"}
+# the reporter calls a flow makes, one row each (the plan and the lifecycles are not events)
+EVENT_ROWS = ("feedback + start", "begin", "into_reporter", "setup", "tx first (announces)", "tx repeat",
+              "rx first response (published)", "rx published (after 1 s)", "rx throttled",
+              "settle success (flushes held RX)", "settle failure")
 # the printed order of a world's rows (a lifecycle's name ends with its event count)
-ROW_ORDER = ("plan", "feedback + start", "begin", "into_reporter", "setup", "tx first (announces)", "tx repeat",
-             "rx first response (published)", "rx published (after 1 s)", "rx throttled",
-             "settle success (flushes held RX)", "settle failure",
+ROW_ORDER = ("plan", *EVENT_ROWS,
              *(f"lifecycle: {name} ({len(script)} events)" for script, name in SCRIPT_NAMES.items()))
 
 
@@ -218,6 +223,8 @@ WORLDS = {
 # worlds whose plan ranks some Score group other than as a lone group: each rank is also a row
 RANK_WORLDS = ("selector>score", "urltest>score", "score>score", "score>score-deep")
 RANK_ROW = "plan() of Score group "
+EVERY_PLAN = "every Score plan() of the flow mix"  # each Score group's ranks, pooled
+EVERY_EVENT = "every reporter event of the flow mix"  # each call of the event rows, pooled
 GROUP_SIZES = {name: {"score": "50 nodes", "top": "49 nodes + the inner group"} for name in RANK_WORLDS}
 GROUP_SIZES["score>score-deep"]["top"] = "49 dead nodes + the inner group"
 EVENT_WORLDS = {"score": 1, "score>score-deep": 2}  # worlds whose reporter events are rows, by groups traversed
@@ -404,12 +411,17 @@ def figures(quick: bool) -> dict[str, dict]:
         samples = drive(world, flows, warmup)
         rows = {"plan": {**_summary(samples.calls["plan"]), "target_us": PLAN_TARGET_US}}
         if name in RANK_WORLDS:
-            for group, timed in sorted(time_ranks(build(name), flows, warmup).items()):
+            ranks = time_ranks(build(name), flows, warmup)
+            for group, timed in sorted(ranks.items()):
                 rows[f"{RANK_ROW}{group}"] = {**_summary(timed), "target_us": PLAN_TARGET_US}
+            rows[EVERY_PLAN] = {**_summary([ns for timed in ranks.values() for ns in timed]),
+                                "target_us": PLAN_TARGET_US}
         if name in EVENT_WORLDS:
             for row in ROW_ORDER[1:]:
                 if samples.calls.get(row):
                     rows[row] = {**_summary(samples.calls[row]), "target_us": _event_target(row)}
+            every = [ns for row in EVENT_ROWS for ns in samples.calls.get(row, ())]
+            rows[EVERY_EVENT] = {**_summary(every), "target_us": EVENT_TARGET_US}
         out[name] = {"rows": rows, "via_score": {str(k): v for k, v in sorted(samples.via_score.items())}}
     return out
 
@@ -435,6 +447,8 @@ def _rows(figs: dict[str, dict], prefix: str, built: bool) -> list[tuple[str, ..
                 what = f"plan: {label} [{depths}]"
             elif row.startswith(RANK_ROW):
                 what = f"  {name}: {row} ({GROUP_SIZES[name][row.removeprefix(RANK_ROW)]}, every rank)"
+            elif row == EVERY_PLAN:
+                what = f"  {name}: {row}"
             else:
                 what = f"  {name} ({EVENT_WORLDS[name]} grp): {row}"
             ratio = f["median_us"] / f["target_us"]

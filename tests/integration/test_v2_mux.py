@@ -189,6 +189,26 @@ def test_a_node_held_warm_keeps_its_idle_carrier_until_its_last_owner_lets_go(ru
         run(_with_streams(leaf, echo, 1, body)())
 
 
+def test_the_last_owner_letting_go_retires_a_busy_carrier_without_cutting_its_flow(run) -> None:
+    from honk.outbound.runtime import WarmOwner
+
+    async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
+        runtime = pool.runtime
+        runtime.hold(WarmOwner.SELECTOR_PIN)
+        runtime.hold(WarmOwner.UDP_WARM)
+        carrier = pool.carriers[0]
+        assert not runtime.let_go(WarmOwner.SELECTOR_PIN)  # the other owner keeps the shared pool
+        assert pool.carriers == [carrier] and carrier.usable
+        assert runtime.let_go(WarmOwner.UDP_WARM)  # the last one: future reuse drains
+        assert carrier.retired and not carrier.closed  # no new flow on it, the live one goes on
+        assert await _all_round_trip(pipes) == [True]
+        await _close(pipes)
+        await _until(lambda: carrier.closed, "the retired carrier to close once its flow ended")
+
+    with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
+        run(_with_streams(_mux_leaf(peer), echo, 1, body)())
+
+
 def test_a_full_carrier_opens_another_and_full_carriers_refuse_the_dial(run, monkeypatch) -> None:
     per_carrier = 2
     monkeypatch.setattr(mux, "MAX_STREAMS_PER_CARRIER", per_carrier)
