@@ -97,6 +97,11 @@ DISPLAY_PARAMS = frozenset({"remark", "remarks", "name", "tag"})
 # honk's own parameter: what a reload does to the node's live flows when the node is
 # replaced or removed (keep, close, or a duration to close after); not how it is dialled
 DRAIN_PARAM = "drain"
+# Mux.Cool for a VMess or VLESS node: ``mux=1`` in a vless:// query, ``"mux"`` in a vmess:// JSON
+# (honk's own parameter, as v2rayN's links carry none); part of the dial shape, so of the id
+MUX_PARAM = "mux"
+_MUX_ON = frozenset({"1", "true", "yes", "on"})
+_MUX_OFF = frozenset({"", "0", "false", "no", "off"})
 NON_IDENTITY_PARAMS = DISPLAY_PARAMS | {DRAIN_PARAM}
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -424,6 +429,8 @@ def _parse_vless_trojan(scheme: str, body: str, tag: str | None) -> NodeSpec:
         insecure=_insecure(claims(*INSECURE_KEYS)),
         ca=_one(claims(CA_KEY), "ca"),
     )
+    if scheme == "vless":
+        shape += _mux(_one(claims(MUX_PARAM), MUX_PARAM))
     if drain := _one(claims(DRAIN_PARAM), DRAIN_PARAM):
         shape += ((DRAIN_PARAM, drain),)
     name = tag or pct_decode(fragment) or _one(claims("remark", "remarks"), "remark") or f"{scheme}-{host}"
@@ -449,6 +456,16 @@ def _json_text(obj: dict[str, object], key: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     raise LinkError("invalid-field", f"the vmess field '{key}' must be text or a number")
+
+
+def _mux(value: str) -> tuple[tuple[str, str], ...]:
+    """The dial shape's Mux.Cool part of a ``mux`` value: ``(("mux", "1"),)`` or nothing."""
+    value = value.strip().lower()
+    if value in _MUX_ON:
+        return ((MUX_PARAM, "1"),)
+    if value in _MUX_OFF:
+        return ()
+    raise LinkError("invalid-mux", "mux must be 1/true or 0/false")
 
 
 def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
@@ -493,6 +510,8 @@ def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
         alpn=_json_text(obj, "alpn"),
         insecure=False,
     )
+    mux = obj.get(MUX_PARAM)
+    shape += _mux("1" if mux is True else "0" if mux is False else _json_text(obj, MUX_PARAM))
     node = NodeSpec(
         name=tag or _json_text(obj, "ps") or f"vmess-{host}",
         protocol="vmess",

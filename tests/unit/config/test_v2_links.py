@@ -296,3 +296,38 @@ def test_any_vmess_json_raises_only_link_errors(fields, urlsafe):
     except LinkError:
         return
     assert node.protocol == "vmess" and node.encryption is not None and node.username is not None
+
+
+# --- mux (honk's own parameter) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_a_vless_link_asks_for_mux_with_a_query_parameter(value):
+    node = parse_node_link(f"vless://{UUID}@vl.example:443?security=tls&mux={value}#n")
+    assert ("mux", "1") in node.params
+    plain = parse_node_link(f"vless://{UUID}@vl.example:443?security=tls#n")
+    assert node.id != plain.id  # a carrier is another dial: another node
+
+
+@pytest.mark.parametrize("mux", ["1", 1, True])
+def test_a_vmess_link_asks_for_mux_with_a_json_field(mux):
+    assert ("mux", "1") in parse_node_link(vmess(mux=mux)).params
+
+
+@pytest.mark.parametrize("mux", ["0", False, ""])
+def test_mux_off_adds_nothing_to_the_dial_shape(mux):
+    assert parse_node_link(vmess(mux=mux)).params == parse_node_link(vmess()).params
+
+
+def test_an_unreadable_mux_value_is_refused():
+    assert code_of(f"vless://{UUID}@vl.example:443?mux=sometimes") == "invalid-mux"
+
+
+def test_a_mux_node_dials_its_flows_on_a_carrier():
+    from honk.config.spec import Spec
+    from honk.core.clock import FakeClock
+    from honk.outbound.registry import build_outbounds
+
+    node = parse_node_link(vmess(mux="1"), "m")
+    leaf = build_outbounds(Spec(nodes=(node,)), FakeClock())[0]["m"]
+    assert leaf.mux
