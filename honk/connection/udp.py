@@ -357,7 +357,10 @@ class UdpNat:
         version = outbound_version(leaf)
         cold = [] if leaf.protocol == "direct" or self._has_endpoint(version) else \
             self._dispatcher.cold_udp_candidates(routed)
-        if cold:  # a top-level URLTest with no UDP measurement: its candidates race (GH-G-01)
+        prepared = next((c for c in cold if self._has_endpoint(outbound_version(c.leaf))), None)
+        if prepared is not None:  # a candidate this association already prepared (an earlier race won)
+            routed, leaf, version = prepared, prepared.leaf, outbound_version(prepared.leaf)
+        elif cold:  # a top-level URLTest with no UDP measurement: its candidates race (GH-G-01)
             routed = await self._prepare_cold(cold)  # the winner's sub-link, committed: _endpoint finds it
             leaf, version = routed.leaf, outbound_version(routed.leaf)
         dial = self._dial_target(target, routed)
@@ -407,6 +410,9 @@ class UdpNat:
 
         def commit(routed: Routed, prepared: tuple[_EndpointHealth, PacketEndpoint]) -> None:
             key = outbound_version(routed.leaf)
+            if self._has_endpoint(key):  # another target's sub-link of it came first: that one serves
+                prepared[1].close()
+                return
             self._health[key], self._endpoints[key] = prepared
             self._dial_episodes[key] = Episode()
             self._count(routed.leaf.name, None)

@@ -105,7 +105,8 @@ def _open_fds() -> int:
 
 
 def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run) -> None:
-    async def main(hole: BlackHole, dante_port: int, ss_port: int, dns: UdpDnsResponder) -> None:
+    async def main(hole: BlackHole, dante_port: int, ss_port: int, dns: UdpDnsResponder,
+                   second: UdpDnsResponder) -> None:
         userinfo = base64.urlsafe_b64encode(f"{SS_METHOD}:cold-secret".encode()).decode().rstrip("=")
         nodes = (parse_node_link(f"socks5://127.0.0.1:{hole.port}", "hole"),
                  parse_node_link(f"socks5://127.0.0.1:{dante_port}", "dante"),
@@ -138,16 +139,21 @@ def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run)
                 header = b"\x00\x00\x00" + encode_address(*dns.address)
                 await loop.sock_sendall(udp, header + build_query(DNS_NAME, 9))
                 reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
-            elapsed = time.monotonic() - started
+                elapsed = time.monotonic() - started
+                # a second target of the same association: the prepared sub-link serves it, no new race
+                other = b"\x00\x00\x00" + encode_address(*second.address)
+                await loop.sock_sendall(udp, other + build_query(DNS_NAME, 10))
+                again = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
             assert parse_answer(reply[len(header):]) == (9, 0, [DNS_ANSWER])
             assert elapsed < preparation_deadline(CONNECT_TIMEOUT)
-            [flow] = [f for f in tracker.snapshot() if f.network is Network.UDP]
+            assert parse_answer(again[len(other):]) == (10, 0, [DNS_ANSWER])
+            [flow] = [f for f in tracker.snapshot() if f.network is Network.UDP]  # one association
             assert flow.chain[-1] == "dante"  # served by the second candidate
             assert hole.accepted == 1  # the black hole was tried first ...
             assert await asyncio.to_thread(hole.closed_by_client.wait, STEP)  # ... then aborted and drained
             assert "udp-failed" not in traffic["hole"].events and not plane.outbounds["hole"].runtime.dials
             assert "udp-answered" in traffic["dante"].events
-            assert stats.udp_stagger == StaggerCounts(plans=1, attempts=2, wins=1, drained=1)
+            assert stats.udp_stagger == StaggerCounts(plans=1, attempts=2, wins=1, drained=1)  # one race
             assert stats.outbounds["dante"].connections == 1 and "hole" not in stats.outbounds
             await close_writer(writer)
             tracker.close_all("test over")
@@ -166,7 +172,7 @@ def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run)
     hole = BlackHole()
     try:
         with danted() as dante, ss_server(SS_METHOD, "cold-secret", udp=True) as ss, \
-                UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
-            run(main(hole, dante.port, ss.port, dns))
+                UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as second:
+            run(main(hole, dante.port, ss.port, dns, second))
     finally:
         hole.close()
