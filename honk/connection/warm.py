@@ -180,7 +180,10 @@ class WarmUp:
     async def _run(self) -> None:
         plane = self._plane()
         if plane is not None:
-            await self.preconnect(plane)
+            try:
+                await self.preconnect(plane)
+            except Exception:  # noqa: BLE001 - a seed that failed must not stop the pins
+                log.exception("warm-up preconnect failed")
         while True:
             try:
                 await self.pin_pass()
@@ -267,6 +270,9 @@ class WarmUp:
                     sock = await leaf.connector.connect(leaf.server, deadline)
             except (HonkError, OSError) as exc:
                 log.debug("warm-up connection failed %s", kv(node=leaf.name, error=type(exc).__name__))
+                return 0
+            if leaf.runtime.closed:  # its plane was retired meanwhile: nobody would close it
+                sock.close()
                 return 0
             return int(leaf.runtime.ready.deposit(sock, self.clock.now()))
 

@@ -12,17 +12,21 @@ waits at most READY_MAX_IDLE seconds; one the server closed meanwhile (EOF, rese
 received unsolicited bytes is closed at the take and the next one tried. Times are arguments:
 the pool has no clock and no timer (the warm-up pass reaps it).
 
-``HONK_POOL_DISABLE=1`` bypasses every pool: nothing is deposited, every dial connects.
+``HONK_POOL_DISABLE=1`` bypasses every pool: nothing is deposited, every dial connects. A
+health probe bypasses it too (:func:`bypassed`, entered by the runtime's probe guard): its delay
+must include the connect, and the ready connection stays for a flow.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import socket
 from collections import deque
+from collections.abc import Iterator
 
-__all__ = ["POOL_DISABLE_ENV", "READY_MAX_IDLE", "READY_POOL_MAX", "ReadyPool", "pools_disabled"]
+__all__ = ["POOL_DISABLE_ENV", "READY_MAX_IDLE", "READY_POOL_MAX", "ReadyPool", "bypassed", "pools_disabled"]
 
 READY_MAX_IDLE = 30.0  # seconds a deposited connection waits for a flow: well under the minute after
 # which servers and NATs commonly drop an idle TCP connection, and three warm-up passes (10 s) long
@@ -30,9 +34,22 @@ READY_POOL_MAX = 2  # connections a node keeps ready at most: a pin's one and a 
 POOL_DISABLE_ENV = "HONK_POOL_DISABLE"
 
 
+_bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("honk_ready_bypass", default=False)
+
+
 def pools_disabled() -> bool:
     """``HONK_POOL_DISABLE=1``: no pool deposits or takes (read at each use)."""
     return os.environ.get(POOL_DISABLE_ENV, "") == "1"
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Dials made inside take no ready connection (health probes)."""
+    token = _bypass.set(True)
+    try:
+        yield
+    finally:
+        _bypass.reset(token)
 
 
 def _alive(sock: socket.socket) -> bool:
@@ -75,8 +92,9 @@ class ReadyPool:
         return not pools_disabled() and any(now - at < READY_MAX_IDLE for at, _ in self._ready)
 
     def take(self, now: float) -> socket.socket | None:
-        """The freshest live ready connection, else None (a miss); spent ones are closed."""
-        if pools_disabled():
+        """The freshest live ready connection, else None (a miss); spent ones are closed.
+        Inside :func:`bypassed` (a probe) none, and nothing counted."""
+        if pools_disabled() or _bypass.get():
             return None
         while self._ready:
             at, sock = self._ready.pop()  # newest first: the most likely to be alive

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from honk.outbound.ready import ReadyPool
+from honk.outbound.ready import ReadyPool, bypassed
 
 
 class Closable(Protocol):
@@ -100,13 +100,16 @@ class NodeRuntime:
     def cold_guard(self) -> Iterator[None]:
         """Around a probe through a cold runtime: whatever shared resource the probe
         opened (a mux carrier) and no flow adopted meanwhile is closed when it ends,
-        so health checks never keep an unwanted carrier alive. A warm runtime is left as it is."""
+        so health checks never keep an unwanted carrier alive. A warm runtime is left as it is.
+        A probe never takes a ready connection (its delay must include the connect)."""
         if self.is_warm():
-            yield
+            with bypassed():
+                yield
             return
         before = set(self._resources)
         try:
-            yield
+            with bypassed():
+                yield
         finally:
             for resource in list(self._resources - before):
                 if getattr(resource, "idle", True):

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from honk.outbound.ready import POOL_DISABLE_ENV, READY_MAX_IDLE, READY_POOL_MAX, ReadyPool
+from honk.outbound.ready import POOL_DISABLE_ENV, READY_MAX_IDLE, READY_POOL_MAX, ReadyPool, bypassed
 from honk.outbound.runtime import NodeRuntime, WarmOwner
 
 T0 = 1000.0
@@ -113,3 +113,18 @@ def test_a_closed_runtime_closes_its_ready_connections(pairs):
     runtime.ready.deposit(client, T0)
     runtime.close()
     assert client.fileno() == -1
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_probe_through_the_node_takes_no_ready_connection(pairs, warm):
+    runtime = NodeRuntime(uuid.uuid4(), "n")
+    if warm:
+        runtime.hold(WarmOwner.SELECTOR_PIN)
+    client, _server = pairs()
+    runtime.ready.deposit(client, T0)
+    with runtime.cold_guard():  # what the prober wraps a probe in
+        assert runtime.ready.take(T0 + 1) is None
+    with bypassed():
+        assert runtime.ready.take(T0 + 1) is None
+    assert (runtime.ready.hits, runtime.ready.misses, runtime.ready.entries) == (0, 0, 1)  # kept for a flow
+    assert runtime.ready.take(T0 + 1) is client
