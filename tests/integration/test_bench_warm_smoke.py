@@ -12,7 +12,8 @@ from benchmarks import warm
 def test_the_warm_up_benchmark_measures_both_kinds_and_prints_a_ratio(monkeypatch) -> None:
     require_binary("v2ray")  # fails in CI when missing, skips elsewhere
     monkeypatch.setattr(warm, "QUICK_SAMPLES", 3)
-    cold, warm_row = warm.run(quick=True)
-    assert cold[0].startswith("first byte, new flow, cold") and cold[3] == "3" and cold[4] == "1.00"
-    assert warm_row[0].startswith("first byte, new flow, warm") and warm_row[3] == "3"
+    loopback, direct, cold, warm_row = warm.run(quick=True)
+    assert "no honk" in loopback[0] and "direct" in direct[0] and loopback[5] == direct[5] == "-"
+    assert "cold" in cold[0] and cold[3] == "3" and cold[4] == "1.00"
+    assert "warm" in warm_row[0] and warm_row[3] == "3"
     assert float(warm_row[1]) > 0 and float(warm_row[4]) > 0 and warm_row[5] in ("met", "NOT met")
