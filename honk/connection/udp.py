@@ -83,6 +83,7 @@ log = logging.getLogger("honk.connection.udp")
 
 # Datagrams held per target while its route is being decided; more are dropped.
 MAX_PENDING_DATAGRAMS = 32
+_UNPUBLISHED = object()  # an endpoint lost before its dial returned: never the association's
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,8 +401,11 @@ class UdpNat:
             leaf = routed.leaf
             key = outbound_version(leaf)
             health = _EndpointHealth(leaf)
-            endpoint = await leaf.dial_udp(lambda data, source: self._from_endpoint(health, data, source), deadline,
-                                           on_lost=lambda error: self._endpoint_lost(key, error))
+            made: list[PacketEndpoint] = []  # the endpoint, once dialled: only its own loss counts
+            endpoint = await leaf.dial_udp(
+                lambda data, source: self._from_endpoint(health, data, source), deadline,
+                on_lost=lambda error: self._endpoint_lost(key, error, made[0] if made else _UNPUBLISHED))
+            made.append(endpoint)
             return health, endpoint
 
         def eligible(routed: Routed) -> bool:
@@ -505,7 +509,12 @@ class UdpNat:
         if stats is not None:
             stats.dial("udp", error, outbound)
 
-    def _endpoint_lost(self, version: str, error: HonkError | None) -> None:
+    def _endpoint_lost(self, version: str, error: HonkError | None, lost: object = None) -> None:
+        """The sub-link of ``version`` ended. ``lost``: the endpoint that ended, when the caller
+        knows it; one the association does not hold under ``version`` (a cold race's loser,
+        never published) changes nothing."""
+        if lost is not None and self._endpoints.get(version) is not lost:
+            return
         endpoint = self._endpoints.pop(version, None)
         health = self._health.pop(version, None)
         if endpoint is None or self._closed.is_set():

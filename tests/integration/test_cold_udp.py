@@ -144,6 +144,16 @@ def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run)
                 other = b"\x00\x00\x00" + encode_address(*second.address)
                 await loop.sock_sendall(udp, other + build_query(DNS_NAME, 10))
                 again = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
+                # a race's loser of the same version ending (closed unpublished) drops nothing
+                [tracked] = [f for f in tracker._flows.values() if f.network is Network.UDP]
+                association = tracked._handle
+                version = tracked.outbound_version
+                kept = association._endpoints[version]
+                association._endpoint_lost(version, None, object())  # an endpoint it never held
+                assert association._endpoints[version] is kept and not kept.closed
+                await loop.sock_sendall(udp, header + build_query(DNS_NAME, 11))
+                third = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
+                assert parse_answer(third[len(header):]) == (11, 0, [DNS_ANSWER])
             assert parse_answer(reply[len(header):]) == (9, 0, [DNS_ANSWER])
             assert elapsed < preparation_deadline(CONNECT_TIMEOUT)
             assert parse_answer(again[len(other):]) == (10, 0, [DNS_ANSWER])
