@@ -44,7 +44,7 @@ from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import REGISTRATION_GRACE
 from honk.config.links import with_node_id
-from honk.config.spec import FilterTerm, GroupSpec, MatchArg, NodeFilter, NodeSpec, Policy, Spec
+from honk.config.spec import GroupSpec, NodeSpec, Policy, Spec, name_filter
 from honk.core.clock import FakeClock
 from honk.core.net import Network
 from honk.group.filter import HealthFilter
@@ -79,7 +79,7 @@ class Bench:
 
 
 def _group(name: str, policy: Policy, nodes: list[str], subgroup: str | None) -> GroupSpec:
-    filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in nodes)),)),)
+    filters = (name_filter(*nodes),)
     return GroupSpec(
         name,
         policy=policy,

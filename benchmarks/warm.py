@@ -36,15 +36,13 @@ from benchmarks import v2ray
 from benchmarks.relay import Running, _which, _write, build_loadgen, free_port
 from honk.config.links import parse_node_link, with_node_id
 from honk.config.spec import (
-    FilterTerm,
     GlobalSpec,
     GroupSpec,
     InboundSpec,
-    MatchArg,
-    NodeFilter,
     Policy,
     RoutingSpec,
     Spec,
+    name_filter,
 )
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
@@ -85,7 +83,7 @@ async def _measure(link: str, loadgen: Path, samples: int) -> dict[str, list[flo
     node = parse_node_link(link, "vmess-mux")
     node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
     group = GroupSpec("pick", policy=Policy.SELECTOR, has_filter_lines=True,
-                      filters=(NodeFilter((FilterTerm("name", (MatchArg("", node.name),)),)),))
+                      filters=(name_filter(node.name),))
     inbound = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
     spec = Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0), inbounds=(inbound,),
                 nodes=(node,), groups=(group,), routing=RoutingSpec(rules=(), fallback="pick"))

@@ -221,6 +221,11 @@ class NodeFilter:
     terms: tuple[FilterTerm, ...]
 
 
+def name_filter(*names: str) -> NodeFilter:
+    """The filter line ``name(a, b, ...)``: the nodes with exactly these names."""
+    return NodeFilter((FilterTerm("name", tuple(MatchArg("", name) for name in names)),))
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     name: str

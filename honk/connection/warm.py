@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from honk.config.spec import PRECONNECT_AUTO
@@ -237,7 +237,7 @@ class WarmUp:
             leaf.runtime.hold(WarmOwner.SELECTOR_PIN)
             self._pinned[node] = leaf.runtime
         now = self.clock.now()
-        for runtime in _runtimes(plane.outbounds.values()):
+        for runtime in plane.runtimes.values():
             runtime.ready.reap(now)
         limit = asyncio.Semaphore(PIN_CONCURRENCY)
         await asyncio.gather(*(self._keep_warm(plane, leaf, limit) for leaf in targets.values()))
@@ -275,10 +275,6 @@ class WarmUp:
                 sock.close()
                 return 0
             return int(leaf.runtime.ready.deposit(sock, self.clock.now()))
-
-
-def _runtimes(leaves: Iterable[Any]) -> list[NodeRuntime]:
-    return [leaf.runtime for leaf in leaves if getattr(leaf, "runtime", None) is not None]
 
 
 def pool_stats(plane: Any) -> dict[str, int]:

@@ -667,13 +667,11 @@ class GroupManager:
         if g is None or not isinstance(g.policy, URLTest) or Network.UDP in g.policy.fixed():
             return []
         view = _View(self, g, Network.UDP, family, (name,), 0, True)
-        eligible = [c for c in view.all() if c.eligible]
-        if any(c.udp_metric is not None for c in eligible):
+        if any(c.eligible and c.udp_metric is not None for c in view.all()):
             return []  # measured: the URLTest's own UDP pick, one leaf
-        eligible.sort(key=lambda c: (c.demoted, c.metric is None, c.metric or 0.0, c.index))
         out: list[Selection] = []
-        for c in eligible:
-            selection = view.selection(c.member)
+        for member in g.policy.ranked(view, len(g.policy.members)):
+            selection = view.selection(member)
             if selection is None or any(s.leaf is selection.leaf for s in out):
                 continue
             leaf = selection.leaf

@@ -233,10 +233,7 @@ class URLTest(Fixable):
         if not eligible:
             return None
         network = candidates.network
-        if network is Network.UDP and any(c.udp_metric is not None for c in eligible):
-            ranked = self._decide(eligible, network, lambda c: c.udp_metric)
-        else:  # TCP, or UDP mirroring TCP while no eligible member has UDP evidence
-            ranked = self._decide(eligible, Network.TCP if network is Network.UDP else network, lambda c: c.metric)
+        ranked = self._decide(eligible, *_ranking(network, eligible))
         if commit:
             self.commit(network, ranked)
         return ranked
@@ -252,11 +249,7 @@ class URLTest(Fixable):
                 self.moved(network)
 
     def _decide(self, eligible: list[Candidate], incumbent_network: Network, metric) -> str:  # noqa: ANN001
-        def order(c: Candidate) -> tuple[bool, bool, float, int]:
-            value = metric(c)
-            return (c.demoted, value is None, value if value is not None else 0.0, c.index)
-
-        best = min(eligible, key=order)
+        best = min(eligible, key=lambda c: _rank_key(c, metric))
         incumbent = next((c for c in eligible if c.member == self._winner.get(incumbent_network)), None)
         if incumbent is None or incumbent.demoted or incumbent is best:
             return best.member  # a failed or ineligible incumbent gets no hysteresis
@@ -269,11 +262,27 @@ class URLTest(Fixable):
         return incumbent.member if best_value + self.tolerance >= current else best.member
 
     def ranked(self, candidates: Candidates, limit: int) -> list[str]:
-        """The eligible members by rank (strikes last), for a setup-failure retry round."""
+        """The eligible members by rank (strikes last), by the metric :meth:`pick` ranks with: for
+        a setup-failure retry round, and a cold UDP plan's candidates."""
         eligible = [c for c in candidates.all() if c.eligible]
-        key = (lambda c: c.udp_metric) if candidates.network is Network.UDP else (lambda c: c.metric)
-        eligible.sort(key=lambda c: (c.demoted, key(c) is None, key(c) or 0.0, c.index))
+        _, metric = _ranking(candidates.network, eligible)
+        eligible.sort(key=lambda c: _rank_key(c, metric))
         return [c.member for c in eligible[:limit]]
+
+
+def _ranking(network: Network, eligible: list[Candidate]) -> tuple[Network, Callable[[Candidate], float | None]]:
+    """The network whose winner is the incumbent and the metric a URLTest ranks ``network``
+    with: UDP's own average once an eligible member has one; otherwise (TCP, or UDP mirroring
+    TCP while no eligible member has UDP evidence) the TCP average."""
+    if network is Network.UDP and any(c.udp_metric is not None for c in eligible):
+        return network, lambda c: c.udp_metric
+    return Network.TCP, lambda c: c.metric
+
+
+def _rank_key(c: Candidate, metric: Callable[[Candidate], float | None]) -> tuple[bool, bool, float, int]:
+    """Strikes last, then measured before unmeasured, the lower average first, then declaration order."""
+    value = metric(c)
+    return (c.demoted, value is None, value if value is not None else 0.0, c.index)
 
 
 class LoadBalance:

@@ -24,15 +24,13 @@ from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link
 from honk.config.spec import (
-    FilterTerm,
     GlobalSpec,
     GroupSpec,
     InboundSpec,
-    MatchArg,
-    NodeFilter,
     Policy,
     RoutingSpec,
     Spec,
+    name_filter,
 )
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
@@ -96,8 +94,7 @@ class TrafficLog:
 
 
 def _group(name: str, members: tuple[str, ...]) -> GroupSpec:
-    terms = (FilterTerm("name", tuple(MatchArg("", m) for m in members)),)
-    return GroupSpec(name, policy=Policy.URLTEST, filters=(NodeFilter(terms),), has_filter_lines=True)
+    return GroupSpec(name, policy=Policy.URLTEST, filters=(name_filter(*members),), has_filter_lines=True)
 
 
 def _open_fds() -> int:

@@ -24,15 +24,13 @@ from helpers.servers import echo_server
 
 from honk.alive.outcome import Family
 from honk.config.spec import (
-    FilterTerm,
     GlobalSpec,
     GroupSpec,
     InboundSpec,
-    MatchArg,
-    NodeFilter,
     Policy,
     RoutingSpec,
     Spec,
+    name_filter,
 )
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
@@ -75,7 +73,7 @@ async def honk_score_via(link: str) -> AsyncIterator[Honk]:
     inbound_spec = InboundSpec(name="lan", kind="mixed", host=LOOPBACK, port=0)
     node = node_from_link(link, MUX)
     group = GroupSpec(GROUP, policy=Policy.SCORE, has_filter_lines=True,
-                      filters=(NodeFilter((FilterTerm("name", (MatchArg("", node.name),)),)),))
+                      filters=(name_filter(node.name),))
     spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(node,), groups=(group,),
                 routing=RoutingSpec(rules=(), fallback=GROUP))
     tracker = ConnectionTracker(clock)

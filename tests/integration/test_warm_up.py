@@ -24,16 +24,14 @@ from helpers.servers import EchoServer
 
 from honk.config.links import parse_node_link, with_node_id
 from honk.config.spec import (
-    FilterTerm,
     GlobalSpec,
     GroupSpec,
     InboundSpec,
-    MatchArg,
-    NodeFilter,
     NodeSpec,
     Policy,
     RoutingSpec,
     Spec,
+    name_filter,
 )
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
@@ -87,7 +85,7 @@ def _via(node: NodeSpec, forwarder: CountingForwarder, name: str, *, mux: bool =
 def _spec(nodes: tuple[NodeSpec, ...]) -> Spec:
     names = tuple(n.name for n in nodes)
     group = GroupSpec("pick", policy=Policy.SELECTOR, has_filter_lines=True,
-                      filters=(NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in names)),)),))
+                      filters=(name_filter(*names),))
     return Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0),
                 inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),), nodes=nodes,
                 groups=(group,), routing=RoutingSpec(rules=(), fallback="pick"))

@@ -26,7 +26,7 @@ on the global aggregate cell, so it shares that cell's incarnation and eviction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from honk._fast.cell import layer_weight, read_cells, reliability_bound, standing
@@ -215,12 +215,6 @@ class ScoreEvidence:
         for i, (store, key) in enumerate(self.keys(group, network, target, node_id, destination)):
             out[i] = self._stores[store].peek(key)
         return out
-
-    def rows(self, rows: tuple[tuple | None, tuple | None, tuple | None]) -> tuple[Mapping[NodeId, EvidenceCell], ...]:
-        """The cells by node of the (global, family, exact) ``rows`` of one read (:func:`layer_rows`):
-        what :meth:`layers` gives for every node at once; a layer the read lacks is empty."""
-        glob, fam, exact = rows
-        return self.aggregate.row(glob), self.aggregate.row(fam), self.exact.row(exact)
 
     def blend(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId, now: float,
               destination: IPAddress | None = None) -> Blend:

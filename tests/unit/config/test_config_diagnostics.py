@@ -613,3 +613,12 @@ def test_warm_up_counts_read_auto_zero_and_explicit_values(text, preconnect, udp
     spec = load_text(text + "routing {\n    fallback: direct\n}\n", "dae")
     assert (spec.global_.preconnect_node_count, spec.global_.udp_warm_node_count) == (preconnect, udp_warm)
     assert not spec.diagnostics  # documented keys: no unknown-key warning
+
+
+def test_name_filter_is_the_filter_line_naming_those_nodes():
+    from honk.config.spec import name_filter
+
+    text = "node {\n    a: 'socks5://127.0.0.1:1'\n    b: 'socks5://127.0.0.1:2'\n}\n" \
+           "group {\n    g {\n        filter: name(a, b)\n        policy: select\n    }\n}\n" \
+           "routing {\n    fallback: g\n}\n"
+    assert load_text(text, "dae").groups[0].filters == (name_filter("a", "b"),)

@@ -114,6 +114,7 @@ def test_schedule_waits_for_capacity_and_keeps_later_offsets_absolute():
     stagger = Stagger(6, 0.0, FAR)
     assert stagger.due(0.0) == [0]
     assert stagger.due(0.1) == [1, 2]  # both offsets passed: they start at once, in order
+    assert len(stagger.in_flight) == COLD_MAX_IN_FLIGHT == 3
     assert stagger.due(0.2) == [] and stagger.wakeup() is None  # three in flight: a full-capacity wait
     stagger.finished(0)
     assert stagger.due(0.2) == [3]  # its offset (160 ms) is past: it starts on the free slot
@@ -273,7 +274,3 @@ async def test_cancelling_the_preparation_drains_every_attempt_neutrally(clock):
     assert race.task.cancelled()
     assert sorted(e[1] for e in race.events if e[0] == "drained") == ["c1", "c2", "c3"]
     assert ("discard", "s2") in race.events and race.errors() == [] and clock.sleepers == 0
-
-
-def test_at_most_three_in_flight():
-    assert COLD_MAX_IN_FLIGHT == 3

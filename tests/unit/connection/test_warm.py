@@ -18,13 +18,11 @@ from honk.alive.thresholds import REGISTRATION_GRACE
 from honk.config.links import parse_node_link, with_node_id
 from honk.config.spec import (
     PRECONNECT_AUTO,
-    FilterTerm,
     GlobalSpec,
     GroupSpec,
-    MatchArg,
-    NodeFilter,
     Policy,
     Spec,
+    name_filter,
 )
 from honk.connection.plane import build_plane
 from honk.connection.warm import (
@@ -61,8 +59,7 @@ def _mux(name: str, port: int):
 
 
 def _selector(name: str, members: tuple[str, ...], default: str | None = None) -> GroupSpec:
-    terms = (FilterTerm("name", tuple(MatchArg("", m) for m in members)),)
-    return GroupSpec(name, policy=Policy.SELECTOR, filters=(NodeFilter(terms),), has_filter_lines=True,
+    return GroupSpec(name, policy=Policy.SELECTOR, filters=(name_filter(*members),), has_filter_lines=True,
                      default=default)
 
 

@@ -456,8 +456,9 @@ def test_a_nested_urltest_is_not_top_level_and_other_policies_prepare_one_leaf()
 
 
 def test_the_cold_plan_leaves_out_dead_udp_less_and_duplicate_leaves():
-    w = World(group("auto", "a", "b", "c", "h", policy=Policy.URLTEST), nodes=("a", "b", "c", "h"),
-              tcp_only=("h",))
+    w = World(group("auto", "a", "b", "c", "h", subgroups=("inner",), policy=Policy.URLTEST),
+              group("inner", "a", policy=Policy.SELECTOR), nodes=("a", "b", "c", "h"), tcp_only=("h",))
+    assert _cold(w) == ["a", "b", "c"]  # inner serves a, listed already: one attempt per leaf
     w.kill("b", Domain.DATA_UDP)
     assert _cold(w) == ["a", "c"]  # b cannot carry UDP now; h (HTTP CONNECT) never can
     w.kill("c", Domain.DATA_UDP)
