@@ -1,4 +1,4 @@
-"""Warm-up: startup preconnect and the Selector pin (design area I, GH-I-01..05, 08, 09, 12).
+"""Warm-up: startup preconnect, the Selector pin and the UDP warm set (design area I, GH-I-01..12).
 
 A router's users feel the first flow after a selection change or after idle: a new server
 connection, and for a mux node a new carrier with its protocol handshake. Warm-up keeps the
@@ -18,6 +18,15 @@ reusable resource of the nodes they are about to use open ahead of them:
   let go, and only when no owner is left does its future reuse drain (flows on it continue).
   A change of choice wakes the pass at once; every REPAIR_INTERVAL seconds it also repairs what
   was consumed, lost or expired, and reaps stale ready connections.
+* **UDP warm set** (``udp_warm_node_count`` N, opt-in: 0 turns it off): on every pass each
+  group's top ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves for each address family, in
+  the order the group would serve UDP now, are gathered, re-ranked process-wide (every
+  group's best first), deduplicated by node and capped at ``UDP_WARM_RETAINED_PER_N × N``.
+  A reusable UDP leaf is a mux node carrying UDP: its associations ride the node's shared
+  carriers (:mod:`honk.outbound.mux_udp`), so one kept open serves a cold association's first
+  datagram. The set holds the runtime's ``UDP_WARM`` bit, independent of the pin's
+  (GH-I-08): a node leaving the set is let go, and drains only if no other owner holds it.
+  At most UDP_WARM_CONCURRENCY carrier opens run at once.
 
 Warm-up only reads the groups with silent peeks (no last-resort warning, nothing committed) and
 reports nothing to Score: it never recovers a node nor earns availability (GH-I-12). Its own
@@ -32,6 +41,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from honk.alive.outcome import Family
 from honk.config.spec import PRECONNECT_AUTO
 from honk.core.clock import Clock
 from honk.core.errors import HonkError, NoRoute
@@ -46,11 +56,16 @@ __all__ = [
     "PRECONNECT_AUTO_NODES",
     "PRECONNECT_MAX_CONCURRENCY",
     "REPAIR_INTERVAL",
+    "UDP_WARM_CONCURRENCY",
+    "UDP_WARM_PER_GROUP",
+    "UDP_WARM_RETAINED_PER_N",
     "WarmUp",
     "bare_poolable",
     "pin_targets",
     "pool_stats",
     "preconnect_candidates",
+    "udp_reusable",
+    "udp_warm_targets",
     "warm_stats",
 ]
 
@@ -61,6 +76,9 @@ PRECONNECT_AUTO_NODES = 8  # "'auto' selects at most 8 nodes"
 PRECONNECT_AUTO_CONCURRENCY = 4  # 'auto' runs at most four attempts at once (upstream honk's choice)
 PRECONNECT_MAX_CONCURRENCY = 8  # "explicit N ... but at most 8 concurrent attempts"
 PIN_CONCURRENCY = 8  # pins repaired at once (honk's choice: one pass never floods the dial budget)
+UDP_WARM_PER_GROUP = 3  # "each group's top min(N, 3) reusable UDP leaves for each address family"
+UDP_WARM_CONCURRENCY = 4  # "At most 4 warm attempts run concurrently"
+UDP_WARM_RETAINED_PER_N = 4  # "the retained process-wide set is re-ranked and capped at 4 × N"
 
 
 def _proxy(leaf: Any) -> bool:
@@ -71,6 +89,12 @@ def bare_poolable(leaf: Any) -> bool:
     """A proxy leaf whose dial starts with a bare TCP connection to its server (not a mux
     node, whose reusable resource is its carrier; never ``direct`` or ``block``)."""
     return _proxy(leaf) and not getattr(leaf, "mux", False)
+
+
+def udp_reusable(leaf: Any) -> bool:
+    """A leaf whose UDP path rides reusable shared state: a mux node that carries UDP (its
+    associations are sessions on the node's carriers)."""
+    return _proxy(leaf) and getattr(leaf, "mux", False) and bool(leaf.capabilities.udp)
 
 
 def _pick(groups: Any, name: str) -> Any:
@@ -122,6 +146,30 @@ def pin_targets(plane: Any) -> dict[Any, Any]:
     return out
 
 
+def udp_warm_targets(plane: Any, count: int) -> dict[Any, Any]:
+    """The UDP warm set for N = ``count`` (GH-I-06, 07), as leaves by node: each group's top
+    ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves per address family, re-ranked
+    process-wide by their place in their group (then group order, then IPv4 before IPv6),
+    deduplicated by node, at most ``UDP_WARM_RETAINED_PER_N × N``. Empty when N is 0."""
+    if count <= 0:
+        return {}
+    groups = plane.groups
+    per_group = min(count, UDP_WARM_PER_GROUP)
+    ranked: list[tuple[int, int, int, Any]] = []
+    for index, name in enumerate(groups.names):
+        for family in (Family.V4, Family.V6):
+            leaves = groups.udp_warm_leaves(name, family, per_group, udp_reusable)
+            ranked += [(place, index, family.value, leaf) for place, leaf in enumerate(leaves)]
+    ranked.sort(key=lambda entry: entry[:3])
+    out: dict[Any, Any] = {}
+    cap = UDP_WARM_RETAINED_PER_N * count
+    for *_, leaf in ranked:
+        if len(out) >= cap:
+            break
+        out.setdefault(leaf.runtime.node_id, leaf)
+    return out
+
+
 class WarmUp:
     """The daemon's warm-up: the startup preconnect pass and the Selector pins with their
     repair pass. One instance; :meth:`publish` hands it each new plane, :meth:`wake` a choice
@@ -131,6 +179,9 @@ class WarmUp:
         self.clock = clock
         self._plane = plane  # the published plane, read at each pass
         self._pinned: dict[Any, NodeRuntime] = {}  # node -> runtime holding SELECTOR_PIN
+        self._udp_held: dict[Any, NodeRuntime] = {}  # node -> runtime holding UDP_WARM
+        self._udp_attempts = 0  # UDP warm carrier opens running now
+        self.udp_attempts_peak = 0  # the most that ever ran at once
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Future | None = None
         self._woken = False  # a wake that came while a pass ran: the next one starts at once
@@ -164,6 +215,9 @@ class WarmUp:
         for runtime in self._pinned.values():
             runtime.let_go(WarmOwner.SELECTOR_PIN)
         self._pinned.clear()
+        for runtime in self._udp_held.values():
+            runtime.let_go(WarmOwner.UDP_WARM)
+        self._udp_held.clear()
 
     async def rested(self) -> None:
         """Return once no pass runs (the startup passes done, say): for a caller that wants
@@ -174,6 +228,11 @@ class WarmUp:
     def pinned(self) -> frozenset[Any]:
         """The nodes the Selector pins hold now."""
         return frozenset(self._pinned)
+
+    @property
+    def udp_held(self) -> frozenset[Any]:
+        """The nodes the UDP warm set holds now."""
+        return frozenset(self._udp_held)
 
     # --- passes -------------------------------------------------------------------------------
 
@@ -186,7 +245,7 @@ class WarmUp:
                 log.exception("warm-up preconnect failed")
         while True:
             try:
-                await self.pin_pass()
+                await asyncio.gather(self.pin_pass(), self.udp_pass())
             except Exception:  # noqa: BLE001 - a pass's surprise must not end warm-up
                 log.exception("warm-up pass failed")
             await self._sleep_or_wake()
@@ -242,19 +301,50 @@ class WarmUp:
         limit = asyncio.Semaphore(PIN_CONCURRENCY)
         await asyncio.gather(*(self._keep_warm(plane, leaf, limit) for leaf in targets.values()))
 
+    async def udp_pass(self) -> None:
+        """Re-rank the UDP warm set: hold its nodes' UDP bit, let go of the nodes that left it,
+        and keep each held node's carrier open (GH-I-06, 07)."""
+        plane = self._plane()
+        if plane is None:
+            return
+        targets = udp_warm_targets(plane, plane.spec.global_.udp_warm_node_count)
+        for node in [n for n in self._udp_held if n not in targets]:
+            self._udp_held.pop(node).let_go(WarmOwner.UDP_WARM)
+        for node, leaf in targets.items():
+            runtime = self._udp_held.get(node)
+            if runtime is not None and runtime is not leaf.runtime:  # (a new runtime: the node changed)
+                runtime.let_go(WarmOwner.UDP_WARM)
+            leaf.runtime.hold(WarmOwner.UDP_WARM)
+            self._udp_held[node] = leaf.runtime
+        limit = asyncio.Semaphore(UDP_WARM_CONCURRENCY)
+        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit, udp=True) for leaf in targets.values()))
+
     async def _keep_warm(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
         """A pinned leaf's resource: its mux carrier, else one ready server connection."""
         if getattr(leaf, "mux", False):
-            async with limit:
-                deadline = self.clock.now() + plane.spec.global_.connect_timeout
-                try:
-                    if await pool_for(leaf).ensure_carrier(leaf.open_mux_carrier, deadline):
-                        log.debug("warm-up carrier opened %s", kv(node=leaf.name))
-                except (HonkError, TimeoutError, OSError) as exc:
-                    log.debug("warm-up carrier failed %s", kv(node=leaf.name, error=type(exc).__name__))
-            return
-        if not leaf.runtime.ready.has_ready(self.clock.now()):
+            await self._ensure_carrier(plane, leaf, limit)
+        elif not leaf.runtime.ready.has_ready(self.clock.now()):
             await self._deposit(plane, leaf, limit)
+
+    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore, *, udp: bool = False) -> None:
+        """A held mux leaf's carrier, opened when it has none with room; a failure is only
+        logged (warm-up reports nothing to health or Score). ``udp``: a UDP warm attempt
+        (counted for UDP_WARM_CONCURRENCY's peak)."""
+        if pool_for(leaf).has_room:
+            return
+        async with limit:
+            deadline = self.clock.now() + plane.spec.global_.connect_timeout
+            if udp:
+                self._udp_attempts += 1
+                self.udp_attempts_peak = max(self.udp_attempts_peak, self._udp_attempts)
+            try:
+                if await pool_for(leaf).ensure_carrier(leaf.open_mux_carrier, deadline):
+                    log.debug("warm-up carrier opened %s", kv(node=leaf.name, path="udp" if udp else "tcp"))
+            except (HonkError, TimeoutError, OSError) as exc:
+                log.debug("warm-up carrier failed %s", kv(node=leaf.name, error=type(exc).__name__))
+            finally:
+                if udp:
+                    self._udp_attempts -= 1
 
     async def _deposit(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> int:
         """One bare server connection of ``leaf`` into its ready pool, under the dial budget;

@@ -680,6 +680,38 @@ class GroupManager:
             out.append(selection)
         return out if len(out) > 1 else []
 
+    def udp_warm_leaves(self, name: str, family: Family, limit: int,
+                        accept: Callable[[Outbound], bool]) -> list[Outbound]:
+        """Group ``name``'s top ``limit`` distinct leaves that ``accept`` takes, in the order the
+        group would serve UDP over ``family`` now (the UDP warm set, GH-I-06), read with silent
+        peeks: a Selector's UDP choice (alone: a Selector substitutes nothing), a URLTest's
+        rank (its UDP pin first), a Score group's rank order, any other policy's eligible
+        members in configuration order. A sub-group member counts as the leaf it picks."""
+        g = self._groups.get(name)
+        if g is None or limit <= 0:
+            return []
+        view = _View(self, g, Network.UDP, family, (name,), 0, True)
+        policy = g.policy
+        if isinstance(policy, Selector):
+            chosen = policy.chosen(Network.UDP)
+            order = [chosen] if chosen is not None else []
+        elif isinstance(policy, URLTest):
+            pinned = policy.fixed().get(Network.UDP)
+            order = ([pinned] if pinned is not None else []) + policy.ranked(view, len(policy.members))
+        elif isinstance(policy, Score):
+            order = [member.name for member in policy.rank(view, False).order]
+        else:
+            order = [c.member for c in view.all() if c.eligible]
+        out: list[Outbound] = []
+        for member in order:
+            selection = view.selection(member)
+            if selection is None or not accept(selection.leaf) or any(leaf is selection.leaf for leaf in out):
+                continue
+            out.append(selection.leaf)
+            if len(out) >= limit:
+                break
+        return out
+
     def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
                      target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
         excluded = frozenset((_leaf_node_id(exclude),))

@@ -1,9 +1,8 @@
-"""Mux.Cool carriers for VMess and VLESS nodes: many TCP flows over one protocol stream.
+"""Mux.Cool carriers for VMess and VLESS nodes: many flows over one protocol stream.
 
 A node asks for multiplexing with a ``mux`` parameter (``1``/``true``) in its
-``params``. Share links do not carry it (:mod:`honk.config.links` keeps only the
-dial shape), so it comes from configurations that build the node's params
-themselves. Such a node dials each TCP flow as a logical stream:
+``params``: ``mux=1`` in a ``vless://`` query or ``"mux"`` in a ``vmess://`` link's
+JSON (:mod:`honk.config.links`). Such a node dials each TCP flow as a logical stream:
 
 * :class:`MuxPool` is the node's set of carriers. It lives as long as the
   node's :class:`~honk.outbound.runtime.NodeRuntime` (one pool per runtime,
@@ -22,6 +21,9 @@ themselves. Such a node dials each TCP flow as a logical stream:
   :class:`~honk.outbound.channel.Channel` (New frame on open, Keep frames for
   data, End on ``write_eof``), which the leaf hands to the relay through
   :func:`~honk.outbound.bridge.bridge_stream`. A server End ends only its stream.
+
+A mux node's UDP associations ride the same carriers, one UDP session per target
+(:mod:`honk.outbound.mux_udp`): one frame is one datagram.
 
 Mux.Cool has no per-session flow control: like v2ray's client, the carrier stops
 reading while one stream holds :data:`STREAM_BUFFER_LIMIT` unread bytes.
@@ -74,9 +76,10 @@ MAX_STREAMS_PER_CARRIER = 128
 MAX_CARRIERS_PER_NODE = 4  # honk's bound on physical carriers per node
 MUX_IDLE_TIMEOUT = 30.0  # seconds a carrier without sessions stays open (honk's choice)
 STREAM_BUFFER_LIMIT = 256 * 1024  # unread bytes one stream may hold before the carrier stops reading
-# the warm owners whose node keeps one idle carrier: the TCP path's session (GH-I-04, 08). A
-# carrier carries TCP only, so the UDP warm set's bit never keeps one; preconnect only seeds
-SESSION_OWNERS = WarmOwner.SELECTOR_PIN
+# the warm owners whose node keeps one idle carrier: the TCP path's session (a Selector's pin,
+# GH-I-04) and the UDP path's (the UDP warm set, GH-I-06), since both ride the node's one shared
+# pool; preconnect only seeds bare connections (GH-I-08, 09)
+SESSION_OWNERS = WarmOwner.SELECTOR_PIN | WarmOwner.UDP_WARM
 
 MUX_TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -219,6 +222,15 @@ class MuxCarrier:
         self.send(frame)
         return stream
 
+    def open_packets(self, target: Address, first: bytes, flow: Any) -> MuxSession:
+        """A UDP session to ``target`` whose New frame carries the datagram ``first``; ``flow``
+        (:class:`~honk.outbound.mux_udp.MuxPacketSession`) receives its replies and its end."""
+        session, frame = self.sessions.open(Network.UDP, target, first)
+        self.streams[session.id] = flow
+        self._cancel_idle()
+        self.send(frame)
+        return session
+
     def send(self, frame: MuxFrame) -> None:
         if self.sessions.failure is not None:
             raise self.sessions.failure
@@ -304,6 +316,13 @@ class MuxCarrier:
         stream = self.streams.get(event.session.id)
         if stream is None:
             return
+        if event.session.network is Network.UDP:  # one frame, one datagram: no stream buffer to drain
+            if event.kind is MuxEventKind.END:
+                stream._end()
+                self._arm_idle()
+            else:
+                stream._datagram(event.data, event.source or event.session.target)
+            return
         if event.data:
             stream._deliver(event.data)
         if event.kind is MuxEventKind.END:
@@ -365,48 +384,55 @@ class MuxPool:
         return bridged(stream)
 
     async def open_stream(self, open_carrier: OpenCarrier, target: Address, deadline: float) -> MuxStream:
-        carrier = self._with_room()
+        carrier = await self.acquire(open_carrier, deadline)
+        return carrier.open_stream(target)
+
+    async def acquire(self, open_carrier: OpenCarrier, deadline: float) -> MuxCarrier:
+        """A carrier with room for one more session: one that is open, else a new one (one
+        carrier dial at a time: concurrent callers wait and share it)."""
+        carrier = self.with_room()
         if carrier is None:
             admission = AdmissionWatch()
             try:
                 async with timeout_at(self.clock, deadline):
                     async with self._dialing:  # one carrier dial at a time: the others wait and share it
-                        carrier = self._with_room()
+                        carrier = self.with_room()
                         if carrier is None:
                             carrier = await self._open(open_carrier, deadline, admission)
             except TimeoutError:
                 if admission.interrupted:  # still waiting for a carrier slot: a local refusal (GH-J-07)
                     raise CapacityRefused(f"{self.name}: no mux carrier slot before the deadline") from None
                 raise DialTimeout(self.name, "connect", "mux: no carrier before the deadline") from None
-        return carrier.open_stream(target)
+        return carrier
 
     async def ensure_carrier(self, open_carrier: OpenCarrier, deadline: float) -> bool:
         """A usable carrier, opened now when there is none (warm-up: the session a pinned node
         keeps); whether it opened one. Shares the one-dial-at-a-time lock with the flows."""
-        if self._with_room() is not None:
+        if self.with_room() is not None:
             return False
         async with timeout_at(self.clock, deadline):
             async with self._dialing:
-                if self._with_room() is not None:
+                if self.with_room() is not None:
                     return False
                 await self._open(open_carrier, deadline)
                 return True
 
     def keeps(self, carrier: MuxCarrier) -> bool:
         """Whether ``carrier`` stays open while idle: the node is held warm by an owner that
-        keeps a session (a Selector's pin) and it is the pool's first usable carrier (only one
-        is kept)."""
+        keeps a session (a Selector's pin, the UDP warm set) and it is the pool's first usable
+        carrier (only one is kept)."""
         runtime = self.runtime
         if runtime is None or not runtime.warm & SESSION_OWNERS:
             return False
-        return self._with_room() is carrier
+        return self.with_room() is carrier
 
     @property
     def has_room(self) -> bool:
         """A carrier can take another stream now: a dial opens no physical connection."""
-        return self._with_room() is not None
+        return self.with_room() is not None
 
-    def _with_room(self) -> MuxCarrier | None:
+    def with_room(self) -> MuxCarrier | None:
+        """The first carrier that takes another session now, if any."""
         return next((c for c in self.carriers if c.usable), None)
 
     async def _open(self, open_carrier: OpenCarrier, deadline: float,

@@ -134,8 +134,13 @@ class ProxyLeaf:
         else:
             self.runtime.dials[getattr(outcome, "phase", type(outcome).__name__)] += 1
         # A flow's TCP dial is reported by the dispatcher, which knows its latency.
-        if udp and outcome is not None and (traffic := self.runtime.traffic) is not None:
-            traffic.packets_failed(self.health_family)  # the node's UDP path could not be set up
+        if udp and outcome is not None:
+            self.udp_setup_failed()
+
+    def udp_setup_failed(self) -> None:
+        """The node's UDP path could not be set up: a DataUdp failure of its health."""
+        if self.runtime is not None and (traffic := self.runtime.traffic) is not None:
+            traffic.packets_failed(self.health_family)
 
     @property
     def health_family(self) -> int:

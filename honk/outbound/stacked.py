@@ -16,10 +16,11 @@ from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock
 from honk.core.errors import ConfigRefused, HonkError
 from honk.core.net import Address
-from honk.outbound.base import Capabilities, DialedStream
+from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
 from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel, CodecChannel
 from honk.outbound.mux import mux_requested, pool_for
+from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.proxy import ProxyLeaf
 from honk.outbound.transport import TransportSpec, open_transport
 from honk.proto.mux import MUX_COOL_TARGET
@@ -115,3 +116,16 @@ class StackedLeaf(ProxyLeaf):
     async def open_mux_carrier(self, deadline: float) -> Channel:
         """A new carrier: the node's transport with the protocol's mux stream stacked on it."""
         return await self._framed(self.mux_stream(), deadline)
+
+    async def dial_mux_udp(self, receive: DatagramSink, deadline: float,
+                           on_lost: EndpointLost | None) -> MuxDatagramEndpoint:
+        """A mux node's UDP path: UDP sessions on its carriers, one of which is there (opened
+        now if none has room) when this returns (:mod:`honk.outbound.mux_udp`)."""
+        endpoint = MuxDatagramEndpoint(self.name, pool_for(self), self.open_mux_carrier, self.udp_deadline,
+                                       receive, on_lost)
+        try:
+            await endpoint.prepare(deadline)
+        except HonkError:
+            self.udp_setup_failed()  # the carrier's dial itself was counted where it failed
+            raise
+        return endpoint

@@ -18,6 +18,7 @@ Failures after the dial end the flow through the bridge
 UDP: a request with the UDP command carries datagrams for its one target,
 each with a 2-byte length, after the same response header; the endpoint keeps
 one such stream per target (:class:`~honk.outbound.stream_datagram.PerTargetDatagramEndpoint`).
+A mux node sends UDP as Mux.Cool UDP sessions on its carriers instead (:mod:`honk.outbound.mux_udp`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 from honk.core.errors import ConfigRefused
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DatagramSink, EndpointLost
+from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
 from honk.proto.vless import VlessClient, VlessCommand, VlessUdpDecoder, encode_udp_packet
@@ -57,9 +59,11 @@ class VlessOutbound(StackedLeaf):
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
-    ) -> PerTargetDatagramEndpoint:
+    ) -> PerTargetDatagramEndpoint | MuxDatagramEndpoint:
         self.transport()  # refused at the dial, as for TCP
         self._client(VlessCommand.UDP, self.server)  # a bad id is refused now, not at the first datagram
+        if self.mux:  # UDP sessions on the node's shared carriers
+            return await self.dial_mux_udp(receive, deadline, on_lost)
         return PerTargetDatagramEndpoint(
             self.name,
             lambda: self.open_channel(self.udp_deadline()),

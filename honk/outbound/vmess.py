@@ -12,7 +12,8 @@ error. The legacy MD5 header (alterId > 0) is refused when the node is dialled.
 
 UDP: a request with the UDP command carries datagrams for its one target, one
 sealed chunk each, both ways; the endpoint keeps one such stream per target
-(:class:`~honk.outbound.stream_datagram.PerTargetDatagramEndpoint`).
+(:class:`~honk.outbound.stream_datagram.PerTargetDatagramEndpoint`). A mux node
+sends UDP as Mux.Cool UDP sessions on its carriers instead (:mod:`honk.outbound.mux_udp`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 from honk.core.errors import ConfigRefused
 from honk.core.net import Address
 from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
+from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
 from honk.proto.vmess import COMMAND_TCP, COMMAND_UDP, VmessClient, VmessFraming, VmessProtocolError
@@ -66,9 +68,11 @@ class VmessOutbound(StackedLeaf):
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
-    ) -> PerTargetDatagramEndpoint:
+    ) -> PerTargetDatagramEndpoint | MuxDatagramEndpoint:
         self.transport()  # refused at the dial, as for TCP
         self._client(COMMAND_UDP, self.server)  # a bad id or alterId is refused here, not later
+        if self.mux:  # UDP sessions on the node's shared carriers
+            return await self.dial_mux_udp(receive, deadline, on_lost)
         return PerTargetDatagramEndpoint(
             self.name,
             lambda: self.open_channel(self.udp_deadline()),

@@ -1,5 +1,6 @@
 """Warm-up against real nodes (issue 12 acceptance 2): a Selector's choice is kept warm, so the
-first flow after a switch opens no new physical connection to its server.
+first flow after a switch opens no new physical connection to its server; the UDP warm set
+keeps a URLTest's top mux node's carrier open, so a new UDP association's first query rides it.
 
 Each node reaches its server through a counting forwarder, which counts the physical
 connections the server is sent. honk's mixed port routes everything to a Selector; the test
@@ -19,8 +20,10 @@ import threading
 from collections.abc import AsyncIterator
 
 from helpers.aio import close_writer, socks5_open
+from helpers.dns import UdpDnsResponder, build_query, parse_answer
 from helpers.peerservers import danted, v2ray_server
 from helpers.servers import EchoServer
+from helpers.socks import encode_address
 
 from honk.config.links import parse_node_link, with_node_id
 from honk.config.spec import (
@@ -82,11 +85,11 @@ def _via(node: NodeSpec, forwarder: CountingForwarder, name: str, *, mux: bool =
     return with_node_id(dataclasses.replace(node, name=name, host="127.0.0.1", port=forwarder.port, params=params))
 
 
-def _spec(nodes: tuple[NodeSpec, ...]) -> Spec:
+def _spec(nodes: tuple[NodeSpec, ...], *, policy: Policy = Policy.SELECTOR, udp_warm: int = 0) -> Spec:
     names = tuple(n.name for n in nodes)
-    group = GroupSpec("pick", policy=Policy.SELECTOR, has_filter_lines=True,
+    group = GroupSpec("pick", policy=policy, has_filter_lines=True,
                       filters=(name_filter(*names),))
-    return Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0),
+    return Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0, udp_warm_node_count=udp_warm),
                 inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),), nodes=nodes,
                 groups=(group,), routing=RoutingSpec(rules=(), fallback="pick"))
 
@@ -124,6 +127,24 @@ class Router:
             return await asyncio.wait_for(reader.readexactly(len(payload)), STEP)
         finally:
             await close_writer(writer)
+
+
+    async def dns_through(self, dns: UdpDnsResponder, name: str, qid: int) -> tuple[int, int, list[str]]:
+        """One query from a SOCKS5 UDP ASSOCIATE client of the mixed port; the parsed answer."""
+        reader, writer, code, tail = await socks5_open(self.inbound.bound.port, "0.0.0.0", 0, cmd=3)
+        assert code == 0
+        loop = asyncio.get_running_loop()
+        header = b"\x00\x00\x00" + encode_address(dns.host, dns.port)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.setblocking(False)
+                udp.connect(("127.0.0.1", int.from_bytes(tail[4:6], "big")))
+                await loop.sock_sendall(udp, header + build_query(name, qid))
+                reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
+        finally:
+            await close_writer(writer)
+        assert reply.startswith(header)  # the answer names the responder as its source
+        return parse_answer(reply[len(header):])
 
 
 @contextlib.asynccontextmanager
@@ -199,6 +220,30 @@ def test_after_a_switch_a_vmess_mux_flow_rides_the_warm_carrier_and_a_reload_kee
         first, second = CountingForwarder(peer.port), CountingForwarder(peer.port)
         try:
             run(main(first, second, echo, peer.share_link()))
+        finally:
+            first.close()
+            second.close()
+
+
+def test_the_udp_warm_set_keeps_a_urltests_top_mux_node_warm_for_a_new_udp_association(run) -> None:
+    async def main(first: CountingForwarder, second: CountingForwarder, dns: UdpDnsResponder, link: str) -> None:
+        node = parse_node_link(link, "v2ray")
+        spec = _spec((_via(node, first, "v1", mux=True), _via(node, second, "v2", mux=True)),
+                     policy=Policy.URLTEST, udp_warm=1)
+        async with running(spec) as router:
+            v1, v2 = router.plane.outbounds["v1"], router.plane.outbounds["v2"]
+            await _until(lambda: pool_for(v1).carrier_count == 1, "the top node's carrier")
+            await router.warm.rested()
+            assert v1.runtime.warm == WarmOwner.UDP_WARM and not v2.runtime.warm  # N = 1: the top one
+            assert (first.accepted, second.accepted) == (1, 0)
+            assert await router.dns_through(dns, "warm.honk.test", 0x51) == (0x51, 0, ["192.0.2.81"])
+            assert first.accepted == 1 and pool_for(v1).opened == 1  # a UDP session on the warm carrier
+            assert second.accepted == 0  # the cold race won at its first start: the second never dialled
+
+    with v2ray_server("vmess", mux=True) as peer, UdpDnsResponder({"warm.honk.test": "192.0.2.81"}) as dns:
+        first, second = CountingForwarder(peer.port), CountingForwarder(peer.port)
+        try:
+            run(main(first, second, dns, peer.share_link()))
         finally:
             first.close()
             second.close()

@@ -1,5 +1,5 @@
-"""Warm-up (honk.connection.warm, design area I): startup preconnect and the Selector pin, over
-a real plane whose nodes' server is a loopback listener, on a FakeClock."""
+"""Warm-up (honk.connection.warm, design area I): startup preconnect, the Selector pin and the
+UDP warm set, over a real plane whose nodes' server is a loopback listener, on a FakeClock."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import base64
 import dataclasses
 import json
 import socket
+import uuid
 
 import pytest
 
@@ -28,12 +29,16 @@ from honk.connection.plane import build_plane
 from honk.connection.warm import (
     PRECONNECT_AUTO_NODES,
     REPAIR_INTERVAL,
+    UDP_WARM_CONCURRENCY,
     WarmUp,
     pin_targets,
     preconnect_candidates,
+    udp_warm_targets,
 )
 from honk.core.clock import FakeClock
+from honk.core.net import Network
 from honk.group.filter import HealthFilter
+from honk.outbound.mux import pool_for
 from honk.outbound.runtime import WarmOwner
 
 BOUND = 500  # loop iterations a polled condition may take
@@ -52,7 +57,9 @@ def _socks(name: str, port: int):
 
 
 def _mux(name: str, port: int):
-    body = {"v": "2", "ps": name, "add": "127.0.0.1", "port": str(port), "id": VMESS_ID, "aid": "0", "net": "tcp",
+    """A VMess mux node; each name its own user id, so each its own node (NodeId)."""
+    user = str(uuid.uuid5(uuid.UUID(VMESS_ID), name))
+    body = {"v": "2", "ps": name, "add": "127.0.0.1", "port": str(port), "id": user, "aid": "0", "net": "tcp",
             "type": "none", "tls": "", "host": name}
     node = parse_node_link("vmess://" + base64.b64encode(json.dumps(body).encode()).decode(), name)
     return with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
@@ -63,8 +70,13 @@ def _selector(name: str, members: tuple[str, ...], default: str | None = None) -
                      default=default)
 
 
-def _plane(nodes, groups, clock, *, preconnect: int = PRECONNECT_AUTO, health=None):
-    spec = Spec(global_=GlobalSpec(preconnect_node_count=preconnect), nodes=tuple(nodes), groups=tuple(groups))
+def _urltest(name: str, members: tuple[str, ...]) -> GroupSpec:
+    return GroupSpec(name, policy=Policy.URLTEST, filters=(name_filter(*members),), has_filter_lines=True)
+
+
+def _plane(nodes, groups, clock, *, preconnect: int = PRECONNECT_AUTO, udp_warm: int = 0, health=None):
+    glob = GlobalSpec(preconnect_node_count=preconnect, udp_warm_node_count=udp_warm)
+    spec = Spec(global_=glob, nodes=tuple(nodes), groups=tuple(groups))
     return build_plane(spec, clock, 1, health=health)
 
 
@@ -182,3 +194,110 @@ async def test_a_choice_change_wakes_the_pin_at_once_and_the_repair_pass_refills
     finally:
         await warm.stop()
     assert not b.warm  # stopping lets every pin go
+
+
+# --- the UDP warm set -----------------------------------------------------------------------------
+
+# five groups over twelve mux nodes and one bare SOCKS5 node; with N = 2 each gives its top two
+# reusable UDP leaves (declaration order: nothing is measured), m1 twice
+UDP_GROUPS = [_urltest("g0", ("m0", "m1", "m2")), _urltest("g1", ("m1", "m3", "m4")),
+              _urltest("g2", ("s1", "m5", "m6")), _urltest("g3", ("m7", "m8")),
+              _urltest("g4", ("m9", "m10", "m11"))]
+# every group's first before any group's second, deduplicated, cut at 4 x N = 8: m10 is left out
+UDP_WARM_SET = ["m0", "m1", "m5", "m7", "m9", "m3", "m6", "m8"]
+
+
+def _udp_plane(server, clock, udp_warm: int, groups=UDP_GROUPS):
+    nodes = [_mux(f"m{i}", server) for i in range(12)] + [_socks("s1", server)]
+    return _plane(nodes, groups, clock, preconnect=0, udp_warm=udp_warm)
+
+
+def test_the_udp_warm_set_takes_each_groups_top_two_reranked_deduplicated_and_capped(server):
+    plane = _udp_plane(server, FakeClock(), 2)
+    assert [leaf.name for leaf in udp_warm_targets(plane, 2).values()] == UDP_WARM_SET
+    assert [leaf.name for leaf in udp_warm_targets(plane, 1).values()] == ["m0", "m1", "m5", "m7"]  # top 1, cap 4
+    assert udp_warm_targets(plane, 0) == {}  # opt-in: N = 0 warms nothing
+    # N above 3 still takes at most three per group: every mux node here (cap 20)
+    assert {leaf.name for leaf in udp_warm_targets(plane, 5).values()} == {f"m{i}" for i in range(12)}
+
+
+def test_a_selector_gives_its_udp_choice_alone_and_bare_nodes_never_join(server):
+    groups = [_selector("pick", ("s1", "m3", "m4"), default="m4"), _selector("bare", ("s1",))]
+    plane = _udp_plane(server, FakeClock(), 3, groups)
+    assert [leaf.name for leaf in udp_warm_targets(plane, 3).values()] == ["m4"]
+
+
+async def test_the_udp_warm_set_holds_its_nodes_with_at_most_four_carrier_opens_at_once(server):
+    clock = FakeClock()
+    plane = _udp_plane(server, clock, 2)
+    gate = asyncio.Event()
+    running: list[str] = []
+    peak = 0
+    for leaf in plane.outbounds.values():
+        if getattr(leaf, "mux", False):
+            leaf.open_mux_carrier = _gated(leaf, gate, running)
+    warm = WarmUp(clock, lambda: plane)
+    attempt = asyncio.ensure_future(warm.udp_pass())
+    try:
+        await _until(lambda: len(running) == UDP_WARM_CONCURRENCY, "four carrier opens under way")
+        for _ in range(20):  # the others wait for a slot, however long the first take
+            await asyncio.sleep(0)
+            peak = max(peak, len(running))
+        assert peak == UDP_WARM_CONCURRENCY == 4
+        gate.set()
+        await attempt
+        held = {leaf.name for leaf in plane.outbounds.values() if leaf.runtime is not None
+                and leaf.runtime.warm & WarmOwner.UDP_WARM}
+        assert held == set(UDP_WARM_SET) and len(warm.udp_held) == 8
+        opened = {leaf.name for leaf in plane.outbounds.values() if getattr(leaf, "mux", False)
+                  and pool_for(leaf).carrier_count}
+        assert opened == set(UDP_WARM_SET)  # one carrier each, the ninth node none
+        assert warm.udp_attempts_peak == 4
+    finally:
+        gate.set()
+        await warm.stop()
+        _close_carriers(plane)
+
+
+async def test_a_node_leaving_the_udp_warm_set_keeps_its_carrier_while_a_selector_pins_it(server):
+    clock = FakeClock()
+    nodes = [_mux("m0", server), _mux("m1", server)]
+    plane = _plane(nodes, [_selector("pick", ("m0", "m1"), default="m0")], clock, preconnect=0, udp_warm=1)
+    warm = WarmUp(clock, lambda: plane)
+    m0 = plane.outbounds["m0"]
+    try:
+        await asyncio.gather(warm.pin_pass(), warm.udp_pass())
+        carrier = pool_for(m0).carriers[0]
+        assert m0.runtime.warm == WarmOwner.SELECTOR_PIN | WarmOwner.UDP_WARM
+        assert pool_for(m0).opened == 1  # the two owners share the node's one carrier
+        plane.groups.select("pick", "m1", Network.UDP)  # UDP's choice moves, TCP's stays
+        await asyncio.gather(warm.pin_pass(), warm.udp_pass())
+        assert m0.runtime.warm == WarmOwner.SELECTOR_PIN  # the UDP bit let go, the pin kept
+        assert pool_for(m0).carriers == [carrier] and carrier.usable
+        plane.groups.select("pick", "m1", Network.TCP)
+        await warm.pin_pass()
+        assert not m0.runtime.warm and carrier.closed  # the last owner gone: its idle carrier closes
+    finally:
+        await warm.stop()
+        _close_carriers(plane)
+
+
+def _gated(leaf, gate: asyncio.Event, running: list[str]):
+    """``leaf``'s carrier open, held at ``gate`` (a server slow to answer) and counted in ``running``."""
+    opener = leaf.open_mux_carrier
+
+    async def open_carrier(deadline: float):
+        running.append(leaf.name)
+        try:
+            await gate.wait()
+            return await opener(deadline)
+        finally:
+            running.remove(leaf.name)
+
+    return open_carrier
+
+
+def _close_carriers(plane) -> None:
+    for leaf in plane.outbounds.values():
+        if getattr(leaf, "mux", False):
+            pool_for(leaf).close()
