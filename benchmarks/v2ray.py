@@ -38,15 +38,16 @@ def describe(tag: str) -> str:
 
 
 def server_config(tag: str, port: int, secret: str, cert_file: str = "",
-                  key_file: str = "") -> dict[str, object]:
-    """The sink: ``tag``'s inbound on loopback ``port``, everything out through ``freedom``."""
+                  key_file: str = "", *, tls: bool | None = None) -> dict[str, object]:
+    """The sink: ``tag``'s inbound on loopback ``port``, everything out through ``freedom``;
+    ``tls`` puts it over TLS (default: only the tags that always run over it)."""
     clients = {"vmess": [{"id": secret, "alterId": 0}], "trojan": [{"password": secret}],
                "vless": [{"id": secret}]}
     settings: dict[str, object] = {"clients": clients[_check(tag)]}
     if tag == "vless":
         settings["decryption"] = "none"
     stream: dict[str, object] = {"network": "tcp", "security": "none"}
-    if uses_tls(tag):
+    if uses_tls(tag) if tls is None else tls:
         if not (cert_file and key_file):
             raise ValueError(f"{tag} runs over TLS: give the certificate and key files")
         stream = {"network": "tcp", "security": "tls",
@@ -59,10 +60,13 @@ def server_config(tag: str, port: int, secret: str, cert_file: str = "",
     }
 
 
-def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: str = "") -> dict[str, object]:
-    """The reference client: a SOCKS5 inbound (no auth) on ``port``, ``tag``'s outbound to the sink.
+def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: str = "", *,
+                  tls: bool | None = None, mux: bool = False) -> dict[str, object]:
+    """The reference client: a SOCKS5 inbound (no auth) on ``port``, ``tag``'s outbound to the sink
+    (with Mux.Cool when ``mux``).
 
-    Over TLS it trusts ``ca_file`` (on top of the system's store) and asks for :data:`SERVER_NAME`.
+    Over TLS (``tls``, as for :func:`server_config`) it trusts ``ca_file`` (on top of the system's
+    store) and asks for :data:`SERVER_NAME`.
     """
     if _check(tag) == "trojan":
         server = {"address": LOOPBACK, "port": server_port, "password": secret}
@@ -72,7 +76,7 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
                                    else {"id": secret, "encryption": "none"})
         settings = {"vnext": [{"address": LOOPBACK, "port": server_port, "users": [user]}]}
     stream: dict[str, object] = {"network": "tcp", "security": "none"}
-    if uses_tls(tag):
+    if uses_tls(tag) if tls is None else tls:
         if not ca_file:
             raise ValueError(f"{tag} runs over TLS: give the CA file the client trusts")
         stream = {"network": "tcp", "security": "tls",
@@ -83,15 +87,17 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
         "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
                       "settings": {"auth": "noauth", "udp": False}}],
         "outbounds": [{"protocol": tag, "settings": settings, "streamSettings": stream,
-                       "mux": {"enabled": False}}],
+                       "mux": {"enabled": mux}}],
     }
 
 
-def share_link(tag: str, server_port: int, secret: str) -> str:
-    """The node link honk is given for the sink: v2rayN's base64 JSON for VMess, URLs for the others."""
+def share_link(tag: str, server_port: int, secret: str, *, tls: bool = False) -> str:
+    """The node link honk is given for the sink: v2rayN's base64 JSON for VMess (over TLS when
+    ``tls``), URLs for the others."""
     if _check(tag) == "vmess":
         fields = {"v": "2", "ps": "sink", "add": LOOPBACK, "port": str(server_port), "id": secret, "aid": "0",
-                  "scy": VMESS_SECURITY, "net": "tcp", "type": "none", "tls": ""}
+                  "scy": VMESS_SECURITY, "net": "tcp", "type": "none", "tls": "tls" if tls else "",
+                  "sni": SERVER_NAME if tls else ""}
         return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
     params = f"security=tls&sni={SERVER_NAME}&type=tcp"
     if tag == "trojan":

@@ -1,22 +1,26 @@
 """Warm-up's payoff (issue 12): time to the first response byte of a new flow through a
 Selector's VMess Mux.Cool node, its carrier kept warm vs opened by the flow (cold).
 
-    .venv/bin/python -m benchmarks.warm [--quick]
+    .venv/bin/python -m benchmarks.warm [--quick] [--transport tcp|tls]
 
 Target: "warm <= 0.5 x cold on loopback" (median time to first byte).
 
-One v2ray VMess server (TCP, aes-128-gcm) on loopback relays to the origin of the native load
-tool (``benchmarks/loadgen.c``, its ``first`` mode). In this process honk's plane (a Selector
-whose one member is the node, ``mux=1``), its dispatcher, its mixed port and its warm-up run on
-one event loop, as in the daemon. A sample is one run of the load tool: a new connection to
-the mixed port, SOCKS5 CONNECT to its origin, one byte sent, the time until it comes back.
+One v2ray VMess server (aes-128-gcm) on loopback relays to the origin of the native load tool
+(``benchmarks/loadgen.c``, its ``first`` mode), over each transport in turn: plain TCP, and TLS
+(how VMess nodes are usually deployed; a throwaway CA issues the server's certificate). In this
+process honk's plane (a Selector whose one member is the node, ``mux=1``), its dispatcher, its
+mixed port and its warm-up run on one event loop, as in the daemon. A sample is one run of the
+load tool: a new connection to the SOCKS5 port, CONNECT to its origin, one byte sent, the time
+until it comes back.
 
-Two baselines are measured in the same run: the load tool straight to its origin, and honk's
-mixed port routing to ``direct`` (honk's own per-flow cost, no node). Warm samples run while
-warm-up holds the node (its carrier stays open between flows); before each cold sample the
-node's carriers are closed and warm-up lets it go, so the flow opens a carrier itself: a TCP
-connection to the server and the VMess request that carries Mux.Cool. The four kinds alternate,
-so that a drift of the machine's speed weighs on all alike.
+Three baselines are measured in the same run: the load tool straight to its origin, honk's
+mixed port routing to ``direct`` (honk's own per-flow cost, no node), and v2ray's own client
+with Mux.Cool (the reference implementation, whose carrier stays open between samples: its
+warm path). Warm samples run while warm-up holds the node (its carrier stays open between
+flows); before each cold sample the node's carriers are closed and warm-up lets it go, so the
+flow opens a carrier itself: a TCP connection to the server, the TLS handshake over TLS, and
+the VMess request that carries Mux.Cool. The kinds alternate, so that a drift of the machine's
+speed weighs on all alike.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -54,9 +59,11 @@ from honk.outbound.mux import pool_for
 from honk.outbound.runtime import WarmOwner
 
 TARGET_RATIO = 0.5  # "warm <= 0.5 x cold on loopback"
-# the rows, in order: two baselines measured in the same run, then the subject
+# the rows, in order: three baselines measured in the same run, then the subject
 KINDS = {"loopback": "straight to the origin (no honk)", "direct": "honk, direct (no node)",
-         "cold": "honk, cold VMess mux carrier", "warm": "honk, warm VMess mux carrier"}
+         "reference": "v2ray client, its mux carrier warm", "cold": "honk, cold VMess mux carrier",
+         "warm": "honk, warm VMess mux carrier"}
+TRANSPORTS = {"tcp": "VMess/TCP", "tls": "VMess/TLS"}
 SAMPLES = 60  # per kind; they alternate
 QUICK_SAMPLES = 15
 STEP = 10.0  # seconds any one wait may take
@@ -79,7 +86,7 @@ async def _first_byte(loadgen: Path, port: int | None) -> float:
     return float(fields["first_byte_us"]) / US
 
 
-async def _measure(link: str, loadgen: Path, samples: int) -> dict[str, list[float]]:
+async def _measure(link: str, loadgen: Path, samples: int, reference_port: int) -> dict[str, list[float]]:
     node = parse_node_link(link, "vmess-mux")
     node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
     group = GroupSpec("pick", policy=Policy.SELECTOR, has_filter_lines=True,
@@ -107,6 +114,7 @@ async def _measure(link: str, loadgen: Path, samples: int) -> dict[str, list[flo
         for _ in range(samples):
             out["loopback"].append(await _first_byte(loadgen, None))
             out["direct"].append(await _first_byte(loadgen, direct.bound.port))
+            out["reference"].append(await _first_byte(loadgen, reference_port))
             await _until(lambda: not len(tracker))
             warm.start()
             await warm.pin_pass()  # the pin's carrier (the pass the daemon runs at once after a switch)
@@ -138,35 +146,64 @@ async def _until(condition) -> None:  # noqa: ANN001
         await asyncio.sleep(0.001)
 
 
-def run(quick: bool = False) -> list[tuple[str, ...]]:
-    """Rows (what, median µs, p90 µs, samples, ratio to cold, status)."""
+def run(quick: bool = False, transports: tuple[str, ...] = tuple(TRANSPORTS)) -> list[tuple[str, ...]]:
+    """Rows (what, median µs, p90 µs, samples, ratio to cold, status), for each transport."""
     binary = _which("v2ray")
     if binary is None:
         return [("warm vs cold VMess mux first byte", "-", "-", "-", "-", "v2ray not installed")]
     samples = QUICK_SAMPLES if quick else SAMPLES
+    loadgen = build_loadgen()
+    rows = []
+    for transport in transports:
+        figures = _run_transport(binary, loadgen, samples, tls=transport == "tls")
+        cold = statistics.median(figures["cold"])
+        for kind in KINDS:
+            values = sorted(figures[kind])
+            median = statistics.median(values)
+            p90 = values[int(0.9 * (len(values) - 1))]
+            ratio = median / cold
+            status = ("met" if ratio <= TARGET_RATIO else "NOT met") if kind == "warm" else "-"
+            rows.append((f"{TRANSPORTS[transport]}: first byte, new flow, {KINDS[kind]}", f"{median * US:.0f}",
+                         f"{p90 * US:.0f}", str(len(values)), f"{ratio:.2f}", status))
+    return rows
+
+
+def _run_transport(binary: str, loadgen: Path, samples: int, *, tls: bool) -> dict[str, list[float]]:
+    """The samples over one transport: the v2ray server, v2ray's reference client and honk."""
     secret = str(uuid.uuid4())
     with tempfile.TemporaryDirectory(prefix="honk-warm-bench-") as tmp:
         wd = Path(tmp)
-        server_port = free_port()
-        config = v2ray.server_config("vmess", server_port, secret)
-        server = Running([binary, "-config", _write(wd / "server.json", json.dumps(config))], {},
-                         wd, wd / "server.log")
+        cert = key = ca = ""
+        if tls:
+            import trustme  # a test dependency of honk; only the TLS transport needs it
+
+            authority = trustme.CA()
+            issued = authority.issue_cert(*v2ray.TLS_NAMES)
+            cert, key, ca = str(wd / "cert.pem"), str(wd / "key.pem"), str(wd / "ca.pem")
+            issued.cert_chain_pems[0].write_to_path(cert)
+            issued.private_key_pem.write_to_path(key)
+            authority.cert_pem.write_to_path(ca)
+        server_port, client_port = free_port(), free_port()
+        server = Running([binary, "-config", _write(wd / "server.json", json.dumps(
+            v2ray.server_config("vmess", server_port, secret, cert, key, tls=tls)))], {}, wd, wd / "server.log")
+        client = Running([binary, "-config", _write(wd / "client.json", json.dumps(
+            v2ray.client_config("vmess", client_port, server_port, secret, ca, tls=tls, mux=True)))], {},
+            wd, wd / "client.log")
+        trust = os.environ.get("SSL_CERT_FILE")
         try:
             server.wait_port(server_port)
-            figures = asyncio.run(_measure(v2ray.share_link("vmess", server_port, secret), build_loadgen(), samples))
+            client.wait_port(client_port)
+            if ca:
+                os.environ["SSL_CERT_FILE"] = ca  # honk verifies against the system store, which honours it
+            link = v2ray.share_link("vmess", server_port, secret, tls=tls)
+            return asyncio.run(_measure(link, loadgen, samples, client_port))
         finally:
+            if trust is None:
+                os.environ.pop("SSL_CERT_FILE", None)
+            else:
+                os.environ["SSL_CERT_FILE"] = trust
+            client.stop()
             server.stop()
-    cold = statistics.median(figures["cold"])
-    rows = []
-    for kind in KINDS:
-        values = sorted(figures[kind])
-        median = statistics.median(values)
-        p90 = values[int(0.9 * (len(values) - 1))]
-        ratio = median / cold
-        status = ("met" if ratio <= TARGET_RATIO else "NOT met") if kind == "warm" else "-"
-        rows.append((f"first byte, new flow, {KINDS[kind]}", f"{median * US:.0f}", f"{p90 * US:.0f}",
-                     str(len(values)), f"{ratio:.2f}", status))
-    return rows
 
 
 HEADER = ["warm-up", "median µs", "p90 µs", "samples", "ratio to cold", "status"]
@@ -177,9 +214,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.warm")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--transport", choices=tuple(TRANSPORTS), action="append",
+                        help="measure only this transport (repeatable; default: all)")
     args = parser.parse_args(argv)
     print("warm-up benchmark:", file=sys.stderr, flush=True)
-    print(format_table(HEADER, [list(r) for r in run(args.quick)]))
+    rows = run(args.quick, tuple(args.transport or TRANSPORTS))
+    print(format_table(HEADER, [list(r) for r in rows]))
 
 
 if __name__ == "__main__":

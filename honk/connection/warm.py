@@ -212,12 +212,8 @@ class WarmUp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._resting.set()
-        for runtime in self._pinned.values():
-            runtime.let_go(WarmOwner.SELECTOR_PIN)
-        self._pinned.clear()
-        for runtime in self._udp_held.values():
-            runtime.let_go(WarmOwner.UDP_WARM)
-        self._udp_held.clear()
+        _hold_only(self._pinned, {}, WarmOwner.SELECTOR_PIN)
+        _hold_only(self._udp_held, {}, WarmOwner.UDP_WARM)
 
     async def rested(self) -> None:
         """Return once no pass runs (the startup passes done, say): for a caller that wants
@@ -287,14 +283,7 @@ class WarmUp:
             return
         self.passes += 1
         targets = pin_targets(plane)
-        for node in [n for n in self._pinned if n not in targets]:
-            self._pinned.pop(node).let_go(WarmOwner.SELECTOR_PIN)
-        for node, leaf in targets.items():
-            runtime = self._pinned.get(node)
-            if runtime is not None and runtime is not leaf.runtime:  # (a new runtime: the node changed)
-                runtime.let_go(WarmOwner.SELECTOR_PIN)
-            leaf.runtime.hold(WarmOwner.SELECTOR_PIN)
-            self._pinned[node] = leaf.runtime
+        _hold_only(self._pinned, targets, WarmOwner.SELECTOR_PIN)
         now = self.clock.now()
         for runtime in plane.runtimes.values():
             runtime.ready.reap(now)
@@ -308,14 +297,7 @@ class WarmUp:
         if plane is None:
             return
         targets = udp_warm_targets(plane, plane.spec.global_.udp_warm_node_count)
-        for node in [n for n in self._udp_held if n not in targets]:
-            self._udp_held.pop(node).let_go(WarmOwner.UDP_WARM)
-        for node, leaf in targets.items():
-            runtime = self._udp_held.get(node)
-            if runtime is not None and runtime is not leaf.runtime:  # (a new runtime: the node changed)
-                runtime.let_go(WarmOwner.UDP_WARM)
-            leaf.runtime.hold(WarmOwner.UDP_WARM)
-            self._udp_held[node] = leaf.runtime
+        _hold_only(self._udp_held, targets, WarmOwner.UDP_WARM)
         limit = asyncio.Semaphore(UDP_WARM_CONCURRENCY)
         await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit, udp=True) for leaf in targets.values()))
 
@@ -365,6 +347,19 @@ class WarmUp:
                 sock.close()
                 return 0
             return int(leaf.runtime.ready.deposit(sock, self.clock.now()))
+
+
+def _hold_only(held: dict[Any, NodeRuntime], targets: dict[Any, Any], owner: WarmOwner) -> None:
+    """Make ``held`` (node -> runtime holding ``owner``) the runtimes of ``targets`` (node -> leaf):
+    the nodes that left are let go, a node whose runtime changed lets its old one go."""
+    for node in [n for n in held if n not in targets]:
+        held.pop(node).let_go(owner)
+    for node, leaf in targets.items():
+        runtime = held.get(node)
+        if runtime is not None and runtime is not leaf.runtime:  # (a new runtime: the node changed)
+            runtime.let_go(owner)
+        leaf.runtime.hold(owner)
+        held[node] = leaf.runtime
 
 
 def pool_stats(plane: Any) -> dict[str, int]:

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from helpers.aio import close_writer, socks5_open
 from helpers.dns import UdpDnsResponder, build_query, parse_answer
@@ -78,6 +78,17 @@ class CountingForwarder:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@contextlib.contextmanager
+def _forwarders(port: int) -> Iterator[tuple[CountingForwarder, CountingForwarder]]:
+    """Two counting forwarders to the server on ``port``: two nodes of one server."""
+    first, second = CountingForwarder(port), CountingForwarder(port)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
 
 
 def _via(node: NodeSpec, forwarder: CountingForwarder, name: str, *, mux: bool = False) -> NodeSpec:
@@ -188,12 +199,8 @@ def test_after_a_selector_switch_the_first_socks5_flow_takes_the_warm_connection
             assert d2.ready.hits == 1
 
     with danted() as peer, EchoServer() as echo:
-        first, second = CountingForwarder(peer.port), CountingForwarder(peer.port)
-        try:
+        with _forwarders(peer.port) as (first, second):
             run(main(first, second, echo, peer.port))
-        finally:
-            first.close()
-            second.close()
 
 
 def test_after_a_switch_a_vmess_mux_flow_rides_the_warm_carrier_and_a_reload_keeps_it(run) -> None:
@@ -217,12 +224,8 @@ def test_after_a_switch_a_vmess_mux_flow_rides_the_warm_carrier_and_a_reload_kee
             assert second.accepted == 1
 
     with v2ray_server("vmess", mux=True) as peer, EchoServer() as echo:
-        first, second = CountingForwarder(peer.port), CountingForwarder(peer.port)
-        try:
+        with _forwarders(peer.port) as (first, second):
             run(main(first, second, echo, peer.share_link()))
-        finally:
-            first.close()
-            second.close()
 
 
 def test_the_udp_warm_set_keeps_a_urltests_top_mux_node_warm_for_a_new_udp_association(run) -> None:
@@ -241,9 +244,5 @@ def test_the_udp_warm_set_keeps_a_urltests_top_mux_node_warm_for_a_new_udp_assoc
             assert second.accepted == 0  # the cold race won at its first start: the second never dialled
 
     with v2ray_server("vmess", mux=True) as peer, UdpDnsResponder({"warm.honk.test": "192.0.2.81"}) as dns:
-        first, second = CountingForwarder(peer.port), CountingForwarder(peer.port)
-        try:
+        with _forwarders(peer.port) as (first, second):
             run(main(first, second, dns, peer.share_link()))
-        finally:
-            first.close()
-            second.close()

@@ -301,3 +301,16 @@ def _close_carriers(plane) -> None:
     for leaf in plane.outbounds.values():
         if getattr(leaf, "mux", False):
             pool_for(leaf).close()
+
+
+def test_a_score_group_gives_its_rank_order_and_a_fallback_its_eligible_members_in_order(server):
+    groups = [GroupSpec("scored", policy=Policy.SCORE, filters=(name_filter("m0", "m1", "m2"),),
+                        has_filter_lines=True),
+              GroupSpec("backup", policy=Policy.FALLBACK, filters=(name_filter("s1", "m7", "m8", "m9"),),
+                        has_filter_lines=True)]
+    plane = _udp_plane(server, FakeClock(), 2, groups)
+    scored = plane.groups.udp_warm_leaves("scored", Family.V4, 2, lambda leaf: True)
+    assert len(scored) == 2 and {leaf.name for leaf in scored} <= {"m0", "m1", "m2"}
+    assert scored[0].name == plane.groups.resolve("scored", Network.UDP, peek=True).leaf.name  # its winner first
+    names = [leaf.name for leaf in udp_warm_targets(plane, 2).values()]
+    assert names == [scored[0].name, "m7", scored[1].name, "m8"]

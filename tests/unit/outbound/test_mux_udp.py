@@ -75,6 +75,16 @@ class Opener:
         return carrier
 
 
+async def _two_targets(pool: MuxPool) -> tuple[MuxDatagramEndpoint, MemoryCarrier, list]:
+    """An association with a datagram sent to DNS and to OTHER on one open carrier."""
+    opener, lost = Opener(), []
+    await pool.acquire(opener, 10.0)
+    endpoint = _endpoint(pool, opener, [], lost)
+    endpoint.send(b"a", DNS)
+    endpoint.send(b"b", OTHER)
+    return endpoint, opener.carriers[0], lost
+
+
 def _endpoint(pool: MuxPool, opener: Opener, got: list, lost: list) -> MuxDatagramEndpoint:
     return MuxDatagramEndpoint("node", pool, opener, lambda: pool.clock.now() + 10.0,
                                lambda data, source: got.append((data, source)), lost.append)
@@ -124,12 +134,7 @@ async def test_a_reply_is_delivered_from_the_peer_its_frame_names_else_from_the_
 
 
 async def test_a_server_end_of_one_session_ends_only_it_and_the_next_datagram_opens_another(pool):
-    opener, got, lost = Opener(), [], []
-    await pool.acquire(opener, 10.0)
-    endpoint = _endpoint(pool, opener, got, lost)
-    endpoint.send(b"a", DNS)
-    endpoint.send(b"b", OTHER)
-    carrier = opener.carriers[0]
+    endpoint, carrier, lost = await _two_targets(pool)
     first = carrier.frames[0].session_id
     carrier.reply(MuxFrame(first, SessionStatus.END, error=True))  # the server reset DNS's session
     await _turns()
@@ -140,12 +145,7 @@ async def test_a_server_end_of_one_session_ends_only_it_and_the_next_datagram_op
 
 
 async def test_the_carriers_loss_ends_the_association_once_with_the_carriers_error(pool):
-    opener, got, lost = Opener(), [], []
-    await pool.acquire(opener, 10.0)
-    endpoint = _endpoint(pool, opener, got, lost)
-    endpoint.send(b"a", DNS)
-    endpoint.send(b"b", OTHER)
-    carrier = opener.carriers[0]
+    endpoint, carrier, lost = await _two_targets(pool)
     carrier.reply(MuxFrame(0, SessionStatus.KEEP_ALIVE))  # a keep-alive changes nothing
     carrier.break_(ConnectionResetError("reset by peer"))
     await _turns()
