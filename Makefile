@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/demo.toml
 
-.PHONY: venv build build-deps peers run test test-twins bench bench-peers lint clean
+.PHONY: venv build build-deps peers run test test-twins bench bench-peers lint clean deb
 
 venv: $(STAMP)
 
@@ -50,7 +50,7 @@ build-deps:
 # tests start their own on free ports with their own configs.
 PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
                  tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables \
-                 sysctl:procps tc:iproute2
+                 sysctl:procps tc:iproute2 mmdebstrap:mmdebstrap
 peers:
 	@missing=""; for pair in $(PEER_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
@@ -130,8 +130,14 @@ BENCH_ARGS ?=
 bench: build peers bench-peers
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
+# The Debian package: dist/honk_<version>_<arch>.deb, built with dpkg-buildpackage from the
+# tracked tree (packaging/deb/build.sh installs what it needs from Debian). HONK_DEB_VERSION
+# overrides the version (a rebuild to upgrade over the first).
+deb:
+	packaging/deb/build.sh
+
 lint: venv
 	$(BIN)/ruff check honk tests benchmarks
 
 clean:
-	rm -rf build $(VENV) benchmarks/.build benchmarks/.peers-venv *.egg-info honk/_fast/*.c honk/_fast/*.so var
+	rm -rf build dist $(VENV) benchmarks/.build benchmarks/.peers-venv *.egg-info honk/_fast/*.c honk/_fast/*.so var

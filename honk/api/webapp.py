@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -180,4 +181,10 @@ def _add_ui(app: web.Application, ui_dir: Path) -> None:
 
 
 def runner(app: web.Application) -> web.AppRunner:
-    return web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=RUNNER_SHUTDOWN)
+    # aiohttp 3.9 moved the shutdown grace onto the runner; Debian 12's 3.8 would hand the
+    # keyword to every request handler, which refuses it (its cleanup has no grace to bound)
+    grace = {"shutdown_timeout": RUNNER_SHUTDOWN} if _RUNNER_TAKES_SHUTDOWN else {}
+    return web.AppRunner(app, access_log=None, handle_signals=False, **grace)
+
+
+_RUNNER_TAKES_SHUTDOWN = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters

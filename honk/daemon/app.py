@@ -54,6 +54,7 @@ from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import LogBroker, kv, set_level
+from honk.daemon.notify import Notifier
 from honk.ebpf.service import SlotService
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
@@ -127,6 +128,7 @@ class Daemon:
         self.started_wall = 0.0  # wall-clock seconds at ready
         self.started_at = 0.0  # clock.now() at ready (uptime)
         self.warm = WarmUp(self.clock, lambda: self.plane)  # startup preconnect and Selector pins
+        self.notify = Notifier()  # systemd's readiness protocol (a no-op outside a Type=notify unit)
 
     # --- what runs (read-only views of the applier) -----------------------------------
 
@@ -380,18 +382,24 @@ class Daemon:
         self.reconciler.signal_reload(lambda: self._reload(False, signal=True))
 
     async def _reload(self, allow_disruptive: bool, *, signal: bool = False) -> ApplyReport:
+        self.notify.reloading()
+        outcome = "reload refused; serving the previous configuration"
         try:
-            spec = await self._read_for_reload()
-        except ApplyError as exc:
-            self._refused("reload", exc, signal)
-            raise
-        assert self.subscriptions is not None  # set by start()
-        carried = self.subscriptions.carried(spec.subscriptions)
-        report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
-                                       signal=signal)
-        self.config = spec
-        await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
-        return report
+            try:
+                spec = await self._read_for_reload()
+            except ApplyError as exc:
+                self._refused("reload", exc, signal)
+                raise
+            assert self.subscriptions is not None  # set by start()
+            carried = self.subscriptions.carried(spec.subscriptions)
+            report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
+                                           signal=signal)
+            self.config = spec
+            await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
+            outcome = f"serving generation {self.generation}"
+            return report
+        finally:
+            self.notify.ready(outcome)  # serving either way: the new configuration or the old one
 
     async def _read_for_reload(self) -> Spec:
         """The file as a reload sees it; FileRefused or Invalid (a setting fixed at start)."""
@@ -582,8 +590,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         try:
             await self.start()
+            self.notify.ready(f"serving generation {self.generation}")
             await stop.wait()
             log.info("stop requested; no new flows are accepted")
+            self.notify.stopping()
             await self.shutdown()
         finally:
             for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):

@@ -120,6 +120,36 @@ def test_sigterm_with_no_live_flows_exits_zero_promptly(tmp_path, echo):
         honk.wait_for(r"honk stopped")
 
 
+def test_under_systemd_honk_says_ready_reloading_and_stopping_on_its_notify_socket(tmp_path, echo):
+    """Type=notify: READY=1 once it serves, RELOADING=1 then READY=1 around a SIGHUP (a refused
+    reload included), STOPPING=1 before the drain."""
+    cfg = tmp_path / "honk.dae"
+    write_config(cfg, echo.port, "direct")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify.sock"))
+        notify.settimeout(15)
+
+        def next_message() -> dict[str, str]:
+            return dict(line.split("=", 1) for line in notify.recv(4096).decode().splitlines())
+
+        with HonkProcess(cfg, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")}) as honk:
+            ready = next_message()
+            honk.inbound()  # the ready line was logged before the notification
+            assert ready["READY"] == "1" and ready["STATUS"] == "serving generation 1"
+            write_config(cfg, echo.port, "block")  # a changed file: a new generation
+            honk.signal(signal.SIGHUP)
+            reloading = next_message()
+            assert reloading["RELOADING"] == "1" and int(reloading["MONOTONIC_USEC"]) > 0
+            assert next_message() == {"READY": "1", "STATUS": "serving generation 2"}
+            cfg.write_text("routing {\n")  # broken: refused, the old configuration keeps serving
+            honk.signal(signal.SIGHUP)
+            assert next_message()["RELOADING"] == "1"
+            assert next_message() == {"READY": "1", "STATUS": "reload refused; serving the previous configuration"}
+            honk.signal(signal.SIGTERM)
+            assert next_message()["STOPPING"] == "1"
+            assert honk.proc.wait(15) == 0
+
+
 def test_demo_config_serves_on_the_documented_port():
     """`make run` runs exactly this: honk on configs/demo.toml, mixed port 7890."""
     curl = require_binary("curl")
