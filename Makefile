@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/demo.toml
 
-.PHONY: venv build build-deps peers run test test-twins bench bench-peers lint clean deb
+.PHONY: venv build build-deps peers run test test-twins test-debian-libs bench bench-peers lint clean deb
 
 venv: $(STAMP)
 
@@ -85,9 +85,26 @@ TWIN_TESTS = tests/unit tests/sim \
 test: build peers
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 	$(MAKE) --no-print-directory test-twins
+	$(MAKE) --no-print-directory test-debian-libs
 
 test-twins: venv
 	HONK_NO_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(TWIN_TESTS)
+
+# The unit suite and the integration tests of the libraries' surfaces (the API and its streams,
+# DNS, HTTP/1 and HTTP/2 probes, the daemon process, metrics) once more on the libraries the
+# Debian package runs with: Debian 12's python3 and python3-* packages, and the wheels
+# packaging/deb/vendor.txt carries. Older library versions have broken honk where the newest
+# did not. The kernels are those `make build` made.
+DEBIAN_LIBS_VENV  := build/debian-libs-venv
+DEBIAN_LIBS_TESTS := tests/unit \
+	tests/integration/test_api_server.py tests/integration/test_clash_api.py \
+	tests/integration/test_clash_streams.py tests/integration/test_native_api.py \
+	tests/integration/test_metrics.py tests/integration/test_dns_loopback.py \
+	tests/integration/test_health_http_probe.py tests/integration/test_health_udp_probe.py \
+	tests/integration/test_daemon_process.py tests/integration/test_mixed_proxy.py
+test-debian-libs: build
+	packaging/deb/libs-venv.sh $(DEBIAN_LIBS_VENV)
+	PYTHONPATH=$(CURDIR) $(DEBIAN_LIBS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(DEBIAN_LIBS_TESTS)
 
 # The programs honk is measured against (see benchmarks/relay.py). Each is
 # installed only when missing; one that cannot be installed is skipped with the

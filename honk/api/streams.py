@@ -65,21 +65,23 @@ class StreamSet:
         self.tasks.clear()
 
 
-# keyed by the server's aiohttp application: a reload that rebinds the API stops the old
-# server's streams and leaves the new one's running
-_open: weakref.WeakKeyDictionary[web.Application, StreamSet] = weakref.WeakKeyDictionary()
+# by the identity of the server's aiohttp application (aiohttp 3.8, Debian 12's, cannot hash
+# one): a reload that rebinds the API stops the old server's streams and leaves the new one's
+# running; an application that goes away takes its entry with it
+_open: dict[int, StreamSet] = {}
 
 
 def stream_set(app: web.Application) -> StreamSet:
-    found = _open.get(app)
+    found = _open.get(id(app))
     if found is None:
-        found = _open[app] = StreamSet()
+        found = _open[id(app)] = StreamSet()
+        weakref.finalize(app, _open.pop, id(app), None)
     return found
 
 
 async def stop_streams(app: web.Application) -> None:
     """End every open stream of the server serving ``app`` (it is stopping)."""
-    found = _open.pop(app, None)
+    found = _open.pop(id(app), None)
     if found is not None:
         await found.close()
 
