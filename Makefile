@@ -50,7 +50,8 @@ build-deps:
 # tests start their own on free ports with their own configs.
 PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
                  tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables \
-                 sysctl:procps tc:iproute2 mmdebstrap:mmdebstrap
+                 sysctl:procps tc:iproute2 mmdebstrap:mmdebstrap \
+                 systemd-nspawn:systemd-container
 peers:
 	@missing=""; for pair in $(PEER_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \

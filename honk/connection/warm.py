@@ -171,9 +171,9 @@ def udp_warm_targets(plane: Any, count: int) -> dict[Any, Any]:
 
 
 class WarmUp:
-    """The daemon's warm-up: the startup preconnect pass and the Selector pins with their
-    repair pass. One instance; :meth:`publish` hands it each new plane, :meth:`wake` a choice
-    change."""
+    """The daemon's warm-up: the startup preconnect pass, then the Selector pins and the UDP
+    warm set, passed over together on every wake and every REPAIR_INTERVAL. One instance; it
+    reads the published plane at each pass, and :meth:`wake` is a choice change or a new plane."""
 
     def __init__(self, clock: Clock, plane: Callable[[], Any]) -> None:
         self.clock = clock

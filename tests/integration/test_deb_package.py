@@ -8,7 +8,9 @@ package's dependencies, and then, in that root (chroot, no systemd running):
   kernels are the compiled ones and the vendored QUIC stack imports;
 * ``honk run`` serves the demo configuration and one SOCKS5 request crosses it to an
   echo server on this machine's loopback; honkctl reads its API;
-* ``systemd-analyze verify`` accepts the unit;
+* ``systemd-analyze verify`` accepts the unit; booted with systemd as PID 1 (systemd-nspawn),
+  the enabled unit starts, is active once honk says READY=1, holds only its capabilities and
+  reloads;
 * the second build installed over the first keeps an edited configuration, the API
   secret and the state directory; ``apt-get purge`` then leaves nothing honk made.
 
@@ -33,6 +35,10 @@ from helpers.socks import socks5_connect
 
 from honk import __version__
 
+# the first test sets up two package builds and a Debian root (about two minutes on an idle
+# 2-core machine): beyond the suite's 120 s per test
+pytestmark = pytest.mark.timeout(900)
+
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
@@ -41,9 +47,10 @@ INSTALLED_SIZE_BUDGET_KIB = 25 * 1024  # "target: installed size <= 25 MiB"
 STEP = 30.0  # seconds a daemon may take to get ready or to stop
 CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
 # what a Debian root holds that installs, purges and the tests' own tools legitimately change
-# (dpkg's and apt's records, logs, caches; run/systemd is systemd-analyze's scratch)
+# (dpkg's and apt's records, logs, caches; run/systemd is systemd-analyze's scratch, var/lib/systemd
+# and the machine id are what booting the root under systemd writes)
 CHURN = re.compile(r"^\./(var/lib/dpkg|var/lib/apt|var/cache|var/log|tmp|etc/ld\.so\.cache|etc/systemd/system"
-                   r"|run/systemd)(/|$)")
+                   r"|run/systemd|var/lib/systemd|etc/machine-id)(/|$)")
 
 
 def _run(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -179,6 +186,49 @@ def test_honk_run_in_the_root_serves_the_demo_and_proxies_a_request(root) -> Non
 def test_systemd_analyze_verify_accepts_the_unit(root) -> None:
     done = _chroot(root, "systemd-analyze", "verify", "/lib/systemd/system/honk.service")
     assert done.stderr.strip() == ""
+
+
+PROBE_UNIT = """[Unit]
+Description=what honk.service did under systemd, for the test
+After=honk.service
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c '{ systemctl is-active honk; \\
+    systemctl show honk -p Type -p ActiveState -p SubState -p StatusText -p CapabilityBoundingSet; \\
+    systemctl reload honk && echo reload=ok; systemctl show honk -p ActiveState -p StatusText; \\
+    } > /honk-probe.txt 2>&1; systemctl poweroff'
+"""
+
+
+def test_under_systemd_the_unit_starts_notifies_ready_with_its_capabilities_and_reloads(root) -> None:
+    """The root booted with systemd as PID 1 (systemd-nspawn): the enabled honk.service starts on
+    the shipped configuration, is active once honk said READY=1, holds only its four
+    capabilities, and `systemctl reload` goes through `honk reload`."""
+    require_binary("systemd-nspawn")
+    unit = root / "etc/systemd/system/honk-probe.service"
+    wants = root / "etc/systemd/system/multi-user.target.wants/honk-probe.service"
+    result = root / "honk-probe.txt"
+    unit.write_text(PROBE_UNIT)
+    wants.symlink_to("/etc/systemd/system/honk-probe.service")
+    try:
+        # no host systemd here: no scope unit, no registration; the root's own time zone and resolver
+        done = subprocess.run(["systemd-nspawn", "--quiet", "--keep-unit", "--register=no", "--timezone=off",
+                               "--resolv-conf=off", "-D", str(root), "--boot"],
+                              text=True, capture_output=True, timeout=120)
+        assert result.exists(), f"the probe did not run:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
+        lines = result.read_text().splitlines()
+    finally:
+        for path in (unit, wants, result):
+            path.unlink(missing_ok=True)
+    assert lines[0] == "active" and "reload=ok" in lines, lines
+    started, reloaded = lines[1:lines.index("reload=ok")], lines[lines.index("reload=ok") + 1:]
+    shown = dict(line.split("=", 1) for line in started)
+    assert shown["Type"] == "notify" and shown["SubState"] == "running"
+    assert shown["StatusText"] == "serving generation 1"  # honk's own READY=1 status line
+    assert set(shown["CapabilityBoundingSet"].split()) == {"cap_net_admin", "cap_net_raw", "cap_net_bind_service",
+                                                           "cap_bpf"}
+    assert dict(line.split("=", 1) for line in reloaded) == {"ActiveState": "active",
+                                                              "StatusText": "serving generation 1"}
 
 
 def test_an_upgrade_keeps_the_edited_config_and_state_and_a_purge_leaves_nothing(root, debs) -> None:
