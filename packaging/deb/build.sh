@@ -29,17 +29,8 @@ if [ "$version" != "$changelog" ]; then
 fi
 deb_version=${HONK_DEB_VERSION:-$version}
 
-missing=""
-for pkg in $BUILD_DEPS; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
-done
-if [ -n "$missing" ]; then
-    echo "make deb: installing build dependencies:$missing"
-    if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
-    $SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-        --no-install-recommends $missing
-fi
+# shellcheck disable=SC2086 - one argument per package
+packaging/deb/apt-missing.sh "make deb: installing build dependencies" $BUILD_DEPS
 
 venv="$BUILD/venv"
 if ! "$venv/bin/python" -c 'import Cython, sys; assert Cython.__version__ >= "3"; assert sys.prefix != sys.base_prefix' \

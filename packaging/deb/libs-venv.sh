@@ -14,17 +14,9 @@ pyroute2>=0.9 Cython>=3.0,<3.3"
 
 # the package's python3-* dependencies, read from its control file (one source of truth)
 wanted=$(sed -n '/^Package: honk/,$p' "$ROOT/packaging/deb/debian/control" | grep -o 'python3-[a-z0-9-]*' | sort -u)
-missing=""
-for pkg in $wanted; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
-done
-if [ -n "$missing" ]; then
-    echo "test-debian-libs: installing the package's Debian libraries:$missing"
-    if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
-    $SUDO apt-get -o DPkg::Lock::Timeout=300 update -qq
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-        --no-install-recommends python3-venv $missing
-fi
+# shellcheck disable=SC2086 - one argument per package
+"$ROOT/packaging/deb/apt-missing.sh" "test-debian-libs: installing the package's Debian libraries" \
+    python3-venv $wanted
 
 stamp="$VENV/.honk-libs"
 want_stamp=$(cat "$ROOT/packaging/deb/vendor.txt" "$ROOT/packaging/deb/debian/control" | sha256sum | cut -d' ' -f1)
