@@ -180,11 +180,11 @@ def _add_ui(app: web.Application, ui_dir: Path) -> None:
     app.router.add_static(UI_PREFIX + "/", ui_dir, show_index=False, follow_symlinks=False)
 
 
+# aiohttp 3.9 moved the shutdown grace onto the runner; Debian 12's 3.8 would hand the keyword to
+# every request handler, which refuses it (its cleanup has no grace to bound)
+_RUNNER_TAKES_SHUTDOWN = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters
+
+
 def runner(app: web.Application) -> web.AppRunner:
-    # aiohttp 3.9 moved the shutdown grace onto the runner; Debian 12's 3.8 would hand the
-    # keyword to every request handler, which refuses it (its cleanup has no grace to bound)
     grace = {"shutdown_timeout": RUNNER_SHUTDOWN} if _RUNNER_TAKES_SHUTDOWN else {}
     return web.AppRunner(app, access_log=None, handle_signals=False, **grace)
-
-
-_RUNNER_TAKES_SHUTDOWN = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters

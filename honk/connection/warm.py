@@ -180,8 +180,6 @@ class WarmUp:
         self._plane = plane  # the published plane, read at each pass
         self._pinned: dict[Any, NodeRuntime] = {}  # node -> runtime holding SELECTOR_PIN
         self._udp_held: dict[Any, NodeRuntime] = {}  # node -> runtime holding UDP_WARM
-        self._udp_attempts = 0  # UDP warm carrier opens running now
-        self.udp_attempts_peak = 0  # the most that ever ran at once
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Future | None = None
         self._woken = False  # a wake that came while a pass ran: the next one starts at once
@@ -299,7 +297,7 @@ class WarmUp:
         targets = udp_warm_targets(plane, plane.spec.global_.udp_warm_node_count)
         _hold_only(self._udp_held, targets, WarmOwner.UDP_WARM)
         limit = asyncio.Semaphore(UDP_WARM_CONCURRENCY)
-        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit, udp=True) for leaf in targets.values()))
+        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit) for leaf in targets.values()))
 
     async def _keep_warm(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
         """A pinned leaf's resource: its mux carrier, else one ready server connection."""
@@ -308,25 +306,18 @@ class WarmUp:
         elif not leaf.runtime.ready.has_ready(self.clock.now()):
             await self._deposit(plane, leaf, limit)
 
-    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore, *, udp: bool = False) -> None:
-        """A held mux leaf's carrier, opened when it has none with room; a failure is only
-        logged (warm-up reports nothing to health or Score). ``udp``: a UDP warm attempt
-        (counted for UDP_WARM_CONCURRENCY's peak)."""
+    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
+        """A held mux leaf's carrier, opened when it has none with room (at most ``limit`` at
+        once); a failure is only logged (warm-up reports nothing to health or Score)."""
         if pool_for(leaf).has_room:
             return
         async with limit:
             deadline = self.clock.now() + plane.spec.global_.connect_timeout
-            if udp:
-                self._udp_attempts += 1
-                self.udp_attempts_peak = max(self.udp_attempts_peak, self._udp_attempts)
             try:
                 if await pool_for(leaf).ensure_carrier(leaf.open_mux_carrier, deadline):
-                    log.debug("warm-up carrier opened %s", kv(node=leaf.name, path="udp" if udp else "tcp"))
+                    log.debug("warm-up carrier opened %s", kv(node=leaf.name))
             except (HonkError, TimeoutError, OSError) as exc:
                 log.debug("warm-up carrier failed %s", kv(node=leaf.name, error=type(exc).__name__))
-            finally:
-                if udp:
-                    self._udp_attempts -= 1
 
     async def _deposit(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> int:
         """One bare server connection of ``leaf`` into its ready pool, under the dial budget;

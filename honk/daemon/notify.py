@@ -35,12 +35,7 @@ class Notifier:
     def __init__(self, address: str | None = None) -> None:
         address = os.environ.get("NOTIFY_SOCKET") if address is None else address
         self.address = ("\0" + address[1:]) if address and address.startswith("@") else (address or None)
-        self.sent = 0
         self._failed = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
 
     def ready(self, status: str = "") -> bool:
         return self._send({"READY": "1", "STATUS": status})
@@ -65,5 +60,4 @@ class Notifier:
                 self._failed = True
                 log.debug("systemd notification failed address=%s error=%s", self.address, exc)
             return False
-        self.sent += 1
         return True

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from honk._fast import nodeid
@@ -248,6 +248,21 @@ class _View:
         if selection is None:
             return Candidate(member, index, False), None
         return m._candidate(group, member, index, selection.leaf, self.network, self.family), selection
+
+
+def _distinct_selections(view: _View, members: Iterable[str], limit: int,
+                         accept: Callable[[Outbound], bool]) -> list[Selection]:
+    """``members`` resolved through ``view`` in order, the first ``limit`` whose leaf ``accept``
+    takes, each leaf once (a sub-group that picks a leaf already listed adds nothing)."""
+    out: list[Selection] = []
+    for member in members:
+        selection = view.selection(member)
+        if selection is None or not accept(selection.leaf) or any(s.leaf is selection.leaf for s in out):
+            continue
+        out.append(selection)
+        if len(out) >= limit:
+            break
+    return out
 
 
 def _leaf_node_id(leaf: Outbound | None, name: str | None = None) -> NodeId:
@@ -669,15 +684,8 @@ class GroupManager:
         view = _View(self, g, Network.UDP, family, (name,), 0, True)
         if any(c.eligible and c.udp_metric is not None for c in view.all()):
             return []  # measured: the URLTest's own UDP pick, one leaf
-        out: list[Selection] = []
-        for member in g.policy.ranked(view, len(g.policy.members)):
-            selection = view.selection(member)
-            if selection is None or any(s.leaf is selection.leaf for s in out):
-                continue
-            leaf = selection.leaf
-            if leaf.protocol in ("direct", "block") or not leaf.capabilities.udp:
-                continue
-            out.append(selection)
+        out = _distinct_selections(view, g.policy.ranked(view, len(g.policy.members)), len(g.policy.members),
+                                   lambda leaf: leaf.protocol not in ("direct", "block") and leaf.capabilities.udp)
         return out if len(out) > 1 else []
 
     def udp_warm_leaves(self, name: str, family: Family, limit: int,
@@ -702,15 +710,7 @@ class GroupManager:
             order = [member.name for member in policy.rank(view, False).order]
         else:
             order = [c.member for c in view.all() if c.eligible]
-        out: list[Outbound] = []
-        for member in order:
-            selection = view.selection(member)
-            if selection is None or not accept(selection.leaf) or any(leaf is selection.leaf for leaf in out):
-                continue
-            out.append(selection.leaf)
-            if len(out) >= limit:
-                break
-        return out
+        return [selection.leaf for selection in _distinct_selections(view, order, limit, accept)]
 
     def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
                      target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:

@@ -252,7 +252,6 @@ async def test_the_udp_warm_set_holds_its_nodes_with_at_most_four_carrier_opens_
         opened = {leaf.name for leaf in plane.outbounds.values() if getattr(leaf, "mux", False)
                   and pool_for(leaf).carrier_count}
         assert opened == set(UDP_WARM_SET)  # one carrier each, the ninth node none
-        assert warm.udp_attempts_peak == 4
     finally:
         gate.set()
         await warm.stop()

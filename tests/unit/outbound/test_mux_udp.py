@@ -75,14 +75,15 @@ class Opener:
         return carrier
 
 
-async def _two_targets(pool: MuxPool) -> tuple[MuxDatagramEndpoint, MemoryCarrier, list]:
-    """An association with a datagram sent to DNS and to OTHER on one open carrier."""
-    opener, lost = Opener(), []
+async def _sent(pool: MuxPool, *targets: Address) -> tuple[MuxDatagramEndpoint, MemoryCarrier, list, list]:
+    """An association on one open carrier with a datagram sent to each of ``targets``; its
+    endpoint, the carrier's server side, the replies it delivered and its losses."""
+    opener, got, lost = Opener(), [], []
     await pool.acquire(opener, 10.0)
-    endpoint = _endpoint(pool, opener, [], lost)
-    endpoint.send(b"a", DNS)
-    endpoint.send(b"b", OTHER)
-    return endpoint, opener.carriers[0], lost
+    endpoint = _endpoint(pool, opener, got, lost)
+    for index, target in enumerate(targets):
+        endpoint.send(b"q%d" % index, target)
+    return endpoint, opener.carriers[0], got, lost
 
 
 def _endpoint(pool: MuxPool, opener: Opener, got: list, lost: list) -> MuxDatagramEndpoint:
@@ -120,21 +121,17 @@ async def test_datagrams_sent_before_the_carrier_is_there_wait_then_go_first_in_
 
 
 async def test_a_reply_is_delivered_from_the_peer_its_frame_names_else_from_the_sessions_target(pool):
-    opener, got, lost = Opener(), [], []
-    await pool.acquire(opener, 10.0)
-    endpoint = _endpoint(pool, opener, got, lost)
-    endpoint.send(b"query", DNS)
-    carrier = opener.carriers[0]
+    endpoint, carrier, got, lost = await _sent(pool, DNS)
     sid = carrier.frames[0].session_id
     carrier.reply(MuxFrame(sid, SessionStatus.KEEP, b"plain"))
     carrier.reply(MuxFrame(sid, SessionStatus.KEEP, b"named", network=Network.UDP, target=OTHER))
     await _turns()
     assert got == [(b"plain", DNS), (b"named", OTHER)]
-    assert len(opener.carriers) == 1  # the carrier with room served the new session at once
+    assert pool.opened == 1  # the carrier with room served the new session at once
 
 
 async def test_a_server_end_of_one_session_ends_only_it_and_the_next_datagram_opens_another(pool):
-    endpoint, carrier, lost = await _two_targets(pool)
+    endpoint, carrier, _, lost = await _sent(pool, DNS, OTHER)
     first = carrier.frames[0].session_id
     carrier.reply(MuxFrame(first, SessionStatus.END, error=True))  # the server reset DNS's session
     await _turns()
@@ -145,7 +142,7 @@ async def test_a_server_end_of_one_session_ends_only_it_and_the_next_datagram_op
 
 
 async def test_the_carriers_loss_ends_the_association_once_with_the_carriers_error(pool):
-    endpoint, carrier, lost = await _two_targets(pool)
+    endpoint, carrier, _, lost = await _sent(pool, DNS, OTHER)
     carrier.reply(MuxFrame(0, SessionStatus.KEEP_ALIVE))  # a keep-alive changes nothing
     carrier.break_(ConnectionResetError("reset by peer"))
     await _turns()
@@ -156,11 +153,7 @@ async def test_the_carriers_loss_ends_the_association_once_with_the_carriers_err
 
 
 async def test_closing_the_association_ends_its_sessions_and_leaves_the_carrier_to_the_node(pool):
-    opener, got, lost = Opener(), [], []
-    await pool.acquire(opener, 10.0)
-    endpoint = _endpoint(pool, opener, got, lost)
-    endpoint.send(b"a", DNS)
-    carrier = opener.carriers[0]
+    endpoint, carrier, _, lost = await _sent(pool, DNS)
     endpoint.close()
     end = carrier.frames[-1]
     assert (end.status, end.error) == (SessionStatus.END, True)
