@@ -4,6 +4,7 @@ cimport cython
 from honk._fast.cell_c cimport EvidenceCell, blend, qualified
 
 cdef Py_ssize_t EXACT_LAYER
+cdef Py_ssize_t _MAX_BANDS
 
 cdef class Candidate:
     cdef public object member
@@ -41,8 +42,11 @@ cdef void _open_episodes(Candidate c, object glob_episode, object family_episode
                          EvidenceCell glob, EvidenceCell family, EvidenceCell exact, double now,
                          double recent_window) except *
 
-@cython.locals(a_front=bint)
-cdef bint _precedes(Candidate a, Candidate b, double floor) except -1
+@cython.locals(steps=double)
+cdef Py_ssize_t _band_of(double reliability, double floor, double band) noexcept
+
+@cython.locals(a_band=Py_ssize_t, b_band=Py_ssize_t)
+cdef bint _precedes(Candidate a, Candidate b, double floor, double band) except -1
 
 @cython.locals(best=double, i=Py_ssize_t, c=Candidate)
 cdef double _floor(list candidates, double band) except? -1.0

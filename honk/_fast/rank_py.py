@@ -6,8 +6,11 @@ the ordered candidates stay in ``honk.group.score.ranker``.
 
 Order (GH-K-06, no randomness): the members whose reliability lower bound is within ``band``
 of the best form the front, ordered by fresh utility (None last: missing performance is never a
-gain, GH-K-31), then reliability, then configuration order; the rest follow by reliability,
-utility, configuration order. The configuration index makes every key unique.
+gain, GH-K-31), then reliability, then configuration order. The rest follow in bands of the same
+width below the front, each band ordered the same way: a wider gap is real evidence, but two
+members behind the front whose bounds differ by a rounding error (each one success, decayed from
+a slightly different time) are as reliable as each other, and must compete on utility, not on
+the seventh decimal. The configuration index makes every key unique.
 
 This file is plain Python and also the Cython source of ``rank_c`` (types in ``rank_c.pxd``);
 keep the two in step.
@@ -19,6 +22,7 @@ if not cython.compiled:  # the compiled build cimports the compiled cell kernel 
     from honk._fast.cell_py import blend, qualified  # read a cell of either build
 
 EXACT_LAYER = 2  # the exact layer's index in a read's (global, family, exact) cells
+_MAX_BANDS = 1 << 30  # the order's band index saturates here (reliability spans [0, 1])
 
 
 class Candidate:
@@ -322,14 +326,25 @@ def normalized(gains: list, total: float) -> list:
     return out
 
 
-def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
+def _band_of(reliability: float, floor: float, band: float) -> int:
+    """0 for the front (at or above ``floor``), then 1, 2, ... for each ``band`` below it."""
+    if reliability >= floor:
+        return 0
+    if band <= 0.0:  # no band: everyone behind the front is one band, ordered by utility
+        return 1
+    steps = (floor - reliability) / band
+    if steps >= _MAX_BANDS:  # a vanishing band: past this, no integer holds the count
+        return _MAX_BANDS
+    return 1 + int(steps)
+
+
+def _precedes(a: Candidate, b: Candidate, floor: float, band: float) -> bool:
     """Whether ``a`` ranks before ``b`` (see the module docstring); the same order as
     :func:`_sort_key`."""
-    a_front = a.reliability >= floor
-    if a_front != (b.reliability >= floor):
-        return a_front
-    if not a_front and a.reliability != b.reliability:  # behind the band: reliability first
-        return a.reliability > b.reliability
+    a_band = _band_of(a.reliability, floor, band)
+    b_band = _band_of(b.reliability, floor, band)
+    if a_band != b_band:  # the more reliable band first
+        return a_band < b_band
     if a.rated != b.rated:  # missing performance is never a gain
         return a.rated
     if a.rated and a.utility_value != b.utility_value:
@@ -339,12 +354,10 @@ def _precedes(a: Candidate, b: Candidate, floor: float) -> bool:
     return a.index < b.index
 
 
-def _sort_key(c: Candidate, floor: float) -> tuple:
+def _sort_key(c: Candidate, floor: float, band: float) -> tuple:
     """The order as a key (the pure-Python build sorts with it)."""
     u = 0.0 if c.utility is None else c.utility
-    if c.reliability >= floor:
-        return (False, c.utility is None, -u, -c.reliability, c.index)
-    return (True, -c.reliability, c.utility is None, -u, c.index)
+    return (_band_of(c.reliability, floor, band), c.utility is None, -u, -c.reliability, c.index)
 
 
 def _floor(candidates: list, band: float) -> float:
@@ -366,10 +379,10 @@ def leaders(candidates: list, band: float) -> tuple:
         return first, second
     floor = _floor(candidates, band)
     for c in candidates:
-        if first is None or _precedes(c, first, floor):
+        if first is None or _precedes(c, first, floor, band):
             second = first
             first = c
-        elif second is None or _precedes(c, second, floor):
+        elif second is None or _precedes(c, second, floor, band):
             second = c
     return first, second
 
@@ -382,20 +395,20 @@ def first_sound(candidates: list, band: float, skip: object) -> object:
         return best
     floor = _floor(candidates, band)
     for c in candidates:
-        if c is not skip and not c.unresolved and (best is None or _precedes(c, best, floor)):
+        if c is not skip and not c.unresolved and (best is None or _precedes(c, best, floor, band)):
             best = c
     return best
 
 
 def order(candidates: list, band: float) -> list:
-    """``candidates`` in rank order: reliability first, utility within the reliability band,
+    """``candidates`` in rank order: reliability bands first, utility within a band,
     then configuration order."""
     count = len(candidates)
     if count == 0:
         return []
     floor = _floor(candidates, band)
     if not cython.compiled:  # keys are unique (the index), so the pairs never compare candidates
-        return [c for _, c in sorted([(_sort_key(c, floor), c) for c in candidates])]
+        return [c for _, c in sorted([(_sort_key(c, floor, band), c) for c in candidates])]
     out = []
     for i in range(count):  # binary insertion in C: few comparisons, and a list insert is a memmove
         c = candidates[i]
@@ -403,7 +416,7 @@ def order(candidates: list, band: float) -> list:
         hi = i
         while lo < hi:
             mid = (lo + hi) >> 1
-            if _precedes(c, out[mid], floor):
+            if _precedes(c, out[mid], floor, band):
                 hi = mid
             else:
                 lo = mid + 1

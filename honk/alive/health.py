@@ -33,6 +33,7 @@ Nothing here does I/O; time comes from the injected clock.
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 import logging
@@ -51,6 +52,10 @@ from honk.alive.thresholds import (
     DETECTOR_HEAL_PROBE_SUCCESSES,
     DETECTOR_SLOW_DIALS,
     DIAL_FAILURES_PER_STRIKE,
+    FLOW_FAILURE_MIN,
+    FLOW_FAILURE_SHARE,
+    FLOW_OUTCOME_SPAN,
+    FLOW_OUTCOME_WINDOW,
     MIN_STRIKE_CLEARING_SUCCESSES,
     PROBE_COOLDOWN_FACTOR,
     PROBE_COOLDOWN_MAX,
@@ -194,6 +199,9 @@ class NodeHealth:
     slow_dials: int = 0  # consecutive real dials slower than the detector's threshold
     detector_strikes: int = 0  # ranking strikes from the detector
     healing: int = -1  # probe successes since the detector's emergency probe; -1: not healing
+    # the last real TCP flows' outcomes (clock time, failed), for the flow-failure share
+    outcomes: collections.deque[tuple[float, bool]] = field(
+        default_factory=lambda: collections.deque(maxlen=FLOW_OUTCOME_WINDOW))
     # delay tests by URL (the Clash `extra` histories), at most DELAY_TEST_URLS URLs, oldest dropped
     url_history: dict[str, LatencyRing] = field(default_factory=dict)
 
@@ -332,9 +340,23 @@ class AliveDialerSet:
                 node.healing += 1
                 if node.healing >= DETECTOR_HEAL_PROBE_SUCCESSES:
                     node.detector_strikes, node.healing = 0, -1
+        was_dead = state.dead
         if state.probe_succeeded():
+            if was_dead and domain is Domain.TCP:
+                self._start_over(node)
             self._announce(node, domain, family, True)
         return True
+
+    def _start_over(self, node: NodeHealth) -> None:
+        """A dead TCP state was revived by probes: the strikes belonged to the failure that
+        killed the node, and the revival (a cooldown, then two consecutive successes) proved it
+        works again, so it ranks on its measurements again. Without this a URLTest or Fallback
+        would never send it traffic again, and only real traffic clears strikes."""
+        if node.demoted or node.dial_failures or node.outcomes:
+            log.info("node %s: revived; its strikes are cleared", node.name)
+        node.strikes = node.detector_strikes = node.clearing = node.dial_failures = 0
+        node.slow_dials, node.healing = 0, -1
+        node.outcomes.clear()
 
     def notify_check_failure(
         self,
@@ -442,6 +464,32 @@ class AliveDialerSet:
             node.latencies.push(self.clock.wall(), SYNTHETIC_PLACEHOLDER, True)
         self.report_traffic_failure(node_id, Domain.TCP, family)
         return node.strikes
+
+    def report_flow(self, node_id: uuid.UUID, failed: bool) -> None:
+        """One real TCP flow through the node has its outcome: answered (``failed`` False) or
+        failed by the node. When the node's recent failures reach the flow-failure share, one
+        ranking strike and an emergency probe (:data:`FLOW_FAILURE_SHARE`)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            return
+        now = self.clock.now()
+        window = node.outcomes
+        while window and now - window[0][0] > FLOW_OUTCOME_SPAN:
+            window.popleft()
+        window.append((now, failed))
+        if not failed:
+            return
+        failures = sum(1 for _at, bad in window if bad)
+        if failures < FLOW_FAILURE_MIN or failures < FLOW_FAILURE_SHARE * len(window):
+            return
+        log.info("node %s: %d of its last %d flows failed; one strike and an emergency probe",
+                 node.name, failures, len(window))
+        window.clear()
+        node.strikes += 1
+        node.clearing = 0
+        self._changed(node)
+        if self.on_emergency is not None:
+            self.on_emergency(node.node_id)
 
     def record_delay_test(self, node_id: uuid.UUID, family: Family, rtt: float | None, url: str = "") -> None:
         """An on-demand delay test through the node: its history shows the result, but it

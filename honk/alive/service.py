@@ -271,7 +271,8 @@ class HealthService:
             out = []
             for member in plane.groups.members(group):
                 try:
-                    leaf = plane.groups.resolve(member, Network.TCP).leaf
+                    # a peek: reading the (member, leaf) pairs moves no winner, cursor or Score pick
+                    leaf = plane.groups.resolve(member, Network.TCP, peek=True).leaf
                 except HonkError:
                     continue
                 runtime = getattr(leaf, "runtime", None)

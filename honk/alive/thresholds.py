@@ -39,6 +39,18 @@ DETECTOR_FLOOR = 0.250  # seconds; "the 250 ms floor keeps normal load jitter ..
 # the detector's strikes (the design leaves the count open; this is the issue's decision).
 DETECTOR_HEAL_PROBE_SUCCESSES = 2
 
+# The flow-failure share (honk's reading of "a node that fails a large share of flows", issue 32):
+# each real TCP flow through a node leaves one outcome -- answered, or failed by the node (a counted
+# dial failure, a refusal of a target another member then reached, a reset or silence before any
+# response byte). Among the node's last FLOW_OUTCOME_WINDOW outcomes of the last FLOW_OUTCOME_SPAN
+# seconds, FLOW_FAILURE_SHARE failed (at least FLOW_FAILURE_MIN of them) puts one strike on the node and
+# fires an emergency probe, as the EMA detector does; the window then starts over. Consecutive counts
+# cannot see a node that fails every other flow: each success restarts them.
+FLOW_OUTCOME_WINDOW = 20
+FLOW_OUTCOME_SPAN = 60.0  # seconds an outcome stays in the window
+FLOW_FAILURE_SHARE = 0.3  # "leave a node failing >= 30 % of flows"
+FLOW_FAILURE_MIN = 4  # failures before the share can trip: one unlucky pair is the streak's business
+
 GROUP_CHECK_DEATH_THRESHOLD = 3  # per-group check_url: "dies after three consecutive failures"
 GROUP_DELAY_CONCURRENCY = 10  # "group delay tests run at most 10 member measurements concurrently"
 

@@ -14,7 +14,15 @@ Classification of a dial's outcome, independent of any other consumer:
   authentication, a timeout): one TCP traffic failure and one strike;
 * the node refusing this one target (:class:`~honk.core.errors.TargetRefused`),
   a capacity refusal, an unsupported request or a configuration refusal:
-  neutral, it says nothing about the node.
+  neutral, it says nothing about the node -- until another member of the group
+  reaches that target in the same retry round (:meth:`NodeTraffic.refused_reachable`):
+  then the refusal was the node's, and counts as a dial failure.
+
+After setup, each relayed flow leaves one outcome (:class:`~honk.connection.verdict.FlowVerdict`
+decides it): answered at its first response byte, or failed when the upstream reset it or
+stayed silent past ``response_timeout`` after the client sent data. Dial failures that count
+are failed outcomes too. The outcomes feed the node's flow-failure share
+(:meth:`~honk.alive.health.AliveDialerSet.report_flow`).
 """
 
 from __future__ import annotations
@@ -67,6 +75,26 @@ class NodeTraffic:
             self.alive.report_dial_success(self.node_id, fam, latency, pool_hit)
         elif counts_against_node(outcome):
             self.alive.record_dial_failure(self.node_id, fam)
+            self.alive.report_flow(self.node_id, True)
+
+    def refused_reachable(self, family: int) -> None:
+        """The node refused a target that another member of the group then reached: the
+        refusal was the node's own, a dial failure like any other."""
+        if not _probing.get():
+            self.alive.record_dial_failure(self.node_id, Family(family))
+            self.alive.report_flow(self.node_id, True)
+
+    def flow_answered(self) -> None:
+        """A relayed flow through the node received its first response byte."""
+        if not _probing.get():
+            self.alive.report_flow(self.node_id, False)
+
+    def flow_failed(self, family: int) -> None:
+        """A relayed flow through the node sent data and got nothing back: the upstream reset
+        it, or stayed silent past the response deadline. A TCP traffic failure."""
+        if not _probing.get():
+            self.alive.report_traffic_failure(self.node_id, Domain.TCP, Family(family))
+            self.alive.report_flow(self.node_id, True)
 
     def packets_failed(self, family: int) -> None:
         """A UDP endpoint through the node failed: a terminal send or receive error, or it

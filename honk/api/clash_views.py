@@ -34,14 +34,13 @@ from honk.connection.tracker import ConnectionInfo
 from honk.control.mode import global_members
 from honk.core.net import Network
 from honk.core.stats import OutboundCounts, StaggerCounts
-from honk.group.filter import node_id_of
+from honk.group.filter import health_family_of, node_id_of
 from honk.group.manager import GroupManager
 from honk.group.policy import Selector
 from honk.outbound.base import Outbound
 from honk.route.router import EMPTY_RULE_TEXT, FALLBACK_RULE_TEXT, describe_rule
 
 GLOBAL = "GLOBAL"
-FAMILIES = tuple(Family)  # iterating the enum itself costs more than the check
 CLASH_NAMES = {"direct": "DIRECT", "block": "REJECT"}  # honk builtin -> Clash spelling
 HONK_NAMES = {clash: honk for honk, clash in CLASH_NAMES.items()}
 HISTORY_LENGTH = 10  # mihomo's defaultHistoriesNum: a proxy shows its last 10 tests
@@ -214,20 +213,24 @@ def leaf_type(leaf: Outbound) -> str:
     return LEAF_TYPES.get(protocol, protocol.capitalize() or "Unknown")
 
 
-def _node_alive(alive: AliveDialerSet | None, node_id: uuid.UUID | None) -> bool:
-    """TCP alive in either family; an unknown state counts as alive."""
+def _node_alive(alive: AliveDialerSet | None, node_id: uuid.UUID | None, family: Family) -> bool:
+    """TCP not dead in the node's health family ``family``, the family its server is reached on
+    and the only one it is probed and judged in (GH-D-07, GH-K-01): the state of the other
+    family, never recorded, cannot mask a dead one. An unknown state counts as alive."""
     if alive is None or node_id is None:
         return True
-    return any(alive.tcp_alive(node_id, family) for family in FAMILIES)
+    return alive.tcp_alive(node_id, family)
 
 
 def _merged(*histories: Sequence[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
     return sorted((entry for history in histories for entry in history), key=lambda entry: entry[0])
 
 
-def leaf_extra(ctx: ProxyContext, name: str, node_id: uuid.UUID | None) -> dict[str, Any]:
+def leaf_extra(ctx: ProxyContext, name: str, node_id: uuid.UUID | None,
+               family: Family = Family.V4) -> dict[str, Any]:
     """Per-URL histories (what dashboards read first for a group's ``testUrl``): the node's
-    delay tests by URL, the global TCP check's probes, each group check_url it is a member for."""
+    delay tests by URL, the global TCP check's probes (in the node's health family ``family``,
+    the one it is probed in), each group check_url it is a member for."""
     if node_id is None:
         return {}
     by_url: dict[str, list[tuple[float, float, bool]]] = {}
@@ -236,7 +239,7 @@ def leaf_extra(ctx: ProxyContext, name: str, node_id: uuid.UUID | None) -> dict[
             by_url[url] = list(entries)
         check_url = ctx.global_check_url()
         if check_url:
-            probes = ctx.alive.history(node_id, Domain.TCP, Family.V4)
+            probes = ctx.alive.history(node_id, Domain.TCP, family)
             if probes:
                 by_url[check_url] = _merged(by_url.get(check_url, ()), probes)
     if ctx.checks is not None:
@@ -255,14 +258,15 @@ def leaf_extra(ctx: ProxyContext, name: str, node_id: uuid.UUID | None) -> dict[
 def leaf_proxy(ctx: ProxyContext, name: str, leaf: Outbound) -> dict[str, Any]:
     """A leaf (node or builtin) as a Clash Proxy."""
     node_id = node_id_of(leaf)
-    obj = _base(clash_name(name), leaf_type(leaf), alive=_node_alive(ctx.alive, node_id),
+    family = health_family_of(leaf)
+    obj = _base(clash_name(name), leaf_type(leaf), alive=_node_alive(ctx.alive, node_id, family),
                 udp=bool(leaf.supports_udp))
     obj["id"] = str(node_id) if node_id is not None else ""
     node = ctx.node_spec(name)
     obj["provider-name"] = node.subscription if node is not None and node.subscription else ""
     if node_id is not None and ctx.alive is not None:
         obj["history"] = history_view(ctx.alive.latency_history(node_id))
-    obj["extra"] = leaf_extra(ctx, name, node_id)
+    obj["extra"] = leaf_extra(ctx, name, node_id, family)
     return _sorted(obj)
 
 

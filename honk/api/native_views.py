@@ -24,7 +24,7 @@ from honk.config.diagnostics import Diagnostic
 from honk.config.spec import BUILTIN_OUTBOUNDS, GroupSpec, NodeSpec, Policy, Spec
 from honk.connection.tracker import ConnectionInfo
 from honk.core.net import Network
-from honk.group.filter import node_id_of
+from honk.group.filter import health_family_of, node_id_of
 
 if TYPE_CHECKING:
     from honk.connection.plane import Plane
@@ -178,19 +178,21 @@ def node_view(plane: Plane, alive: AliveDialerSet, name: str,
     }
 
 
-def node_alive(alive: AliveDialerSet, node_id: uuid.UUID) -> bool:
-    """A node counts as alive unless every TCP state it has is dead (unknown counts as alive,
-    as everywhere in health)."""
+def node_alive(alive: AliveDialerSet, node_id: uuid.UUID, family: Family) -> bool:
+    """A node counts as alive unless its TCP state in its health family ``family`` (the family
+    its server is reached on, the one it is probed and judged in: GH-D-07, GH-K-01) is dead;
+    unknown counts as alive, as everywhere in health."""
     if node_id not in alive:
         return True
-    tcp = [state for (domain, _), state in alive.node(node_id).states.items() if domain is Domain.TCP]
-    return not tcp or any(state.status is not Status.DEAD for state in tcp)
+    return alive.tcp_alive(node_id, family)
 
 
 def node_counts(plane: Plane, alive: AliveDialerSet) -> JSON:
     """Proxy nodes (outbounds with a NodeId) in total and alive."""
-    ids = {node_id for leaf in plane.outbounds.values() if (node_id := node_id_of(leaf)) is not None}
-    return {"total": len(ids), "alive": sum(1 for node_id in ids if node_alive(alive, node_id))}
+    families = {node_id: health_family_of(leaf) for leaf in plane.outbounds.values()
+                if (node_id := node_id_of(leaf)) is not None}
+    return {"total": len(families),
+            "alive": sum(1 for node_id, family in families.items() if node_alive(alive, node_id, family))}
 
 
 # --- connections, diagnostics ---------------------------------------------------------------

@@ -115,11 +115,16 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             items = V.get_list(e, sink, aggregates=True)
             if items is not None and all(_check_dns_target(t, i, e, sink) for i, t in enumerate(items)):
                 g[key] = items
-        elif key in ("check_interval", "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace"):
+        elif key in ("check_interval", "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace",
+                     "response_timeout"):
             seconds = V.get_seconds(e, sink)
             if seconds is None:
                 continue
-            if key != "shutdown_grace" and seconds <= 0:
+            if key in ("shutdown_grace", "response_timeout"):
+                if seconds < 0:
+                    sink.error("invalid-value", e.path, "duration must not be negative", e.loc)
+                    continue
+            elif seconds <= 0:
                 sink.error("invalid-value", e.path, "duration must be positive", e.loc)
                 continue
             g[key] = seconds

@@ -28,14 +28,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from honk.alive.outcome import Family
 from honk.config.spec import GlobalSpec, Policy
 from honk.connection import scoring
 from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
+from honk.connection.verdict import observe_flow
 from honk.control.mode import RoutingMode
 from honk.core.clock import Clock
-from honk.core.errors import DialError, HonkError, TargetRefused
+from honk.core.errors import DialError, DialTimeout, HonkError, TargetRefused
 from honk.core.net import FlowMeta, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
@@ -95,6 +95,28 @@ def _report(leaf: Any, outcome: HonkError | None, latency: float | None, pool_hi
     traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
     if traffic is not None:
         traffic.dial(outcome, getattr(leaf, "health_family", 4), latency, pool_hit)
+
+
+def _report_refused_reachable(leaf: Any) -> None:
+    """``leaf``'s node refused a target another member of its group then reached."""
+    traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
+    if traffic is not None:
+        traffic.refused_reachable(getattr(leaf, "health_family", 4))
+
+
+# A timed-out dial is evidence against its node only when it had at least this share of
+# connect_timeout from its real start (after its permit) to its deadline: a dial squeezed by
+# honk's own waits -- a busy dial budget, an earlier attempt of the same flow -- was never given
+# a fair chance, and no healthy node may be blamed for honk's waits (issue 32).
+FAIR_DIAL_SHARE = 0.5
+
+
+def _fair_chance(error: HonkError, started: float | None, deadline: float, connect_timeout: float) -> bool:
+    """Whether a failed dial says something about its node: any failure the node or the network
+    answered with, and a timeout of a dial that had its fair share of time."""
+    if not isinstance(error, DialTimeout):
+        return True
+    return started is not None and deadline - started >= FAIR_DIAL_SHARE * connect_timeout
 
 
 def _ready_hit(leaf: Any, now: float) -> bool:
@@ -247,7 +269,7 @@ class Dispatcher:
         cold = getattr(getattr(self._plane, "groups", None), "cold_udp_candidates", None)
         if cold is None:
             return []
-        selections = cold(routed.chain[0], Family.V4)
+        selections = cold(routed.chain[0])
         if not any(s.leaf is routed.leaf for s in selections):
             return []  # the selection served something else (a pin, a final): that one leaf
         return [self.rescore(dataclasses.replace(routed, chain=tuple(s.chain), leaf=s.leaf)) for s in selections]
@@ -259,7 +281,7 @@ class Dispatcher:
         health = getattr(groups, "health", None)
         if health is None or len(routed.chain) < 2:
             return True
-        return health.eligible(routed.leaf, Network.UDP, Family.V4, routed.chain[-2], routed.chain[-1])
+        return health.eligible(routed.leaf, Network.UDP, routed.chain[-2], routed.chain[-1])
 
     async def connect(self, meta: FlowMeta) -> Upstream:
         """Route and dial a TCP flow; raises Blocked/NoRoute/DialError/DialTimeout/NotSupported."""
@@ -267,79 +289,100 @@ class Dispatcher:
         return Upstream(routed, dialed.sock, dialed.framing, dialed.bridge)
 
     async def dial_routed(self, routed: Routed) -> tuple[Routed, DialedStream]:
-        """Dial a routed TCP flow within one absolute deadline; the routing it was served by
-        (another leaf of the same URLTest group after a retry) and the stream.
+        """Dial a routed TCP flow; the routing it was served by (another leaf of the same group
+        after a retry) and the stream.
 
-        A setup failure of a leaf that a URLTest group picked gets one retry round over that
-        group's next-ranked members (at most three, in rank order, same deadline). Every
-        failure counts in its node's streak, so a lone failure the round rescues leaves no
-        strike (strikes come at a streak of two) while a dead winner is demoted by the second
-        one. A Score group instead tries one different permitted leaf, the failed NodeId
-        excluded before ranking (GH-K-77). Typed refusals, timeouts waiting for a dial permit
-        and failures of other policies are final."""
-        deadline = self.clock.now() + self.global_spec.connect_timeout
+        A setup failure of a leaf that a URLTest, Fallback or Score group picked gets one
+        retry round (:meth:`_retry_round`). A URLTest or Fallback round gets a fresh deadline
+        (GH-B-21): the first dial may have spent all of its own. A Score retry shares the first
+        dial's deadline (GH-K-77) and is not tried once it is spent. A node refusing the target
+        is retried too: when another member then reaches that target, the refusal was the
+        node's, and its health counts it (:meth:`NodeTraffic.refused_reachable`); when none
+        does, the target refused and nobody is blamed. Typed local refusals, timeouts waiting
+        for a dial permit and failures of other policies are final."""
+        timeout = self.global_spec.connect_timeout
+        deadline = self.clock.now() + timeout
         try:
             dialed, reporter = await self._dial_leaf(routed.leaf, routed.meta.target, deadline, routed.score)
             return dataclasses.replace(routed, reporter=reporter), dialed
         except HonkError as exc:
             first = exc
-        for retry in self._retry_round(routed, first):
+        retries, fresh = self._retry_round(routed, first)
+        if fresh:
+            deadline = self.clock.now() + timeout
+        refused = [routed.leaf] if isinstance(first, TargetRefused) else []
+        for retry in retries:
+            if self.clock.now() >= deadline:
+                break  # a spent shared deadline: a retry would fail unheard, and prove nothing
             served = self.rescore(dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf))
             try:
                 dialed, reporter = await self._dial_leaf(served.leaf, routed.meta.target, deadline, served.score)
-            except HonkError:
+            except HonkError as exc:
+                if isinstance(exc, TargetRefused):
+                    refused.append(served.leaf)
                 continue
+            for leaf in refused:  # another member reached the target these refused
+                _report_refused_reachable(leaf)
             log.info("dial retried %s", kv(failed=routed.leaf.name, served=retry.leaf.name))
             return dataclasses.replace(served, reporter=reporter), dialed
         raise first
 
-    def _retry_round(self, routed: Routed, error: HonkError) -> list[Any]:
-        if not isinstance(error, DialError) or isinstance(error, TargetRefused):
-            return []
+    def _retry_round(self, routed: Routed, error: HonkError) -> tuple[list[Any], bool]:
+        """The retry round of a failed first dial: the candidates, and whether the round gets a
+        fresh deadline (URLTest and Fallback) or shares the first dial's (Score)."""
+        if not isinstance(error, DialError):
+            return [], False
         groups = getattr(self._plane, "groups", None)
         retry = getattr(groups, "retry_candidates", None)
         if retry is None:
-            return []
+            return [], False
         meta = routed.meta
-        for name in reversed(routed.chain[:-1]):  # the URLTest or Score group nearest the leaf decided
+        for name in reversed(routed.chain[:-1]):  # the group nearest the leaf that retries decided
             kind = getattr(groups.policy(name), "kind", None) if name in groups else None
-            if kind is Policy.URLTEST:
-                candidates = retry(name, meta.network, Family.V4, routed.leaf)
+            if kind is Policy.URLTEST or kind is Policy.FALLBACK:
+                candidates, fresh = retry(name, meta.network, routed.leaf), True
             elif kind is Policy.SCORE:
-                candidates = retry(name, meta.network, Family.V4, routed.leaf, target=score_target(meta),
-                                   destination=meta.resolved)
+                candidates, fresh = retry(name, meta.network, routed.leaf, target=score_target(meta),
+                                          destination=meta.resolved), False
             else:
                 continue
             head = routed.chain[: routed.chain.index(name)]
-            return [dataclasses.replace(c, chain=head + c.chain) for c in candidates]
-        return []
+            return [dataclasses.replace(c, chain=head + c.chain) for c in candidates], fresh
+        return [], False
 
     async def _dial_leaf(self, leaf: Any, target: Any, deadline: float,
                          score: ScoreFeedback | None) -> tuple[DialedStream, ScoreReporter | None]:
         """One dial under the dial budget (``block`` and a stream on a mux carrier with room are
         exempt; waiting past the deadline for a permit is a :class:`CapacityRefused`), reported
-        to the node's health with its latency, and to the Score groups it was selected through:
-        admitted before the permit wait, a reporter from the dial on (its setup, or its failure)."""
-        started = self.clock.now()
+        to the node's health and to the Score groups it was selected through: admitted before
+        the permit wait, a reporter from the dial on (its setup, or its failure). Latency and
+        setup quality run from when the dial really started, after its permit (GH-B-18,
+        GH-K-76). A timeout that honk's own waits squeezed (:func:`_fair_chance`) is neutral."""
         budget = getattr(self._plane, "admission", None)
         guard = scoring.begin(score, self.clock)
-        ready_hit = _ready_hit(leaf, started)
+        ready_hit = _ready_hit(leaf, self.clock.now())
+        started: float | None = None
         try:
             if budget is not None and _needs_admission(leaf, ready_hit):
                 async with budget.permit(deadline):
+                    started = self.clock.now()
                     dialed = await leaf.dial_tcp(target, deadline)
             else:
+                started = self.clock.now()
                 dialed = await leaf.dial_tcp(target, deadline)
         except HonkError as exc:
-            scoring.report_setup(guard, self.clock, leaf, exc)
-            _report(leaf, exc, None)
+            if _fair_chance(exc, started, deadline, self.global_spec.connect_timeout):
+                scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
+                _report(leaf, exc, None)
+            elif guard is not None:
+                guard.close()  # neutral: nothing was learned about the node
             if self.stats is not None:
                 self.stats.dial("tcp", exc, leaf.name)
             raise
         except BaseException as exc:  # cancelled: neutral
-            scoring.report_setup(guard, self.clock, leaf, exc)
+            scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
             raise
-        reporter = scoring.report_setup(guard, self.clock, leaf, None)
+        reporter = scoring.report_setup(guard, self.clock, leaf, None, dial_started=started)
         _report(leaf, None, self.clock.now() - started, ready_hit)
         if self.stats is not None:
             self.stats.dial("tcp", None, leaf.name)
@@ -368,8 +411,8 @@ class Dispatcher:
         meta = routed.meta
         engine = relay_engine(self.clock)
         reporter = routed.reporter
-        if reporter is not None:
-            engine.observer = scoring.RelayObserver(reporter, self.clock)
+        verdict = observe_flow(self.clock, routed.leaf, reporter, self.global_spec.response_timeout)
+        engine.observer = verdict
         flow = self.track(routed, engine)
         log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
@@ -382,13 +425,19 @@ class Dispatcher:
         try:
             await engine.run(client, upstream.sock, upstream.framing)
         except HonkError as exc:
+            if verdict is not None:
+                verdict.end(exc)
             scoring.settle_relay(reporter, self.clock, exc)
             return exc
         except BaseException:
+            if verdict is not None:
+                verdict.end(None)
             scoring.cancel(reporter, self.clock)
             raise
         finally:
             flow.release()
         end = relay_end(None, upstream.bridge)  # a bridged stream's failure ends its socket cleanly
+        if verdict is not None:
+            verdict.end(end)
         scoring.settle_relay(reporter, self.clock, end)
         return end

@@ -10,8 +10,8 @@ this module so that every business path reports the same way (GH-K-24):
   no socket) is neutral, a refusal the proxy relayed from the target (phase ``target``) and any
   failure of a ``direct`` leaf (it has no proxy of its own) are the target path's, everything
   else before setup is the node's.
-* :class:`RelayObserver` is what a relay engine calls with byte counts (``engine.observer``):
-  TX announces the reporter, RX feeds the throttled publication (GH-K-72).
+* :class:`~honk.connection.verdict.FlowVerdict` is what a relay engine calls with byte counts
+  (``engine.observer``): TX announces the reporter, RX feeds the throttled publication (GH-K-72).
 * :func:`settle_relay` settles a relayed flow from its typed end (:func:`classify_relay_end`).
 """
 
@@ -33,7 +33,7 @@ from honk.group.score.attempt import (
     classify_relay_end,
 )
 
-__all__ = ["RelayObserver", "ScoreAttemptRefused", "begin", "report_setup", "settle_relay", "setup_failure"]
+__all__ = ["ScoreAttemptRefused", "begin", "report_setup", "settle_relay", "setup_failure"]
 
 
 # Ends of a dial that say nothing about the node: no dial permit or socket here, the client left,
@@ -62,39 +62,24 @@ def setup_failure(leaf: Any, error: BaseException, episode: Episode | None = Non
 
 
 def report_setup(guard: ScoreBusinessGuard | None, clock: Clock, leaf: Any,
-                 error: BaseException | None, *, episode: Episode | None = None) -> ScoreReporter | None:
+                 error: BaseException | None, *, episode: Episode | None = None,
+                 dial_started: float | None = None) -> ScoreReporter | None:
     """Hand ``guard`` to a reporter once the dial ended: setup stamped on success, the failure
-    (or the neutral end) settled otherwise. None without a guard or after a failure."""
+    (or the neutral end) settled otherwise. None without a guard or after a failure.
+    ``dial_started``: when the dial really began, after its permit (setup latency runs from there)."""
     if guard is None:
         return None
     now = clock.now()
     if error is None:
-        reporter = guard.into_reporter(now)
+        reporter = guard.into_reporter(now, dial_started)
         reporter.setup(now)
         return reporter
     result = setup_failure(leaf, error, episode)
     if result is None:
         guard.close()
     else:
-        guard.into_reporter(now).settle(now, result)
+        guard.into_reporter(now, dial_started).settle(now, result)
     return None
-
-
-class RelayObserver:
-    """A relay engine's ``observer``: byte counts to the flow's reporter, at the clock's time."""
-
-    __slots__ = ("clock", "reporter")
-
-    def __init__(self, reporter: ScoreReporter, clock: Clock) -> None:
-        self.reporter = reporter
-        self.clock = clock
-
-    def __call__(self, up: int, down: int) -> None:
-        now = self.clock.now()
-        if up:
-            self.reporter.tx(now, up)
-        if down:
-            self.reporter.rx(now, down)
 
 
 def settle_relay(reporter: ScoreReporter | None, clock: Clock, error: BaseException | None) -> None:

@@ -28,7 +28,9 @@ Theory of operation:
     resolved once per association and cached. Any other leaf carries UDP on its
     own endpoint (a sub-link: ``leaf.dial_udp``, a SOCKS5 association,
     Shadowsocks packets), one per leaf version (``outbound_id``, never the
-    leaf object) per association, dialled on first use; the proxy resolves
+    leaf object) per association, dialled on first use under the plan's one
+    absolute preparation deadline, ``max(10 s, 4 × connect_timeout)`` as a cold
+    race's (GH-G-09); the proxy resolves
     domain targets itself and its replies are accepted as it reports them. An
     endpoint that ends (its server went away) drops the routes through it, so
     the next datagram routes and dials afresh. Datagrams that arrive while a
@@ -62,9 +64,11 @@ from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed, format_chain, outbound_version
 from honk.connection.stagger import preparation_deadline, prepare_first
 from honk.connection.tracker import TrackedFlow
+from honk.core.clock import timeout_at
 from honk.core.errors import (
     Blocked,
     ClientProtocolError,
+    DialTimeout,
     FlowClosed,
     HonkError,
     IdleTimeout,
@@ -470,16 +474,14 @@ class UdpNat:
             return endpoint
         dialing = self._dialing.get(key)
         if dialing is None:
-            deadline = self._clock.now() + self._dispatcher.global_spec.connect_timeout
+            # an authoritative single-node plan: the cold race's one absolute preparation
+            # deadline, max(10 s, 4 × connect_timeout) from now (GH-G-09), over the whole dial
+            deadline = self._clock.now() + preparation_deadline(self._dispatcher.global_spec.connect_timeout)
             health = self._health[key] = _EndpointHealth(leaf)
             self._dial_episodes[key] = Episode()
-            dialing = asyncio.ensure_future(
-                leaf.dial_udp(
-                    lambda data, source: self._from_endpoint(health, data, source),
-                    deadline,
-                    on_lost=lambda error: self._endpoint_lost(key, error),
-                )
-            )
+            dialing = asyncio.ensure_future(self._prepare_single(
+                leaf, deadline, lambda data, source: self._from_endpoint(health, data, source),
+                lambda error: self._endpoint_lost(key, error)))
             self._dialing[key] = dialing
             dialing.add_done_callback(lambda _: self._dialing.pop(key, None))
             dialing.add_done_callback(lambda done: self._count_dial(name, done))
@@ -498,6 +500,17 @@ class UdpNat:
             raise OutboundDrained()
         self._endpoints[key] = endpoint
         return endpoint
+
+    async def _prepare_single(self, leaf, deadline: float, receive, on_lost) -> PacketEndpoint:  # noqa: ANN001
+        """``leaf``'s endpoint, prepared under the plan's absolute ``deadline`` (GH-G-09): proxy-host
+        resolution, dial admission and protocol negotiation all count against it, and its expiry
+        cancels whatever phase is under way (a :class:`DialTimeout` of the plan; the cancelled
+        dial reports no error of its node, GH-G-10). Publishing the endpoint then is synchronous."""
+        try:
+            async with timeout_at(self._clock, deadline):
+                return await leaf.dial_udp(receive, deadline, on_lost=on_lost)
+        except TimeoutError:
+            raise DialTimeout(leaf.name, "connect", "UDP preparation: no endpoint before the deadline") from None
 
     def _count_dial(self, outbound: str, dialing: asyncio.Future[PacketEndpoint]) -> None:
         """One endpoint dial ended: counted once, however many targets waited for it."""

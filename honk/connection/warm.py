@@ -19,18 +19,24 @@ reusable resource of the nodes they are about to use open ahead of them:
   A change of choice wakes the pass at once; every REPAIR_INTERVAL seconds it also repairs what
   was consumed, lost or expired, and reaps stale ready connections.
 * **UDP warm set** (``udp_warm_node_count`` N, opt-in: 0 turns it off): on every pass each
-  group's top ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves for each address family, in
-  the order the group would serve UDP now, are gathered, re-ranked process-wide (every
-  group's best first), deduplicated by node and capped at ``UDP_WARM_RETAINED_PER_N × N``.
+  group's top ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves for each address family (the
+  leaves whose health family, the family their server is reached on, is that family: a leaf is
+  judged in its own health family only, GH-D-07), in the order the group would serve UDP now,
+  are gathered, re-ranked process-wide (every group's best first), deduplicated by node and
+  capped at ``UDP_WARM_RETAINED_PER_N × N``.
   A reusable UDP leaf is a mux node carrying UDP: its associations ride the node's shared
   carriers (:mod:`honk.outbound.mux_udp`), so one kept open serves a cold association's first
   datagram. The set holds the runtime's ``UDP_WARM`` bit, independent of the pin's
   (GH-I-08): a node leaving the set is let go, and drains only if no other owner holds it.
   At most UDP_WARM_CONCURRENCY carrier opens run at once.
 
-Warm-up only reads the groups with silent peeks (no last-resort warning, nothing committed) and
-reports nothing to Score: it never recovers a node nor earns availability (GH-I-12). Its own
-connections go through the dial budget like any physical dial.
+Warm-up only reads the groups with silent peeks (no last-resort warning, nothing committed).
+It reports setup quality only (GH-F-26, GH-I-12): each bare connection or carrier it opens is one
+targetless setup-time sample, in the opening's own time, for every Score group that reaches the
+node (:meth:`~honk.group.manager.GroupManager.observe_warm_setup`, Score's aggregate layer,
+GH-K-03). A failed opening reports nothing, and nothing it does reaches health, reliability, a
+real-flow streak, recovery or availability (GH-K-39, GH-K-41). Its own connections go through
+the dial budget like any physical dial.
 """
 
 from __future__ import annotations
@@ -148,9 +154,10 @@ def pin_targets(plane: Any) -> dict[Any, Any]:
 
 def udp_warm_targets(plane: Any, count: int) -> dict[Any, Any]:
     """The UDP warm set for N = ``count`` (GH-I-06, 07), as leaves by node: each group's top
-    ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves per address family, re-ranked
-    process-wide by their place in their group (then group order, then IPv4 before IPv6),
-    deduplicated by node, at most ``UDP_WARM_RETAINED_PER_N × N``. Empty when N is 0."""
+    ``min(N, UDP_WARM_PER_GROUP)`` reusable UDP leaves per address family (the leaves whose
+    health family it is), re-ranked process-wide by their place in their group (then group
+    order, then IPv4 before IPv6), deduplicated by node, at most ``UDP_WARM_RETAINED_PER_N × N``.
+    Empty when N is 0."""
     if count <= 0:
         return {}
     groups = plane.groups
@@ -297,7 +304,8 @@ class WarmUp:
         targets = udp_warm_targets(plane, plane.spec.global_.udp_warm_node_count)
         _hold_only(self._udp_held, targets, WarmOwner.UDP_WARM)
         limit = asyncio.Semaphore(UDP_WARM_CONCURRENCY)
-        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit) for leaf in targets.values()))
+        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit, Network.UDP)
+                               for leaf in targets.values()))
 
     async def _keep_warm(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
         """A pinned leaf's resource: its mux carrier, else one ready server connection."""
@@ -306,38 +314,65 @@ class WarmUp:
         elif not leaf.runtime.ready.has_ready(self.clock.now()):
             await self._deposit(plane, leaf, limit)
 
-    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
+    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore,
+                              network: Network = Network.TCP) -> None:
         """A held mux leaf's carrier, opened when it has none with room (at most ``limit`` at
-        once); a failure is only logged (warm-up reports nothing to health or Score)."""
+        once); its opening time is a setup sample for ``network``'s Score groups (a Selector pin
+        keeps the TCP path's session, the UDP warm set the UDP path's); a failure is only logged
+        (warm-up reports no failure to health or Score)."""
         if pool_for(leaf).has_room:
             return
         async with limit:
             deadline = self.clock.now() + plane.spec.global_.connect_timeout
+            opened: list[float] = []
+
+            async def open_carrier(deadline: float) -> Any:  # timed: the opening alone, no lock wait
+                started = self.clock.now()
+                carrier = await leaf.open_mux_carrier(deadline)
+                opened.append(self.clock.now() - started)
+                return carrier
+
             try:
-                if await pool_for(leaf).ensure_carrier(leaf.open_mux_carrier, deadline):
+                if await pool_for(leaf).ensure_carrier(open_carrier, deadline):
                     log.debug("warm-up carrier opened %s", kv(node=leaf.name))
+                    if opened:
+                        self._setup_sample(plane, leaf, network, opened[0])
             except (HonkError, TimeoutError, OSError) as exc:
                 log.debug("warm-up carrier failed %s", kv(node=leaf.name, error=type(exc).__name__))
 
     async def _deposit(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> int:
         """One bare server connection of ``leaf`` into its ready pool, under the dial budget;
-        1 if deposited. A failure is only logged: warm-up reports nothing to health or Score."""
+        1 if deposited. Its connect time (the permit's wait excluded) is a TCP setup sample for
+        the node's Score groups; a failure is only logged: warm-up reports no failure to health
+        or Score."""
         async with limit:
             deadline = self.clock.now() + plane.spec.global_.connect_timeout
             budget = getattr(plane, "admission", None)
             try:
                 if budget is not None:
                     async with budget.permit(deadline):
+                        started = self.clock.now()
                         sock = await leaf.connector.connect(leaf.server, deadline)
                 else:
+                    started = self.clock.now()
                     sock = await leaf.connector.connect(leaf.server, deadline)
             except (HonkError, OSError) as exc:
                 log.debug("warm-up connection failed %s", kv(node=leaf.name, error=type(exc).__name__))
                 return 0
+            elapsed = self.clock.now() - started
             if leaf.runtime.closed:  # its plane was retired meanwhile: nobody would close it
                 sock.close()
                 return 0
+            self._setup_sample(plane, leaf, Network.TCP, elapsed)
             return int(leaf.runtime.ready.deposit(sock, self.clock.now()))
+
+    def _setup_sample(self, plane: Any, leaf: Any, network: Network, seconds: float) -> None:
+        """Warm-up's one Score report: setup quality (GH-F-26), a targetless sample of the time
+        it took to open ``leaf``'s connection, for every Score group of ``plane`` that reaches the
+        node (GH-K-03). Never reliability, streaks, recovery or availability (GH-K-39, GH-K-41)."""
+        observe = getattr(plane.groups, "observe_warm_setup", None)
+        if observe is not None:
+            observe(leaf, network, seconds, self.clock.now())
 
 
 def _hold_only(held: dict[Any, NodeRuntime], targets: dict[Any, Any], owner: WarmOwner) -> None:

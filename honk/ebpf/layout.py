@@ -4,7 +4,8 @@ Groups take ordinals in the configuration's order (the manager keeps it), so a r
 keeps the group list keeps every ordinal. Each group lists the distinct leaves it can reach
 through members, nested groups and finals (transitively, cycle edges already cut, the
 nesting depth bounded as in resolution). A leaf is its NodeId (None for ``direct`` and
-``block``, which have no health) and whether it can carry UDP.
+``block``, which have no health), whether it can carry UDP and its health family (the family
+its server is reached on, the only one its state is read in).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 from typing import Any
 
 from honk.ebpf.slots import GroupLayout, Leaf
-from honk.group.filter import node_id_of
+from honk.group.filter import health_family_of, node_id_of
 from honk.group.manager import GroupManager
 
 UNSET_NODE_ID = uuid.UUID(int=0)  # NodeSpec's default before an id is derived
@@ -28,7 +29,8 @@ def layout_of(groups: GroupManager) -> GroupLayout:
 def _leaf(groups: GroupManager, name: str) -> Leaf:
     outbound = _outbounds(groups)[name]
     capabilities = getattr(outbound, "capabilities", None)
-    return Leaf(name, _node_id(outbound), bool(capabilities is not None and capabilities.udp))
+    return Leaf(name, _node_id(outbound), bool(capabilities is not None and capabilities.udp),
+                health_family_of(outbound))
 
 
 def _node_id(outbound: Any) -> uuid.UUID | None:

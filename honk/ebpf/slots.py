@@ -5,6 +5,12 @@ family, and says whether anything the group can reach is alive there:
 
 * the value is the OR of the group's reachable leaves (members and finals, transitively);
   UDP counts only leaves that can carry UDP;
+* a slot's family is the packet's (the flow's target family: the datapath picks the slot
+  from the IP header), and a leaf's state is read in the leaf's own health family only, the
+  family its server is reached on (GH-D-07, GH-K-01): a node reached over IPv4 serves IPv6
+  targets too, so its IPv4 verdict counts toward both families' slots, and a state of a
+  family it is not reached on (never recorded: unknown, read as alive) never keeps a slot
+  alive. Slots stay per family (GH-H-02); today nothing makes their values differ;
 * a group with exactly one leaf and no final keeps its TCP slot alive whatever that leaf's
   state: userspace serves such a leaf as a last resort, so the kernel must not refuse first;
 * a node's transition recomputes every group that reaches it (all ancestors), and only
@@ -60,6 +66,7 @@ class Leaf:
     name: str
     node_id: uuid.UUID | None  # None: a built-in (direct, block), which has no health and counts alive
     udp: bool  # can carry UDP
+    family: Family = Family.V4  # its health family: the one its server is reached on, the one read
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,17 +111,20 @@ class SlotPublisher:
         leaves = layout.leaves.get(group, ())
         sole_leaf = len({leaf.name for leaf in leaves}) == 1 and not layout.has_final.get(group, False)
         out: dict[tuple[Network, Family], bool] = {}
+        # each leaf in its own health family, whatever the packet's family (the target family
+        # never decides eligibility, GH-D-07): every family's slot gets the same verdict
+        tcp = any(self._tcp(leaf) for leaf in leaves) or sole_leaf  # the last-resort rule's mirror
+        udp = any(leaf.udp and self._udp(leaf) for leaf in leaves)
         for family in SLOT_FAMILIES:
-            tcp = any(self._tcp(leaf, family) for leaf in leaves)
-            out[(Network.TCP, family)] = tcp or sole_leaf  # the last-resort rule's mirror
-            out[(Network.UDP, family)] = any(leaf.udp and self._udp(leaf, family) for leaf in leaves)
+            out[(Network.TCP, family)] = tcp
+            out[(Network.UDP, family)] = udp
         return out
 
-    def _tcp(self, leaf: Leaf, family: Family) -> bool:
-        return leaf.node_id is None or self.states.tcp_alive(leaf.node_id, family)
+    def _tcp(self, leaf: Leaf) -> bool:
+        return leaf.node_id is None or self.states.tcp_alive(leaf.node_id, leaf.family)
 
-    def _udp(self, leaf: Leaf, family: Family) -> bool:
-        return leaf.node_id is None or self.states.udp_selectable(leaf.node_id, family)
+    def _udp(self, leaf: Leaf) -> bool:
+        return leaf.node_id is None or self.states.udp_selectable(leaf.node_id, leaf.family)
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -1,5 +1,10 @@
 """Which leaves may serve a network, and how they rank: the groups' view of node health.
 
+* Every judgement reads the leaf's own health family: the family of the address its server
+  is reached on (:func:`health_family_of`; 4 for a named server), the one family the prober
+  probes and traffic reports into. The flow's target family never selects it (GH-D-07,
+  GH-K-01): a node reached over IPv4 serves an IPv6 target, and a node reached over IPv6 is
+  dead when its IPv6 state is, whatever its (never recorded) IPv4 state.
 * TCP: a node serves while its TCP state for the health family is not dead (an
   unprobed node serves).
 * UDP: capability first, before any health evidence: a leaf that cannot carry UDP never
@@ -31,6 +36,15 @@ def node_id_of(leaf: Any) -> uuid.UUID | None:
     return runtime.node_id if runtime is not None else None
 
 
+_FAMILIES = {4: Family.V4, 6: Family.V6}
+
+
+def health_family_of(leaf: Any) -> Family:
+    """The leaf's health family: the address family its server is reached on (a proxy leaf's
+    ``health_family``; IPv4 for a named server and for a leaf without one)."""
+    return _FAMILIES.get(getattr(leaf, "health_family", 4), Family.V4)
+
+
 class HealthFilter:
     """Eligibility and ranking metrics of leaves, read from the health state."""
 
@@ -57,12 +71,14 @@ class HealthFilter:
             return True
         return bool(getattr(leaf, "supports_udp", False)) or getattr(leaf, "protocol", "") == "block"
 
-    def eligible(self, leaf: Any, network: Network, family: Family, group: str = "", member: str = "") -> bool:
+    def eligible(self, leaf: Any, network: Network, group: str = "", member: str = "") -> bool:
+        """Whether ``leaf`` may serve ``network``, judged in the leaf's own health family."""
         if not self.capable(leaf, network):
             return False
         node_id = node_id_of(leaf)
         if node_id is None or self.alive is None:
             return True
+        family = health_family_of(leaf)
         if network is Network.TCP:
             if not self.alive.tcp_alive(node_id, family):
                 return False
@@ -71,7 +87,9 @@ class HealthFilter:
             return True
         return self.alive.udp_selectable(node_id, family)
 
-    def tcp_metric(self, leaf: Any, family: Family, group: str = "", member: str = "") -> float | None:
+    def tcp_metric(self, leaf: Any, group: str = "", member: str = "") -> float | None:
+        """The ranking average: the group check's for ``member`` when ``group`` has one, else the
+        global TCP probe's in the leaf's health family."""
         node_id = node_id_of(leaf)
         if node_id is None or self.alive is None:
             return None
@@ -79,13 +97,15 @@ class HealthFilter:
             url = self.checks.url_of(group)
             if url is not None:
                 return self.checks.average(member, url)
-        return self.alive.average(node_id, Domain.TCP, family)
+        return self.alive.average(node_id, Domain.TCP, health_family_of(leaf))
 
-    def udp_metric(self, leaf: Any, family: Family) -> float | None:
-        """DataUdp's average, else DnsUdp's; None when the node has no UDP evidence."""
+    def udp_metric(self, leaf: Any) -> float | None:
+        """DataUdp's average, else DnsUdp's, in the leaf's health family; None when the node has
+        no UDP evidence there."""
         node_id = node_id_of(leaf)
         if node_id is None or self.alive is None:
             return None
+        family = health_family_of(leaf)
         data = self.alive.average(node_id, Domain.DATA_UDP, family)
         return data if data is not None else self.alive.average(node_id, Domain.DNS_UDP, family)
 

@@ -10,8 +10,10 @@ Theory of operation
   member: a different node that took a removed node's name does not inherit its choice.
 * :meth:`GroupManager.resolve` walks from the asked name down to one leaf. A group asks
   its policy for a member; a member that is a group contributes exactly one candidate,
-  its own pick for the same network and family; leaves are judged by
-  :mod:`honk.group.filter`. A Selector resolves only its chosen member, never a sibling.
+  its own pick for the same network; leaves are judged by :mod:`honk.group.filter`, each in
+  its own health family (the family its server is reached on, GH-D-07, GH-K-01): the flow's
+  target family never enters a judgement, so nothing here is keyed by a family. A Selector
+  resolves only its chosen member, never a sibling.
 * A group without an eligible pick continues with its own ``final``; without one, a
   group whose only leaf (through the current Selector choices) is TCP-dead still serves
   that leaf for TCP, as a last resort with a warning at most every 60 s; otherwise the
@@ -36,6 +38,7 @@ the event loop's thread, through :meth:`resolve` and :meth:`select`.
 
 from __future__ import annotations
 
+import copy
 import logging
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -47,7 +50,7 @@ from honk.config.spec import GroupSpec, Spec
 from honk.core.clock import Clock
 from honk.core.errors import NoRoute
 from honk.core.net import IPAddress, Network
-from honk.group.filter import NO_HEALTH, HealthFilter, node_id_of
+from honk.group.filter import NO_HEALTH, HealthFilter, health_family_of, node_id_of
 from honk.group.membership import Membership, resolve_membership
 from honk.group.policy import (
     NETWORKS,
@@ -107,10 +110,10 @@ class _Group:
     identity: GroupIdentity
     warned_at: float | None = None  # last last-resort warning (monotonic)
     positions: dict[str, int] = field(default_factory=dict)  # member -> declaration index
-    # (network, family, chain, peek) -> (stamp, (leaf, chain suffix) or None): the last result,
+    # (network, chain) -> (stamp, (leaf, chain suffix) or None): the last peek's result,
     # valid while nothing that can change it (health, any policy's state) has changed
     cache: dict[tuple, tuple] = field(default_factory=dict)
-    # a Score group's ranked members: (network, family) -> (stamp, [Member], indices of the
+    # a Score group's ranked members: network -> (stamp, [Member], indices of the
     # members judged again per flow: its sub-groups) (_View.score_members)
     score_members: dict[tuple, tuple] = field(default_factory=dict)
 
@@ -146,15 +149,13 @@ def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> di
 class _View:
     """The members of one group for one selection: resolves and judges them on demand."""
 
-    __slots__ = ("manager", "group", "network", "family", "chain", "depth", "peek", "target", "destination",
-                 "_seen")
+    __slots__ = ("manager", "group", "network", "chain", "depth", "peek", "target", "destination", "_seen")
 
-    def __init__(self, manager: GroupManager, group: _Group, network: Network, family: Family,
-                 chain: tuple[str, ...], depth: int, peek: bool) -> None:
+    def __init__(self, manager: GroupManager, group: _Group, network: Network, chain: tuple[str, ...],
+                 depth: int, peek: bool) -> None:
         self.manager = manager
         self.group = group
         self.network = network
-        self.family = family
         self.chain = chain
         self.depth = depth
         self.peek = peek
@@ -200,7 +201,7 @@ class _View:
         (the ranker keeps its reading of a list while the same object comes back)."""
         m = self.manager
         group = self.group
-        key = (self.network, self.family)
+        key = self.network
         stamp = m._stamp()
         known = group.score_members.get(key)
         if known is not None and known[0] == stamp:
@@ -232,7 +233,7 @@ class _View:
         group = self.group
         if member not in m._groups and member in m._outbounds:
             # a leaf: judged from health alone, remembered until health changes
-            judged = (m._leaf_candidate(group, member, self.network, self.family), None)
+            judged = (m._leaf_candidate(group, member, self.network), None)
         else:
             judged = self._judge_group(member)
         self._seen[member] = judged
@@ -244,10 +245,10 @@ class _View:
         index = group.positions[member]
         # a non-Selector ranks its members by peeking; only the pick is then resolved for real
         peek = self.peek or not isinstance(group.policy, Selector)
-        selection = m._walk(member, self.network, self.family, self.chain, self.depth + 1, peek)
+        selection = m._walk(member, self.network, self.chain, self.depth + 1, peek)
         if selection is None:
             return Candidate(member, index, False), None
-        return m._candidate(group, member, index, selection.leaf, self.network, self.family), selection
+        return m._candidate(group, member, index, selection.leaf, self.network), selection
 
 
 def _distinct_selections(view: _View, members: Iterable[str], limit: int,
@@ -288,6 +289,7 @@ class GroupManager:
         self._reaches_score: dict[str, bool] = {}  # group -> a Score group is at or below it
         self._flow: tuple[ScoreTarget | None, IPAddress | None] = (None, None)  # set only inside resolve
         self._judged: dict[tuple, tuple] = {}  # leaf members: (its node's version, Candidate)
+        self._score_groups: dict[NodeId, tuple[str, ...]] | None = None  # node -> Score groups reaching it
         self._groups = groups
         self._outbounds = outbounds
         self.health = health
@@ -315,7 +317,9 @@ class GroupManager:
     ) -> GroupManager:
         """Build from ``spec``. Groups named in ``reuse`` (unchanged, and nothing they select
         through was rebuilt) keep ``previous``'s policy object with all its state: the
-        URLTest winner, the LoadBalance cursor, the Fallback pin, the Selector choices.
+        URLTest winner, the LoadBalance cursor, the Fallback pin, the Selector choices; but
+        never a native pin of an automatic group (GH-A-16: it lives only in the running
+        manager, so an activation drops it; see :func:`_unpinned`).
         Selector choices of the others come from ``previous`` (the manager being replaced)
         or, at startup, from ``saved`` (the state database), for identities that are
         still members.
@@ -340,7 +344,7 @@ class GroupManager:
                 log.warning("group %s: final %r names nothing; an empty selection fails closed", name, group.final)
             kept = previous._groups.get(name) if previous is not None and name in reuse else None
             if kept is not None and kept.policy.members == membership.members:
-                groups[name] = _Group(group, membership, kept.policy, identities[name], kept.warned_at)
+                groups[name] = _Group(group, membership, _unpinned(name, kept.policy), identities[name], kept.warned_at)
             else:
                 policy = make_policy(group, membership.members, score=score if score_ranking else None)
                 groups[name] = _Group(group, membership, policy, identities[name])
@@ -415,6 +419,31 @@ class GroupManager:
         score = self.score
         return ScoreFeedback.of(steps, score.evidence, score.cohorts, performance=score.performance)
 
+    def observe_warm_setup(self, leaf: Outbound, network: Network, latency: float, now: float) -> int:
+        """Warm-up opened ``leaf``'s reusable resource (a bare server connection, a mux carrier)
+        in ``latency`` seconds: one targetless setup-quality sample for every Score group that
+        reaches the node (members and finals, as :meth:`score_membership`), in the aggregate
+        layer with no target family (GH-K-03, GH-F-26: "Warm-up records setup quality only").
+        It lands only in the first-choice heuristic's targetless setup scope: no Beta outcome
+        (reliability), no failure, streak, cohort RX, lease or recovery credit (GH-K-39,
+        GH-K-41), and no exact cell. ``network``: the path the resource serves (TCP for a
+        preconnect or a Selector pin, UDP for the UDP warm set). How many groups took it."""
+        observe = getattr(self.score.performance, "observe_setup", None)
+        node_id = node_id_of(leaf)
+        if observe is None or node_id is None:
+            return 0
+        if self._score_groups is None:
+            by_node: dict[NodeId, list[str]] = {}
+            for name, group in self._groups.items():  # configuration order
+                if isinstance(group.policy, Score):
+                    for leaf_name in self.leaf_node_names_in_group(name):
+                        by_node.setdefault(_leaf_node_id(self._outbounds.get(leaf_name), leaf_name), []).append(name)
+            self._score_groups = {node: tuple(groups) for node, groups in by_node.items()}
+        groups = self._score_groups.get(node_id, ())
+        for group in groups:
+            observe(group, network, None, None, node_id, latency, now)
+        return len(groups)
+
     # --- reading ---------------------------------------------------------------------------
 
     def __contains__(self, name: object) -> bool:
@@ -467,19 +496,19 @@ class GroupManager:
         """One (member tag, current leaf) pair per member that resolves, unchosen ones included."""
         out = []
         for member in self.members(group):
-            selection = self._walk(member, network, Family.V4, (group,), 1, True)
+            selection = self._walk(member, network, (group,), 1, True)
             if selection is not None:
                 out.append((member, selection.leaf))
         return out
 
     def selection_chain(self, group: str, network: Network = Network.TCP) -> tuple[str, ...]:
         """The current chain from ``group`` to its leaf (a peek), or () when nothing resolves."""
-        selection = self._walk(group, network, Family.V4, (), 0, True)
+        selection = self._walk(group, network, (), 0, True)
         return selection.chain if selection is not None else ()
 
     # --- resolving --------------------------------------------------------------------------
 
-    def resolve(self, name: str, network: Network, family: Family = Family.V4, *, peek: bool = False,
+    def resolve(self, name: str, network: Network, *, peek: bool = False,
                 target: ScoreTarget | None = None, destination: IPAddress | None = None) -> Selection:
         """Resolve a route target (group, node, ``direct`` or ``block``) to one leaf.
 
@@ -492,14 +521,14 @@ class GroupManager:
             raise NoRoute(f"{name!r} is neither a group nor an outbound")
         outer, self._flow = self._flow, (target, destination)
         try:
-            selection = self._walk(name, network, family, (), 0, peek)
+            selection = self._walk(name, network, (), 0, peek)
         finally:
             self._flow = outer
         if selection is None:
             raise NoRoute(f"{name}: no eligible {network.value} member and no usable final")
         return selection
 
-    def _walk(self, name: str, network: Network, family: Family, chain: tuple[str, ...], depth: int,
+    def _walk(self, name: str, network: Network, chain: tuple[str, ...], depth: int,
               peek: bool) -> Selection | None:
         group = self._groups.get(name)
         if group is None:
@@ -512,19 +541,19 @@ class GroupManager:
         if not peek and self._score_below(name):
             # one applied rank per Score group: a path through one is never cached, so serving
             # by peeking first would only rank it again
-            return self._decide(group, name, network, family, chain, depth, False)
+            return self._decide(group, name, network, chain, depth, False)
         if not peek:
             # Serving = the peek's path, then each group on it commits its hop (a URLTest its
             # winner, a LoadBalance its cursor, a Fallback its pin): the same result as deciding
             # again, without ranking every level twice. A last resort is decided again, to warn,
             # and so is a path through a Score group (its rank is applied with the target).
-            selection = self._walk(name, network, family, chain, depth, True)
+            selection = self._walk(name, network, chain, depth, True)
             if (self._last_resorts, self._score_decisions) != last_resorts:
-                return self._decide(group, name, network, family, chain, depth, False)
+                return self._decide(group, name, network, chain, depth, False)
             if selection is not None:
-                self._commit(selection.chain[len(chain):], network, family, chain, depth)
+                self._commit(selection.chain[len(chain):], network, chain, depth)
             return selection
-        key = (network, family, chain)
+        key = (network, chain)
         stamp = self._stamp()
         hit = group.cache.get(key)
         if hit is not None and hit[0] == stamp:
@@ -532,7 +561,7 @@ class GroupManager:
                 return None
             leaf, suffix = hit[1]
             return Selection(leaf, chain + suffix)
-        result = self._decide(group, name, network, family, chain, depth, True)
+        result = self._decide(group, name, network, chain, depth, True)
         if (self._last_resorts, self._score_decisions) == last_resorts:
             # no last resort was served (its warning is due again later) and no Score group
             # decided (its pick depends on the target and on evidence): keep the result
@@ -551,8 +580,7 @@ class GroupManager:
             self._reaches_score[name] = known
         return known
 
-    def _commit(self, path: tuple[str, ...], network: Network, family: Family, chain: tuple[str, ...],
-                depth: int) -> None:
+    def _commit(self, path: tuple[str, ...], network: Network, chain: tuple[str, ...], depth: int) -> None:
         """Each group on ``path`` remembers the hop it served. A final edge commits nothing; a
         final that is also a member was the policy's pick only if that member is eligible."""
         for step, (here, hop) in enumerate(zip(path, path[1:], strict=False)):
@@ -561,7 +589,7 @@ class GroupManager:
                 continue
             if hop == group.spec.final:
                 prefix = (*chain, *path[: step + 1])
-                view = _View(self, group, network, family, prefix, depth + step, True)
+                view = _View(self, group, network, prefix, depth + step, True)
                 if not view.evaluate(hop).eligible:
                     continue  # reached through the final edge
             group.policy.commit(network, hop)
@@ -569,48 +597,51 @@ class GroupManager:
     def _stamp(self) -> tuple[int, int, int]:
         return (self.epoch.value, *self.health.version())
 
-    def _leaf_candidate(self, group: _Group, member: str, network: Network, family: Family) -> Candidate:
+    def _leaf_candidate(self, group: _Group, member: str, network: Network) -> Candidate:
         """A leaf member as ``group`` sees it, remembered until that node's health changes (policy
         state does not change it, so a LoadBalance cursor moving judges no leaf again)."""
         leaf = self._outbounds[member]
         version = self.health.leaf_version(leaf)
-        key = (group.spec.name, member, network, family)
+        key = (group.spec.name, member, network)
         known = self._judged.get(key)
         if known is None or known[0] != version:
             known = self._judged[key] = (
-                version, self._candidate(group, member, group.positions[member], leaf, network, family))
+                version, self._candidate(group, member, group.positions[member], leaf, network))
         return known[1]
 
-    def _candidate(self, group: _Group, member: str, index: int, leaf: Outbound, network: Network,
-                   family: Family) -> Candidate:
+    def _candidate(self, group: _Group, member: str, index: int, leaf: Outbound, network: Network) -> Candidate:
+        """``member`` (resolved to ``leaf``) as ``group`` sees it: judged and ranked in the leaf's
+        own health family (GH-D-07, GH-K-01)."""
         health, name = self.health, group.spec.name
-        eligible = health.eligible(leaf, network, family, name, member)
+        eligible = health.eligible(leaf, network, name, member)
         if eligible and isinstance(group.policy, URLTest):  # only URLTest ranks
             return Candidate(
                 member, index, True,
-                metric=health.tcp_metric(leaf, family, name, member),
-                udp_metric=health.udp_metric(leaf, family) if network is Network.UDP else None,
+                metric=health.tcp_metric(leaf, name, member),
+                udp_metric=health.udp_metric(leaf) if network is Network.UDP else None,
                 demoted=health.demoted(leaf),
             )
+        if eligible and isinstance(group.policy, Fallback):  # a Fallback leaves a struck pin
+            return Candidate(member, index, True, demoted=health.demoted(leaf))
         return Candidate(member, index, eligible)
 
-    def _decide(self, group: _Group, name: str, network: Network, family: Family, chain: tuple[str, ...],
-                depth: int, peek: bool) -> Selection | None:
+    def _decide(self, group: _Group, name: str, network: Network, chain: tuple[str, ...], depth: int,
+                peek: bool) -> Selection | None:
         chain = (*chain, name)
         if isinstance(group.policy, Score):
             self._score_decisions += 1
-        view = _View(self, group, network, family, chain, depth, peek)
+        view = _View(self, group, network, chain, depth, peek)
         member = group.policy.pick(view, commit=not peek)
         if member is not None:
             if isinstance(group.policy, Selector) or peek:
                 selection = view.selection(member)
             else:
-                selection = self._walk(member, network, family, chain, depth + 1, False)  # apply the pick
+                selection = self._walk(member, network, chain, depth + 1, False)  # apply the pick
             if selection is not None:
                 return selection
         final = group.spec.final
         if final is not None:
-            return self._walk(final, network, family, chain, depth + 1, peek)
+            return self._walk(final, network, chain, depth + 1, peek)
         if network is Network.TCP:
             return self._last_resort(group, chain, depth, peek)
         return None
@@ -651,19 +682,20 @@ class GroupManager:
         for member in members:
             self._chosen_leaves(member, chain, out, depth + 1)
 
-    def retry_candidates(self, group: str, network: Network, family: Family, exclude: Outbound, *,
+    def retry_candidates(self, group: str, network: Network, exclude: Outbound, *,
                          target: ScoreTarget | None = None,
                          destination: IPAddress | None = None) -> list[Selection]:
         """For a URLTest setup failure: the top eligible members by rank, other than the leaf
-        that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`). For a Score
+        that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`); for a Fallback
+        one, its next eligible members in declaration order the same way. For a Score
         setup failure: one different permitted leaf, ranked (and applied) with the failed
         NodeId excluded first (GH-K-77); [] when no other live member remains."""
         g = self._groups.get(group)
         if g is not None and isinstance(g.policy, Score):
-            return self._score_retry(g, network, family, exclude, target, destination)
-        if g is None or not isinstance(g.policy, URLTest):
+            return self._score_retry(g, network, exclude, target, destination)
+        if g is None or not isinstance(g.policy, URLTest | Fallback):
             return []
-        view = _View(self, g, network, family, (group,), 0, True)
+        view = _View(self, g, network, (group,), 0, True)
         out = []
         for member in g.policy.ranked(view, RETRY_CANDIDATES + 1):
             selection = view.selection(member)
@@ -671,7 +703,7 @@ class GroupManager:
                 out.append(selection)
         return out
 
-    def cold_udp_candidates(self, name: str, family: Family = Family.V4) -> list[Selection]:
+    def cold_udp_candidates(self, name: str) -> list[Selection]:
         """The leaves a cold UDP plan of route target ``name`` prepares in a race (GH-G-01): when
         ``name`` is a URLTest with no UDP pin and none of its eligible members has a usable UDP
         measurement, its eligible members by the policy's ranking (TCP's, which its UDP pick
@@ -681,7 +713,7 @@ class GroupManager:
         g = self._groups.get(name)
         if g is None or not isinstance(g.policy, URLTest) or Network.UDP in g.policy.fixed():
             return []
-        view = _View(self, g, Network.UDP, family, (name,), 0, True)
+        view = _View(self, g, Network.UDP, (name,), 0, True)
         if any(c.eligible and c.udp_metric is not None for c in view.all()):
             return []  # measured: the URLTest's own UDP pick, one leaf
         out = _distinct_selections(view, g.policy.ranked(view, len(g.policy.members)), len(g.policy.members),
@@ -690,15 +722,17 @@ class GroupManager:
 
     def udp_warm_leaves(self, name: str, family: Family, limit: int,
                         accept: Callable[[Outbound], bool]) -> list[Outbound]:
-        """Group ``name``'s top ``limit`` distinct leaves that ``accept`` takes, in the order the
-        group would serve UDP over ``family`` now (the UDP warm set, GH-I-06), read with silent
-        peeks: a Selector's UDP choice (alone: a Selector substitutes nothing), a URLTest's
-        rank (its UDP pin first), a Score group's rank order, any other policy's eligible
-        members in configuration order. A sub-group member counts as the leaf it picks."""
+        """Group ``name``'s top ``limit`` distinct leaves whose health family is ``family`` and
+        that ``accept`` takes, in the order the group would serve UDP now (the UDP warm set per
+        address family, GH-I-06; a leaf is judged and counted in its own health family only,
+        GH-D-07), read with silent peeks: a Selector's UDP choice (alone: a Selector
+        substitutes nothing), a URLTest's rank (its UDP pin first), a Score group's rank
+        order, any other policy's eligible members in configuration order. A sub-group member
+        counts as the leaf it picks."""
         g = self._groups.get(name)
         if g is None or limit <= 0:
             return []
-        view = _View(self, g, Network.UDP, family, (name,), 0, True)
+        view = _View(self, g, Network.UDP, (name,), 0, True)
         policy = g.policy
         if isinstance(policy, Selector):
             chosen = policy.chosen(Network.UDP)
@@ -710,15 +744,16 @@ class GroupManager:
             order = [member.name for member in policy.rank(view, False).order]
         else:
             order = [c.member for c in view.all() if c.eligible]
-        return [selection.leaf for selection in _distinct_selections(view, order, limit, accept)]
+        in_family = lambda leaf: health_family_of(leaf) == family and accept(leaf)  # noqa: E731
+        return [selection.leaf for selection in _distinct_selections(view, order, limit, in_family)]
 
-    def _score_retry(self, group: _Group, network: Network, family: Family, exclude: Outbound,
+    def _score_retry(self, group: _Group, network: Network, exclude: Outbound,
                      target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
         excluded = frozenset((_leaf_node_id(exclude),))
         outer, self._flow = self._flow, (target, destination)
         try:
             self._score_decisions += 1
-            view = _View(self, group, network, family, (group.spec.name,), 0, True)
+            view = _View(self, group, network, (group.spec.name,), 0, True)
             winner = group.policy.rank(view, True, exclude=excluded).winner  # type: ignore[attr-defined]
             selection = view.selection(winner.name) if winner is not None else None
         finally:
@@ -787,6 +822,25 @@ class GroupManager:
             return self._groups[group]
         except KeyError:
             raise UnknownGroup(group) from None
+
+
+def _unpinned(name: str, policy: GroupPolicy) -> GroupPolicy:
+    """A kept policy as the replacement manager takes it: without the native pin of an
+    automatic group (GH-A-16, "An automatic-policy pin lives only in the running GroupManager,
+    so an activation drops it"). A pinned policy is copied with its automatic state (URLTest
+    winner, Fallback pin) and no runtime pin; the running manager keeps its own object, pin
+    included, until it is replaced (GH-A-02). An unpinned policy is kept as it is."""
+    if not isinstance(policy, Fixable) or not policy.fixed():
+        return policy
+    carried = copy.copy(policy)
+    for cls in type(policy).__mro__:  # its state maps, so the two managers stop sharing them
+        for slot in getattr(cls, "__slots__", ()):
+            value = getattr(carried, slot, None)
+            if isinstance(value, dict):
+                setattr(carried, slot, dict(value))
+    carried._fixed = {}
+    log.info("group %s: its runtime pin is dropped by the activation", name)
+    return carried
 
 
 def _identities(specs: Mapping[str, GroupSpec], previous: GroupManager | None,

@@ -19,7 +19,8 @@ policy remembers changes then. Nothing here does I/O or reads a clock.
   and mirrors the TCP winner while no eligible member has UDP evidence.
 * :class:`LoadBalance`: the next eligible member after the last one served, per network.
 * :class:`Fallback`: the first eligible member, pinned per network until it stops being
-  eligible; an earlier member's recovery does not take the pin back.
+  eligible or carries strikes while a member without strikes is eligible (a node that fails
+  flows is left, not only a dead one); an earlier member's recovery does not take the pin back.
 * :class:`Score`: the manager's shared :class:`~honk.group.score.ranker.ScoreState` ranks the
   eligible members for the flow's target; it remembers nothing itself.
 """
@@ -314,7 +315,14 @@ class LoadBalance:
 
 
 class Fallback(Fixable):
-    """The first eligible member, pinned per network until it is no longer eligible."""
+    """The first eligible member, pinned per network until it is no longer eligible, or carries
+    strikes while a member without strikes is eligible.
+
+    The design's pin "stays until that member dies" (GH-B-23); honk also moves it off a member
+    that real flows demoted (dial-failure strikes, the flow-failure share, the EMA detector): a
+    node that refuses every other flow, or answers none, never dies by consecutive counts, and a
+    Fallback would keep serving it. Among demoted members only, the first eligible keeps serving.
+    """
 
     kind = Policy.FALLBACK
     __slots__ = ("name", "members", "epoch", "moved", "_pin", "_fixed")
@@ -335,14 +343,26 @@ class Fallback(Fixable):
         if fixed is not None:
             return fixed
         pinned = self._pin.get(candidates.network)
-        if pinned is not None and candidates.evaluate(pinned).eligible:
-            return pinned
-        for member in self.members:
-            if candidates.evaluate(member).eligible:
-                if commit:
-                    self.commit(candidates.network, member)
-                return member
-        return None
+        if pinned is not None:
+            current = candidates.evaluate(pinned)
+            if current.eligible and not current.demoted:
+                return pinned
+        order = self.ranked(candidates, 1)
+        if not order:
+            return None
+        if pinned is not None and order[0] != pinned and candidates.evaluate(pinned).eligible \
+                and candidates.evaluate(order[0]).demoted:
+            return pinned  # every eligible member carries strikes: the pin stays where it is
+        if commit:
+            self.commit(candidates.network, order[0])
+        return order[0]
+
+    def ranked(self, candidates: Candidates, limit: int) -> list[str]:
+        """The eligible members in declaration order, those without strikes first: what the pin
+        moves to, and a setup-failure retry round's candidates."""
+        eligible = [c for c in (candidates.evaluate(m) for m in self.members) if c.eligible]
+        eligible.sort(key=lambda c: (c.demoted, c.index))
+        return [c.member for c in eligible[:limit]]
 
     def commit(self, network: Network, member: str) -> None:
         if self._fixed.get(network) == member:

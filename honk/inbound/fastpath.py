@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 from honk._fast import relay as _relay
 from honk.connection import scoring
 from honk.connection.dispatch import Routed, format_chain
+from honk.connection.verdict import FlowVerdict, observe_flow
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
 from honk.inbound.socks5 import reply_for
@@ -111,8 +112,16 @@ class FastFlow(NativeRelay):
         self.reporter = routed.reporter  # Score: the Python dial's reporter, or the engine dial's (EV_OPEN)
         self.score_guard: Any = None  # Score: the engine dial's admitted attempt until EV_OPEN or refusal
         self.bridge: Any = None  # DialedStream.bridge: how a bridged upstream's server side ended
-        if self.reporter is not None:
-            self.observer = scoring.RelayObserver(self.reporter, path.clock)
+        # the flow's verdict on its node and its Score byte counts (None: nobody listens)
+        self.verdict: FlowVerdict | None = None
+        self._listen(self.reporter)
+
+    def _listen(self, reporter: Any) -> FlowVerdict | None:
+        path = self._path
+        self.verdict = observe_flow(path.clock, self.routed.leaf, reporter,
+                                    path._dispatcher.global_spec.response_timeout)
+        self.observer = self.verdict
+        return self.verdict
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
         if kind == _relay.EV_OPEN:
@@ -334,7 +343,7 @@ class SocksFastPath:
             flow.reporter = scoring.report_setup(flow.score_guard, self.clock, routed.leaf, None)
             flow.score_guard = None
             if flow.reporter is not None:
-                flow.observer = scoring.RelayObserver(flow.reporter, self.clock)
+                flow._listen(flow.reporter)
         flow.tracked = self._dispatcher.track(routed, flow)
         self._count_dial(None, routed.leaf.name)
         conn_log.debug(
@@ -350,7 +359,10 @@ class SocksFastPath:
 
     def _ended(self, flow: FastFlow) -> None:
         self._flows.discard(flow)
-        scoring.settle_relay(flow.reporter, self.clock, relay_end(flow.error, flow.bridge))
+        end = relay_end(flow.error, flow.bridge)
+        if flow.verdict is not None:
+            flow.verdict.end(end)
+        scoring.settle_relay(flow.reporter, self.clock, end)
         flow.tracked.release()
         self._changed_now()
 

@@ -6,9 +6,12 @@ JSON (:mod:`honk.config.links`). Such a node dials each TCP flow as a logical st
 
 * :class:`MuxPool` is the node's set of carriers. It lives as long as the
   node's :class:`~honk.outbound.runtime.NodeRuntime` (one pool per runtime,
-  whichever leaf generation asks), opens a carrier when none has room, at most
-  :data:`MAX_CARRIERS_PER_NODE` (beyond that :class:`CapacityRefused`), and
-  counts them (:attr:`MuxPool.carrier_count`).
+  whichever leaf generation asks), opens a carrier when none has room and
+  counts them (:attr:`MuxPool.carrier_count`). A node has no carrier cap of its
+  own: every carrier holds a permit of the process carrier gate
+  (:mod:`honk.connection.admission`), and that gate alone bounds them (GH-J-06:
+  "This global gate is authoritative; Mux.Cool does not impose a second per-node
+  two-carrier limit").
 * :class:`MuxCarrier` is one physical stream: the protocol's stream to
   :data:`~honk.proto.mux.MUX_COOL_TARGET` over the node's transport, holding up
   to :data:`MAX_STREAMS_PER_CARRIER` sessions
@@ -60,7 +63,6 @@ from honk.proto.mux import (
 )
 
 __all__ = [
-    "MAX_CARRIERS_PER_NODE",
     "MAX_STREAMS_PER_CARRIER",
     "MUX_IDLE_TIMEOUT",
     "MuxCarrier",
@@ -73,7 +75,6 @@ __all__ = [
 # v2ray's client defaults to 8 sessions per carrier; honk allows more so that one carrier
 # serves a node's usual fan-out (issue 5 asks for 50 streams on one carrier)
 MAX_STREAMS_PER_CARRIER = 128
-MAX_CARRIERS_PER_NODE = 4  # honk's bound on physical carriers per node
 MUX_IDLE_TIMEOUT = 30.0  # seconds a carrier without sessions stays open (honk's choice)
 STREAM_BUFFER_LIMIT = 256 * 1024  # unread bytes one stream may hold before the carrier stops reading
 # the warm owners whose node keeps one idle carrier: the TCP path's session (a Selector's pin,
@@ -437,9 +438,8 @@ class MuxPool:
 
     async def _open(self, open_carrier: OpenCarrier, deadline: float,
                     admission: AdmissionWatch | None = None) -> MuxCarrier:
-        if len(self.carriers) >= MAX_CARRIERS_PER_NODE:
-            raise CapacityRefused(f"{self.name}: {MAX_CARRIERS_PER_NODE} mux carriers are full")
-        # every physical carrier holds a process carrier slot for its whole life, idle included
+        # no per-node cap (GH-J-06): every physical carrier holds a process carrier slot for its
+        # whole life, idle included, and that global gate is the only bound on how many open
         permit = await process_gates().carrier_permit(deadline, clock=self.clock, watch=admission)
         try:
             channel = await open_carrier(deadline)

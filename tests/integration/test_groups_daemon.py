@@ -101,6 +101,36 @@ async def test_a_reload_keeps_group_identity_by_name_and_installs_callbacks_firs
         await daemon.shutdown(0.0)
 
 
+async def test_an_activation_drops_automatic_group_pins_and_keeps_selector_choices(tmp_path):
+    """GH-A-16 with GH-A-03 through the daemon's reload: the groups are unchanged (reused with
+    their state), yet the URLTest's and the Fallback's native pins are gone from the published
+    manager, while the Selector's choice is still served."""
+    automatic = ("    auto {\n        filter: name(a, b)\n        policy: min_moving_avg\n    }\n"
+                 "    fb {\n        filter: name(a, b)\n        policy: fallback\n    }\n")
+    cfg = tmp_path / "honk.dae"
+    write(cfg, groups=automatic)
+    daemon = Daemon(cfg)
+    await daemon.start()
+    try:
+        assert await daemon.select("proxy", "b", Network.TCP) == [Network.TCP]
+        assert await daemon.pin("auto", "b") == [Network.TCP, Network.UDP]
+        assert await daemon.pin("fb", "b", Network.UDP) == [Network.UDP]
+        groups = daemon.plane.groups
+        assert groups.resolve("auto", Network.TCP).leaf.name == "b"
+        assert groups.resolve("fb", Network.UDP).leaf.name == "b"
+        write(cfg, extra="    c: 'socks5://127.0.0.1:29'\n", groups=automatic)  # a node no group selects
+        report = await daemon.reload()
+        assert {"group auto", "group fb", "group proxy"} <= set(report.reused)
+        groups = daemon.plane.groups
+        assert groups.pinned("auto") == {} and groups.pinned("fb") == {}
+        assert groups.resolve("auto", Network.TCP).leaf.name == "a"
+        assert groups.resolve("fb", Network.UDP).leaf.name == "a"
+        assert groups.choices() == {"proxy": {Network.TCP: "b"}}
+        assert groups.resolve("proxy", Network.TCP).leaf.name == "b"
+    finally:
+        await daemon.shutdown(0.0)
+
+
 async def test_interrupt_connections_closes_exactly_the_flows_of_the_changed_group_and_network(tmp_path):
     """L suggested test 3: F1 and F2 (TCP via g) close; F3 (TCP via h, same leaf) and F4 (UDP via
     g) stay; the write returns only once F1 and F2 have ended."""

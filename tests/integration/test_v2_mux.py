@@ -22,6 +22,8 @@ from helpers.peerservers import v2ray_server
 from helpers.servers import EchoServer
 
 import honk.outbound.mux as mux
+from honk.connection import admission
+from honk.connection.admission import ProcessGates
 from honk.core.clock import Clock, FakeClock
 from honk.core.errors import CapacityRefused
 from honk.core.net import Address
@@ -209,20 +211,29 @@ def test_the_last_owner_letting_go_retires_a_busy_carrier_without_cutting_its_fl
         run(_with_streams(_mux_leaf(peer), echo, 1, body)())
 
 
-def test_a_full_carrier_opens_another_and_full_carriers_refuse_the_dial(run, monkeypatch) -> None:
-    per_carrier = 2
+def test_full_carriers_open_another_with_no_per_node_cap_until_the_process_carrier_gate_refuses(
+        run, monkeypatch) -> None:
+    """GH-J-06: the process carrier gate alone bounds a node's carriers (no per-node limit: honk
+    once stopped at four); the carrier beyond the gate waits and is refused at its deadline."""
+    per_carrier, gate = 2, 6
     monkeypatch.setattr(mux, "MAX_STREAMS_PER_CARRIER", per_carrier)
-    full = per_carrier * mux.MAX_CARRIERS_PER_NODE
+    gates = ProcessGates(dial_gate=64, carrier_gate=gate)
+    monkeypatch.setattr(admission, "_process_gates", gates)
+    full = per_carrier * gate
+    clock = FakeClock(wall_offset=time.time() - 1000.0)  # VMess headers carry the wall time v2ray checks
 
     async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
         assert await _all_round_trip(pipes) == [True] * full
-        assert pool.carrier_count == mux.MAX_CARRIERS_PER_NODE
+        assert pool.carrier_count == gate > 4 and gates.carriers_in_use == gate
+        beyond = asyncio.ensure_future(_open(leaf, echo))
+        await _until(lambda: gates.carriers_waiting == 1, "the carrier beyond the gate to wait for a permit")
+        clock.advance(STEP)
         with pytest.raises(CapacityRefused):
-            await _open(leaf, echo)
-        assert peer.carriers() == mux.MAX_CARRIERS_PER_NODE
+            await beyond
+        assert peer.carriers() == gate
 
     with EchoServer() as echo, v2ray_server("vmess", mux=True) as peer:
-        leaf = _mux_leaf(peer)
+        leaf = _mux_leaf(peer, clock)
         run(_with_streams(leaf, echo, full, body)())
 
 

@@ -337,12 +337,15 @@ class ScoreBusinessGuard:
     def transferred(self) -> bool:
         return self._state == self._TRANSFERRED
 
-    def into_reporter(self, now: float) -> ScoreReporter:
-        """Hand cancellation over to a reporter at the I/O boundary; one-shot (GH-K-76)."""
+    def into_reporter(self, now: float, dial_started: float | None = None) -> ScoreReporter:
+        """Hand cancellation over to a reporter at the I/O boundary; one-shot (GH-K-76).
+        ``dial_started``: when the physical dial began, after any admission wait; setup latency
+        runs from there (a wait for a dial permit is honk's, not the node's)."""
         if self._state != self._OPEN:
             raise ScoreLifecycleError(f"the guard is already {self._state}")
         self._state = self._TRANSFERRED
-        return ScoreReporter(self._attempt, self._admissions, now, begun_at=self.begun_at,
+        return ScoreReporter(self._attempt, self._admissions, now,
+                             begun_at=self.begun_at if dial_started is None else dial_started,
                              members_at=self._members_at)
 
     def close(self) -> None:

@@ -54,6 +54,14 @@ first choice or a promotion.
 Peek, a single remaining candidate (singleton bypass) and no live candidate (the caller's last
 resort) change nothing: no counter, no allowance, no earned credit, no incumbent, no switch
 (GH-K-129).
+
+What the group serves now (the Clash ``now``, warm-up's current pick, the native selection) is
+per group and network, not per target: :meth:`ScoreState.served` is the member of the last
+applied rank that served flows as an ordinary pick (an ordinary winner, an escape, a retry's
+pick or a singleton; never a trial, which is one flow's work, GH-K-96), kept for display only
+(it is no incumbent of any target). A targetless peek, the read "what does the group serve
+now", ranks ordinarily with that member as incumbent: it answers the member new flows went to,
+moves off it at once when it dies or escapes, shows no trial, and changes nothing.
 """
 
 from __future__ import annotations
@@ -289,6 +297,9 @@ class ScoreState:
         # per (group, network, family): the live nodes it was read for, the aggregate store's
         # row_changes then, and the global and family rows' cells aligned with those nodes
         self._aligned: dict[tuple, tuple] = {}
+        # per (group, network): the node of the member the last applied ordinary rank served
+        # (display: what the group serves now; see the module docstring)
+        self._served: dict[tuple[str, Network], NodeId] = {}
 
     # --- ranking --------------------------------------------------------------------------------
 
@@ -315,6 +326,8 @@ class ScoreState:
         if not alive:
             return Ranked(None, NO_CANDIDATE, ())
         if len(alive) == 1:  # singleton bypass: nothing to rank, nothing to count
+            if not peek:  # (only what the group serves now: no incumbent, switch or counter)
+                self._served[(group, network)] = alive[0][1].node_id
             return Ranked(alive[0][1], SINGLETON, (alive[0][1],))
 
         candidates = self._candidates(group, network, target, family, alive, nodes, place, now)
@@ -322,6 +335,11 @@ class ScoreState:
         # (and when every live member failed recently, all are ranked rather than none)
         eligible, unresolved = survey(candidates)
         excluded = len(candidates) - len(eligible)
+        if peek and target is None:
+            served = self._served.get((group, network))
+            if served is not None:  # "what does the group serve now": ordinary, from what it served
+                winner, _ = self._ordinary(eligible, candidates, served)
+                return Ranked(winner.member, PEEK, None, eligible, winner)
 
         scope_key = (group, network, family)
         scope = self.scopes.get(scope_key)
@@ -391,11 +409,17 @@ class ScoreState:
                 scope.tried.add(winner.member.node_id)
         else:
             self.switches.record(group, network, history_key, winner.member.node_id)
+            self._served[(group, network)] = winner.member.node_id
         counters = self._scope_counters(group, network)
         counters[reason] += 1
         counters[DEAD_FILTERED] += dead
         counters[FAIL_STREAK_EXCLUDED] += excluded
         return Ranked(winner.member, reason, None, eligible, winner)
+
+    def served(self, group: str, network: Network) -> NodeId | None:
+        """The node of the member ``group`` last served ``network`` flows with as an ordinary
+        pick (an applied rank that was no trial), None before any; display only."""
+        return self._served.get((group, network))
 
     def _recovery(self, eligible: list[Candidate], unresolved: list[Candidate], now: float) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
@@ -505,6 +529,8 @@ class ScoreState:
             del self._live[key]
         for key in [k for k in self._aligned if k[0] not in groups]:
             del self._aligned[key]
+        for key in [k for k, node in self._served.items() if (k[0], node) not in self._valid]:
+            del self._served[key]
         for key in [k for k in self.scopes if k[0] not in groups]:
             del self.scopes[key]
         for (group, _network, _family), scope in self.scopes.items():

@@ -1,5 +1,5 @@
 """The compiled rank read and order agree with their pure-Python twin, and the order is the
-documented one: reliability first, utility within the band, configuration order."""
+documented one: reliability bands first, utility within a band, configuration order."""
 
 import importlib
 from types import SimpleNamespace
@@ -183,7 +183,8 @@ def test_precedes_is_the_order_of_the_sort_key(spec, band):
     for a in cands:
         for b in cands:
             if a is not b:
-                assert rank._precedes(a, b, floor) == (rank._sort_key(a, floor) < rank._sort_key(b, floor))
+                assert rank._precedes(a, b, floor, band) == (
+                    rank._sort_key(a, floor, band) < rank._sort_key(b, floor, band))
 
 
 @given(st.lists(candidate, max_size=20, unique_by=lambda c: c[0]), st.floats(0.0, 0.2),
@@ -208,6 +209,18 @@ def test_the_band_ranks_utility_first_and_the_rest_by_reliability(rank_mod):
          rank_mod.Candidate(None, 4, 0.80, None, True)]
     assert [x.index for x in rank_mod.order(c, BAND)] == [2, 1, 0, 4, 3]
     assert rank_mod.order([], BAND) == []
+
+
+def test_members_behind_the_front_whose_bounds_differ_by_a_rounding_error_compete_on_utility(rank_mod):
+    # each behind the front with one success, decayed from a slightly different time (issue 32:
+    # a Score escape went to the third-best node because its bound was 2e-8 higher)
+    c = [rank_mod.Candidate(None, 0, 0.87, 1.0, True),
+         rank_mod.Candidate(None, 1, 0.31615405, 0.58, True),
+         rank_mod.Candidate(None, 2, 0.31615414, 0.43, True),
+         rank_mod.Candidate(None, 3, 0.31615416, 0.36, True),
+         rank_mod.Candidate(None, 4, 0.20, 0.99, True)]  # a band further behind: real evidence
+    assert [x.index for x in rank_mod.order(c, BAND)] == [0, 1, 2, 3, 4]
+    assert rank_mod.first_sound(c, BAND, c[0]) is c[1]
 
 
 def test_an_open_episode_marks_its_member_and_a_node_scoped_one_says_so(rank_mod):

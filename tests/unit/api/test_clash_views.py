@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import ipaddress
 import json
 import logging
 
@@ -20,6 +21,9 @@ from honk.connection.tracker import ConnectionInfo
 from honk.core.clock import FakeClock
 from honk.core.net import Address, Network
 from honk.group.filter import HealthFilter
+from honk.group.score.attempt import Result
+from honk.group.score.cells import Outcome
+from honk.group.score.keys import ScoreTarget
 
 SOCKS_SECRET = "s0cksPW-topsecret"
 SS_SECRET = "ssPW-topsecret"
@@ -165,6 +169,25 @@ def test_now_of_automatic_groups_is_the_member_their_tcp_chain_passes_through(wo
     assert views.group_proxy(ctx, "LB")["now"] == "us"
 
 
+def test_now_of_a_score_group_is_the_member_its_new_flows_went_to_after_the_incumbent_failed():
+    smart = "filter: name(us)\n        policy: score"
+    world = World(CONFIG.replace(smart, smart.replace("name(us)", "name(hk, us)")))
+    groups, target, dest = world.plane.groups, ScoreTarget.of("t.example", 443), ipaddress.ip_address("192.0.2.7")
+    for name in ("hk", "us"):  # qualified: ordinary picks only
+        for _ in range(8):
+            groups.score.evidence.record("Smart", Network.TCP, None, world.ids[name], Outcome.USEFUL, world.clock.now())
+    served = groups.resolve("Smart", Network.TCP, target=target, destination=dest)
+    assert served.leaf.name == "hk" and views.group_proxy(world.ctx(), "Smart")["now"] == "hk"
+    world.clock.advance(1)
+    reporter = groups.score_feedback(served.chain, served.leaf, Network.TCP, target, dest).start().begin(
+        world.clock.now()).into_reporter(world.clock.now())
+    reporter.setup(world.clock.now())
+    reporter.settle(world.clock.now(), Result.failure(node_scoped=False))
+    assert groups.resolve("Smart", Network.TCP, target=target, destination=dest).leaf.name == "us"
+    listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
+    assert listed["Smart"]["now"] == "us"  # where new flows go now, not the failed incumbent
+
+
 def test_fixed_shows_the_tcp_pin_of_urltest_and_fallback(world):
     ctx = world.ctx()
     assert views.group_proxy(ctx, "Fall back")["fixed"] == ""
@@ -173,13 +196,30 @@ def test_fixed_shows_the_tcp_pin_of_urltest_and_fallback(world):
     assert shown["fixed"] == "us" and shown["now"] == "us"
 
 
-def test_leaf_alive_needs_tcp_dead_in_both_families(world):
+def test_leaf_alive_is_false_for_a_dead_ipv4_node_even_with_its_ipv6_state_unknown(world):
+    """GH-D-07, GH-K-01: a node is judged in its health family (hk's server is 127.0.0.1: IPv4);
+    the IPv6 state it is never probed in cannot mask a dead IPv4 one."""
     ctx = world.ctx()
+    node_id = world.ids["hk"]
     assert views.leaf_proxy(ctx, "hk", world.plane.outbounds["hk"])["alive"] is True  # unknown counts alive
     world.kill("hk", Family.V4)
-    assert views.leaf_proxy(ctx, "hk", world.plane.outbounds["hk"])["alive"] is True
-    world.kill("hk", Family.V6)
+    assert world.alive.tcp_alive(node_id, Family.V6)  # IPv6: unknown, read as alive
+    assert views._node_alive(world.alive, node_id, Family.V4) is False
     assert views.leaf_proxy(ctx, "hk", world.plane.outbounds["hk"])["alive"] is False
+
+
+def test_leaf_alive_of_an_ipv6_reached_node_follows_its_ipv6_state_and_its_probes_fill_extra():
+    text = CONFIG.replace("us: 'socks5://127.0.0.1:29'", "us: 'socks5://127.0.0.1:29'\n    six: 'socks5://[::1]:39'")
+    world = World(text)
+    six = world.plane.outbounds["six"]
+    assert six.health_family == 6
+    world.alive.notify_check_success(world.ids["six"], Domain.TCP, Family.V6, 0.02)
+    extra = views.leaf_proxy(world.ctx(), "six", six)["extra"]
+    assert extra["http://check.example/generate_204"]["alive"] is True  # the IPv6 probe history
+    world.kill("six", Family.V4)  # a family it is not reached on: no verdict
+    assert views.leaf_proxy(world.ctx(), "six", six)["alive"] is True
+    world.kill("six", Family.V6)
+    assert views.leaf_proxy(world.ctx(), "six", six)["alive"] is False
 
 
 def test_udp_follows_the_leafs_capability(world):

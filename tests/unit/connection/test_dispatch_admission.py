@@ -148,3 +148,27 @@ async def test_a_dial_a_ready_connection_serves_is_exempt_and_reported_as_a_pool
     (await holder).sock.close()
     (await cold).sock.close()
     assert log.dials[-1][2] is False
+
+
+async def test_a_dials_latency_runs_from_its_permit_not_from_its_wait_for_one():
+    import uuid
+
+    from honk.outbound.runtime import NodeRuntime
+
+    clock, budget, dispatcher = rig(limit=1)
+    physical = HeldLeaf()
+    holder = asyncio.ensure_future(dial_stream(dispatcher, routed(physical)))
+    await settle()
+    waiting = HeldLeaf()
+    waiting.runtime = NodeRuntime(uuid.uuid4(), waiting.name)
+    waiting.runtime.traffic = log = TrafficLog()
+    waiting.release.set()  # once it has its permit, its dial is immediate
+    pending = asyncio.ensure_future(dial_stream(dispatcher, routed(waiting)))
+    await settle()
+    assert budget.waiting == 1
+    clock.advance(2.0)  # honk's own wait: a busy budget
+    physical.release.set()
+    (await holder).sock.close()
+    (await pending).sock.close()
+    outcome, latency, _ = log.dials[-1]
+    assert outcome is None and latency == 0.0  # GH-B-18: the wait is not the node's latency

@@ -1,5 +1,5 @@
 """honk.connection.scoring, sans-I/O: how a dial's end and a relay's end become Score results,
-and how a relay engine's byte counts reach the flow's reporter (issue 11)."""
+and how a relay engine's byte counts reach the flow's reporter through its observer (issue 11)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from honk.connection import scoring
+from honk.connection.verdict import FlowVerdict
 from honk.core.clock import FakeClock
 from honk.core.errors import (
     CapacityRefused,
@@ -36,6 +37,7 @@ PROXY_LEAF = SimpleNamespace(name="n1", protocol="socks5")
 DIRECT_LEAF = SimpleNamespace(name="direct", protocol="direct")
 STEP = 0.25  # seconds between the events of one simulated flow
 REPLY_CODE = 5  # SOCKS5 "connection refused" as a proxy relays it
+NO_DEADLINE = 0.0  # response_timeout 0: these tests pin the byte counts, not the response deadline
 
 
 class Rig:
@@ -78,6 +80,16 @@ def test_begin_admits_the_attempt_before_any_io():
     assert guard is not None and guard.begun_at == rig.clock.now()
     assert rig.exact() is not None  # admission creates the cells, recording nothing yet
     assert rig.exact().attempts.value(rig.clock.now()) == 0
+
+
+def test_setup_latency_runs_from_the_dials_real_start_after_its_permit():
+    rig = Rig()
+    guard = scoring.begin(rig.feedback, rig.clock)
+    rig.clock.advance(2.0)  # waiting for a dial permit: honk's wait, not the node's (GH-K-76)
+    started = rig.clock.now()
+    rig.clock.advance(STEP)
+    reporter = scoring.report_setup(guard, rig.clock, PROXY_LEAF, None, dial_started=started)
+    assert reporter is not None and reporter.setup_at - reporter.begun_at == pytest.approx(STEP)
 
 
 def test_begin_is_refused_when_the_member_left_its_group():
@@ -187,13 +199,13 @@ def test_a_target_scoped_setup_failure_leaves_the_nodes_aggregate_cells_without_
     assert rig.node_episodes() and all(episode is None for episode in rig.node_episodes())
 
 
-# --- RelayObserver -------------------------------------------------------------------------------
+# --- the relay observer (FlowVerdict's Score half) -------------------------------------------------------------------------------
 
 
 def test_the_relay_observer_feeds_tx_and_rx_at_the_clocks_time():
     rig = Rig()
     reporter = rig.reporter()
-    observer = scoring.RelayObserver(reporter, rig.clock)
+    observer = FlowVerdict(rig.clock, PROXY_LEAF, reporter, NO_DEADLINE)
     rig.clock.advance(STEP)
     observer(10, 0)
     assert (reporter.tx_bytes, reporter.rx_bytes) == (10, 0)
@@ -207,7 +219,7 @@ def test_the_relay_observer_feeds_tx_and_rx_at_the_clocks_time():
 def test_the_relay_observer_announces_the_reporter_so_its_rx_is_credited():
     rig = Rig()
     reporter = rig.reporter()
-    observer = scoring.RelayObserver(reporter, rig.clock)
+    observer = FlowVerdict(rig.clock, PROXY_LEAF, reporter, NO_DEADLINE)
     observer(3, 0)
     rig.clock.advance(STEP)
     observer(0, 3)
@@ -217,7 +229,7 @@ def test_the_relay_observer_announces_the_reporter_so_its_rx_is_credited():
 def test_rx_without_any_tx_is_not_credited_to_the_cohort():
     rig = Rig()
     reporter = rig.reporter()
-    scoring.RelayObserver(reporter, rig.clock)(0, 5)
+    FlowVerdict(rig.clock, PROXY_LEAF, reporter, NO_DEADLINE)(0, 5)
     assert reporter.rx_bytes == 5
     assert rig.cohorts.reporters(rig.step.cohort_cell(), rig.clock.now()) == 0
 
@@ -225,7 +237,7 @@ def test_rx_without_any_tx_is_not_credited_to_the_cohort():
 def test_the_relay_observer_ignores_zero_counts():
     rig = Rig()
     reporter = rig.reporter()
-    scoring.RelayObserver(reporter, rig.clock)(0, 0)
+    FlowVerdict(rig.clock, PROXY_LEAF, reporter, NO_DEADLINE)(0, 0)
     assert (reporter.tx_bytes, reporter.rx_bytes, reporter.first_response_at) == (0, 0, None)
 
 
@@ -234,7 +246,7 @@ def test_the_relay_observer_ignores_zero_counts():
 
 def _relayed(rig: Rig, *, answered: bool):
     reporter = rig.reporter()
-    observer = scoring.RelayObserver(reporter, rig.clock)
+    observer = FlowVerdict(rig.clock, PROXY_LEAF, reporter, NO_DEADLINE)
     observer(4, 0)
     if answered:
         rig.clock.advance(STEP)

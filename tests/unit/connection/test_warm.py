@@ -313,3 +313,105 @@ def test_a_score_group_gives_its_rank_order_and_a_fallback_its_eligible_members_
     assert scored[0].name == plane.groups.resolve("scored", Network.UDP, peek=True).leaf.name  # its winner first
     names = [leaf.name for leaf in udp_warm_targets(plane, 2).values()]
     assert names == [scored[0].name, "m7", scored[1].name, "m8"]
+
+
+# --- setup quality: warm-up's one Score report (GH-F-26, GH-K-03) -----------------------------
+
+
+class SetupRecorder:
+    """The Score performance provider's surface warm-up reaches: setup samples, recorded."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple] = []
+
+    def score(self, group, network, target, family, candidates, now):  # noqa: ANN001, ANN201
+        return [None] * len(candidates)
+
+    def observe_setup(self, group, network, target, family, node_id, latency, now) -> None:  # noqa: ANN001
+        self.samples.append((group, network, target, family, node_id, round(latency, 6)))
+
+
+class TimedConnector:
+    """A node's connector whose connection takes ``seconds`` of the fake clock to open."""
+
+    def __init__(self, inner, clock: FakeClock, seconds: float) -> None:  # noqa: ANN001
+        self.inner, self.clock, self.seconds = inner, clock, seconds
+
+    async def connect(self, server, deadline: float):  # noqa: ANN001, ANN201
+        sock = await self.inner.connect(server, deadline)
+        self.clock.advance(self.seconds)
+        return sock
+
+
+def _score(name: str, members: tuple[str, ...], final: str | None = None) -> GroupSpec:
+    return GroupSpec(name, policy=Policy.SCORE, filters=(name_filter(*members),), has_filter_lines=True, final=final)
+
+
+async def test_a_pinned_connection_reports_its_opening_time_to_every_score_group_of_the_node(server):
+    clock = FakeClock()
+    nodes = [_socks(n, server) for n in ("a", "b", "c")]
+    groups = [_selector("pick", ("a", "b"), default="a"), _score("s1", ("a", "b")),
+              _score("s2", ("b", "c"), final="a"), _urltest("plain", ("a", "b"))]
+    plane = _plane(nodes, groups, clock, preconnect=0)
+    recorder = plane.groups.score.performance = SetupRecorder()
+    a = plane.outbounds["a"]
+    a.connector = TimedConnector(a.connector, clock, 0.042)
+    warm = WarmUp(clock, lambda: plane)
+    try:
+        await warm.pin_pass()
+        assert a.runtime.ready.entries == 1
+        # one targetless sample (no target, no target family: the aggregate layer) per Score group
+        # reaching the node, a final included; a URLTest takes none
+        node = a.runtime.node_id
+        assert recorder.samples == [("s1", Network.TCP, None, None, node, 0.042),
+                                    ("s2", Network.TCP, None, None, node, 0.042)]
+        # setup quality only: no reliability outcome, no counter
+        assert plane.groups.score.evidence.stats().aggregate_entries == 0
+        assert plane.groups.score.stats()["groups"] == []
+    finally:
+        await warm.stop()
+
+
+async def test_a_failed_warm_opening_reports_nothing_to_score():
+    clock = FakeClock()
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # closed below: connecting is refused
+    plane = _plane([_socks("a", port)], [_selector("pick", ("a",)), _score("s1", ("a",))], clock, preconnect=0)
+    recorder = plane.groups.score.performance = SetupRecorder()
+    warm = WarmUp(clock, lambda: plane)
+    try:
+        await warm.pin_pass()
+        assert plane.outbounds["a"].runtime.ready.entries == 0
+        assert recorder.samples == []
+        assert plane.groups.score.evidence.stats().aggregate_entries == 0  # no failure either
+    finally:
+        await warm.stop()
+
+
+async def test_a_udp_warm_carrier_reports_its_opening_time_as_udp_setup_quality(server):
+    clock = FakeClock()
+    plane = _plane([_mux("m0", server), _mux("m1", server)], [_score("s1", ("m0", "m1"))], clock,
+                   preconnect=0, udp_warm=1)
+    recorder = plane.groups.score.performance = SetupRecorder()
+    for leaf in plane.outbounds.values():
+        if getattr(leaf, "mux", False):
+            leaf.open_mux_carrier = _timed_carrier(leaf, clock, 0.031)
+    warm = WarmUp(clock, lambda: plane)
+    try:
+        await warm.udp_pass()
+        (held,) = [plane.outbounds[name] for name in ("m0", "m1") if pool_for(plane.outbounds[name]).carrier_count]
+        assert recorder.samples == [("s1", Network.UDP, None, None, held.runtime.node_id, 0.031)]
+    finally:
+        await warm.stop()
+        _close_carriers(plane)
+
+
+def _timed_carrier(leaf, clock: FakeClock, seconds: float):  # noqa: ANN001, ANN202
+    opener = leaf.open_mux_carrier
+
+    async def open_carrier(deadline: float):  # noqa: ANN202
+        carrier = await opener(deadline)
+        clock.advance(seconds)
+        return carrier
+
+    return open_carrier

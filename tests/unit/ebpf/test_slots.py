@@ -51,7 +51,8 @@ def test_a_group_slot_is_the_or_of_its_leaves_and_never_a_nodes_own_value():
     states.tcp[(A, Family.V4)] = False
     publisher.on_transition(A)
     assert backend.values[slot(0)] is False
-    assert backend.writes == [(slot(0), False)]  # only the group's changed slot, nothing keyed by A
+    # only the group's changed slots (A's verdict counts toward both target families), nothing keyed by A
+    assert backend.writes == [(slot(0), False), (slot(0, Network.TCP, Family.V6), False)]
 
 
 def test_a_transition_recomputes_every_group_that_reaches_the_leaf():
@@ -135,3 +136,23 @@ def test_built_in_leaves_count_alive(family):
     layout = GroupLayout(("g",), {"g": (Leaf("direct", None, True), leaf("a", A))})
     _, backend = published(layout, States())
     assert backend.values[slot(0, Network.TCP, family)] and backend.values[slot(0, Network.UDP, family)]
+
+
+def test_a_leaf_counts_in_its_own_health_family_toward_both_family_slots():
+    """GH-D-07, GH-K-01: a slot's family is the packet's (the target family); a leaf's verdict is
+    its state in its health family, so an IPv4-reached node keeps the IPv6 slot alive and an
+    IPv6-reached node's dead IPv6 state is not masked by its (unrecorded) IPv4 one."""
+    states = States()
+    states.tcp[(A, Family.V4)] = True  # A is reached over IPv4 and alive there
+    states.tcp[(B, Family.V4)] = True  # B is reached over IPv6: an IPv4 state says nothing about it
+    states.udp[(B, Family.V4)] = True
+    layout = GroupLayout(("four", "six"), {"four": (leaf("a", A),), "six": (Leaf("b", B, True, Family.V6),)},
+                         {"four": True, "six": True})  # finals: no sole-leaf exception
+    publisher, backend = published(layout, states)
+    for family in (Family.V4, Family.V6):
+        assert backend.values[slot(0, Network.TCP, family)] is True
+        assert backend.values[slot(1, Network.TCP, family)] is False  # B's IPv6 state: dead
+        assert backend.values[slot(1, Network.UDP, family)] is False
+    states.tcp[(B, Family.V6)] = True
+    publisher.on_transition(B)
+    assert backend.values[slot(1, Network.TCP, Family.V4)] and backend.values[slot(1, Network.TCP, Family.V6)]

@@ -64,6 +64,29 @@ def test_a_reload_drops_every_pin():
     assert rebuilt.pinned("auto") == {}
 
 
+def test_an_activation_drops_the_pins_of_unchanged_automatic_groups_and_keeps_selector_choices():
+    """GH-A-16: a reload keeps an unchanged group's policy state (``reuse``, as the applier
+    builds), but a native pin lives only in the running manager: the replacement has none,
+    while a Selector's choice is carried (GH-A-03). The running manager keeps its pins until
+    it is replaced (GH-A-02: the replacement is built, not the running one changed)."""
+    w = World(group("sel", "a", "b"), group("auto", "a", "b", policy=Policy.URLTEST),
+              group("fb", "a", "b", policy=Policy.FALLBACK))
+    w.sample("a", 10)
+    w.sample("b", 300)
+    w.manager.select("sel", "b", TCP)
+    w.manager.pin("auto", "b")
+    w.manager.pin("fb", "b", UDP)
+    assert (w.leaf("sel"), w.leaf("auto"), w.leaf("fb", UDP)) == ("b", "b", "b")
+    rebuilt = GroupManager.build(w.spec, w.outbounds, health=w.manager.health, clock=w.clock, previous=w.manager,
+                                 reuse={"sel", "auto", "fb"})
+    assert rebuilt.pinned("auto") == {} and rebuilt.pinned("fb") == {}
+    assert rebuilt.resolve("auto", TCP).leaf.name == "a" and rebuilt.resolve("auto", UDP).leaf.name == "a"
+    assert rebuilt.resolve("fb", UDP).leaf.name == "a"
+    assert rebuilt.choices() == {"sel": {TCP: "b"}} and rebuilt.resolve("sel", TCP).leaf.name == "b"
+    assert w.manager.pinned("auto") == {TCP: "b", UDP: "b"} and w.manager.pinned("fb") == {UDP: "b"}
+    assert w.leaf("auto") == "b"  # the running manager is not changed by building its replacement
+
+
 def test_selection_changes_are_reported_for_writes_pins_and_automatic_moves_but_not_for_no_ops():
     w = World(group("sel", "a", "b"), group("auto", "a", "b", policy=Policy.URLTEST),
               group("fb", "a", "b", policy=Policy.FALLBACK))

@@ -427,7 +427,7 @@ def test_readers_of_the_shared_handle_always_see_one_whole_manager():
 
 
 def _cold(w: World, name: str = "auto") -> list[str]:
-    return [s.leaf.name for s in w.manager.cold_udp_candidates(name, V4)]
+    return [s.leaf.name for s in w.manager.cold_udp_candidates(name)]
 
 
 def test_an_unmeasured_top_level_urltest_prepares_its_members_by_rank():

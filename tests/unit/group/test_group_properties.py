@@ -202,7 +202,7 @@ def outcome(manager: GroupManager, name: str, network: Network, peek: bool = Fal
     """The selection, or None for a refusal; any other exception or a hang fails the test."""
     with bounded(RESOLVE_BOUND, f"resolve({name}, {network.value}, peek={peek})"):
         try:
-            return manager.resolve(name, network, V4, peek=peek)
+            return manager.resolve(name, network, peek=peek)
         except NoRoute:
             return None
 
@@ -320,7 +320,7 @@ def test_a_policy_moves_its_memory_only_to_an_eligible_leaf_member_never_through
                     if new == old or new in scenario.group_names:
                         continue  # a sub-group member's eligibility depends on the walk's context
                     assert net is network, f"resolving {name}/{network.value} moved {group}/{net.value}"
-                    assert health.eligible(world.outbounds[new], net, V4, group, new), (
+                    assert health.eligible(world.outbounds[new], net, group, new), (
                         f"{group} now remembers {new}, not {net.value}-eligible; served {served}")
 
 

@@ -24,7 +24,7 @@ from honk.group.policy import Score, UnknownGroup
 from honk.group.score.attempt import Result
 from honk.group.score.cells import Outcome
 from honk.group.score.constants import RECOVERY_REPORTERS
-from honk.group.score.keys import ScoreTarget
+from honk.group.score.keys import AggregateKey, ScoreTarget
 from honk.group.score.ranker import Member
 from honk.outbound.registry import build_outbounds
 
@@ -257,6 +257,73 @@ def test_clash_now_is_the_aggregate_tcp_winner():
     assert group_now(w.manager, "auto") == ranked.winner.name == "b"
 
 
+def _fail_after_setup(w: World, selection, target: ScoreTarget, destination) -> None:
+    """One flow of ``selection`` set up, then failed on its target's path (a business failure)."""
+    feedback = w.manager.score_feedback(selection.chain, selection.leaf, TCP, target, destination)
+    reporter = feedback.start().begin(w.clock.now()).into_reporter(w.clock.now())
+    reporter.setup(w.clock.now())
+    reporter.settle(w.clock.now(), Result.failure(node_scoped=False))
+
+
+def test_clash_now_follows_new_flows_at_once_when_the_incumbent_fails_and_a_peek_changes_nothing():
+    w = World(score("auto", "a", "b", "c"))
+    for n in "abc":  # qualified everywhere: every pick below is an ordinary one, no trial
+        w.record("auto", n, None, None, Outcome.USEFUL, GOOD)
+    assert w.leaf("auto") == "a"  # a targetless flow makes a the aggregate's own incumbent
+    served = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+    assert served.leaf.name == "a" and group_now(w.manager, "auto") == "a"
+    w.clock.advance(1)
+    _fail_after_setup(w, served, TARGET_X, DEST_X)
+    escaped = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+    assert escaped.leaf.name == "b"  # Score's escape: the next flow leaves the failed incumbent
+    before = w.manager.score.stats()
+    scopes = {key: (s.spent, s.earned, set(s.tried)) for key, s in w.manager.score.scopes.items()}
+    # at once, although the aggregate ranking alone still holds a (it never saw the target fail)
+    assert group_now(w.manager, "auto") == "b"
+    assert w.manager.selection_chain("auto") == ("auto", "b")
+    assert w.manager.resolve("auto", TCP, peek=True).leaf.name == "b"
+    assert w.manager.score.rank("auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(),
+                                peek=True).winner.name == "b"
+    assert w.manager.score.stats() == before  # peeks change no Score state
+    assert {key: (s.spent, s.earned, set(s.tried)) for key, s in w.manager.score.scopes.items()} == scopes
+    assert w.manager.score.served("auto", TCP) == w.ids["b"]
+    for _ in range(3):  # and new flows keep going where `now` says
+        assert w.leaf("auto", TARGET_X, DEST_X) == "b" == group_now(w.manager, "auto")
+    w.kill("b")  # the member it serves dies: `now` moves to the ordinary alternative before any flow
+    assert group_now(w.manager, "auto") == "c"
+    assert w.leaf("auto", TARGET_X, DEST_X) == "c" == group_now(w.manager, "auto")
+
+
+def test_a_setup_retry_is_what_the_group_serves_now():
+    w = World(score("auto", "a", "b", "c"))
+    for n in "abc":
+        w.record("auto", n, None, None, Outcome.USEFUL, GOOD)
+    served = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+    (retry,) = w.manager.retry_candidates("auto", TCP, served.leaf, target=TARGET_X, destination=DEST_X)
+    assert retry.leaf is not served.leaf
+    assert group_now(w.manager, "auto") == retry.leaf.name
+
+
+def test_a_warm_up_setup_sample_reaches_every_score_group_of_the_node_as_targetless_setup_quality_only():
+    w = World(score("auto", "a", "b"), score("other", "b", "c", final="a"),
+              group("plain", "a", "b", policy=Policy.URLTEST))
+    now = w.clock.now()
+    assert w.manager.observe_warm_setup(w.outbounds["a"], TCP, 0.020, now) == 2  # auto, and other by its final
+    assert w.manager.observe_warm_setup(w.outbounds["b"], TCP, 0.200, now) == 2
+    assert w.manager.observe_warm_setup(w.outbounds["direct"], TCP, 0.001, now) == 0  # no node, no sample
+    heuristic = w.manager.score.performance
+    ids = [w.ids["a"], w.ids["b"]]
+    fast, slow = heuristic.score("auto", TCP, None, None, ids, now)
+    assert fast > slow  # the aggregate (targetless) setup scope ranks the quicker opening first
+    assert heuristic.score("auto", TCP, TARGET_X, V4, ids, now) == [None, None]  # no target reads it
+    # setup quality only (GH-F-26): no outcome, cell, episode, cohort credit or counter anywhere
+    evidence = w.manager.score.evidence.stats()
+    assert evidence.aggregate_entries == 0 and evidence.exact_entries == 0
+    assert w.manager.score.stats()["groups"] == []
+    cell = AggregateKey("auto", TCP, None, w.ids["a"])
+    assert w.manager.score.cohorts.reporters(cell, now) == 0 and w.manager.score.cohorts.open_episode(cell) is None
+
+
 def _members(w: World, *names: str) -> list[Member]:
     return [Member(n, w.ids[n], True) for n in names]
 
@@ -273,7 +340,7 @@ def test_a_score_group_cannot_be_pinned_or_selected_through_the_api():
 def test_score_setup_retry_offers_one_different_node():
     w = World(score("auto", "a", "b", "c"))
     served = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
-    retry = w.manager.retry_candidates("auto", TCP, V4, served.leaf, target=TARGET_X, destination=DEST_X)
+    retry = w.manager.retry_candidates("auto", TCP, served.leaf, target=TARGET_X, destination=DEST_X)
     assert len(retry) == 1
     assert retry[0].leaf is not served.leaf and retry[0].chain[0] == "auto"
 
@@ -283,7 +350,7 @@ def test_score_setup_retry_has_nothing_when_the_failed_node_was_the_only_live_on
     w.kill("b")
     served = w.manager.resolve("auto", TCP, target=TARGET_X)
     assert served.leaf.name == "a"
-    assert w.manager.retry_candidates("auto", TCP, V4, served.leaf, target=TARGET_X) == []
+    assert w.manager.retry_candidates("auto", TCP, served.leaf, target=TARGET_X) == []
 
 
 def test_dispatcher_retry_round_for_a_score_group_is_one_different_leaf():
@@ -293,7 +360,8 @@ def test_dispatcher_retry_round_for_a_score_group_is_one_different_leaf():
     routed = Routed(meta, "outer", "match", served.chain, served.leaf, 1)
     dispatcher = Dispatcher.__new__(Dispatcher)
     dispatcher._plane = SimpleNamespace(groups=w.manager)
-    retry = dispatcher._retry_round(routed, DialError(served.leaf.name, "connect", "refused"))
+    retry, fresh = dispatcher._retry_round(routed, DialError(served.leaf.name, "connect", "refused"))
+    assert not fresh  # GH-K-77: both attempts share one establishment deadline
     assert len(retry) == 1
     assert retry[0].leaf is not served.leaf
     assert retry[0].chain[:2] == ("outer", "auto")

@@ -310,6 +310,35 @@ def test_cold_trials_are_not_switches_and_do_not_become_incumbent(state):
     assert state.switches.winners() == {}
 
 
+def test_what_the_group_serves_is_its_last_ordinary_pick_never_a_trial_and_a_targetless_peek_reads_it(state):
+    train(state, "a")
+    train(state, "b")
+    assert state.served(GROUP, TCP) is None
+    ordinary = rank(state, members("a", "b"))
+    assert ordinary.reason != "coldExplore" and state.served(GROUP, TCP) == ordinary.winner.node_id == "a"
+    group = members("a", "b", "c")  # c joins untrained: the scope's allowance still funds a trial
+    trial = rank(state, group, T0 + 2)
+    assert trial.reason == "coldExplore" and trial.winner.name == "c"
+    assert state.served(GROUP, TCP) == "a"  # one flow's trial is not what the group serves
+    before = state.stats()
+    now = state.rank(GROUP, TCP, None, None, group, T0 + 3, peek=True)
+    assert now.winner.name == ordinary.winner.name and now.reason == "peek"
+    assert state.stats() == before and state.served(GROUP, TCP) == ordinary.winner.node_id
+
+
+def test_a_singleton_serves_without_counting_and_a_dead_served_member_is_left_at_once(state):
+    for node in "abc":
+        train(state, node)
+    assert rank(state, members("a", "b", "c")).winner.name == "a"
+    alone = rank(state, members("a", "b", "c", dead=("a", "b")), T0 + 1)
+    assert alone.reason == "singleton" and state.served(GROUP, TCP) == "c"
+    assert state.switches.winners() == {(GROUP, TCP, V4, TARGET): "a"}  # no incumbent moved
+    peeked = state.rank(GROUP, TCP, None, None, members("a", "b", "c", dead=("c",)), T0 + 2, peek=True)
+    assert peeked.winner.name == "a"  # c died: the ordinary alternative, before any flow
+    state.prune({(GROUP, "a"), (GROUP, "b")})
+    assert state.served(GROUP, TCP) is None  # a removed member is nothing the group serves
+
+
 def test_rank_is_deterministic_for_the_same_state_and_input(perf):
     def run():
         s = ScoreState(perf)
