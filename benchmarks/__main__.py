@@ -29,7 +29,11 @@
 * v2ray: honk with a ``vmess://``, ``trojan://`` or ``vless://`` node against a
   v2ray client, both into one v2ray server per protocol (VMess over TCP, Trojan
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
-  skips them).
+  skips them);
+* selection: issue 32's scenario x policy table, URLTest, Fallback and Score over four chaos
+  nodes that blackhole, refuse, reset or go silent (``benchmarks/selection.py``; about 28
+  minutes, ``--quick`` about 11), not part of the default run: ``--selection`` adds it, or
+  run ``python -m benchmarks.selection`` on its own.
 
 The full run takes about 16 minutes on two cores (the v2ray rows about 4 of them, the
 score rows about 3), ``--quick`` about three. The figures and every run's raw output also
@@ -48,7 +52,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay, reload, score, tproxy, warm
+from benchmarks import api, groups, health, kernels, relay, reload, score, selection, tproxy, warm
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -74,6 +78,8 @@ def main() -> None:
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up first-byte benchmark")
+    parser.add_argument("--selection", action="store_true",
+                        help="add the selection scenario table (issue 32; ~28 min, ~11 with --quick)")
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -97,6 +103,7 @@ def main() -> None:
     reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
     tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
     warm_rows: list[tuple[str, ...]] = [] if args.no_warm else warm.run(quick=args.quick)
+    selection_results, selection_table = selection.run(quick=args.quick) if args.selection else ({}, "")
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
                        shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
@@ -127,6 +134,9 @@ def main() -> None:
         print()
     if warm_rows:
         print(relay.format_table(warm.HEADER, [list(r) for r in warm_rows]))
+        print()
+    if selection_table:
+        print(selection_table)
         print()
     subjects = report.measured()
     paired: dict[str, list[str]] = {}  # each sink family's heading -> its measured subjects
@@ -161,6 +171,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows,
+        "selection": selection_results,
         **report.as_json(),
     }, indent=2))
     print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")

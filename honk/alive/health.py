@@ -64,6 +64,9 @@ from honk.alive.thresholds import (
     PROBE_HISTORY,
     RECOVERY_SUCCESSES,
     REGISTRATION_GRACE,
+    STRIKE_PROBATION_FACTOR,
+    STRIKE_PROBATION_MAX,
+    STRIKE_PROBATION_MIN,
     TRAFFIC_DEATH_THRESHOLD,
 )
 from honk.core.clock import Clock
@@ -204,11 +207,20 @@ class NodeHealth:
         default_factory=lambda: collections.deque(maxlen=FLOW_OUTCOME_WINDOW))
     # delay tests by URL (the Clash `extra` histories), at most DELAY_TEST_URLS URLs, oldest dropped
     url_history: dict[str, LatencyRing] = field(default_factory=dict)
+    probation: float = 0.0  # seconds a strike demotes for now (STRIKE_PROBATION_*); 0: none running
+    demoted_until: float = 0.0  # clock time the current probation ends
+    lapsed: bool = False  # the probation ran out while strikes are still pending
+
+    @property
+    def struck(self) -> bool:
+        """Carries ranking strikes (pending until real successes clear them)."""
+        return self.strikes > 0 or self.detector_strikes > 0
 
     @property
     def demoted(self) -> bool:
-        """Carries ranking strikes: ranks below every candidate without, bypasses hysteresis."""
-        return self.strikes > 0 or self.detector_strikes > 0
+        """Struck and on probation: ranks below every candidate without, bypasses hysteresis."""
+        return self.struck and not self.lapsed
+
     def state(self, domain: Domain, family: Family) -> LinkState:
         key = (domain, family)
         state = self.states.get(key)
@@ -218,6 +230,12 @@ class NodeHealth:
 
     def peek(self, domain: Domain, family: Family) -> LinkState | None:
         return self.states.get((domain, family))
+
+
+def _end_probation(node: NodeHealth) -> None:
+    """The strikes are gone: the next strike starts a probation at the minimum again."""
+    node.probation = node.demoted_until = 0.0
+    node.lapsed = False
 
 
 class UnknownNode(KeyError):
@@ -340,6 +358,8 @@ class AliveDialerSet:
                 node.healing += 1
                 if node.healing >= DETECTOR_HEAL_PROBE_SUCCESSES:
                     node.detector_strikes, node.healing = 0, -1
+                    if not node.struck:
+                        _end_probation(node)
         was_dead = state.dead
         if state.probe_succeeded():
             if was_dead and domain is Domain.TCP:
@@ -352,11 +372,39 @@ class AliveDialerSet:
         killed the node, and the revival (a cooldown, then two consecutive successes) proved it
         works again, so it ranks on its measurements again. Without this a URLTest or Fallback
         would never send it traffic again, and only real traffic clears strikes."""
-        if node.demoted or node.dial_failures or node.outcomes:
+        if node.struck or node.dial_failures or node.outcomes:
             log.info("node %s: revived; its strikes are cleared", node.name)
         node.strikes = node.detector_strikes = node.clearing = node.dial_failures = 0
         node.slow_dials, node.healing = 0, -1
         node.outcomes.clear()
+        _end_probation(node)
+
+    def _on_probation(self, node: NodeHealth) -> None:
+        """A new strike: demoted for the current probation from now. The first one starts at
+        the minimum; a strike after the last probation ran out (the node came back and failed
+        again) doubles it; one while still demoted (the same incident's later flows) only
+        restarts it."""
+        if node.probation == 0.0:
+            node.probation = STRIKE_PROBATION_MIN
+        elif node.lapsed:
+            node.probation = min(node.probation * STRIKE_PROBATION_FACTOR, STRIKE_PROBATION_MAX)
+        node.demoted_until = self.clock.now() + node.probation
+        node.lapsed = False
+
+    def lapse_probations(self) -> list[uuid.UUID]:
+        """End every probation that ran out (the health runner's recovery tick calls this): the
+        node competes on its measurements again while its strikes wait for real successes. The
+        nodes whose demotion ended."""
+        now = self.clock.now()
+        ended = []
+        for node in self._nodes.values():
+            if node.struck and not node.lapsed and node.demoted_until <= now:
+                node.lapsed = True
+                self._changed(node)
+                ended.append(node.node_id)
+                log.info("node %s: its %.0f s strike probation is over; it competes again", node.name,
+                         node.probation)
+        return ended
 
     def notify_check_failure(
         self,
@@ -407,12 +455,13 @@ class AliveDialerSet:
             return
         self.report_traffic_success(node_id, Domain.TCP, family)
         node.dial_failures = 0
-        if node.demoted:
+        if node.struck:
             node.clearing += 1
             if node.clearing >= max(node.strikes + node.detector_strikes, MIN_STRIKE_CLEARING_SUCCESSES):
                 node.strikes = node.detector_strikes = node.clearing = 0
                 self._changed(node)
                 node.healing = -1
+                _end_probation(node)
         if latency is not None and not pool_hit:
             self._detect(node, latency)
 
@@ -424,6 +473,7 @@ class AliveDialerSet:
             if node.slow_dials >= DETECTOR_SLOW_DIALS:
                 node.slow_dials = 0
                 node.detector_strikes += 1
+                self._on_probation(node)
                 self._changed(node)
                 node.clearing = 0
                 node.healing = 0
@@ -461,6 +511,7 @@ class AliveDialerSet:
         self._changed(node)
         if node.dial_failures % DIAL_FAILURES_PER_STRIKE == 0:
             node.strikes += 1
+            self._on_probation(node)
             node.latencies.push(self.clock.wall(), SYNTHETIC_PLACEHOLDER, True)
         self.report_traffic_failure(node_id, Domain.TCP, family)
         return node.strikes
@@ -486,6 +537,7 @@ class AliveDialerSet:
                  node.name, failures, len(window))
         window.clear()
         node.strikes += 1
+        self._on_probation(node)
         node.clearing = 0
         self._changed(node)
         if self.on_emergency is not None:

@@ -247,7 +247,9 @@ class HealthRunner:
         return self._submit(self.cycle_jobs(), _Batch(asyncio.get_running_loop()))
 
     def run_recovery(self) -> asyncio.Future[None]:
-        """Queue the due recovery probes now (what one recovery tick does)."""
+        """Queue the due recovery probes now, and end the strike probations that ran out (what
+        one recovery tick does)."""
+        self.alive.lapse_probations()
         return self._submit(self.recovery_jobs(), _Batch(asyncio.get_running_loop()))
 
     def emergency(self, node_ids: Iterable[uuid.UUID]) -> None:

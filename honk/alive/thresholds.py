@@ -51,6 +51,17 @@ FLOW_OUTCOME_SPAN = 60.0  # seconds an outcome stays in the window
 FLOW_FAILURE_SHARE = 0.3  # "leave a node failing >= 30 % of flows"
 FLOW_FAILURE_MIN = 4  # failures before the share can trip: one unlucky pair is the streak's business
 
+# Strike probation (honk's reading; issue 32): "strikes clear only after max(strikes, 2) consecutive
+# real successes", but a URLTest or Fallback sends a demoted member no real flow while another one
+# serves, so its strikes would never clear and a 10-second blip would lose the best node for good.
+# A strike demotes for a probation instead, on the seed's own cooldown numbers: 5 s, doubling each
+# time the node is struck again after its probation ran out, up to 300 s. The strikes stay pending
+# until real successes clear them (which also resets the probation); while they are pending and the
+# probation is over, the node competes on its measurements again.
+STRIKE_PROBATION_MIN = PROBE_COOLDOWN_MIN
+STRIKE_PROBATION_MAX = PROBE_COOLDOWN_MAX
+STRIKE_PROBATION_FACTOR = PROBE_COOLDOWN_FACTOR
+
 GROUP_CHECK_DEATH_THRESHOLD = 3  # per-group check_url: "dies after three consecutive failures"
 GROUP_DELAY_CONCURRENCY = 10  # "group delay tests run at most 10 member measurements concurrently"
 

@@ -20,7 +20,7 @@ Classification of a dial's outcome, independent of any other consumer:
 
 After setup, each relayed flow leaves one outcome (:class:`~honk.connection.verdict.FlowVerdict`
 decides it): answered at its first response byte, or failed when the upstream reset it or
-stayed silent past ``response_timeout`` after the client sent data. Dial failures that count
+stayed silent past ``response_timeout`` after the client's last byte. Dial failures that count
 are failed outcomes too. The outcomes feed the node's flow-failure share
 (:meth:`~honk.alive.health.AliveDialerSet.report_flow`).
 """

@@ -120,11 +120,7 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             seconds = V.get_seconds(e, sink)
             if seconds is None:
                 continue
-            if key in ("shutdown_grace", "response_timeout"):
-                if seconds < 0:
-                    sink.error("invalid-value", e.path, "duration must not be negative", e.loc)
-                    continue
-            elif seconds <= 0:
+            if key not in ("shutdown_grace", "response_timeout") and seconds <= 0:  # these two: 0 is "none"
                 sink.error("invalid-value", e.path, "duration must be positive", e.loc)
                 continue
             g[key] = seconds

@@ -35,7 +35,7 @@ MIN_URLTEST_TOLERANCE = 0.001  # seconds; "effective minimum of 1 ms"
 DEFAULT_RELAY_IDLE_TIMEOUT = 300.0  # seconds; relay_idle_timeout_secs 300 s
 DEFAULT_UDP_IDLE_TIMEOUT = 60.0  # seconds a UDP association may stay silent
 # honk's own key: a relayed TCP flow that sent data and got no byte back within this many
-# seconds failed its node (Score and health), and goes on. Almost every protocol answers its
+# seconds of its last byte sent failed its node (Score and health), and goes on. Almost every protocol answers its
 # first bytes at once (a TLS ServerHello, an SSH banner, an HTTP head); 10 s is several times
 # the slowest first answer of a working path over a congested link, and short enough that a
 # node that swallows flows is left within one default health-check interval. 0 turns it off.
@@ -102,7 +102,7 @@ class GlobalSpec:
     data_dir: str = DEFAULT_DATA_DIR
     relay_idle_timeout: float = DEFAULT_RELAY_IDLE_TIMEOUT  # seconds
     udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds
-    response_timeout: float = DEFAULT_RESPONSE_TIMEOUT  # seconds from the first byte sent; 0: off
+    response_timeout: float = DEFAULT_RESPONSE_TIMEOUT  # seconds from the last byte sent; 0: off
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE  # seconds
     store_subscribe: bool = True  # keep each subscription's last accepted body for offline starts
     # what a reload does to live flows of a node it replaced or removed (a node link's

@@ -8,8 +8,8 @@ and it decides the flow's one outcome:
 
 * **answered** -- the first response byte arrived: a good flow for the node's
   health (:meth:`~honk.alive.traffic.NodeTraffic.flow_answered`);
-* **silent** -- the client sent data and nothing came back within
-  ``response_timeout`` of the first byte honk saw it send: a failed attempt for
+* **silent** -- the client sent data, stopped, and nothing came back within
+  ``response_timeout`` of the last byte honk saw it send: a failed attempt for
   Score and a TCP traffic failure for health, logged once. The flow itself goes
   on: the client decides when to give up, and a late answer is still relayed;
 * **reset before any answer** -- the relay ended with an upstream failure after
@@ -18,8 +18,10 @@ and it decides the flow's one outcome:
   speaks first and did), a client that left, a flow closed by honk.
 
 The timer starts at the first upstream byte, so a long-lived connection that sends
-nothing is never judged. The compiled engine reports bytes at most once a second,
-so the deadline can run up to a second late; it never runs early.
+nothing is never judged, and it runs from the client's latest byte, so a client
+that is still sending (an upload, a one-way stream) is not waiting for an answer
+and is not judged either. The compiled engine reports bytes at most once a
+second, so the deadline can run up to a second late; it never runs early.
 
 It also forwards every byte count to the flow's Score reporter (TX announces the
 reporter, RX feeds its publication, GH-K-72), so one observer serves both.
@@ -43,8 +45,8 @@ log = logging.getLogger("honk.connection")
 class FlowVerdict:
     """The observer of one relayed flow: byte counts to Score, one outcome to health."""
 
-    __slots__ = ("clock", "decided", "family", "leaf_name", "reporter", "response_timeout", "sent_at", "timer",
-                 "traffic")
+    __slots__ = ("clock", "decided", "family", "leaf_name", "reporter", "response_timeout", "sent_at", "last_sent",
+                 "timer", "traffic")
 
     def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float) -> None:
         self.clock = clock
@@ -54,6 +56,7 @@ class FlowVerdict:
         self.leaf_name = getattr(leaf, "name", "")
         self.response_timeout = response_timeout
         self.sent_at: float | None = None  # when honk first saw the client's bytes go upstream
+        self.last_sent = 0.0  # ... and last: the deadline runs from here
         self.timer: TimerHandle | None = None
         self.decided = False  # the outcome is given (answered or failed), or nobody listens
 
@@ -63,6 +66,7 @@ class FlowVerdict:
         if up:
             if reporter is not None:
                 reporter.tx(now, up)
+            self.last_sent = now
             if self.sent_at is None:
                 self.sent_at = now
                 if not self.decided and self.response_timeout > 0:
@@ -89,9 +93,13 @@ class FlowVerdict:
         self.timer = None
         if self.decided:
             return
-        self.decided = True
         now = self.clock.now()
-        log.info("flow got no response %s", kv(node=self.leaf_name, after=f"{now - (self.sent_at or now):.1f}s"))
+        waited = now - self.last_sent
+        if waited < self.response_timeout:  # the client sent more since: it was not waiting yet
+            self.timer = self.clock.call_later(self.response_timeout - waited, self._silent)
+            return
+        self.decided = True
+        log.info("flow got no response %s", kv(node=self.leaf_name, after=f"{now - self.last_sent:.1f}s"))
         if self.traffic is not None:
             self.traffic.flow_failed(self.family)
         if self.reporter is not None:

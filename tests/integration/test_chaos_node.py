@@ -20,6 +20,7 @@ import pytest
 from helpers.aio import close_writer
 from helpers.chaos import ChaosBehaviour, ChaosNode, chaos_node
 from helpers.engines import poll
+from helpers.sockets import roundtrip
 from helpers.socks import socks5_connect
 
 PAYLOAD = b"chaos node echo probe " * 4 + b"\n"
@@ -85,18 +86,7 @@ async def connect(node: ChaosNode, host: str, port: int, timeout: float = STEP) 
 
 async def exchange(sock: socket.socket, payload: bytes = PAYLOAD) -> bytes:
     """Send ``payload``, read until as many bytes came back, EOF or an error (which is raised)."""
-
-    def run() -> bytes:
-        sock.sendall(payload)
-        got = b""
-        while len(got) < len(payload):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            got += chunk
-        return got
-
-    return await asyncio.to_thread(run)
+    return await asyncio.to_thread(roundtrip, sock, payload)
 
 
 async def read_until_end(sock: socket.socket) -> tuple[bytes, str]:

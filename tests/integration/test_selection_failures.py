@@ -34,9 +34,11 @@ from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, running_
 from helpers.chaos import ChaosNode, chaos_node
 from helpers.leapclock import LeapClock
 from helpers.origins import generate_204
+from helpers.servers import echo_server
 
-from honk.alive.outcome import Family
+from honk.alive.outcome import Domain, Family
 from honk.alive.thresholds import REGISTRATION_GRACE
+from honk.core.net import Network
 
 POLICIES = ("urltest", "fallback", "score")
 NODES = 4
@@ -102,25 +104,6 @@ def config(probe_port: int, nodes: dict[str, list[ChaosNode]], origins: dict[str
 
 
 @contextlib.asynccontextmanager
-async def echo_origin():
-    """Echo every line back until the client closes."""
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while line := await reader.readline():
-                writer.write(line)
-                await writer.drain()
-        await close_writer(writer)
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-@contextlib.asynccontextmanager
 async def world(tmp_path):
     clock = LeapClock()
     async with contextlib.AsyncExitStack() as stack:
@@ -131,7 +114,7 @@ async def world(tmp_path):
             for node, delay in zip(group, CHUNK_DELAYS, strict=True):
                 node.behaviour.chunk_delay = delay
                 node.behaviour.connect_delay = CONNECT_DELAY
-        origins = {policy: await stack.enter_async_context(echo_origin()) for policy in POLICIES}
+        origins = {policy: await stack.enter_async_context(echo_server()) for policy in POLICIES}
         w = World(clock, nodes, origins)
         w.daemon = await stack.enter_async_context(running_daemon(tmp_path, config(probe.port, nodes, origins),
                                                                   clock=clock))
@@ -146,8 +129,6 @@ async def measured(w: World) -> None:
     alive = w.daemon.health.alive
     loop = asyncio.get_running_loop()
     deadline = loop.time() + MEASURED_WITHIN
-    from honk.alive.outcome import Domain
-
     while not all(alive.average(nid, Domain.TCP, Family.V4) is not None
                   for policy in POLICIES for nid in w.node_ids(policy)):
         assert loop.time() < deadline, "probes never measured every node"
@@ -362,3 +343,49 @@ async def test_a_dead_ipv4_node_shows_alive_false_to_dashboards(tmp_path):
             proxies = (await resp.json())["proxies"]
         assert proxies["u3"]["alive"] is False
         assert proxies["u0"]["alive"] is True
+
+
+async def test_a_node_reached_over_ipv6_whose_server_is_down_is_skipped_and_shows_dead(tmp_path):
+    """A node whose server is ``[::1]`` is judged in its own health family, IPv6: when its server
+    goes away, its IPv6 TCP state dies, the group skips it and dashboards see ``alive: false``
+    (before, selection read IPv4 only, where this node had no state, and kept serving it)."""
+    clock = LeapClock()
+    async with contextlib.AsyncExitStack() as stack:
+        probe = await stack.enter_async_context(generate_204())
+        v6 = await stack.enter_async_context(chaos_node("v6", host="::1"))
+        v4 = await stack.enter_async_context(chaos_node("v4"))
+        v4.behaviour.chunk_delay = 0.02  # the IPv6 node is the better one
+        origin = await stack.enter_async_context(echo_server())
+        text = (f"""global {{
+    data_dir: ./var
+    tcp_check_url: 'http://127.0.0.1:{probe.port}/generate_204'
+    check_interval: 1s
+    check_tolerance: 5ms
+    connect_timeout: 500ms
+    preconnect_node_count: 0
+}}
+""" + LAN_INBOUND + f"node {{\n    v6: '{v6.link}'\n    v4: '{v4.link}'\n}}\n"
+                + "group {\n    g {\n        filter: name(v6, v4)\n        policy: urltest\n    }\n}\n"
+                + "routing {\n    fallback: g\n}\n" + api_block(SECRET))
+        daemon = await stack.enter_async_context(running_daemon(tmp_path, text, clock=clock))
+        clock.leap(REGISTRATION_GRACE + 1)
+        w = World(clock, {"urltest": [v6, v4]}, {"urltest": origin}, daemon.inbounds["lan"].bound.port, daemon)
+        node_v6 = daemon.plane.outbounds["v6"].runtime.node_id
+        assert daemon.plane.outbounds["v6"].health_family == 6
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MEASURED_WITHIN
+        while daemon.plane.groups.resolve("g", Network.TCP, peek=True).leaf.name != "v6":
+            assert loop.time() < deadline, "the IPv6 node never became the URLTest's pick"
+            await asyncio.sleep(0.05)
+        assert (await one_flow(w, "urltest")).node == 0
+        await v6.close()  # the server goes away
+        deadline = loop.time() + STEP
+        while daemon.health.alive.tcp_alive(node_v6, Family.V6):  # 3 failed probes in a row
+            assert loop.time() < deadline, "the IPv6 node never died in its own family"
+            await asyncio.sleep(0.05)
+        flows = [await one_flow(w, "urltest") for _ in range(5)]
+        assert all(f.ok and f.node == 1 for f in flows), trace(flows)
+        async with aiohttp.ClientSession() as http, http.get(api_base(daemon) + "/proxies",
+                                                             headers=bearer(SECRET)) as resp:
+            proxies = (await resp.json())["proxies"]
+        assert proxies["v6"]["alive"] is False and proxies["v4"]["alive"] is True

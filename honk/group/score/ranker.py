@@ -60,8 +60,10 @@ per group and network, not per target: :meth:`ScoreState.served` is the member o
 applied rank that served flows as an ordinary pick (an ordinary winner, an escape, a retry's
 pick or a singleton; never a trial, which is one flow's work, GH-K-96), kept for display only
 (it is no incumbent of any target). A targetless peek, the read "what does the group serve
-now", ranks ordinarily with that member as incumbent: it answers the member new flows went to,
-moves off it at once when it dies or escapes, shows no trial, and changes nothing.
+now", answers that member while it is eligible (a targetless rank would compare the members on
+targetless evidence, where a node that failed every flow to the group's one target looks clean,
+and name a node no flow goes to); once it is dead or failed, the member an ordinary rank moves
+to. It shows no trial and changes nothing.
 """
 
 from __future__ import annotations
@@ -337,9 +339,11 @@ class ScoreState:
         excluded = len(candidates) - len(eligible)
         if peek and target is None:
             served = self._served.get((group, network))
-            if served is not None:  # "what does the group serve now": ordinary, from what it served
-                winner, _ = self._ordinary(eligible, candidates, served)
-                return Ranked(winner.member, PEEK, None, eligible, winner)
+            if served is not None:  # "what does the group serve now": what it served, while it may
+                kept = find(eligible, served)
+                if kept is None:  # dead, failed or gone: where an ordinary rank would go from it
+                    kept, _ = self._ordinary(eligible, candidates, served)
+                return Ranked(kept.member, PEEK, None, eligible, kept)
 
         scope_key = (group, network, family)
         scope = self.scopes.get(scope_key)

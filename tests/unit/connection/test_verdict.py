@@ -77,6 +77,18 @@ def test_data_sent_and_nothing_back_within_the_response_timeout_fails_the_node_a
     assert traffic.events == ["failed/v6"] and reporter.tx_bytes == 100
 
 
+def test_a_client_still_sending_is_not_waiting_and_the_deadline_runs_from_its_last_byte():
+    clock, traffic, verdict = flow()
+    for _ in range(30):  # an upload, or a one-way stream: a byte every second for 30 s
+        verdict(1000, 0)
+        clock.advance(1.0)
+    assert traffic.events == []
+    clock.advance(RESPONSE_TIMEOUT - 1.0 - 0.01)
+    assert traffic.events == []
+    clock.advance(0.01)  # response_timeout after its last byte, still nothing back
+    assert traffic.events == ["failed/v4"]
+
+
 def test_a_flow_that_never_sends_is_never_judged():
     clock, traffic, verdict = flow()
     clock.advance(RESPONSE_TIMEOUT * 10)

@@ -374,3 +374,20 @@ def test_each_served_flow_applies_exactly_one_rank():
         w.leaf("outer", TARGET_X, DEST_X)
     (entry,) = w.manager.score.stats()["groups"]
     assert sum(entry["reasons"].values()) == 2 * SELECTIONS
+
+
+def test_clash_now_keeps_the_served_member_while_targetless_evidence_prefers_one_no_flow_goes_to():
+    # issue 32: every flow of the group goes to one target; its incumbent failed there and flows
+    # escaped to b. Targetless evidence never saw that failure and rates a far better, so a
+    # targetless rank would name a while every new flow goes to b.
+    w = World(score("auto", "a", "b", "c"))
+    for n in "abc":
+        w.record("auto", n, None, None, Outcome.USEFUL, GOOD)
+    served = w.manager.resolve("auto", TCP, target=TARGET_X, destination=DEST_X)
+    assert served.leaf.name == "a"
+    w.clock.advance(1)
+    _fail_after_setup(w, served, TARGET_X, DEST_X)
+    assert w.leaf("auto", TARGET_X, DEST_X) == "b"
+    w.record("auto", "a", None, None, Outcome.USEFUL, 50 * GOOD)  # a shines on targetless evidence
+    ranked = w.manager.score.rank("auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(), peek=True)
+    assert w.leaf("auto", TARGET_X, DEST_X) == "b" == group_now(w.manager, "auto") == ranked.winner.name
