@@ -1,4 +1,5 @@
-"""The flow-failure share and the revival that ends a node's strikes (issue 32), on a fake clock."""
+"""The flow-failure share, the strike probation and the revival that ends a node's strikes
+(issue 32), on a fake clock."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from honk.alive.thresholds import (
     PROBE_COOLDOWN_MIN,
     PROBE_DEATH_THRESHOLD,
     REGISTRATION_GRACE,
+    STRIKE_PROBATION_MAX,
+    STRIKE_PROBATION_MIN,
 )
 from honk.core.clock import FakeClock
 
@@ -105,3 +108,57 @@ def test_a_first_probe_success_of_an_unknown_node_keeps_its_strikes():
     alive.record_dial_failure(node_id, V4)
     alive.notify_check_success(node_id, Domain.TCP, V4, 0.02)  # unknown -> alive is no revival
     assert alive.node(node_id).strikes == 1
+
+
+def _strike(alive: AliveDialerSet, node_id: uuid.UUID) -> None:
+    """Two real dial failures in a row: one strike."""
+    alive.record_dial_failure(node_id, V4)
+    alive.record_dial_failure(node_id, V4)
+
+
+def test_a_strike_demotes_for_its_probation_then_the_node_competes_again_with_its_strikes_pending():
+    clock, alive, node_id, _ = rig()
+    _strike(alive, node_id)
+    assert alive.demoted(node_id)
+    clock.advance(STRIKE_PROBATION_MIN - 0.1)
+    assert alive.lapse_probations() == [] and alive.demoted(node_id)
+    before = alive.node_version(node_id)
+    clock.advance(0.1)
+    assert alive.lapse_probations() == [node_id]
+    assert not alive.demoted(node_id) and alive.node(node_id).strikes == 1  # pending, not demoting
+    assert alive.node_version(node_id) > before  # cached picks see it compete again
+
+
+def test_a_relapse_after_the_probation_doubles_it_up_to_the_cap():
+    clock, alive, node_id, _ = rig()
+    lengths = []
+    for _ in range(8):
+        _strike(alive, node_id)
+        lengths.append(alive.node(node_id).probation)
+        clock.advance(alive.node(node_id).probation)
+        alive.lapse_probations()
+    assert lengths == [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0]
+    assert (STRIKE_PROBATION_MIN, STRIKE_PROBATION_MAX) == (5.0, 300.0)
+
+
+def test_strikes_of_one_incident_restart_the_probation_without_doubling_it():
+    clock, alive, node_id, _ = rig()
+    for _ in range(5):  # the same outage's later flows
+        _strike(alive, node_id)
+        clock.advance(1.0)
+    node = alive.node(node_id)
+    assert node.probation == STRIKE_PROBATION_MIN and node.demoted_until == clock.now() - 1.0 + STRIKE_PROBATION_MIN
+
+
+def test_clearing_the_strikes_with_real_successes_starts_the_next_probation_at_the_minimum():
+    clock, alive, node_id, _ = rig()
+    for _ in range(3):
+        _strike(alive, node_id)
+        clock.advance(alive.node(node_id).probation)
+        alive.lapse_probations()
+    assert alive.node(node_id).probation == 20.0
+    for _ in range(alive.node(node_id).strikes):  # max(strikes, 2) real successes in a row
+        alive.report_dial_success(node_id, V4, 0.02)
+    assert alive.node(node_id).strikes == 0
+    _strike(alive, node_id)
+    assert alive.node(node_id).probation == STRIKE_PROBATION_MIN
