@@ -207,8 +207,10 @@ class NodeHealth:
         default_factory=lambda: collections.deque(maxlen=FLOW_OUTCOME_WINDOW))
     # delay tests by URL (the Clash `extra` histories), at most DELAY_TEST_URLS URLs, oldest dropped
     url_history: dict[str, LatencyRing] = field(default_factory=dict)
-    probation: float = 0.0  # seconds a strike demotes for now (STRIKE_PROBATION_*); 0: none running
-    demoted_until: float = 0.0  # clock time the current probation ends
+    # seconds a strike demotes for (STRIKE_PROBATION_*), kept after the strikes clear: a relapse
+    # within STRIKE_PROBATION_MAX of the last probation's end doubles it; 0: never struck
+    probation: float = 0.0
+    demoted_until: float = 0.0  # clock time the last probation ends (or ended)
     lapsed: bool = False  # the probation ran out while strikes are still pending
 
     @property
@@ -230,12 +232,6 @@ class NodeHealth:
 
     def peek(self, domain: Domain, family: Family) -> LinkState | None:
         return self.states.get((domain, family))
-
-
-def _end_probation(node: NodeHealth) -> None:
-    """The strikes are gone: the next strike starts a probation at the minimum again."""
-    node.probation = node.demoted_until = 0.0
-    node.lapsed = False
 
 
 class UnknownNode(KeyError):
@@ -358,8 +354,6 @@ class AliveDialerSet:
                 node.healing += 1
                 if node.healing >= DETECTOR_HEAL_PROBE_SUCCESSES:
                     node.detector_strikes, node.healing = 0, -1
-                    if not node.struck:
-                        _end_probation(node)
         was_dead = state.dead
         if state.probe_succeeded():
             if was_dead and domain is Domain.TCP:
@@ -377,18 +371,19 @@ class AliveDialerSet:
         node.strikes = node.detector_strikes = node.clearing = node.dial_failures = 0
         node.slow_dials, node.healing = 0, -1
         node.outcomes.clear()
-        _end_probation(node)
 
     def _on_probation(self, node: NodeHealth) -> None:
-        """A new strike: demoted for the current probation from now. The first one starts at
-        the minimum; a strike after the last probation ran out (the node came back and failed
-        again) doubles it; one while still demoted (the same incident's later flows) only
-        restarts it."""
-        if node.probation == 0.0:
+        """A new strike: demoted for the current probation from now. The first one, or the
+        first after STRIKE_PROBATION_MAX quiet seconds, starts at the minimum; a strike after
+        the last probation ran out (the node came back and failed again, even after a few
+        lucky successes cleared its strikes) doubles it; one while still demoted (the same
+        incident's later flows) only restarts it."""
+        now = self.clock.now()
+        if node.probation == 0.0 or now - node.demoted_until > STRIKE_PROBATION_MAX:
             node.probation = STRIKE_PROBATION_MIN
-        elif node.lapsed:
+        elif now >= node.demoted_until:
             node.probation = min(node.probation * STRIKE_PROBATION_FACTOR, STRIKE_PROBATION_MAX)
-        node.demoted_until = self.clock.now() + node.probation
+        node.demoted_until = now + node.probation
         node.lapsed = False
 
     def lapse_probations(self) -> list[uuid.UUID]:
@@ -461,7 +456,6 @@ class AliveDialerSet:
                 node.strikes = node.detector_strikes = node.clearing = 0
                 self._changed(node)
                 node.healing = -1
-                _end_probation(node)
         if latency is not None and not pool_hit:
             self._detect(node, latency)
 

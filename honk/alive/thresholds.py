@@ -55,9 +55,9 @@ FLOW_FAILURE_MIN = 4  # failures before the share can trip: one unlucky pair is 
 # real successes", but a URLTest or Fallback sends a demoted member no real flow while another one
 # serves, so its strikes would never clear and a 10-second blip would lose the best node for good.
 # A strike demotes for a probation instead, on the seed's own cooldown numbers: 5 s, doubling each
-# time the node is struck again after its probation ran out, up to 300 s. The strikes stay pending
-# until real successes clear them (which also resets the probation); while they are pending and the
-# probation is over, the node competes on its measurements again.
+# time the node is struck again after its probation ran out, up to 300 s, and back to 5 s after
+# 300 quiet seconds. The strikes stay pending until real successes clear them; while they are
+# pending and the probation is over, the node competes on its measurements again.
 STRIKE_PROBATION_MIN = PROBE_COOLDOWN_MIN
 STRIKE_PROBATION_MAX = PROBE_COOLDOWN_MAX
 STRIKE_PROBATION_FACTOR = PROBE_COOLDOWN_FACTOR

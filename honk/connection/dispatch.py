@@ -3,12 +3,14 @@
 For a TCP flow an inbound calls, in order:
 
 1. :meth:`Dispatcher.connect` -- ``plane.decide(meta)`` picks the rule and the
-   leaf, then ``leaf.dial_tcp(target, deadline=clock.now() + connect_timeout)``.
+   leaf, then ``leaf.dial_tcp(target, deadline=clock.now() + connect_timeout)``,
+   with one retry round for a URLTest, Fallback or Score pick (:meth:`dial_routed`).
    It raises ``Blocked``, ``NoRoute``, ``DialError``/``DialTimeout`` or
    ``NotSupported``, which the inbound turns into its protocol's refusal.
 2. the inbound's own success reply (SOCKS5 ``0x00``, HTTP ``200``);
 3. :meth:`Dispatcher.relay` -- registers the flow in the tracker with its rule
-   and chain, relays until it ends, and removes it.
+   and chain, relays until it ends (its :class:`~honk.connection.verdict.FlowVerdict`
+   telling the node's health and Score how it went), and removes it.
 
 The plane is read once per flow, at ``connect``: :meth:`Dispatcher.swap_plane`
 affects only flows that start afterwards, established flows keep their

@@ -150,7 +150,9 @@ def test_strikes_of_one_incident_restart_the_probation_without_doubling_it():
     assert node.probation == STRIKE_PROBATION_MIN and node.demoted_until == clock.now() - 1.0 + STRIKE_PROBATION_MIN
 
 
-def test_clearing_the_strikes_with_real_successes_starts_the_next_probation_at_the_minimum():
+def test_lucky_successes_that_clear_the_strikes_do_not_reset_the_probation_only_quiet_minutes_do():
+    # a node failing every other flow gets two successes in a row often: its strikes clear, but
+    # its next strike still doubles the probation, or it would be back every few seconds
     clock, alive, node_id, _ = rig()
     for _ in range(3):
         _strike(alive, node_id)
@@ -159,6 +161,12 @@ def test_clearing_the_strikes_with_real_successes_starts_the_next_probation_at_t
     assert alive.node(node_id).probation == 20.0
     for _ in range(alive.node(node_id).strikes):  # max(strikes, 2) real successes in a row
         alive.report_dial_success(node_id, V4, 0.02)
-    assert alive.node(node_id).strikes == 0
+    assert alive.node(node_id).strikes == 0 and not alive.demoted(node_id)
+    _strike(alive, node_id)
+    assert alive.node(node_id).probation == 40.0
+    clock.advance(40.0 + STRIKE_PROBATION_MAX + 1)  # then five quiet minutes
+    alive.lapse_probations()
+    for _ in range(alive.node(node_id).strikes):
+        alive.report_dial_success(node_id, V4, 0.02)
     _strike(alive, node_id)
     assert alive.node(node_id).probation == STRIKE_PROBATION_MIN
