@@ -105,7 +105,7 @@ DEBIAN_LIBS_TESTS := tests/unit \
 	tests/integration/test_daemon_process.py tests/integration/test_mixed_proxy.py
 test-debian-libs: build
 	packaging/deb/libs-venv.sh $(DEBIAN_LIBS_VENV)
-	PYTHONPATH=$(CURDIR) $(DEBIAN_LIBS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(DEBIAN_LIBS_TESTS)
+	HONK_REQUIRE_EXTENSIONS=1 PYTHONPATH=$(CURDIR) $(DEBIAN_LIBS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(DEBIAN_LIBS_TESTS)
 
 # The programs honk is measured against (see benchmarks/relay.py). Each is
 # installed only when missing; one that cannot be installed is skipped with the

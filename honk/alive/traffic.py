@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family
@@ -47,6 +48,11 @@ def probing() -> Iterator[None]:
         yield
     finally:
         _probing.reset(token)
+
+
+def traffic_of(leaf: Any) -> NodeTraffic | None:
+    """The health reporter of ``leaf``'s node (None for ``direct``, ``block`` and tools' leaves)."""
+    return getattr(getattr(leaf, "runtime", None), "traffic", None)
 
 
 def counts_against_node(outcome: HonkError) -> bool:

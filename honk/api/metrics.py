@@ -84,6 +84,9 @@ class HonkCollector:
         yield from _score(plane)
         yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
                        stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
+        yield _results("honk_loop_errors", "Errors the event loop reported that no task retrieved "
+                       "(each is logged with its traceback), by exception type.", stats.loop_errors, (),
+                       label="exception")
         yield from _process()
 
 

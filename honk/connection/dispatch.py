@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from honk.alive.traffic import traffic_of
 from honk.config.spec import GlobalSpec, Policy
 from honk.connection import scoring
 from honk.connection.plane import Decision, score_target
@@ -94,14 +95,14 @@ class Upstream:
 def _report(leaf: Any, outcome: HonkError | None, latency: float | None, pool_hit: bool = False) -> None:
     """A flow's dial outcome, for the node's health (real traffic); ``pool_hit``: it took a
     ready connection, so its latency measured no network round trip."""
-    traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
+    traffic = traffic_of(leaf)
     if traffic is not None:
         traffic.dial(outcome, getattr(leaf, "health_family", 4), latency, pool_hit)
 
 
 def _report_refused_reachable(leaf: Any) -> None:
     """``leaf``'s node refused a target another member of its group then reached."""
-    traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
+    traffic = traffic_of(leaf)
     if traffic is not None:
         traffic.refused_reachable(getattr(leaf, "health_family", 4))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from honk.alive.traffic import traffic_of
 from honk.core.clock import Clock, TimerHandle
 from honk.core.errors import CodecError, UpstreamFailed
 from honk.daemon.logs import kv
@@ -51,7 +52,7 @@ class FlowVerdict:
     def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float) -> None:
         self.clock = clock
         self.reporter = reporter
-        self.traffic = getattr(getattr(leaf, "runtime", None), "traffic", None)
+        self.traffic = traffic_of(leaf)
         self.family = getattr(leaf, "health_family", 4)
         self.leaf_name = getattr(leaf, "name", "")
         self.response_timeout = response_timeout
@@ -61,8 +62,10 @@ class FlowVerdict:
         self.decided = False  # the outcome is given (answered or failed), or nobody listens
 
     def __call__(self, up: int, down: int) -> None:
-        now = self.clock.now()
         reporter = self.reporter
+        if self.decided and reporter is None:
+            return  # the verdict is given and Score does not listen: a relay's later chunks cost nothing
+        now = self.clock.now()
         if up:
             if reporter is not None:
                 reporter.tx(now, up)
@@ -117,6 +120,6 @@ def observe_flow(clock: Clock, leaf: Any, reporter: ScoreReporter | None,
                  response_timeout: float) -> FlowVerdict | None:
     """The observer a relay of ``leaf`` gets: None when neither a node's health nor Score
     listens (``direct`` and ``block`` outside Score)."""
-    if reporter is None and getattr(getattr(leaf, "runtime", None), "traffic", None) is None:
+    if reporter is None and traffic_of(leaf) is None:
         return None
     return FlowVerdict(clock, leaf, reporter, response_timeout)

@@ -127,6 +127,9 @@ class RuntimeStats:
         self.drained_flows: Counter[str] = Counter()  # drain policy label -> flows its drains closed
         self.subscription_refreshes: Counter[str] = Counter()  # result: accepted | unchanged | failed
         self.udp_stagger = StaggerCounts()
+        # errors asyncio reported to the loop's handler (unretrieved task exceptions, failed
+        # callbacks) by exception type: honk.daemon.loopguard.LoopGuard counts them
+        self.loop_errors: Counter[str] = Counter()
 
     def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
         """A dial through ``outbound`` (a leaf name) ended with ``error`` (None: connected)."""

@@ -54,6 +54,7 @@ from honk.core.errors import FlowClosed, NoRoute
 from honk.core.net import Address, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import LogBroker, kv, set_level
+from honk.daemon.loopguard import LoopGuard
 from honk.daemon.notify import Notifier
 from honk.ebpf.service import SlotService
 from honk.group.manager import SharedGroupManager
@@ -114,6 +115,7 @@ class Daemon:
         self._stopped = asyncio.Event()
         self.health = HealthService(self.clock)
         self.health.stats = self.stats
+        self.loop_guard = LoopGuard(self.stats)  # unretrieved task exceptions: logged and counted
         self.dispatcher.on_selection = self.health.note_selection
         # group connectivity for the datapath (the BPF map with a LAN, else memory)
         self.slots = SlotService(self.health.alive)
@@ -190,6 +192,7 @@ class Daemon:
         if self.plane is not None:
             self.plane.retire(previous_fetch)
         self.logs.install()
+        self.loop_guard.install(asyncio.get_running_loop())
         self.started_wall, self.started_at = self.clock.wall(), self.clock.now()
         if _node_view(self._effective(config, subscriptions.nodes())) != _node_view(spec):
             self._on_subscription_nodes(subscriptions.nodes())  # published while the plane was being built
@@ -562,6 +565,7 @@ class Daemon:
         await self.sessions.aclose("shutdown")  # handshakes still open, and user-removal timers
         await self.warm.stop()
         await self.health.stop()
+        self.loop_guard.uninstall()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import shutil
 import socket
@@ -13,23 +14,47 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 CURL_MAX_TIME = 5  # seconds: curl's own bound on one request through a proxy on loopback
 
 
+def require(present: bool, what: str) -> None:
+    """Go on when ``present``; else fail with CI=true (CI provides every peer) and skip elsewhere."""
+    if present:
+        return
+    if IN_CI:
+        pytest.fail(f"{what}: required in CI")
+    pytest.skip(f"{what} (a missing peer skips only outside CI)")
+
+
 def require_binary(name: str) -> str:
     """Path of ``name``; with CI=true a missing peer fails the test instead of skipping it."""
     path = shutil.which(name)
-    if path:
-        return path
-    if IN_CI:
-        pytest.fail(f"{name} is required in CI; `make peers` installs it")
-    pytest.skip(f"{name} is not installed (a missing peer skips only outside CI)")
+    require(path is not None, f"{name} is not installed; `make peers` installs it")
+    return path  # type: ignore[return-value]
 
 
 def require_root(what: str) -> None:
     """Root (CAP_NET_ADMIN) for ``what``; with CI=true its absence fails the test instead of skipping."""
-    if os.geteuid() == 0:
-        return
-    if IN_CI:
-        pytest.fail(f"{what} need root (CAP_NET_ADMIN) in CI")
-    pytest.skip(f"{what} need root (CAP_NET_ADMIN); they run in CI")
+    require(os.geteuid() == 0, f"{what} need root (CAP_NET_ADMIN)")
+
+
+def has_ipv6_loopback() -> bool:
+    """Whether ``::1`` can be bound here."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def require_ipv6_loopback() -> None:
+    require(has_ipv6_loopback(), "this machine has no IPv6 loopback (::1)")
+
+
+def require_module(name: str):  # noqa: ANN201 - the module
+    """Import ``name`` (a test dependency of ``pip install -e .[test]``), as ``require`` does."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        require(False, f"the Python module {name} is not installed")
 
 
 def free_tcp_udp_port(host: str = "127.0.0.1", attempts: int = 20) -> int:

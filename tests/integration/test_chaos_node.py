@@ -20,6 +20,7 @@ import pytest
 from helpers.aio import close_writer
 from helpers.chaos import ChaosBehaviour, ChaosNode, chaos_node
 from helpers.engines import poll
+from helpers.peers import require_ipv6_loopback
 from helpers.sockets import roundtrip
 from helpers.socks import socks5_connect
 
@@ -119,20 +120,13 @@ async def unanswered(node: ChaosNode) -> bool:
     return await asyncio.to_thread(run)
 
 
-def ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize(("node_host", "target"), [("127.0.0.1", "127.0.0.1"), ("::1", "::1"),
                                                     ("127.0.0.1", "localhost")])
 async def test_a_normal_flow_is_echoed_and_attributed(node_host, target):
-    if ":" in node_host and not ipv6_loopback():
-        pytest.skip("no IPv6 loopback")
+    if ":" in node_host:
+        require_ipv6_loopback()
     origin_host = "::1" if ":" in target else "127.0.0.1"
     async with echo_origin(origin_host) as origin, chaos_node(name="n1", host=node_host) as node:
         assert node.link == (f"socks5://[::1]:{node.port}" if ":" in node_host else f"socks5://127.0.0.1:{node.port}")

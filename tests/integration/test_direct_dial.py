@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable
 
 import pytest
+from helpers.peers import has_ipv6_loopback
 
 from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.errors import Blocked, DialError, DialTimeout
@@ -27,16 +28,7 @@ SAFETY = 10.0  # seconds; only a guard against a hung test, never a synchronisat
 CONNECT_TIMEOUT = 3.0
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-HAS_IPV6 = _has_ipv6_loopback()
+HAS_IPV6 = has_ipv6_loopback()
 needs_ipv6 = pytest.mark.skipif(
     not HAS_IPV6 and os.environ.get("CI") != "true",
     reason="this machine has no ::1 (allowed outside CI only)",

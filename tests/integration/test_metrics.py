@@ -6,6 +6,7 @@ listener the daemon binds from its config, an aiohttp client."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 
 import aiohttp
@@ -232,3 +233,22 @@ async def test_series_stay_bounded_with_2000_nodes_and_do_not_grow_with_dialled_
         assert set(after) == set(before)
         assert dial_errors(after, "tcp", "dial") == EXTRA_DIALS
         assert "t7.example" not in text and LINK_PASSWORD not in text
+
+
+async def test_an_unretrieved_task_exception_is_logged_on_honks_logger_and_counted(tmp_path, caplog):
+    closed = free_port()
+    async with running_daemon(tmp_path, config(closed)) as daemon:
+
+        async def fails() -> None:
+            raise RuntimeError("a background task broke")
+
+        task = asyncio.get_running_loop().create_task(fails(), name="doomed")
+        await asyncio.wait([task])
+        del task  # dropped unretrieved: asyncio reports it when the task is collected
+        gc.collect()
+        await poll(lambda: daemon.stats.loop_errors["RuntimeError"] == 1, "the loop guard's count")
+        parsed = await scrape(daemon)
+        assert at(parsed, "honk_loop_errors_total", exception="RuntimeError") == 1
+    lines = [r for r in caplog.records if r.name == "honk.daemon" and "unhandled error" in r.getMessage()]
+    assert len(lines) == 1 and "doomed" in lines[0].getMessage()
+    assert lines[0].exc_info is not None and "a background task broke" in str(lines[0].exc_info[1])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 from helpers.aio import close_writer, rule, socks5_open
 from helpers.engines import FASTPATH_ENGINES
+from helpers.peers import require_ipv6_loopback
 from helpers.servers import EchoServer
 from helpers.sockets import open_fds
 from helpers.socks import encode_address
@@ -106,15 +107,6 @@ async def _echo_round(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     return await asyncio.wait_for(reader.readexactly(len(data)), STEP)
 
 
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
 class Echo6:
     """An echo server on ::1."""
 
@@ -174,8 +166,9 @@ def test_fastpath_connects_ipv4_and_domain_targets_and_relays(run, engine_name, 
     assert lines[0].endswith("rule=fallback chain=direct")
 
 
-@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
 def test_fastpath_connects_an_ipv6_target(run, engine_name) -> None:
+    require_ipv6_loopback()
+
     async def main() -> None:
         echo = Echo6()
         try:

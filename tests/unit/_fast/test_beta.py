@@ -3,6 +3,7 @@ import math
 import os
 
 import pytest
+from helpers.peers import require_module
 
 from honk._fast import NO_EXTENSIONS, beta, implementations
 
@@ -99,8 +100,8 @@ def test_bad_arguments_raise_value_error(beta_mod):
 
 def test_beta_matches_scipy(beta_mod):
     """Both bounds within 1e-9 (absolute) of scipy over a grid of evidence, confidences and weights."""
-    np = pytest.importorskip("numpy")
-    stats = pytest.importorskip("scipy.stats")
+    np = require_module("numpy")
+    stats = require_module("scipy.stats")
     counts = (0.0, 0.25, 1.0, 2.0, 3.7, 7.0, 15.5, 40.0, 99.9, 180.0, 333.3, 500.0)
     weights = (1.0, 1.5, 2.0, 3.0, 4.0)
     grid = list(itertools.product(counts, counts, CONFIDENCES, weights))
@@ -114,8 +115,8 @@ def test_beta_matches_scipy(beta_mod):
 
 
 def test_beta_matches_scipy_with_priors(beta_mod):
-    np = pytest.importorskip("numpy")
-    stats = pytest.importorskip("scipy.stats")
+    np = require_module("numpy")
+    stats = require_module("scipy.stats")
     grid = list(itertools.product((0.0, 1.0, 12.5, 500.0), (0.0, 2.0, 60.0), (0.5, 1.0, 4.0), (0.5, 2.0), (0.9, 0.99)))
     for s, f, pa, pb, c in grid:
         want = stats.beta.ppf([1 - c, c], s + pa, f + pb)
