@@ -14,19 +14,20 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 CURL_MAX_TIME = 5  # seconds: curl's own bound on one request through a proxy on loopback
 
 
-def require(present: bool, what: str) -> None:
+def require(present: bool, what: str, ci_message: str | None = None) -> None:
     """Go on when ``present``; else fail with CI=true (CI provides every peer) and skip elsewhere."""
     if present:
         return
     if IN_CI:
-        pytest.fail(f"{what}: required in CI")
+        pytest.fail(ci_message or f"{what}: required in CI")
     pytest.skip(f"{what} (a missing peer skips only outside CI)")
 
 
 def require_binary(name: str) -> str:
     """Path of ``name``; with CI=true a missing peer fails the test instead of skipping it."""
     path = shutil.which(name)
-    require(path is not None, f"{name} is not installed; `make peers` installs it")
+    require(path is not None, f"{name} is not installed",
+            ci_message=f"{name} is required in CI; `make peers` installs it")
     return path  # type: ignore[return-value]
 
 
