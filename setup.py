@@ -21,8 +21,9 @@ from setuptools.command.build_ext import build_ext
 KERNELS = ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid", "valuetype")
 PYX_MODULES = ("relay", "bpfmap")
 # C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
-# AEAD chunks with OpenSSL's libcrypto (headers from libssl-dev).
-LIBRARIES = {"relay": ["crypto"]}
+# AEAD chunks with OpenSSL's libcrypto, and drives TLS flows' records with libssl (the
+# library Python's _ssl uses; headers from libssl-dev).
+LIBRARIES = {"relay": ["ssl", "crypto"]}
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS"))
 REQUIRE_EXTENSIONS = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS"))
 

@@ -3,7 +3,8 @@
 ``Engine`` is ``relay_c.Engine`` (compiled: a worker thread splicing natively)
 when built, else ``relay_py.Engine`` (the twin on the loop's readers/writers).
 ``HONK_NO_EXTENSIONS=1`` forces the twin. Both share the constants of
-:mod:`honk._fast.relay_py`.
+:mod:`honk._fast.relay_py`. ``tls_supported()`` says whether the engine can relay a
+``TlsFraming`` (Trojan or VLESS over TLS) itself.
 """
 
 from typing import TYPE_CHECKING
@@ -31,10 +32,12 @@ from honk._fast.relay_py import (
 
 IMPLEMENTATION: str
 if TYPE_CHECKING:
-    from honk._fast.relay_py import Engine
+    from honk._fast.relay_py import Engine, tls_supported
 else:
     _impl, IMPLEMENTATION = load("relay")
     Engine = _impl.Engine
+    # whether the engine can carry a TlsFraming (the compiled one checks this Python's SSLObjects once)
+    tls_supported = _impl.tls_supported
 
 __all__ = [
     "Engine",
@@ -56,4 +59,5 @@ __all__ = [
     "FRAMING_PROTOCOL",
     "FRAMING_SILENT",
     "FRAMING_TRUNCATED",
+    "tls_supported",
 ]

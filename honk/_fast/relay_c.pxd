@@ -19,6 +19,13 @@ cdef extern from "<openssl/evp.h>" nogil:
         pass
 
 
+cdef extern from "<openssl/ssl.h>" nogil:
+    ctypedef struct SSL:
+        pass
+    ctypedef struct BIO:
+        pass
+
+
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
         pass
@@ -82,6 +89,24 @@ cdef struct Aead:
     uint8_t hdr_nonce[12]
 
 
+# The state of one TLS flow (a ``TlsFraming``: Trojan or VLESS over TLS). The ``SSL*`` and its
+# memory BIOs belong to the framing's Python SSLObject, which the engine keeps alive (its
+# ``_framings``) until the flow's END is delivered; the worker alone drives them from the
+# command on. The record itself is built by the asyncio thread and freed when the flow ends.
+cdef struct TlsState:
+    SSL* ssl
+    BIO* rbio                 # the SSLObject's incoming MemoryBIO: upstream wire bytes go in here
+    BIO* wbio                 # its outgoing MemoryBIO: records for the upstream come out here
+    uint32_t err              # the OpenSSL error code of a failed read (TLS_ERR_UNKNOWN without one)
+    uint16_t skip             # VLESS: addons bytes of the response header still to skip
+    uint8_t version           # VLESS: the byte the response must start with
+    uint8_t stage             # VLESS header: 0 version next, 1 addons length next, 2 addons, 3 done (Trojan: 3)
+    uint8_t got_any           # a plaintext byte arrived (EOF before one: the inner protocol's refusal)
+    uint8_t bad_version       # VLESS: the byte that came instead of the version
+    uint8_t has_bad_version
+    uint8_t closed            # the server's close_notify arrived
+
+
 # A listening socket the worker accepts on (listener mode). Allocated by the
 # asyncio thread, registered by a LISTEN command, freed only by _release.
 cdef struct Lst:
@@ -131,6 +156,7 @@ cdef struct Flow:
     uint8_t fail_code     # listener mode: the SOCKS5 reply a cancel during the connect sends
     uint8_t owned         # both fds are the worker's alone (listener mode): close() drops their epoll entries
     Aead* aead            # Shadowsocks framing (both directions copy through it), or NULL for plain bytes
+    TlsState* tls         # TLS framing (both directions copy through SSL_write/SSL_read), or NULL
     Flow* prev            # the worker's list of live flows
     Flow* next
 
@@ -145,6 +171,7 @@ cdef struct Cmd:
     uint8_t client_eof
     uint8_t copy
     Aead* aead            # ADD/RELAY: the flow's framing (handed to the worker), or NULL
+    TlsState* tls         # ADD/RELAY: the flow's TLS framing (handed to the worker), or NULL
     # listener mode
     Hs* hs                # CONNECT/RELAY/REJECT: the handshake the command answers
     Lst* lst              # LISTEN/UNLISTEN
@@ -186,6 +213,7 @@ cdef class Engine:
     cdef dict _listeners
     cdef dict _lsts           # listener id -> (listener object, Lst address)
     cdef dict _held           # REQUEST tokens (Hs addresses) the asyncio side holds
+    cdef dict _framings       # flow id -> TlsFraming: its SSLObject lives until the flow's END is delivered
     cdef uint64_t next_lid
     cdef object _loop
     cdef object _thread
@@ -246,6 +274,17 @@ cdef class Engine:
     cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil
     cdef int _framed_start(self, Flow* f, double now) noexcept nogil
     cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil
+    cdef int _framed_buffers(self, Flow* f, double now) noexcept nogil
+    cdef int _tls_start(self, Flow* f, double now) noexcept nogil
+    cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil
+    cdef int _tls_down(self, Flow* f, size_t n, double now) noexcept nogil
+    cdef int _tls_deliver(self, Flow* f, size_t n, double now) noexcept nogil
+    cdef int _tls_eof(self, Flow* f, int di, double now) noexcept nogil
+    cdef int _tls_flush(self, Flow* f, double now) noexcept nogil
+    cdef int _tls_refused(self, Flow* f) noexcept nogil
+    cdef int _wbio_owed(self, Flow* f, double now) noexcept nogil
+    cdef int _owe(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil
+    cdef int _append(self, Flow* f, Dir* d, const char* data, size_t n, double now) noexcept nogil
     cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil
     cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil
     cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil

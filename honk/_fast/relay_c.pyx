@@ -68,7 +68,7 @@ Design (and why):
   * Commands into the worker (ADD, CANCEL, SHUTDOWN) go through a command
     queue under the same mutex plus a wake eventfd in the epoll set.
 
-Framed flows (Shadowsocks AEAD, SIP004; ``add(..., framing=)``, ``hs_relay(..., framing)``):
+Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)``, ``hs_relay(..., framing)``):
   * The asyncio thread turns the ``ShadowsocksFraming`` into an ``Aead`` record: the
     client direction's subkey and next nonce (the outbound already sent the salt and
     the address chunk) and the master key; the worker owns it from the command on.
@@ -102,8 +102,30 @@ Framed flows (Shadowsocks AEAD, SIP004; ``add(..., framing=)``, ``hs_relay(..., 
     FRAMING_SILENT (ENOMSG: v2ray closes on an id it does not know); inside the header
     or a chunk, FRAMING_TRUNCATED. The SHAKE128 sponge (Keccak-f[1600]) is written out
     here because OpenSSL 3.0 cannot squeeze an XOF incrementally.
+  * TLS flows (a ``TlsFraming``: Trojan or VLESS over TLS, handshake and request header
+    done in Python over memory BIOs): the worker drives the ``SSL*`` of the framing's
+    SSLObject, found behind CPython's ``_ssl._SSLSocket`` and checked (its app data is the
+    object, its context's method is this module's libssl) or refused with ValueError. Up:
+    a recv of up to FRAMED_READ plaintext, ``SSL_write`` (one record per 16 KiB) into the
+    write BIO, ``BIO_read`` into fout, one ``send``; the preamble (the client's early
+    bytes) is sealed first. Down: a recv into the read BIO, ``SSL_read`` until it wants
+    more, a VLESS response header checked and stripped (version, addons length, addons,
+    across records and reads), the rest sent to the client; what SSL wrote meanwhile (a
+    KeyUpdate reply) goes upstream. The client's EOF is one ``SSL_shutdown`` (our
+    close_notify, then SHUT_WR; the server may still answer); the server's close_notify
+    or FIN is a clean half-close unless it came before any plaintext (FRAMING_SILENT:
+    Trojan's ``closed-before-data``, VLESS's ``no-response``) or inside the VLESS header
+    (FRAMING_TRUNCATED). A record that does not decrypt or parse, an alert, or a wrong
+    VLESS version is FRAMING_PROTOCOL; the END event's ``pad`` carries the OpenSSL error
+    code (or the version byte) to ``framing.released``, so ``error_for`` can tell them
+    apart. A write that finds the upstream gone (EPIPE, ECONNRESET) before any plaintext
+    reads what the server sent last: its close alone is the refusal (FRAMING_SILENT).
+    FIRST_BYTE is the first plaintext byte (session tickets are no answer). The engine
+    holds the framing (``_framings``) until the flow's END is drained, and Python does
+    not touch the SSLObject in between; the worker clears its OpenSSL error queue after
+    every failure.
   * Counters count what each socket delivered: plaintext from the client, wire bytes
-    (salt, tags and all) from the upstream.
+    (salt, tags, records and all) from the upstream.
   * Memory: two engine-wide FRAMED_BUF buffers (allocated with the first framed flow);
     per flow, the ``Aead`` record, a CHUNK_WIRE buffer once a read ends inside a
     chunk, and the directions' buffers when a send comes up short.
@@ -136,7 +158,7 @@ Public API (identical in ``relay_py.Engine``): ``Engine(loop=None,
 pipe_size=0)``, ``add(client_fd, upstream_fd, listener, preamble=b"",
 client_eof=False, copy=False, *, framing=None) -> id`` (takes ownership of both fds),
 ``cancel(id, code=0) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
-``framing_errors() -> (auth, protocol)``,
+``framing_errors() -> (auth, protocol)``, ``tls_supported()`` (module level),
 ``listen(fd, listener) -> lid``, ``unlisten(lid, drop=False)``, ``accepted(lid)``,
 ``hs_connect(token, ip, port, mark, listener) -> id``, ``hs_relay(token, fd,
 listener, framing=None) -> id``, ``hs_reject(token, code)``,
@@ -151,7 +173,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.errno cimport EAGAIN, EINTR, EINVAL, EMFILE, ENFILE, ENOBUFS, ENOMEM, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport close, read, write
 
@@ -310,7 +332,7 @@ cdef extern from *:
     ssize_t send(int fd, const void* buf, size_t n, int flags) nogil
     int shutdown(int fd, int how) nogil
     int SHUT_WR, MSG_DONTWAIT, MSG_NOSIGNAL
-    int EBADMSG, EPROTO, ENODATA, ENOMSG, EIO
+    int EBADMSG, EPROTO, ENODATA, ENOMSG, EIO, EPIPE, ECONNRESET
 
 
 # Shadowsocks AEAD (SIP004) on OpenSSL's EVP interface: the worker seals and opens chunks
@@ -470,6 +492,46 @@ cdef extern from *:
     void honk_vmess_nonce(uint8_t* nonce, uint16_t* count) nogil
 
 
+# TLS flows (a ``TlsFraming``): the worker drives the ``SSL*`` of the framing's Python SSLObject
+# through its memory BIOs. CPython's ``_ssl._SSLSocket`` starts ``PyObject_HEAD; PyObject *Socket;
+# SSL *ssl`` (3.8 to 3.13) and sets itself as the SSL's app data: both are checked before the
+# pointer is used, and the SSL's method must be one of the libssl this module links (the same
+# library instance as Python's ``_ssl``, or nothing here may touch it).
+cdef extern from *:
+    """
+    #include <openssl/ssl.h>
+    #include <openssl/err.h>
+    typedef struct { PyObject_HEAD PyObject *socket; SSL *ssl; } honk_pyssl_head;
+    static SSL *honk_ssl_of(PyObject *obj) {
+        SSL *s;
+        const SSL_METHOD *m;
+        if (Py_TYPE(obj)->tp_basicsize < (Py_ssize_t)sizeof(honk_pyssl_head)) return NULL;
+        s = ((honk_pyssl_head *)obj)->ssl;
+        if (s == NULL || SSL_get_app_data(s) != (void *)obj) return NULL;
+        m = SSL_CTX_get_ssl_method(SSL_get_SSL_CTX(s));  /* the SSL's own turns version-specific */
+        if (m != TLS_client_method() && m != TLS_method()) return NULL;
+        return s;
+    }
+    static inline void honk_bio_reset(BIO *b) { (void)BIO_reset(b); }
+    """
+    SSL* honk_ssl_of(object obj)
+    void honk_bio_reset(BIO* b) nogil
+    int SSL_read(SSL* s, void* buf, int num) nogil
+    int SSL_write(SSL* s, const void* buf, int num) nogil
+    int SSL_get_error(const SSL* s, int ret) nogil
+    int SSL_shutdown(SSL* s) nogil
+    int SSL_is_init_finished(const SSL* s) nogil
+    BIO* SSL_get_rbio(const SSL* s) nogil
+    BIO* SSL_get_wbio(const SSL* s) nogil
+    int BIO_read(BIO* b, void* data, int dlen) nogil
+    int BIO_write(BIO* b, const void* data, int dlen) nogil
+    size_t BIO_ctrl_pending(BIO* b) nogil
+    void ERR_clear_error() nogil
+    unsigned long ERR_peek_error() nogil
+    const char* ERR_reason_error_string(unsigned long e) nogil
+    int SSL_ERROR_WANT_READ, SSL_ERROR_ZERO_RETURN
+
+
 # Event kinds and end causes: one definition, in the pure-Python twin.
 EV_OPEN = _py.EV_OPEN
 EV_FIRST_BYTE = _py.EV_FIRST_BYTE
@@ -502,6 +564,7 @@ cdef enum:
     K_REQUEST = 10
     K_HANDOVER = 11
     K_DROPPED = 12
+    K_RESTED = 13
     CMD_LISTEN = 4
     CMD_UNLISTEN = 5
     CMD_CONNECT = 6
@@ -517,7 +580,8 @@ cdef enum:
 assert (K_OPEN, K_FIRST_BYTE, K_BYTES, K_HALF_CLOSE, K_END) == (
     EV_OPEN, EV_FIRST_BYTE, EV_BYTES, EV_HALF_CLOSE, EV_END)
 assert (C_CLEAN, C_ERROR, C_CANCELLED, S_LOCAL) == (END_CLEAN, END_ERROR, END_CANCELLED, SIDE_LOCAL)
-assert (K_REQUEST, K_HANDOVER, K_DROPPED) == (_py.EV_REQUEST, _py.EV_HANDOVER, _py.EV_DROPPED)
+assert (K_REQUEST, K_HANDOVER, K_DROPPED, K_RESTED) == (_py.EV_REQUEST, _py.EV_HANDOVER, _py.EV_DROPPED,
+                                                     _py.EV_RESTED)
 EV_REQUEST = _py.EV_REQUEST
 EV_HANDOVER = _py.EV_HANDOVER
 EV_DROPPED = _py.EV_DROPPED
@@ -558,6 +622,70 @@ FRAMING_AUTH = _py.FRAMING_AUTH
 FRAMING_PROTOCOL = _py.FRAMING_PROTOCOL
 FRAMING_TRUNCATED = _py.FRAMING_TRUNCATED
 FRAMING_SILENT = _py.FRAMING_SILENT
+
+DEF TLS_ERR_UNKNOWN = 0x7FFFFFFF  # TlsState.err of a failed read that left OpenSSL's error queue empty
+DEF TLS_STAGE_DONE = 3             # TlsState.stage once the response header (if any) is behind
+# CPython versions whose _ssl._SSLSocket starts PyObject_HEAD, Socket, ssl (honk_ssl_of)
+_SSLSOCKET_LAYOUT = ((3, 8), (3, 14))
+
+_tls_checked = None
+
+
+def tls_supported():
+    """Whether this engine can drive the SSLObjects of this Python (the layout it reads, the
+    libssl it links): checked once, on a throwaway connection."""
+    global _tls_checked
+    import ssl
+    import sys
+
+    if _tls_checked is None:
+        _tls_checked = False
+        if _SSLSOCKET_LAYOUT[0] <= sys.version_info[:2] < _SSLSOCKET_LAYOUT[1]:
+            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO())
+            _tls_checked = _ssl_of(probe) != NULL
+    return _tls_checked
+
+
+cdef SSL* _ssl_of(sslobj):
+    """The SSL* behind a Python SSLObject, or NULL when it cannot be trusted to be one."""
+    obj = getattr(sslobj, "_sslobj", None)
+    if obj is None or type(obj).__module__ != "_ssl" or type(obj).__name__ != "_SSLSocket":
+        return NULL
+    return honk_ssl_of(obj)
+
+
+cdef TlsState* _tls_new(framing) except NULL:
+    """The worker's state for a ``TlsFraming``, which is claimed (see honk.proto.tls_framing)."""
+    cdef TlsState* t
+    cdef SSL* s
+    if not tls_supported():
+        raise ValueError("framing: this Python's SSLObjects cannot be relayed by the engine")
+    if framing.claimed:
+        raise ValueError("framing: this TLS connection is already relayed")
+    s = _ssl_of(framing.sslobj)
+    if s == NULL:
+        raise ValueError("framing: not an SSLObject the engine can drive")
+    if not SSL_is_init_finished(s):
+        raise ValueError("framing: the TLS handshake is not finished")
+    t = <TlsState*>calloc(1, sizeof(TlsState))
+    if t == NULL:
+        raise MemoryError()
+    t.ssl = s
+    t.rbio = SSL_get_rbio(s)
+    t.wbio = SSL_get_wbio(s)
+    if framing.strip_header:
+        t.version = <uint8_t>(int(framing.version) & 0xFF)
+    else:
+        t.stage = TLS_STAGE_DONE
+    framing.claim()
+    return t
+
+
+def _openssl_reason(unsigned long code):
+    """OpenSSL's words for an error code (a TlsState.err)."""
+    cdef const char* text = ERR_reason_error_string(code) if code != TLS_ERR_UNKNOWN else NULL
+    return text.decode("ascii", "replace") if text != NULL else "an unreadable record"
+
 
 # Shadowsocks AEAD ciphers the engine frames: name -> (key and salt size, honk_ss_cipher id).
 _CIPHERS = {"aes-128-gcm": (16, 1), "aes-256-gcm": (32, 2), "chacha20-ietf-poly1305": (32, 3)}
@@ -654,6 +782,13 @@ cdef Aead* _aead_new(framing) except NULL:
         _aead_free(a)
         raise OSError(EIO, "framing: OpenSSL refused the cipher")
     return a
+
+
+cdef void _tls_release(framing, TlsState* t):
+    """Undo _tls_new for a flow the engine refused before the worker took it."""
+    if t != NULL:
+        free(t)
+        framing.unclaim()
 
 
 cdef void _aead_free(Aead* a) noexcept nogil:
@@ -801,6 +936,7 @@ cdef class Engine:
         self._listeners = {}
         self._lsts = {}
         self._held = {}
+        self._framings = {}
         self.generation = 1
         self.blocks = <Flow**>calloc(MAX_BLOCKS, sizeof(Flow*))
         if self.blocks == NULL:
@@ -864,14 +1000,18 @@ cdef class Engine:
         cdef int rc
         cdef uint64_t one = 1
         cdef Aead* aead = NULL
+        cdef TlsState* tls = NULL
         if self._closed:
             raise EngineClosed("relay engine closed")
-        if framing is not None:
+        if framing is not None and getattr(framing, "kind", None) == "tls":
+            tls = _tls_new(framing)
+        elif framing is not None:
             aead = _aead_new(framing)
         try:
             slot = self._new_slot()
         except BaseException:
             _aead_free(aead)
+            _tls_release(framing, tls)
             raise
         f = self._slot(slot)
         memset(&c, 0, sizeof(Cmd))
@@ -884,10 +1024,12 @@ cdef class Engine:
         c.client_eof = client_eof
         c.copy = copy
         c.aead = aead
+        c.tls = tls
         if n:
             c.preamble = <char*>malloc(n)
             if c.preamble == NULL:
                 _aead_free(aead)
+                _tls_release(framing, tls)
                 self._free_slot(slot)
                 raise MemoryError()
             memcpy(c.preamble, PyBytes_AS_STRING(preamble), n)
@@ -899,11 +1041,14 @@ cdef class Engine:
         if rc < 0:
             free(c.preamble)
             _aead_free(aead)
+            _tls_release(framing, tls)
             self._free_slot(slot)
             raise MemoryError()
         if was_empty:
             write(self.wake_fd, &one, 8)
         self._listeners[c.id] = listener
+        if tls != NULL:
+            self._framings[c.id] = framing
         return c.id
 
     def framing_errors(self):
@@ -1039,13 +1184,19 @@ cdef class Engine:
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_RELAY
         c.fd[1] = upstream_fd
-        if framing is not None:
+        if framing is not None and getattr(framing, "kind", None) == "tls":
+            c.tls = _tls_new(framing)
+        elif framing is not None:
             c.aead = _aead_new(framing)
         try:
-            return self._start_flow(&c, token, listener)
+            flow_id = self._start_flow(&c, token, listener)
         except BaseException:
             _aead_free(c.aead)
+            _tls_release(framing, c.tls)
             raise
+        if c.tls != NULL:
+            self._framings[flow_id] = framing
+        return flow_id
 
     cdef object _start_flow(self, Cmd* c, token, listener):
         cdef uint32_t slot
@@ -1147,6 +1298,17 @@ cdef class Engine:
             if e.kind == K_END:
                 listener = listeners.pop(e.id, None)
                 self._free_slot(<uint32_t>(e.id & 0xFFFFFFFF))
+                framing = self._framings.pop(e.id, None)
+                if framing is not None:  # the worker is done with its SSL*: Python may read it again
+                    try:
+                        if e.pad > 0:
+                            framing.released(_openssl_reason(<unsigned long>e.pad))
+                        elif e.pad < 0:
+                            framing.released("", -e.pad - 1)
+                        else:
+                            framing.released()
+                    except BaseException as exc:
+                        self._report_error(exc)
             else:
                 listener = listeners.get(e.id)
             if listener is None:
@@ -1168,6 +1330,10 @@ cdef class Engine:
         if e.kind == K_DROPPED:
             if listener is not None:
                 listener.socks_dropped()
+            return
+        if e.kind == K_RESTED:  # a = the accept's errno; no handshake record
+            if listener is not None:
+                listener.socks_rested(<int>e.a)
             return
         src_port = honk_sockaddr_text(h.peer, src)
         src_host = src.decode("ascii")
@@ -1254,12 +1420,14 @@ cdef class Engine:
                 close(c.fd[1])
                 free(c.preamble)
                 _aead_free(c.aead)
+                free(c.tls)
             elif c.kind == CMD_CONNECT or c.kind == CMD_RELAY or c.kind == CMD_REJECT:
                 close(c.hs.fd)
                 free(c.hs)
                 if c.kind == CMD_RELAY:
                     close(c.fd[1])
                     _aead_free(c.aead)
+                    free(c.tls)
             elif c.kind == CMD_LISTEN:
                 pass  # closed with every Lst below
         self.cmds.n = 0
@@ -1491,6 +1659,7 @@ cdef class Engine:
         f.d[0].cap = c.preamble_len
         f.d[0].src_eof = c.client_eof
         f.aead = c.aead
+        f.tls = c.tls
         # link into the live list first: _end unlinks
         f.next = self.live
         if self.live != NULL:
@@ -1498,6 +1667,8 @@ cdef class Engine:
         self.live = f
         self._emit(f, K_OPEN, 0, 0, now)
         if f.aead != NULL and self._framed_start(f, now) < 0:
+            return
+        if f.tls != NULL and self._tls_start(f, now) < 0:
             return
         for di in range(2):
             if honk_nonblock(f.fd[di]) < 0:
@@ -1535,6 +1706,7 @@ cdef class Engine:
                     # epoll for a while rather than spin; the timer pass below re-arms it.
                     honk_epoll_del(self.epfd, l.fd)
                     l.paused_until = now + ACCEPT_BACKOFF
+                    self._emit_lst(l.id, K_RESTED, errno, now)  # Python counts and warns
                 return  # EAGAIN: edge of the burst, we are called again when readable
             h = <Hs*>malloc(sizeof(Hs))
             if h == NULL:
@@ -1694,6 +1866,7 @@ cdef class Engine:
         f.fail_code = 1
         f.owned = 1  # accepted by the worker; the upstream fd is the worker's or detached from Python
         f.aead = c.aead
+        f.tls = c.tls
         for di in range(2):
             f.d[di].pr = -1
             f.d[di].pw = -1
@@ -1714,6 +1887,9 @@ cdef class Engine:
             f.d[0].len = early
             f.d[0].cap = early
         if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.aead != NULL and self._framed_start(f, now) < 0:
+            close(c.fd[1])
+            return
+        if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.tls != NULL and self._tls_start(f, now) < 0:
             close(c.fd[1])
             return
         # the client fd is registered under its Hs: retag it for the flow (re-arms the edge)
@@ -1921,7 +2097,7 @@ cdef class Engine:
             if moved >= TURN_BUDGET:
                 return 1
             # 4. read src
-            if f.aead != NULL:  # framed: after room for a kept partial chunk (see _framed)
+            if f.aead != NULL or f.tls != NULL:  # framed: after room for a kept partial chunk (see _framed)
                 n = recv(src, self.fin + VMESS_WIRE, FRAMED_READ, MSG_DONTWAIT)
             elif d.copy:
                 if self._reserve(f, d, COPY_BUFFER, now) < 0:
@@ -1956,9 +2132,13 @@ cdef class Engine:
                 self._took(f, di, counter, <size_t>n, now)
                 if f.aead != NULL and self._framed(f, di, <size_t>n, now) < 0:
                     return -1
+                if f.tls != NULL and (self._tls_up(f, <size_t>n, now) if di == 0 else self._tls_down(f, <size_t>n, now)) < 0:
+                    return -1
                 continue
             if n == 0:
                 if f.aead != NULL and self._framed_eof(f, di, now) < 0:
+                    return -1
+                if f.tls != NULL and self._tls_eof(f, di, now) < 0:
                     return -1
                 d.src_eof = 1
                 f.readable[src_side] = 0
@@ -1988,8 +2168,7 @@ cdef class Engine:
             return -1
         if n == THROUGH_CHUNK:
             if self._take_pipe(d) < 0:
-                self._end(f, C_ERROR, (S_LOCAL << 16) | errno, now)
-                return -1
+                d.copy = 1  # no descriptor for a pipe: a bulk direction copies rather than ends its flow
         elif not f.rdhup[di]:
             f.readable[di] = 0
         return 0
@@ -2028,17 +2207,8 @@ cdef class Engine:
         cdef Dir* d = &f.d[0]
         cdef char* sealed
         cdef ssize_t n
-        f.d[0].copy = 1
-        f.d[1].copy = 1
-        if self.fin == NULL:
-            self.fin = <char*>malloc(FRAMED_BUF)
-            self.fout = <char*>malloc(FRAMED_BUF)
-            if self.fin == NULL or self.fout == NULL:
-                free(self.fin)
-                free(self.fout)
-                self.fin = self.fout = NULL
-                self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
-                return -1
+        if self._framed_buffers(f, now) < 0:
+            return -1
         if d.len == 0:
             return 0
         sealed = <char*>malloc(d.len + (d.len + SS_MAX_PAYLOAD - 1) // SS_MAX_PAYLOAD * SS_OVERHEAD)
@@ -2118,7 +2288,7 @@ cdef class Engine:
     cdef inline void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil:
         """n bytes read from side di: counted, and the first from the upstream announced."""
         honk_store64(counter, counter[0] + <uint64_t>n)
-        if di == 1 and not f.first_down:
+        if di == 1 and not f.first_down and f.tls == NULL:  # TLS: at its first plaintext byte
             f.first_down = 1
             self._emit(f, K_FIRST_BYTE, 0, 0, now)
 
@@ -2258,6 +2428,249 @@ cdef class Engine:
             honk_store64(&self.n_proto, self.n_proto + 1)
         self._end(f, C_ERROR, (1 << 16) | err, now)
 
+    cdef int _framed_buffers(self, Flow* f, double now) noexcept nogil:
+        """A framed flow starts: both directions copy (never splice), and the engine's framing
+        buffers exist. 0, or -1 if the flow ended for want of memory."""
+        f.d[0].copy = 1
+        f.d[1].copy = 1
+        if self.fin == NULL:
+            self.fin = <char*>malloc(FRAMED_BUF)
+            self.fout = <char*>malloc(FRAMED_BUF)
+            if self.fin == NULL or self.fout == NULL:
+                free(self.fin)
+                free(self.fout)
+                self.fin = self.fout = NULL
+                self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                return -1
+        return 0
+
+    # -- TLS flows (Trojan or VLESS over TLS) ------------------------------------------------
+
+    cdef int _tls_start(self, Flow* f, double now) noexcept nogil:
+        """A TLS flow starts: the preamble (the client's early bytes) is sealed with SSL_write into
+        the up direction's buffer, followed by our close_notify when the client is already done.
+        Nothing is sent yet (the fds are not registered). 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef Dir* d = &f.d[0]
+        if self._framed_buffers(f, now) < 0:
+            return -1
+        if d.len:
+            if SSL_write(t.ssl, d.buf, <int>d.len) != <int>d.len:
+                ERR_clear_error()
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            d.off = d.len = 0
+        if d.src_eof:
+            SSL_shutdown(t.ssl)
+            ERR_clear_error()
+        return self._wbio_owed(f, now)
+
+    cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil:
+        """The n client bytes just read into fin + VMESS_WIRE: sealed (one record per 16 KiB) and
+        sent on. 0, or -1 if the flow ended."""
+        if n < FRAMED_READ and not f.rdhup[0]:
+            f.readable[0] = 0  # a short read drained src
+        if SSL_write(f.tls.ssl, self.fin + VMESS_WIRE, <int>n) != <int>n:  # a memory BIO takes it all
+            ERR_clear_error()
+            self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+            return -1
+        return self._tls_flush(f, now)
+
+    cdef int _tls_down(self, Flow* f, size_t n, double now) noexcept nogil:
+        """The n upstream wire bytes just read into fin + VMESS_WIRE: into the SSL's read BIO, every
+        complete record opened, the plaintext (past a VLESS header) sent to the client. What SSL
+        wrote meanwhile (a KeyUpdate reply) goes upstream; a close_notify ends the server's side
+        as an EOF does. 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef size_t o = 0
+        cdef int r, err
+        if n < FRAMED_READ and not f.rdhup[1]:
+            f.readable[1] = 0
+        if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
+            ERR_clear_error()
+            self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+            return -1
+        while True:
+            r = SSL_read(t.ssl, self.fout + o, <int>(FRAMED_BUF - o))
+            if r > 0:
+                o += <size_t>r
+                if o == FRAMED_BUF:
+                    if self._tls_deliver(f, o, now) < 0:
+                        return -1
+                    o = 0
+                continue
+            err = SSL_get_error(t.ssl, r)
+            if err == SSL_ERROR_WANT_READ:
+                break
+            if err == SSL_ERROR_ZERO_RETURN:
+                t.closed = 1
+                break
+            # a record that does not decrypt or parse, or an alert: the plaintext of this read is dropped
+            t.err = <uint32_t>ERR_peek_error()
+            if t.err == 0:
+                t.err = TLS_ERR_UNKNOWN
+            ERR_clear_error()  # the queue is per thread: the next flow starts with it empty
+            self._framing_failed(f, EPROTO, now)
+            return -1
+        ERR_clear_error()
+        if o and self._tls_deliver(f, o, now) < 0:
+            return -1
+        if f.d[0].src_eof:
+            honk_bio_reset(t.wbio)  # nothing may follow our close_notify
+        elif self._tls_flush(f, now) < 0:
+            return -1
+        if t.closed:
+            if self._tls_eof(f, 1, now) < 0:
+                return -1
+            f.d[1].src_eof = 1
+            f.readable[1] = 0
+        return 0
+
+    cdef int _tls_deliver(self, Flow* f, size_t n, double now) noexcept nogil:
+        """n plaintext bytes in fout from the server: the first is announced, a VLESS response
+        header is checked and stripped, the rest goes to the client. 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef uint8_t* p = <uint8_t*>self.fout
+        cdef size_t pos = 0, k
+        if not t.got_any:
+            t.got_any = 1
+            if not f.first_down:
+                f.first_down = 1
+                self._emit(f, K_FIRST_BYTE, 0, 0, now)
+        while t.stage < TLS_STAGE_DONE and pos < n:
+            if t.stage == 0:
+                if p[pos] != t.version:  # another protocol answered
+                    t.bad_version = p[pos]
+                    t.has_bad_version = 1
+                    self._framing_failed(f, EPROTO, now)
+                    return -1
+                t.stage = 1
+                pos += 1
+            elif t.stage == 1:
+                t.skip = p[pos]
+                t.stage = 2 if t.skip else TLS_STAGE_DONE
+                pos += 1
+            else:
+                k = n - pos if n - pos < t.skip else t.skip
+                pos += k
+                t.skip -= <uint16_t>k
+                if t.skip == 0:
+                    t.stage = TLS_STAGE_DONE
+        if pos == n:
+            return 0
+        return self._owe(f, 1, self.fout + pos, n - pos, now)
+
+    cdef int _tls_eof(self, Flow* f, int di, double now) noexcept nogil:
+        """EOF on a TLS flow's side di. From the client: our close_notify goes upstream (before the
+        FIN). From the upstream (its FIN or close_notify): clean, unless the inner protocol's answer
+        never came (FRAMING_SILENT) or stopped inside its header (FRAMING_TRUNCATED). 0, or -1."""
+        cdef TlsState* t = f.tls
+        if di == 0:
+            SSL_shutdown(t.ssl)  # once: a second call would wait for the server's and eat its data
+            ERR_clear_error()
+            return self._tls_flush(f, now)
+        if not t.got_any:
+            self._framing_failed(f, ENOMSG, now)
+            return -1
+        if t.stage < TLS_STAGE_DONE:
+            self._framing_failed(f, ENODATA, now)
+            return -1
+        return 0
+
+    cdef int _tls_refused(self, Flow* f) noexcept nogil:
+        """A write to the upstream failed (EPIPE, ECONNRESET) before the server sent any plaintext:
+        whether what it had sent was its close (close_notify or EOF) and nothing else. Trojan and
+        VLESS servers refuse a credential that way, and a client byte sent meanwhile meets a reset:
+        the refusal, not the write, is the flow's story (as the bridge reports it)."""
+        cdef TlsState* t = f.tls
+        cdef ssize_t n
+        cdef int r, err
+        if self.fin == NULL or f.fd[1] < 0:
+            return 0
+        while True:
+            n = recv(f.fd[1], self.fin + VMESS_WIRE, FRAMED_READ, MSG_DONTWAIT)
+            if n == 0:
+                return 1
+            if n < 0:
+                return 0  # nothing more to learn (or the reset itself came first)
+            if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
+                ERR_clear_error()
+                return 0
+            while True:
+                r = SSL_read(t.ssl, self.fout, FRAMED_BUF)
+                if r > 0:
+                    return 0  # it answered after all
+                err = SSL_get_error(t.ssl, r)
+                ERR_clear_error()
+                if err == SSL_ERROR_ZERO_RETURN:
+                    return 1
+                if err != SSL_ERROR_WANT_READ:
+                    return 0
+                break
+
+    cdef int _tls_flush(self, Flow* f, double now) noexcept nogil:
+        """Send what SSL wrote into its write BIO on to the upstream: straight from fout when the up
+        direction owes nothing, else behind what it owes. 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef Dir* d = &f.d[0]
+        cdef size_t pend
+        cdef int k
+        if d.off < d.len or not f.writable[1]:
+            return self._wbio_owed(f, now)
+        while True:
+            pend = BIO_ctrl_pending(t.wbio)
+            if pend == 0:
+                return 0
+            k = BIO_read(t.wbio, self.fout, <int>(pend if pend < FRAMED_BUF else FRAMED_BUF))
+            if k <= 0:
+                ERR_clear_error()
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            if self._owe(f, 0, self.fout, <size_t>k, now) < 0:
+                return -1
+
+    cdef int _wbio_owed(self, Flow* f, double now) noexcept nogil:
+        """Move what SSL wrote into its write BIO behind the bytes the up direction owes the
+        upstream (sent by _pump when it is writable). 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef Dir* d = &f.d[0]
+        cdef size_t pend = BIO_ctrl_pending(t.wbio)
+        cdef int k
+        while pend:
+            if d.off:  # compact: the unsent bytes move to the front
+                memmove(d.buf, d.buf + d.off, d.len - d.off)
+                d.len -= d.off
+                d.off = 0
+            if self._reserve(f, d, d.len + pend, now) < 0:
+                return -1
+            k = BIO_read(t.wbio, d.buf + d.len, <int>pend)
+            if k <= 0:
+                ERR_clear_error()
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            d.len += <size_t>k
+            pend = BIO_ctrl_pending(t.wbio)
+        return 0
+
+    cdef int _owe(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil:
+        """Send n bytes on to direction di's dst, behind what it already owes. 0, or -1 if ended."""
+        cdef Dir* d = &f.d[di]
+        if d.off < d.len or not f.writable[1 - di]:
+            return self._append(f, d, data, n, now)
+        return self._send_rest(f, di, data, n, now)
+
+    cdef int _append(self, Flow* f, Dir* d, const char* data, size_t n, double now) noexcept nogil:
+        """Queue n bytes behind what d owes its dst. 0, or -1 if the flow ended for want of memory."""
+        if d.off:
+            memmove(d.buf, d.buf + d.off, d.len - d.off)
+            d.len -= d.off
+            d.off = 0
+        if self._reserve(f, d, d.len + n, now) < 0:
+            return -1
+        memcpy(d.buf + d.len, data, n)
+        d.len += n
+        return 0
+
     cdef void _report(self, Flow* f, double now) noexcept nogil:
         cdef uint64_t up = f.bytes_up
         cdef uint64_t down = f.bytes_down
@@ -2278,6 +2691,13 @@ cdef class Engine:
         ``side_errno`` is ``(side << 16) | errno`` for C_ERROR (0 otherwise).
         """
         cdef int di
+        cdef int32_t pad
+        cdef Event e
+        if (cause == C_ERROR and f.tls != NULL and (side_errno >> 16) == 1 and not f.tls.got_any
+                and ((side_errno & 0xFFFF) == EPIPE or (side_errno & 0xFFFF) == ECONNRESET)
+                and self._tls_refused(f)):
+            side_errno = (1 << 16) | ENOMSG  # the write only found out later: the server refused first
+            honk_store64(&self.n_proto, self.n_proto + 1)
         f.ended = 1
         if f.connecting and f.fd[0] >= 0:  # listener mode: the client still waits for its reply
             if cause == C_ERROR:
@@ -2300,6 +2720,14 @@ cdef class Engine:
             f.d[di].buf = NULL
         _aead_free(f.aead)
         f.aead = NULL
+        pad = 0
+        if f.tls != NULL:  # the SSL* is Python's again once this END is published
+            if f.tls.err:
+                pad = <int32_t>(f.tls.err & 0x7FFFFFFF)
+            elif f.tls.has_bad_version:
+                pad = -1 - <int32_t>f.tls.bad_version
+            free(f.tls)
+            f.tls = NULL
         if f.prev != NULL:
             f.prev.next = f.next
         else:
@@ -2308,10 +2736,13 @@ cdef class Engine:
             f.next.prev = f.prev
         f.prev = f.next = NULL
         self._emit(f, K_BYTES, <int64_t>f.bytes_up, <int64_t>f.bytes_down, now)
-        if cause == C_ERROR:
-            self._emit(f, K_END, C_ERROR, side_errno, now)
-        else:
-            self._emit(f, K_END, cause, 0, now)
+        e.id = f.id
+        e.kind = K_END
+        e.pad = pad  # TLS flows: what ended it, for TlsFraming.released (see _drain)
+        e.a = cause
+        e.b = side_errno if cause == C_ERROR else 0
+        e.t = now
+        _vec_push(&self.local_events, &e)
 
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil:
         cdef Event e

@@ -31,7 +31,11 @@ verify), ``FRAMING_PROTOCOL`` (broken framing: a length out of bounds),
 ``FRAMING_TRUNCATED`` (EOF inside the salt, header or a chunk) or
 ``FRAMING_SILENT`` (EOF before a VMess server answered at all), counted by
 ``framing_errors()``; ``framing.error_for(errno)`` is the codec's typed error
-for each. See the compiled engine's docstring for the rest, which is the same.
+for each. A ``TlsFraming`` (Trojan or VLESS over TLS) goes through the same two objects
+(``SSLObject.write``/``read`` over its memory BIOs); what reading made SSL want to send
+goes upstream, the server's close_notify is its EOF, FIRST_BYTE waits for the first
+plaintext byte, and the framing is given back (``framing.released()``) after its END is
+delivered. See the compiled engine's docstring for the rest, which is the same.
 
 ``t`` is ``time.monotonic()`` seconds (CLOCK_MONOTONIC, as in the compiled
 engine). The engine owns the two fds from ``add`` on and closes them when the
@@ -44,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import errno as _errno
 import os
+import ssl
 import time
 from typing import Any, Protocol
 
@@ -67,6 +72,7 @@ __all__ = [
     "FRAMING_SILENT",
     "FRAMING_TRUNCATED",
     "decryptor_pending",
+    "tls_supported",
 ]
 
 EV_OPEN = 1
@@ -87,6 +93,7 @@ SIDE_LOCAL = 2
 EV_REQUEST = 10  # a complete no-auth SOCKS5 CONNECT: answer with hs_connect/hs_relay/hs_reject
 EV_HANDOVER = 11  # anything else: Python serves the client (fd and the bytes read so far)
 EV_DROPPED = 12  # a client still in its handshake was closed (unlisten(drop=True), close())
+EV_RESTED = 13  # accept found no descriptor, buffer or memory (payload: its errno): resting ACCEPT_BACKOFF
 
 # Seconds (CLOCK_MONOTONIC) a client may take over its handshake in the engine before
 # it is handed to Python, whose watchdog on the injected clock then applies.
@@ -183,13 +190,19 @@ class _Flow:
         self.fail_code = 1  # listener mode: the reply a cancel during the connect sends
         self.framing: Any = None  # a ShadowsocksFraming: client bytes are sealed, upstream bytes opened
 
-    def frame(self, framing: Any, preamble: bytes) -> bytes:
+    def frame(self, framing: Any, preamble: bytes, client_eof: bool = False) -> bytes:
         """Make this a framed flow (both directions copy through the codec); the sealed preamble."""
         _check_framing(framing)
+        tls = framing.kind == "tls"
+        if tls:
+            framing.claim()  # ValueError when another relay owns it
         self.framing = framing
         for d in self.dirs:
             d.copy = True
-        return framing.encryptor.encrypt(preamble) if preamble else b""
+        sealed = framing.encryptor.encrypt(preamble) if preamble or tls else b""
+        if tls and client_eof:  # the client is already done: its close_notify follows the preamble
+            sealed += framing.end()
+        return sealed
 
     def framing_eof(self) -> int:
         """0 if the upstream's EOF now is clean, else the FRAMING_* errno it means."""
@@ -251,6 +264,7 @@ class Engine:
         self._next_token = 1
         self._mark_denied = False
         self._framing_errors = [0, 0]  # framed flows ended by FRAMING_AUTH; FRAMING_PROTOCOL or _TRUNCATED
+        self._released: list[Any] = []  # TLS framings whose flows ended, given back after their END
 
     # -- API ---------------------------------------------------------------------------
 
@@ -278,7 +292,7 @@ class Engine:
         flow = _Flow(self._next_id, (client_fd, upstream_fd), listener, copy)
         flow.dirs[0].buf = bytes(preamble)
         if framing is not None:
-            flow.dirs[0].buf = flow.frame(framing, flow.dirs[0].buf)
+            flow.dirs[0].buf = flow.frame(framing, flow.dirs[0].buf, client_eof)
         flow_id = self._next_id
         self._next_id += 1
         flow.dirs[0].src_eof = client_eof
@@ -373,6 +387,7 @@ class Engine:
                     fd = lst.sock.fileno()
                     self._loop.remove_reader(fd)
                     self._loop.call_later(ACCEPT_BACKOFF, self._resume_accepting, lst)
+                    self._queue_lst(lst.id, EV_RESTED, exc.errno)
                 return
             conn.setblocking(False)
             hs = _Hs(conn.detach(), lst.id, (addr[0], addr[1]))
@@ -482,6 +497,10 @@ class Engine:
         if kind == EV_DROPPED:
             if listener is not None:
                 listener.socks_dropped()
+            return
+        if kind == EV_RESTED:
+            if listener is not None:
+                listener.socks_rested(payload)
             return
         token, hs = payload
         src_host, src_port = hs.peer
@@ -608,13 +627,9 @@ class Engine:
         flow.dirs[1].buf = _build_reply(0, flow.fds[1])
         flow.connecting = False
         self._emit(flow, EV_OPEN, 1, 0)
-        try:
-            for d in flow.dirs:
-                if not d.copy:
-                    self._take_pipe(d)
-        except OSError as exc:
-            self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | (exc.errno or 0))
-            return
+        for d in flow.dirs:
+            if not d.copy:
+                self._take_pipe(d)
         self._service(flow)
 
     # -- events --------------------------------------------------------------------------
@@ -647,6 +662,9 @@ class Engine:
                     self._loop.call_exception_handler(
                         {"message": "relay event listener failed", "exception": exc}
                     )
+        released, self._released = self._released, []
+        for framing in released:
+            framing.released()
 
     # -- one flow --------------------------------------------------------------------------
 
@@ -660,20 +678,19 @@ class Engine:
         except OSError as exc:
             self._end(flow, END_ERROR, (SIDE_CLIENT << 16) | (exc.errno or 0))
             return
-        try:
-            for d in flow.dirs:
-                if not d.copy:
-                    self._take_pipe(d)
-        except OSError as exc:
-            self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | (exc.errno or 0))
-            return
+        for d in flow.dirs:
+            if not d.copy:
+                self._take_pipe(d)
         self._service(flow)
 
     def _take_pipe(self, d: _Dir) -> None:
         if self._pool:
             d.pr, d.pw = self._pool.pop()
             return
-        d.pr, d.pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            d.pr, d.pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # no descriptor for a pipe: the direction copies rather than ends its flow
+            d.copy = True
 
     def _grow(self, d: _Dir) -> None:
         """A splice filled the default pipe: a bulk direction. Grow its pipe once if allowed."""
@@ -710,7 +727,11 @@ class Engine:
             for d in flow.dirs:
                 self._pump(flow, d)
         except _Error as exc:
-            self._end(flow, END_ERROR, (exc.side << 16) | exc.err)
+            err = exc.err
+            if exc.side == SIDE_UPSTREAM and err in _WRITE_GONE and _tls_refused(flow):
+                err = FRAMING_SILENT  # the write only found out later: the server refused first
+                self._framing_errors[1] += 1
+            self._end(flow, END_ERROR, (exc.side << 16) | err)
             return
         if flow.dirs[0].shut and flow.dirs[1].shut:
             self._end(flow, END_CLEAN, 0)
@@ -773,7 +794,8 @@ class Engine:
                     n = len(data)
                     if n:
                         flow.counts[d.src] += n  # before the codec, which may end the flow
-                        if d.src == SIDE_UPSTREAM and not flow.first_down:
+                        # TLS: records may be only tickets; its first byte is the first plaintext
+                        if d.src == SIDE_UPSTREAM and not flow.first_down and flow.framing.kind != "tls":
                             flow.first_down = True
                             self._emit(flow, EV_FIRST_BYTE, 0, 0)
                         d.buf = self._framed(flow, d, data)
@@ -807,7 +829,7 @@ class Engine:
             moved += n
             if flow.framing is None:
                 flow.counts[d.src] += n
-            if d.src == SIDE_UPSTREAM and not flow.first_down:
+            if d.src == SIDE_UPSTREAM and not flow.first_down and (flow.framing is None or flow.framing.kind != "tls"):
                 flow.first_down = True
                 self._emit(flow, EV_FIRST_BYTE, 0, 0)
 
@@ -817,11 +839,32 @@ class Engine:
         if d.src == SIDE_CLIENT:
             return framing.encryptor.encrypt(data)
         try:
-            return framing.decryptor.feed(data)
+            plain = framing.decryptor.feed(data)
         except framing.errors as exc:
             auth = isinstance(exc, framing.auth_errors)
             self._framing_errors[0 if auth else 1] += 1
             raise _Error(SIDE_UPSTREAM, FRAMING_AUTH if auth else FRAMING_PROTOCOL) from None
+        if framing.kind == "tls":
+            self._tls_opened(flow, d)
+        return plain
+
+    def _tls_opened(self, flow: _Flow, d: _Dir) -> None:
+        """After the upstream's records were read: the first plaintext byte is announced, what
+        SSL wants to send (a KeyUpdate reply) goes upstream, and the server's close_notify ends
+        its side as an EOF would (an error when the inner protocol's answer is missing or cut)."""
+        framing = flow.framing
+        if framing.answered and not flow.first_down:
+            flow.first_down = True
+            self._emit(flow, EV_FIRST_BYTE, 0, 0)
+        extra = framing.take_outgoing()
+        up = flow.dirs[0]
+        if extra and not up.src_eof:  # nothing may follow our close_notify
+            up.buf += extra
+        if framing.decryptor.closed:
+            if err := flow.framing_eof():
+                self._framing_errors[1] += 1
+                raise _Error(SIDE_UPSTREAM, err)
+            d.src_eof = True
 
     def _interest(self, flow: _Flow) -> None:
         """Read src while its direction holds nothing for dst; else wait for dst to drain."""
@@ -903,6 +946,8 @@ class Engine:
             d.buf = b""
         self._emit(flow, EV_BYTES, flow.counts[0], flow.counts[1])
         self._emit(flow, EV_END, cause, b)
+        if flow.framing is not None and flow.framing.kind == "tls":
+            self._released.append(flow.framing)  # given back once its END is delivered
 
 
 _ERRNO_CODES = {
@@ -946,15 +991,54 @@ def _build_reply(code: int, fd: int) -> bytes:
 _FRAMED_CIPHERS = frozenset({"aes-128-gcm", "aes-256-gcm", "chacha20-ietf-poly1305"})
 
 
+def tls_supported() -> bool:
+    """Whether this engine can carry a ``TlsFraming`` (the twin drives the SSLObject itself)."""
+    return True
+
+
 def _check_framing(framing: Any) -> None:
     """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new)."""
-    if getattr(framing, "kind", None) == "vmess":
+    kind = getattr(framing, "kind", None)
+    if kind == "tls":
+        if not isinstance(getattr(framing, "sslobj", None), ssl.SSLObject):
+            raise ValueError("framing: no SSLObject to relay")
+        if framing.claimed:
+            raise ValueError("framing: this TLS connection is already relayed")
+        return
+    if kind == "vmess":
         framing.engine_keys()  # ValueError for a body already begun, as the compiled engine
         return
     if getattr(framing, "cipher", None) not in _FRAMED_CIPHERS:
         raise ValueError("framing: unsupported cipher")
     if not getattr(framing.encryptor, "salt_sent", True):
         raise ValueError("framing: the client's salt has not been sent")
+
+
+_WRITE_GONE = frozenset({_errno.EPIPE, _errno.ECONNRESET})  # a write found the upstream gone
+
+
+def _tls_refused(flow: _Flow) -> bool:
+    """A write to a TLS flow's upstream failed before the server sent any plaintext: whether what
+    it had sent was its close (close_notify or EOF) and nothing else. Trojan and VLESS servers
+    refuse a credential that way; the compiled engine's _tls_refused says the same."""
+    framing = flow.framing
+    if framing is None or framing.kind != "tls" or framing.answered or flow.fds[1] < 0:
+        return False
+    while True:
+        try:
+            data = os.read(flow.fds[1], FRAMED_READ)
+        except OSError:
+            return False
+        if not data:
+            return True
+        try:
+            plain = framing.decryptor.feed(data)
+        except framing.errors:
+            return False
+        if plain or framing.answered:
+            return False
+        if framing.decryptor.closed:
+            return True
 
 
 def decryptor_pending(decryptor: Any) -> bool:

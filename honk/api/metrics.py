@@ -87,7 +87,10 @@ class HonkCollector:
         yield _results("honk_loop_errors", "Errors the event loop reported that no task retrieved "
                        "(each is logged with its traceback), by exception type.", stats.loop_errors, (),
                        label="exception")
-        yield from _process()
+        yield _results("honk_accept_rests", "Times a listener's accept found no descriptor or memory "
+                       "left and rested before accepting again, by listening address.", stats.accept_rests, (),
+                       label="listener")
+        yield from _process(stats)
 
 
 # --- families -----------------------------------------------------------------------------
@@ -311,8 +314,14 @@ def _score(plane: Any) -> Iterator[Metric]:
     yield from (reasons, candidates, switches, flaps, allowance, spent, entries, capacity, evictions)
 
 
-def _process() -> Iterator[Metric]:
-    """Resident memory and open descriptors from /proc/self (Linux); nothing where it is missing."""
+def _process(stats: Any) -> Iterator[Metric]:
+    """Resident memory and open descriptors from /proc/self (Linux), the descriptor limit and the
+    flows refused because the flows' share of it was spent."""
+    yield CounterMetricFamily("honk_descriptor_refusals", "New flows refused at once because the flows' "
+                              "share of the descriptor limit was spent.", value=stats.descriptor_refusals)
+    if stats.descriptor_limit:
+        yield GaugeMetricFamily("honk_process_max_fds", "The descriptor limit honk runs with (its soft "
+                                "RLIMIT_NOFILE, raised to the hard limit at start).", value=stats.descriptor_limit)
     try:
         with open("/proc/self/statm", "rb") as f:
             resident_pages = int(f.read().split()[1])

@@ -40,6 +40,7 @@ MAX_REQUEST_LINE = 8192  # bytes collected for escaping; longer lines go to aioh
 HEAD_TIMEOUT = 10.0  # seconds a connection may take to deliver a request head (slow-loris bound)
 MAX_BODY = 2 * 1024 * 1024  # bytes; the largest body any endpoint accepts (a config upload)
 BACKLOG = 128  # connections the kernel queues, the first ones while the web stack loads
+LOAD_RETRY = 1.0  # seconds before a failed load of the web stack waits for a connection again
 
 
 # --- the connection guard ---------------------------------------------------------------------
@@ -149,6 +150,7 @@ class ApiServer:
         self.bound: tuple[str, int] | None = None
         self._sock: socket.socket | None = None
         self._loading: asyncio.Task[Any] | None = None
+        self._load_retry: TimerHandle | None = None  # a failed load's retry, pending
         self._runner: web.AppRunner | None = None
         self._server: asyncio.base_events.Server | None = None
         self._base_dir = base_dir
@@ -219,10 +221,27 @@ class ApiServer:
         if self._sock is not None:
             asyncio.get_running_loop().remove_reader(self._sock.fileno())
         self._loading = asyncio.get_running_loop().create_task(self._serve(), name="honk-api-load")
+        self._loading.add_done_callback(self._loaded)
+
+    def _loaded(self, task: asyncio.Task[Any]) -> None:
+        """A failed load (no descriptor left to import the web stack with, during a burst) is
+        retried: the listener waits for its next connection again instead of never answering."""
+        if task.cancelled() or (exc := task.exception()) is None or self._loading is not task:
+            return
+        self._loading = None
+        log.warning("API failed to load, retrying %s",
+                    kv(error=type(exc).__name__, reason=str(exc) or "-", retry_in=f"{LOAD_RETRY}s"))
+        self._load_retry = self.control.clock.call_later(LOAD_RETRY, self._rearm)
+
+    def _rearm(self) -> None:
+        self._load_retry = None
+        if self._sock is not None and self._loading is None:
+            asyncio.get_running_loop().add_reader(self._sock.fileno(), self._first_connection)
 
     async def load(self) -> web.Application:
         """Load the web stack and serve now (the first connection does this); the application."""
         if self._loading is None:
+            self._cancel_retry()
             self._first_connection()
         assert self._loading is not None
         await asyncio.shield(self._loading)
@@ -258,8 +277,14 @@ class ApiServer:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    def _cancel_retry(self) -> None:
+        if self._load_retry is not None:
+            self._load_retry.cancel()
+            self._load_retry = None
+
     async def stop(self) -> None:
         """Stop accepting, end open streams and connections."""
+        self._cancel_retry()
         if self._loading is None:
             if self._sock is not None:
                 asyncio.get_running_loop().remove_reader(self._sock.fileno())

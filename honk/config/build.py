@@ -40,6 +40,9 @@ from honk.config.tree import Doc, Entry, GroupDecl, Sink
 from honk.control.policies import parse_policy as parse_close_policy
 from honk.core.net import parse_host_port
 
+# Durations that must be positive; the other global durations take 0 as "off".
+_POSITIVE_DURATIONS = frozenset({"check_interval", "relay_idle_timeout", "udp_idle_timeout"})
+
 # Documented global keys honk accepts but does not use yet: no unknown-key warning.
 ACCEPTED_GLOBAL_KEYS = frozenset(
     {
@@ -116,11 +119,11 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             if items is not None and all(_check_dns_target(t, i, e, sink) for i, t in enumerate(items)):
                 g[key] = items
         elif key in ("check_interval", "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace",
-                     "response_timeout"):
+                     "response_timeout", "half_close_timeout"):
             seconds = V.get_seconds(e, sink)
             if seconds is None:
                 continue
-            if key not in ("shutdown_grace", "response_timeout") and seconds <= 0:  # these two: 0 is "none"
+            if key in _POSITIVE_DURATIONS and seconds <= 0:  # the others: 0 is "none" (off)
                 sink.error("invalid-value", e.path, "duration must be positive", e.loc)
                 continue
             g[key] = seconds

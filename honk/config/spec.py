@@ -40,6 +40,12 @@ DEFAULT_UDP_IDLE_TIMEOUT = 60.0  # seconds a UDP association may stay silent
 # the slowest first answer of a working path over a congested link, and short enough that a
 # node that swallows flows is left within one default health-check interval. 0 turns it off.
 DEFAULT_RESPONSE_TIMEOUT = 10.0
+# honk's own key: a TCP flow one of whose directions has ended (a FIN forwarded) is closed once
+# no byte has moved either way for this many seconds, so a server (or client) that holds its side
+# open after the other side finished cannot pin two descriptors until the 300 s idle timeout.
+# 10 s is twice the 5 s v2ray gives a downlink after its uplink ended: a slow last answer after
+# a client's FIN (an HTTP/1.0 request, `nc -N`) still arrives. 0 turns it off.
+DEFAULT_HALF_CLOSE_TIMEOUT = 10.0
 DEFAULT_SHUTDOWN_GRACE = 5.0  # seconds live flows get on SIGTERM before they are closed
 DEFAULT_CLASH_API_CONTROLLER = "127.0.0.1:9090"
 MAX_TOP_LEVEL_GROUPS = 250  # "at most 250 top-level user groups"
@@ -103,6 +109,7 @@ class GlobalSpec:
     relay_idle_timeout: float = DEFAULT_RELAY_IDLE_TIMEOUT  # seconds
     udp_idle_timeout: float = DEFAULT_UDP_IDLE_TIMEOUT  # seconds
     response_timeout: float = DEFAULT_RESPONSE_TIMEOUT  # seconds from the last byte sent; 0: off
+    half_close_timeout: float = DEFAULT_HALF_CLOSE_TIMEOUT  # seconds silent after one direction ended; 0: off
     shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE  # seconds
     store_subscribe: bool = True  # keep each subscription's last accepted body for offline starts
     # what a reload does to live flows of a node it replaced or removed (a node link's

@@ -33,12 +33,21 @@ from typing import Any, Protocol
 from honk.alive.traffic import traffic_of
 from honk.config.spec import GlobalSpec, Policy
 from honk.connection import scoring
+from honk.connection.descriptors import DescriptorBudget
 from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.connection.verdict import observe_flow
 from honk.control.mode import RoutingMode
 from honk.core.clock import Clock
-from honk.core.errors import DialError, DialTimeout, HonkError, TargetRefused
+from honk.core.errors import (
+    ClientGone,
+    DialError,
+    DialTimeout,
+    FlowClosed,
+    HonkError,
+    IdleTimeout,
+    TargetRefused,
+)
 from honk.core.net import FlowMeta, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
@@ -149,6 +158,19 @@ def _score_feedback(plane: Any, chain: tuple[str, ...], leaf: Any, meta: FlowMet
     return feedback(chain, leaf, meta.network, score_target(meta), meta.resolved)
 
 
+def log_failed_end(routed: Routed, error: HonkError | None, bridged: bool = False) -> None:
+    """One INFO line for a relayed flow that ended with its upstream's failure (a protocol's typed
+    refusal, a TLS alert, a reset): what an operator with a wrong credential needs to see. A bridged
+    stream's failure is logged by the bridge already; a client's going away, a deliberate close and
+    an idle expiry are no failure."""
+    if error is None or bridged or isinstance(error, ClientGone | FlowClosed | IdleTimeout):
+        return
+    meta = routed.meta
+    log.info("flow failed %s", kv(inbound=meta.inbound, source=meta.source, target=meta.target,
+                                  outbound=routed.leaf.name, error=type(error).__name__,
+                                  reason=getattr(error, "reason", "") or str(error)))
+
+
 def format_chain(chain: Sequence[str]) -> str:
     return ">".join(chain) if chain else "-"
 
@@ -178,6 +200,8 @@ class Dispatcher:
         # the daemon's event counters (/metrics); None: nothing is counted
         self.stats: RuntimeStats | None = None
         self.mode: RoutingMode | None = None  # the Clash mode; None or "rule": the plane's rules decide
+        # the flows' share of the descriptor limit (the daemon sizes it at start); None: unlimited
+        self.descriptors: DescriptorBudget | None = None
         self._plane_serial = 0  # +1 per swap_plane: whoever caches a decision knows which plane made it
         self._apply_settings(global_spec)
 
@@ -185,6 +209,7 @@ class Dispatcher:
         self.global_spec = global_spec
         self.tracker.relay_idle_timeout = global_spec.relay_idle_timeout
         self.tracker.udp_idle_timeout = global_spec.udp_idle_timeout
+        self.tracker.half_close_timeout = global_spec.half_close_timeout
 
     @property
     def plane(self) -> PlaneLike:
@@ -303,6 +328,7 @@ class Dispatcher:
         node's, and its health counts it (:meth:`NodeTraffic.refused_reachable`); when none
         does, the target refused and nobody is blamed. Typed local refusals, timeouts waiting
         for a dial permit and failures of other policies are final."""
+        self.admit(routed)
         timeout = self.global_spec.connect_timeout
         deadline = self.clock.now() + timeout
         try:
@@ -329,6 +355,12 @@ class Dispatcher:
             log.info("dial retried %s", kv(failed=routed.leaf.name, served=retry.leaf.name))
             return dataclasses.replace(served, reporter=reporter), dialed
         raise first
+
+    def admit(self, routed: Routed) -> None:
+        """Refuse a new TCP flow at once (:class:`DescriptorsExhausted`, counted, no node charged)
+        when the flows' share of the descriptor limit is spent."""
+        if self.descriptors is not None:
+            self.descriptors.check(f"{routed.meta.inbound}: {routed.meta.source} -> {routed.meta.target}")
 
     def _retry_round(self, routed: Routed, error: HonkError) -> tuple[list[Any], bool]:
         """The retry round of a failed first dial: the candidates, and whether the round gets a
@@ -431,6 +463,7 @@ class Dispatcher:
             if verdict is not None:
                 verdict.end(exc)
             scoring.settle_relay(reporter, self.clock, exc)
+            log_failed_end(routed, exc, upstream.bridge is not None)
             return exc
         except BaseException:
             if verdict is not None:
@@ -439,6 +472,8 @@ class Dispatcher:
             raise
         finally:
             flow.release()
+            if upstream.bridge is not None:
+                upstream.bridge.relay_ended()
         end = relay_end(None, upstream.bridge)  # a bridged stream's failure ends its socket cleanly
         if verdict is not None:
             verdict.end(end)

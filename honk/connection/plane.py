@@ -72,7 +72,10 @@ class Plane:
     admission: DialBudget | None = None
 
     def retire(self, previous: Plane | None) -> int:
-        """Close the runtimes of ``previous`` this plane does not use (call after publishing)."""
+        """Retire the runtimes of ``previous`` this plane does not use (call after publishing);
+        how many. Retiring, not closing: a node's idle resources close now, but flows already
+        on it (a busy mux carrier's streams) run on until the drain policy ends them (the
+        reload's Drain steps) or they end on their own (``keep``)."""
         return retire_runtimes(previous.runtimes, self.runtimes) if previous is not None else 0
 
     def decide_now(self, meta: FlowMeta) -> Decision | None:

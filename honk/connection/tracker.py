@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from honk.config.spec import DEFAULT_RELAY_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT
+from honk.config.spec import DEFAULT_HALF_CLOSE_TIMEOUT, DEFAULT_RELAY_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT
 from honk.core.clock import Clock
-from honk.core.errors import FlowClosed, HonkError, IdleTimeout, OutboundDrained
+from honk.core.errors import FlowClosed, HalfCloseTimeout, HonkError, IdleTimeout, OutboundDrained
 from honk.core.net import Address, Network
 from honk.daemon.logs import kv
 
@@ -178,6 +178,11 @@ class TrackedFlow:
         return self._handle.last_activity
 
     @property
+    def half_closed_at(self) -> float | None:
+        """When one of the flow's directions ended (its handle's ``half_closed_at``); None: neither has."""
+        return getattr(self._handle, "half_closed_at", None)
+
+    @property
     def engine(self) -> str:
         """Which relay engine carries the flow (the handle's ``engine``), "" if it has none."""
         return getattr(self._handle, "engine", "")
@@ -255,6 +260,7 @@ class ConnectionTracker:
         # Dispatcher sets them from GlobalSpec.
         self.relay_idle_timeout = DEFAULT_RELAY_IDLE_TIMEOUT
         self.udp_idle_timeout = DEFAULT_UDP_IDLE_TIMEOUT
+        self.half_close_timeout = DEFAULT_HALF_CLOSE_TIMEOUT
         self._flows: dict[str, TrackedFlow] = {}
         self._gone: dict[str, asyncio.Future[None]] = {}  # flow id -> resolves when it is removed
         self._idle = asyncio.Event()
@@ -417,11 +423,14 @@ class ConnectionTracker:
         while self._flows:
             await self._idle.wait()
 
-    def sweep_idle(self, now: float, relay_idle_timeout: float, udp_idle_timeout: float) -> list[str]:
+    def sweep_idle(self, now: float, relay_idle_timeout: float, udp_idle_timeout: float,
+                   half_close_timeout: float = 0.0) -> list[str]:
         """Close every flow silent for at least its timeout (seconds); returns their ids.
 
-        TCP flows use ``relay_idle_timeout``, UDP associations ``udp_idle_timeout``.
-        Flows already closing are skipped.
+        TCP flows use ``relay_idle_timeout``, UDP associations ``udp_idle_timeout``; a flow one
+        of whose directions has ended (its handle's ``half_closed_at``) is closed with
+        :class:`HalfCloseTimeout` once silent for ``half_close_timeout`` since that end or its
+        last byte, whichever came later (0: never). Flows already closing are skipped.
         """
         closed = []
         for flow in list(self._flows.values()):
@@ -432,6 +441,13 @@ class ConnectionTracker:
             if silent >= limit:
                 flow.close(IdleTimeout(f"no traffic for {silent:.1f}s"))
                 closed.append(flow.id)
+                continue
+            half_closed_at = flow.half_closed_at
+            if half_close_timeout > 0 and half_closed_at is not None:
+                quiet = now - max(half_closed_at, flow.last_activity)
+                if quiet >= half_close_timeout:
+                    flow.close(HalfCloseTimeout(f"half-closed and silent for {quiet:.1f}s"))
+                    closed.append(flow.id)
         return closed
 
     async def run_sweeper(
@@ -454,4 +470,5 @@ class ConnectionTracker:
                 self._clock.now(),
                 self.relay_idle_timeout if relay_idle_timeout is None else relay_idle_timeout,
                 self.udp_idle_timeout if udp_idle_timeout is None else udp_idle_timeout,
+                self.half_close_timeout,
             )

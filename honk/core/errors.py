@@ -138,6 +138,11 @@ class FlowClosed(RelayError):
     """The flow was closed on purpose (shutdown, interrupt, operator)."""
 
 
+class HalfCloseTimeout(FlowClosed):
+    """One direction of the flow had ended and nothing moved either way for the half-close
+    timeout: honk closed the rest. honk's own decision, so it is neutral for the node."""
+
+
 # The exact text a drained flow ends with (requirement RL-48): logs and the API show it as is.
 OUTBOUND_DRAINED_TEXT = "the outbound this flow was opened on was drained"
 

@@ -115,6 +115,12 @@ class StaggerCounts:
                 "rejected": self.rejected}
 
 
+# What asyncio tells the loop's exception handler when a server's accept() found no descriptor,
+# buffer or memory (it rests a second, then accepts again); honk's engine listeners report their
+# rests with the same message, so one handler counts them all (honk.daemon.loopguard).
+ACCEPT_EXHAUSTED = "socket.accept() out of system resource"
+
+
 class RuntimeStats:
     """Event counters for one daemon. One instance, owned by the daemon, shared by reference."""
 
@@ -130,6 +136,12 @@ class RuntimeStats:
         # errors asyncio reported to the loop's handler (unretrieved task exceptions, failed
         # callbacks) by exception type: honk.daemon.loopguard.LoopGuard counts them
         self.loop_errors: Counter[str] = Counter()
+        # new flows refused because the flows' share of the descriptor limit was spent
+        # (honk.connection.descriptors), and that limit (0 until the daemon sized its budget)
+        self.descriptor_refusals = 0
+        # times a listener's accept found no descriptor or memory and rested, by listening address
+        self.accept_rests: Counter[str] = Counter()
+        self.descriptor_limit = 0
 
     def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
         """A dial through ``outbound`` (a leaf name) ended with ``error`` (None: connected)."""

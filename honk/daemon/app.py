@@ -37,6 +37,7 @@ from honk.api.server import ApiServer
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
 from honk.config.spec import GlobalSpec, InboundUser, Spec
+from honk.connection.descriptors import DescriptorBudget, raise_descriptor_limit
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
@@ -115,7 +116,7 @@ class Daemon:
         self._stopped = asyncio.Event()
         self.health = HealthService(self.clock)
         self.health.stats = self.stats
-        self.loop_guard = LoopGuard(self.stats)  # unretrieved task exceptions: logged and counted
+        self.loop_guard = LoopGuard(self.stats, self.clock)  # unretrieved task exceptions: logged and counted
         self.dispatcher.on_selection = self.health.note_selection
         # group connectivity for the datapath (the BPF map with a LAN, else memory)
         self.slots = SlotService(self.health.alive)
@@ -165,6 +166,9 @@ class Daemon:
     async def start(self) -> None:
         """Load and apply the file on this task, then start the reconciler. Raises
         ConfigError, ApplyError or OSError and leaves nothing running."""
+        raise_descriptor_limit()  # before anything sizes itself from the limit (the dial gates)
+        self.dispatcher.descriptors = DescriptorBudget(self.clock, stats=self.stats)
+        self.stats.descriptor_limit = self.dispatcher.descriptors.limit
         spec = load_file(self.config_path)
         log_diagnostics(spec.diagnostics, during="start")
         self._set_log_level(spec)

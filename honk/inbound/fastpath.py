@@ -57,10 +57,12 @@ from typing import TYPE_CHECKING, Any
 
 from honk._fast import relay as _relay
 from honk.connection import scoring
-from honk.connection.dispatch import Routed, format_chain
+from honk.connection.dispatch import Routed, format_chain, log_failed_end
 from honk.connection.verdict import FlowVerdict, observe_flow
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
+from honk.core.stats import ACCEPT_EXHAUSTED
+from honk.daemon.logs import kv
 from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
 from honk.outbound.bridge import relay_end
@@ -155,6 +157,7 @@ class SocksFastPath:
         self.clock = inbound._clock
         self._dispatcher = inbound._dispatcher
         self._lids: list[int] = []
+        self._socks: list[socket.socket] = []  # the listening sockets (their address names a rest)
         self._resolved = 0  # accepted connections the engine has told us about
         self._flows: set[FastFlow] = set()  # from the command until END
         self._tasks: dict[asyncio.Task[None], str] = {}  # routing that needs DNS, dials by Python -> tag
@@ -163,6 +166,7 @@ class SocksFastPath:
     # -- lifecycle -----------------------------------------------------------------------
 
     def listen(self, socks: list[socket.socket]) -> None:
+        self._socks = list(socks)
         for sock in socks:
             self._lids.append(self.engine.listen(sock.fileno(), self))
 
@@ -228,6 +232,15 @@ class SocksFastPath:
         self._resolved += 1
         self._changed_now()
 
+    def socks_rested(self, err: int) -> None:
+        """The engine's accept found no descriptor, buffer or memory and rests a moment: reported
+        as asyncio's own servers report theirs, so the loop guard counts and warns once."""
+        asyncio.get_running_loop().call_exception_handler({
+            "message": ACCEPT_EXHAUSTED,
+            "exception": OSError(err, os.strerror(err)),
+            "socket": self._socks[0] if self._socks else None,
+        })
+
     def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
         self._resolved += 1
         self.inbound._adopt(fd, data, answered, err, Address(src_host, src_port))
@@ -265,6 +278,11 @@ class SocksFastPath:
         leaf = routed.leaf
         target = routed.meta.target
         if target.ip is not None and type(leaf) is DirectOutbound and leaf._connect is None:
+            try:
+                self._dispatcher.admit(routed)  # a spent descriptor budget refuses before any socket
+            except HonkError as exc:  # (dial_routed admits the other dials itself)
+                self._reject(token, routed.meta, exc)
+                return
             flow = FastFlow(self, routed)
             flow.score_guard = scoring.begin(routed.score, self.clock)
             mark = leaf._mark
@@ -285,7 +303,9 @@ class SocksFastPath:
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task, None)
+        tag = self._tasks.pop(task, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:  # retrieved: the flow only
+            log.error("flow crashed inbound=%s", tag, exc_info=(type(exc), exc, exc.__traceback__))
         self._changed_now()
 
     async def _route_and_dial(self, token: int, meta: FlowMeta) -> None:
@@ -296,7 +316,7 @@ class SocksFastPath:
             return
         except BaseException:
             self._abandon(token)
-            raise
+            raise  # cancelled, or a bug: _task_done logs it
         self._dial(token, routed)
 
     async def _dial_async(self, token: int, routed: Routed) -> None:
@@ -306,19 +326,27 @@ class SocksFastPath:
         except HonkError as exc:
             self._reject(token, meta, exc)
             return
-        except BaseException:
+        except asyncio.CancelledError:
             self._abandon(token)
             raise
+        except Exception:  # a bug or a local failure the dial did not type: this flow only
+            log.exception("flow crashed inbound=%s source=%s", meta.inbound, meta.source)
+            self._abandon(token)
+            return
         flow = FastFlow(self, routed)
         flow.framing = dialed.framing
         flow.bridge = dialed.bridge
         fd = dialed.sock.detach()
         try:
             flow._id = self.engine.hs_relay(token, fd, flow, dialed.framing)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             self._abandon(token)
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("flow refused by the relay engine %s", kv(inbound=meta.inbound, source=meta.source,
+                                                                  error=type(exc).__name__, reason=str(exc)))
+            return
         self._flows.add(flow)
 
     def _abandon(self, token: int) -> None:
@@ -360,6 +388,9 @@ class SocksFastPath:
     def _ended(self, flow: FastFlow) -> None:
         self._flows.discard(flow)
         end = relay_end(flow.error, flow.bridge)
+        if flow.bridge is not None:
+            flow.bridge.relay_ended()
+        log_failed_end(flow.routed, end, flow.bridge is not None)
         if flow.verdict is not None:
             flow.verdict.end(end)
         scoring.settle_relay(flow.reporter, self.clock, end)
@@ -372,6 +403,8 @@ class SocksFastPath:
             flow.timer.cancel()
             flow.timer = None
         self._flows.discard(flow)
+        if flow.bridge is not None:
+            flow.bridge.relay_ended()
         meta = flow.routed.meta
         error = flow._error
         if error is None:

@@ -33,6 +33,7 @@ from honk.config.spec import InboundUser
 from honk.core.errors import (
     AuthenticationFailed,
     Blocked,
+    CapacityRefused,
     ClientProtocolError,
     DialError,
     DialTimeout,
@@ -251,7 +252,7 @@ def status_for(error: BaseException) -> int:
 
     Blocked → 403; NoRoute → 502 (no leaf could carry it: a gateway problem,
     not a policy refusal); DialTimeout → 504; other DialError → 502;
-    NotSupported → 501; AuthenticationFailed → 407; an oversized head → 431;
+    a local capacity refusal (a spent descriptor budget) → 503; NotSupported → 501; AuthenticationFailed → 407; an oversized head → 431;
     other client protocol errors → 400.
     """
     if isinstance(error, ClientProtocolError):
@@ -262,6 +263,8 @@ def status_for(error: BaseException) -> int:
         return 403
     if isinstance(error, DialTimeout):
         return 504
+    if isinstance(error, CapacityRefused):
+        return 503
     if isinstance(error, DialError | NoRoute):
         return 502
     if isinstance(error, NotSupported):

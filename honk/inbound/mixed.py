@@ -59,6 +59,7 @@ import h11
 
 from honk.config.spec import InboundSpec
 from honk.connection import scoring
+from honk.connection.descriptors import DescriptorsExhausted
 from honk.connection.dispatch import Dispatcher, Upstream, format_chain
 from honk.connection.udp import UdpAssociation
 from honk.core.clock import Clock, TimerHandle
@@ -512,7 +513,8 @@ class MixedInbound(BindThenServe):
                 session.finish()
 
     def _refused(self, tag: str, source: Address, target: Address, error: HonkError) -> None:
-        level = logging.DEBUG if isinstance(error, Blocked) else logging.INFO
+        # a spent descriptor budget is warned about once per interval by the budget itself
+        level = logging.DEBUG if isinstance(error, Blocked | DescriptorsExhausted) else logging.INFO
         log.log(
             level,
             "flow refused inbound=%s source=%s target=%s error=%s",
@@ -721,6 +723,8 @@ class _HttpUpstream:
             else:
                 scoring.cancel(reporter, self.clock)
         self.conn.close()
+        if self.bridge is not None:
+            self.bridge.relay_ended()
         self.flow.release()
 
     def failed(self, error: HonkError) -> None:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from honk.config.spec import DEFAULT_DIAL_MODE, DEFAULT_SNIFFING_TIMEOUT
+from honk.connection.descriptors import DescriptorsExhausted
 from honk.connection.dispatch import Dispatcher, Routed, Upstream
 from honk.connection.udp import MAX_PENDING_DATAGRAMS, UdpNat
 from honk.core.clock import Clock, TimerHandle
@@ -456,7 +457,8 @@ class TransparentInbound(BindThenServe):
         return Upstream(served, dialed.sock, dialed.framing, dialed.bridge)
 
     def _refused(self, tag: str, source: Address, target: Address | None, error: HonkError) -> None:
-        level = logging.DEBUG if isinstance(error, Blocked) else logging.INFO
+        # a spent descriptor budget is warned about once per interval by the budget itself
+        level = logging.DEBUG if isinstance(error, Blocked | DescriptorsExhausted) else logging.INFO
         log.log(level, "flow refused %s", kv(inbound=tag, source=source, target=target or "-",
                                              error=type(error).__name__))
 

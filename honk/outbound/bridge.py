@@ -34,10 +34,11 @@ import contextlib
 import logging
 import socket
 
-from honk.core.errors import HonkError, UpstreamFailed
+from honk.core.errors import CapacityRefused, HonkError, UpstreamFailed
 from honk.daemon.logs import kv
 from honk.outbound.base import DialedStream
 from honk.outbound.channel import Channel
+from honk.outbound.direct import NO_CAPACITY
 
 __all__ = ["BridgeEnd", "bridge_stream", "bridged", "relay_end", "upstream_failure"]
 
@@ -51,17 +52,32 @@ _pumps: set[asyncio.Task[None]] = set()  # strong references: the loop keeps onl
 
 class BridgeEnd:
     """How the server's side of one bridged stream ended: ``failure`` is the error its channel
-    raised (a HonkError), None while it has raised none."""
+    raised (a HonkError), None while it has raised none.
 
-    __slots__ = ("failure",)
+    The flow's owner calls :meth:`relay_ended` when the relay's flow is over. The pump cannot
+    tell that from the relay's half-close: both are an EOF on its socket. Without the call, a
+    flow whose client left keeps its server's side (and the pump, and two descriptors) until
+    the server closes, which a v2ray server does only at its idle timeout."""
+
+    __slots__ = ("failure", "relay_gone", "client_done", "pump")
 
     def __init__(self) -> None:
         self.failure: HonkError | None = None
+        self.relay_gone = False  # the relay's flow ended: nothing more will come or be read
+        self.client_done = False  # the relay's EOF was passed on to the server
+        self.pump: asyncio.Task[None] | None = None
 
     def fail(self, error: BaseException) -> None:
         """The channel raised ``error``: the first one is the verdict."""
         if self.failure is None:
             self.failure = upstream_failure(error)
+
+    def relay_ended(self) -> None:
+        """The relay's flow is over: once what the relay sent has reached the server, the pump
+        and the server's side close, whatever the server is still doing."""
+        self.relay_gone = True
+        if self.client_done and self.pump is not None and not self.pump.done():
+            self.pump.cancel()
 
 
 def upstream_failure(error: BaseException) -> HonkError:
@@ -91,10 +107,17 @@ def bridged(conn: Channel, outbound: str = "") -> DialedStream:
 def bridge_stream(conn: Channel, outbound: str = "", end: BridgeEnd | None = None) -> socket.socket:
     """A connected non-blocking socket whose bytes are ``conn``'s, both ways; ``outbound`` names it
     in the log, ``end`` (when given) receives how the server's side ended."""
-    outer, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        outer, inner = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        conn.close()  # the server's side is up: it must not outlive the flow that cannot start
+        if exc.errno in NO_CAPACITY:  # out of descriptors: a local refusal, no fault of the node's
+            raise CapacityRefused(f"{outbound or 'bridge'}: no socketpair for the stream ({exc.strerror})") from None
+        raise
     outer.setblocking(False)
     inner.setblocking(False)
-    task = asyncio.get_running_loop().create_task(_pump(conn, inner, outbound, end if end is not None else BridgeEnd()))
+    end = end if end is not None else BridgeEnd()
+    task = end.pump = asyncio.get_running_loop().create_task(_pump(conn, inner, outbound, end))
     _pumps.add(task)
     task.add_done_callback(_pumps.discard)
     return outer
@@ -134,6 +157,9 @@ async def _pump(conn: Channel, inner: socket.socket, outbound: str, end: BridgeE
         except Exception as exc:  # noqa: BLE001
             end.fail(exc)
             raise
+        end.client_done = True
+        if end.relay_gone:  # the flow is over: the server's side has nothing left to say to anyone
+            download.cancel()
 
     download = loop.create_task(transport_to_inner())
     tasks = [download, loop.create_task(inner_to_transport())]  # in the order their errors are reported

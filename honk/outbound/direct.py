@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 CONNECTION_ATTEMPT_DELAY = 0.250  # seconds; RFC 8305 section 5 recommended default
 _DIRECT_CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="direct")
 # socket() errors that mean "this process or host is out of sockets": CapacityRefused
-_NO_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+NO_CAPACITY = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 BYPASS_MARK = 0x100  # fwmark upstream honk puts on its own upstream sockets so TPROXY skips them
 SO_MARK = getattr(socket, "SO_MARK", 36)  # Linux value; older Pythons lack the constant
 
@@ -241,7 +241,7 @@ class DirectOutbound:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            if exc.errno in _NO_CAPACITY:  # nothing was sent: a local limit, not the network
+            if exc.errno in NO_CAPACITY:  # nothing was sent: a local limit, not the network
                 raise CapacityRefused(f"{self.name}: no socket for the dial ({exc.strerror})") from None
             raise
         try:

@@ -17,9 +17,10 @@ JSON (:mod:`honk.config.links`). Such a node dials each TCP flow as a logical st
   to :data:`MAX_STREAMS_PER_CARRIER` sessions
   (:class:`~honk.proto.mux.MuxClientSessions`). The runtime owns it; it closes
   itself after :data:`MUX_IDLE_TIMEOUT` seconds without a session, on the
-  leaf's clock. When the carrier fails (EOF, reset, a codec or framing error)
-  every session on it ends with that one error object and the carrier logs
-  the episode once.
+  leaf's clock. A retired carrier (its node left service in a reload, or was
+  found dead) takes no new stream and closes when its last stream ends. When
+  the carrier fails (EOF, reset, a codec or framing error) every session on it
+  ends with that one error object and the carrier logs the episode once.
 * :class:`MuxStream` is one logical stream as a
   :class:`~honk.outbound.channel.Channel` (New frame on open, Keep frames for
   data, End on ``write_eof``), which the leaf hands to the relay through
@@ -196,6 +197,7 @@ class MuxCarrier:
         self.retired = False
         self._decoder = MuxDecoder()
         self._idle: TimerHandle | None = None
+        self._retire_check: asyncio.Handle | None = None  # an idle retired carrier's close, next turn
         self._draining = asyncio.Lock()  # the transport wakes one drain waiter at a time
         self._reader = asyncio.get_running_loop().create_task(self._read())
         # the carrier's slot of the process carrier gate (GH-J-06), given back once in MuxPool.discard
@@ -211,8 +213,21 @@ class MuxCarrier:
         return self.sessions.idle
 
     def retire(self) -> None:
-        """Take no new streams; close once the open ones have ended (the node was found dead)."""
+        """Take no new streams; close once the open ones have ended (the node was found dead,
+        or left service in a reload). An idle one closes on the loop's next turn rather than
+        now: a carrier a retiring runtime just adopted was opened for a flow that was already
+        dialling, and that flow's stream opens on it without yielding (:meth:`MuxPool.open_stream`)."""
+        if self.closed:
+            return
         self.retired = True
+        self._cancel_idle()
+        if not self.sessions.idle:
+            return  # forget() and a server End close it after the last stream
+        if self._retire_check is None:
+            self._retire_check = asyncio.get_running_loop().call_soon(self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        self._retire_check = None
         self._arm_idle()
 
     def open_stream(self, target: Address) -> MuxStream:
@@ -292,6 +307,9 @@ class MuxCarrier:
             if stream is not None:
                 stream._end()
         self._cancel_idle()
+        if self._retire_check is not None:
+            self._retire_check.cancel()
+            self._retire_check = None
         self._reader.cancel()
         self.channel.abort()
         self.pool.discard(self)
@@ -423,8 +441,8 @@ class MuxPool:
         keeps a session (a Selector's pin, the UDP warm set) and it is the pool's first usable
         carrier (only one is kept)."""
         runtime = self.runtime
-        if runtime is None or not runtime.warm & SESSION_OWNERS:
-            return False
+        if runtime is None or runtime.closed or not runtime.warm & SESSION_OWNERS:
+            return False  # a node out of service keeps nothing idle
         return self.with_room() is carrier
 
     @property
@@ -475,7 +493,9 @@ def pool_for(leaf: Any) -> MuxPool:
     """The carrier pool of ``leaf``'s node: its runtime's, or the leaf's own without a runtime."""
     owner = leaf.runtime if leaf.runtime is not None else leaf
     pool = _pools.get(owner)
-    if pool is None or (leaf.runtime is not None and leaf.runtime.closed):
+    # a retiring runtime keeps its pool: its busy carriers still count, and a flow of the old
+    # plane still dialling gets a carrier the runtime adopts retired (NodeRuntime.own)
+    if pool is None or (leaf.runtime is not None and leaf.runtime.closed and not leaf.runtime.retiring):
         pool = _pools[owner] = MuxPool(leaf.name, leaf.clock, leaf.runtime)
     pool.name = leaf.name
     return pool

@@ -115,10 +115,11 @@ def build_leaf(node: NodeSpec, glob: GlobalSpec, clock: Clock, previous: Mapping
 
 
 def retire_runtimes(old: Mapping[uuid.UUID, NodeRuntime], new: Mapping[uuid.UUID, NodeRuntime]) -> int:
-    """Close the runtimes of ``old`` that ``new`` no longer uses; returns how many."""
+    """Retire the runtimes of ``old`` that ``new`` no longer uses (:meth:`NodeRuntime.retire`: idle
+    resources close now, flows already on the node run on); returns how many."""
     retired = 0
     for node_id, runtime in old.items():
         if new.get(node_id) is not runtime:
-            runtime.close()
+            runtime.retire()
             retired += 1
     return retired

@@ -5,7 +5,9 @@ identity and hands the same object to every rebuilt outbound of that node, so a
 reload or a subscription refresh that leaves a node's configuration unchanged
 (same NodeId) keeps its runtime: its bridges, UDP endpoints and counters. A node
 whose configuration changed has a new NodeId and starts with a new runtime; the
-old one is closed once the plane that used it is replaced.
+old one is retired once the plane that used it is replaced (:meth:`NodeRuntime.retire`):
+what is idle closes at once, what still carries flows closes when they end, so a
+reload cuts no flow; the drain policy decides when those flows end.
 
 The runtime owns what a node *shares* between flows (pools, sessions,
 carriers, warm connections) and closes it when the node goes. What belongs to
@@ -60,11 +62,20 @@ class NodeRuntime:
         self.traffic: TrafficReporter | None = None  # set by the health service
         self.ready = ReadyPool()  # bare server connections opened ahead (warm-up)
         self._resources: set[Closable] = set()
+        # out of service: no plane builds on it and warm-up leaves it alone (retired or closed)
         self.closed = False
+        # retired and not closed: resources still carrying flows live until those flows end
+        self.retiring = False
 
     def own(self, resource: Closable) -> None:
-        """Close ``resource`` when the runtime closes, unless :meth:`release` comes first."""
+        """Close ``resource`` when the runtime closes, unless :meth:`release` comes first.
+        A retiring runtime takes it retired (a flow opened on the old plane was still dialling
+        when the reload came): it serves that flow and closes after it."""
         if self.closed:
+            if self.retiring and (retire := getattr(resource, "retire", None)) is not None:
+                self._resources.add(resource)
+                retire()
+                return
             resource.close()
             return
         self._resources.add(resource)
@@ -136,15 +147,27 @@ class NodeRuntime:
             purged += 1
         return purged
 
-    def close(self) -> None:
-        """Stop everything the node owns; idempotent."""
+    def retire(self) -> int:
+        """The node left service (a reload changed or removed it): no plane uses the runtime
+        again. Ready connections and idle carriers close now; a carrier still carrying flows
+        takes no new ones and closes when its last ends, so the drain policy alone decides
+        when live flows end (``keep``: on their own). How many resources were closed or retired."""
         if self.closed:
+            return 0
+        self.closed = self.retiring = True
+        return self._drain_reuse()
+
+    def close(self) -> None:
+        """Stop everything the node owns, flows on it included; idempotent (after
+        :meth:`retire` too: then it ends what the retirement left running)."""
+        if self.closed and not self.retiring:
             return
-        self.closed = True
+        self.closed, self.retiring = True, False
         self.ready.drain()
         for resource in list(self._resources):
             resource.close()
         self._resources.clear()
 
     def __repr__(self) -> str:
-        return f"NodeRuntime(node_id={self.node_id}, name={self.name!r}, closed={self.closed})"
+        return (f"NodeRuntime(node_id={self.node_id}, name={self.name!r}, closed={self.closed}, "
+                f"retiring={self.retiring})")

@@ -6,12 +6,23 @@ once (neither protocol waits for the server before the payload), stacks the
 protocol's framing as a :class:`~honk.outbound.channel.CodecChannel`, and hands
 the relay a plain socket through :func:`~honk.outbound.bridge.bridge_stream`.
 A subclass says what the header is and how the server's bytes are opened.
+
+Trojan and VLESS over TCP + TLS (no WebSocket, no mux) skip the channel and the
+bridge: the TLS handshake runs over memory BIOs, the header goes out through it,
+and the dialed stream is the server's socket with a
+:class:`~honk.proto.tls_framing.TlsFraming`, whose records the relay engine moves
+itself (two descriptors per flow, no Python per chunk). WebSocket transports,
+mux carriers, UDP and VMess over TLS keep the channel path, as does every node
+when the relay engine cannot drive this Python's SSLObjects
+(:func:`honk._fast.relay.tls_supported`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from honk._fast.relay import tls_supported
 from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock
 from honk.core.errors import ConfigRefused, HonkError
@@ -21,9 +32,10 @@ from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel, CodecChannel
 from honk.outbound.mux import mux_requested, pool_for
 from honk.outbound.mux_udp import MuxDatagramEndpoint
-from honk.outbound.proxy import ProxyLeaf
-from honk.outbound.transport import TransportSpec, open_transport
+from honk.outbound.proxy import ProxyLeaf, handshake_scope
+from honk.outbound.transport import TransportSpec, open_tls, open_transport
 from honk.proto.mux import MUX_COOL_TARGET
+from honk.proto.tls_framing import TlsFraming
 
 __all__ = ["StackedLeaf", "Stream"]
 
@@ -40,12 +52,17 @@ class Stream:
         at_eof: Callable[[], None] | None = None,
         encode: Callable[[bytes], bytes] = bytes,
         eof: Callable[[], bytes] | None = None,
+        response: Any = None,
     ) -> None:
         self.header = header
         self.decode = decode
         self.at_eof = at_eof
         self.encode = encode
         self.eof = eof  # what the protocol sends when the client is done (VMess's empty chunk)
+        # the object behind ``decode`` when the body is the target's bytes as they are after an
+        # optional response header (Trojan's TrojanStreamWatch, VLESS's VlessResponseDecoder):
+        # such a stream can ride a TlsFraming. None: the body is framed (VMess)
+        self.response = response
 
 
 class StackedLeaf(ProxyLeaf):
@@ -75,11 +92,31 @@ class StackedLeaf(ProxyLeaf):
         return self._transport
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
-        self.transport()
+        transport = self.transport()
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
+        if stream.response is not None and transport.tls_only and tls_supported():
+            return await self._dial_tls(transport, stream, deadline)
         return bridged(await self._framed(stream, deadline), self.name)
+
+    async def _dial_tls(self, transport: TransportSpec, stream: Stream, deadline: float) -> DialedStream:
+        """TCP + TLS with the header sent, for the relay engine to carry (no channel, no bridge)."""
+        try:
+            connection = await open_tls(self, transport, deadline)
+            try:
+                async with handshake_scope(self.clock, deadline, self.name, self.protocol):
+                    await connection.send(stream.header)
+            except BaseException:
+                connection.sock.close()
+                raise
+        except HonkError as exc:
+            self.count(exc)
+            raise
+        self.count(None)
+        framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, stream.response,
+                             connection.on_release)
+        return DialedStream(connection.sock, framing)
 
     async def open_channel(self, deadline: float) -> Channel:
         """The node's transport up, for a stream the subclass frames itself (UDP); the dial is counted."""

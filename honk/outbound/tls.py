@@ -43,13 +43,14 @@ naming the node and the path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import os
 import socket
 import ssl
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
@@ -57,12 +58,13 @@ from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
 from honk.relay.stream import StreamConn
 
-__all__ = ["TlsFailed", "ca_path", "client_context", "tls_connect", "tls_verification"]
+__all__ = ["TlsConnection", "TlsFailed", "ca_path", "client_context", "tls_connect", "tls_handshake", "tls_verification"]
 
 MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigger is a wrong path
 CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; nodes share them
 RESUMED_SERVERS = 128  # servers per context whose TLS 1.3 session is kept for resumption
 HARVEST_RETRY = 60.0  # seconds before a server that sent no session ticket is looked at again
+HANDSHAKE_READ = 64 * 1024  # bytes asked per read while tls_handshake runs (a flight of certificates fits)
 
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
@@ -142,6 +144,10 @@ class _Resumption:
     session: ssl.SSLSession | None = None  # offered until the server refuses it
     harvest: ssl.SSLObject | None = None  # a full handshake whose ticket (if any) is taken at the next offer
     next_harvest: float = 0.0  # clock time before which no connection is kept to harvest
+    # a full handshake handed to the relay engine, whose session is taken when its flow ends
+    # (see learn_relayed); since when it waits
+    relayed: ssl.SSLObject | None = None
+    relayed_since: float = 0.0
 
 
 class _ResumingContext(ssl.SSLContext):
@@ -197,6 +203,52 @@ class _ResumingContext(ssl.SSLContext):
         if entry.harvest is None and now >= entry.next_harvest and connection.version() == "TLSv1.3":
             entry.harvest = connection
 
+    def learn_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float) -> bool:
+        """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`).
+
+        Such a connection is never kept as ``harvest``: :meth:`offer` reads ``.session`` on the
+        loop's thread, while the compiled engine's worker may be inside OpenSSL with the same
+        ``SSL*``, a data race. Its session is taken instead either now, before the handover,
+        when a ticket already came with the server's Finished (:meth:`take_relayed`), or
+        after its flow ended (the framing's release hook). True when the caller should try.
+        """
+        entry = self._sessions.get(key)
+        if entry is None:
+            entry = self._sessions[key] = _Resumption()
+            if len(self._sessions) > RESUMED_SERVERS:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        if connection.session_reused:
+            return False
+        entry.session = None
+        if now < entry.next_harvest or connection.version() != "TLSv1.3" or entry.harvest is not None:
+            return False
+        # one connection waits for its flow to end at a time; one that waited a whole retry
+        # period (a long flow) gives way to a newer one
+        if entry.relayed is not None and now < entry.relayed_since + HARVEST_RETRY:
+            return False
+        entry.relayed, entry.relayed_since = connection, now
+        return True
+
+    def take_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float, *, final: bool) -> bool:
+        """Take ``connection``'s session if it holds a ticket; ``final``: its flow ended, so
+        without a ticket the server is not asked again for :data:`HARVEST_RETRY`. Call it only
+        while nothing else drives the connection. True when a session was taken (or it is no
+        longer this server's candidate)."""
+        entry = self._sessions.get(key)
+        if entry is None or entry.relayed is not connection:
+            return True
+        fresh = connection.session
+        if fresh is not None and fresh.has_ticket:
+            entry.session = fresh
+            entry.relayed = None
+            return True
+        if final:
+            entry.relayed = None
+            entry.next_harvest = now + HARVEST_RETRY
+        return False
+
 
 def _new_context(cadata: str | None) -> _ResumingContext:
     """What ``ssl.create_default_context`` makes for a client, as a :class:`_ResumingContext`."""
@@ -249,6 +301,21 @@ def _classify(outbound: str, exc: ssl.SSLError) -> TlsFailed:
     return TlsFailed(outbound, "handshake", exc.reason or type(exc).__name__)
 
 
+@contextlib.contextmanager
+def _typed(outbound: str) -> Iterator[None]:
+    """A handshake's failures as TlsFailed / DialTimeout of phase ``tls`` (both handshake paths)."""
+    try:
+        yield
+    except TlsFailed:
+        raise
+    except TimeoutError:
+        raise DialTimeout(outbound, "tls", "no TLS handshake before the deadline") from None
+    except ssl.SSLError as exc:
+        raise _classify(outbound, exc) from None
+    except (OSError, HonkError) as exc:
+        raise TlsFailed(outbound, "handshake", f"the connection failed during the handshake: {exc}") from None
+
+
 async def tls_connect(
     sock: socket.socket,
     context: ssl.SSLContext,
@@ -265,7 +332,7 @@ async def tls_connect(
     loop = asyncio.get_running_loop()
     resuming = isinstance(context, _ResumingContext)
     token = None
-    try:
+    with _typed(outbound):
         try:
             if resuming:
                 key = (sock.getpeername()[:2], server_name)
@@ -280,14 +347,108 @@ async def tls_connect(
         finally:
             if token is not None:
                 _offered.reset(token)
-    except TimeoutError:
-        raise DialTimeout(outbound, "tls", "no TLS handshake before the deadline") from None
-    except ssl.SSLError as exc:
-        raise _classify(outbound, exc) from None
-    except (OSError, HonkError) as exc:
-        raise TlsFailed(outbound, "handshake", f"the connection failed during the handshake: {exc}") from None
     if resuming:
         connection = transport.get_extra_info("ssl_object")
         if connection is not None:
             context.learn(key, connection, clock.now())
     return conn
+
+
+@dataclass(slots=True)
+class TlsConnection:
+    """A client handshake finished by :func:`tls_handshake`: the socket, and the ``SSLObject``
+    with its two memory BIOs, for the relay engine to drive from here on."""
+
+    sock: socket.socket
+    sslobj: ssl.SSLObject
+    incoming: ssl.MemoryBIO
+    outgoing: ssl.MemoryBIO
+    # for the relay to call once it gave the connection back (resumption: the session may be read)
+    on_release: Callable[[], None] | None = None
+
+    async def send(self, data: bytes) -> None:
+        """``data`` sealed and sent, before the relay owns the connection (a request header)."""
+        self.sslobj.write(data)
+        await asyncio.get_running_loop().sock_sendall(self.sock, self.outgoing.read())
+
+
+async def tls_handshake(
+    sock: socket.socket,
+    context: ssl.SSLContext,
+    server_name: str,
+    clock: Clock,
+    deadline: float,
+    outbound: str,
+) -> TlsConnection:
+    """TLS over the connected non-blocking ``sock`` through memory BIOs, for the relay engine.
+
+    The same deadline, resumption and failures as :func:`tls_connect` (``sock`` is closed on
+    failure), but no asyncio transport: the result's ``SSLObject`` goes to the relay engine,
+    which moves the records itself (:class:`honk.proto.tls_framing.TlsFraming`).
+    """
+    loop = asyncio.get_running_loop()
+    resuming = isinstance(context, _ResumingContext)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    with _typed(outbound):
+        try:
+            if resuming:
+                key = (sock.getpeername()[:2], server_name)
+                sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name,
+                                          session=context.offer(key, clock.now()))
+            else:
+                sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+            async with timeout_at(clock, deadline):
+                await _drive_handshake(loop, sock, sslobj, incoming, outgoing)
+                connection = TlsConnection(sock, sslobj, incoming, outgoing)
+                if resuming and context.learn_relayed(key, sslobj, clock.now()):
+                    _take_early_ticket(connection, outbound)
+                    if not context.take_relayed(key, sslobj, clock.now(), final=False):
+                        # no ticket yet: its session is taken once the relay has given it back
+                        connection.on_release = lambda: context.take_relayed(
+                            key, sslobj, clock.now(), final=True)
+        except BaseException:
+            sock.close()
+            raise
+    return connection
+
+
+async def _drive_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, sslobj: ssl.SSLObject,
+                           incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
+    while True:
+        try:
+            sslobj.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        if data := outgoing.read():
+            await loop.sock_sendall(sock, data)
+        if done:
+            return
+        data = await loop.sock_recv(sock, HANDSHAKE_READ)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        incoming.write(data)
+
+
+def _take_early_ticket(connection: TlsConnection, outbound: str) -> None:
+    """Read the records that already arrived after the server's Finished (a TLS 1.3 server often
+    sends its session tickets with it), so the session can be taken before the handover.
+
+    Only bytes already here are read, and before the request header is sent, so the server
+    cannot have said anything yet (Trojan and VLESS servers answer the request)."""
+    try:
+        data = connection.sock.recv(HANDSHAKE_READ)
+    except (BlockingIOError, InterruptedError):
+        data = b""
+    except OSError:
+        return  # the relay meets the error on its first read
+    if data:
+        connection.incoming.write(data)
+    try:
+        early = connection.sslobj.read(1)
+    except ssl.SSLWantReadError:
+        return
+    except ssl.SSLError:
+        return  # the relay meets a broken record on its own read and types it
+    if early:
+        raise TlsFailed(outbound, "handshake", "the server sent data before the request")

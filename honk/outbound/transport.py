@@ -5,7 +5,9 @@
 the verification booleans and the node's own ``ca`` file); :func:`open_transport`
 dials the node's server through its leaf and stacks TLS and the WebSocket upgrade
 on it, under the dial deadline. The result is a :class:`~honk.outbound.channel.Channel` the protocol's
-codec stacks on next.
+codec stacks on next. :func:`open_tls` is the TCP + TLS transport without a channel: the
+handshake over memory BIOs (:func:`~honk.outbound.tls.tls_handshake`) whose ``SSLObject``
+the relay engine then drives (:mod:`honk.proto.tls_framing`).
 
 Failures keep their phases: ``resolve``/``connect`` from the leaf's connector,
 ``tls`` from :mod:`honk.outbound.tls`, ``handshake`` for a refused or foreign
@@ -20,11 +22,18 @@ from dataclasses import dataclass
 from honk.core.errors import ConfigRefused, DialError, UpstreamFailed
 from honk.outbound.channel import Channel, WsChannel
 from honk.outbound.proxy import ProxyLeaf, ServerClosed, handshake_scope
-from honk.outbound.tls import ca_path, client_context, tls_connect, tls_verification
+from honk.outbound.tls import (
+    TlsConnection,
+    ca_path,
+    client_context,
+    tls_connect,
+    tls_handshake,
+    tls_verification,
+)
 from honk.proto.websocket import WebSocketError, client_handshake, parse_handshake_response
 from honk.relay.stream import StreamConn
 
-__all__ = ["TransportSpec", "open_transport"]
+__all__ = ["TransportSpec", "open_tls", "open_transport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,11 @@ class TransportSpec:
     def plain(self) -> bool:
         """TCP with nothing stacked on it: a protocol framed by the relay engine can run on the socket itself."""
         return self.network == "tcp" and not self.tls
+
+    @property
+    def tls_only(self) -> bool:
+        """TCP with TLS and nothing else: the relay engine can carry the records itself (:func:`open_tls`)."""
+        return self.network == "tcp" and self.tls
 
     @classmethod
     def from_params(cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False) -> TransportSpec:
@@ -89,6 +103,14 @@ async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) 
         conn.abort()
         raise
     return WsChannel(conn)
+
+
+async def open_tls(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> TlsConnection:
+    """The node's server reached and TLS done over memory BIOs, for a transport that is
+    :attr:`TransportSpec.tls_only`: no asyncio transport, the relay engine drives the records."""
+    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name)  # refused before any connect
+    sock = await leaf.connect_server(deadline)
+    return await tls_handshake(sock, context, spec.server_name or leaf.server.host, leaf.clock, deadline, leaf.name)
 
 
 async def _upgrade(conn: StreamConn, leaf: ProxyLeaf, host: str, path: str, deadline: float) -> None:

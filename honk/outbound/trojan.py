@@ -10,7 +10,9 @@ site (bytes honk cannot tell from the target's), one without closes at once
 (v2ray 4.34: under a millisecond after the request, on loopback). That close
 before any byte is the best signal there is: the flow ends with a
 ``closed-before-data`` :class:`~honk.proto.trojan.TrojanError`, logged by the
-bridge (:mod:`honk.outbound.bridge`). A target that accepts and closes
+bridge (:mod:`honk.outbound.bridge`), or, over TCP + TLS, where the relay
+engine carries the records itself (:class:`~honk.proto.tls_framing.TlsFraming`),
+the flow's end. A target that accepts and closes
 without a byte ends the same way; its client sees the same EOF either way.
 A server that stays silent is not an error (the target may have nothing to
 say yet): the relay's idle timeout ends such a flow, and there is no
@@ -62,7 +64,7 @@ class TrojanOutbound(StackedLeaf):
         def at_eof() -> None:
             watch.feed(b"")  # raises closed-before-data if the server never sent a byte
 
-        return Stream(header, watch.feed, at_eof)
+        return Stream(header, watch.feed, at_eof, response=watch)
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None

@@ -4,7 +4,9 @@ VLESS carries no encryption of its own, so links normally put it over TLS
 (``security=tls``).
 
 Failures after the dial end the flow through the bridge
-(:mod:`honk.outbound.bridge`), which logs them with their reason:
+(:mod:`honk.outbound.bridge`), which logs them with their reason, or, over
+TCP + TLS, where the relay engine strips the response header itself
+(:class:`~honk.proto.tls_framing.TlsFraming`), as the flow's end:
 
 * a server that refuses the UUID closes without answering (v2ray 4.34 does
   so as soon as it has read the header): ``no-response``;
@@ -81,7 +83,7 @@ def _response_stream(client: VlessClient) -> Stream:
         if not decoder.header_done:
             decoder.feed(b"")  # raises no-response or truncated-header
 
-    return Stream(client.request_header(), decoder.feed, at_eof)
+    return Stream(client.request_header(), decoder.feed, at_eof, response=decoder)
 
 
 class VlessUdpCodec:

@@ -23,6 +23,7 @@ having sent nothing. :class:`TrojanStreamWatch` turns that close into
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import struct
 
@@ -115,16 +116,32 @@ class TrojanStreamWatch:
         """Whether the server has sent at least one byte."""
         return self._seen
 
+    @property
+    def answered(self) -> bool:
+        """The same as :attr:`seen`, under the name the relays' framings use."""
+        return self._seen
+
+    pending = False  # no response header: an EOF is never inside one
+
+    def error_for(self, err: int) -> TrojanError:
+        """The typed error for a relay engine's FRAMING_* errno about this stream: an EOF
+        before any byte (ENOMSG) is ``closed-before-data``; Trojan has no other verdict."""
+        if err == errno.ENOMSG:
+            return _closed_before_data()
+        return TrojanError("bad-framing", f"the relay reported errno {err}")
+
     def feed(self, data: bytes) -> bytes:
         """``data`` itself; ``b""`` means EOF, a :class:`TrojanError` (``closed-before-data``) if nothing came."""
         if data:
             self._seen = True
             return data
         if not self._seen:
-            raise TrojanError(
-                "closed-before-data", "the server closed without sending a byte (wrong password?)"
-            )
+            raise _closed_before_data()
         return b""
+
+
+def _closed_before_data() -> TrojanError:
+    return TrojanError("closed-before-data", "the server closed without sending a byte (wrong password?)")
 
 
 # --- UDP -------------------------------------------------------------------------

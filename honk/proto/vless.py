@@ -23,6 +23,7 @@ the layout and its address-type numbering, which differs from SOCKS5's.
 from __future__ import annotations
 
 import enum
+import errno
 import ipaddress
 import struct
 import uuid as uuidlib
@@ -203,11 +204,37 @@ class VlessResponseDecoder:
         self._buf = bytearray()
         self._done = False
         self._failed: VlessProtocolError | None = None
+        self._received = False
+
+    @property
+    def version(self) -> int:
+        """The version the response must echo."""
+        return self._version
 
     @property
     def header_done(self) -> bool:
         """Whether the response header has been read in full."""
         return self._done
+
+    @property
+    def answered(self) -> bool:
+        """Whether any byte of the response arrived (EOF before one is ``no-response``)."""
+        return self._received
+
+    @property
+    def pending(self) -> bool:
+        """Whether part of the response header is kept (EOF now is ``truncated-header``)."""
+        return not self._done and bool(self._buf)
+
+    def error_for(self, err: int, version: int | None = None) -> VlessProtocolError:
+        """The typed error for a relay engine's FRAMING_* errno about this response (as :meth:`feed`
+        raises it): ENOMSG ``no-response``, ENODATA ``truncated-header``, anything else
+        ``bad-version`` (``version``: the byte the server sent, when known)."""
+        if err == errno.ENOMSG:
+            return _no_response()
+        if err == errno.ENODATA:
+            return _truncated_header()
+        return VlessProtocolError("bad-version", "" if version is None else f"version {version}")
 
     @property
     def failed(self) -> bool:
@@ -227,10 +254,9 @@ class VlessResponseDecoder:
             return bytes(data)
         if not data:
             if not self._buf:  # the header is kept until complete, so nothing came at all
-                self._fail(
-                    VlessProtocolError("no-response", "the server closed before answering (wrong id?)")
-                )
-            self._fail(VlessProtocolError("truncated-header", "EOF inside the response header"))
+                self._fail(_no_response())
+            self._fail(_truncated_header())
+        self._received = True
         self._buf += data
         buf = self._buf
         if buf[0] != self._version:
@@ -249,6 +275,14 @@ class VlessResponseDecoder:
         self._failed = error
         self._buf = bytearray()
         raise error
+
+
+def _no_response() -> VlessProtocolError:
+    return VlessProtocolError("no-response", "the server closed before answering (wrong id?)")
+
+
+def _truncated_header() -> VlessProtocolError:
+    return VlessProtocolError("truncated-header", "EOF inside the response header")
 
 
 # --- UDP -------------------------------------------------------------------------

@@ -118,6 +118,8 @@ class _Side(asyncio.Protocol):
             if tail:
                 self.peer.send(tail)
         self.read_done = True
+        if relay.half_closed_at is None:
+            relay.half_closed_at = relay.clock.now()
         self.peer.shutdown_write()
         self.relay._maybe_finish()
         return True
@@ -179,6 +181,7 @@ class CopyRelay:
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_activity = clock.now()
+        self.half_closed_at: float | None = None  # clock time of the first EOF (the tracker's linger)
         self._client = _Side(self, is_client=True)
         self._upstream = _Side(self, is_client=False)
         self._client.peer = self._upstream

@@ -158,6 +158,7 @@ class NativeRelay:
         self.last_activity = clock.now()
         self.first_byte_at: float | None = None  # CLOCK_MONOTONIC seconds of the first upstream byte
         self.half_closed = 0  # bit 0: client EOF forwarded upstream; bit 1: upstream EOF forwarded
+        self.half_closed_since: float | None = None  # clock time of the first EOF forwarded (the tracker's linger)
         self._engine = engine
         self._id: int | None = None
         self._base_up = 0  # preamble bytes, sent before the engine counts
@@ -197,6 +198,11 @@ class NativeRelay:
     @property
     def error(self) -> HonkError | None:
         return self._copy.error if self._copy is not None else self._error
+
+    @property
+    def half_closed_at(self) -> float | None:
+        """When the flow's first direction ended (None: both still open), whichever engine runs it."""
+        return self._copy.half_closed_at if self._copy is not None else self.half_closed_since
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -286,6 +292,8 @@ class NativeRelay:
                 self._observe(self._seen[0], max(self._seen[1], 1))
         elif kind == _relay.EV_HALF_CLOSE:
             self.half_closed |= 1 << a
+            if self.half_closed_since is None:
+                self.half_closed_since = self.clock.now()
         elif kind == _relay.EV_END:
             self._id = None
             self._ended = True

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.proc import UNRETRIEVED
 from honk.core.clock import Clock
 from honk.daemon.app import Daemon
+
+TESTS_DIR = Path(__file__).resolve().parent.parent  # where a test's own coroutines are defined
 
 # the mixed inbound on a free loopback port (the tests read it back from daemon.inbounds["lan"])
 WARM_SETTLE = 10.0  # seconds the first warm-up passes may take (a dial each, bounded by connect_timeout)
@@ -51,19 +56,60 @@ def api_block(secret: str, extra: str = "") -> str:
 """
 
 
+class UnretrievedWatch(logging.Handler):
+    """The log records of an in-process daemon that report an exception nobody retrieved: honk's
+    loop guard logs them on ``honk`` while it is installed, asyncio's own handler on ``asyncio``
+    before and after. A task of the test's own (its coroutine defined under tests/, such as one
+    a test drops on purpose to see the loop guard report it) is the test's business, not the
+    daemon's, and is left out."""
+
+    LOGGERS = ("honk", "asyncio")
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if UNRETRIEVED.search(message) and not _raised_in_test_code(record):
+            self.found.append(f"{record.name}: {message}\n{self.format(record)}")
+
+    def __enter__(self) -> UnretrievedWatch:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
+
+
+def _raised_in_test_code(record: logging.LogRecord) -> bool:
+    """Whether the unretrieved exception came out of a coroutine a test module defined: the
+    traceback's outermost frame is the failed task's coroutine."""
+    if not record.exc_info or record.exc_info[2] is None:
+        return False
+    outermost = Path(record.exc_info[2].tb_frame.f_code.co_filename).resolve()
+    return outermost.is_relative_to(TESTS_DIR)
+
+
 @contextlib.asynccontextmanager
 async def running_daemon(tmp_path: Path, config_text: str,
                          clock: Clock | None = None) -> AsyncIterator[Daemon]:
-    """A daemon started from ``config_text`` written to ``tmp_path/honk.dae``, shut down on exit."""
+    """A daemon started from ``config_text`` written to ``tmp_path/honk.dae``, shut down on exit.
+    Fails the test if the daemon's log reported an exception nobody retrieved."""
     config = tmp_path / "honk.dae"
     config.write_text(config_text)
-    daemon = Daemon(config, clock=clock)
-    await daemon.start()
-    await asyncio.wait_for(daemon.warm.rested(), WARM_SETTLE)  # its first warm-up passes done
-    try:
-        yield daemon
-    finally:
-        await daemon.shutdown(0.0)
+    with UnretrievedWatch() as watch:
+        daemon = Daemon(config, clock=clock)
+        await daemon.start()
+        await asyncio.wait_for(daemon.warm.rested(), WARM_SETTLE)  # its first warm-up passes done
+        try:
+            yield daemon
+        finally:
+            await daemon.shutdown(0.0)
+            gc.collect()  # a dropped task's exception is reported when the task is collected
+    assert not watch.found, "the daemon logged exceptions nobody retrieved:\n" + "\n".join(watch.found)
 
 
 def api_port(daemon: Daemon) -> int:

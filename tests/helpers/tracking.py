@@ -11,6 +11,7 @@ class FakeHandle:
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_activity = clock.now()
+        self.half_closed_at: float | None = None  # when one direction ended (the half-close timeout)
         self.closed_with: list[HonkError | None] = []
 
     def close(self, reason: HonkError | None = None) -> None:

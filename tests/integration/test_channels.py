@@ -15,9 +15,11 @@ import os
 import socket
 import struct
 
+import pytest
+from helpers.descriptors import descriptors_exhausted
 from helpers.sockets import tcp_pair
 
-from honk.core.errors import HonkError, UpstreamFailed
+from honk.core.errors import CapacityRefused, HonkError, UpstreamFailed
 from honk.outbound.bridge import BridgeEnd, bridge_stream, relay_end, upstream_failure
 from honk.outbound.channel import CodecChannel, WsChannel
 from honk.relay.stream import StreamConn
@@ -205,3 +207,52 @@ def test_a_non_honk_error_becomes_an_upstream_failure_caused_by_that_one_object(
     assert isinstance(first, UpstreamFailed) and first.__cause__ is shared and second.__cause__ is shared
     typed = _Truncated("stopped")
     assert upstream_failure(typed) is typed
+
+
+def test_a_bridge_with_no_descriptor_left_is_a_capacity_refusal_and_closes_the_server_side(run) -> None:
+    async def main() -> bytes:
+        loop = asyncio.get_running_loop()
+        near, far = tcp_pair()
+        conn = await _stream_conn(near)
+        with descriptors_exhausted():
+            with pytest.raises(CapacityRefused) as refused:
+                bridge_stream(conn, "n1")
+        assert "n1: no socketpair" in str(refused.value)  # a local refusal: no node is charged for it
+        try:
+            return await asyncio.wait_for(loop.sock_recv(far, 65536), STEP)  # the server sees the end
+        finally:
+            far.close()
+
+    assert run(main()) == b""
+
+
+def test_a_bridge_whose_relay_flow_ended_lets_go_of_a_server_that_holds_its_side(run) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        near, far = tcp_pair()
+        end = BridgeEnd()
+        plain = bridge_stream(await _stream_conn(near), end=end)
+        await loop.sock_sendall(plain, b"request")
+        plain.shutdown(socket.SHUT_WR)  # the client is done: its EOF reaches the server
+        assert await asyncio.wait_for(_recv_until_eof(loop, far), STEP) == b"request"
+        plain.close()  # the relay's flow is over (its half-close timeout, say); the server stays
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert end.pump is not None and not end.pump.done()  # an EOF alone cannot tell it apart
+        end.relay_ended()
+        await asyncio.wait([end.pump], timeout=STEP)
+        assert end.pump.done()
+        with pytest.raises(OSError):  # the server's side was closed under the server
+            for _ in range(100):
+                await loop.sock_sendall(far, b"x" * 65536)
+        far.close()
+        assert end.failure is None  # the flow was not the server's failure
+
+    run(main())
+
+
+async def _recv_until_eof(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := await loop.sock_recv(sock, 65536):
+        out += chunk
+    return out

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+from helpers.descriptors import descriptors_exhausted
 from helpers.sockets import open_fds, reset, tcp_pair, unix_pair
 
 from honk._fast import relay as fast_relay
@@ -185,6 +186,36 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
             assert up == [total, _expected_digest(total)]
             assert down == [total, _expected_digest(total)]
             assert (relay.bytes_up, relay.bytes_down) == (total, total)
+
+    _expected_digest(total)
+    run(main())
+
+
+def test_a_bulk_flow_with_no_descriptor_for_a_pipe_copies_instead_of_ending(run, engine_name, listener) -> None:
+    if engine_name == "copy":
+        pytest.skip("the copy relay takes no pipes")
+    total = 8 * MiB
+
+    async def main() -> None:
+        with one_tcp_flow(engine_name, listener) as (engines, flow):
+            relay = engines.relay()
+            await flow.client_conn()
+            up: list = []
+            down: list = []
+            with descriptors_exhausted(spare=1):  # the relay's dup of the client fits, a pipe does not
+                task = await flow.start(relay)
+                threads = [
+                    threading.Thread(target=_send_all, args=(flow.lan, total)),
+                    threading.Thread(target=_send_all, args=(flow.remote, total)),
+                    threading.Thread(target=_hash_until_eof, args=(flow.remote, up)),
+                    threading.Thread(target=_hash_until_eof, args=(flow.lan, down)),
+                ]
+                for t in threads:
+                    t.start()
+                await asyncio.to_thread(lambda: [t.join() for t in threads])
+                await asyncio.wait_for(task, STEP)
+            assert up == [total, _expected_digest(total)]
+            assert down == [total, _expected_digest(total)]
 
     _expected_digest(total)
     run(main())

@@ -274,15 +274,22 @@ def test_v2ray_rows_are_skipped_when_v2ray_is_missing(monkeypatch: pytest.Monkey
 def test_v2ray_targets_ask_bulk_and_connection_rate_of_the_v2ray_client() -> None:
     got = relay.v2ray_targets(relay.FULL, "trojan")
     assert {t.peer for t in got} == {"v2ray:trojan"}
+    # over TLS honk is held to 1.5 x the client's bulk: its records cross no Python code
     assert {(t.metric, t.op, t.factor) for t in got} == {
-        ("bulk_up_1", ">=", 1.0), ("bulk_down_1", ">=", 1.0), ("rate_16", ">=", 1.0), ("rate_64", ">=", 1.0)}
+        ("bulk_up_1", ">=", 1.5), ("bulk_down_1", ">=", 1.5), ("rate_16", ">=", 1.0), ("rate_64", ">=", 1.0)}
     assert relay.V2raySink("trojan", 1).targets(relay.FULL) == got
+    assert {(t.metric, t.factor) for t in relay.v2ray_targets(relay.FULL, "vmess")} == {
+        ("bulk_up_1", 1.0), ("bulk_down_1", 1.0), ("rate_16", 1.0), ("rate_64", 1.0)}
 
 
-def test_ss_targets_stay_bulk_and_cpu_against_ss_local() -> None:
-    got = relay.SsSink("chacha", 1, method="chacha20-ietf-poly1305").targets(relay.FULL)
+def test_ss_targets_hold_bulk_cpu_and_connection_rate_against_ss_local() -> None:
+    sink = relay.SsSink("chacha", 1, method="chacha20-ietf-poly1305")
+    got = sink.targets(relay.FULL)
     assert {t.peer for t in got} == {"ss-local:chacha"}
-    assert {t.metric for t in got} == {"bulk_up_1", "bulk_down_1", "cpu_up_1", "cpu_down_1"}
+    assert {(t.metric, t.factor) for t in got} == {
+        ("bulk_up_1", 1.0), ("bulk_down_1", 1.0), ("cpu_up_1", 1.0), ("cpu_down_1", 1.0),
+        ("rate_16", 0.8), ("rate_64", 0.8)}
+    assert sink.rate  # so the pair's connection rate is measured at all
 
 
 def test_a_pair_is_judged_against_its_own_peer() -> None:

@@ -9,7 +9,7 @@ from helpers.tracking import FakeHandle
 
 from honk.connection.tracker import ConnectionInfo, ConnectionTracker
 from honk.core.clock import FakeClock
-from honk.core.errors import FlowClosed, IdleTimeout
+from honk.core.errors import FlowClosed, HalfCloseTimeout, IdleTimeout
 from honk.core.net import Address, Network
 
 
@@ -187,3 +187,47 @@ def test_totals_keep_the_bytes_of_ended_flows_and_count_live_ones_so_far() -> No
     second.bytes_up = 7
     assert tracker.totals() == (107, 1050)
     assert tracker.opened == 2
+
+
+# --- the half-close timeout --------------------------------------------------------------------
+
+
+def test_a_half_closed_flow_silent_for_the_half_close_timeout_is_closed() -> None:
+    clock = FakeClock()
+    tracker = ConnectionTracker(clock)
+    handle = FakeHandle(clock)
+    handle.half_closed_at = clock.now()  # the client's FIN went upstream; the server holds its side
+    _open(tracker, handle)
+    clock.advance(9.9)
+    assert tracker.sweep_idle(clock.now(), 300, 60, 10.0) == []
+    clock.advance(0.1)
+    assert len(tracker.sweep_idle(clock.now(), 300, 60, 10.0)) == 1
+    [reason] = handle.closed_with
+    assert isinstance(reason, HalfCloseTimeout)
+    assert isinstance(reason, FlowClosed)  # honk's own decision: neutral for the node
+
+
+def test_a_half_closed_flow_that_still_moves_bytes_is_kept() -> None:
+    clock = FakeClock()
+    tracker = ConnectionTracker(clock)
+    handle = FakeHandle(clock)
+    handle.half_closed_at = clock.now()  # the client is done; the server is still answering
+    _open(tracker, handle)
+    for _ in range(5):
+        clock.advance(8.0)
+        handle.last_activity = clock.now()
+        assert tracker.sweep_idle(clock.now(), 300, 60, 10.0) == []
+    assert handle.closed_with == []
+
+
+def test_an_open_flow_only_waits_for_the_idle_timeout_and_zero_turns_the_linger_off() -> None:
+    clock = FakeClock()
+    tracker = ConnectionTracker(clock)
+    open_handle, half_handle = FakeHandle(clock), FakeHandle(clock)
+    half_handle.half_closed_at = clock.now()
+    _open(tracker, open_handle)
+    _open(tracker, half_handle)
+    clock.advance(60.0)
+    assert tracker.sweep_idle(clock.now(), 300, 60, 0.0) == []
+    assert len(tracker.sweep_idle(clock.now(), 300, 60, 10.0)) == 1
+    assert open_handle.closed_with == [] and len(half_handle.closed_with) == 1

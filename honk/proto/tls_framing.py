@@ -1,0 +1,221 @@
+"""A Trojan or VLESS stream over TLS, relayed by the relay engine itself (``DialedStream.framing``).
+
+The outbound (:mod:`honk.outbound.stacked`) runs the TLS handshake in Python over
+memory BIOs (:func:`honk.outbound.tls.tls_handshake`) and sends the protocol's
+request header through it; from then on the relay owns the ``SSLObject`` and
+moves the records itself:
+
+* the compiled engine (:mod:`honk._fast.relay_c`) drives the ``SSL*`` behind the
+  object from its worker thread, without the GIL (:attr:`TlsFraming.sslobj`,
+  :attr:`TlsFraming.strip_header`);
+* the twin and the asyncio copy relay go through :attr:`TlsFraming.encryptor`
+  and :attr:`TlsFraming.decryptor`, as for the other framings.
+
+What the server's side must look like depends on the inner protocol (the
+``response`` object of :mod:`honk.proto.trojan` or :mod:`honk.proto.vless`):
+Trojan passes the target's bytes as they are, but an EOF before any byte is
+``closed-before-data``; VLESS strips ``version addons-length addons`` first
+(``no-response``, ``truncated-header``, ``bad-version``). A record that does not
+decrypt or parse, or an alert from the server, is a :class:`TlsStreamError`.
+A close_notify or a TCP EOF between records is the server's clean half-close.
+
+Ownership: once a relay took the framing (:meth:`TlsFraming.claim`) nothing
+else may touch the ``SSLObject`` (the compiled engine's worker may be inside
+OpenSSL with it) until the relay gives it back with :meth:`TlsFraming.released`,
+after the flow's END was delivered.
+"""
+
+from __future__ import annotations
+
+import errno
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from honk.core.errors import CodecError, HonkError
+from honk.proto.trojan import TrojanError, TrojanStreamWatch
+from honk.proto.vless import VlessError, VlessResponseDecoder
+
+__all__ = ["TlsFraming", "TlsStreamError"]
+
+READ_CHUNK = 256 * 1024  # plaintext asked per SSLObject.read on the Python relays (bytes)
+
+
+class TlsStreamError(CodecError):
+    """The server's TLS records broke after the handshake: ``alert`` (the server sent a fatal
+    alert) or ``bad-record`` (a record that does not decrypt or parse)."""
+
+    protocol = "tls"
+
+
+def tls_stream_error(detail: str) -> TlsStreamError:
+    """The typed error for an OpenSSL failure while reading records (its reason text)."""
+    return TlsStreamError("alert" if "ALERT" in detail.upper() else "bad-record", detail)
+
+
+class _Sealer:
+    """Client bytes -> TLS records (what the copy relays call ``encryptor``)."""
+
+    __slots__ = ("_framing",)
+
+    def __init__(self, framing: TlsFraming) -> None:
+        self._framing = framing
+
+    def encrypt(self, data: bytes) -> bytes:
+        framing = self._framing
+        if data:
+            framing.sslobj.write(data)  # a memory BIO takes all of it
+        return framing.outgoing.read()  # also what reading made SSL want to send (a KeyUpdate)
+
+
+class _Opener:
+    """TLS records -> the inner protocol's plaintext (what the copy relays call ``decryptor``)."""
+
+    __slots__ = ("_framing", "closed")
+
+    def __init__(self, framing: TlsFraming) -> None:
+        self._framing = framing
+        self.closed = False  # the server's close_notify arrived: its side is over
+
+    @property
+    def pending(self) -> bool:
+        """Whether an EOF now cuts the inner protocol's response header."""
+        return bool(self._framing.response.pending)
+
+    def feed(self, data: bytes) -> bytes:
+        framing = self._framing
+        if self.closed:
+            return b""  # nothing after close_notify counts
+        if data:
+            framing.incoming.write(data)
+        plain = bytearray()
+        while True:
+            try:
+                chunk = framing.sslobj.read(READ_CHUNK)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                self.closed = True
+                break
+            except ssl.SSLError as exc:
+                raise framing.failed(tls_stream_error(exc.reason or str(exc))) from None
+            if not chunk:  # close_notify, reported as EOF while our own is not sent yet
+                self.closed = True
+                break
+            plain += chunk
+        if not plain:
+            return b""
+        try:
+            return framing.response.feed(bytes(plain))
+        except HonkError as exc:
+            raise framing.failed(exc) from None
+
+
+class TlsFraming:
+    """A TLS connection past its handshake (and the request header), for the relay to carry.
+
+    ``response`` reads the server's side of the inner protocol: a
+    :class:`~honk.proto.trojan.TrojanStreamWatch` or a
+    :class:`~honk.proto.vless.VlessResponseDecoder`. ``on_release`` runs once the
+    relay gave the connection back (the TLS session may be read again then).
+    """
+
+    kind = "tls"
+    auth_errors: tuple[type[HonkError], ...] = ()
+
+    def __init__(
+        self,
+        sslobj: ssl.SSLObject,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        response: TrojanStreamWatch | VlessResponseDecoder,
+        on_release: Callable[[], None] | None = None,
+    ) -> None:
+        self.sslobj = sslobj
+        self.incoming = incoming
+        self.outgoing = outgoing
+        self.response = response
+        # VLESS: the engine strips the response header itself (its version must be this byte)
+        self.strip_header = isinstance(response, VlessResponseDecoder)
+        self.version = response.version if isinstance(response, VlessResponseDecoder) else 0
+        inner = VlessError if self.strip_header else TrojanError
+        self.errors: tuple[type[HonkError], ...] = (TlsStreamError, inner)
+        self.encryptor = _Sealer(self)
+        self.decryptor = _Opener(self)
+        self._on_release = on_release
+        self._claimed = False
+        self._released = False
+        self._failure: HonkError | None = None  # what the Python relays' reading raised
+        self._tls_detail = ""  # the compiled engine's OpenSSL reason for a broken record or an alert
+        self._bad_version: int | None = None  # the compiled engine's VLESS version byte that did not match
+
+    def __repr__(self) -> str:
+        return f"TlsFraming(strip_header={self.strip_header}, claimed={self._claimed})"
+
+    @property
+    def answered(self) -> bool:
+        """Whether the server sent any plaintext (EOF before it: the inner protocol's refusal)."""
+        return bool(self.response.answered)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether a relay owns the connection now."""
+        return self._claimed and not self._released
+
+    def claim(self) -> None:
+        """A relay takes the connection over; ValueError if one already did (a connection has
+        one owner, or two threads could drive one ``SSL*``)."""
+        if self._claimed:
+            raise ValueError("framing: this TLS connection is already relayed")
+        self._claimed = True
+
+    def unclaim(self) -> None:
+        """The relay that claimed it refused the flow before touching it."""
+        self._claimed = False
+
+    def released(self, tls_detail: str = "", bad_version: int | None = None) -> None:
+        """The relay is done with the connection (its END was delivered); ``tls_detail`` and
+        ``bad_version`` are the compiled engine's words on what ended it."""
+        if self._released:
+            return
+        self._released = True
+        if tls_detail:
+            self._tls_detail = tls_detail
+        if bad_version is not None:
+            self._bad_version = bad_version
+        hook, self._on_release = self._on_release, None
+        if hook is not None:
+            hook()
+
+    def failed(self, error: HonkError) -> HonkError:
+        """Note ``error`` as the reason the server's side broke (the first one counts)."""
+        if self._failure is None:
+            self._failure = error
+        return error
+
+    def end(self) -> bytes:
+        """What the client's EOF sends before the upstream's FIN: our close_notify."""
+        try:
+            self.sslobj.unwrap()
+        except ssl.SSLWantReadError:
+            pass  # the server's close_notify has not come: it may still answer
+        except ssl.SSLError:
+            pass  # nothing can be sent any more; the FIN still goes
+        return self.outgoing.read()
+
+    def take_outgoing(self) -> bytes:
+        """What reading made SSL want to send (a KeyUpdate reply, say): it goes upstream next."""
+        return self.outgoing.read()
+
+    def error_for(self, err: int) -> HonkError:
+        """The typed error for a relay engine's FRAMING_* errno."""
+        if self._failure is not None:
+            return self._failure
+        if self._tls_detail:
+            return tls_stream_error(self._tls_detail)
+        response: Any = self.response
+        if err == errno.EPROTO and not self.strip_header:
+            return TlsStreamError("bad-record", "the relay reported a broken record")
+        if isinstance(response, VlessResponseDecoder):
+            return response.error_for(err, self._bad_version)
+        return response.error_for(err)

@@ -1,0 +1,313 @@
+"""TLS flows (Trojan or VLESS over TLS, a ``TlsFraming``) through the relay engines, on socket pairs.
+
+Engines: ``compiled`` (relay_c, which drives the SSLObject's ``SSL*`` from its worker) and
+``twin`` (relay_py, through the framing's encryptor/decryptor); every test runs on asyncio
+and uvloop. The handshake is done in memory before the flow starts (as ``tls_handshake``
+leaves it); the test then plays the server with its own server-side SSLObject over ``srv``,
+the engine's upstream. Certificates come from a CA made here (trustme).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+
+import pytest
+import trustme
+from helpers.engines import (
+    STEP,
+    FramedServer,
+    framed_rig,
+    poll,
+    recv_exactly,
+    recv_until_eof,
+    upstream_failure,
+)
+from helpers.sockets import tcp_pair, unix_pair
+
+from honk._fast import relay_py
+from honk.proto.tls_framing import TlsFraming, TlsStreamError
+from honk.proto.trojan import TrojanError, TrojanStreamWatch
+from honk.proto.vless import VlessProtocolError, VlessResponseDecoder
+
+MiB = 1024**2
+RECORD = 16384  # TLS's largest plaintext per record
+
+
+@pytest.fixture(scope="module")
+def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    ca = trustme.CA()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(client)
+    return client, server
+
+
+class TlsServer(FramedServer):
+    """The test's TLS server end of one flow: ``take`` opens records, ``seal`` makes them."""
+
+    def __init__(self, sock: socket.socket, sslobj: ssl.SSLObject, incoming: ssl.MemoryBIO,
+                 outgoing: ssl.MemoryBIO) -> None:
+        self.sock = sock
+        self.ssl = sslobj
+        self.incoming = incoming
+        self.outgoing = outgoing
+        self.close_notify = False  # the client's close_notify arrived
+
+    def take(self, data: bytes) -> bytes:
+        self.incoming.write(data)
+        out = bytearray()
+        while True:
+            try:
+                chunk = self.ssl.read(1 << 20)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                self.close_notify = True
+                break
+            if not chunk:
+                self.close_notify = True
+                break
+            out += chunk
+        return bytes(out)
+
+    def seal(self, data: bytes) -> bytes:
+        self.ssl.write(data)
+        return self.outgoing.read()
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.sock, self.seal(data))
+
+    async def send_records(self, *parts: bytes) -> None:
+        """One record per part, sent apart (so the engine reads them one by one)."""
+        for part in parts:
+            await self.send(part)
+            await asyncio.sleep(0.01)
+
+    async def close_notify_and_fin(self) -> None:
+        try:
+            self.ssl.unwrap()
+        except ssl.SSLWantReadError:
+            pass
+        await asyncio.get_running_loop().sock_sendall(self.sock, self.outgoing.read())
+        self.sock.shutdown(socket.SHUT_WR)
+
+
+def handshake(contexts: tuple[ssl.SSLContext, ssl.SSLContext]):
+    """A finished handshake in memory: (client SSLObject, its BIOs, server SSLObject, its BIOs, the
+    server's bytes still owed to the client: TLS 1.3 session tickets)."""
+    client_ctx, server_ctx = contexts
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname="localhost")
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    done = [False, False]
+    while not all(done):
+        for i, (obj, out, peer_in) in enumerate(((client, c_out, s_in), (server, s_out, c_in))):
+            if not done[i]:
+                try:
+                    obj.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+            if i == 0:
+                peer_in.write(out.read())
+            elif not all(done):
+                peer_in.write(out.read())
+    return client, c_in, c_out, server, s_in, s_out
+
+
+def tls_maker(contexts, response_type=TrojanStreamWatch):
+    def make(srv: socket.socket):
+        client, c_in, c_out, server, s_in, s_out = handshake(contexts)
+        framing = TlsFraming(client, c_in, c_out, response_type())
+        rig_server = TlsServer(srv, server, s_in, s_out)
+        tickets = s_out.read()
+        if tickets:  # the server's tickets go first, as on a real connection
+            srv.setblocking(True)
+            srv.sendall(tickets)
+            srv.setblocking(False)
+        return rig_server, framing
+
+    return make
+
+
+async def test_bytes_move_both_ways_small_and_bulk(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts), pair=tcp_pair) as r:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(r.lan, b"ping")
+        assert await r.server.recv_plain(4) == b"ping"
+        await r.server.send(b"pong")
+        assert await recv_exactly(r.lan, 4) == b"pong"
+        up, down = os.urandom(5 * MiB + 7), os.urandom(3 * MiB + 11)
+        sender = asyncio.ensure_future(loop.sock_sendall(r.lan, up))
+        assert await asyncio.wait_for(r.server.recv_plain(len(up)), 4 * STEP) == up
+        await sender
+        sender = asyncio.ensure_future(r.server.send(down))
+        assert await asyncio.wait_for(recv_exactly(r.lan, len(down)), 4 * STEP) == down
+        await sender
+        assert engine.counters(r.id)[0] == 4 + len(up)  # plaintext from the client
+        assert engine.counters(r.id)[1] > 4 + len(down)  # wire bytes (records, tickets) from the upstream
+
+
+async def test_the_preamble_is_sealed_before_later_client_bytes(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts), preamble=b"early|") as r:
+        await asyncio.get_running_loop().sock_sendall(r.lan, b"later")
+        assert await r.server.recv_plain(11) == b"early|later"
+
+
+async def test_client_eof_sends_close_notify_and_the_server_may_still_answer(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(r.lan, b"request")
+        r.lan.shutdown(socket.SHUT_WR)
+        assert await r.server.recv_until_eof() == b"request"
+        assert r.server.close_notify  # before the FIN
+        await poll(lambda: (relay_py.EV_HALF_CLOSE, 0, 0) in r.rec.events, "the client's half-close")
+        await r.server.send(b"late answer")
+        r.srv.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(r.lan) == b"late answer"
+        assert await r.rec.end() == (relay_py.END_CLEAN, 0)
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "fin-only"])
+async def test_server_eof_reaches_the_client_and_the_client_may_still_send(engine, contexts, close_notify) -> None:
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        loop = asyncio.get_running_loop()
+        await r.server.send(b"bye")
+        if close_notify:
+            await r.server.close_notify_and_fin()
+        else:
+            r.srv.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(r.lan) == b"bye"
+        await poll(lambda: (relay_py.EV_HALF_CLOSE, 1, 0) in r.rec.events, "the upstream's half-close")
+        await loop.sock_sendall(r.lan, b"after")
+        assert await r.server.recv_plain(5) == b"after"
+        r.lan.shutdown(socket.SHUT_WR)
+        assert await r.rec.end() == (relay_py.END_CLEAN, 0)
+
+
+@pytest.mark.parametrize("garbage", [
+    b"\x17\x03\x03\x00\x20" + bytes(32),  # an application record that does not decrypt
+    b"HTTP/1.1 400 Bad Request\r\n\r\n",  # not TLS at all
+], ids=["bad-mac", "not-tls"])
+async def test_a_broken_record_ends_the_flow_upstream_as_a_framing_error(engine, contexts, garbage) -> None:
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        await r.server.send(b"fine")
+        assert await recv_exactly(r.lan, 4) == b"fine"
+        await asyncio.get_running_loop().sock_sendall(r.srv, garbage)
+        assert await r.rec.end() == upstream_failure(relay_py.FRAMING_PROTOCOL)
+        error = r.framing.error_for(relay_py.FRAMING_PROTOCOL)
+        assert isinstance(error, TlsStreamError) and error.reason == "bad-record"
+        assert str(error)  # OpenSSL's words on it
+        assert engine.framing_errors()[1] == 1
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "fin-only"])
+async def test_trojan_eof_before_any_byte_is_closed_before_data(engine, contexts, close_notify) -> None:
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        if close_notify:
+            await r.server.close_notify_and_fin()
+        else:
+            r.srv.shutdown(socket.SHUT_WR)
+        assert await r.rec.end() == upstream_failure(relay_py.FRAMING_SILENT)
+        error = r.framing.error_for(relay_py.FRAMING_SILENT)
+        assert isinstance(error, TrojanError) and error.reason == "closed-before-data"
+        assert not any(kind == relay_py.EV_FIRST_BYTE for kind, _, _ in r.rec.events)  # tickets are no answer
+
+
+async def test_vless_response_header_is_stripped_across_records(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts, VlessResponseDecoder)) as r:
+        # version, addons length 3, addons split over records, then the payload
+        await r.server.send_records(b"\x00", b"\x03a", b"bc" + b"hel", b"lo")
+        assert await recv_exactly(r.lan, 5) == b"hello"
+        await r.server.send(b"\x00 not a header any more")
+        assert await recv_exactly(r.lan, 23) == b"\x00 not a header any more"
+        assert (relay_py.EV_FIRST_BYTE, 0, 0) in r.rec.events
+
+
+async def test_vless_header_and_payload_in_one_record(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts, VlessResponseDecoder)) as r:
+        await r.server.send(b"\x00\x00payload")
+        assert await recv_exactly(r.lan, 7) == b"payload"
+
+
+@pytest.mark.parametrize(("sent", "err", "reason"), [
+    (b"", relay_py.FRAMING_SILENT, "no-response"),
+    (b"\x00\x05ab", relay_py.FRAMING_TRUNCATED, "truncated-header"),
+], ids=["nothing", "half-header"])
+async def test_vless_eof_without_a_whole_header(engine, contexts, sent, err, reason) -> None:
+    with framed_rig(engine, tls_maker(contexts, VlessResponseDecoder)) as r:
+        if sent:
+            await r.server.send(sent)
+        await r.server.close_notify_and_fin()
+        assert await r.rec.end() == upstream_failure(err)
+        error = r.framing.error_for(err)
+        assert isinstance(error, VlessProtocolError) and error.reason == reason
+
+
+async def test_vless_bad_version_is_a_protocol_error(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts, VlessResponseDecoder)) as r:
+        await r.server.send(b"\x05\x00hello")
+        assert await r.rec.end() == upstream_failure(relay_py.FRAMING_PROTOCOL)
+        error = r.framing.error_for(relay_py.FRAMING_PROTOCOL)
+        assert isinstance(error, VlessProtocolError) and error.reason == "bad-version"
+        assert "5" in str(error)
+        assert await recv_until_eof(r.lan) == b""  # nothing of the refused answer reached the client
+
+
+async def test_a_client_that_does_not_read_holds_the_server_back(engine, contexts) -> None:
+    """Backpressure: the engine reads no more records while the client owes it room."""
+    with framed_rig(engine, tls_maker(contexts), pair=unix_pair) as r:
+        loop = asyncio.get_running_loop()
+        chunk = r.server.seal(os.urandom(RECORD * 4))
+        sent = 0
+        stalled = 0
+        while stalled < 20:  # the server's writes stop being taken: everything in between is full
+            try:
+                n = r.srv.send(chunk)
+            except BlockingIOError:
+                stalled += 1
+                await asyncio.sleep(0.01)
+                continue
+            sent += n
+            if n < len(chunk):
+                chunk = chunk[n:]
+            else:
+                chunk = r.server.seal(os.urandom(RECORD * 4))
+            assert sent < 32 * MiB, "the engine kept reading records the client did not take"
+        # two socket buffers, one read of records and its plaintext: far below what was offered
+        assert sent < 8 * MiB
+        more = asyncio.ensure_future(loop.sock_sendall(r.srv, chunk + r.server.seal(os.urandom(4 * MiB))))
+        got = 0
+        while got < 4 * MiB:  # and it moves again once the client reads
+            got += len(await asyncio.wait_for(loop.sock_recv(r.lan, 1 << 20), STEP))
+        await asyncio.wait_for(more, STEP)
+
+
+async def test_a_framing_is_relayed_once(engine, contexts) -> None:
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        a, b = unix_pair()
+        try:
+            with pytest.raises(ValueError):
+                engine.add(a.fileno(), b.fileno(), r.rec, framing=r.framing)
+        finally:
+            a.close()
+            b.close()
+        await r.server.send(b"still")
+        assert await recv_exactly(r.lan, 5) == b"still"
+
+
+async def test_the_framing_is_given_back_after_the_end(engine, contexts) -> None:
+    released = []
+    with framed_rig(engine, tls_maker(contexts)) as r:
+        r.framing._on_release = lambda: released.append(r.framing.claimed)
+        await r.server.send(b"x")
+        assert await recv_exactly(r.lan, 1) == b"x"
+        assert r.framing.claimed
+        engine.cancel(r.id)
+        assert (await r.rec.end())[0] == relay_py.END_CANCELLED
+        assert released == [False]
+        r.framing.sslobj.session  # noqa: B018 - Python may read the connection again
