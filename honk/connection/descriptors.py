@@ -16,12 +16,13 @@ the flows. So honk treats descriptors as a budget with two shares:
   is counted (``honk_descriptor_refusals_total``), a warning is logged at most once per
   :data:`REFUSAL_WARN_INTERVAL`, and no node is charged for it (nothing was dialled).
 
-What is in use is counted, not estimated: ``/proc/self/fd`` is listed at most every
+What is in use is counted, not assumed: ``/proc/self/fd`` is listed at most every
 :data:`RECOUNT_INTERVAL` seconds of the injected clock (a listing of a thousand descriptors
-costs about 0.4 ms), and each flow admitted since the last count adds its
-:data:`FLOW_DESCRIPTORS`. The guess only grows between counts, so it never admits more than
-the budget allows; a flow it would refuse triggers a fresh count first, at most every
-:data:`RECOUNT_MIN_GAP` seconds, so a burst that has already ended does not cause refusals.
+costs about 0.4 ms). Between counts the guess adds :data:`FLOW_DESCRIPTORS` for each flow
+admitted since and takes them off for each flow that ended since (the connection tracker's
+count of removed flows): a flow admitted but never tracked (its dial failed) keeps counting
+until the next count, so the guess errs high, never low. A flow the guess would refuse
+triggers a fresh count first, at most every :data:`RECOUNT_MIN_GAP` seconds.
 """
 
 from __future__ import annotations
@@ -99,8 +100,11 @@ class DescriptorBudget:
     """The flows' share of the descriptor limit (one per process; see the module docstring)."""
 
     def __init__(self, clock: Clock, *, limit: int | None = None, reserve: int = RESERVED_DESCRIPTORS,
-                 counter: Callable[[], int] = count_open_descriptors, stats: RuntimeStats | None = None) -> None:
+                 counter: Callable[[], int] = count_open_descriptors, stats: RuntimeStats | None = None,
+                 ended: Callable[[], int] | None = None) -> None:
         self.clock = clock
+        self._ended = ended or (lambda: 0)  # flows ended since start (ConnectionTracker.removed)
+        self._ended_at_count = 0
         self.stats = stats  # told each refusal (/metrics honk_descriptor_refusals_total)
         self.limit = limit if limit is not None else _soft_limit()
         self.reserve = min(reserve, self.limit // 2)  # a tiny limit still leaves flows half of it
@@ -122,7 +126,8 @@ class DescriptorBudget:
         """The current guess of descriptors in use (a count plus what was admitted since)."""
         if self._uncountable:
             return 0
-        return self._counted + self._since * FLOW_DESCRIPTORS
+        ended = self._ended() - self._ended_at_count
+        return max(0, self._counted + (self._since - ended) * FLOW_DESCRIPTORS)
 
     def _recount(self, now: float) -> None:
         try:
@@ -137,6 +142,7 @@ class DescriptorBudget:
         self._counted = counted
         self._counted_at = now
         self._since = 0
+        self._ended_at_count = self._ended()
 
     def admit(self) -> bool:
         """Whether a new flow may start now; an admitted flow counts until the next count."""

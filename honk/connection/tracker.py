@@ -269,6 +269,7 @@ class ConnectionTracker:
         self._ended_down = 0  # and upstream → client
         self._ended_by_leaf: dict[str, list[int]] = {}  # leaf name -> [up, down] of ended flows
         self.opened = 0  # flows registered since start
+        self.removed = 0  # flows ended and removed since start (the descriptor budget's guess reads it)
 
     def __len__(self) -> int:
         return len(self._flows)
@@ -315,6 +316,7 @@ class ConnectionTracker:
     def _remove(self, flow_id: str) -> None:
         flow = self._flows.pop(flow_id, None)
         if flow is not None:
+            self.removed += 1
             _log_end(flow)
             up, down = flow.upload, flow.download
             self._ended_up += up

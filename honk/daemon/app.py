@@ -167,7 +167,8 @@ class Daemon:
         """Load and apply the file on this task, then start the reconciler. Raises
         ConfigError, ApplyError or OSError and leaves nothing running."""
         raise_descriptor_limit()  # before anything sizes itself from the limit (the dial gates)
-        self.dispatcher.descriptors = DescriptorBudget(self.clock, stats=self.stats)
+        self.dispatcher.descriptors = DescriptorBudget(self.clock, stats=self.stats,
+                                                       ended=lambda: self.tracker.removed)
         self.stats.descriptor_limit = self.dispatcher.descriptors.limit
         spec = load_file(self.config_path)
         log_diagnostics(spec.diagnostics, during="start")

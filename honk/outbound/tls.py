@@ -188,8 +188,9 @@ class _ResumingContext(ssl.SSLContext):
                 entry.next_harvest = now + HARVEST_RETRY
         return entry.session
 
-    def learn(self, key: _ServerKey, connection: ssl.SSLObject, now: float) -> None:
-        """Note how a handshake with ``key``'s server went: a full TLS 1.3 one may be resumed from."""
+    def _entry(self, key: _ServerKey) -> _Resumption:
+        """``key``'s entry, made (the least recently used one goes beyond RESUMED_SERVERS) or
+        moved to the most recent end."""
         entry = self._sessions.get(key)
         if entry is None:
             entry = self._sessions[key] = _Resumption()
@@ -197,6 +198,11 @@ class _ResumingContext(ssl.SSLContext):
                 self._sessions.popitem(last=False)
         else:
             self._sessions.move_to_end(key)
+        return entry
+
+    def learn(self, key: _ServerKey, connection: ssl.SSLObject, now: float) -> None:
+        """Note how a handshake with ``key``'s server went: a full TLS 1.3 one may be resumed from."""
+        entry = self._entry(key)
         if connection.session_reused:
             return
         entry.session = None  # refused (or never had one): it is not offered again
@@ -212,13 +218,7 @@ class _ResumingContext(ssl.SSLContext):
         when a ticket already came with the server's Finished (:meth:`take_relayed`), or
         after its flow ended (the framing's release hook). True when the caller should try.
         """
-        entry = self._sessions.get(key)
-        if entry is None:
-            entry = self._sessions[key] = _Resumption()
-            if len(self._sessions) > RESUMED_SERVERS:
-                self._sessions.popitem(last=False)
-        else:
-            self._sessions.move_to_end(key)
+        entry = self._entry(key)
         if connection.session_reused:
             return False
         entry.session = None

@@ -1,7 +1,8 @@
 """A spent descriptor budget refuses new flows at once and cleanly (SOCKS5 0x01 on the engine's
 fast path and on asyncio, HTTP 503), counts them, and charges no node; flows are admitted again
 as soon as descriptors are free. The budget's count of open descriptors is the one thing the
-test sets (``/proc/self/fd`` of this test process is not the daemon's to spend)."""
+test sets (``/proc/self/fd`` of this test process is not the daemon's to spend), and the budget's
+clock, so that when it counts again is not left to the test's pace."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from helpers.apidaemon import api_base, api_block, bearer, metric_samples, quiet
 from helpers.chaos import chaos_node
 from helpers.servers import EchoServer
 
-from honk.connection.descriptors import DescriptorBudget
+from honk.connection.descriptors import RECOUNT_INTERVAL, DescriptorBudget
+from honk.core.clock import FakeClock
 
 STEP = 5.0  # seconds: the most one answer may take; a refusal must come at once, far below
 SECRET = "s3cret"
@@ -56,7 +58,8 @@ async def test_a_spent_budget_refuses_at_once_charges_no_node_and_recovers(tmp_p
     with EchoServer() as echo:
         async with chaos_node("n1") as node, running_daemon(tmp_path, config(tmp_path, node.link)) as daemon:
             count = OpenCount(LIMIT)  # every descriptor in use
-            daemon.dispatcher.descriptors = DescriptorBudget(daemon.clock, limit=LIMIT, reserve=RESERVE,
+            budget_clock = FakeClock()  # when the budget may count again is the test's to say
+            daemon.dispatcher.descriptors = DescriptorBudget(budget_clock, limit=LIMIT, reserve=RESERVE,
                                                              counter=count, stats=daemon.stats)
             lan, users = daemon.inbounds["lan"].bound.port, daemon.inbounds["users"].bound.port
             target = ("127.0.0.1", echo.port)
@@ -83,6 +86,7 @@ async def test_a_spent_budget_refuses_at_once_charges_no_node_and_recovers(tmp_p
             assert samples[("honk_process_max_fds", frozenset())] > 0
 
             count.value = 100  # the burst is over
+            budget_clock.advance(RECOUNT_INTERVAL)
             reader, writer, code, _tail = await socks5_open(lan, *target)
             try:
                 assert code == 0

@@ -164,6 +164,23 @@ def _hash_until_eof(sock: socket.socket, out: list) -> None:
     out.extend((n, h.hexdigest()))
 
 
+async def _both_ways(flow: Flow, total: int) -> tuple[list, list]:
+    """``total`` bytes sent each way at once through ``flow``, each end hashing what it gets:
+    ([bytes, sha256] at the origin, [bytes, sha256] at the client)."""
+    up: list = []
+    down: list = []
+    threads = [
+        threading.Thread(target=_send_all, args=(flow.lan, total)),
+        threading.Thread(target=_send_all, args=(flow.remote, total)),
+        threading.Thread(target=_hash_until_eof, args=(flow.remote, up)),
+        threading.Thread(target=_hash_until_eof, args=(flow.lan, down)),
+    ]
+    for t in threads:
+        t.start()
+    await asyncio.to_thread(lambda: [t.join() for t in threads])
+    return up, down
+
+
 def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> None:
     total = 64 * MiB if engine_name == "twin" else GiB
 
@@ -171,17 +188,7 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
         with one_tcp_flow(engine_name, listener) as (engines, flow):
             relay = engines.relay()
             task = await flow.start(relay)
-            up: list = []
-            down: list = []
-            threads = [
-                threading.Thread(target=_send_all, args=(flow.lan, total)),
-                threading.Thread(target=_send_all, args=(flow.remote, total)),
-                threading.Thread(target=_hash_until_eof, args=(flow.remote, up)),
-                threading.Thread(target=_hash_until_eof, args=(flow.lan, down)),
-            ]
-            for t in threads:
-                t.start()
-            await asyncio.to_thread(lambda: [t.join() for t in threads])
+            up, down = await _both_ways(flow, total)
             await asyncio.wait_for(task, STEP)
             assert up == [total, _expected_digest(total)]
             assert down == [total, _expected_digest(total)]
@@ -200,19 +207,9 @@ def test_a_bulk_flow_with_no_descriptor_for_a_pipe_copies_instead_of_ending(run,
         with one_tcp_flow(engine_name, listener) as (engines, flow):
             relay = engines.relay()
             await flow.client_conn()
-            up: list = []
-            down: list = []
             with descriptors_exhausted(spare=1):  # the relay's dup of the client fits, a pipe does not
                 task = await flow.start(relay)
-                threads = [
-                    threading.Thread(target=_send_all, args=(flow.lan, total)),
-                    threading.Thread(target=_send_all, args=(flow.remote, total)),
-                    threading.Thread(target=_hash_until_eof, args=(flow.remote, up)),
-                    threading.Thread(target=_hash_until_eof, args=(flow.lan, down)),
-                ]
-                for t in threads:
-                    t.start()
-                await asyncio.to_thread(lambda: [t.join() for t in threads])
+                up, down = await _both_ways(flow, total)
                 await asyncio.wait_for(task, STEP)
             assert up == [total, _expected_digest(total)]
             assert down == [total, _expected_digest(total)]

@@ -139,3 +139,20 @@ def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
         assert now == hard or hard == resource.RLIM_INFINITY  # an unlimited hard limit may be refused
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_flows_that_ended_since_the_count_give_their_share_back_without_a_recount() -> None:
+    clock = FakeClock()
+    count = OpenCount(700)
+    ended = [0]
+    b = DescriptorBudget(clock, limit=1024, reserve=256, counter=count, ended=lambda: ended[0])
+    admitted = 0
+    while b.admit():
+        admitted += 1
+    assert admitted == 34
+    ended[0] += 10  # ten tracked flows ended (their sockets are closed)
+    for _ in range(10):
+        assert b.admit()
+    assert not b.admit()
+    assert count.asked == 1  # no count was needed: the guess followed the flows
+
