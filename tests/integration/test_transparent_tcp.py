@@ -2,17 +2,20 @@
 original destination the test sets (there is no NAT on loopback). Sniffed bytes reach the
 upstream first; a client that waits for the server to speak is dialled once the sniffing
 timeout of the clock has passed; refusals reset the client; closing the inbound's tag ends a
-connection still sniffing; a swap serves new flows with the new settings."""
+connection still sniffing; a swap serves new flows with the new settings; the listener rests
+while no descriptor is left and accepts again by itself."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import socket
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
+from helpers.descriptors import descriptors_exhausted
 from helpers.engines import poll
 from helpers.servers import echo_server
 
@@ -22,6 +25,8 @@ from honk.connection.plane import build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import FakeClock
 from honk.core.net import Address
+from honk.core.stats import RuntimeStats
+from honk.daemon.loopguard import LoopGuard
 from honk.inbound.sessions import SessionRegistry
 from honk.inbound.tproxy import TransparentInbound, TransparentSpec
 
@@ -177,3 +182,24 @@ async def test_a_redirect_listener_refuses_a_connection_that_was_not_redirected(
             await recv(sock)
     finally:
         await inbound.aclose()
+
+
+async def test_the_transparent_listener_accepts_again_once_descriptors_are_free():
+    stats = RuntimeStats()
+    guard = LoopGuard(stats)
+    guard.install(asyncio.get_running_loop())
+    try:
+        async with banner_server() as origin, pointed(origin.port, dial_mode="ip") as t:
+            client = socket.socket()  # made before the descriptors run out; connecting takes none
+            client.setblocking(False)
+            bound = t.inbound.bound
+            listener = f"{bound.host}:{bound.port}"
+            with descriptors_exhausted():
+                assert client.connect_ex((bound.host, bound.port)) in (0, errno.EINPROGRESS)
+                await poll(lambda: stats.accept_rests[listener] >= 1,
+                           "the transparent listener to find no descriptor to accept with")
+            with client:
+                assert await recv(client) == BANNER  # accepted once free, and proxied
+            assert stats.loop_errors == {}
+    finally:
+        guard.uninstall()
