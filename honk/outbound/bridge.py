@@ -14,8 +14,8 @@ outbound's name (when the caller gives it), the error's type and its
 ``closed-before-data``...). When a write fails because the server is gone,
 the server's side is let finish first and its error, if any, is the one
 logged: the write only found out later. The relay sees the socketpair end as
-a plain close, since a UNIX socket has no reset to carry the failure further,
-so the bridge also keeps the verdict (:class:`BridgeEnd`): the error the
+a plain close (or a reset, when the pump closed it with bytes unread), which
+cannot carry the server's failure further, so the bridge also keeps the verdict (:class:`BridgeEnd`): the error the
 server's side ended with, set before the relay's end closes. The flow's owner
 reads it when the relay ends cleanly, so Score and the flow's end see an
 upstream failure and not a success. An error the channel raised that is not a
@@ -91,9 +91,13 @@ def upstream_failure(error: BaseException) -> HonkError:
 
 
 def relay_end(error: HonkError | None, bridge: BridgeEnd | None) -> HonkError | None:
-    """How a relayed flow ended: the relay's own typed end, or, when the relay saw a bridged
-    stream end cleanly, the failure its server's side ended with (None: a clean end)."""
-    if error is None and bridge is not None:
+    """How a relayed flow ended: the relay's own typed end, or the failure a bridged stream's
+    server side ended with when the relay saw its socket end cleanly or with an upstream error.
+    The relay's upstream is then the socketpair, whose errors only echo the server's side: the
+    pump closing its end with the client's last bytes unread resets it (Linux does so for UNIX
+    stream sockets), so the channel's typed verdict is the truer one. A client-side end stays
+    the relay's (None: a clean end)."""
+    if bridge is not None and bridge.failure is not None and (error is None or isinstance(error, UpstreamFailed)):
         return bridge.failure
     return error
 

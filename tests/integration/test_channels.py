@@ -19,7 +19,7 @@ import pytest
 from helpers.descriptors import descriptors_exhausted
 from helpers.sockets import tcp_pair
 
-from honk.core.errors import CapacityRefused, HonkError, UpstreamFailed
+from honk.core.errors import CapacityRefused, ClientGone, HonkError, UpstreamFailed
 from honk.outbound.bridge import BridgeEnd, bridge_stream, relay_end, upstream_failure
 from honk.outbound.channel import CodecChannel, WsChannel
 from honk.relay.stream import StreamConn
@@ -173,7 +173,11 @@ def test_the_bridge_keeps_the_server_sides_typed_failure_behind_the_relays_clean
     got, end = run(main())
     assert got == b""  # a clean EOF is all the relay gets ...
     assert isinstance(end.failure, _Truncated)  # ... the verdict names the codec's typed error
-    assert relay_end(None, end) is end.failure and relay_end(UpstreamFailed("x"), end) is not end.failure
+    # the relay's own view of the socketpair (a clean end, or its reset) yields to the verdict;
+    # a client-side end stays the relay's
+    assert relay_end(None, end) is end.failure and relay_end(UpstreamFailed("x"), end) is end.failure
+    gone = ClientGone("the client reset")
+    assert relay_end(gone, end) is gone
 
 
 def test_a_bridge_whose_server_side_ends_cleanly_or_whose_relay_side_goes_first_has_no_failure(run) -> None:
