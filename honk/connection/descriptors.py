@@ -157,12 +157,12 @@ class DescriptorBudget:
         self._since += 1
         return True
 
-    def check(self, what: str) -> None:
-        """:meth:`admit`, raising :class:`DescriptorsExhausted` naming ``what`` when refused."""
-        if not self.admit():
-            raise DescriptorsExhausted(
-                f"{what}: refused, the descriptor budget for flows is spent "
-                f"({self.in_use()} of {self.limit} in use, {self.reserve} kept for the control plane)")
+    def refusal(self, what: str) -> DescriptorsExhausted:
+        """The error for a flow :meth:`admit` refused, naming ``what`` (built only when refused:
+        admission is on every flow's path)."""
+        return DescriptorsExhausted(
+            f"{what}: refused, the descriptor budget for flows is spent "
+            f"({self.in_use()} of {self.limit} in use, {self.reserve} kept for the control plane)")
 
     def _note_refusal(self, now: float) -> None:
         self.refused += 1

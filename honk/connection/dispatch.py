@@ -359,8 +359,9 @@ class Dispatcher:
     def admit(self, routed: Routed) -> None:
         """Refuse a new TCP flow at once (:class:`DescriptorsExhausted`, counted, no node charged)
         when the flows' share of the descriptor limit is spent."""
-        if self.descriptors is not None:
-            self.descriptors.check(f"{routed.meta.inbound}: {routed.meta.source} -> {routed.meta.target}")
+        if self.descriptors is not None and not self.descriptors.admit():
+            meta = routed.meta
+            raise self.descriptors.refusal(f"{meta.inbound}: {meta.source} -> {meta.target}")
 
     def _retry_round(self, routed: Routed, error: HonkError) -> tuple[list[Any], bool]:
         """The retry round of a failed first dial: the candidates, and whether the round gets a

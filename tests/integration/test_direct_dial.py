@@ -15,7 +15,7 @@ import socket
 from collections.abc import Callable
 
 import pytest
-from helpers.peers import has_ipv6_loopback
+from helpers.peers import require_ipv6_loopback
 
 from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.errors import Blocked, DialError, DialTimeout
@@ -28,11 +28,12 @@ SAFETY = 10.0  # seconds; only a guard against a hung test, never a synchronisat
 CONNECT_TIMEOUT = 3.0
 
 
-HAS_IPV6 = has_ipv6_loopback()
-needs_ipv6 = pytest.mark.skipif(
-    not HAS_IPV6 and os.environ.get("CI") != "true",
-    reason="this machine has no ::1 (allowed outside CI only)",
-)
+@pytest.fixture
+def ipv6() -> None:
+    require_ipv6_loopback()  # with CI=true a machine without ::1 fails these tests
+
+
+needs_ipv6 = pytest.mark.usefixtures("ipv6")
 
 
 

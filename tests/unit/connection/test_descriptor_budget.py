@@ -99,14 +99,15 @@ def test_a_tiny_limit_still_leaves_flows_half_of_it() -> None:
     assert b.flow_share == 32
 
 
-def test_check_raises_a_capacity_refusal_naming_the_flow_and_counts_it() -> None:
+def test_a_refusal_is_a_capacity_refusal_naming_the_flow_and_is_counted() -> None:
     clock = FakeClock()
     stats = RuntimeStats()
     b = DescriptorBudget(clock, limit=300, reserve=256, counter=lambda: 299, stats=stats)
-    with pytest.raises(DescriptorsExhausted) as caught:
-        b.check("lan: 127.0.0.1:5000 -> 127.0.0.1:80")
-    assert isinstance(caught.value, CapacityRefused)  # a local refusal: no node is charged for it
-    assert "lan: 127.0.0.1:5000 -> 127.0.0.1:80" in str(caught.value)
+    assert not b.admit()
+    refusal = b.refusal("lan: 127.0.0.1:5000 -> 127.0.0.1:80")
+    assert isinstance(refusal, DescriptorsExhausted)
+    assert isinstance(refusal, CapacityRefused)  # a local refusal: no node is charged for it
+    assert "lan: 127.0.0.1:5000 -> 127.0.0.1:80" in str(refusal)
     assert stats.descriptor_refusals == 1
 
 
