@@ -179,6 +179,8 @@ cdef struct Cmd:
     uint8_t code          # REJECT/CANCEL: the SOCKS5 reply code; UNLISTEN: 1 = drop its handshakes
     uint8_t addr_len      # CONNECT: bytes of addr used
     char addr[28]         # CONNECT: the upstream sockaddr_in / sockaddr_in6
+    char* head            # CONNECT: bytes for the upstream before any other, as they are (a framed
+    size_t head_len       #   protocol's request header, already sealed); malloc'd, handed over
 
 
 cdef struct Event:
@@ -261,6 +263,7 @@ cdef class Engine:
     cdef void _hs_start(self, Cmd* c, double now) noexcept nogil
     cdef void _hs_reject(self, Hs* h, int code) noexcept nogil
     cdef void _connected(self, Flow* f, double now) noexcept nogil
+    cdef int _put_head(self, Flow* f, char* head, size_t n, double now) noexcept nogil
     cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil
     cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil
     cdef object _push(self, Cmd* c)

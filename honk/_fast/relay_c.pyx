@@ -160,7 +160,7 @@ client_eof=False, copy=False, *, framing=None) -> id`` (takes ownership of both 
 ``cancel(id, code=0) -> bool``, ``counters(id) -> (up, down) | None``, ``close()``,
 ``framing_errors() -> (auth, protocol)``, ``tls_supported()`` (module level),
 ``listen(fd, listener) -> lid``, ``unlisten(lid, drop=False)``, ``accepted(lid)``,
-``hs_connect(token, ip, port, mark, listener) -> id``, ``hs_relay(token, fd,
+``hs_connect(token, ip, port, mark, listener, framing=None, head=b"") -> id``, ``hs_relay(token, fd,
 listener, framing=None) -> id``, ``hs_reject(token, code)``,
 ``active``, ``closed``, ``implementation``. Event kinds and end causes are the
 constants of :mod:`honk._fast.relay_py`.
@@ -340,8 +340,8 @@ cdef extern from *:
 cdef extern from *:
     """
     #include <openssl/crypto.h>
+    #include <openssl/err.h>
     #include <openssl/evp.h>
-    #include <openssl/hmac.h>
     /* SIP004: nonces are 12-byte little-endian counters, one step per AEAD operation */
     static inline void honk_nonce_next(uint8_t *n) {
         for (int i = 0; i < 12; i++) if (++n[i]) break;
@@ -370,22 +370,58 @@ cdef extern from *:
     }
     /* the subkey for salt: HKDF-SHA1(key=master, salt, info="ss-subkey") of len bytes (RFC 5869:
        one HMAC to extract, one per 20-byte block to expand) */
+    /* Algorithms fetched once at import (honk_crypto_init, under the GIL): OpenSSL 3's one-shot
+       HMAC() and the EVP_sha1()/EVP_aes_*() handles look the algorithm up in the provider store
+       at every use, which cost more than the whole key derivation. NULL: fall back to those. */
+    static EVP_MD *honk_sha1_md = NULL;
+    static EVP_CIPHER *honk_fetched_ciphers[4] = {NULL, NULL, NULL, NULL};
+    static void honk_crypto_init(void) {
+        if (honk_sha1_md == NULL) honk_sha1_md = EVP_MD_fetch(NULL, "SHA1", NULL);
+        if (honk_fetched_ciphers[1] == NULL) honk_fetched_ciphers[1] = EVP_CIPHER_fetch(NULL, "AES-128-GCM", NULL);
+        if (honk_fetched_ciphers[2] == NULL) honk_fetched_ciphers[2] = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
+        if (honk_fetched_ciphers[3] == NULL) honk_fetched_ciphers[3] = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL);
+        ERR_clear_error();  /* a provider without one of them leaves an error behind */
+    }
+    /* HMAC-SHA1 (RFC 2104) of msg under a key of at most 64 bytes, on ctx; 0, or -1 */
+    static int honk_hmac_sha1(EVP_MD_CTX *ctx, const uint8_t *key, size_t klen,
+                              const uint8_t *msg, size_t mlen, uint8_t *out) {
+        const EVP_MD *md = honk_sha1_md != NULL ? honk_sha1_md : EVP_sha1();
+        uint8_t pad[64], inner[20];
+        unsigned int n = 0;
+        int rc = -1;
+        size_t i;
+        memset(pad, 0x36, 64);
+        for (i = 0; i < klen; i++) pad[i] ^= key[i];
+        if (EVP_DigestInit_ex(ctx, md, NULL) != 1 || EVP_DigestUpdate(ctx, pad, 64) != 1
+            || EVP_DigestUpdate(ctx, msg, mlen) != 1 || EVP_DigestFinal_ex(ctx, inner, &n) != 1) goto done;
+        memset(pad, 0x5c, 64);
+        for (i = 0; i < klen; i++) pad[i] ^= key[i];
+        if (EVP_DigestInit_ex(ctx, md, NULL) != 1 || EVP_DigestUpdate(ctx, pad, 64) != 1
+            || EVP_DigestUpdate(ctx, inner, 20) != 1 || EVP_DigestFinal_ex(ctx, out, &n) != 1) goto done;
+        rc = 0;
+    done:
+        OPENSSL_cleanse(pad, sizeof(pad));
+        OPENSSL_cleanse(inner, sizeof(inner));
+        return rc;
+    }
     static int honk_ss_subkey(const uint8_t *master, int len, const uint8_t *salt, uint8_t *out) {
         uint8_t prk[20], block[20], t[20 + 9 + 1];
-        unsigned int mdlen = 0;
         int done = 0, prev = 0, take, rc = 0;
         uint8_t i = 1;
-        if (HMAC(EVP_sha1(), salt, len, master, (size_t)len, prk, &mdlen) == NULL) return -1;
-        while (done < len) {
+        EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+        if (ctx == NULL) return -1;
+        if (honk_hmac_sha1(ctx, salt, (size_t)len, master, (size_t)len, prk) < 0) rc = -1;
+        while (rc == 0 && done < len) {
             if (prev) memcpy(t, block, 20);
             memcpy(t + prev, "ss-subkey", 9);
             t[prev + 9] = i++;
-            if (HMAC(EVP_sha1(), prk, 20, t, (size_t)(prev + 10), block, &mdlen) == NULL) { rc = -1; break; }
+            if (honk_hmac_sha1(ctx, prk, 20, t, (size_t)(prev + 10), block) < 0) { rc = -1; break; }
             take = len - done < 20 ? len - done : 20;
             memcpy(out + done, block, take);
             done += take;
             prev = 20;
         }
+        EVP_MD_CTX_free(ctx);
         OPENSSL_cleanse(prk, sizeof(prk));
         OPENSSL_cleanse(block, sizeof(block));
         OPENSSL_cleanse(t, sizeof(t));
@@ -393,6 +429,7 @@ cdef extern from *:
     }
     /* 1 aes-128-gcm, 2 aes-256-gcm, 3 chacha20-ietf-poly1305 */
     static const EVP_CIPHER *honk_ss_cipher(int id) {
+        if (id >= 1 && id <= 3 && honk_fetched_ciphers[id] != NULL) return honk_fetched_ciphers[id];
         switch (id) {
         case 1: return EVP_aes_128_gcm();
         case 2: return EVP_aes_256_gcm();
@@ -482,6 +519,7 @@ cdef extern from *:
     int honk_seal(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
     int honk_open(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
     int honk_ss_subkey(const uint8_t* master, int len, const uint8_t* salt, uint8_t* out) nogil
+    void honk_crypto_init()
     const EVP_CIPHER* honk_ss_cipher(int id) nogil
     EVP_CIPHER_CTX* honk_aead_ctx(const EVP_CIPHER* c, const uint8_t* key, int enc) nogil
     int honk_aead_key(EVP_CIPHER_CTX* ctx, const uint8_t* key, int enc) nogil
@@ -689,6 +727,7 @@ def _openssl_reason(unsigned long code):
 
 # Shadowsocks AEAD ciphers the engine frames: name -> (key and salt size, honk_ss_cipher id).
 _CIPHERS = {"aes-128-gcm": (16, 1), "aes-256-gcm": (32, 2), "chacha20-ietf-poly1305": (32, 3)}
+honk_crypto_init()  # before any worker starts
 
 
 # VMess body securities the engine frames: name -> honk_ss_cipher id (0: none, plain chunks).
@@ -746,11 +785,15 @@ cdef Aead* _vmess_new(framing) except NULL:
     return a
 
 
-cdef Aead* _aead_new(framing) except NULL:
-    """The worker's framing state for a framing object (see relay_py's module docstring)."""
+cdef Aead* _aead_new(framing, bytes salt=None) except NULL:
+    """The worker's framing state for a framing object (see relay_py's module docstring).
+
+    ``salt``: a Shadowsocks framing whose salt is not sent yet (``hs_connect``): the sealer is
+    keyed here from that salt and starts at nonce 0; otherwise the encryptor's subkey and nonce."""
     cdef Aead* a
     cdef bytes master, subkey, nonce
     cdef int key_len, cid
+    cdef uint8_t key[32]
     if getattr(framing, "kind", "shadowsocks") == "vmess":
         return _vmess_new(framing)
     spec = _CIPHERS.get(getattr(framing, "cipher", None))
@@ -759,12 +802,24 @@ cdef Aead* _aead_new(framing) except NULL:
     key_len, cid = spec
     encryptor = framing.encryptor
     master = bytes(framing.master)
-    subkey = bytes(encryptor.subkey)
-    if len(master) != key_len or len(subkey) != key_len:
+    if len(master) != key_len:
         raise ValueError("framing: key size does not match the cipher")
-    if not getattr(encryptor, "salt_sent", True):
-        raise ValueError("framing: the client's salt has not been sent")
-    counter = int(encryptor.nonce)
+    if salt is not None:
+        if len(salt) != key_len:
+            raise ValueError("framing: salt size does not match the cipher")
+        if honk_ss_subkey(<const uint8_t*>PyBytes_AS_STRING(master), key_len,
+                          <const uint8_t*>PyBytes_AS_STRING(salt), key) < 0:
+            raise OSError(EIO, "framing: OpenSSL refused the key derivation")
+        subkey = (<char*>key)[:key_len]
+        OPENSSL_cleanse(key, 32)
+        counter = 0
+    else:
+        if not getattr(encryptor, "salt_sent", True):
+            raise ValueError("framing: the client's salt has not been sent")
+        subkey = bytes(encryptor.subkey)
+        if len(subkey) != key_len:
+            raise ValueError("framing: key size does not match the cipher")
+        counter = int(encryptor.nonce)
     if not 0 <= counter < 1 << 96:
         raise ValueError("framing: nonce counter out of range")
     nonce = counter.to_bytes(12, "little")
@@ -782,6 +837,33 @@ cdef Aead* _aead_new(framing) except NULL:
         _aead_free(a)
         raise OSError(EIO, "framing: OpenSSL refused the cipher")
     return a
+
+
+cdef bytes _unsent_salt(framing):
+    """The salt of a Shadowsocks framing whose encryptor has sent nothing yet, else None."""
+    if framing is None or getattr(framing, "kind", "shadowsocks") != "shadowsocks":
+        return None
+    encryptor = framing.encryptor
+    if getattr(encryptor, "salt_sent", True):
+        return None
+    return bytes(encryptor.salt)
+
+
+cdef char* _salted_head(Aead* a, bytes salt, bytes head, size_t* n) except NULL:
+    """The salt and ``head`` sealed as chunks after it, in a malloc'd buffer of n bytes."""
+    cdef size_t k = PyBytes_GET_SIZE(salt)
+    cdef size_t plain = PyBytes_GET_SIZE(head)
+    cdef ssize_t sealed
+    cdef char* out = <char*>malloc(k + plain + (plain + SS_MAX_PAYLOAD - 1) // SS_MAX_PAYLOAD * SS_OVERHEAD)
+    if out == NULL:
+        raise MemoryError()
+    memcpy(out, PyBytes_AS_STRING(salt), k)
+    sealed = _seal_chunks(a, <const uint8_t*>PyBytes_AS_STRING(head), plain, <uint8_t*>out + k)
+    if sealed < 0:
+        free(out)
+        raise OSError(EIO, "framing: OpenSSL refused to seal the header")
+    n[0] = k + <size_t>sealed
+    return out
 
 
 cdef void _tls_release(framing, TlsState* t):
@@ -1154,26 +1236,57 @@ cdef class Engine:
             raise ValueError("unknown or already answered handshake token")
         return <Hs*><size_t>token
 
-    def hs_connect(self, token, str ip, int port, int mark, listener):
+    def hs_connect(self, token, str ip, int port, int mark, listener, framing=None, bytes head=b""):
         """Answer a REQUEST: dial ``ip``:``port`` (non-blocking, TCP_NODELAY, SO_MARK
         ``mark`` unless -1), reply success with the bound address and relay; a failed
         connect is replied with its errno's code. Returns the flow id (events go to
-        ``listener``: EV_OPEN once connected, then the usual ones)."""
+        ``listener``: EV_OPEN once connected, then the usual ones).
+
+        A proxy node the engine dials itself: ``head`` (its request header) goes to the
+        upstream first, then the flow is relayed through ``framing`` (a Shadowsocks or VMess
+        framing, as ``add``; TLS needs a handshake: ValueError). ``head`` is sent as it is,
+        except after a Shadowsocks framing whose salt is not sent yet: then it is the first
+        chunk's plaintext, and the engine sends the encryptor's salt and seals it (no
+        Python crypto on the flow's path)."""
         cdef Cmd c
         cdef char addr[28]
         cdef int alen
         cdef bytes raw = ip.encode("ascii")
+        cdef size_t n = PyBytes_GET_SIZE(head)
         if self._closed:
             raise EngineClosed("relay engine closed")
         alen = honk_sockaddr(raw, port, addr)
         if alen == 0:
             raise ValueError(f"not an IP literal: {ip!r}")
+        if framing is not None and getattr(framing, "kind", None) == "tls":
+            raise ValueError("framing: a TLS upstream is dialled by Python (its handshake)")
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_CONNECT
         memcpy(c.addr, addr, 28)
         c.addr_len = alen
         c.mark = mark
-        return self._start_flow(&c, token, listener)
+        salt = _unsent_salt(framing)
+        if framing is not None:
+            c.aead = _aead_new(framing, salt)
+        if salt is not None:
+            try:
+                c.head = _salted_head(c.aead, salt, head, &c.head_len)
+            except BaseException:
+                _aead_free(c.aead)
+                raise
+        elif n:
+            c.head = <char*>malloc(n)
+            if c.head == NULL:
+                _aead_free(c.aead)
+                raise MemoryError()
+            memcpy(c.head, PyBytes_AS_STRING(head), n)
+            c.head_len = n
+        try:
+            return self._start_flow(&c, token, listener)
+        except BaseException:
+            _aead_free(c.aead)
+            free(c.head)
+            raise
 
     def hs_relay(self, token, int upstream_fd, listener, framing=None):
         """Answer a REQUEST with a connected upstream fd (the engine owns it from now on):
@@ -1426,8 +1539,9 @@ cdef class Engine:
                 free(c.hs)
                 if c.kind == CMD_RELAY:
                     close(c.fd[1])
-                    _aead_free(c.aead)
                     free(c.tls)
+                _aead_free(c.aead)
+                free(c.head)
             elif c.kind == CMD_LISTEN:
                 pass  # closed with every Lst below
         self.cmds.n = 0
@@ -1881,6 +1995,7 @@ cdef class Engine:
         if early:
             f.d[0].buf = <char*>malloc(early)
             if f.d[0].buf == NULL:
+                free(c.head)
                 self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
                 return
             memcpy(f.d[0].buf, h.buf + h.req_end, early)
@@ -1888,6 +2003,11 @@ cdef class Engine:
             f.d[0].cap = early
         if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.aead != NULL and self._framed_start(f, now) < 0:
             close(c.fd[1])
+            return
+        if c.kind == CMD_CONNECT and f.aead != NULL and self._framed_start(f, now) < 0:
+            free(c.head)
+            return
+        if c.head_len and self._put_head(f, c.head, c.head_len, now) < 0:
             return
         if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.tls != NULL and self._tls_start(f, now) < 0:
             close(c.fd[1])
@@ -1916,6 +2036,29 @@ cdef class Engine:
             f.writable[1] = 1
             self._service(f, now)
         # else: EPOLLOUT (or EPOLLERR) on the upstream says how the connect went
+
+    cdef int _put_head(self, Flow* f, char* head, size_t n, double now) noexcept nogil:
+        """Put ``head`` (owned from here on) ahead of what the up direction already holds.
+        0, or -1 if the flow ended for want of memory."""
+        cdef Dir* d = &f.d[0]
+        cdef char* joined
+        if d.len == 0:
+            free(d.buf)
+            d.buf = head
+            d.off = 0
+            d.len = d.cap = n
+            return 0
+        joined = <char*>realloc(head, n + d.len)
+        if joined == NULL:
+            free(head)
+            self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+            return -1
+        memcpy(joined + n, d.buf + d.off, d.len)
+        free(d.buf)
+        d.buf = joined
+        d.off = 0
+        d.len = d.cap = n + d.len
+        return 0
 
     cdef void _connected(self, Flow* f, double now) noexcept nogil:
         """The upstream connect finished: reply success (queued ahead of upstream bytes) and relay.

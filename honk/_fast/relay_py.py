@@ -533,14 +533,23 @@ class Engine:
             raise ValueError("unknown or already answered handshake token")
         return hs
 
-    def hs_connect(self, token: int, ip: str, port: int, mark: int, listener: Any) -> int:
+    def hs_connect(self, token: int, ip: str, port: int, mark: int, listener: Any,
+                   framing: Any = None, head: bytes = b"") -> int:
         import ipaddress
 
         if self._closed:
             raise EngineClosed("relay engine closed")
         address = ipaddress.ip_address(ip)  # ValueError for anything else, as the compiled engine
+        if framing is not None:
+            if getattr(framing, "kind", None) == "tls":
+                raise ValueError("framing: a TLS upstream is dialled by Python (its handshake)")
+            if _salt_unsent(framing):  # the salt and the sealed head go first, as the compiled engine
+                _check_framing(framing, salted=False)
+                head = framing.encryptor.encrypt(head)
+            else:
+                _check_framing(framing)
         hs = self._take_token(token)
-        return self._start_fast(hs, listener, (address, port, mark), -1)
+        return self._start_fast(hs, listener, (address, port, mark), -1, framing, head)
 
     def hs_relay(self, token: int, upstream_fd: int, listener: Any, framing: Any = None) -> int:
         if self._closed:
@@ -558,13 +567,15 @@ class Engine:
         os.close(hs.fd)
         hs.fd = -1
 
-    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int, framing: Any = None) -> int:
+    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int, framing: Any = None,
+                    head: bytes = b"") -> int:
         flow_id = self._next_id
         self._next_id += 1
         flow = _Flow(flow_id, (hs.fd, upstream_fd), listener, False)
         flow.dirs[0].buf = bytes(hs.buf[hs.req_end :])
         if framing is not None:
             flow.dirs[0].buf = flow.frame(framing, flow.dirs[0].buf)
+        flow.dirs[0].buf = head + flow.dirs[0].buf
         flow.connecting = True
         hs.fd = -1
         self._flows[flow_id] = flow
@@ -996,8 +1007,15 @@ def tls_supported() -> bool:
     return True
 
 
-def _check_framing(framing: Any) -> None:
-    """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new)."""
+def _salt_unsent(framing: Any) -> bool:
+    """A Shadowsocks framing whose encryptor has sent nothing yet (``hs_connect`` seals its head)."""
+    kind = getattr(framing, "kind", "shadowsocks")
+    return kind == "shadowsocks" and not getattr(framing.encryptor, "salt_sent", True)
+
+
+def _check_framing(framing: Any, *, salted: bool = True) -> None:
+    """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new);
+    ``salted``: the client's salt must be sent already."""
     kind = getattr(framing, "kind", None)
     if kind == "tls":
         if not isinstance(getattr(framing, "sslobj", None), ssl.SSLObject):
@@ -1010,7 +1028,7 @@ def _check_framing(framing: Any) -> None:
         return
     if getattr(framing, "cipher", None) not in _FRAMED_CIPHERS:
         raise ValueError("framing: unsupported cipher")
-    if not getattr(framing.encryptor, "salt_sent", True):
+    if salted and not getattr(framing.encryptor, "salt_sent", True):
         raise ValueError("framing: the client's salt has not been sent")
 
 

@@ -328,9 +328,8 @@ class DialBudget:
         """``async with budget.permit(deadline):`` holds one dial permit for the block."""
         return PermitScope(self, deadline, watch)
 
-    async def acquire(self, deadline: float, watch: AdmissionWatch | None = None) -> DialPermit:
-        """A permit held until :meth:`DialPermit.release`; :class:`CapacityRefused` when
-        ``deadline`` (absolute, on the budget's clock) passes while still waiting."""
+    def try_acquire(self) -> DialPermit | None:
+        """A permit at once, or None when taking one would mean waiting."""
         gate = self.gates.dials
         # whenever both have room nobody of this budget waits (a release dispatches at once),
         # so taking the slot here overtakes no one
@@ -338,6 +337,15 @@ class DialBudget:
             self._held += 1
             gate.held += 1
             return DialPermit(self)
+        return None
+
+    async def acquire(self, deadline: float, watch: AdmissionWatch | None = None) -> DialPermit:
+        """A permit held until :meth:`DialPermit.release`; :class:`CapacityRefused` when
+        ``deadline`` (absolute, on the budget's clock) passes while still waiting."""
+        permit = self.try_acquire()
+        if permit is not None:
+            return permit
+        gate = self.gates.dials
         watch = watch if watch is not None else AdmissionWatch()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         gate.enqueue(self, fut)

@@ -52,13 +52,13 @@ from honk.core.net import FlowMeta, Network
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
 from honk.group.score.attempt import ScoreFeedback, ScoreReporter
-from honk.outbound.base import DialedStream, Outbound
+from honk.outbound.base import DialedStream, EnginePlan, Outbound
 from honk.outbound.bridge import relay_end
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 from honk.route.router import RouteDecision
 
-__all__ = ["Dispatcher", "Resolver", "Routed", "Upstream", "format_chain", "outbound_version"]
+__all__ = ["Dispatcher", "EngineDial", "Resolver", "Routed", "Upstream", "format_chain", "outbound_version"]
 
 log = logging.getLogger("honk.connection")
 
@@ -180,6 +180,52 @@ def outbound_version(leaf: Any) -> str:
     name for a leaf built without one. Flows, drains and UDP sub-links key on this, never on
     the leaf object: two versions of one tag coexist while one of them drains."""
     return getattr(leaf, "outbound_id", None) or leaf.name
+
+
+class EngineDial:
+    """One dial the relay engine makes itself (:meth:`Dispatcher.engine_dial`): its
+    :class:`~honk.outbound.base.EnginePlan` and what :meth:`Dispatcher._dial_leaf` keeps
+    around a Python dial (the dial permit, the Score guard, when it began, its deadline)
+    until the engine tells how the connect went: :meth:`opened` or :meth:`failed`, once."""
+
+    __slots__ = ("plan", "leaf", "started", "deadline", "_dispatcher", "_guard", "_permit")
+
+    def __init__(self, dispatcher: Dispatcher, leaf: Any, plan: EnginePlan, guard: Any,
+                 permit: Any, started: float, deadline: float) -> None:
+        self.plan = plan
+        self.leaf = leaf
+        self.started = started
+        self.deadline = deadline
+        self._dispatcher = dispatcher
+        self._guard = guard
+        self._permit = permit
+
+    def opened(self) -> ScoreReporter | None:
+        """Connected: the permit goes back, the dial is reported; the flow's Score reporter."""
+        self._release()
+        dialed = getattr(self.leaf, "engine_dialed", None)
+        if dialed is not None:
+            dialed(None)
+        guard, self._guard = self._guard, None
+        return self._dispatcher._dialed(self.leaf, guard, self.started)
+
+    def failed(self, error: HonkError) -> None:
+        """The connect failed, timed out or was cancelled: reported as a Python dial's failure,
+        except when the client left or honk ended it (nothing was learned of the node)."""
+        self._release()
+        guard, self._guard = self._guard, None
+        if isinstance(error, (ClientGone, FlowClosed)):
+            scoring.report_setup(guard, self._dispatcher.clock, self.leaf, error)
+            return
+        dialed = getattr(self.leaf, "engine_dialed", None)
+        if dialed is not None:
+            dialed(error)
+        self._dispatcher._dial_failed(self.leaf, guard, error, self.started, self.deadline)
+
+    def _release(self) -> None:
+        if self._permit is not None:
+            self._permit.release()
+            self._permit = None
 
 
 class Dispatcher:
@@ -363,28 +409,66 @@ class Dispatcher:
             meta = routed.meta
             raise self.descriptors.refusal(f"{meta.inbound}: {meta.source} -> {meta.target}")
 
+    def engine_dial(self, routed: Routed) -> EngineDial | None:
+        """The relay engine's own dial of ``routed`` (the SOCKS fast path), admitted as
+        :meth:`dial_routed` admits: None when Python must dial (the leaf offers no
+        :class:`~honk.outbound.base.EnginePlan`, a ready connection waits, a group on the chain
+        would retry a failed dial, or the dial budget has no permit free right now).
+        Raises what :meth:`admit` and Score's admission raise."""
+        leaf = routed.leaf
+        offer = getattr(leaf, "engine_plan", None)
+        if offer is None or _ready_hit(leaf, self.clock.now()) or self._retrying_group(routed) is not None:
+            return None
+        budget = getattr(self._plane, "admission", None)
+        permit = budget.try_acquire() if budget is not None else None
+        if budget is not None and permit is None:
+            return None  # Python's dial waits its turn
+        try:
+            plan = offer(routed.meta.target)
+            if plan is None:
+                if permit is not None:
+                    permit.release()
+                return None
+            self.admit(routed)
+            guard = scoring.begin(routed.score, self.clock)
+        except BaseException:
+            if permit is not None:
+                permit.release()
+            raise
+        now = self.clock.now()
+        deadline = now + min(self.global_spec.connect_timeout, plan.timeout)
+        return EngineDial(self, leaf, plan, guard, permit, now, deadline)
+
+    def _retrying_group(self, routed: Routed) -> tuple[str, Policy] | None:
+        """The group nearest the leaf on ``routed``'s chain that gives a failed dial a retry
+        round (URLTest, Fallback, Score), with its policy."""
+        groups = getattr(self._plane, "groups", None)
+        if getattr(groups, "retry_candidates", None) is None:
+            return None
+        for name in reversed(routed.chain[:-1]):
+            kind = getattr(groups.policy(name), "kind", None) if name in groups else None
+            if kind is Policy.URLTEST or kind is Policy.FALLBACK or kind is Policy.SCORE:
+                return name, kind
+        return None
+
     def _retry_round(self, routed: Routed, error: HonkError) -> tuple[list[Any], bool]:
         """The retry round of a failed first dial: the candidates, and whether the round gets a
         fresh deadline (URLTest and Fallback) or shares the first dial's (Score)."""
         if not isinstance(error, DialError):
             return [], False
-        groups = getattr(self._plane, "groups", None)
-        retry = getattr(groups, "retry_candidates", None)
-        if retry is None:
+        found = self._retrying_group(routed)
+        if found is None:
             return [], False
+        name, kind = found
         meta = routed.meta
-        for name in reversed(routed.chain[:-1]):  # the group nearest the leaf that retries decided
-            kind = getattr(groups.policy(name), "kind", None) if name in groups else None
-            if kind is Policy.URLTEST or kind is Policy.FALLBACK:
-                candidates, fresh = retry(name, meta.network, routed.leaf), True
-            elif kind is Policy.SCORE:
-                candidates, fresh = retry(name, meta.network, routed.leaf, target=score_target(meta),
-                                          destination=meta.resolved), False
-            else:
-                continue
-            head = routed.chain[: routed.chain.index(name)]
-            return [dataclasses.replace(c, chain=head + c.chain) for c in candidates], fresh
-        return [], False
+        retry = self._plane.groups.retry_candidates
+        if kind is Policy.SCORE:
+            candidates, fresh = retry(name, meta.network, routed.leaf, target=score_target(meta),
+                                      destination=meta.resolved), False
+        else:
+            candidates, fresh = retry(name, meta.network, routed.leaf), True
+        head = routed.chain[: routed.chain.index(name)]
+        return [dataclasses.replace(c, chain=head + c.chain) for c in candidates], fresh
 
     async def _dial_leaf(self, leaf: Any, target: Any, deadline: float,
                          score: ScoreFeedback | None) -> tuple[DialedStream, ScoreReporter | None]:
@@ -407,22 +491,30 @@ class Dispatcher:
                 started = self.clock.now()
                 dialed = await leaf.dial_tcp(target, deadline)
         except HonkError as exc:
-            if _fair_chance(exc, started, deadline, self.global_spec.connect_timeout):
-                scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
-                _report(leaf, exc, None)
-            elif guard is not None:
-                guard.close()  # neutral: nothing was learned about the node
-            if self.stats is not None:
-                self.stats.dial("tcp", exc, leaf.name)
+            self._dial_failed(leaf, guard, exc, started, deadline)
             raise
         except BaseException as exc:  # cancelled: neutral
             scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
             raise
+        return dialed, self._dialed(leaf, guard, started, ready_hit)
+
+    def _dialed(self, leaf: Any, guard: Any, started: float, ready_hit: bool = False) -> ScoreReporter | None:
+        """A dial of ``leaf`` that began at ``started`` is set up: Score, health and stats told."""
         reporter = scoring.report_setup(guard, self.clock, leaf, None, dial_started=started)
         _report(leaf, None, self.clock.now() - started, ready_hit)
         if self.stats is not None:
             self.stats.dial("tcp", None, leaf.name)
-        return dialed, reporter
+        return reporter
+
+    def _dial_failed(self, leaf: Any, guard: Any, exc: HonkError, started: float | None, deadline: float) -> None:
+        """A dial of ``leaf`` failed: Score and health told when it had a fair chance."""
+        if _fair_chance(exc, started, deadline, self.global_spec.connect_timeout):
+            scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
+            _report(leaf, exc, None)
+        elif guard is not None:
+            guard.close()  # neutral: nothing was learned about the node
+        if self.stats is not None:
+            self.stats.dial("tcp", exc, leaf.name)
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:
         """Register a flow the caller relays itself (HTTP forwarding, UDP)."""

@@ -40,10 +40,19 @@ log = logging.getLogger(__name__)
 def score_target(meta: FlowMeta) -> ScoreTarget | None:
     """The flow's target as Score keys it; None when it does not normalize (Score then ranks
     on the aggregate rather than refusing the flow)."""
+    target = meta.target
+    ip = target.ip
+    if ip is not None and getattr(ip, "scope_id", None) is None:  # parsed once already, by the Address
+        return ScoreTarget(str(ip), target.port, ip)
     try:
-        return ScoreTarget.of(meta.target.host, meta.target.port)
+        return ScoreTarget.of(target.host, target.port)
     except ValueError:
         return None
+
+
+def _flow_target(groups: GroupManager, outbound: str, meta: FlowMeta) -> ScoreTarget | None:
+    """The Score target of a flow routed to ``outbound``: only a group can lead to a Score group."""
+    return score_target(meta) if outbound in groups else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +94,8 @@ class Plane:
         result = self.router.route(meta)
         if isinstance(result, NeedsResolution):
             return None
-        return Decision(result, self.groups.resolve(result.outbound, meta.network, target=score_target(meta),
+        return Decision(result, self.groups.resolve(result.outbound, meta.network,
+                                                    target=_flow_target(self.groups, result.outbound, meta),
                                                     destination=meta.resolved))
 
     async def decide(self, meta: FlowMeta, resolver: Resolver) -> Decision:
@@ -114,7 +124,8 @@ class Plane:
                 result = self.router.route(meta, start=result.rule_index, resolution_failed=True)
             if isinstance(result, NeedsResolution):  # the router contract rules this out
                 raise RuntimeError("router asked for resolution twice")
-        selection = self.groups.resolve(result.outbound, meta.network, target=score_target(meta),
+        selection = self.groups.resolve(result.outbound, meta.network,
+                                        target=_flow_target(self.groups, result.outbound, meta),
                                         destination=meta.resolved)
         return Decision(result, selection, resolved)
 

@@ -15,11 +15,15 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
    ``socks_request(token, source, target)`` event;
 2. :meth:`SocksFastPath.socks_request` routes the flow (``Dispatcher.route_now``:
    the plane's sans-I/O router, synchronously; a task only when a rule needs DNS)
-   and sends ONE command: ``hs_connect`` (direct leaf, IP target: the worker dials
-   with TCP_NODELAY and SO_MARK, replies with the bound address and relays),
-   ``hs_relay`` (Python dialled: a domain target through Happy Eyeballs, or any
-   other leaf) or ``hs_reject`` (Blocked, NoRoute, dial errors: the same
-   :func:`~honk.inbound.socks5.reply_for` codes and ``flow refused`` line);
+   and sends ONE command: ``hs_connect`` when the leaf offers the engine a dial
+   (``Dispatcher.engine_dial``: direct to an IP target, or a Shadowsocks or plain-TCP
+   VMess node whose server is an IP literal; the worker dials with TCP_NODELAY and
+   SO_MARK, sends the node's request header, replies with the bound address and
+   relays through the node's framing), ``hs_relay`` (Python dialled: a domain target
+   through Happy Eyeballs, TLS, WebSocket or mux nodes, a pick a group would retry, a
+   ready connection, a dial waiting for its permit) or ``hs_reject`` (Blocked,
+   NoRoute, dial errors: the same :func:`~honk.inbound.socks5.reply_for` codes and
+   ``flow refused`` line);
 3. the connect deadline is a timer on the injected clock: when it fires first,
    the flow is cancelled with reply ``0x06`` and logged as ``DialTimeout``;
 4. ``EV_OPEN`` (connected, reply queued) registers the flow in the tracker with
@@ -57,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from honk._fast import relay as _relay
 from honk.connection import scoring
-from honk.connection.dispatch import Routed, format_chain, log_failed_end
+from honk.connection.dispatch import EngineDial, Routed, format_chain, log_failed_end
 from honk.connection.verdict import FlowVerdict, observe_flow
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
@@ -66,7 +70,7 @@ from honk.daemon.logs import kv
 from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
 from honk.outbound.bridge import relay_end
-from honk.outbound.direct import ConnectFailed, DirectOutbound
+from honk.outbound.direct import ConnectFailed
 from honk.relay.native import NativeRelay, native_available, shared_engine
 
 if TYPE_CHECKING:
@@ -112,7 +116,7 @@ class FastFlow(NativeRelay):
         self.timer: Any = None
         self._path = path
         self.reporter = routed.reporter  # Score: the Python dial's reporter, or the engine dial's (EV_OPEN)
-        self.score_guard: Any = None  # Score: the engine dial's admitted attempt until EV_OPEN or refusal
+        self.dial: EngineDial | None = None  # the engine's own dial, until EV_OPEN or refusal
         self.bridge: Any = None  # DialedStream.bridge: how a bridged upstream's server side ended
         # the flow's verdict on its node and its Score byte counts (None: nobody listens)
         self.verdict: FlowVerdict | None = None
@@ -276,26 +280,30 @@ class SocksFastPath:
     def _dial(self, token: int, routed: Routed) -> None:
         """Send the one command that answers a routed request."""
         leaf = routed.leaf
-        target = routed.meta.target
-        if target.ip is not None and type(leaf) is DirectOutbound and leaf._connect is None:
-            try:
-                self._dispatcher.admit(routed)  # a spent descriptor budget refuses before any socket
-            except HonkError as exc:  # (dial_routed admits the other dials itself)
-                self._reject(token, routed.meta, exc)
-                return
-            flow = FastFlow(self, routed)
-            flow.score_guard = scoring.begin(routed.score, self.clock)
-            mark = leaf._mark
-            flow._id = self.engine.hs_connect(token, target.host, target.port, -1 if mark is None else mark, flow)
-            self._flows.add(flow)
-            timeout = min(self._dispatcher.global_spec.connect_timeout, leaf.connect_timeout)
-            flow.timer = self.clock.call_later(timeout, flow.deadline)
-        elif type(leaf) is BlockOutbound:
-            error = Blocked(f"{leaf.name}: {target} is blocked")
+        if type(leaf) is BlockOutbound:
+            error = Blocked(f"{leaf.name}: {routed.meta.target} is blocked")
             self._count_dial(error, leaf.name)
             self._reject(token, routed.meta, error)
-        else:
+            return
+        try:
+            dial = self._dispatcher.engine_dial(routed)  # a spent descriptor budget refuses here
+        except HonkError as exc:
+            self._reject(token, routed.meta, exc)
+            return
+        if dial is None:
             self._spawn(self._dial_async(token, routed), routed.meta.inbound)
+            return
+        flow = FastFlow(self, routed)
+        flow.dial = dial
+        plan = dial.plan
+        flow.framing = plan.framing
+        try:
+            flow._id = self.engine.hs_connect(token, plan.ip, plan.port, plan.mark, flow, plan.framing, plan.head)
+        except BaseException:
+            dial.failed(FlowClosed("the relay engine refused the flow"))
+            raise
+        self._flows.add(flow)
+        flow.timer = self.clock.call_later(dial.deadline - dial.started, flow.deadline)
 
     def _spawn(self, coro: Any, tag: str) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -367,13 +375,12 @@ class SocksFastPath:
         routed = flow.routed
         meta = routed.meta
         flow.last_activity = self.clock.now()
-        if flow.score_guard is not None:
-            flow.reporter = scoring.report_setup(flow.score_guard, self.clock, routed.leaf, None)
-            flow.score_guard = None
+        if flow.dial is not None:
+            flow.reporter = flow.dial.opened()
+            flow.dial = None
             if flow.reporter is not None:
                 flow._listen(flow.reporter)
         flow.tracked = self._dispatcher.track(routed, flow)
-        self._count_dial(None, routed.leaf.name)
         conn_log.debug(
             "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
             meta.inbound,
@@ -412,27 +419,27 @@ class SocksFastPath:
             if cause == _relay.END_ERROR and side == _relay.SIDE_CLIENT:
                 error = ClientGone(f"client went away during the connect: {os.strerror(err)}")
             elif cause == _relay.END_ERROR:
-                name = flow.routed.leaf.name
-                error = ConnectFailed(name, f"{meta.target}: {os.strerror(err)}", err, (OSError(err, os.strerror(err)),))
+                dialled = meta.target if flow.dial is None else Address(flow.dial.plan.ip, flow.dial.plan.port)
+                reason = os.strerror(err)
+                error = ConnectFailed(flow.routed.leaf.name, f"{dialled}: {reason}", err, (OSError(err, reason),))
             else:
                 error = FlowClosed("relay engine closed")
         flow._error = error
-        if flow.score_guard is not None:
-            scoring.report_setup(flow.score_guard, self.clock, flow.routed.leaf, error)
-            flow.score_guard = None
+        if flow.dial is not None:
+            flow.dial.failed(error)
+            flow.dial = None
         if isinstance(error, ClientGone):
             log.debug(
                 "flow ended inbound=%s source=%s error=%s reason=%s",
                 meta.inbound, meta.source, type(error).__name__, "client-gone",
             )
         elif not isinstance(error, FlowClosed):
-            self._count_dial(error, flow.routed.leaf.name)
             self.inbound._refused(meta.inbound, meta.source, meta.target, error)
         self._changed_now()
 
     def _count_dial(self, error: HonkError | None, outbound: str) -> None:
-        """Dials the engine makes itself (direct to an IP) and block refusals never reach the
-        dispatcher's dial path: count them here, like it counts its own."""
+        """Block refusals never reach the dispatcher's dial path: count them here, like it
+        counts its own (the engine's own dials are counted by their :class:`EngineDial`)."""
         stats = self._dispatcher.stats
         if stats is not None:
             stats.dial("tcp", error, outbound)

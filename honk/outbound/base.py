@@ -60,6 +60,24 @@ class DialedStream:
     bridge: Any = None
 
 
+@dataclass(frozen=True, slots=True)
+class EnginePlan:
+    """A TCP dial the relay engine can make itself (``Engine.hs_connect``): connect to ``ip``:``port``
+    with the bypass ``mark`` (-1: none), send ``head`` first, then relay through ``framing``.
+
+    A leaf offers one (``engine_plan(target)``) only when its dial is exactly that: a direct
+    connection to an IP literal, or a node whose server is an IP literal and whose whole
+    handshake is a header it seals ahead (Shadowsocks, VMess on plain TCP). Resolving names,
+    TLS, WebSocket, mux and ready connections stay with Python's dial."""
+
+    ip: str
+    port: int
+    mark: int
+    timeout: float  # seconds the connect may take (the connector's bound)
+    framing: Any = None
+    head: bytes = b""
+
+
 class Outbound(Protocol):
     """A leaf outbound: ``direct``, ``block``, or a proxy node."""
 

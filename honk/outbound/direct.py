@@ -27,11 +27,12 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import CapacityRefused, DialError, DialTimeout
 from honk.core.net import Address, IPAddress
-from honk.outbound.base import Capabilities, DialedStream
+from honk.outbound.base import Capabilities, DialedStream, EnginePlan
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,20 @@ class DirectOutbound:
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         return DialedStream(await self.connect(target, deadline))
+
+    @property
+    def engine_dials(self) -> bool:
+        """Whether the relay engine may dial for this outbound (not with a test's ``connect`` hook)."""
+        return self._connect is None
+
+    def engine_plan(self, target: Address, framing: Any = None, head: bytes = b"") -> EnginePlan | None:
+        """The relay engine's dial of ``target`` (see :class:`EnginePlan`): only for an IP literal
+        and the real connect (a test's ``connect`` hook needs Python). A node's leaf passes its
+        server, ``framing`` and ``head``."""
+        if target.ip is None or not self.engine_dials:
+            return None
+        mark = -1 if self._mark is None else self._mark
+        return EnginePlan(target.host, target.port, mark, self._connect_timeout, framing, head)
 
     async def connect(self, target: Address, deadline: float) -> socket.socket:
         """A connected, non-blocking socket to ``target`` (proxy outbounds reach their server with it)."""

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialError, DialTimeout, HonkError
 from honk.core.net import Address
-from honk.outbound.base import DialedStream
+from honk.outbound.base import DialedStream, EnginePlan
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.runtime import NodeRuntime
 
@@ -106,6 +106,24 @@ class ProxyLeaf:
         except HonkError as exc:
             self.count(exc)
             raise
+
+    def engine_plan(self, target: Address) -> EnginePlan | None:
+        """The relay engine's dial of a flow to ``target`` (see :class:`EnginePlan`); None: Python
+        dials. The framed protocols offer one; :meth:`framed_plan` is the shared part."""
+        return None
+
+    def framed_plan(self, seal: Callable[[], tuple[bytes, Any]]) -> EnginePlan | None:
+        """What :meth:`open_framed` does, for the engine: ``seal()`` gives the sealed header and
+        the framing (called only when the server is an IP literal the engine can reach)."""
+        if self.server.ip is None or not self.connector.engine_dials:
+            return None
+        head, framing = seal()
+        return self.connector.engine_plan(self.server, framing, head)
+
+    def engine_dialed(self, outcome: HonkError | None) -> None:
+        """The engine's dial of :meth:`engine_plan` connected (None) or failed: counted as
+        :meth:`open_framed` counts its own."""
+        self.count(outcome)
 
     async def open_framed(self, header: bytes, framing: Any, deadline: float, what: str) -> DialedStream:
         """The node's server reached and ``header`` sent, both under the deadline; the relay

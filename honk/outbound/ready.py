@@ -89,7 +89,8 @@ class ReadyPool:
 
     def has_ready(self, now: float) -> bool:
         """A connection younger than READY_MAX_IDLE waits (its liveness is checked at the take)."""
-        return not pools_disabled() and any(now - at < READY_MAX_IDLE for at, _ in self._ready)
+        ready = self._ready  # looked at first: every dial asks, and the pool is mostly empty
+        return bool(ready) and not pools_disabled() and any(now - at < READY_MAX_IDLE for at, _ in ready)
 
     def take(self, now: float) -> socket.socket | None:
         """The freshest live ready connection, else None (a miss); spent ones are closed.

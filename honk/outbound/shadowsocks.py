@@ -24,7 +24,7 @@ from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock
 from honk.core.errors import ConfigRefused, DialError, HonkError
 from honk.core.net import Address, IPAddress
-from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
+from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost, EnginePlan
 from honk.outbound.datagram import ProxyDatagramEndpoint
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.proxy import ProxyLeaf
@@ -73,12 +73,24 @@ class ShadowsocksOutbound(ProxyLeaf):
         return self._cipher
 
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
+        header, framing = self._opening(target)
+        return await self.open_framed(framing.encryptor.encrypt(header), framing, deadline, "Shadowsocks")
+
+    def engine_plan(self, target: Address) -> EnginePlan | None:
+        # the engine sends the salt and seals the address chunk itself (Engine.hs_connect)
+        try:
+            return self.framed_plan(lambda: self._opening(target))
+        except HonkError:  # a cipher or a target Shadowsocks cannot carry: dial_tcp says why
+            return None
+
+    def _opening(self, target: Address) -> tuple[bytes, ShadowsocksFraming]:
+        """The first chunk's plaintext (the target address) and a framing that has sent nothing."""
         cipher = self._usable_cipher()
         header = _address_header(self.name, target)
         framing = ShadowsocksFraming(
             cipher, self._master, StreamEncryptor(cipher, self._master), StreamDecryptor(cipher, self._master)
         )
-        return await self.open_framed(framing.encryptor.encrypt(header), framing, deadline, "Shadowsocks")
+        return header, framing
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None

@@ -51,6 +51,7 @@ import socket
 import ssl
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
@@ -65,6 +66,10 @@ CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; 
 RESUMED_SERVERS = 128  # servers per context whose TLS 1.3 session is kept for resumption
 HARVEST_RETRY = 60.0  # seconds before a server that sent no session ticket is looked at again
 HANDSHAKE_READ = 64 * 1024  # bytes asked per read while tls_handshake runs (a flight of certificates fits)
+# Threads that take the server's flight of a tls_handshake (key exchange, chain and signature
+# checks: nearly all of a handshake's CPU) off the event loop's thread; OpenSSL runs them
+# without the GIL, so flows keep moving meanwhile and a burst of handshakes uses every core.
+HANDSHAKE_THREADS = max(2, os.cpu_count() or 1)
 
 
 # OpenSSL's X509 verification codes (X509_V_ERR_*) as honk's reasons.
@@ -412,11 +417,26 @@ async def tls_handshake(
     return connection
 
 
+_handshake_pool: ThreadPoolExecutor | None = None
+
+
+def _handshake_threads() -> ThreadPoolExecutor:
+    global _handshake_pool
+    if _handshake_pool is None:
+        _handshake_pool = ThreadPoolExecutor(HANDSHAKE_THREADS, thread_name_prefix="honk-tls")
+    return _handshake_pool
+
+
 async def _drive_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, sslobj: ssl.SSLObject,
                            incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
+    hello = True
     while True:
         try:
-            sslobj.do_handshake()
+            if hello:  # the ClientHello costs little: made here
+                hello = False
+                sslobj.do_handshake()
+            else:  # nothing else touches sslobj until this returns (a cancelled wait only closes sock)
+                await loop.run_in_executor(_handshake_threads(), sslobj.do_handshake)
             done = True
         except ssl.SSLWantReadError:
             done = False

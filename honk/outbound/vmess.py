@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from honk.core.errors import ConfigRefused
 from honk.core.net import Address
-from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
+from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost, EnginePlan
 from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.stacked import StackedLeaf, Stream
 from honk.outbound.stream_datagram import PerTargetDatagramEndpoint
@@ -52,9 +52,22 @@ class VmessOutbound(StackedLeaf):
     async def dial_tcp(self, target: Address, deadline: float) -> DialedStream:
         if self.transport().plain and not self.mux:
             # on plain TCP the relay engine frames the body itself: no bridge, no Python per chunk
-            client = self._client(COMMAND_TCP, target)
-            return await self.open_framed(client.request_header(), VmessFraming(client), deadline, "VMess")
+            head, framing = self._sealed(target)
+            return await self.open_framed(head, framing, deadline, "VMess")
         return await super().dial_tcp(target, deadline)
+
+    def engine_plan(self, target: Address) -> EnginePlan | None:
+        try:
+            if not self.transport().plain or self.mux:
+                return None
+            return self.framed_plan(lambda: self._sealed(target))
+        except ConfigRefused:  # a refused transport, id or alterId: dial_tcp says why
+            return None
+
+    def _sealed(self, target: Address) -> tuple[bytes, VmessFraming]:
+        """The sealed request header and the framing of the body after it."""
+        client = self._client(COMMAND_TCP, target)
+        return client.request_header(), VmessFraming(client)
 
     def stream(self, target: Address) -> Stream:
         client = self._client(COMMAND_TCP, target)

@@ -147,15 +147,30 @@ class StreamEncryptor:
 
     def __init__(self, cipher: str, master: bytes, salt: bytes | None = None) -> None:
         spec = _cipher(cipher)
+        if len(master) != spec.key_size:
+            raise ValueError(f"{cipher} needs a {spec.key_size}-byte master key")
+        if salt is not None and len(salt) != spec.salt_size:
+            raise ValueError(f"{cipher} needs a {spec.salt_size}-byte salt")
         self.cipher = spec
         self.salt = salt if salt is not None else os.urandom(spec.salt_size)
-        self.subkey = derive_subkey(cipher, master, self.salt)
         self.nonce = 0
         self.salt_sent = False
-        self._aead = _AEADS[cipher](self.subkey)
+        self._master = master
+        # derived at the first use: a stream the relay engine opens itself never needs them here
+        self._subkey: bytes | None = None
+        self._aead: AESGCM | ChaCha20Poly1305 | None = None
+
+    @property
+    def subkey(self) -> bytes:
+        if self._subkey is None:
+            self._subkey = derive_subkey(self.cipher.name, self._master, self.salt)
+        return self._subkey
 
     def _seal(self, data: bytes | memoryview) -> bytes:
-        sealed = self._aead.encrypt(_nonce(self.nonce, self.cipher.nonce_size), data, None)
+        aead = self._aead
+        if aead is None:
+            aead = self._aead = _AEADS[self.cipher.name](self.subkey)
+        sealed = aead.encrypt(_nonce(self.nonce, self.cipher.nonce_size), data, None)
         self.nonce += 1
         return sealed
 
@@ -274,7 +289,9 @@ class ShadowsocksFraming:
     """What the relay applies to a dialed Shadowsocks stream (``DialedStream.framing``).
 
     ``encryptor`` has already sent its salt and the target header; the relay
-    seals client bytes from ``encryptor.nonce`` on. ``decryptor`` has read
+    seals client bytes from ``encryptor.nonce`` on. (A stream the relay engine
+    dials itself hands over a framing that has sent nothing: the engine sends the
+    salt and seals the header, see ``Engine.hs_connect``.) ``decryptor`` has read
     nothing yet: the server's salt is the first thing the relay feeds it.
     """
 

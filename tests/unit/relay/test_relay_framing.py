@@ -386,6 +386,132 @@ async def test_hs_relay_seals_the_early_payload_and_replies_in_clear(engine) -> 
             srv.close()
 
 
+class _DialingListener:
+    """Answers the engine's SOCKS5 request with hs_connect: the engine dials ``node`` itself."""
+
+    def __init__(self, engine: Any, node: tuple[str, int], framing: Any, head: bytes, rec: Recorder) -> None:
+        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
+
+    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
+        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
+
+    socks_handover = _FastListener.socks_handover
+    socks_dropped = _FastListener.socks_dropped
+
+
+async def _engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
+                          ) -> tuple[socket.socket, socket.socket, Recorder, int]:
+    """A client through the engine's listener whose request the engine dials to a node the test
+    plays: the client (having read its replies), the node's accepted end, the recorder, the lid."""
+    loop = asyncio.get_running_loop()
+    rec = Recorder()
+    node = socket.create_server(("127.0.0.1", 0))
+    node.setblocking(False)
+    listening = socket.create_server(("127.0.0.1", 0))
+    lid = engine.listen(listening.fileno(), _DialingListener(engine, node.getsockname(), framing, head, rec))
+    client = socket.create_connection(listening.getsockname())
+    client.setblocking(False)
+    await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00" + ADDRESS + early)
+    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
+    srv.setblocking(False)
+    node.close()
+    listening.close()
+    reply = await recv_exactly(client, 2 + 10)
+    assert reply[:4] == b"\x05\x00\x05\x00"
+    assert reply[8:10] != b"\x00\x00"  # the bound port of the engine's own upstream socket
+    return client, srv, rec, lid
+
+
+@pytest.mark.parametrize("cipher", sorted(CIPHERS))
+async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_sent_nothing(engine, cipher) -> None:
+    """The engine's own dial of a Shadowsocks node: the framing's salt, the address chunk on its
+    own (as dial_tcp sends it), the early payload sealed after it, and the server's bytes opened."""
+    master = _master(cipher)
+    enc = StreamEncryptor(cipher, master)
+    framing = ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
+    client, srv, rec, lid = await _engine_dialled(engine, framing, ADDRESS, b"GET / early")
+    dec = StreamDecryptor(cipher, master)
+    wire = bytearray()
+    plain = bytearray()
+    try:
+        while len(plain) < len(ADDRESS) + 11:
+            data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 1 << 16), STEP)
+            assert data
+            wire += data
+            plain += dec.feed(data)
+        assert bytes(wire[: CIPHERS[cipher].salt_size]) == enc.salt
+        assert bytes(plain) == ADDRESS + b"GET / early"
+        assert chunk_lengths(cipher, master, bytes(wire)) == [len(ADDRESS), 11]
+        server_enc = StreamEncryptor(cipher, master)
+        await asyncio.get_running_loop().sock_sendall(srv, server_enc.encrypt(b"HTTP/1.0 200"))
+        assert await recv_exactly(client, 12) == b"HTTP/1.0 200"
+        client.shutdown(socket.SHUT_WR)
+        assert dec.feed(await recv_until_eof(srv)) == b""
+        srv.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(client) == b""
+        assert await rec.end() == (relay_py.END_CLEAN, 0)
+        assert rec.events[0][0] == relay_py.EV_OPEN
+    finally:
+        engine.unlisten(lid)
+        client.close()
+        srv.close()
+
+
+async def test_hs_connect_sends_a_head_as_it_is_after_a_framing_that_sent_its_salt(engine) -> None:
+    cipher = "chacha20-ietf-poly1305"
+    master = _master(cipher)
+    enc = StreamEncryptor(cipher, master)
+    head = enc.encrypt(ADDRESS)  # sealed by the caller, as a VMess request header is
+    framing = ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
+    client, srv, rec, lid = await _engine_dialled(engine, framing, head, b"")
+    try:
+        server = Server(srv, cipher, master, StreamEncryptor(cipher, master))
+        server.dec = StreamDecryptor(cipher, master)  # this flow's client salt comes from the wire
+        assert await server.recv_plain(len(ADDRESS)) == ADDRESS
+        await asyncio.get_running_loop().sock_sendall(client, b"more")
+        assert await server.recv_plain(4) == b"more"
+        client.shutdown(socket.SHUT_WR)
+        assert await server.recv_until_eof() == b""
+        srv.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(client) == b""
+        assert await rec.end() == (relay_py.END_CLEAN, 0)
+    finally:
+        engine.unlisten(lid)
+        client.close()
+        srv.close()
+
+
+async def test_hs_connect_refuses_a_tls_framing_and_keeps_the_handshake(engine) -> None:
+    class Tls:
+        kind = "tls"
+
+    tokens: list[int] = []
+
+    class Holder:
+        def socks_request(self, token: int, *_: Any) -> None:
+            tokens.append(token)
+
+        socks_handover = _FastListener.socks_handover
+        socks_dropped = _FastListener.socks_dropped
+
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        lid = engine.listen(listening.fileno(), Holder())
+        client = socket.create_connection(listening.getsockname())
+        client.setblocking(False)
+        try:
+            await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00" + ADDRESS)
+            await poll(lambda: bool(tokens), "the request")
+            with pytest.raises(ValueError, match="TLS"):
+                engine.hs_connect(tokens[0], "127.0.0.1", 9, -1, Recorder(), Tls(), b"")
+            engine.hs_reject(tokens[0], 0x01)  # the token is still the caller's to answer
+            reply = await recv_exactly(client, 2 + 10)
+            assert reply[2:4] == b"\x05\x01"
+        finally:
+            engine.unlisten(lid)
+            client.close()
+
+
 # --- properties ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,295 @@
+"""Nodes the relay engine dials itself, against real servers (ss-server, v2ray).
+
+A SOCKS5 CONNECT on the fast path that is routed to a Shadowsocks node, or to a VMess node
+on plain TCP, whose server is an IP literal is answered with ONE command: the engine's
+worker connects to the server, sends the request header (the Shadowsocks salt and address
+chunk it seals itself, or VMess's header sealed by Python) and relays through the framing.
+The dial is admitted, timed and reported exactly as Python's dial is (the dial permit, the
+descriptor budget, the node's dial counts and health, Score), and Python dials instead when
+the flow needs it: a group on the chain that retries a failed dial, a ready connection
+warm-up opened, no free dial permit. Each test runs over the compiled engine and its twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from helpers.aio import close_writer, socks5_open
+from helpers.engines import FASTPATH_ENGINES
+from helpers.peerservers import SS_METHODS, ss_server, v2ray_server
+from helpers.servers import EchoServer
+from helpers.socks import encode_address
+
+from honk._fast import relay_py
+from honk.config.links import parse_node_link
+from honk.config.spec import (
+    GlobalSpec,
+    GroupSpec,
+    InboundSpec,
+    NodeSpec,
+    Policy,
+    RoutingSpec,
+    Spec,
+    name_filter,
+)
+from honk.connection.dispatch import Dispatcher
+from honk.connection.plane import SystemResolver, build_plane
+from honk.connection.tracker import ConnectionTracker
+from honk.core.clock import Clock, FakeClock, MonotonicClock
+from honk.inbound.mixed import MixedInbound
+
+STEP = 5.0
+PASSWORD = "engine-dial-pw"
+
+
+@pytest.fixture(params=FASTPATH_ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _make_engine(name: str):
+    if name == "native":
+        from honk._fast.relay_c import Engine
+
+        return Engine(asyncio.get_running_loop())
+    return relay_py.Engine(asyncio.get_running_loop())
+
+
+@dataclass
+class Env:
+    inbound: MixedInbound
+    dispatcher: Dispatcher
+    engine_dials: list[bool]  # per routed request: whether the engine dialled it (False: Python)
+
+    @property
+    def port(self) -> int:
+        assert self.inbound.bound is not None
+        return self.inbound.bound.port
+
+    def leaf(self, name: str):  # noqa: ANN201 - the node's leaf
+        return self.dispatcher.plane.outbounds[name]
+
+
+@contextlib.asynccontextmanager
+async def honk(engine_name: str, nodes: tuple[NodeSpec, ...], *, fallback: str,
+               groups: tuple[GroupSpec, ...] = (), clock: Clock | None = None,
+               max_concurrent_dials: int = 64) -> AsyncIterator[Env]:
+    clock = clock or MonotonicClock()
+    glob = GlobalSpec(connect_timeout=2.0, max_concurrent_dials=max_concurrent_dials)
+    ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
+    spec = Spec(global_=glob, inbounds=(ispec,), nodes=nodes, groups=groups,
+                routing=RoutingSpec(fallback=fallback))
+    tracker = ConnectionTracker(clock)
+    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, 2.0))
+    made: list[bool] = []
+    decide = dispatcher.engine_dial
+
+    def watched(routed):  # noqa: ANN001, ANN202 - observes the real decision, changes nothing
+        dial = decide(routed)
+        made.append(dial is not None)
+        return dial
+
+    dispatcher.engine_dial = watched  # type: ignore[method-assign]
+    engine = _make_engine(engine_name)
+    inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
+    await inbound.start()
+    try:
+        assert inbound._fast is not None
+        yield Env(inbound, dispatcher, made)
+    finally:
+        await inbound.aclose()
+        tracker.close_all("test over")
+        await asyncio.wait_for(tracker.wait_idle(), STEP)
+        engine.close()
+
+
+def _ss_node(name: str, port: int, method: str = "aes-256-gcm") -> NodeSpec:
+    return NodeSpec(name, "ss", "127.0.0.1", port, password=PASSWORD, encryption=method)
+
+
+async def _echo_through(env: Env, echo_port: int, payload: bytes) -> bytes:
+    reader, writer, rep, _bound = await socks5_open(env.port, "127.0.0.1", echo_port)
+    try:
+        assert rep == 0x00
+        writer.write(payload)
+        got = await asyncio.wait_for(reader.readexactly(len(payload)), STEP)
+        writer.write_eof()
+        assert await asyncio.wait_for(reader.read(), STEP) == b""
+        return got
+    finally:
+        await close_writer(writer)
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# --- the engine dials ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", SS_METHODS)
+def test_a_shadowsocks_node_is_dialled_by_the_engine_and_carries_both_ways(run, engine_name, method) -> None:
+    payload = bytes(range(256)) * 512  # 128 KiB: several chunks each way
+
+    async def main() -> None:
+        with ss_server(method, PASSWORD, udp=False) as peer, EchoServer() as echo:
+            async with honk(engine_name, (_ss_node("ss", peer.port, method),), fallback="ss") as env:
+                for _ in range(3):
+                    assert await _echo_through(env, echo.port, payload) == payload
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert env.engine_dials == [True, True, True]
+                assert env.leaf("ss").runtime.dials["ok"] == 3
+
+    run(main())
+
+
+def test_a_vmess_node_on_plain_tcp_is_dialled_by_the_engine(run, engine_name) -> None:
+    async def main() -> None:
+        with v2ray_server("vmess") as peer, EchoServer() as echo:
+            node = parse_node_link(peer.share_link(), "vm")
+            async with honk(engine_name, (node,), fallback="vm") as env:
+                assert await _echo_through(env, echo.port, b"vmess through the engine" * 100) == (
+                    b"vmess through the engine" * 100)
+                assert env.engine_dials == [True]
+                assert env.leaf("vm").runtime.dials["ok"] == 1
+            assert any(f"127.0.0.1:{echo.port}" in line for line in peer.accepted())
+
+    run(main())
+
+
+# --- failures are reported as Python's dial reports them -------------------------------------------
+
+
+def test_an_unreachable_node_gets_reply_5_and_is_charged_with_the_connect(run, engine_name, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+    port = _closed_port()
+
+    async def main() -> None:
+        async with honk(engine_name, (_ss_node("ss", port),), fallback="ss") as env:
+            reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", 80)
+            assert rep == 0x05
+            assert await asyncio.wait_for(reader.read(), STEP) == b""
+            await close_writer(writer)
+            await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+            assert env.engine_dials == [True]
+            assert env.leaf("ss").runtime.dials["connect"] == 1
+            assert env.dispatcher.plane.admission.in_use == 0  # the permit went back
+
+    run(main())
+    refused = [r.getMessage() for r in caplog.records if "flow refused inbound=lan" in r.getMessage()]
+    assert len(refused) == 1
+    assert "error=ConnectFailed" in refused[0]
+
+
+def test_a_node_silent_past_the_connect_deadline_gets_reply_6_on_the_injected_clock(run, engine_name) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        full = socket.socket()  # a listener whose backlog is full: further connects never complete
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        fillers = []
+        try:
+            for _ in range(8):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex(full.getsockname())
+                fillers.append(s)
+            node = _ss_node("ss", full.getsockname()[1])
+            async with honk(engine_name, (node,), fallback="ss", clock=clock) as env:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", 80))
+                assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+                while clock.sleepers == 0:  # the connect deadline is armed
+                    await asyncio.sleep(0.001)
+                clock.advance(2.1)
+                head = await asyncio.wait_for(reader.readexactly(10), STEP)
+                assert head[1] == 0x06
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert env.engine_dials == [True]
+                assert env.leaf("ss").runtime.dials["connect"] == 1  # a timeout with its full share counts
+                assert env.dispatcher.plane.admission.in_use == 0
+        finally:
+            for s in fillers:
+                s.close()
+            full.close()
+
+    run(main())
+
+
+# --- when Python dials instead -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", [Policy.URLTEST, Policy.FALLBACK, Policy.SCORE])
+def test_a_node_picked_by_a_group_that_retries_is_dialled_by_python(run, engine_name, policy) -> None:
+    """A failed first dial of such a group's pick gets a retry round on another member: that
+    needs the client still unanswered, which only Python's dial keeps."""
+
+    async def main() -> None:
+        with ss_server("aes-128-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
+            nodes = (_ss_node("n1", peer.port, "aes-128-gcm"), _ss_node("n2", peer.port, "aes-128-gcm"))
+            group = GroupSpec("pick", policy=policy, filters=(name_filter("n1", "n2"),), has_filter_lines=True)
+            async with honk(engine_name, nodes, fallback="pick", groups=(group,)) as env:
+                assert await _echo_through(env, echo.port, b"retry-capable") == b"retry-capable"
+                assert env.engine_dials == [False]
+
+    run(main())
+
+
+def test_a_node_under_a_selector_group_is_dialled_by_the_engine(run, engine_name) -> None:
+    async def main() -> None:
+        with ss_server("aes-128-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
+            nodes = (_ss_node("n1", peer.port, "aes-128-gcm"),)
+            group = GroupSpec("pick", policy=Policy.SELECTOR, filters=(name_filter("n1"),), has_filter_lines=True)
+            async with honk(engine_name, nodes, fallback="pick", groups=(group,)) as env:
+                assert await _echo_through(env, echo.port, b"selected") == b"selected"
+                assert env.engine_dials == [True]
+
+    run(main())
+
+
+def test_without_a_free_dial_permit_python_dials_once_one_is_released(run, engine_name) -> None:
+    async def main() -> None:
+        with ss_server("aes-256-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
+            async with honk(engine_name, (_ss_node("ss", peer.port),), fallback="ss",
+                            max_concurrent_dials=1) as env:
+                held = env.dispatcher.plane.admission.try_acquire()
+                assert held is not None
+                opening = asyncio.ensure_future(socks5_open(env.port, "127.0.0.1", echo.port))
+                while not env.engine_dials:
+                    await asyncio.sleep(0.001)
+                assert env.engine_dials == [False]  # the engine does not wait for a permit
+                await asyncio.sleep(0.05)
+                assert not opening.done()  # Python's dial waits its turn
+                held.release()
+                reader, writer, rep, _ = await asyncio.wait_for(opening, STEP)
+                assert rep == 0x00
+                writer.write(b"after the wait")
+                assert await asyncio.wait_for(reader.readexactly(14), STEP) == b"after the wait"
+                await close_writer(writer)
+
+    run(main())
+
+
+def test_a_ready_connection_warm_up_opened_is_used_by_python_not_bypassed(run, engine_name) -> None:
+    async def main() -> None:
+        with ss_server("aes-256-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
+            async with honk(engine_name, (_ss_node("ss", peer.port),), fallback="ss") as env:
+                ready = env.leaf("ss").runtime.ready
+                sock = socket.create_connection(("127.0.0.1", peer.port))
+                sock.setblocking(False)
+                assert ready.deposit(sock, env.dispatcher.clock.now())
+                assert await _echo_through(env, echo.port, b"warm") == b"warm"
+                assert await _echo_through(env, echo.port, b"cold") == b"cold"
+                assert env.engine_dials == [False, True]
+                assert ready.hits == 1
+
+    run(main())
