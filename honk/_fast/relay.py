@@ -26,6 +26,8 @@ from honk._fast.relay_py import (
     SIDE_CLIENT,
     SIDE_LOCAL,
     SIDE_UPSTREAM,
+    TLS_13,
+    TLS_RESUMED,
     EngineClosed,
     RelayListener,
 )
@@ -59,5 +61,7 @@ __all__ = [
     "FRAMING_PROTOCOL",
     "FRAMING_SILENT",
     "FRAMING_TRUNCATED",
+    "TLS_RESUMED",
+    "TLS_13",
     "tls_supported",
 ]

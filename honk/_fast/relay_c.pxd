@@ -105,6 +105,13 @@ cdef struct TlsState:
     uint8_t bad_version       # VLESS: the byte that came instead of the version
     uint8_t has_bad_version
     uint8_t closed            # the server's close_notify arrived
+    # hs_connect: the worker drives the handshake itself (see "TLS handshakes" in relay_c)
+    uint8_t handshaking       # the handshake is the worker's to finish
+    uint8_t hs_started        # SSL_do_handshake has run
+    uint8_t facts             # once finished: TLS_RESUMED | TLS_13 (EV_OPEN's b)
+    char* hs_out              # handshake bytes the upstream has not taken yet (a short send)
+    uint32_t hs_out_len
+    uint32_t hs_out_off
 
 
 # A listening socket the worker accepts on (listener mode). Allocated by the
@@ -216,6 +223,7 @@ cdef class Engine:
     cdef dict _lsts           # listener id -> (listener object, Lst address)
     cdef dict _held           # REQUEST tokens (Hs addresses) the asyncio side holds
     cdef dict _framings       # flow id -> TlsFraming: its SSLObject lives until the flow's END is delivered
+    cdef set _handshakes      # flow ids of hs_connect TLS flows: their handshake is reported at END
     cdef uint64_t next_lid
     cdef object _loop
     cdef object _thread
@@ -264,6 +272,8 @@ cdef class Engine:
     cdef void _hs_reject(self, Hs* h, int code) noexcept nogil
     cdef void _connected(self, Flow* f, double now) noexcept nogil
     cdef int _put_head(self, Flow* f, char* head, size_t n, double now) noexcept nogil
+    cdef int _tls_handshake(self, Flow* f, double now) noexcept nogil
+    cdef int _hs_send(self, Flow* f, double now) noexcept nogil
     cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil
     cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil
     cdef object _push(self, Cmd* c)

@@ -124,6 +124,17 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     holds the framing (``_framings``) until the flow's END is drained, and Python does
     not touch the SSLObject in between; the worker clears its OpenSSL error queue after
     every failure.
+  * TLS handshakes (``hs_connect`` with a ``TlsFraming`` whose handshake has not begun: a
+    Trojan or VLESS node the engine dials itself): once the TCP connect is done the worker
+    runs ``SSL_do_handshake`` over the memory BIOs, sending what it writes (a short send
+    waits in ``hs_out`` for EPOLLOUT) and feeding what the server sends, without the GIL.
+    When it is done, the head (the request header) and the client's early bytes are sealed
+    into the write BIO behind the client's Finished, the SOCKS5 success goes to the client,
+    and EV_OPEN's b says what the handshake was (TLS_RESUMED, TLS_13) for Python's session
+    cache. A failure (OpenSSL's: FRAMING_PROTOCOL with its error code; the socket's: its
+    errno; the server's close: ECONNRESET) replies ``0x01`` as Python's TlsFailed does, and
+    before the END is delivered the framing learns how far the handshake got
+    (``handshake_reported``: begun, finished, the certificate verification result).
   * Counters count what each socket delivered: plaintext from the client, wire bytes
     (salt, tags, records and all) from the upstream.
   * Memory: two engine-wide FRAMED_BUF buffers (allocated with the first framed flow);
@@ -559,6 +570,13 @@ cdef extern from *:
     int SSL_get_error(const SSL* s, int ret) nogil
     int SSL_shutdown(SSL* s) nogil
     int SSL_is_init_finished(const SSL* s) nogil
+    int SSL_in_before(const SSL* s) nogil
+    int SSL_do_handshake(SSL* s) nogil
+    int SSL_session_reused(const SSL* s) nogil
+    int SSL_version(const SSL* s) nogil
+    long SSL_get_verify_result(const SSL* s) nogil
+    const char* X509_verify_cert_error_string(long n) nogil
+    int TLS1_3_VERSION
     BIO* SSL_get_rbio(const SSL* s) nogil
     BIO* SSL_get_wbio(const SSL* s) nogil
     int BIO_read(BIO* b, void* data, int dlen) nogil
@@ -663,6 +681,9 @@ FRAMING_SILENT = _py.FRAMING_SILENT
 
 DEF TLS_ERR_UNKNOWN = 0x7FFFFFFF  # TlsState.err of a failed read that left OpenSSL's error queue empty
 DEF TLS_STAGE_DONE = 3             # TlsState.stage once the response header (if any) is behind
+DEF TLS_RESUMED = 1                # EV_OPEN's b for a TLS handshake the worker drove: the session was resumed
+DEF TLS_13 = 2                     # ... and TLS 1.3 was spoken
+assert TLS_RESUMED == _py.TLS_RESUMED and TLS_13 == _py.TLS_13
 # CPython versions whose _ssl._SSLSocket starts PyObject_HEAD, Socket, ssl (honk_ssl_of)
 _SSLSOCKET_LAYOUT = ((3, 8), (3, 14))
 
@@ -692,8 +713,9 @@ cdef SSL* _ssl_of(sslobj):
     return honk_ssl_of(obj)
 
 
-cdef TlsState* _tls_new(framing) except NULL:
-    """The worker's state for a ``TlsFraming``, which is claimed (see honk.proto.tls_framing)."""
+cdef TlsState* _tls_new(framing, bint handshake=False) except NULL:
+    """The worker's state for a ``TlsFraming``, which is claimed (see honk.proto.tls_framing);
+    ``handshake``: one whose handshake has not begun, for the worker to drive (hs_connect)."""
     cdef TlsState* t
     cdef SSL* s
     if not tls_supported():
@@ -703,11 +725,15 @@ cdef TlsState* _tls_new(framing) except NULL:
     s = _ssl_of(framing.sslobj)
     if s == NULL:
         raise ValueError("framing: not an SSLObject the engine can drive")
-    if not SSL_is_init_finished(s):
+    if handshake:
+        if not SSL_in_before(s):
+            raise ValueError("framing: the TLS handshake has already begun")
+    elif not SSL_is_init_finished(s):
         raise ValueError("framing: the TLS handshake is not finished")
     t = <TlsState*>calloc(1, sizeof(TlsState))
     if t == NULL:
         raise MemoryError()
+    t.handshaking = 1 if handshake else 0
     t.ssl = s
     t.rbio = SSL_get_rbio(s)
     t.wbio = SSL_get_wbio(s)
@@ -717,6 +743,16 @@ cdef TlsState* _tls_new(framing) except NULL:
         t.stage = TLS_STAGE_DONE
     framing.claim()
     return t
+
+
+cdef _report_handshake(framing):
+    """Tell a framing whose handshake the worker drove how far it got (its flow has ended)."""
+    cdef SSL* s = _ssl_of(framing.sslobj)
+    if s == NULL:
+        return
+    cdef long verify = SSL_get_verify_result(s)
+    message = X509_verify_cert_error_string(verify).decode("ascii", "replace") if verify else ""
+    framing.handshake_reported(not SSL_in_before(s), bool(SSL_is_init_finished(s)), verify, message)
 
 
 def _openssl_reason(unsigned long code):
@@ -1019,6 +1055,7 @@ cdef class Engine:
         self._lsts = {}
         self._held = {}
         self._framings = {}
+        self._handshakes = set()
         self.generation = 1
         self.blocks = <Flow**>calloc(MAX_BLOCKS, sizeof(Flow*))
         if self.blocks == NULL:
@@ -1244,10 +1281,11 @@ cdef class Engine:
 
         A proxy node the engine dials itself: ``head`` (its request header) goes to the
         upstream first, then the flow is relayed through ``framing`` (a Shadowsocks or VMess
-        framing, as ``add``; TLS needs a handshake: ValueError). ``head`` is sent as it is,
-        except after a Shadowsocks framing whose salt is not sent yet: then it is the first
-        chunk's plaintext, and the engine sends the encryptor's salt and seals it (no
-        Python crypto on the flow's path)."""
+        framing, as ``add``). ``head`` is sent as it is, except after a Shadowsocks framing
+        whose salt is not sent yet: then it is the first chunk's plaintext, and the engine
+        sends the encryptor's salt and seals it (no Python crypto on the flow's path). A
+        ``TlsFraming`` whose handshake has not begun: the worker shakes hands once connected
+        (see "TLS handshakes"), then ``head`` is the first plaintext it seals."""
         cdef Cmd c
         cdef char addr[28]
         cdef int alen
@@ -1258,15 +1296,16 @@ cdef class Engine:
         alen = honk_sockaddr(raw, port, addr)
         if alen == 0:
             raise ValueError(f"not an IP literal: {ip!r}")
-        if framing is not None and getattr(framing, "kind", None) == "tls":
-            raise ValueError("framing: a TLS upstream is dialled by Python (its handshake)")
         memset(&c, 0, sizeof(Cmd))
         c.kind = CMD_CONNECT
         memcpy(c.addr, addr, 28)
         c.addr_len = alen
         c.mark = mark
         salt = _unsent_salt(framing)
-        if framing is not None:
+        tls = framing is not None and getattr(framing, "kind", None) == "tls"
+        if tls:
+            c.tls = _tls_new(framing, True)
+        elif framing is not None:
             c.aead = _aead_new(framing, salt)
         if salt is not None:
             try:
@@ -1278,15 +1317,21 @@ cdef class Engine:
             c.head = <char*>malloc(n)
             if c.head == NULL:
                 _aead_free(c.aead)
+                _tls_release(framing, c.tls)
                 raise MemoryError()
             memcpy(c.head, PyBytes_AS_STRING(head), n)
             c.head_len = n
         try:
-            return self._start_flow(&c, token, listener)
+            flow_id = self._start_flow(&c, token, listener)
         except BaseException:
             _aead_free(c.aead)
+            _tls_release(framing, c.tls)
             free(c.head)
             raise
+        if tls:
+            self._framings[flow_id] = framing
+            self._handshakes.add(flow_id)
+        return flow_id
 
     def hs_relay(self, token, int upstream_fd, listener, framing=None):
         """Answer a REQUEST with a connected upstream fd (the engine owns it from now on):
@@ -1414,6 +1459,9 @@ cdef class Engine:
                 framing = self._framings.pop(e.id, None)
                 if framing is not None:  # the worker is done with its SSL*: Python may read it again
                     try:
+                        if e.id in self._handshakes:
+                            self._handshakes.discard(e.id)
+                            _report_handshake(framing)
                         if e.pad > 0:
                             framing.released(_openssl_reason(<unsigned long>e.pad))
                         elif e.pad < 0:
@@ -1539,7 +1587,7 @@ cdef class Engine:
                 free(c.hs)
                 if c.kind == CMD_RELAY:
                     close(c.fd[1])
-                    free(c.tls)
+                free(c.tls)
                 _aead_free(c.aead)
                 free(c.head)
             elif c.kind == CMD_LISTEN:
@@ -2007,6 +2055,9 @@ cdef class Engine:
         if c.kind == CMD_CONNECT and f.aead != NULL and self._framed_start(f, now) < 0:
             free(c.head)
             return
+        if c.kind == CMD_CONNECT and f.tls != NULL and self._framed_buffers(f, now) < 0:
+            free(c.head)  # (a TLS head is plaintext: sealed with the early bytes after the handshake)
+            return
         if c.head_len and self._put_head(f, c.head, c.head_len, now) < 0:
             return
         if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.tls != NULL and self._tls_start(f, now) < 0:
@@ -2075,7 +2126,112 @@ cdef class Engine:
         f.d[1].len = honk_build_reply(reply, 0, f.fd[1])
         f.d[1].cap = 22
         f.connecting = 0
-        self._emit(f, K_OPEN, 1, 0, now)
+        self._emit(f, K_OPEN, 1, f.tls.facts if f.tls != NULL else 0, now)
+
+    cdef int _tls_handshake(self, Flow* f, double now) noexcept nogil:
+        """Drive an hs_connect TLS flow's handshake as far as the bytes at hand allow; once it is
+        finished, seal the head and early bytes (_tls_start) and reply (_connected). 0 (done, or
+        waiting for the upstream), or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef ssize_t n
+        cdef int r, err
+        while True:
+            if t.hs_out_off < t.hs_out_len:  # what a short send left goes first
+                n = send(f.fd[1], t.hs_out + t.hs_out_off, t.hs_out_len - t.hs_out_off, MSG_NOSIGNAL | MSG_DONTWAIT)
+                if n < 0:
+                    if errno == EINTR:
+                        continue
+                    if errno == EAGAIN:
+                        f.writable[1] = 0
+                        return 0
+                    self._end(f, C_ERROR, (1 << 16) | errno, now)
+                    return -1
+                t.hs_out_off += <uint32_t>n
+                if t.hs_out_off < t.hs_out_len:
+                    continue
+                free(t.hs_out)
+                t.hs_out = NULL
+                t.hs_out_len = t.hs_out_off = 0
+            t.hs_started = 1
+            r = SSL_do_handshake(t.ssl)
+            if r == 1:
+                ERR_clear_error()
+                t.handshaking = 0
+                t.facts = (TLS_RESUMED if SSL_session_reused(t.ssl) else 0) | (
+                    TLS_13 if SSL_version(t.ssl) == TLS1_3_VERSION else 0)
+                # the client's last flight stays in the write BIO, ahead of the sealed head
+                if self._tls_start(f, now) < 0:
+                    return -1
+                self._connected(f, now)
+                return -1 if f.ended else 0
+            err = SSL_get_error(t.ssl, r)
+            if err != SSL_ERROR_WANT_READ:
+                t.err = <uint32_t>ERR_peek_error()
+                if t.err == 0:
+                    t.err = TLS_ERR_UNKNOWN
+                ERR_clear_error()
+                self._end(f, C_ERROR, (1 << 16) | EPROTO, now)
+                return -1
+            ERR_clear_error()
+            if self._hs_send(f, now) < 0:
+                return -1
+            if t.hs_out_len:
+                return 0  # the server answers nothing before it has all of it
+            n = recv(f.fd[1], self.fin + VMESS_WIRE, FRAMED_READ, MSG_DONTWAIT)
+            if n > 0:
+                if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
+                    ERR_clear_error()
+                    self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                    return -1
+                continue
+            if n == 0:  # the server closed in the middle of the handshake
+                self._end(f, C_ERROR, (1 << 16) | ECONNRESET, now)
+                return -1
+            if errno == EINTR:
+                continue
+            if errno == EAGAIN:
+                f.readable[1] = 0
+                return 0
+            self._end(f, C_ERROR, (1 << 16) | errno, now)
+            return -1
+
+    cdef int _hs_send(self, Flow* f, double now) noexcept nogil:
+        """Send what the handshake wrote into the write BIO; a short send keeps the rest in
+        hs_out. 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef size_t pend
+        cdef ssize_t n
+        cdef int k
+        cdef char* grown
+        while True:
+            pend = BIO_ctrl_pending(t.wbio)
+            if pend == 0:
+                return 0
+            k = BIO_read(t.wbio, self.fout, <int>(pend if pend < FRAMED_BUF else FRAMED_BUF))
+            if k <= 0:
+                ERR_clear_error()
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+            n = 0
+            if t.hs_out_len == 0:
+                while True:
+                    n = send(f.fd[1], self.fout, <size_t>k, MSG_NOSIGNAL | MSG_DONTWAIT)
+                    if n >= 0 or errno != EINTR:
+                        break
+                if n < 0:
+                    if errno != EAGAIN:
+                        self._end(f, C_ERROR, (1 << 16) | errno, now)
+                        return -1
+                    n = 0
+            if n < k:
+                f.writable[1] = 0
+                grown = <char*>realloc(t.hs_out, t.hs_out_len + <size_t>(k - n))
+                if grown == NULL:
+                    self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
+                    return -1
+                memcpy(grown + t.hs_out_len, self.fout + n, <size_t>(k - n))
+                t.hs_out = grown
+                t.hs_out_len += <uint32_t>(k - n)
 
     cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil:
         cdef Hs* h
@@ -2136,9 +2292,15 @@ cdef class Engine:
     cdef void _service(self, Flow* f, double now) noexcept nogil:
         cdef int r0, r1
         if f.connecting:
-            if not f.writable[1]:
-                return
-            self._connected(f, now)
+            if f.tls != NULL and f.tls.handshaking:
+                if not f.writable[1] and not f.tls.hs_started:
+                    return  # the TCP connect has not finished
+                if self._tls_handshake(f, now) < 0 or f.tls.handshaking:
+                    return
+            else:
+                if not f.writable[1]:
+                    return
+                self._connected(f, now)
             if f.ended:
                 return
         r0 = self._pump(f, 0, now)
@@ -2837,14 +2999,16 @@ cdef class Engine:
         cdef int32_t pad
         cdef Event e
         if (cause == C_ERROR and f.tls != NULL and (side_errno >> 16) == 1 and not f.tls.got_any
-                and ((side_errno & 0xFFFF) == EPIPE or (side_errno & 0xFFFF) == ECONNRESET)
+                and not f.tls.handshaking and ((side_errno & 0xFFFF) == EPIPE or (side_errno & 0xFFFF) == ECONNRESET)
                 and self._tls_refused(f)):
             side_errno = (1 << 16) | ENOMSG  # the write only found out later: the server refused first
             honk_store64(&self.n_proto, self.n_proto + 1)
         f.ended = 1
         if f.connecting and f.fd[0] >= 0:  # listener mode: the client still waits for its reply
             if cause == C_ERROR:
-                if (side_errno >> 16) == 1:
+                if f.tls != NULL and f.tls.hs_started:  # a failed TLS handshake, as Python's TlsFailed
+                    honk_send_reply(f.fd[0], 1)
+                elif (side_errno >> 16) == 1:
                     honk_send_reply(f.fd[0], honk_reply_code(side_errno & 0xFFFF))
                 elif (side_errno >> 16) == S_LOCAL:
                     honk_send_reply(f.fd[0], 1)
@@ -2869,6 +3033,7 @@ cdef class Engine:
                 pad = <int32_t>(f.tls.err & 0x7FFFFFFF)
             elif f.tls.has_bad_version:
                 pad = -1 - <int32_t>f.tls.bad_version
+            free(f.tls.hs_out)
             free(f.tls)
             f.tls = NULL
         if f.prev != NULL:

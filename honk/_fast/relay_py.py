@@ -117,6 +117,9 @@ FRAMING_TRUNCATED = _errno.ENODATA  # EOF inside the salt, a response header or 
 FRAMING_SILENT = _errno.ENOMSG  # EOF before any byte of a response that must come (VMess: a refused id)
 SS_MAX_PAYLOAD = 0x3FFF  # SIP004: a chunk's payload length is capped at 0x3FFF
 FRAMED_READ = 16 * SS_MAX_PAYLOAD  # bytes one framed read asks for: 16 maximal chunks
+# EV_OPEN's b for a TLS flow whose handshake the engine drove (hs_connect): what the handshake was
+TLS_RESUMED = 1  # the session was resumed
+TLS_13 = 2  # TLS 1.3 was spoken
 VMESS_HEADER_MAX = 4 + 255  # a VMess response header: check, option, command id and length, a command body
 
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
@@ -171,6 +174,7 @@ class _Flow:
         "connecting",
         "fail_code",
         "framing",
+        "shake",
     )
 
     def __init__(self, flow_id: int, fds: tuple[int, int], listener: Any, copy: bool) -> None:
@@ -189,6 +193,7 @@ class _Flow:
         self.connecting = False  # listener mode: upstream connect in progress, no reply sent yet
         self.fail_code = 1  # listener mode: the reply a cancel during the connect sends
         self.framing: Any = None  # a ShadowsocksFraming: client bytes are sealed, upstream bytes opened
+        self.shake: _Shake | None = None  # hs_connect over TLS: the handshake this engine drives
 
     def frame(self, framing: Any, preamble: bytes, client_eof: bool = False) -> bytes:
         """Make this a framed flow (both directions copy through the codec); the sealed preamble."""
@@ -209,6 +214,19 @@ class _Flow:
         if not self.framing.answered:
             return FRAMING_SILENT
         return FRAMING_TRUNCATED if decryptor_pending(self.framing.decryptor) else 0
+
+
+class _Shake:
+    """The TLS handshake of an hs_connect flow (the twin of the compiled TlsState's fields)."""
+
+    __slots__ = ("error", "facts", "plain", "started", "task")
+
+    def __init__(self, plain: bytes) -> None:
+        self.plain = plain  # the head and the client's early bytes, sealed once it is done
+        self.task: asyncio.Task[None] | None = None
+        self.started = False
+        self.facts = -1  # once finished: TLS_RESUMED | TLS_13
+        self.error: ssl.SSLError | None = None
 
 
 class _Lst:
@@ -540,9 +558,19 @@ class Engine:
         if self._closed:
             raise EngineClosed("relay engine closed")
         address = ipaddress.ip_address(ip)  # ValueError for anything else, as the compiled engine
+        if framing is not None and getattr(framing, "kind", None) == "tls":
+            _check_framing(framing, handshake=True)
+            hs = self._take_token(token)
+            framing.claim()
+            flow_id = self._start_fast(hs, listener, (address, port, mark), -1)
+            flow = self._flows[flow_id]
+            flow.framing = framing
+            for d in flow.dirs:
+                d.copy = True
+            flow.shake = _Shake(head + flow.dirs[0].buf)  # sealed once the handshake is done
+            flow.dirs[0].buf = b""
+            return flow_id
         if framing is not None:
-            if getattr(framing, "kind", None) == "tls":
-                raise ValueError("framing: a TLS upstream is dialled by Python (its handshake)")
             if _salt_unsent(framing):  # the salt and the sealed head go first, as the compiled engine
                 _check_framing(framing, salted=False)
                 head = framing.encryptor.encrypt(head)
@@ -635,9 +663,61 @@ class Engine:
         if err:
             self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | err)
             return
+        if flow.shake is not None and flow.shake.task is None:
+            flow.shake.task = self._loop.create_task(self._shake_hands(flow, flow.shake))
+            return
+        self._open(flow)
+
+    async def _shake_hands(self, flow: _Flow, shake: _Shake) -> None:
+        """The TLS handshake of an hs_connect flow, then its head and early bytes sealed; as the
+        compiled worker does it, with the same outcomes (see relay_c's "TLS handshakes")."""
+        import socket
+
+        framing = flow.framing
+        sslobj = framing.sslobj
+        loop = self._loop
+        sock = socket.socket(fileno=os.dup(flow.fds[1]))
+        try:
+            sock.setblocking(False)
+            while True:
+                shake.started = True
+                try:
+                    sslobj.do_handshake()
+                    done = True
+                except ssl.SSLWantReadError:
+                    done = False
+                if out := framing.outgoing.read():
+                    await loop.sock_sendall(sock, out)
+                if done:
+                    break
+                data = await loop.sock_recv(sock, FRAMED_READ)
+                if not data:
+                    raise ConnectionResetError(_errno.ECONNRESET, "the server closed during the handshake")
+                framing.incoming.write(data)
+        except ssl.SSLError as exc:
+            shake.error = exc
+            self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | _errno.EPROTO)
+            return
+        except OSError as exc:
+            self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | (exc.errno or _errno.EIO))
+            return
+        except Exception as exc:  # a bug: this flow only, and said
+            self._loop.call_exception_handler({"message": "TLS handshake of a relay flow failed", "exception": exc})
+            self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | _errno.EIO)
+            return
+        finally:
+            sock.close()
+        if flow.ended:
+            return
+        shake.facts = (TLS_RESUMED if sslobj.session_reused else 0) | (TLS_13 if sslobj.version() == "TLSv1.3" else 0)
+        flow.dirs[0].buf = framing.encryptor.encrypt(shake.plain)
+        self._open(flow)
+
+    def _open(self, flow: _Flow) -> None:
+        """The upstream is ready: reply success (ahead of the upstream's bytes) and relay."""
         flow.dirs[1].buf = _build_reply(0, flow.fds[1])
         flow.connecting = False
-        self._emit(flow, EV_OPEN, 1, 0)
+        self._emit(flow, EV_OPEN, 1, flow.shake.facts if flow.shake is not None else 0)
         for d in flow.dirs:
             if not d.copy:
                 self._take_pipe(d)
@@ -927,9 +1007,18 @@ class Engine:
 
     def _end(self, flow: _Flow, cause: int, b: int) -> None:
         flow.ended = True
+        shake = flow.shake
+        if shake is not None:
+            if shake.task is not None and not shake.task.done() and shake.task is not asyncio.current_task():
+                shake.task.cancel()
+            verify = getattr(shake.error, "verify_code", 0) or 0
+            message = getattr(shake.error, "verify_message", "") or ""
+            flow.framing.handshake_reported(shake.started, shake.facts >= 0, verify, message, shake.error)
         if flow.connecting and flow.fds[0] >= 0:  # listener mode: the client waits for its reply
             code = 0
-            if cause == END_ERROR:
+            if cause == END_ERROR and shake is not None and shake.started:
+                code = 1  # a failed TLS handshake, as Python's TlsFailed
+            elif cause == END_ERROR:
                 side = b >> 16
                 code = _reply_code(b & 0xFFFF) if side == SIDE_UPSTREAM else (1 if side == SIDE_LOCAL else 0)
             elif cause == END_CANCELLED:
@@ -1013,15 +1102,19 @@ def _salt_unsent(framing: Any) -> bool:
     return kind == "shadowsocks" and not getattr(framing.encryptor, "salt_sent", True)
 
 
-def _check_framing(framing: Any, *, salted: bool = True) -> None:
+def _check_framing(framing: Any, *, salted: bool = True, handshake: bool = False) -> None:
     """ValueError for a framing the engines cannot carry (as the compiled engine's _aead_new);
-    ``salted``: the client's salt must be sent already."""
+    ``salted``: the client's salt must be sent already; ``handshake``: a TLS framing whose
+    handshake has not begun (hs_connect drives it)."""
     kind = getattr(framing, "kind", None)
     if kind == "tls":
         if not isinstance(getattr(framing, "sslobj", None), ssl.SSLObject):
             raise ValueError("framing: no SSLObject to relay")
         if framing.claimed:
             raise ValueError("framing: this TLS connection is already relayed")
+        # (Python shows no "begun" state: a finished handshake or an unsent ClientHello tell it)
+        if handshake and (framing.outgoing.pending or framing.sslobj.version() is not None):
+            raise ValueError("framing: the TLS handshake has already begun")
         return
     if kind == "vmess":
         framing.engine_keys()  # ValueError for a body already begun, as the compiled engine

@@ -200,9 +200,12 @@ class EngineDial:
         self._guard = guard
         self._permit = permit
 
-    def opened(self) -> ScoreReporter | None:
-        """Connected: the permit goes back, the dial is reported; the flow's Score reporter."""
+    def opened(self, facts: int = 0) -> ScoreReporter | None:
+        """Connected (``facts``: what EV_OPEN told of a TLS handshake): the permit goes back, the
+        dial is reported; the flow's Score reporter."""
         self._release()
+        if self.plan.opened is not None:
+            self.plan.opened(facts)
         dialed = getattr(self.leaf, "engine_dialed", None)
         if dialed is not None:
             dialed(None)

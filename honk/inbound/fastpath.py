@@ -71,6 +71,7 @@ from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
 from honk.outbound.bridge import relay_end
 from honk.outbound.direct import ConnectFailed
+from honk.outbound.tls import handshake_failed
 from honk.relay.native import NativeRelay, native_available, shared_engine
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class FastFlow(NativeRelay):
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
         if kind == _relay.EV_OPEN:
-            self._path._opened(self)
+            self._path._opened(self, b)
         elif kind == _relay.EV_END:
             if self.tracked is None:  # ended before it connected
                 self._ended = True
@@ -368,7 +369,7 @@ class SocksFastPath:
         self.inbound._refused(meta.inbound, meta.source, meta.target, error)
         self.engine.hs_reject(token, int(reply_for(error)))
 
-    def _opened(self, flow: FastFlow) -> None:
+    def _opened(self, flow: FastFlow, facts: int = 0) -> None:
         if flow.timer is not None:
             flow.timer.cancel()
             flow.timer = None
@@ -376,7 +377,7 @@ class SocksFastPath:
         meta = routed.meta
         flow.last_activity = self.clock.now()
         if flow.dial is not None:
-            flow.reporter = flow.dial.opened()
+            flow.reporter = flow.dial.opened(facts)
             flow.dial = None
             if flow.reporter is not None:
                 flow._listen(flow.reporter)
@@ -418,12 +419,16 @@ class SocksFastPath:
             side, err = detail >> 16, detail & 0xFFFF
             if cause == _relay.END_ERROR and side == _relay.SIDE_CLIENT:
                 error = ClientGone(f"client went away during the connect: {os.strerror(err)}")
+            elif cause == _relay.END_ERROR and side == _relay.SIDE_UPSTREAM and _shook_hands(flow.framing):
+                error = handshake_failed(flow.routed.leaf.name, flow.framing.handshake, flow.framing.tls_detail, err)
             elif cause == _relay.END_ERROR:
                 dialled = meta.target if flow.dial is None else Address(flow.dial.plan.ip, flow.dial.plan.port)
                 reason = os.strerror(err)
                 error = ConnectFailed(flow.routed.leaf.name, f"{dialled}: {reason}", err, (OSError(err, reason),))
             else:
                 error = FlowClosed("relay engine closed")
+        elif isinstance(error, DialTimeout) and _shook_hands(flow.framing):
+            error = flow._error = DialTimeout(flow.routed.leaf.name, "tls", "no TLS handshake before the deadline")
         flow._error = error
         if flow.dial is not None:
             flow.dial.failed(error)
@@ -443,6 +448,12 @@ class SocksFastPath:
         stats = self._dispatcher.stats
         if stats is not None:
             stats.dial("tcp", error, outbound)
+
+
+def _shook_hands(framing: Any) -> bool:
+    """Whether the engine began a TLS handshake for this flow and it never finished."""
+    report = getattr(framing, "handshake", None)
+    return report is not None and report.started and not report.finished
 
 
 def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:

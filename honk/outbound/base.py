@@ -66,9 +66,10 @@ class EnginePlan:
     with the bypass ``mark`` (-1: none), send ``head`` first, then relay through ``framing``.
 
     A leaf offers one (``engine_plan(target)``) only when its dial is exactly that: a direct
-    connection to an IP literal, or a node whose server is an IP literal and whose whole
-    handshake is a header it seals ahead (Shadowsocks, VMess on plain TCP). Resolving names,
-    TLS, WebSocket, mux and ready connections stay with Python's dial."""
+    connection to an IP literal, or a node whose server is an IP literal and whose handshake
+    the engine can make: a header sealed ahead (Shadowsocks, VMess on plain TCP), or a TLS
+    handshake and then the header (Trojan and VLESS on TCP + TLS). Resolving names, WebSocket,
+    mux and ready connections stay with Python's dial."""
 
     ip: str
     port: int
@@ -76,6 +77,9 @@ class EnginePlan:
     timeout: float  # seconds the connect may take (the connector's bound)
     framing: Any = None
     head: bytes = b""
+    # called on the loop's thread once the engine connected (and shook hands), with what EV_OPEN
+    # told of the handshake (honk._fast.relay_py.TLS_RESUMED | TLS_13); None: nothing to learn
+    opened: Callable[[int], None] | None = None
 
 
 class Outbound(Protocol):

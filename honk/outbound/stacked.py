@@ -11,7 +11,10 @@ Trojan and VLESS over TCP + TLS (no WebSocket, no mux) skip the channel and the
 bridge: the TLS handshake runs over memory BIOs, the header goes out through it,
 and the dialed stream is the server's socket with a
 :class:`~honk.proto.tls_framing.TlsFraming`, whose records the relay engine moves
-itself (two descriptors per flow, no Python per chunk). WebSocket transports,
+itself (two descriptors per flow, no Python per chunk). On the SOCKS fast path the
+engine does the dial too (:meth:`StackedLeaf.engine_plan`): it connects, makes the
+handshake on an ``SSLObject`` prepared here (offering the server's session to resume)
+and seals the header itself. WebSocket transports,
 mux carriers, UDP and VMess over TLS keep the channel path, as does every node
 when the relay engine cannot drive this Python's SSLObjects
 (:func:`honk._fast.relay.tls_supported`).
@@ -19,20 +22,23 @@ when the relay engine cannot drive this Python's SSLObjects
 
 from __future__ import annotations
 
+import dataclasses
+import ssl
 from collections.abc import Callable
 from typing import Any
 
-from honk._fast.relay import tls_supported
+from honk._fast.relay import TLS_13, TLS_RESUMED, tls_supported
 from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock
 from honk.core.errors import ConfigRefused, HonkError
 from honk.core.net import Address
-from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
+from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost, EnginePlan
 from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel, CodecChannel
 from honk.outbound.mux import mux_requested, pool_for
 from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.proxy import ProxyLeaf, handshake_scope
+from honk.outbound.tls import client_context, relayed_handshake
 from honk.outbound.transport import TransportSpec, open_tls, open_transport
 from honk.proto.mux import MUX_COOL_TARGET
 from honk.proto.tls_framing import TlsFraming
@@ -99,6 +105,34 @@ class StackedLeaf(ProxyLeaf):
         if stream.response is not None and transport.tls_only and tls_supported():
             return await self._dial_tls(transport, stream, deadline)
         return bridged(await self._framed(stream, deadline), self.name)
+
+    def engine_plan(self, target: Address) -> EnginePlan | None:
+        """Trojan and VLESS on TCP + TLS: the relay engine connects, shakes hands and sends the
+        header itself (``Engine.hs_connect``); None for anything :meth:`_dial_tls` does not carry."""
+        server = self.server
+        if server.ip is None or not self.connector.engine_dials or not tls_supported():
+            return None
+        try:
+            transport = self.transport()
+            if self.mux or not transport.tls_only:
+                return None
+            stream = self.stream(target)
+            if stream.response is None:
+                return None
+            context = client_context(transport.verify, transport.alpn, transport.ca, self.name)
+            shake = relayed_handshake(context, (str(server.ip), server.port),
+                                      transport.server_name or server.host, self.clock)
+        except (HonkError, ssl.SSLError, ValueError):  # Python's dial says why, with its error
+            return None
+        framing = TlsFraming(shake.sslobj, shake.incoming, shake.outgoing, stream.response)
+        plan = self.connector.engine_plan(server, framing, stream.header)
+        if plan is None:
+            return None
+
+        def opened(facts: int) -> None:
+            shake.opened(bool(facts & TLS_RESUMED), bool(facts & TLS_13), framing.when_released)
+
+        return dataclasses.replace(plan, opened=opened)
 
     async def _dial_tls(self, transport: TransportSpec, stream: Stream, deadline: float) -> DialedStream:
         """TCP + TLS with the header sent, for the relay engine to carry (no channel, no bridge)."""

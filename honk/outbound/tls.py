@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import errno
 import functools
 import os
 import socket
@@ -57,6 +58,7 @@ from dataclasses import dataclass
 from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
+from honk.proto.tls_framing import HandshakeReport
 from honk.relay.stream import StreamConn
 
 __all__ = ["TlsConnection", "TlsFailed", "ca_path", "client_context", "tls_connect", "tls_handshake", "tls_verification"]
@@ -214,8 +216,11 @@ class _ResumingContext(ssl.SSLContext):
         if entry.harvest is None and now >= entry.next_harvest and connection.version() == "TLSv1.3":
             entry.harvest = connection
 
-    def learn_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float) -> bool:
-        """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`).
+    def learn_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float, *,
+                      reused: bool | None = None, tls13: bool | None = None) -> bool:
+        """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`);
+        ``reused`` and ``tls13`` tell what the handshake was when the engine drove it (the
+        connection is its worker's then, not to be read).
 
         Such a connection is never kept as ``harvest``: :meth:`offer` reads ``.session`` on the
         loop's thread, while the compiled engine's worker may be inside OpenSSL with the same
@@ -224,10 +229,12 @@ class _ResumingContext(ssl.SSLContext):
         after its flow ended (the framing's release hook). True when the caller should try.
         """
         entry = self._entry(key)
-        if connection.session_reused:
+        if connection.session_reused if reused is None else reused:
             return False
         entry.session = None
-        if now < entry.next_harvest or connection.version() != "TLSv1.3" or entry.harvest is not None:
+        if tls13 is None:
+            tls13 = connection.version() == "TLSv1.3"
+        if now < entry.next_harvest or not tls13 or entry.harvest is not None:
             return False
         # one connection waits for its flow to end at a time; one that waited a whole retry
         # period (a long flow) gives way to a newer one
@@ -297,6 +304,21 @@ def _read_ca(path: str) -> str:
     if not text.strip():  # create_default_context would quietly take the system store for ""
         raise _BadCa(f"the CA file {path!r} holds no PEM certificate")
     return text
+
+
+def handshake_failed(outbound: str, report: HandshakeReport, detail: str, err: int) -> TlsFailed:
+    """The typed failure of a handshake the relay engine drove (``Engine.hs_connect``): as
+    :func:`_typed` types Python's own. ``detail``: OpenSSL's reason the compiled engine gave,
+    ``err``: the socket errno it met (EPROTO: OpenSSL's failure, not the socket's)."""
+    if report.error is not None:  # the twin's own exception
+        return _classify(outbound, report.error)
+    if report.verify_code:
+        reason = _VERIFY_REASONS.get(report.verify_code, "certificate-untrusted")
+        return TlsFailed(outbound, reason, report.verify_message or "certificate verification failed")
+    if err == errno.EPROTO:
+        return TlsFailed(outbound, "handshake", detail or "the handshake failed")
+    why = "the server closed the connection" if err == errno.ECONNRESET else os.strerror(err)
+    return TlsFailed(outbound, "handshake", f"the connection failed during the handshake: {why}")
 
 
 def _classify(outbound: str, exc: ssl.SSLError) -> TlsFailed:
@@ -425,6 +447,45 @@ def _handshake_threads() -> ThreadPoolExecutor:
     if _handshake_pool is None:
         _handshake_pool = ThreadPoolExecutor(HANDSHAKE_THREADS, thread_name_prefix="honk-tls")
     return _handshake_pool
+
+
+@dataclass(slots=True)
+class RelayedHandshake:
+    """A TLS connection for the relay engine to shake hands on (``Engine.hs_connect``): its
+    ``SSLObject`` (offering the server's session to resume) and BIOs, and what to learn once the
+    engine says how the handshake went (:meth:`opened`)."""
+
+    sslobj: ssl.SSLObject
+    incoming: ssl.MemoryBIO
+    outgoing: ssl.MemoryBIO
+    context: ssl.SSLContext
+    key: _ServerKey
+    clock: Clock
+
+    def opened(self, reused: bool, tls13: bool, released: Callable[[Callable[[], None]], None]) -> None:
+        """The engine finished the handshake: learn it for resumption; a full TLS 1.3 one has its
+        session taken once the relay gives the connection back (``released`` sets that hook)."""
+        context = self.context
+        if not isinstance(context, _ResumingContext):
+            return
+        sslobj, key, clock = self.sslobj, self.key, self.clock
+        if context.learn_relayed(key, sslobj, clock.now(), reused=reused, tls13=tls13):
+            released(lambda: context.take_relayed(key, sslobj, clock.now(), final=True))
+
+
+def relayed_handshake(context: ssl.SSLContext, server: tuple[str, int], server_name: str,
+                      clock: Clock) -> RelayedHandshake:
+    """A connection to ``server`` (its IP and port) for the engine to shake hands on: as
+    :func:`tls_handshake` starts one, resumption included. Raises ``ssl.SSLError`` or
+    ``ValueError`` for a server name OpenSSL refuses."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    key = (server, server_name)
+    if isinstance(context, _ResumingContext):
+        sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name,
+                                  session=context.offer(key, clock.now()))
+    else:
+        sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    return RelayedHandshake(sslobj, incoming, outgoing, context, key, clock)
 
 
 async def _drive_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, sslobj: ssl.SSLObject,

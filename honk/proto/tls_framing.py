@@ -30,13 +30,14 @@ from __future__ import annotations
 import errno
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from honk.core.errors import CodecError, HonkError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.proto.vless import VlessError, VlessResponseDecoder
 
-__all__ = ["TlsFraming", "TlsStreamError"]
+__all__ = ["HandshakeReport", "TlsFraming", "TlsStreamError"]
 
 READ_CHUNK = 256 * 1024  # plaintext asked per SSLObject.read on the Python relays (bytes)
 
@@ -111,6 +112,17 @@ class _Opener:
             raise framing.failed(exc) from None
 
 
+@dataclass(frozen=True, slots=True)
+class HandshakeReport:
+    """How far a handshake the relay engine drove got (:meth:`TlsFraming.handshake_reported`)."""
+
+    started: bool  # the ClientHello went out: a failure from here on is the handshake's
+    finished: bool
+    verify_code: int  # X509_V_OK (0), or why the server's certificate was not accepted
+    verify_message: str = ""  # OpenSSL's words for verify_code
+    error: ssl.SSLError | None = None  # the twin's own exception, when it raised one
+
+
 class TlsFraming:
     """A TLS connection past its handshake (and the request header), for the relay to carry.
 
@@ -148,6 +160,8 @@ class TlsFraming:
         self._failure: HonkError | None = None  # what the Python relays' reading raised
         self._tls_detail = ""  # the compiled engine's OpenSSL reason for a broken record or an alert
         self._bad_version: int | None = None  # the compiled engine's VLESS version byte that did not match
+        # a handshake the relay engine drove (Engine.hs_connect), once its flow ended: how far it got
+        self.handshake: HandshakeReport | None = None
 
     def __repr__(self) -> str:
         return f"TlsFraming(strip_header={self.strip_header}, claimed={self._claimed})"
@@ -172,6 +186,22 @@ class TlsFraming:
     def unclaim(self) -> None:
         """The relay that claimed it refused the flow before touching it."""
         self._claimed = False
+
+    @property
+    def tls_detail(self) -> str:
+        """The compiled engine's OpenSSL reason for what ended the connection ("" without one)."""
+        return self._tls_detail
+
+    def when_released(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` once the relay gave the connection back (instead of ``on_release``)."""
+        self._on_release = hook
+
+    def handshake_reported(self, started: bool, finished: bool, verify_code: int, verify_message: str = "",
+                           error: ssl.SSLError | None = None) -> None:
+        """The relay engine that drove the handshake tells how far it got (before
+        :meth:`released`): begun, finished, OpenSSL's certificate verification result, and the
+        twin's own exception."""
+        self.handshake = HandshakeReport(started, finished, verify_code, verify_message, error)
 
     def released(self, tls_detail: str = "", bad_version: int | None = None) -> None:
         """The relay is done with the connection (its END was delivered); ``tls_detail`` and

@@ -1,9 +1,11 @@
 """Nodes the relay engine dials itself, against real servers (ss-server, v2ray).
 
-A SOCKS5 CONNECT on the fast path that is routed to a Shadowsocks node, or to a VMess node
-on plain TCP, whose server is an IP literal is answered with ONE command: the engine's
-worker connects to the server, sends the request header (the Shadowsocks salt and address
-chunk it seals itself, or VMess's header sealed by Python) and relays through the framing.
+A SOCKS5 CONNECT on the fast path that is routed to a Shadowsocks node, a VMess node on
+plain TCP, or a Trojan or VLESS node on TCP + TLS, whose server is an IP literal, is
+answered with ONE command: the engine's worker connects to the server, makes the TLS
+handshake when there is one, sends the request header (the Shadowsocks salt and address
+chunk it seals itself, VMess's header sealed by Python, Trojan's and VLESS's sealed into
+the first record) and relays through the framing.
 The dial is admitted, timed and reported exactly as Python's dial is (the dial permit, the
 descriptor budget, the node's dial counts and health, Score), and Python dials instead when
 the flow needs it: a group on the chain that retries a failed dial, a ready connection
@@ -20,11 +22,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+import trustme
 from helpers.aio import close_writer, socks5_open
 from helpers.engines import FASTPATH_ENGINES
 from helpers.peerservers import SS_METHODS, ss_server, v2ray_server
 from helpers.servers import EchoServer
 from helpers.socks import encode_address
+from test_tls_engine_relay import TicketingTrojanServer
 
 from honk._fast import relay_py
 from honk.config.links import parse_node_link
@@ -42,7 +46,10 @@ from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, FakeClock, MonotonicClock
+from honk.core.errors import DialTimeout
 from honk.inbound.mixed import MixedInbound
+from honk.outbound.direct import ConnectFailed
+from honk.outbound.tls import TlsFailed
 
 STEP = 5.0
 PASSWORD = "engine-dial-pw"
@@ -66,6 +73,7 @@ class Env:
     inbound: MixedInbound
     dispatcher: Dispatcher
     engine_dials: list[bool]  # per routed request: whether the engine dialled it (False: Python)
+    refusals: list[Exception]  # the typed errors the inbound refused flows with
 
     @property
     def port(self) -> int:
@@ -98,10 +106,18 @@ async def honk(engine_name: str, nodes: tuple[NodeSpec, ...], *, fallback: str,
     dispatcher.engine_dial = watched  # type: ignore[method-assign]
     engine = _make_engine(engine_name)
     inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
+    refusals: list[Exception] = []
+    refuse = inbound._refused
+
+    def refused(tag, source, target, error):  # noqa: ANN001, ANN202 - observes, then the real one
+        refusals.append(error)
+        refuse(tag, source, target, error)
+
+    inbound._refused = refused  # type: ignore[method-assign]
     await inbound.start()
     try:
         assert inbound._fast is not None
-        yield Env(inbound, dispatcher, made)
+        yield Env(inbound, dispatcher, made, refusals)
     finally:
         await inbound.aclose()
         tracker.close_all("test over")
@@ -182,6 +198,8 @@ def test_an_unreachable_node_gets_reply_5_and_is_charged_with_the_connect(run, e
             assert env.engine_dials == [True]
             assert env.leaf("ss").runtime.dials["connect"] == 1
             assert env.dispatcher.plane.admission.in_use == 0  # the permit went back
+            [error] = env.refusals
+            assert isinstance(error, ConnectFailed) and f"127.0.0.1:{port}" in str(error), error
 
     run(main())
     refused = [r.getMessage() for r in caplog.records if "flow refused inbound=lan" in r.getMessage()]
@@ -293,3 +311,107 @@ def test_a_ready_connection_warm_up_opened_is_used_by_python_not_bypassed(run, e
                 assert ready.hits == 1
 
     run(main())
+
+
+# --- Trojan and VLESS over TLS: the engine makes the handshake -------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["trojan", "vless"])
+def test_a_tls_node_is_dialled_and_its_handshake_made_by_the_engine(run, engine_name, protocol,
+                                                                     monkeypatch) -> None:
+    payload = bytes(range(256)) * 256
+
+    async def main() -> None:
+        with v2ray_server(protocol, transport="tcp", tls=True) as peer, EchoServer() as echo:
+            monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+            node = parse_node_link(peer.share_link(), "tls")
+            async with honk(engine_name, (node,), fallback="tls") as env:
+                for _ in range(2):
+                    assert await _echo_through(env, echo.port, payload) == payload
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert env.engine_dials == [True, True]
+                assert env.leaf("tls").runtime.dials["ok"] == 2
+            assert len([line for line in peer.accepted() if f"127.0.0.1:{echo.port}" in line]) == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize(("sni", "reason"), [("localhost", "certificate-untrusted"),
+                                             ("elsewhere.test", "certificate-name")])
+def test_a_certificate_the_engine_does_not_accept_is_a_typed_tls_failure_and_reply_1(
+        run, engine_name, caplog, monkeypatch, tmp_path, sni, reason) -> None:
+    caplog.set_level(logging.INFO, logger="honk.inbound")
+
+    async def main() -> None:
+        with v2ray_server("trojan", transport="tcp", tls=True) as peer, EchoServer() as echo:
+            if reason == "certificate-untrusted":  # a store without the server's CA
+                other = trustme.CA()
+                other.cert_pem.write_to_path(str(tmp_path / "other.pem"))
+                monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
+            else:
+                monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+            node = parse_node_link(peer.share_link(sni=sni), "tls")
+            async with honk(engine_name, (node,), fallback="tls") as env:
+                reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
+                assert rep == 0x01
+                assert await asyncio.wait_for(reader.read(), STEP) == b""
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert env.engine_dials == [True]
+                assert env.leaf("tls").runtime.dials["tls"] == 1
+                assert env.dispatcher.plane.admission.in_use == 0
+                [error] = env.refusals
+                assert isinstance(error, TlsFailed) and error.reason == reason, error
+            assert not peer.accepted()
+
+    run(main())
+    refused = [r.getMessage() for r in caplog.records if "flow refused inbound=lan" in r.getMessage()]
+    assert len(refused) == 1 and "error=TlsFailed" in refused[0]
+
+
+def test_a_server_silent_in_the_handshake_gets_reply_6_as_a_tls_timeout(run, engine_name) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never answers
+        try:
+            node = parse_node_link(f"trojan://pw@127.0.0.1:{silent.getsockname()[1]}?security=tls&sni=localhost#t",
+                                   "tls")
+            async with honk(engine_name, (node,), fallback="tls", clock=clock) as env:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", 80))
+                assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+                while clock.sleepers == 0:
+                    await asyncio.sleep(0.001)
+                await asyncio.sleep(0.05)  # the TCP connect is done and the ClientHello out
+                clock.advance(2.1)
+                head = await asyncio.wait_for(reader.readexactly(10), STEP)
+                assert head[1] == 0x06
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert env.leaf("tls").runtime.dials["tls"] == 1  # the handshake's phase, not the connect's
+                [error] = env.refusals
+                assert isinstance(error, DialTimeout) and error.phase == "tls", error
+        finally:
+            silent.close()
+
+    run(main())
+
+
+def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_back(run, engine_name,
+                                                                                     tmp_path) -> None:
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+
+    async def main() -> list[bool]:
+        async with TicketingTrojanServer(ca) as server:
+            node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
+                                   f"ca={ca_file}#node", "tls")
+            async with honk(engine_name, (node,), fallback="tls") as env:
+                for _ in range(3):
+                    assert await _echo_through(env, 9, b"ping") == b"ping"
+                    await asyncio.wait_for(env.inbound.wait_closed(), STEP)  # given back: its session taken
+                assert env.engine_dials == [True, True, True]
+            return server.reused
+
+    assert run(main()) == [False, True, True]

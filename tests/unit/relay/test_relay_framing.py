@@ -481,37 +481,6 @@ async def test_hs_connect_sends_a_head_as_it_is_after_a_framing_that_sent_its_sa
         srv.close()
 
 
-async def test_hs_connect_refuses_a_tls_framing_and_keeps_the_handshake(engine) -> None:
-    class Tls:
-        kind = "tls"
-
-    tokens: list[int] = []
-
-    class Holder:
-        def socks_request(self, token: int, *_: Any) -> None:
-            tokens.append(token)
-
-        socks_handover = _FastListener.socks_handover
-        socks_dropped = _FastListener.socks_dropped
-
-    loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listening:
-        lid = engine.listen(listening.fileno(), Holder())
-        client = socket.create_connection(listening.getsockname())
-        client.setblocking(False)
-        try:
-            await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00" + ADDRESS)
-            await poll(lambda: bool(tokens), "the request")
-            with pytest.raises(ValueError, match="TLS"):
-                engine.hs_connect(tokens[0], "127.0.0.1", 9, -1, Recorder(), Tls(), b"")
-            engine.hs_reject(tokens[0], 0x01)  # the token is still the caller's to answer
-            reply = await recv_exactly(client, 2 + 10)
-            assert reply[2:4] == b"\x05\x01"
-        finally:
-            engine.unlisten(lid)
-            client.close()
-
-
 # --- properties ----------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ the engine's upstream. Certificates come from a CA made here (trustme).
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import ssl
@@ -311,3 +312,158 @@ async def test_the_framing_is_given_back_after_the_end(engine, contexts) -> None
         assert (await r.rec.end())[0] == relay_py.END_CANCELLED
         assert released == [False]
         r.framing.sslobj.session  # noqa: B018 - Python may read the connection again
+
+
+# --- listener mode: the engine makes the handshake itself (hs_connect) --------------------------------
+
+
+class _Dialing:
+    """Answers the engine's SOCKS5 request with hs_connect to ``node`` over a fresh TLS framing."""
+
+    def __init__(self, engine, node: tuple[str, int], framing: TlsFraming, head: bytes, rec) -> None:  # noqa: ANN001
+        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
+
+    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
+        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
+
+    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+        os.close(fd)
+        raise AssertionError("the handshake was handed over")
+
+    def socks_dropped(self) -> None:
+        pass
+
+
+async def _server_handshake(sock: socket.socket, server_ctx: ssl.SSLContext) -> TlsServer:
+    """The test's side of the handshake over ``sock`` (the engine's upstream)."""
+    loop = asyncio.get_running_loop()
+    s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    while True:
+        try:
+            server.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        if out := s_out.read():
+            await loop.sock_sendall(sock, out)
+        if done:
+            return TlsServer(sock, server, s_in, s_out)
+        data = await asyncio.wait_for(loop.sock_recv(sock, 65536), STEP)
+        assert data, "the engine closed during the handshake"
+        s_in.write(data)
+
+
+async def _dial_through_engine(engine, client_ctx: ssl.SSLContext, server_name: str, early: bytes):  # noqa: ANN001, ANN202
+    """A SOCKS5 client whose request the engine answers by dialling a node the test plays (TLS on
+    its side is the caller's): (client, the node's accepted end, the framing, the recorder, lid)."""
+    from helpers.engines import Recorder
+
+    loop = asyncio.get_running_loop()
+    c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    framing = TlsFraming(client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name), c_in, c_out,
+                         TrojanStreamWatch())
+    rec = Recorder()
+    node = socket.create_server(("127.0.0.1", 0))
+    node.setblocking(False)
+    listening = socket.create_server(("127.0.0.1", 0))
+    lid = engine.listen(listening.fileno(), _Dialing(engine, node.getsockname(), framing, b"HEADER\r\n", rec))
+    client = socket.create_connection(listening.getsockname())
+    client.setblocking(False)
+    await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50" + early)
+    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
+    srv.setblocking(False)
+    node.close()
+    listening.close()
+    return client, srv, framing, rec, lid
+
+
+async def test_hs_connect_shakes_hands_then_seals_the_head_and_the_early_bytes(engine, contexts) -> None:
+    client_ctx, server_ctx = contexts
+    client, srv, framing, rec, lid = await _dial_through_engine(engine, client_ctx, "localhost", b"early")
+    try:
+        greeting = await recv_exactly(client, 2)
+        assert greeting == b"\x05\x00"
+        server = await _server_handshake(srv, server_ctx)
+        plain = server.take(b"")  # the records that came with the client's Finished
+        plain += await server.recv_plain(len(b"HEADER\r\nearly") - len(plain)) if len(plain) < 13 else b""
+        assert plain == b"HEADER\r\nearly"
+        reply = await recv_exactly(client, 10)  # only once the handshake is done
+        assert reply[:2] == b"\x05\x00"
+        assert rec.events[0][0] == relay_py.EV_OPEN and rec.events[0][2] & relay_py.TLS_13
+        assert not rec.events[0][2] & relay_py.TLS_RESUMED
+        await server.send(b"answer")
+        assert await recv_exactly(client, 6) == b"answer"
+        client.shutdown(socket.SHUT_WR)
+        assert await server.recv_until_eof() == b""
+        assert server.close_notify
+        await server.close_notify_and_fin()
+        assert await recv_until_eof(client) == b""
+        await rec.end()
+        report = framing.handshake
+        assert report is not None and report.started and report.finished and report.verify_code == 0
+    finally:
+        engine.unlisten(lid)
+        client.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("how", ["wrong-name", "server-closes"])
+async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, contexts, how) -> None:
+    client_ctx, server_ctx = contexts
+    name = "elsewhere.test" if how == "wrong-name" else "localhost"
+    client, srv, framing, rec, lid = await _dial_through_engine(engine, client_ctx, name, b"")
+    try:
+        assert await recv_exactly(client, 2) == b"\x05\x00"
+        if how == "wrong-name":
+            with pytest.raises(AssertionError, match="closed during the handshake"):
+                await _server_handshake(srv, server_ctx)
+        else:
+            assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536), STEP)  # ClientHello
+            srv.close()
+        reply = await recv_exactly(client, 10)
+        assert reply[1] == 0x01
+        assert await recv_until_eof(client) == b""
+        cause, detail = await rec.end()
+        assert cause == relay_py.END_ERROR and detail >> 16 == relay_py.SIDE_UPSTREAM
+        assert not any(kind == relay_py.EV_OPEN for kind, _, _ in rec.events)
+        report = framing.handshake
+        assert report is not None and report.started and not report.finished
+        if how == "wrong-name":
+            assert report.verify_code == 62  # X509_V_ERR_HOSTNAME_MISMATCH
+            assert detail & 0xFFFF == errno.EPROTO
+        else:
+            assert report.verify_code == 0
+            assert detail & 0xFFFF in (errno.ECONNRESET, errno.EPIPE)
+        await poll(lambda: not framing.claimed, "the framing given back")
+    finally:
+        engine.unlisten(lid)
+        client.close()
+        srv.close()
+
+
+async def test_hs_connect_refuses_a_tls_framing_whose_handshake_began_and_keeps_the_request(engine, contexts) -> None:
+    client, c_in, c_out, *_ = handshake(contexts)
+    framing = TlsFraming(client, c_in, c_out, TrojanStreamWatch())
+    tokens: list[int] = []
+
+    class Holder(_Dialing):
+        def socks_request(self, token: int, *_: object) -> None:
+            tokens.append(token)
+
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        lid = engine.listen(listening.fileno(), Holder(engine, ("127.0.0.1", 9), framing, b"", None))
+        sock = socket.create_connection(listening.getsockname())
+        sock.setblocking(False)
+        try:
+            await loop.sock_sendall(sock, b"\x05\x01\x00\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50")
+            await poll(lambda: bool(tokens), "the request")
+            with pytest.raises(ValueError, match="handshake"):
+                engine.hs_connect(tokens[0], "127.0.0.1", 9, -1, None, framing, b"")
+            assert not framing.claimed
+            engine.hs_reject(tokens[0], 0x01)  # the request is still the caller's to answer
+            assert (await recv_exactly(sock, 2 + 10))[2:4] == b"\x05\x01"
+        finally:
+            engine.unlisten(lid)
+            sock.close()
