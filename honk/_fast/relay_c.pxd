@@ -274,6 +274,7 @@ cdef class Engine:
     cdef int _put_head(self, Flow* f, char* head, size_t n, double now) noexcept nogil
     cdef int _tls_handshake(self, Flow* f, double now) noexcept nogil
     cdef int _hs_send(self, Flow* f, double now) noexcept nogil
+    cdef int _wbio_take(self, Flow* f, double now) noexcept nogil
     cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil
     cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil
     cdef object _push(self, Cmd* c)

@@ -2199,19 +2199,13 @@ cdef class Engine:
         """Send what the handshake wrote into the write BIO; a short send keeps the rest in
         hs_out. 0, or -1 if the flow ended."""
         cdef TlsState* t = f.tls
-        cdef size_t pend
         cdef ssize_t n
         cdef int k
         cdef char* grown
         while True:
-            pend = BIO_ctrl_pending(t.wbio)
-            if pend == 0:
-                return 0
-            k = BIO_read(t.wbio, self.fout, <int>(pend if pend < FRAMED_BUF else FRAMED_BUF))
+            k = self._wbio_take(f, now)
             if k <= 0:
-                ERR_clear_error()
-                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
-                return -1
+                return k
             n = 0
             if t.hs_out_len == 0:
                 while True:
@@ -2916,23 +2910,30 @@ cdef class Engine:
     cdef int _tls_flush(self, Flow* f, double now) noexcept nogil:
         """Send what SSL wrote into its write BIO on to the upstream: straight from fout when the up
         direction owes nothing, else behind what it owes. 0, or -1 if the flow ended."""
-        cdef TlsState* t = f.tls
         cdef Dir* d = &f.d[0]
-        cdef size_t pend
         cdef int k
         if d.off < d.len or not f.writable[1]:
             return self._wbio_owed(f, now)
         while True:
-            pend = BIO_ctrl_pending(t.wbio)
-            if pend == 0:
-                return 0
-            k = BIO_read(t.wbio, self.fout, <int>(pend if pend < FRAMED_BUF else FRAMED_BUF))
+            k = self._wbio_take(f, now)
             if k <= 0:
-                ERR_clear_error()
-                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
-                return -1
+                return k
             if self._owe(f, 0, self.fout, <size_t>k, now) < 0:
                 return -1
+
+    cdef int _wbio_take(self, Flow* f, double now) noexcept nogil:
+        """Read up to FRAMED_BUF bytes of what SSL wrote into fout: how many (0: none), or -1 if
+        the flow ended."""
+        cdef size_t pend = BIO_ctrl_pending(f.tls.wbio)
+        cdef int k
+        if pend == 0:
+            return 0
+        k = BIO_read(f.tls.wbio, self.fout, <int>(pend if pend < FRAMED_BUF else FRAMED_BUF))
+        if k <= 0:
+            ERR_clear_error()
+            self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+            return -1
+        return k
 
     cdef int _wbio_owed(self, Flow* f, double now) noexcept nogil:
         """Move what SSL wrote into its write BIO behind the bytes the up direction owes the

@@ -29,6 +29,11 @@ if fast_relay.IMPLEMENTATION == "compiled":
 FASTPATH_ENGINES = ["native", "twin"] if fast_relay.IMPLEMENTATION == "compiled" else ["twin"]
 
 
+def fastpath_engine(name: str) -> Any:
+    """A new engine of FASTPATH_ENGINES' ``name`` on the running loop."""
+    return engine_class("compiled" if name == "native" else name)(asyncio.get_running_loop())
+
+
 def engine_class(name: str) -> Any:
     if name == "compiled":
         from honk._fast.relay_c import Engine

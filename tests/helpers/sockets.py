@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 
 def tcp_pair(listener: socket.socket | None = None) -> tuple[socket.socket, socket.socket]:
@@ -48,3 +50,23 @@ def roundtrip(sock: socket.socket, payload: bytes) -> bytes:
 def open_fds() -> int:
     """How many file descriptors this process has open (leak checks)."""
     return len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[int]:
+    """A loopback port whose listener's backlog is full: a connect to it never completes."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = []
+    try:
+        for _ in range(8):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(full.getsockname())
+            fillers.append(s)
+        yield full.getsockname()[1]
+    finally:
+        for s in fillers:
+            s.close()
+        full.close()

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import pytest
 import trustme
 from helpers.aio import close_writer, socks5_open
-from helpers.engines import FASTPATH_ENGINES
+from helpers.engines import FASTPATH_ENGINES, fastpath_engine
 from helpers.peerservers import SS_METHODS, ss_server, v2ray_server
 from helpers.servers import EchoServer
+from helpers.sockets import unanswered_port
 from helpers.socks import encode_address
 from test_tls_engine_relay import TicketingTrojanServer
 
-from honk._fast import relay_py
 from honk.config.links import parse_node_link
 from honk.config.spec import (
     GlobalSpec,
@@ -58,14 +58,6 @@ PASSWORD = "engine-dial-pw"
 @pytest.fixture(params=FASTPATH_ENGINES)
 def engine_name(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _make_engine(name: str):
-    if name == "native":
-        from honk._fast.relay_c import Engine
-
-        return Engine(asyncio.get_running_loop())
-    return relay_py.Engine(asyncio.get_running_loop())
 
 
 @dataclass
@@ -104,7 +96,7 @@ async def honk(engine_name: str, nodes: tuple[NodeSpec, ...], *, fallback: str,
         return dial
 
     dispatcher.engine_dial = watched  # type: ignore[method-assign]
-    engine = _make_engine(engine_name)
+    engine = fastpath_engine(engine_name)
     inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
     refusals: list[Exception] = []
     refuse = inbound._refused
@@ -210,17 +202,8 @@ def test_an_unreachable_node_gets_reply_5_and_is_charged_with_the_connect(run, e
 def test_a_node_silent_past_the_connect_deadline_gets_reply_6_on_the_injected_clock(run, engine_name) -> None:
     async def main() -> None:
         clock = FakeClock()
-        full = socket.socket()  # a listener whose backlog is full: further connects never complete
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        fillers = []
-        try:
-            for _ in range(8):
-                s = socket.socket()
-                s.setblocking(False)
-                s.connect_ex(full.getsockname())
-                fillers.append(s)
-            node = _ss_node("ss", full.getsockname()[1])
+        with unanswered_port() as port:
+            node = _ss_node("ss", port)
             async with honk(engine_name, (node,), fallback="ss", clock=clock) as env:
                 reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
                 writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", 80))
@@ -235,10 +218,6 @@ def test_a_node_silent_past_the_connect_deadline_gets_reply_6_on_the_injected_cl
                 assert env.engine_dials == [True]
                 assert env.leaf("ss").runtime.dials["connect"] == 1  # a timeout with its full share counts
                 assert env.dispatcher.plane.admission.in_use == 0
-        finally:
-            for s in fillers:
-                s.close()
-            full.close()
 
     run(main())
 

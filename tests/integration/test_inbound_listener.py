@@ -18,11 +18,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 from helpers.aio import close_writer, socks5_open, until
-from helpers.engines import FASTPATH_ENGINES
+from helpers.engines import FASTPATH_ENGINES, fastpath_engine
 from helpers.servers import EchoServer, HttpOrigin
 from helpers.socks import encode_address
 
-from honk._fast import relay_py
 from honk.config.spec import GlobalSpec, InboundSpec, InboundUser, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
@@ -59,14 +58,6 @@ def asyncio_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HONK_FASTPATH", "off")
 
 
-def _make_engine(name: str):
-    if name == "native":
-        from honk._fast.relay_c import Engine
-
-        return Engine(asyncio.get_running_loop())
-    return relay_py.Engine(asyncio.get_running_loop())
-
-
 class World:
     """One dispatcher, tracker and session registry; the inbounds a test makes on them."""
 
@@ -84,7 +75,7 @@ class World:
     def inbound(self, name: str, users: tuple[InboundUser, ...] = (), engine: str | None = None) -> MixedInbound:
         fast = None
         if engine is not None:
-            fast = _make_engine(engine)
+            fast = fastpath_engine(engine)
             self.engines.append(fast)
         inbound = MixedInbound(_spec(name, users), self.dispatcher, self.clock, engine=fast, sessions=self.sessions)
         self.inbounds.append(inbound)

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import pytest
 from helpers.aio import close_writer, rule, socks5_open
-from helpers.engines import FASTPATH_ENGINES
+from helpers.engines import FASTPATH_ENGINES, fastpath_engine
 from helpers.peers import require_ipv6_loopback
 from helpers.servers import EchoServer
-from helpers.sockets import open_fds
+from helpers.sockets import open_fds, unanswered_port
 from helpers.socks import encode_address
 
-from honk._fast import relay_py
 from honk.config.spec import (
     GlobalSpec,
     InboundSpec,
@@ -48,14 +47,6 @@ ENGINES = FASTPATH_ENGINES
 @pytest.fixture(params=ENGINES)
 def engine_name(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def _make_engine(name: str):
-    if name == "native":
-        from honk._fast.relay_c import Engine
-
-        return Engine(asyncio.get_running_loop())
-    return relay_py.Engine(asyncio.get_running_loop())
 
 
 BLOCKED = rule("domain", "blocked.test", "block", key="full")
@@ -89,7 +80,7 @@ async def honk(
     spec = Spec(global_=glob, inbounds=(ispec,), routing=RoutingSpec(rules=rules, fallback="direct"))
     tracker = ConnectionTracker(clock)
     dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, 2.0))
-    engine = _make_engine(engine_name)
+    engine = fastpath_engine(engine_name)
     inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
     await inbound.start()
     try:
@@ -249,20 +240,10 @@ def test_fastpath_connect_deadline_on_the_injected_clock_gets_reply_6(run, engin
 
     async def main() -> None:
         clock = FakeClock()
-        # A listener whose backlog is full: further connects to it never complete.
-        full = socket.socket()
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        fillers = []
-        try:
-            for _ in range(8):
-                s = socket.socket()
-                s.setblocking(False)
-                s.connect_ex(full.getsockname())
-                fillers.append(s)
+        with unanswered_port() as port:
             async with honk(engine_name, clock=clock) as env:
                 reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
-                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", full.getsockname()[1]))
+                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", port))
                 assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
                 while clock.sleepers == 0:  # the connect deadline is armed
                     await asyncio.sleep(0.001)
@@ -275,10 +256,6 @@ def test_fastpath_connect_deadline_on_the_injected_clock_gets_reply_6(run, engin
                 assert await asyncio.wait_for(reader.read(), STEP) == b""
                 await close_writer(writer)
                 await asyncio.wait_for(env.inbound.wait_closed(), STEP)
-        finally:
-            for s in fillers:
-                s.close()
-            full.close()
 
     run(main())
     assert any("error=DialTimeout" in r.getMessage() for r in caplog.records)

@@ -375,15 +375,20 @@ async def test_hs_relay_seals_the_early_payload_and_replies_in_clear(engine) -> 
             assert await server.recv_plain(11) == b"GET / early"
             await server.send_plain(b"HTTP/1.0 200")
             assert await recv_exactly(client, 12) == b"HTTP/1.0 200"
-            client.shutdown(socket.SHUT_WR)
-            assert await server.recv_until_eof() == b""
-            srv.shutdown(socket.SHUT_WR)
-            assert await recv_until_eof(client) == b""
-            assert await rec.end() == (relay_py.END_CLEAN, 0)
+            await _both_close_cleanly(client, server, rec)
         finally:
             engine.unlisten(lid)
             client.close()
             srv.close()
+
+
+async def _both_close_cleanly(client: socket.socket, server: Server, rec: Recorder) -> None:
+    """The client's EOF reaches the server, the server's the client, and the flow ends clean."""
+    client.shutdown(socket.SHUT_WR)
+    assert await server.recv_until_eof() == b""
+    server.sock.shutdown(socket.SHUT_WR)
+    assert await recv_until_eof(client) == b""
+    assert await rec.end() == (relay_py.END_CLEAN, 0)
 
 
 class _DialingListener:
@@ -470,11 +475,7 @@ async def test_hs_connect_sends_a_head_as_it_is_after_a_framing_that_sent_its_sa
         assert await server.recv_plain(len(ADDRESS)) == ADDRESS
         await asyncio.get_running_loop().sock_sendall(client, b"more")
         assert await server.recv_plain(4) == b"more"
-        client.shutdown(socket.SHUT_WR)
-        assert await server.recv_until_eof() == b""
-        srv.shutdown(socket.SHUT_WR)
-        assert await recv_until_eof(client) == b""
-        assert await rec.end() == (relay_py.END_CLEAN, 0)
+        await _both_close_cleanly(client, server, rec)
     finally:
         engine.unlisten(lid)
         client.close()
