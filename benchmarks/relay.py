@@ -534,9 +534,8 @@ class V2raySink(Sink):
 
     @property
     def fresh_for_rates(self) -> bool:
-        # v2ray's VMess inbound remembers request headers against replays; after one subject's
-        # tens of thousands of connections the next subject's met a server that drained about
-        # a third of its connections as replays (0.6 x, whichever client came second)
+        # after one subject's tens of thousands of connections a shared v2ray VMess server served
+        # the next at 0.6 x, whichever client came second (most likely its replay protection)
         return self.tag == "vmess"
 
     def targets(self, plan: Plan) -> list[Target]:

@@ -16,12 +16,13 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
 2. :meth:`SocksFastPath.socks_request` routes the flow (``Dispatcher.route_now``:
    the plane's sans-I/O router, synchronously; a task only when a rule needs DNS)
    and sends ONE command: ``hs_connect`` when the leaf offers the engine a dial
-   (``Dispatcher.engine_dial``: direct to an IP target, or a Shadowsocks or plain-TCP
-   VMess node whose server is an IP literal; the worker dials with TCP_NODELAY and
-   SO_MARK, sends the node's request header, replies with the bound address and
-   relays through the node's framing), ``hs_relay`` (Python dialled: a domain target
-   through Happy Eyeballs, TLS, WebSocket or mux nodes, a pick a group would retry, a
-   ready connection, a dial waiting for its permit) or ``hs_reject`` (Blocked,
+   (``Dispatcher.engine_dial``: direct to an IP target, or a Shadowsocks, plain-TCP
+   VMess, or TCP + TLS Trojan or VLESS node whose server is an IP literal; the worker
+   dials with TCP_NODELAY and SO_MARK, makes the TLS handshake when there is one, sends
+   the node's request header, replies with the bound address and relays through the
+   node's framing), ``hs_relay`` (Python dialled: a domain target through Happy
+   Eyeballs, WebSocket or mux nodes, a pick a group would retry, a ready connection, a
+   dial waiting for its permit) or ``hs_reject`` (Blocked,
    NoRoute, dial errors: the same :func:`~honk.inbound.socks5.reply_for` codes and
    ``flow refused`` line);
 3. the connect deadline is a timer on the injected clock: when it fires first,

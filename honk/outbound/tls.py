@@ -217,10 +217,10 @@ class _ResumingContext(ssl.SSLContext):
             entry.harvest = connection
 
     def learn_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float, *,
-                      reused: bool | None = None, tls13: bool | None = None) -> bool:
-        """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`);
-        ``reused`` and ``tls13`` tell what the handshake was when the engine drove it (the
-        connection is its worker's then, not to be read).
+                      reused: bool, tls13: bool) -> bool:
+        """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`, or
+        the engine's own handshake); ``reused`` and ``tls13`` tell what the handshake was (the
+        caller read them before the handover: the connection is the engine's worker's then).
 
         Such a connection is never kept as ``harvest``: :meth:`offer` reads ``.session`` on the
         loop's thread, while the compiled engine's worker may be inside OpenSSL with the same
@@ -229,11 +229,9 @@ class _ResumingContext(ssl.SSLContext):
         after its flow ended (the framing's release hook). True when the caller should try.
         """
         entry = self._entry(key)
-        if connection.session_reused if reused is None else reused:
+        if reused:
             return False
         entry.session = None
-        if tls13 is None:
-            tls13 = connection.version() == "TLSv1.3"
         if now < entry.next_harvest or not tls13 or entry.harvest is not None:
             return False
         # one connection waits for its flow to end at a time; one that waited a whole retry
@@ -414,20 +412,16 @@ async def tls_handshake(
     which moves the records itself (:class:`honk.proto.tls_framing.TlsFraming`).
     """
     loop = asyncio.get_running_loop()
-    resuming = isinstance(context, _ResumingContext)
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     with _typed(outbound):
         try:
-            if resuming:
-                key = (sock.getpeername()[:2], server_name)
-                sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name,
-                                          session=context.offer(key, clock.now()))
-            else:
-                sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
+            shake = relayed_handshake(context, sock.getpeername()[:2], server_name, clock)
+            sslobj, key = shake.sslobj, shake.key
             async with timeout_at(clock, deadline):
-                await _drive_handshake(loop, sock, sslobj, incoming, outgoing)
-                connection = TlsConnection(sock, sslobj, incoming, outgoing)
-                if resuming and context.learn_relayed(key, sslobj, clock.now()):
+                await _drive_handshake(loop, sock, sslobj, shake.incoming, shake.outgoing)
+                connection = TlsConnection(sock, sslobj, shake.incoming, shake.outgoing)
+                if isinstance(context, _ResumingContext) and context.learn_relayed(
+                        key, sslobj, clock.now(), reused=sslobj.session_reused,
+                        tls13=sslobj.version() == "TLSv1.3"):
                     _take_early_ticket(connection, outbound)
                     if not context.take_relayed(key, sslobj, clock.now(), final=False):
                         # no ticket yet: its session is taken once the relay has given it back
@@ -475,9 +469,9 @@ class RelayedHandshake:
 
 def relayed_handshake(context: ssl.SSLContext, server: tuple[str, int], server_name: str,
                       clock: Clock) -> RelayedHandshake:
-    """A connection to ``server`` (its IP and port) for the engine to shake hands on: as
-    :func:`tls_handshake` starts one, resumption included. Raises ``ssl.SSLError`` or
-    ``ValueError`` for a server name OpenSSL refuses."""
+    """A connection to ``server`` (its IP and port) over memory BIOs, offering the server's
+    session to resume: what :func:`tls_handshake` and the engine's own handshake start from.
+    Raises ``ssl.SSLError`` or ``ValueError`` for a server name OpenSSL refuses."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     key = (server, server_name)
     if isinstance(context, _ResumingContext):

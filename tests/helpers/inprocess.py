@@ -7,13 +7,14 @@ import contextlib
 import dataclasses
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 from honk.config.links import parse_node_link, with_node_id
 from honk.config.spec import GlobalSpec, InboundSpec, NodeSpec, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
-from honk.core.clock import MonotonicClock
+from honk.core.clock import Clock, MonotonicClock
 from honk.core.net import Address
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.registry import build_outbounds
@@ -42,25 +43,37 @@ async def open_through(leaf, target: Address, deadline: float) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def honk_via(link: str, *, connect_timeout: float = STEP,
-                   params: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[int]:
-    """A mixed inbound on a free loopback port whose fallback is the node of ``link``; yields the port."""
-    clock = MonotonicClock()
-    glob = GlobalSpec(connect_timeout=connect_timeout)
-    inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(node_from_link(link, params),),
-                routing=RoutingSpec(rules=(), fallback="node"))
+async def mixed_inbound(spec: Spec, clock: Clock, engine: Any = None
+                        ) -> AsyncIterator[tuple[MixedInbound, Dispatcher]]:
+    """``spec``'s first inbound (a mixed one) serving on a new dispatcher and tracker, with
+    ``engine`` for its fast path (default: the inbound's own choice). At the end the inbound is
+    closed, its flows ended and drained, and ``engine`` (when given) closed."""
+    glob = spec.global_
     tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, connect_timeout))
-    inbound = MixedInbound(inbound_spec, dispatcher, clock)
+    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob,
+                            SystemResolver(clock, glob.connect_timeout))
+    inbound = MixedInbound(spec.inbounds[0], dispatcher, clock, engine=engine)
     await inbound.start()
     try:
-        assert inbound.bound is not None
-        yield inbound.bound.port
+        yield inbound, dispatcher
     finally:
         await inbound.aclose()
         tracker.close_all("test over")
         await asyncio.wait_for(tracker.wait_idle(), STEP)
+        if engine is not None:
+            engine.close()
+
+
+@contextlib.asynccontextmanager
+async def honk_via(link: str, *, connect_timeout: float = STEP,
+                   params: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[int]:
+    """A mixed inbound on a free loopback port whose fallback is the node of ``link``; yields the port."""
+    inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
+    spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), inbounds=(inbound_spec,),
+                nodes=(node_from_link(link, params),), routing=RoutingSpec(rules=(), fallback="node"))
+    async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
+        assert inbound.bound is not None
+        yield inbound.bound.port
 
 
 async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, qid: int,

@@ -25,6 +25,7 @@ import pytest
 import trustme
 from helpers.aio import close_writer, socks5_open
 from helpers.engines import FASTPATH_ENGINES, fastpath_engine
+from helpers.inprocess import mixed_inbound
 from helpers.peerservers import SS_METHODS, ss_server, v2ray_server
 from helpers.servers import EchoServer
 from helpers.sockets import unanswered_port
@@ -43,8 +44,6 @@ from honk.config.spec import (
     name_filter,
 )
 from honk.connection.dispatch import Dispatcher
-from honk.connection.plane import SystemResolver, build_plane
-from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, FakeClock, MonotonicClock
 from honk.core.errors import DialTimeout
 from honk.inbound.mixed import MixedInbound
@@ -80,41 +79,30 @@ class Env:
 async def honk(engine_name: str, nodes: tuple[NodeSpec, ...], *, fallback: str,
                groups: tuple[GroupSpec, ...] = (), clock: Clock | None = None,
                max_concurrent_dials: int = 64) -> AsyncIterator[Env]:
-    clock = clock or MonotonicClock()
     glob = GlobalSpec(connect_timeout=2.0, max_concurrent_dials=max_concurrent_dials)
     ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
     spec = Spec(global_=glob, inbounds=(ispec,), nodes=nodes, groups=groups,
                 routing=RoutingSpec(fallback=fallback))
-    tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, 2.0))
-    made: list[bool] = []
-    decide = dispatcher.engine_dial
-
-    def watched(routed):  # noqa: ANN001, ANN202 - observes the real decision, changes nothing
-        dial = decide(routed)
-        made.append(dial is not None)
-        return dial
-
-    dispatcher.engine_dial = watched  # type: ignore[method-assign]
-    engine = fastpath_engine(engine_name)
-    inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
-    refusals: list[Exception] = []
-    refuse = inbound._refused
-
-    def refused(tag, source, target, error):  # noqa: ANN001, ANN202 - observes, then the real one
-        refusals.append(error)
-        refuse(tag, source, target, error)
-
-    inbound._refused = refused  # type: ignore[method-assign]
-    await inbound.start()
-    try:
+    async with mixed_inbound(spec, clock or MonotonicClock(), fastpath_engine(engine_name)) as (inbound, dispatcher):
         assert inbound._fast is not None
+        made: list[bool] = []
+        decide = dispatcher.engine_dial
+
+        def watched(routed):  # noqa: ANN001, ANN202 - observes the real decision, changes nothing
+            dial = decide(routed)
+            made.append(dial is not None)
+            return dial
+
+        dispatcher.engine_dial = watched  # type: ignore[method-assign]
+        refusals: list[Exception] = []
+        refuse = inbound._refused
+
+        def refused(tag, source, target, error):  # noqa: ANN001, ANN202 - observes, then the real one
+            refusals.append(error)
+            refuse(tag, source, target, error)
+
+        inbound._refused = refused  # type: ignore[method-assign]
         yield Env(inbound, dispatcher, made, refusals)
-    finally:
-        await inbound.aclose()
-        tracker.close_all("test over")
-        await asyncio.wait_for(tracker.wait_idle(), STEP)
-        engine.close()
 
 
 def _ss_node(name: str, port: int, method: str = "aes-256-gcm") -> NodeSpec:

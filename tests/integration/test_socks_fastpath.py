@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 from helpers.aio import close_writer, rule, socks5_open
 from helpers.engines import FASTPATH_ENGINES, fastpath_engine
+from helpers.inprocess import mixed_inbound
 from helpers.peers import require_ipv6_loopback
 from helpers.servers import EchoServer
 from helpers.sockets import open_fds, unanswered_port
@@ -32,8 +33,6 @@ from honk.config.spec import (
     RuleSpec,
     Spec,
 )
-from honk.connection.dispatch import Dispatcher
-from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, FakeClock, MonotonicClock
 from honk.core.net import Address
@@ -75,22 +74,13 @@ async def honk(
     host: str = "127.0.0.1",
 ) -> AsyncIterator[Env]:
     clock = clock or MonotonicClock()
-    glob = GlobalSpec(connect_timeout=2.0)
     ispec = InboundSpec(name="lan", kind="mixed", host=host, port=0, users=users)
-    spec = Spec(global_=glob, inbounds=(ispec,), routing=RoutingSpec(rules=rules, fallback="direct"))
-    tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, 2.0))
+    spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,),
+                routing=RoutingSpec(rules=rules, fallback="direct"))
     engine = fastpath_engine(engine_name)
-    inbound = MixedInbound(ispec, dispatcher, clock, engine=engine)
-    await inbound.start()
-    try:
+    async with mixed_inbound(spec, clock, engine) as (inbound, dispatcher):
         assert (inbound._fast is not None) == (not users)
-        yield Env(inbound, tracker, clock, engine)
-    finally:
-        await inbound.aclose()
-        tracker.close_all("test over")
-        await asyncio.wait_for(tracker.wait_idle(), STEP)
-        engine.close()
+        yield Env(inbound, dispatcher.tracker, clock, engine)
 
 
 async def _echo_round(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:

@@ -16,6 +16,7 @@ import hashlib
 import os
 import socket
 import ssl
+import threading
 import time
 
 import pytest
@@ -204,3 +205,31 @@ async def _released(framing: TlsFraming) -> None:
 
 def test_the_engine_in_use_can_relay_tls() -> None:
     assert fast_relay.tls_supported()
+
+
+def test_a_python_dialled_handshake_takes_the_servers_flight_off_the_loops_thread(run, tmp_path,
+                                                                                    monkeypatch) -> None:
+    """The ClientHello is made on the loop's thread; the server's flight (key exchange, the
+    certificate chain: nearly all of a handshake's CPU) in one of tls.HANDSHAKE_THREADS."""
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    threads: list[str] = []
+    shake = ssl.SSLObject.do_handshake
+
+    def watched(self: ssl.SSLObject) -> None:
+        if not self.server_side:  # the test's server shakes hands in this process too
+            threads.append(threading.current_thread().name)
+        shake(self)
+
+    monkeypatch.setattr(ssl.SSLObject, "do_handshake", watched)
+
+    async def main() -> None:
+        async with TicketingTrojanServer(ca) as server:
+            link = f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&ca={ca_file}#node"
+            dialed = await leaf_from_link(link).dial_tcp(Address("127.0.0.1", 9), time.monotonic() + STEP)
+            dialed.sock.close()
+
+    run(main())
+    assert threads[0] == threading.current_thread().name  # asyncio runs the test's loop on this thread
+    assert threads[1:] and all(name.startswith("honk-tls") for name in threads[1:]), threads
