@@ -5,7 +5,13 @@
  * listening on 127.0.0.1:ORIGIN_PORT and the client, which reaches the origin
  * either directly (the `direct` subject), through a plain TCP forwarder
  * (--target HOST:PORT) or through a SOCKS5 proxy (--target HOST:PORT --socks;
- * no-auth CONNECT to 127.0.0.1:ORIGIN_PORT by IPv4 address).
+ * no-auth CONNECT to 127.0.0.1:ORIGIN_PORT by IPv4 address). In rate mode it
+ * can also be a Trojan client itself (--target SERVER:PORT --trojan PASSWORD
+ * --tls-ca FILE [--sni NAME]): TLS on OpenSSL with the certificate verified,
+ * the Trojan request for 127.0.0.1:ORIGIN_PORT, no proxy in between: the
+ * fastest a client on this machine's OpenSSL can make Trojan connections (the
+ * floor the TLS rows are read against). It then also prints client_cpu_ms,
+ * its client threads' CPU per connection.
  *
  * The first byte a client sends selects what the origin does with the stream:
  *   'U'  discard everything (bulk up; the origin counts what arrives)
@@ -33,6 +39,9 @@
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -73,6 +82,11 @@ static int o_streams = 1, o_concurrency = 16, o_count = 20000, o_size = 1, o_thr
 static int o_down;
 static double o_warmup = 0.5, o_duration = 3.0;
 static int o_origin_fd;
+static const char *o_trojan;           /* --trojan PASSWORD: speak Trojan over TLS to the target */
+static const char *o_tls_ca;           /* --tls-ca FILE: the CA the Trojan server's certificate is verified with */
+static const char *o_sni = "localhost";
+static SSL_CTX *g_tls;
+static atomic_ullong g_client_cpu_ns;  /* rate workers' thread CPU, summed when they end */
 
 static double now(void) {
     struct timespec ts;
@@ -412,18 +426,24 @@ static int run_bulk(void) {
 
 /* ------------------------------------------------------------------ rate */
 
-enum { S_CONNECT, S_GREET, S_REPLY, S_ECHO };
+enum { S_CONNECT, S_GREET, S_REPLY, S_ECHO, S_TLS, S_TLS_ECHO };
 
 struct slot {
     int fd, state, have;
+    SSL *ssl;  /* --trojan only */
     double deadline;
     unsigned char buf[ECHO_BYTES + 64];
 };
 
 static char g_req[1 + ECHO_BYTES];
+static unsigned char g_trojan_req[56 + 2 + 8 + 2 + sizeof g_req]; /* hex SHA224, CRLF, CONNECT IPv4, CRLF, payload */
 
 static void slot_close(int ep, struct slot *s, int ok) {
     epoll_ctl(ep, EPOLL_CTL_DEL, s->fd, NULL);
+    if (s->ssl) {
+        SSL_free(s->ssl);
+        s->ssl = NULL;
+    }
     close(s->fd);
     s->fd = -1;
     atomic_fetch_add_explicit(ok ? &g_done : &g_errors, 1, memory_order_relaxed);
@@ -457,13 +477,58 @@ static int slot_send(int ep, struct slot *s, const void *msg, size_t len, int ne
     return 0;
 }
 
+/* Wait for what OpenSSL asked for after a call that returned r; -1 when it failed for good. */
+static int tls_wait(int ep, struct slot *s, int r) {
+    int e = SSL_get_error(s->ssl, r);
+    if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+        ERR_clear_error();
+        return -1;
+    }
+    struct epoll_event ev = {.events = e == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT, .data.ptr = s};
+    epoll_ctl(ep, EPOLL_CTL_MOD, s->fd, &ev);
+    return 0;
+}
+
+/* --trojan: drive the handshake, then send the request with its payload and read the echo over TLS. */
+static int trojan_event(int ep, struct slot *s) {
+    if (s->state == S_TLS) {
+        int r = SSL_connect(s->ssl);
+        if (r != 1) return tls_wait(ep, s, r) < 0 ? -1 : 0;
+        /* the request fits one record and a fresh socket's buffer: written whole or failed */
+        if (SSL_write(s->ssl, g_trojan_req, sizeof g_trojan_req) != (int)sizeof g_trojan_req) return -1;
+        s->state = S_TLS_ECHO;
+        s->have = 0;
+    }
+    for (;;) {
+        int r = SSL_read(s->ssl, s->buf + s->have, sizeof s->buf - s->have);
+        if (r <= 0) return tls_wait(ep, s, r) < 0 ? -1 : 0;
+        s->have += r;
+        if (s->have >= ECHO_BYTES)
+            return s->have == ECHO_BYTES && memcmp(s->buf, g_req + 1, ECHO_BYTES) == 0 ? 1 : -1;
+    }
+}
+
 /* Advance one slot on an event; returns 1 when its cycle ended (ok or not). */
 static int slot_event(int ep, struct slot *s, uint32_t events) {
+    if (s->state == S_TLS || s->state == S_TLS_ECHO) {
+        int r = trojan_event(ep, s);
+        if (r == 0) return 0;
+        slot_close(ep, s, r > 0);
+        return 1;
+    }
     if (s->state == S_CONNECT) {
         int err = 0;
         socklen_t len = sizeof err;
         getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err || (events & (EPOLLERR | EPOLLHUP))) goto fail;
+        if (g_tls) {
+            s->ssl = SSL_new(g_tls);
+            if (!s->ssl || !SSL_set_fd(s->ssl, s->fd) || !SSL_set_tlsext_host_name(s->ssl, o_sni) ||
+                !SSL_set1_host(s->ssl, o_sni))
+                goto fail;
+            s->state = S_TLS;
+            return slot_event(ep, s, 0);
+        }
         if (o_socks) {
             if (slot_send(ep, s, SOCKS_GREETING, 3, S_GREET) < 0) goto fail;
         } else if (slot_send(ep, s, g_req, sizeof g_req, S_ECHO) < 0) {
@@ -526,16 +591,43 @@ static void *rate_worker(void *p) {
             }
         }
     }
-    for (int i = 0; i < a->count; i++)
+    for (int i = 0; i < a->count; i++) {
+        if (slots[i].ssl) SSL_free(slots[i].ssl);
         if (slots[i].fd >= 0) abort_close(slots[i].fd);
+    }
     close(ep);
     free(slots);
+    struct timespec cpu;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+    atomic_fetch_add(&g_client_cpu_ns, (unsigned long long)cpu.tv_sec * 1000000000ull + cpu.tv_nsec);
     return NULL;
+}
+
+/* The TLS context and the Trojan request of --trojan (exits on a setup error). */
+static void trojan_setup(void) {
+    g_tls = SSL_CTX_new(TLS_client_method());
+    if (!g_tls || !o_tls_ca || SSL_CTX_load_verify_locations(g_tls, o_tls_ca, NULL) != 1) {
+        fprintf(stderr, "loadgen: --trojan needs --tls-ca with a readable CA file\n");
+        exit(2);
+    }
+    SSL_CTX_set_verify(g_tls, SSL_VERIFY_PEER, NULL);
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int dlen = 0;
+    EVP_Digest(o_trojan, strlen(o_trojan), digest, &dlen, EVP_sha224(), NULL);
+    unsigned char *p = g_trojan_req;
+    for (unsigned int i = 0; i < dlen; i++) p += sprintf((char *)p, "%02x", digest[i]);
+    *p++ = '\r'; *p++ = '\n';
+    unsigned char socks[10];
+    socks_request(socks);  /* CMD CONNECT, ATYP IPv4, 127.0.0.1, the origin port: Trojan's request */
+    memcpy(p, socks + 1, 1); memcpy(p + 1, socks + 3, 7); p += 8;
+    *p++ = '\r'; *p++ = '\n';
+    memcpy(p, g_req, sizeof g_req);
 }
 
 static int run_rate(void) {
     g_req[0] = 'R';
     for (int i = 0; i < ECHO_BYTES; i++) g_req[1 + i] = (char)('a' + i % 26);
+    if (o_trojan) trojan_setup();
     int threads = o_threads > o_concurrency ? o_concurrency : o_threads;
     pthread_t t[MAX_THREADS];
     struct rate_arg args[MAX_THREADS];
@@ -547,9 +639,13 @@ static int run_rate(void) {
     measure(&w, &g_done, &g_errors);
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     double secs = w.t1 - w.t0;
+    char client[64] = "";
+    unsigned long long cycles = atomic_load(&g_done) + atomic_load(&g_errors);
+    if (o_trojan && cycles)  /* whole run, warm-up included, as the other subjects' CPU per connection */
+        snprintf(client, sizeof client, " client_cpu_ms=%.4f", atomic_load(&g_client_cpu_ns) / 1e6 / cycles);
     printf("mode=rate concurrency=%d threads=%d conns=%llu seconds=%.4f cps=%.1f errors=%llu "
-           "loadgen_cpu=%.3f\n",
-           o_concurrency, threads, w.a1 - w.a0, secs, (w.a1 - w.a0) / secs, w.b1 - w.b0, w.cpu1 - w.cpu0);
+           "loadgen_cpu=%.3f%s\n",
+           o_concurrency, threads, w.a1 - w.a0, secs, (w.a1 - w.a0) / secs, w.b1 - w.b0, w.cpu1 - w.cpu0, client);
     return 0;
 }
 
@@ -648,7 +744,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: loadgen bulk|rate|latency|idle|first [--origin-port P] [--target HOST:PORT [--socks]]\n"
             "       [--streams N] [--dir up|down] [--concurrency N] [--count N] [--size B]\n"
-            "       [--warmup S] [--duration S] [--threads N]\n");
+            "       [--warmup S] [--duration S] [--threads N]\n"
+            "       rate --target SERVER:PORT --trojan PASSWORD --tls-ca FILE [--sni NAME]\n");
     exit(2);
 }
 
@@ -672,7 +769,8 @@ int main(int argc, char **argv) {
         {"origin-port", 1, 0, 'o'}, {"target", 1, 0, 'T'}, {"socks", 0, 0, 'S'},
         {"streams", 1, 0, 'n'},     {"dir", 1, 0, 'd'},    {"concurrency", 1, 0, 'c'},
         {"count", 1, 0, 'N'},       {"size", 1, 0, 'z'},   {"warmup", 1, 0, 'w'},
-        {"duration", 1, 0, 't'},    {"threads", 1, 0, 'j'}, {0, 0, 0, 0}};
+        {"duration", 1, 0, 't'},    {"threads", 1, 0, 'j'}, {"trojan", 1, 0, 'P'},
+        {"tls-ca", 1, 0, 'C'},      {"sni", 1, 0, 'H'},    {0, 0, 0, 0}};
     if (argc < 2) usage();
     o_mode = argv[1];
     optind = 2;
@@ -690,10 +788,14 @@ int main(int argc, char **argv) {
         case 'w': o_warmup = atof(optarg); break;
         case 't': o_duration = atof(optarg); break;
         case 'j': o_threads = atoi(optarg); break;
+        case 'P': o_trojan = optarg; break;
+        case 'C': o_tls_ca = optarg; break;
+        case 'H': o_sni = optarg; break;
         default: usage();
         }
     }
     if (o_streams < 1 || o_concurrency < 1 || o_count < 1 || o_threads < 1 || o_threads > MAX_THREADS) usage();
+    if (o_trojan && (strcmp(o_mode, "rate") || o_socks || !o_target.sin_port)) usage();
 
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     signal(SIGPIPE, SIG_IGN);

@@ -275,6 +275,7 @@ def metric_rows(plan: Plan) -> list[tuple[str, str, str]]:
         rows.append((f"rate_{c}_errors", f"  errors, c={c}", "{:,.0f}"))
         rows.append((f"rate_{c}_cpu_ms", f"  CPU per conn, c={c} (ms)", "{:.2f}"))
         rows.append((f"rate_{c}_sink_cpu_ms", f"  sink CPU per conn, c={c} (ms)", "{:.2f}"))
+        rows.append((f"rate_{c}_of_floor", f"  share of the OpenSSL floor, c={c}", "{:.2f}"))
     rows += [
         ("lat_p50_us", "round trip p50 (us)", "{:.1f}"),
         ("lat_p99_us", "round trip p99 (us)", "{:.1f}"),
@@ -391,7 +392,7 @@ class Running:
 @dataclass
 class Subject:
     name: str
-    kind: str  # "direct", "forward" (no SOCKS) or "socks"
+    kind: str  # "direct", "forward" (no SOCKS), "socks" or "floor" (the load tool speaks the sink's protocol)
     note: str = ""
     skip: str = ""
     version: str = ""
@@ -712,7 +713,15 @@ def v2ray_subjects() -> list[Subject]:
         out += sink_subjects(sink, skip, version,
                              f"v2ray client, SOCKS5 -> {what} -> the {tag} v2ray server sink",
                              f"mixed port -> {tag}:// node ({what}) -> the {tag} v2ray server sink")
+        if tag == "trojan":
+            out.append(Subject(f"{FLOOR_PEER}:{tag}", "floor", skip=skip, sink=sink,
+                               version=_first_line(["openssl", "version"]),
+                               note=f"the load tool itself as a Trojan client on OpenSSL, straight into the {tag} "
+                                    "sink (no proxy): the floor of TLS connection cost on this machine"))
     return out
+
+
+FLOOR_PEER = "openssl"  # the floor subject's name before ``:`` (see measure_floor_subject)
 
 
 def _write(path: Path, text: str) -> str:
@@ -735,7 +744,8 @@ def build_loadgen() -> Path:
         return LOADGEN
     cc = os.environ.get("CC", "cc")
     BUILD.mkdir(exist_ok=True)
-    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(LOADGEN), str(LOADGEN_SRC)], check=True)
+    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(LOADGEN), str(LOADGEN_SRC),
+                    "-lssl", "-lcrypto"], check=True)  # OpenSSL for the Trojan floor (libssl-dev: make build)
     return LOADGEN
 
 
@@ -745,6 +755,11 @@ class LoadGen:
 
     def argv(self, mode: str, subject: Subject, port: int | None, *extra: str) -> list[str]:
         argv = [str(self.path), mode, "--origin-port", str(self.origin_port)]
+        if subject.kind == "floor":  # the load tool is the Trojan client, straight into the sink
+            sink = subject.sink
+            assert isinstance(sink, V2raySink)
+            return argv + ["--target", f"{LOOPBACK}:{sink.port}", "--trojan", sink.secret,
+                           "--tls-ca", sink.ca_file, "--sni", v2ray.SERVER_NAME, *extra]
         if subject.kind != "direct":
             argv += ["--target", f"{LOOPBACK}:{port}"]
         if subject.kind == "socks":
@@ -931,7 +946,8 @@ def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Repor
     """connect+echo+close per second at each of the plan's concurrencies; the load tool's busy cores.
 
     ``pgids`` names process groups (``"cpu"``: the subject, ``"sink_cpu"``: its sink) whose CPU
-    milliseconds per connection are recorded too, as ``rate_<c>_<name>_ms``.
+    milliseconds per connection are recorded too, as ``rate_<c>_<name>_ms``; for a floor subject the
+    client's CPU is the load tool's own client threads' (its ``client_cpu_ms``).
     """
     plan, m = report.plan, report.metrics.setdefault(subject.name, {})
     lg_rate: list[float] = []
@@ -943,6 +959,8 @@ def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Repor
             kv = lg.rate(subject, port, c)
             for name, pgid in (pgids or {}).items():
                 per_conn[name].append(1000 * (group_cpu_seconds(pgid) - before[name]) / max(1, int(kv["conns"])))
+            if "client_cpu_ms" in kv:
+                per_conn.setdefault("cpu", []).append(float(kv["client_cpu_ms"]))
             cps.append(float(kv["cps"]))
             lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
             errors += int(kv["errors"])
@@ -1002,6 +1020,23 @@ def measure_sink_subject(lg: LoadGen, subject: Subject, report: Report, workdir:
     finally:
         if running is not None:
             running.stop()
+    report.metrics[subject.name] = {k: v for k, v in m.items() if v is not None}
+
+
+def measure_floor_subject(lg: LoadGen, subject: Subject, report: Report) -> None:
+    """Connection rate of the load tool as the sink's own client (no proxy in between): the most a
+    client on this machine's OpenSSL gets out of the sink, which the TLS rows are read against."""
+    sink = subject.sink
+    assert sink is not None
+    try:
+        if sink.running is None:
+            raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
+        settle_time_wait(report, subject)
+        measure_rates(lg, subject, None, report, {"sink_cpu": sink.running.pgid})
+    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
+        report.problems.append(f"{subject.name}: {exc}")
+        _say(f"  {subject.name}: FAILED: {exc}")
+    m = report.metrics.get(subject.name, {})
     report.metrics[subject.name] = {k: v for k, v in m.items() if v is not None}
 
 
@@ -1093,7 +1128,9 @@ def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True,
                     continue
                 _say(f"  {subject.name} ...")
                 t0 = time.monotonic()
-                if subject.sink is not None:
+                if subject.kind == "floor":
+                    measure_floor_subject(lg, subject, report)
+                elif subject.sink is not None:
                     measure_sink_subject(lg, subject, report, Path(tmp))
                 else:
                     measure_subject(lg, subject, report, Path(tmp))
@@ -1104,6 +1141,12 @@ def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True,
     for m in report.metrics.values():
         if direct is not None and "lat_p50_us" in m:
             m["added_p50_us"] = m["lat_p50_us"] - direct
+    for subject in report.subjects:  # how near each TLS client came to what OpenSSL allows here
+        floor = report.metrics.get(f"{FLOOR_PEER}:{subject.sink.tag}", {}) if subject.sink else {}
+        for c in plan.concurrency:
+            mine, best = report.metrics.get(subject.name, {}).get(f"rate_{c}"), floor.get(f"rate_{c}")
+            if mine and best and subject.kind == "socks":
+                report.metrics[subject.name][f"rate_{c}_of_floor"] = mine / best
     honks = [s for s in report.subjects if s.name.startswith("honk") and s.name in report.metrics]
     for subject in honks:
         if subject.sink is not None:  # a pair's honk is held against its own peer, not the plain ones

@@ -112,4 +112,5 @@ class HttpOutbound(ProxyLeaf):
         return bridged(conn, self.name)
 
     def _tls_context(self) -> ssl.SSLContext:
-        return client_context(tls_verification(self.node.params), (), ca_path(self.node.params), self.name)
+        return client_context(tls_verification(self.node.params), (), ca_path(self.node.params), self.name,
+                              self.clock.now())

@@ -119,7 +119,7 @@ class StackedLeaf(ProxyLeaf):
             stream = self.stream(target)
             if stream.response is None:
                 return None
-            context = client_context(transport.verify, transport.alpn, transport.ca, self.name)
+            context = client_context(transport.verify, transport.alpn, transport.ca, self.name, self.clock.now())
             shake = relayed_handshake(context, (str(server.ip), server.port),
                                       transport.server_name or server.host, self.clock)
         except (HonkError, ssl.SSLError, ValueError):  # Python's dial says why, with its error

@@ -67,6 +67,9 @@ MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigge
 CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; nodes share them
 RESUMED_SERVERS = 128  # servers per context whose TLS 1.3 session is kept for resumption
 HARVEST_RETRY = 60.0  # seconds before a server that sent no session ticket is looked at again
+# seconds a trust store's file version is believed before its file is looked at again: a replaced
+# CA file counts within a second, and a burst of dials costs no stat calls per dial
+TRUST_STORE_RECHECK = 1.0
 HANDSHAKE_READ = 64 * 1024  # bytes asked per read while tls_handshake runs (a flight of certificates fits)
 # Threads that take the server's flight of a tls_handshake (key exchange, chain and signature
 # checks: nearly all of a handshake's CPU) off the event loop's thread; OpenSSL runs them
@@ -124,20 +127,38 @@ def _file_version(path: str | None) -> tuple[str, int, int] | None:
     return (path, st.st_mtime_ns, st.st_size)
 
 
-def client_context(verify: bool, alpn: Sequence[str], ca: str, node: str) -> ssl.SSLContext:
+def client_context(verify: bool, alpn: Sequence[str], ca: str, node: str, now: float) -> ssl.SSLContext:
     """The context ``node`` dials with: shared by every dial with the same verification, ALPN
     and trust store, and rebuilt when that store's file changes (a node's ``ca`` file, or the
     system's default bundle), so building it stays off the per-dial path while a replaced
-    file still counts from the next dial. An unusable ``ca`` file is ConfigRefused."""
-    if ca:
-        store: tuple[object, ...] = ("node", _file_version(ca) or (ca, 0, 0))
-    else:
-        paths = ssl.get_default_verify_paths()  # SSL_CERT_FILE / SSL_CERT_DIR or the system's
-        store = ("system", _file_version(paths.cafile), paths.capath)
+    file still counts from the first dial :data:`TRUST_STORE_RECHECK` seconds later (``now``
+    on the dialler's clock). An unusable ``ca`` file is ConfigRefused."""
     try:
-        return _shared_context(verify, tuple(alpn), ca, store)
+        return _shared_context(verify, tuple(alpn), ca, _store_version(ca, now))
     except _BadCa as exc:
         raise ConfigRefused(f"{node}: {exc}") from None
+
+
+# trust store -> (when its file was looked at, its version then); the system's store is keyed by
+# the variables that can point it elsewhere, so setting SSL_CERT_FILE counts at once
+_store_seen: dict[tuple[str, str | None, str | None], tuple[float, tuple[object, ...]]] = {}
+
+
+def _store_version(ca: str, now: float) -> tuple[object, ...]:
+    """What identifies the trust store ``ca`` ("": the system's) as of its last look."""
+    key = (ca, None, None) if ca else ("", os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    seen = _store_seen.get(key)
+    if seen is not None and seen[0] <= now < seen[0] + TRUST_STORE_RECHECK:
+        return seen[1]
+    if ca:
+        version: tuple[object, ...] = ("node", _file_version(ca) or (ca, 0, 0))
+    else:
+        paths = ssl.get_default_verify_paths()  # SSL_CERT_FILE / SSL_CERT_DIR or the system's
+        version = ("system", _file_version(paths.cafile), paths.capath)
+    if len(_store_seen) >= CONTEXT_CACHE:
+        _store_seen.clear()
+    _store_seen[key] = (now, version)
+    return version
 
 
 _ServerKey = tuple[tuple[str, int], str]  # (server address, server name)

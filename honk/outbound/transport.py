@@ -83,7 +83,7 @@ class TransportSpec:
 async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> Channel:
     """The node's server reached, TLS and the WebSocket upgrade done; ready for the protocol."""
     # the context first: a node whose CA file is unusable is refused before anything is dialled
-    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name) if spec.tls else None
+    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now()) if spec.tls else None
     sock = await leaf.connect_server(deadline)
     host = leaf.server.host
     if context is not None:
@@ -108,7 +108,7 @@ async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) 
 async def open_tls(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> TlsConnection:
     """The node's server reached and TLS done over memory BIOs, for a transport that is
     :attr:`TransportSpec.tls_only`: no asyncio transport, the relay engine drives the records."""
-    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name)  # refused before any connect
+    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now())  # refused before any connect
     sock = await leaf.connect_server(deadline)
     return await tls_handshake(sock, context, spec.server_name or leaf.server.host, leaf.clock, deadline, leaf.name)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import socket
 import threading
 import time
@@ -22,10 +23,17 @@ from helpers.servers import EchoServer
 
 from honk.config.links import parse_node_link
 from honk.config.spec import GlobalSpec
-from honk.core.clock import MonotonicClock
+from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.errors import ConfigRefused, DialError, DialTimeout
 from honk.outbound.proxy import ProxyLeaf
-from honk.outbound.tls import TlsFailed, ca_path, client_context, tls_connect, tls_verification
+from honk.outbound.tls import (
+    TRUST_STORE_RECHECK,
+    TlsFailed,
+    ca_path,
+    client_context,
+    tls_connect,
+    tls_verification,
+)
 from honk.outbound.transport import TransportSpec, open_transport
 from honk.relay.stream import StreamConn
 
@@ -38,8 +46,8 @@ async def _dial(port: int, server_name: str, *, verify: bool = True, deadline_s:
     sock.setblocking(False)
     await loop.sock_connect(sock, ("127.0.0.1", port))
     clock = MonotonicClock()
-    return await tls_connect(sock, client_context(verify, (), "", "node"), server_name, clock, clock.now() + deadline_s,
-                             "node")
+    context = client_context(verify, (), "", "node", clock.now())
+    return await tls_connect(sock, context, server_name, clock, clock.now() + deadline_s, "node")
 
 
 async def _handshake(port: int, server_name: str, *, verify: bool = True, deadline_s: float = STEP) -> None:
@@ -213,21 +221,41 @@ def echo():
 def test_dials_share_one_context_until_the_ca_file_is_replaced(private_ca) -> None:
     """Loading a trust store costs milliseconds: it happens once per store, not per dial."""
     _, path = private_ca
-    first = client_context(True, ("h2",), path, "node")
-    assert client_context(True, ("h2",), path, "node") is first
-    assert client_context(False, ("h2",), path, "node") is not first  # another verification, another context
-    with open(path, "ab") as file:  # the file changes (here: grows by another CA): the next dial rebuilds
+    clock = FakeClock(start=500.0)
+    first = client_context(True, ("h2",), path, "node", clock.now())
+    assert client_context(True, ("h2",), path, "node", clock.now()) is first
+    assert client_context(False, ("h2",), path, "node", clock.now()) is not first  # another verification
+    with open(path, "ab") as file:  # the file changes (here: grows by another CA)
         file.write(trustme.CA().cert_pem.bytes())
-    assert client_context(True, ("h2",), path, "node") is not first
+    clock.advance(TRUST_STORE_RECHECK / 2)
+    assert client_context(True, ("h2",), path, "node", clock.now()) is first  # not looked at again yet
+    clock.advance(TRUST_STORE_RECHECK / 2)
+    assert client_context(True, ("h2",), path, "node", clock.now()) is not first  # the next look rebuilds
+
+
+def test_a_burst_of_dials_looks_at_the_trust_store_file_once(monkeypatch, private_ca) -> None:
+    _, path = private_ca
+    monkeypatch.setenv("SSL_CERT_FILE", path)
+    clock = FakeClock(start=900.0)
+    client_context(True, (), "", "node", clock.now())
+    looks = []
+    real_stat = os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: (looks.append(p), real_stat(p, *a, **k))[1])
+    for _ in range(100):
+        client_context(True, (), "", "node", clock.now())
+    assert looks == []
+    clock.advance(TRUST_STORE_RECHECK)
+    client_context(True, (), "", "node", clock.now())
+    assert path in looks
 
 
 def test_the_system_store_context_follows_ssl_cert_file(monkeypatch, private_ca) -> None:
     _, path = private_ca
     monkeypatch.setenv("SSL_CERT_FILE", path)
-    ours = client_context(True, (), "", "node")
-    assert client_context(True, (), "", "node") is ours
-    monkeypatch.delenv("SSL_CERT_FILE")
-    assert client_context(True, (), "", "node") is not ours
+    ours = client_context(True, (), "", "node", 0.0)
+    assert client_context(True, (), "", "node", 0.0) is ours
+    monkeypatch.delenv("SSL_CERT_FILE")  # counts at once, within the recheck interval too
+    assert client_context(True, (), "", "node", 0.0) is not ours
 
 
 async def _dial_resumed(port: int, server_name: str = "localhost") -> bool:

@@ -266,9 +266,21 @@ def test_v2ray_rows_are_skipped_when_v2ray_is_missing(monkeypatch: pytest.Monkey
     real = relay._which
     monkeypatch.setattr(relay, "_which", lambda name: None if name == "v2ray" else real(name))
     rows = relay.v2ray_subjects()
-    assert [s.name for s in rows] == [f"{who}:{tag}" for tag in v2ray.TAGS
-                                      for who in ("v2ray", "honk[v2ray]")]
+    assert [s.name for s in rows] == [name for tag in v2ray.TAGS
+                                      for name in (f"v2ray:{tag}", f"honk[v2ray]:{tag}",
+                                                   *(["openssl:trojan"] if tag == "trojan" else []))]
     assert {s.skip for s in rows} == {"v2ray not installed (make bench-peers)"}
+
+
+def test_the_floor_subject_is_the_load_tool_speaking_trojan_straight_to_the_sink() -> None:
+    sink = relay.V2raySink("trojan", 4443, secret=SECRET)
+    sink.ca_file = "/w/ca.pem"
+    floor = relay.Subject("openssl:trojan", "floor", sink=sink)
+    lg = relay.LoadGen(Path("/x/loadgen"), 9000, relay.QUICK)
+    argv = lg.argv("rate", floor, None, "--concurrency", "16")
+    assert argv == ["/x/loadgen", "rate", "--origin-port", "9000", "--target", "127.0.0.1:4443",
+                    "--trojan", SECRET, "--tls-ca", "/w/ca.pem", "--sni", v2ray.SERVER_NAME, "--concurrency", "16"]
+    assert "--socks" not in argv
 
 
 def test_v2ray_targets_ask_bulk_and_connection_rate_of_the_v2ray_client() -> None:
