@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -54,6 +55,36 @@ __all__ = [
     "open_packet",
     "seal_packet",
 ]
+
+SALT_POOL_BYTES = 4096  # random bytes fetched per getrandom call, handed out as salts (128 of 32 bytes)
+
+
+class _SaltSource:
+    """Salts from one buffer of the system's CSPRNG, refilled when spent: a connection burst costs
+    a getrandom call per 128 salts instead of one per connection. Every byte is handed out once;
+    a forked child starts with a new buffer (it must never repeat its parent's salts)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pos = 0
+        self._lock = threading.Lock()  # the loop and the handshake threads may both take salts
+        os.register_at_fork(after_in_child=self._forget)
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            pos = self._pos
+            if pos + n > len(self._buf):
+                self._buf, pos = os.urandom(max(SALT_POOL_BYTES, n)), 0
+            self._pos = pos + n
+            return self._buf[pos : pos + n]
+
+    def _forget(self) -> None:
+        self._buf, self._pos = b"", 0
+        self._lock = threading.Lock()
+
+
+fresh_salt = _SaltSource().take
+
 
 _AEADS = {
     "aes-128-gcm": AESGCM,
@@ -152,7 +183,7 @@ class StreamEncryptor:
         if salt is not None and len(salt) != spec.salt_size:
             raise ValueError(f"{cipher} needs a {spec.salt_size}-byte salt")
         self.cipher = spec
-        self.salt = salt if salt is not None else os.urandom(spec.salt_size)
+        self.salt = salt if salt is not None else fresh_salt(spec.salt_size)
         self.nonce = 0
         self.salt_sent = False
         self._master = master
@@ -326,7 +357,7 @@ def seal_packet(cipher: str, master: bytes, payload: bytes, salt: bytes | None =
     already starts with the address)."""
     spec = _cipher(cipher)
     if salt is None:
-        salt = os.urandom(spec.salt_size)
+        salt = fresh_salt(spec.salt_size)
     aead = _AEADS[cipher](derive_subkey(cipher, master, salt))
     return salt + aead.encrypt(bytes(spec.nonce_size), payload, None)
 

@@ -384,3 +384,35 @@ def test_a_malformed_address_is_a_protocol_error(wire):
     with pytest.raises(ShadowsocksProtocolError) as info:
         decode_address(wire)
     assert info.value.reason == "bad-address"
+
+
+def test_a_burst_of_streams_draws_salts_from_one_getrandom_call_and_never_repeats_one(monkeypatch) -> None:
+    from honk.proto import shadowsocks
+
+    calls: list[int] = []
+    real = shadowsocks.os.urandom
+    monkeypatch.setattr(shadowsocks.os, "urandom", lambda n: (calls.append(n), real(n))[1])
+    source = shadowsocks._SaltSource()
+    salts = [source.take(32) for _ in range(shadowsocks.SALT_POOL_BYTES // 32 * 3)]
+    assert len(set(salts)) == len(salts) and all(len(s) == 32 for s in salts)
+    assert calls == [shadowsocks.SALT_POOL_BYTES] * 3  # one call per 128 salts of 32 bytes
+    assert len(source.take(shadowsocks.SALT_POOL_BYTES + 1)) == shadowsocks.SALT_POOL_BYTES + 1
+
+
+def test_a_forked_child_does_not_repeat_its_parents_salts() -> None:
+    import os
+
+    from honk.proto import shadowsocks
+
+    source = shadowsocks._SaltSource()
+    source.take(16)  # the buffer is filled in the parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next salt, to the parent
+        os.write(write, source.take(16))
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 16)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 16 and child != source.take(16)
