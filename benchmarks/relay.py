@@ -706,13 +706,14 @@ def v2ray_subjects() -> list[Subject]:
     has_trustme = importlib.util.find_spec("trustme") is not None
     out: list[Subject] = []
     for tag in v2ray.TAGS:
-        sink = V2raySink(tag, free_port(), secret=uuid.uuid4().hex if tag == "trojan" else str(uuid.uuid4()))
+        secret = uuid.uuid4().hex if v2ray.protocol(tag) == "trojan" else str(uuid.uuid4())
+        sink = V2raySink(tag, free_port(), secret=secret)
         what = v2ray.describe(tag)
         skip = missing or ("" if has_trustme or not v2ray.uses_tls(tag)
                            else "trustme (for the TLS certificate) not importable; make venv")
         out += sink_subjects(sink, skip, version,
                              f"v2ray client, SOCKS5 -> {what} -> the {tag} v2ray server sink",
-                             f"mixed port -> {tag}:// node ({what}) -> the {tag} v2ray server sink")
+                             f"mixed port -> {v2ray.protocol(tag)}:// node ({what}) -> the {tag} v2ray server sink")
         if tag == "trojan":
             out.append(Subject(f"{FLOOR_PEER}:{tag}", "floor", skip=skip, sink=sink,
                                version=_first_line(["openssl", "version"]),

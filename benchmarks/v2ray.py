@@ -6,7 +6,8 @@ carried, as the relay issue measures it:
 
 * ``vmess``: VMess over plain TCP, body cipher aes-128-gcm, alterId 0 (AEAD header);
 * ``trojan``: Trojan over TLS;
-* ``vless``: VLESS over TLS, no flow (decryption/encryption none).
+* ``vless``: VLESS over TLS, no flow (decryption/encryption none);
+* ``trojan_ws``: Trojan over WebSocket (path :data:`WS_PATH`) over TLS.
 
 ``secret`` is the user id (a UUID) for VMess and VLESS and the password for Trojan.
 The TLS certificate is issued for ``localhost`` and 127.0.0.1; clients ask for
@@ -23,8 +24,11 @@ LOOPBACK = "127.0.0.1"
 SERVER_NAME = "localhost"
 TLS_NAMES = (SERVER_NAME, LOOPBACK)
 VMESS_SECURITY = "aes-128-gcm"
-TAGS = ("vmess", "trojan", "vless")  # each tag is also the protocol's name in v2ray
-_TLS_TAGS = frozenset({"trojan", "vless"})
+TAGS = ("vmess", "trojan", "vless", "trojan_ws")
+_PROTOCOL = {"vmess": "vmess", "trojan": "trojan", "vless": "vless", "trojan_ws": "trojan"}  # v2ray's name
+_TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws"})
+_WS_TAGS = frozenset({"trojan_ws"})
+WS_PATH = "/bench-ws"
 _LOG = {"loglevel": "warning", "access": "none"}  # "none": no access log at all (empty would mean stdout)
 
 
@@ -32,9 +36,25 @@ def uses_tls(tag: str) -> bool:
     return _check(tag) in _TLS_TAGS
 
 
+def protocol(tag: str) -> str:
+    """The tag's protocol, as v2ray names it."""
+    return _PROTOCOL[_check(tag)]
+
+
 def describe(tag: str) -> str:
     """How the tag's protocol is carried, for the subject notes."""
-    return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS"}[_check(tag)]
+    return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS",
+            "trojan_ws": "Trojan/WebSocket/TLS"}[_check(tag)]
+
+
+def _stream(tag: str, tls: bool, tls_settings: dict[str, object]) -> dict[str, object]:
+    stream: dict[str, object] = {"network": "ws" if tag in _WS_TAGS else "tcp",
+                                 "security": "tls" if tls else "none"}
+    if tag in _WS_TAGS:
+        stream["wsSettings"] = {"path": WS_PATH}
+    if tls:
+        stream["tlsSettings"] = tls_settings
+    return stream
 
 
 def server_config(tag: str, port: int, secret: str, cert_file: str = "",
@@ -43,18 +63,16 @@ def server_config(tag: str, port: int, secret: str, cert_file: str = "",
     ``tls`` puts it over TLS (default: only the tags that always run over it)."""
     clients = {"vmess": [{"id": secret, "alterId": 0}], "trojan": [{"password": secret}],
                "vless": [{"id": secret}]}
-    settings: dict[str, object] = {"clients": clients[_check(tag)]}
+    settings: dict[str, object] = {"clients": clients[protocol(tag)]}
     if tag == "vless":
         settings["decryption"] = "none"
-    stream: dict[str, object] = {"network": "tcp", "security": "none"}
-    if uses_tls(tag) if tls is None else tls:
-        if not (cert_file and key_file):
-            raise ValueError(f"{tag} runs over TLS: give the certificate and key files")
-        stream = {"network": "tcp", "security": "tls",
-                  "tlsSettings": {"certificates": [{"certificateFile": cert_file, "keyFile": key_file}]}}
+    over_tls = uses_tls(tag) if tls is None else tls
+    if over_tls and not (cert_file and key_file):
+        raise ValueError(f"{tag} runs over TLS: give the certificate and key files")
+    stream = _stream(tag, over_tls, {"certificates": [{"certificateFile": cert_file, "keyFile": key_file}]})
     return {
         "log": _LOG,
-        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": tag, "settings": settings,
+        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": protocol(tag), "settings": settings,
                       "streamSettings": stream}],
         "outbounds": [{"protocol": "freedom", "settings": {}}],
     }
@@ -68,25 +86,23 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
     Over TLS (``tls``, as for :func:`server_config`) it trusts ``ca_file`` (on top of the system's
     store) and asks for :data:`SERVER_NAME`.
     """
-    if _check(tag) == "trojan":
+    if protocol(tag) == "trojan":
         server = {"address": LOOPBACK, "port": server_port, "password": secret}
         settings: dict[str, object] = {"servers": [server]}
     else:
         user: dict[str, object] = ({"id": secret, "alterId": 0, "security": VMESS_SECURITY} if tag == "vmess"
                                    else {"id": secret, "encryption": "none"})
         settings = {"vnext": [{"address": LOOPBACK, "port": server_port, "users": [user]}]}
-    stream: dict[str, object] = {"network": "tcp", "security": "none"}
-    if uses_tls(tag) if tls is None else tls:
-        if not ca_file:
-            raise ValueError(f"{tag} runs over TLS: give the CA file the client trusts")
-        stream = {"network": "tcp", "security": "tls",
-                  "tlsSettings": {"serverName": SERVER_NAME, "allowInsecure": False,
-                                  "certificates": [{"usage": "verify", "certificateFile": ca_file}]}}
+    over_tls = uses_tls(tag) if tls is None else tls
+    if over_tls and not ca_file:
+        raise ValueError(f"{tag} runs over TLS: give the CA file the client trusts")
+    stream = _stream(tag, over_tls, {"serverName": SERVER_NAME, "allowInsecure": False,
+                                     "certificates": [{"usage": "verify", "certificateFile": ca_file}]})
     return {
         "log": _LOG,
         "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
                       "settings": {"auth": "noauth", "udp": False}}],
-        "outbounds": [{"protocol": tag, "settings": settings, "streamSettings": stream,
+        "outbounds": [{"protocol": protocol(tag), "settings": settings, "streamSettings": stream,
                        "mux": {"enabled": mux}}],
     }
 
@@ -99,8 +115,8 @@ def share_link(tag: str, server_port: int, secret: str, *, tls: bool = False) ->
                   "scy": VMESS_SECURITY, "net": "tcp", "type": "none", "tls": "tls" if tls else "",
                   "sni": SERVER_NAME if tls else ""}
         return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
-    params = f"security=tls&sni={SERVER_NAME}&type=tcp"
-    if tag == "trojan":
+    params = f"security=tls&sni={SERVER_NAME}&" + (f"type=ws&path={WS_PATH}" if tag in _WS_TAGS else "type=tcp")
+    if protocol(tag) == "trojan":
         return f"trojan://{secret}@{LOOPBACK}:{server_port}?{params}#sink"
     return f"vless://{secret}@{LOOPBACK}:{server_port}?{params}&encryption=none#sink"
 

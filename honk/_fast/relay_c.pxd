@@ -112,6 +112,17 @@ cdef struct TlsState:
     char* hs_out              # handshake bytes the upstream has not taken yet (a short send)
     uint32_t hs_out_len
     uint32_t hs_out_off
+    # WebSocket inside the records (see "WebSocket inside TLS" in relay_c)
+    uint8_t ws                # client bytes go out as masked binary frames; the server's are unframed
+    uint8_t ws_hlen           # bytes of the server's current frame header in ws_hdr
+    uint8_t ws_hneed          # bytes that header needs (2, then with its extended length)
+    uint8_t ws_op             # the current frame's opcode, once its header is complete
+    uint8_t ws_in_payload     # the header is complete: ws_left payload bytes to go
+    uint8_t ws_ctl_len        # a control frame's payload so far (a ping's, echoed in the pong)
+    uint8_t ws_error          # why a server frame was refused (WS_ERR_*, 0: none)
+    uint8_t ws_hdr[10]
+    uint8_t ws_ctl[125]
+    uint64_t ws_left
 
 
 # A listening socket the worker accepts on (listener mode). Allocated by the

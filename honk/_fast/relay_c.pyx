@@ -142,6 +142,15 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     chunk, and the directions' buffers when a send comes up short.
 
 Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
+  * WebSocket inside TLS (a ``TlsFraming`` with ``websocket``: Python made the upgrade):
+    client bytes are sealed as masked binary frames of at most 64 KiB (the header
+    written into the read buffer's headroom, the mask from RAND_bytes), the server's
+    plaintext is unframed in place before the inner protocol sees it. A ping is
+    answered with a pong, a close frame ends the server's side as a close_notify does,
+    a reserved bit, unknown opcode, masked, oversized or long control frame ends the
+    flow (WS_ERR_*, reported to the framing at END like a VLESS version byte). The
+    client's EOF sends nothing upstream and leaves its write side open: WebSocket has
+    no half-close.
   * ``listen(fd, listener)`` registers a dup of a listening socket; the worker
     ``accept4``s (non-blocking, close-on-exec, ACCEPT_BURST per readiness) and
     reads each client's first bytes into its ``Hs`` record (epoll tag 3).
@@ -587,6 +596,9 @@ cdef extern from *:
     const char* ERR_reason_error_string(unsigned long e) nogil
     int SSL_ERROR_WANT_READ, SSL_ERROR_ZERO_RETURN
 
+cdef extern from "<openssl/rand.h>" nogil:
+    int RAND_bytes(unsigned char* buf, int num)
+
 
 # Event kinds and end causes: one definition, in the pure-Python twin.
 EV_OPEN = _py.EV_OPEN
@@ -684,6 +696,19 @@ DEF TLS_STAGE_DONE = 3             # TlsState.stage once the response header (if
 DEF TLS_RESUMED = 1                # EV_OPEN's b for a TLS handshake the worker drove: the session was resumed
 DEF TLS_13 = 2                     # ... and TLS 1.3 was spoken
 assert TLS_RESUMED == _py.TLS_RESUMED and TLS_13 == _py.TLS_13
+DEF WS_SEND_FRAME = 65536          # payload bytes per client frame (honk.proto.websocket.SEND_FRAME)
+DEF WS_MAX_FRAME = 16777216        # a larger server frame is refused (honk.proto.websocket.MAX_FRAME_PAYLOAD)
+DEF WS_HEADROOM = 14               # the longest client frame header: 2 + an 8-byte length + the mask
+DEF WS_ERR_RESERVED = 1            # WS_ERR_*: index + 1 in honk.proto.websocket.ENGINE_ERRORS
+DEF WS_ERR_OPCODE = 2
+DEF WS_ERR_MASKED = 3
+DEF WS_ERR_CONTROL = 4
+DEF WS_ERR_TOO_LARGE = 5
+DEF WS_PAD = 257                   # END's pad for a WebSocket error: -(WS_PAD + WS_ERR_*), past a VLESS byte's
+# for the test that holds these to honk.proto.websocket's (the kernel imports nothing above it)
+WS_LIMITS = (WS_SEND_FRAME, WS_MAX_FRAME)
+WS_ERRORS = {"reserved-bits": WS_ERR_RESERVED, "bad-opcode": WS_ERR_OPCODE, "masked-server-frame": WS_ERR_MASKED,
+             "bad-control-frame": WS_ERR_CONTROL, "frame-too-large": WS_ERR_TOO_LARGE}
 # CPython versions whose _ssl._SSLSocket starts PyObject_HEAD, Socket, ssl (honk_ssl_of)
 _SSLSOCKET_LAYOUT = ((3, 8), (3, 14))
 
@@ -741,8 +766,169 @@ cdef TlsState* _tls_new(framing, bint handshake=False) except NULL:
         t.version = <uint8_t>(int(framing.version) & 0xFF)
     else:
         t.stage = TLS_STAGE_DONE
+    if getattr(framing, "websocket", False):
+        if handshake:
+            free(t)
+            raise ValueError("framing: a WebSocket connection is upgraded before the engine takes it")
+        t.ws = 1
+        t.ws_hneed = 2
     framing.claim()
     return t
+
+
+# -- WebSocket inside TLS (see the module docstring) --------------------------------------------
+
+cdef inline void _ws_mask(uint8_t* p, size_t n, const uint8_t* mask) noexcept nogil:
+    """XOR p[:n] with the repeating 4-byte mask (8 bytes a step: the mask repeats in memory order)."""
+    cdef uint64_t m8, w
+    cdef size_t i = 0
+    memcpy(&m8, mask, 4)
+    memcpy((<uint8_t*>&m8) + 4, mask, 4)
+    while i + 8 <= n:
+        memcpy(&w, p + i, 8)
+        w ^= m8
+        memcpy(p + i, &w, 8)
+        i += 8
+    while i < n:
+        p[i] ^= mask[i & 3]
+        i += 1
+
+
+cdef inline size_t _ws_header_len(size_t n) noexcept nogil:
+    return (2 if n < 126 else 4 if n < 65536 else 10) + 4
+
+
+cdef int _ws_frame_head(uint8_t* h, uint8_t opcode, size_t n, uint8_t* mask) noexcept nogil:
+    """A final masked frame's header for n payload bytes at h (_ws_header_len(n) bytes), its
+    mask drawn into ``mask`` too. 0, or -1 when no random bytes could be had."""
+    cdef size_t k = 2, i
+    if RAND_bytes(mask, 4) != 1:
+        return -1
+    h[0] = 0x80 | opcode
+    if n < 126:
+        h[1] = 0x80 | <uint8_t>n
+    elif n < 65536:
+        h[1] = 0x80 | 126
+        h[2] = <uint8_t>(n >> 8)
+        h[3] = <uint8_t>n
+        k = 4
+    else:
+        h[1] = 0x80 | 127
+        for i in range(8):
+            h[2 + i] = <uint8_t>(n >> (56 - 8 * i))
+        k = 10
+    memcpy(h + k, mask, 4)
+    return 0
+
+
+cdef int _ws_seal(TlsState* t, uint8_t* p, size_t n, bint headroom) noexcept nogil:
+    """p[:n] (client bytes, masked in place) into SSL as binary frames of at most WS_SEND_FRAME
+    bytes: with ``headroom`` (WS_HEADROOM writable bytes before p) each frame is one SSL_write,
+    its header just before its payload; else the header is a write of its own. 0, or -1."""
+    cdef size_t off = 0, k, hl
+    cdef uint8_t mask[4]
+    cdef uint8_t head[WS_HEADROOM]
+    cdef uint8_t* h
+    while off < n:
+        k = n - off if n - off < WS_SEND_FRAME else WS_SEND_FRAME
+        hl = _ws_header_len(k)
+        h = p + off - hl if headroom else head  # before the first frame: the headroom; later ones: sent bytes
+        if _ws_frame_head(h, 0x2, k, mask) < 0:
+            return -1
+        _ws_mask(p + off, k, mask)
+        if headroom:
+            if SSL_write(t.ssl, h, <int>(hl + k)) != <int>(hl + k):
+                return -1
+        elif (SSL_write(t.ssl, h, <int>hl) != <int>hl
+                or SSL_write(t.ssl, p + off, <int>k) != <int>k):
+            return -1
+        off += k
+    return 0
+
+
+cdef int _ws_control_done(TlsState* t) noexcept nogil:
+    """A server control frame is complete: a ping's payload goes back in a pong, a close ends
+    the server's side. 0, or -1 (no random bytes for the pong's mask)."""
+    cdef uint8_t frame[WS_HEADROOM + 125]
+    cdef uint8_t mask[4]
+    cdef size_t hl
+    if t.ws_op == 0x9:
+        hl = _ws_header_len(t.ws_ctl_len)
+        if _ws_frame_head(frame, 0xA, t.ws_ctl_len, mask) < 0:
+            return -1
+        memcpy(frame + hl, t.ws_ctl, t.ws_ctl_len)
+        _ws_mask(frame + hl, t.ws_ctl_len, mask)
+        if SSL_write(t.ssl, frame, <int>(hl + t.ws_ctl_len)) != <int>(hl + t.ws_ctl_len):
+            return -1
+    elif t.ws_op == 0x8:
+        t.closed = 1
+    return 0
+
+
+cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
+    """The server's plaintext p[:n[0]] unframed in place: n[0] becomes the data frames' payload
+    bytes, moved to the front. -1 with t.ws_error for a frame that breaks RFC 6455 (the same
+    checks as honk.proto.websocket.WsDecoder, in its order)."""
+    cdef size_t pos = 0, out = 0, k, size, i
+    cdef size_t have = n[0]
+    cdef uint8_t b0, b1, op
+    while pos < have and not t.closed:
+        if not t.ws_in_payload:
+            t.ws_hdr[t.ws_hlen] = p[pos]
+            t.ws_hlen += 1
+            pos += 1
+            if t.ws_hlen == 2:
+                b0 = t.ws_hdr[0]
+                b1 = t.ws_hdr[1]
+                op = b0 & 0x0F
+                if b0 & 0x70:
+                    t.ws_error = WS_ERR_RESERVED
+                    return -1
+                if not (op <= 0x2 or 0x8 <= op <= 0xA):
+                    t.ws_error = WS_ERR_OPCODE
+                    return -1
+                if b1 & 0x80:
+                    t.ws_error = WS_ERR_MASKED
+                    return -1
+                t.ws_op = op
+                t.ws_hneed = 2 if (b1 & 0x7F) < 126 else 4 if (b1 & 0x7F) == 126 else 10
+            if t.ws_hlen < t.ws_hneed:
+                continue
+            size = t.ws_hdr[1] & 0x7F
+            if t.ws_hneed == 4:
+                size = (<size_t>t.ws_hdr[2] << 8) | t.ws_hdr[3]
+            elif t.ws_hneed == 10:
+                size = 0
+                for i in range(8):
+                    size = (size << 8) | t.ws_hdr[2 + i]
+            if t.ws_op >= 0x8 and (size > 125 or not (t.ws_hdr[0] & 0x80)):
+                t.ws_error = WS_ERR_CONTROL
+                return -1
+            if size > WS_MAX_FRAME:
+                t.ws_error = WS_ERR_TOO_LARGE
+                return -1
+            t.ws_hlen = 0
+            t.ws_hneed = 2
+            t.ws_left = size
+            t.ws_ctl_len = 0
+            t.ws_in_payload = 1
+        else:
+            k = have - pos if have - pos < t.ws_left else <size_t>t.ws_left
+            if t.ws_op >= 0x8:
+                memcpy(t.ws_ctl + t.ws_ctl_len, p + pos, k)
+                t.ws_ctl_len += <uint8_t>k
+            else:
+                if out != pos:
+                    memmove(p + out, p + pos, k)
+                out += k
+            pos += k
+            t.ws_left -= k
+        if t.ws_in_payload and t.ws_left == 0:
+            t.ws_in_payload = 0
+            if t.ws_op >= 0x8 and _ws_control_done(t) < 0:
+                return -1
+    n[0] = out
+    return 0
 
 
 cdef _report_handshake(framing):
@@ -1464,6 +1650,8 @@ cdef class Engine:
                             _report_handshake(framing)
                         if e.pad > 0:
                             framing.released(_openssl_reason(<unsigned long>e.pad))
+                        elif e.pad <= -WS_PAD:
+                            framing.released("", None, -e.pad - WS_PAD)
                         elif e.pad < 0:
                             framing.released("", -e.pad - 1)
                         else:
@@ -2384,7 +2572,8 @@ cdef class Engine:
                 # The flow's last open direction needs no shutdown: _end's close() sends the
                 # FIN (dst has nothing unread: its own EOF came first). Not for fds dup'ed from
                 # asyncio transports, whose close() may not be the last reference.
-                if not (f.owned and f.d[1 - di].shut) and shutdown(dst, SHUT_WR) < 0:
+                if (not (f.owned and f.d[1 - di].shut) and not (di == 0 and f.tls != NULL and f.tls.ws)
+                        and shutdown(dst, SHUT_WR) < 0):
                     self._end(f, C_ERROR, (dst_side << 16) | errno, now)
                     return -1
                 d.shut = 1
@@ -2753,13 +2942,18 @@ cdef class Engine:
         cdef Dir* d = &f.d[0]
         if self._framed_buffers(f, now) < 0:
             return -1
+        cdef bint failed
         if d.len:
-            if SSL_write(t.ssl, d.buf, <int>d.len) != <int>d.len:
+            if t.ws:
+                failed = _ws_seal(t, <uint8_t*>d.buf, d.len, 0) < 0
+            else:
+                failed = SSL_write(t.ssl, d.buf, <int>d.len) != <int>d.len
+            if failed:
                 ERR_clear_error()
                 self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
                 return -1
             d.off = d.len = 0
-        if d.src_eof:
+        if d.src_eof and not t.ws:
             SSL_shutdown(t.ssl)
             ERR_clear_error()
         return self._wbio_owed(f, now)
@@ -2767,9 +2961,14 @@ cdef class Engine:
     cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil:
         """The n client bytes just read into fin + VMESS_WIRE: sealed (one record per 16 KiB) and
         sent on. 0, or -1 if the flow ended."""
+        cdef bint failed
         if n < FRAMED_READ and not f.rdhup[0]:
             f.readable[0] = 0  # a short read drained src
-        if SSL_write(f.tls.ssl, self.fin + VMESS_WIRE, <int>n) != <int>n:  # a memory BIO takes it all
+        if f.tls.ws:  # the frames' headers go into the read's headroom (VMESS_WIRE bytes)
+            failed = _ws_seal(f.tls, <uint8_t*>self.fin + VMESS_WIRE, n, 1) < 0
+        else:  # a memory BIO takes it all
+            failed = SSL_write(f.tls.ssl, self.fin + VMESS_WIRE, <int>n) != <int>n
+        if failed:
             ERR_clear_error()
             self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
             return -1
@@ -2831,6 +3030,12 @@ cdef class Engine:
         cdef TlsState* t = f.tls
         cdef uint8_t* p = <uint8_t*>self.fout
         cdef size_t pos = 0, k
+        if t.ws:
+            if _ws_unframe(t, p, &n) < 0:
+                self._framing_failed(f, EPROTO, now)
+                return -1
+            if n == 0:
+                return 0  # headers, control frames or what followed a close
         if not t.got_any:
             t.got_any = 1
             if not f.first_down:
@@ -2865,6 +3070,8 @@ cdef class Engine:
         never came (FRAMING_SILENT) or stopped inside its header (FRAMING_TRUNCATED). 0, or -1."""
         cdef TlsState* t = f.tls
         if di == 0:
+            if t.ws:
+                return 0  # no half-close in WebSocket: nothing goes up, the write side stays open
             SSL_shutdown(t.ssl)  # once: a second call would wait for the server's and eat its data
             ERR_clear_error()
             return self._tls_flush(f, now)
@@ -2883,6 +3090,7 @@ cdef class Engine:
         the refusal, not the write, is the flow's story (as the bridge reports it)."""
         cdef TlsState* t = f.tls
         cdef ssize_t n
+        cdef size_t got
         cdef int r, err
         if self.fin == NULL or f.fd[1] < 0:
             return 0
@@ -2898,7 +3106,14 @@ cdef class Engine:
             while True:
                 r = SSL_read(t.ssl, self.fout, FRAMED_BUF)
                 if r > 0:
-                    return 0  # it answered after all
+                    if not t.ws:
+                        return 0  # it answered after all
+                    got = <size_t>r  # over WebSocket only a data frame's payload is an answer
+                    if _ws_unframe(t, <uint8_t*>self.fout, &got) < 0 or got:
+                        return 0
+                    if t.closed:
+                        return 1  # a close frame: the refusal
+                    continue
                 err = SSL_get_error(t.ssl, r)
                 ERR_clear_error()
                 if err == SSL_ERROR_ZERO_RETURN:
@@ -3034,6 +3249,8 @@ cdef class Engine:
                 pad = <int32_t>(f.tls.err & 0x7FFFFFFF)
             elif f.tls.has_bad_version:
                 pad = -1 - <int32_t>f.tls.bad_version
+            elif f.tls.ws_error:
+                pad = -WS_PAD - <int32_t>f.tls.ws_error
             free(f.tls.hs_out)
             free(f.tls)
             f.tls = NULL

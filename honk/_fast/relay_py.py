@@ -869,10 +869,12 @@ class Engine:
             if d.buf:
                 continue
             if d.src_eof:
-                try:
-                    _shutdown_wr(dst)
-                except OSError as exc:
-                    raise _Error(d.dst, exc.errno or 0) from None
+                # WebSocket inside TLS has no half-close: the upstream keeps its write side
+                if d.src == SIDE_UPSTREAM or flow.framing is None or getattr(flow.framing, "half_close", True):
+                    try:
+                        _shutdown_wr(dst)
+                    except OSError as exc:
+                        raise _Error(d.dst, exc.errno or 0) from None
                 d.shut = True
                 self._drop_pipe(d)
                 self._emit(flow, EV_HALF_CLOSE, d.src, 0)

@@ -7,14 +7,14 @@ protocol's framing as a :class:`~honk.outbound.channel.CodecChannel`, and hands
 the relay a plain socket through :func:`~honk.outbound.bridge.bridge_stream`.
 A subclass says what the header is and how the server's bytes are opened.
 
-Trojan and VLESS over TCP + TLS (no WebSocket, no mux) skip the channel and the
-bridge: the TLS handshake runs over memory BIOs, the header goes out through it,
-and the dialed stream is the server's socket with a
-:class:`~honk.proto.tls_framing.TlsFraming`, whose records the relay engine moves
-itself (two descriptors per flow, no Python per chunk). On the SOCKS fast path the
-engine does the dial too (:meth:`StackedLeaf.engine_plan`): it connects, makes the
-handshake on an ``SSLObject`` prepared here (offering the server's session to resume)
-and seals the header itself. WebSocket transports,
+Trojan and VLESS over TCP + TLS, or WebSocket over TLS (no mux), skip the channel
+and the bridge: the TLS handshake (and the WebSocket upgrade) runs over memory BIOs,
+the header goes out through it, and the dialed stream is the server's socket with a
+:class:`~honk.proto.tls_framing.TlsFraming`, whose records (and frames) the relay
+engine moves itself (two descriptors per flow, no Python per chunk). On the SOCKS
+fast path the engine does the dial of TCP + TLS nodes too (:meth:`StackedLeaf.engine_plan`):
+it connects, makes the handshake on an ``SSLObject`` prepared here (offering the
+server's session to resume) and seals the header itself. Plain WebSocket,
 mux carriers, UDP and VMess over TLS keep the channel path, as does every node
 when the relay engine cannot drive this Python's SSLObjects
 (:func:`honk._fast.relay.tls_supported`).
@@ -39,7 +39,7 @@ from honk.outbound.mux import mux_requested, pool_for
 from honk.outbound.mux_udp import MuxDatagramEndpoint
 from honk.outbound.proxy import ProxyLeaf, handshake_scope
 from honk.outbound.tls import client_context, relayed_handshake
-from honk.outbound.transport import TransportSpec, open_tls, open_transport
+from honk.outbound.transport import TransportSpec, open_tls, open_transport, upgrade_relayed
 from honk.proto.mux import MUX_COOL_TARGET
 from honk.proto.tls_framing import TlsFraming
 
@@ -102,7 +102,7 @@ class StackedLeaf(ProxyLeaf):
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
         stream = self.stream(target)  # a bad credential fails here, before any connect
-        if stream.response is not None and transport.tls_only and tls_supported():
+        if stream.response is not None and transport.tls_relayed and tls_supported():
             return await self._dial_tls(transport, stream, deadline)
         return bridged(await self._framed(stream, deadline), self.name)
 
@@ -135,12 +135,20 @@ class StackedLeaf(ProxyLeaf):
         return dataclasses.replace(plan, opened=opened)
 
     async def _dial_tls(self, transport: TransportSpec, stream: Stream, deadline: float) -> DialedStream:
-        """TCP + TLS with the header sent, for the relay engine to carry (no channel, no bridge)."""
+        """TCP + TLS (and the WebSocket upgrade) with the header sent, for the relay engine to
+        carry (no channel, no bridge)."""
+        websocket = transport.network == "ws"
         try:
             connection = await open_tls(self, transport, deadline)
+            framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, stream.response,
+                                 connection.on_release, websocket=websocket)
             try:
+                header = stream.header
+                if framing.ws_encoder is not None:
+                    await upgrade_relayed(connection, self, transport, deadline, framing.ws_encoder)
+                    header = framing.ws_encoder.binary(header)
                 async with handshake_scope(self.clock, deadline, self.name, self.protocol):
-                    await connection.send(stream.header)
+                    await connection.send(header)
             except BaseException:
                 connection.sock.close()
                 raise
@@ -148,8 +156,6 @@ class StackedLeaf(ProxyLeaf):
             self.count(exc)
             raise
         self.count(None)
-        framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, stream.response,
-                             connection.on_release)
         return DialedStream(connection.sock, framing)
 
     async def open_channel(self, deadline: float) -> Channel:

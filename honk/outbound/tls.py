@@ -411,11 +411,42 @@ class TlsConnection:
     outgoing: ssl.MemoryBIO
     # for the relay to call once it gave the connection back (resumption: the session may be read)
     on_release: Callable[[], None] | None = None
+    closed: bool = False  # the server's close_notify came while Python read (receive)
 
     async def send(self, data: bytes) -> None:
         """``data`` sealed and sent, before the relay owns the connection (a request header)."""
         self.sslobj.write(data)
         await asyncio.get_running_loop().sock_sendall(self.sock, self.outgoing.read())
+
+    async def receive(self) -> bytes:
+        """The server's plaintext before the relay owns the connection (a WebSocket upgrade's
+        answer): every byte the records read so far hold, b"" once the server closed. Records
+        still incomplete stay in ``incoming`` for the relay to finish."""
+        loop = asyncio.get_running_loop()
+        while True:
+            plain = self.pending_plaintext()
+            if plain or self.closed:
+                return plain
+            data = await loop.sock_recv(self.sock, HANDSHAKE_READ)
+            if not data:
+                return b""
+            self.incoming.write(data)
+
+    def pending_plaintext(self) -> bytes:
+        """What the records already in ``incoming`` hold, without reading the socket."""
+        plain = bytearray()
+        while not self.closed:
+            try:
+                chunk = self.sslobj.read(HANDSHAKE_READ)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            plain += chunk
+        return bytes(plain)
 
 
 async def tls_handshake(

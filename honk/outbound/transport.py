@@ -17,6 +17,7 @@ WebSocket upgrade (the server's status or a wrong accept value).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from honk.core.errors import ConfigRefused, DialError, UpstreamFailed
@@ -30,10 +31,16 @@ from honk.outbound.tls import (
     tls_handshake,
     tls_verification,
 )
-from honk.proto.websocket import WebSocketError, client_handshake, parse_handshake_response
+from honk.proto.websocket import (
+    WebSocketError,
+    WsDecoder,
+    WsEncoder,
+    client_handshake,
+    parse_handshake_response,
+)
 from honk.relay.stream import StreamConn
 
-__all__ = ["TransportSpec", "open_tls", "open_transport"]
+__all__ = ["TransportSpec", "open_tls", "open_transport", "upgrade_relayed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,12 @@ class TransportSpec:
     def tls_only(self) -> bool:
         """TCP with TLS and nothing else: the relay engine can carry the records itself (:func:`open_tls`)."""
         return self.network == "tcp" and self.tls
+
+    @property
+    def tls_relayed(self) -> bool:
+        """TLS, or WebSocket over TLS: after :func:`open_tls` (and :func:`upgrade_relayed`) the
+        relay engine carries the records, and the frames inside them, itself."""
+        return self.tls and self.network in ("tcp", "ws")
 
     @classmethod
     def from_params(cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False) -> TransportSpec:
@@ -107,7 +120,7 @@ async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) 
 
 async def open_tls(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> TlsConnection:
     """The node's server reached and TLS done over memory BIOs, for a transport that is
-    :attr:`TransportSpec.tls_only`: no asyncio transport, the relay engine drives the records."""
+    :attr:`TransportSpec.tls_relayed`: no asyncio transport, the relay engine drives the records."""
     context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now())  # refused before any connect
     sock = await leaf.connect_server(deadline)
     return await tls_handshake(sock, context, spec.server_name or leaf.server.host, leaf.clock, deadline, leaf.name)
@@ -117,14 +130,49 @@ async def _upgrade(conn: StreamConn, leaf: ProxyLeaf, host: str, path: str, dead
     request, key = client_handshake(host, path)
     async with handshake_scope(leaf.clock, deadline, leaf.name, "WebSocket"):
         conn.write(request)
-        head = b""
-        try:
-            while (length := parse_handshake_response(head, key)) is None:
-                data = await conn.receive()
-                if not data:
-                    raise ServerClosed()
-                head += data
-        except WebSocketError as exc:
-            raise DialError(leaf.name, "handshake", str(exc)) from None
-        if len(head) > length:
-            conn.unread(head[length:])  # the first frames arrived with the answer
+        rest = await _upgrade_answer(conn.receive, key, leaf)
+        if rest:
+            conn.unread(rest)  # the first frames arrived with the answer
+
+
+async def upgrade_relayed(connection: TlsConnection, leaf: ProxyLeaf, spec: TransportSpec, deadline: float,
+                          encoder: WsEncoder) -> None:
+    """The WebSocket upgrade through a TLS connection the relay engine will carry (a
+    ``TlsFraming`` with ``websocket``). The server may not send data before the protocol's
+    request, so what came with its answer is answered here (pongs) or refused; the engine
+    starts at a frame boundary with nothing left in the ``SSLObject``."""
+    request, key = client_handshake(spec.ws_host or spec.server_name or leaf.server.host, spec.ws_path)
+    async with handshake_scope(leaf.clock, deadline, leaf.name, "WebSocket"):
+        await connection.send(request)
+        rest = await _upgrade_answer(connection.receive, key, leaf)
+        decoder = WsDecoder()
+        while True:
+            try:
+                events = decoder.feed(rest)
+            except WebSocketError as exc:
+                raise DialError(leaf.name, "handshake", str(exc)) from None
+            if events.data:
+                raise DialError(leaf.name, "handshake", "WebSocket: data before the request")
+            if events.closed is not None:
+                raise ServerClosed()
+            for payload in events.pongs:
+                await connection.send(encoder.pong(payload))
+            if not decoder.partial:
+                return
+            rest = await connection.receive()  # a frame cut by its record: the rest comes next
+            if not rest:
+                raise ServerClosed()
+
+
+async def _upgrade_answer(receive: Callable[[], Awaitable[bytes]], key: str, leaf: ProxyLeaf) -> bytes:
+    """Read the server's answer to the upgrade; what followed it (the first frames)."""
+    head = b""
+    try:
+        while (length := parse_handshake_response(head, key)) is None:
+            data = await receive()
+            if not data:
+                raise ServerClosed()
+            head += data
+    except WebSocketError as exc:
+        raise DialError(leaf.name, "handshake", str(exc)) from None
+    return head[length:]

@@ -19,6 +19,14 @@ Trojan passes the target's bytes as they are, but an EOF before any byte is
 decrypt or parse, or an alert from the server, is a :class:`TlsStreamError`.
 A close_notify or a TCP EOF between records is the server's clean half-close.
 
+Over a WebSocket transport (``websocket=True``: the upgrade was made through the
+connection before the handover) the plaintext both ways is binary WebSocket
+messages: client bytes go out as masked frames, the server's frames are opened
+(pings answered with pongs, a close frame ends the server's side like a
+close_notify, a broken frame is a :class:`~honk.proto.websocket.WebSocketError`).
+WebSocket has no half-close: the client's EOF sends nothing (:attr:`TlsFraming.half_close`
+is false), the server's direction carries on until it closes.
+
 Ownership: once a relay took the framing (:meth:`TlsFraming.claim`) nothing
 else may touch the ``SSLObject`` (the compiled engine's worker may be inside
 OpenSSL with it) until the relay gives it back with :meth:`TlsFraming.released`,
@@ -36,6 +44,7 @@ from typing import Any
 from honk.core.errors import CodecError, HonkError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.proto.vless import VlessError, VlessResponseDecoder
+from honk.proto.websocket import ENGINE_ERRORS, WebSocketError, WsDecoder, WsEncoder
 
 __all__ = ["HandshakeReport", "TlsFraming", "TlsStreamError"]
 
@@ -65,7 +74,8 @@ class _Sealer:
     def encrypt(self, data: bytes) -> bytes:
         framing = self._framing
         if data:
-            framing.sslobj.write(data)  # a memory BIO takes all of it
+            ws = framing.ws_encoder
+            framing.sslobj.write(data if ws is None else ws.binary(data))  # a memory BIO takes all of it
         return framing.outgoing.read()  # also what reading made SSL want to send (a KeyUpdate)
 
 
@@ -104,12 +114,29 @@ class _Opener:
                 self.closed = True
                 break
             plain += chunk
+        if plain and framing.ws_decoder is not None:
+            plain = bytearray(self._unframe(bytes(plain)))
         if not plain:
             return b""
         try:
             return framing.response.feed(bytes(plain))
         except HonkError as exc:
             raise framing.failed(exc) from None
+
+    def _unframe(self, plain: bytes) -> bytes:
+        """The payload of the server's WebSocket frames; pongs are sealed for the upstream
+        (``take_outgoing``), a close frame closes the server's side."""
+        framing = self._framing
+        assert framing.ws_decoder is not None and framing.ws_encoder is not None
+        try:
+            events = framing.ws_decoder.feed(plain)
+        except WebSocketError as exc:
+            raise framing.failed(exc) from None
+        for payload in events.pongs:
+            framing.sslobj.write(framing.ws_encoder.pong(payload))
+        if events.closed is not None:
+            self.closed = True
+        return events.data
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +169,8 @@ class TlsFraming:
         outgoing: ssl.MemoryBIO,
         response: TrojanStreamWatch | VlessResponseDecoder,
         on_release: Callable[[], None] | None = None,
+        *,
+        websocket: bool = False,
     ) -> None:
         self.sslobj = sslobj
         self.incoming = incoming
@@ -151,7 +180,13 @@ class TlsFraming:
         self.strip_header = isinstance(response, VlessResponseDecoder)
         self.version = response.version if isinstance(response, VlessResponseDecoder) else 0
         inner = VlessError if self.strip_header else TrojanError
-        self.errors: tuple[type[HonkError], ...] = (TlsStreamError, inner)
+        self.errors: tuple[type[HonkError], ...] = (TlsStreamError, inner, WebSocketError)
+        # WebSocket inside TLS (see the module docstring); the twin and the copy relay frame
+        # through these, the compiled engine's worker does the same itself
+        self.websocket = websocket
+        self.ws_encoder = WsEncoder() if websocket else None
+        self.ws_decoder = WsDecoder() if websocket else None
+        self.half_close = not websocket  # the client's EOF goes upstream (close_notify, FIN)
         self.encryptor = _Sealer(self)
         self.decryptor = _Opener(self)
         self._on_release = on_release
@@ -160,11 +195,12 @@ class TlsFraming:
         self._failure: HonkError | None = None  # what the Python relays' reading raised
         self._tls_detail = ""  # the compiled engine's OpenSSL reason for a broken record or an alert
         self._bad_version: int | None = None  # the compiled engine's VLESS version byte that did not match
+        self._ws_error = 0  # the compiled engine's code for a broken WebSocket frame (ENGINE_ERRORS)
         # a handshake the relay engine drove (Engine.hs_connect), once its flow ended: how far it got
         self.handshake: HandshakeReport | None = None
 
     def __repr__(self) -> str:
-        return f"TlsFraming(strip_header={self.strip_header}, claimed={self._claimed})"
+        return f"TlsFraming(strip_header={self.strip_header}, websocket={self.websocket}, claimed={self._claimed})"
 
     @property
     def answered(self) -> bool:
@@ -203,9 +239,9 @@ class TlsFraming:
         twin's own exception."""
         self.handshake = HandshakeReport(started, finished, verify_code, verify_message, error)
 
-    def released(self, tls_detail: str = "", bad_version: int | None = None) -> None:
-        """The relay is done with the connection (its END was delivered); ``tls_detail`` and
-        ``bad_version`` are the compiled engine's words on what ended it."""
+    def released(self, tls_detail: str = "", bad_version: int | None = None, ws_error: int = 0) -> None:
+        """The relay is done with the connection (its END was delivered); ``tls_detail``,
+        ``bad_version`` and ``ws_error`` are the compiled engine's words on what ended it."""
         if self._released:
             return
         self._released = True
@@ -213,6 +249,7 @@ class TlsFraming:
             self._tls_detail = tls_detail
         if bad_version is not None:
             self._bad_version = bad_version
+        self._ws_error = ws_error
         hook, self._on_release = self._on_release, None
         if hook is not None:
             hook()
@@ -224,7 +261,10 @@ class TlsFraming:
         return error
 
     def end(self) -> bytes:
-        """What the client's EOF sends before the upstream's FIN: our close_notify."""
+        """What the client's EOF sends before the upstream's FIN: our close_notify (nothing over
+        WebSocket, which has no half-close: see :attr:`half_close`)."""
+        if not self.half_close:
+            return b""
         try:
             self.sslobj.unwrap()
         except ssl.SSLWantReadError:
@@ -243,6 +283,8 @@ class TlsFraming:
             return self._failure
         if self._tls_detail:
             return tls_stream_error(self._tls_detail)
+        if 0 < self._ws_error <= len(ENGINE_ERRORS):
+            return WebSocketError(ENGINE_ERRORS[self._ws_error - 1], "a frame from the server")
         response: Any = self.response
         if err == errno.EPROTO and not self.strip_header:
             return TlsStreamError("bad-record", "the relay reported a broken record")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from honk.core.errors import HonkError
 
 __all__ = [
+    "ENGINE_ERRORS",
     "MAX_FRAME_PAYLOAD",
     "MAX_HANDSHAKE_HEAD",
     "WebSocketError",
@@ -49,6 +50,9 @@ OP_CLOSE, OP_PING, OP_PONG = 0x8, 0x9, 0xA
 _DATA_OPS = frozenset({OP_CONTINUATION, OP_TEXT, OP_BINARY})
 _CONTROL_OPS = frozenset({OP_CLOSE, OP_PING, OP_PONG})
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 (\d{3})(?: [^\r\n]*)?")
+# A server frame's errors as the relay engine's worker numbers them (code = index + 1; see
+# honk.proto.tls_framing): the engine unframes WebSocket inside TLS with the same checks.
+ENGINE_ERRORS = ("reserved-bits", "bad-opcode", "masked-server-frame", "bad-control-frame", "frame-too-large")
 
 
 class WebSocketError(HonkError):
@@ -160,6 +164,11 @@ class WsDecoder:
     def __init__(self) -> None:
         self._buf = bytearray()
         self.closed = False
+
+    @property
+    def partial(self) -> bool:
+        """Whether the bytes fed so far end inside a frame."""
+        return bool(self._buf)
 
     def feed(self, data: bytes) -> WsEvents:
         if self.closed:

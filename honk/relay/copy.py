@@ -120,7 +120,8 @@ class _Side(asyncio.Protocol):
         self.read_done = True
         if relay.half_closed_at is None:
             relay.half_closed_at = relay.clock.now()
-        self.peer.shutdown_write()
+        if not self.is_client or relay._framing is None or getattr(relay._framing, "half_close", True):
+            self.peer.shutdown_write()  # (WebSocket inside TLS has no half-close: the upstream stays open)
         self.relay._maybe_finish()
         return True
 

@@ -1,6 +1,7 @@
-"""Trojan and VLESS over TCP + TLS relayed by the relay engine itself: no socketpair, no bridge.
+"""Trojan and VLESS over TCP + TLS, and over WebSocket + TLS, relayed by the relay engine
+itself: no socketpair, no bridge.
 
-Against a real v2ray server (Trojan/TLS and VLESS/TLS): a SOCKS5 CONNECT through honk's
+Against a real v2ray server (Trojan and VLESS, on TLS and on WebSocket over TLS): a SOCKS5 CONNECT through honk's
 mixed port carries 16 MiB each way intact while the bridge runs no pump, a dial costs
 exactly one descriptor (the server's socket; the client's is the other one of the flow),
 and a refused credential ends the flow with the protocol's typed error. Against a Python
@@ -48,8 +49,12 @@ def trust(monkeypatch):
     return use
 
 
-@pytest.mark.parametrize("protocol", ["trojan", "vless"])
-def test_socks5_through_honk_is_relayed_by_the_engine_not_bridged(run, trust, protocol) -> None:
+ENGINE_TRANSPORTS = [pytest.param(protocol, transport, id=f"{protocol}-{transport}-tls")
+                     for protocol in ("trojan", "vless") for transport in ("tcp", "ws")]
+
+
+@pytest.mark.parametrize(("protocol", "transport"), ENGINE_TRANSPORTS)
+def test_socks5_through_honk_is_relayed_by_the_engine_not_bridged(run, trust, protocol, transport) -> None:
     payload = os.urandom(PAYLOAD)
 
     async def main(link: str, echo: EchoServer) -> bytes:
@@ -68,20 +73,21 @@ def test_socks5_through_honk_is_relayed_by_the_engine_not_bridged(run, trust, pr
                 assert not bridge._pumps  # mid-flow: nothing pumps a socketpair for it
                 rest = await asyncio.wait_for(reader.readexactly(len(payload) - MiB), 6 * STEP)
                 await sending
-                assert await asyncio.wait_for(reader.read(), STEP) == b""  # v2ray passes the half-close back
+                if transport == "tcp":  # (WebSocket has no half-close to pass on)
+                    assert await asyncio.wait_for(reader.read(), STEP) == b""  # v2ray passes the half-close back
                 return first + rest
             finally:
                 await close_writer(writer)
 
-    with EchoServer() as echo, v2ray_server(protocol, transport="tcp", tls=True) as peer:
+    with EchoServer() as echo, v2ray_server(protocol, transport=transport, tls=True) as peer:
         trust(peer)
         got = run(main(peer.share_link(), echo))
         assert peer.accepted()
     assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
 
 
-@pytest.mark.parametrize("protocol", ["trojan", "vless"])
-def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, trust, protocol) -> None:
+@pytest.mark.parametrize(("protocol", "transport"), ENGINE_TRANSPORTS)
+def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, trust, protocol, transport) -> None:
     async def main(link: str, echo: EchoServer) -> None:
         leaf = leaf_from_link(link)
         leaf.runtime = None  # no warm-up connections opened ahead: only the dial's own descriptors count
@@ -95,6 +101,7 @@ def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, tru
         try:
             assert open_fds() - before == 1  # the server's socket: no socketpair
             assert isinstance(dialed.framing, TlsFraming) and dialed.bridge is None
+            assert dialed.framing.websocket == (transport == "ws")
             assert dialed.sock.getpeername()[1] == peer.port
             assert not bridge._pumps
         finally:
@@ -102,18 +109,24 @@ def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, tru
         # a socket of the relay's own (HTTP forwarder, DNS, probes) over the same framing
         sock = await open_through(leaf, Address("127.0.0.1", echo.port), time.monotonic() + STEP)
         reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(b"hello over TLS relayed by the engine")
-        writer.write_eof()
-        assert await asyncio.wait_for(reader.read(), STEP) == b"hello over TLS relayed by the engine"
+        hello = b"hello over TLS relayed by the engine"
+        writer.write(hello)
+        if transport == "tcp":
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), STEP) == hello
+        else:
+            assert await asyncio.wait_for(reader.readexactly(len(hello)), STEP) == hello
         await close_writer(writer)
 
-    with EchoServer() as echo, v2ray_server(protocol, transport="tcp", tls=True) as peer:
+    with EchoServer() as echo, v2ray_server(protocol, transport=transport, tls=True) as peer:
         trust(peer)
         run(main(peer.share_link(), echo))
 
 
+@pytest.mark.parametrize("transport", ["tcp", "ws"])
 @pytest.mark.parametrize(("protocol", "reason"), [("trojan", "closed-before-data"), ("vless", "no-response")])
-def test_a_refused_credential_ends_the_flow_with_the_protocols_typed_error(run, trust, protocol, reason) -> None:
+def test_a_refused_credential_ends_the_flow_with_the_protocols_typed_error(run, trust, protocol, reason,
+                                                                          transport) -> None:
     async def main(link: str, echo: EchoServer) -> None:
         leaf = leaf_from_link(link)
         dialed = await leaf.dial_tcp(Address("127.0.0.1", echo.port), time.monotonic() + STEP)
@@ -127,7 +140,7 @@ def test_a_refused_credential_ends_the_flow_with_the_protocols_typed_error(run, 
         lan.close()
         assert getattr(info.value, "reason", None) == reason, info.value
 
-    with EchoServer() as echo, v2ray_server(protocol, transport="tcp", tls=True) as peer:
+    with EchoServer() as echo, v2ray_server(protocol, transport=transport, tls=True) as peer:
         trust(peer)
         run(main(peer.share_link(uuid="0b9a3a6f-2b43-4b7e-9d07-3c1d0e7c2a11", password="wrong"), echo))
 

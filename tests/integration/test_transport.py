@@ -25,7 +25,10 @@ from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import MonotonicClock
 from honk.core.errors import ConfigRefused, DialError
 from honk.outbound.proxy import ProxyLeaf
-from honk.outbound.transport import TransportSpec, open_transport
+from honk.outbound.transport import TransportSpec, open_tls, open_transport, upgrade_relayed
+from honk.proto.tls_framing import TlsFraming
+from honk.proto.trojan import TrojanStreamWatch
+from honk.relay.native import framed_socket
 
 STEP = 5.0
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -34,8 +37,10 @@ GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 class WsEchoServer:
     """Upgrades one client per connection (or answers ``status``), then echoes its binary messages."""
 
-    def __init__(self, status: int = 101, accept: str | None = None) -> None:
+    def __init__(self, status: int = 101, accept: str | None = None, after_upgrade: bytes = b"") -> None:
         self.status, self.accept = status, accept
+        self.after_upgrade = after_upgrade  # frames sent with the 101, in the same write
+        self.pongs: list[bytes] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.requests: list[bytes] = []
@@ -60,7 +65,7 @@ class WsEchoServer:
                 conn.sendall(f"HTTP/1.1 {self.status} Nope\r\nContent-Length: 0\r\n\r\n".encode())
                 return
             conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode())
+                          f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode() + self.after_upgrade)
             buf = b""
             while data := conn.recv(65536):
                 buf += data
@@ -78,6 +83,9 @@ class WsEchoServer:
                     buf = buf[head_len + 4 + n :]
                     if op == 0x8:
                         return
+                    if op == 0xA:
+                        self.pongs.append(body)
+                        continue
                     size = struct.pack("!BBH", 0x82, 126, len(body)) if len(body) > 125 else struct.pack("!BB", 0x82, len(body))
                     conn.sendall(size + body)
 
@@ -154,3 +162,47 @@ def test_a_refused_or_wrong_upgrade_is_a_handshake_error(run, server_kwargs) -> 
 def test_transports_honk_does_not_speak_are_refused(params) -> None:
     with pytest.raises(ConfigRefused):
         TransportSpec.from_params(params, "h")
+
+
+@pytest.mark.parametrize(("after_upgrade", "refusal"), [
+    (b"", ""),
+    (b"\x89\x02hi", ""),  # a ping with the 101: answered before the handover
+    (b"\x82\x04data", "data before the request"),
+    (b"\x88\x02\x03\xe8", "closed"),
+], ids=["plain", "ping", "data", "close"])
+def test_an_upgrade_for_the_relay_engine_leaves_it_at_a_frame_boundary(run, tmp_path, monkeypatch, after_upgrade,
+                                                                        refusal) -> None:
+    """WebSocket over TLS relayed by the engine: the upgrade runs through the SSLObject first."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    params = (("type", "ws"), ("security", "tls"), ("sni", "edge.example"), ("path", "/x"))
+
+    async def main(port: int) -> bytes:
+        leaf = _leaf(port)
+        spec = TransportSpec.from_params(params, "127.0.0.1")
+        connection = await open_tls(leaf, spec, leaf.clock.now() + STEP)
+        framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, TrojanStreamWatch(),
+                             websocket=True)
+        assert framing.ws_encoder is not None
+        try:
+            await upgrade_relayed(connection, leaf, spec, leaf.clock.now() + STEP, framing.ws_encoder)
+        except BaseException:
+            connection.sock.close()
+            raise
+        reader, writer = await asyncio.open_connection(sock=framed_socket(connection.sock, framing))
+        writer.write(b"relayed by the engine")
+        try:
+            return await asyncio.wait_for(reader.readexactly(21), STEP)
+        finally:
+            writer.close()
+
+    with ws_server(after_upgrade=after_upgrade) as server, \
+            tls_front(server.port, ca=ca, server_names=("edge.example",)) as front:
+        if refusal:
+            with pytest.raises(DialError) as info:
+                run(main(front.port))
+            assert info.value.phase == "handshake" and refusal in str(info.value)
+            return
+        assert run(main(front.port)) == b"relayed by the engine"
+        assert server.pongs == ([b"hi"] if after_upgrade else [])

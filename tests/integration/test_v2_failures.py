@@ -9,11 +9,11 @@ turn that close into ``closed-before-data`` (Trojan, which has no denial
 message) and ``no-response`` (VLESS), the flow's typed end. Where that end
 surfaces depends on the transport:
 
-* TCP + TLS: the dial sends the request header and hands the relay the
-  server's socket with a :class:`~honk.proto.tls_framing.TlsFraming`; the
-  relay engine moves the records and its end is the framing's typed error
-  (``framing.error_for``). No bridge is involved, so the bridge logs nothing.
-* WebSocket (and plain VLESS over TCP): the stream is bridged
+* TCP + TLS and WebSocket + TLS: the dial sends the request header and hands
+  the relay the server's socket with a :class:`~honk.proto.tls_framing.TlsFraming`;
+  the relay engine moves the records (and frames) and its end is the framing's
+  typed error (``framing.error_for``). No bridge is involved, so the bridge logs nothing.
+* Plain WebSocket (and plain VLESS over TCP): the stream is bridged
   (:mod:`honk.outbound.bridge`), which logs the error once as
   ``bridged stream failed`` and keeps it as its verdict (``BridgeEnd``).
 
@@ -234,9 +234,10 @@ async def _echoes(leaf, echo: EchoServer) -> None:  # noqa: ANN001
 def test_wrong_credentials_end_the_flow_with_the_protocols_typed_error(
     run, trust, bridge_log, protocol, transport
 ) -> None:
-    """Over TCP + TLS the relay engine ends the flow with the framing's typed error and nothing is bridged;
-    over WebSocket the bridge keeps that error as the flow's verdict and logs it once."""
+    """Over TCP + TLS and WebSocket + TLS the relay engine ends the flow with the framing's typed error and
+    nothing is bridged; over plain WebSocket the bridge keeps that error as the flow's verdict and logs it once."""
     with EchoServer() as echo, v2ray_server(protocol, transport=transport) as peer:
+        relayed = peer.tls  # TLS (under WebSocket too): the records go to the relay engine
         trust(peer.ca_path)
         run(_echoes(leaf_from_link(peer.share_link()), echo))
         assert bridge_log() == []
@@ -245,7 +246,7 @@ def test_wrong_credentials_end_the_flow_with_the_protocols_typed_error(
         assert len(peer.accepted()) == 1  # the control's request only
     assert got == b""  # the client's side just ends
     assert elapsed < PROMPT
-    if transport == "tcp":  # the relay engine carried the records and read the close itself
+    if relayed:  # the relay engine carried the records and read the close itself
         assert (_typed(end), verdict, bridge_log()) == (REFUSED[protocol], None, [])
     else:  # bridged: the bridge read the close, kept it as the flow's verdict and logged it once
         assert (_typed(verdict), bridge_log()) == (REFUSED[protocol], [REFUSED[protocol]])

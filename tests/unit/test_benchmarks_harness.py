@@ -150,11 +150,22 @@ def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> No
     for tag in v2ray.TAGS:
         cfg = v2ray.server_config(tag, 9100, SECRET, "/c.pem", "/k.pem")
         (inbound,) = cfg["inbounds"]
-        assert (inbound["listen"], inbound["port"], inbound["protocol"]) == ("127.0.0.1", 9100, tag)
+        assert (inbound["listen"], inbound["port"], inbound["protocol"]) == ("127.0.0.1", 9100, v2ray.protocol(tag))
         assert cfg["outbounds"] == [{"protocol": "freedom", "settings": {}}]
         assert cfg["log"]["access"] == "none"  # no access log: a connection costs the relay only
         tls = inbound["streamSettings"]["security"]
-        assert tls == ("tls" if tag in ("trojan", "vless") else "none")
+        assert tls == ("tls" if tag in ("trojan", "vless", "trojan_ws") else "none")
+
+
+def test_the_websocket_pair_speaks_trojan_over_websocket_on_both_ends_and_in_honks_link() -> None:
+    server = v2ray.server_config("trojan_ws", 9100, "pw", "/c.pem", "/k.pem")["inbounds"][0]
+    client = v2ray.client_config("trojan_ws", 9200, 9100, "pw", "/ca.pem")["outbounds"][0]
+    for end in (server, client):
+        assert end["protocol"] == "trojan"
+        assert end["streamSettings"]["network"] == "ws" and end["streamSettings"]["security"] == "tls"
+        assert end["streamSettings"]["wsSettings"] == {"path": v2ray.WS_PATH}
+    node = parse_node_link(v2ray.share_link("trojan_ws", 9100, "pw"))
+    assert ("type", "ws") in node.params and ("path", v2ray.WS_PATH) in node.params
 
 
 def test_v2ray_vmess_sink_is_aead_only_and_vless_has_no_decryption() -> None:
@@ -208,7 +219,7 @@ def test_vmess_link_is_the_v2rayn_json_form_with_aes_128_gcm() -> None:
 @pytest.mark.parametrize("tag", v2ray.TAGS)
 def test_honk_reads_each_v2ray_link_as_the_sink(tag: str) -> None:
     node = parse_node_link(v2ray.share_link(tag, 9100, SECRET))
-    assert (node.protocol, node.host, node.port) == (tag, "127.0.0.1", 9100)
+    assert (node.protocol, node.host, node.port) == (v2ray.protocol(tag), "127.0.0.1", 9100)
     if tag == "vmess":
         assert node.encryption == "aes-128-gcm"
     else:

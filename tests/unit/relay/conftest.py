@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import uvloop
 from helpers.engines import ENGINES, engine_class
+from helpers.tls_rig import tls_contexts
 
 
 def pytest_asyncio_loop_factories(config, item):
@@ -19,3 +20,9 @@ async def engine(request: pytest.FixtureRequest):
     eng = engine_class(request.param)(asyncio.get_running_loop())
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="module")
+def contexts():
+    """Client and server TLS contexts under a CA made for the module (the TLS framing tests)."""
+    return tls_contexts()
