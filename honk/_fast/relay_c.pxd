@@ -120,8 +120,11 @@ cdef struct TlsState:
     uint8_t ws_in_payload     # the header is complete: ws_left payload bytes to go
     uint8_t ws_ctl_len        # a control frame's payload so far (a ping's, echoed in the pong)
     uint8_t ws_error          # why a server frame was refused (WS_ERR_*, 0: none)
+    uint8_t ws_ping_due       # a ping came in this batch of plaintext: the last one gets the pong
+    uint8_t ws_ping_len
     uint8_t ws_hdr[10]
     uint8_t ws_ctl[125]
+    uint8_t ws_ping[125]      # the last ping's payload, echoed in the pong
     uint64_t ws_left
 
 

@@ -145,8 +145,8 @@ Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
   * WebSocket inside TLS (a ``TlsFraming`` with ``websocket``: Python made the upgrade):
     client bytes are sealed as masked binary frames of at most 64 KiB (the header
     written into the read buffer's headroom, the mask from RAND_bytes), the server's
-    plaintext is unframed in place before the inner protocol sees it. A ping is
-    answered with a pong, a close frame ends the server's side as a close_notify does,
+    plaintext is unframed in place before the inner protocol sees it. The last ping
+    of each read is answered with a pong, a close frame ends the server's side as a close_notify does,
     a reserved bit, unknown opcode, masked, oversized or long control frame ends the
     flow (WS_ERR_*, reported to the framing at END like a VLESS version byte). The
     client's EOF sends nothing upstream and leaves its write side open: WebSocket has
@@ -846,22 +846,34 @@ cdef int _ws_seal(TlsState* t, uint8_t* p, size_t n, bint headroom) noexcept nog
     return 0
 
 
-cdef int _ws_control_done(TlsState* t) noexcept nogil:
-    """A server control frame is complete: a ping's payload goes back in a pong, a close ends
-    the server's side. 0, or -1 (no random bytes for the pong's mask)."""
+cdef void _ws_control_done(TlsState* t) noexcept nogil:
+    """A server control frame is complete: a ping is noted for the batch's pong (only the last
+    ping of a batch is answered, RFC 6455 5.5.3, so pongs grow with reads, not with pings), a
+    close ends the server's side."""
+    if t.ws_op == 0x9:
+        memcpy(t.ws_ping, t.ws_ctl, t.ws_ctl_len)
+        t.ws_ping_len = t.ws_ctl_len
+        t.ws_ping_due = 1
+    elif t.ws_op == 0x8:
+        t.closed = 1
+
+
+cdef int _ws_answer_ping(TlsState* t) noexcept nogil:
+    """The pong for the batch's last ping into SSL (nothing when none came). 0, or -1 (no random
+    bytes for its mask)."""
     cdef uint8_t frame[WS_HEADROOM + 125]
     cdef uint8_t mask[4]
     cdef size_t hl
-    if t.ws_op == 0x9:
-        hl = _ws_header_len(t.ws_ctl_len)
-        if _ws_frame_head(frame, 0xA, t.ws_ctl_len, mask) < 0:
-            return -1
-        memcpy(frame + hl, t.ws_ctl, t.ws_ctl_len)
-        _ws_mask(frame + hl, t.ws_ctl_len, mask)
-        if SSL_write(t.ssl, frame, <int>(hl + t.ws_ctl_len)) != <int>(hl + t.ws_ctl_len):
-            return -1
-    elif t.ws_op == 0x8:
-        t.closed = 1
+    if not t.ws_ping_due:
+        return 0
+    t.ws_ping_due = 0
+    hl = _ws_header_len(t.ws_ping_len)
+    if _ws_frame_head(frame, 0xA, t.ws_ping_len, mask) < 0:
+        return -1
+    memcpy(frame + hl, t.ws_ping, t.ws_ping_len)
+    _ws_mask(frame + hl, t.ws_ping_len, mask)
+    if SSL_write(t.ssl, frame, <int>(hl + t.ws_ping_len)) != <int>(hl + t.ws_ping_len):
+        return -1
     return 0
 
 
@@ -925,8 +937,10 @@ cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
             t.ws_left -= k
         if t.ws_in_payload and t.ws_left == 0:
             t.ws_in_payload = 0
-            if t.ws_op >= 0x8 and _ws_control_done(t) < 0:
-                return -1
+            if t.ws_op >= 0x8:
+                _ws_control_done(t)
+    if _ws_answer_ping(t) < 0:
+        return -1
     n[0] = out
     return 0
 

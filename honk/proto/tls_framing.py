@@ -124,16 +124,16 @@ class _Opener:
             raise framing.failed(exc) from None
 
     def _unframe(self, plain: bytes) -> bytes:
-        """The payload of the server's WebSocket frames; pongs are sealed for the upstream
-        (``take_outgoing``), a close frame closes the server's side."""
+        """The payload of the server's WebSocket frames; the pong for the last ping is sealed for
+        the upstream (``take_outgoing``), a close frame closes the server's side."""
         framing = self._framing
         assert framing.ws_decoder is not None and framing.ws_encoder is not None
         try:
             events = framing.ws_decoder.feed(plain)
         except WebSocketError as exc:
             raise framing.failed(exc) from None
-        for payload in events.pongs:
-            framing.sslobj.write(framing.ws_encoder.pong(payload))
+        if events.pongs:  # the last ping of the batch (RFC 6455 5.5.3): pongs grow with reads, not pings
+            framing.sslobj.write(framing.ws_encoder.pong(events.pongs[-1]))
         if events.closed is not None:
             self.closed = True
         return events.data
