@@ -119,7 +119,7 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     VLESS version is FRAMING_PROTOCOL; the END event's ``pad`` carries the OpenSSL error
     code (or the version byte) to ``framing.released``, so ``error_for`` can tell them
     apart. A write that finds the upstream gone (EPIPE, ECONNRESET) before any plaintext
-    reads what the server sent last: its close alone is the refusal (FRAMING_SILENT).
+    reads what the server sent last: its close (or a reset) alone is the refusal (FRAMING_SILENT).
     FIRST_BYTE is the first plaintext byte (session tickets are no answer). The engine
     holds the framing (``_framings``) until the flow's END is drained, and Python does
     not touch the SSLObject in between; the worker clears its OpenSSL error queue after
@@ -3099,9 +3099,10 @@ cdef class Engine:
 
     cdef int _tls_refused(self, Flow* f) noexcept nogil:
         """A write to the upstream failed (EPIPE, ECONNRESET) before the server sent any plaintext:
-        whether what it had sent was its close (close_notify or EOF) and nothing else. Trojan and
-        VLESS servers refuse a credential that way, and a client byte sent meanwhile meets a reset:
-        the refusal, not the write, is the flow's story (as the bridge reports it)."""
+        whether what it had sent was its close (close_notify, EOF, or a reset) and nothing else.
+        Trojan and VLESS servers refuse a credential that way (a reset when bytes were left
+        unread), and a client byte sent meanwhile meets a reset: the refusal, not the write, is
+        the flow's story (as the bridge reports it)."""
         cdef TlsState* t = f.tls
         cdef ssize_t n
         cdef size_t got
@@ -3112,8 +3113,8 @@ cdef class Engine:
             n = recv(f.fd[1], self.fin + VMESS_WIRE, FRAMED_READ, MSG_DONTWAIT)
             if n == 0:
                 return 1
-            if n < 0:
-                return 0  # nothing more to learn (or the reset itself came first)
+            if n < 0:  # a reset before any answer is a refusal too (a server that closes with bytes unread)
+                return 1 if errno == ECONNRESET else 0
             if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
                 ERR_clear_error()
                 return 0

@@ -1132,16 +1132,17 @@ _WRITE_GONE = frozenset({_errno.EPIPE, _errno.ECONNRESET})  # a write found the 
 
 def _tls_refused(flow: _Flow) -> bool:
     """A write to a TLS flow's upstream failed before the server sent any plaintext: whether what
-    it had sent was its close (close_notify or EOF) and nothing else. Trojan and VLESS servers
-    refuse a credential that way; the compiled engine's _tls_refused says the same."""
+    it had sent was its close (close_notify, EOF, or a reset) and nothing else. Trojan and VLESS
+    servers refuse a credential that way (a reset when bytes were left unread); the compiled
+    engine's _tls_refused says the same."""
     framing = flow.framing
     if framing is None or framing.kind != "tls" or framing.answered or flow.fds[1] < 0:
         return False
     while True:
         try:
             data = os.read(flow.fds[1], FRAMED_READ)
-        except OSError:
-            return False
+        except OSError as exc:
+            return exc.errno == _errno.ECONNRESET
         if not data:
             return True
         try:

@@ -35,6 +35,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -146,7 +147,12 @@ class _Side(asyncio.Protocol):
         if exc is not None or not relay._finishing:
             err = getattr(exc, "errno", None)
             detail = "" if exc is None or err is not None else repr(exc)
-            relay._fail(client_error(err, detail) if self.is_client else upstream_error(err, detail))
+            if not self.is_client and relay._refused_by_reset(err):
+                from honk._fast.relay_py import FRAMING_SILENT
+
+                relay._fail(relay._framing.error_for(FRAMING_SILENT))
+            else:
+                relay._fail(client_error(err, detail) if self.is_client else upstream_error(err, detail))
         relay._side_lost()
 
     def pause_writing(self) -> None:
@@ -269,6 +275,14 @@ class CopyRelay:
         except self._framing.errors as exc:
             self._fail(exc)
             return b""
+
+    def _refused_by_reset(self, err: int | None) -> bool:
+        """A TLS upstream reset (or found gone by a write) before any plaintext: the server's
+        refusal, as a close then would be (Trojan and VLESS servers reset when they close with
+        bytes unread); the engines read it the same way (relay_py._tls_refused)."""
+        framing = self._framing
+        return (framing is not None and getattr(framing, "kind", None) == "tls" and not framing.answered
+                and err in (errno.ECONNRESET, errno.EPIPE))
 
     def _truncated(self) -> bool:
         """The upstream's EOF came before its answer or inside a chunk: end the flow with the codec's error."""

@@ -13,9 +13,12 @@ import socket
 
 import pytest
 from helpers.sockets import reset, tcp_pair
+from helpers.tls_rig import handshake
 
 from honk.core.clock import FakeClock
-from honk.core.errors import ClientGone, FlowClosed, IdleTimeout, UpstreamFailed
+from honk.core.errors import ClientGone, FlowClosed, HonkError, IdleTimeout, UpstreamFailed
+from honk.proto.tls_framing import TlsFraming
+from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.relay import relay_engine
 from honk.relay.copy import WRITE_HIGH_WATER, CopyRelay
 from honk.relay.stream import StreamConn
@@ -155,6 +158,31 @@ async def test_relay_reports_upstream_reset_as_upstream_failed(rig: Rig) -> None
     # the client side is torn down too (an abort: EOF or reset, never more data)
     with contextlib.suppress(ConnectionResetError):
         assert await _recv_until_eof(rig.lan) == b""
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["before-any-answer", "after-an-answer"])
+async def test_a_tls_upstreams_reset_before_any_answer_is_the_refusal(rig: Rig, contexts, answered) -> None:
+    """Trojan and VLESS servers reset when they refuse with bytes unread: before any plaintext that
+    is the protocol's refusal (as the engines read it), after some an upstream failure."""
+    client_obj, c_in, c_out, server, s_in, s_out = handshake(contexts)
+    framing = TlsFraming(client_obj, c_in, c_out, TrojanStreamWatch())
+    client = await rig.client_conn()
+    relay = CopyRelay(rig.clock)
+    run = asyncio.ensure_future(relay.run(client, rig.upstream, framing))
+    loop = asyncio.get_running_loop()
+    if answered:
+        server.write(b"hi")
+        await loop.sock_sendall(rig.remote, s_out.read())
+        assert await asyncio.wait_for(loop.sock_recv(rig.lan, 2), 2) == b"hi"
+    await loop.sock_sendall(rig.lan, b"request")  # reaches the server, which leaves it unread
+    await asyncio.wait_for(loop.sock_recv(rig.remote, 1), 2)
+    reset(rig.remote)
+    with pytest.raises(HonkError) as info:
+        await asyncio.wait_for(run, 2)
+    if answered:
+        assert isinstance(info.value, UpstreamFailed)
+    else:
+        assert isinstance(info.value, TrojanError) and info.value.reason == "closed-before-data"
 
 
 async def test_relay_close_with_idle_timeout_ends_with_that_reason(rig: Rig) -> None:

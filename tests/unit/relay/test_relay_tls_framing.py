@@ -10,8 +10,10 @@ the engine's upstream. Certificates come from a CA made here (trustme).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+import select
 import socket
 import ssl
 
@@ -24,7 +26,7 @@ from helpers.engines import (
     recv_until_eof,
     upstream_failure,
 )
-from helpers.sockets import tcp_pair, unix_pair
+from helpers.sockets import reset, tcp_pair, unix_pair
 from helpers.tls_rig import TlsServer, handshake, tls_maker
 
 from honk._fast import relay_py
@@ -118,6 +120,42 @@ async def test_trojan_eof_before_any_byte_is_closed_before_data(engine, contexts
         error = r.framing.error_for(relay_py.FRAMING_SILENT)
         assert isinstance(error, TrojanError) and error.reason == "closed-before-data"
         assert not any(kind == relay_py.EV_FIRST_BYTE for kind, _, _ in r.rec.events)  # tickets are no answer
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["before-any-answer", "after-an-answer"])
+async def test_a_reset_before_any_answer_is_the_refusal_and_after_one_an_error(engine, contexts, answered) -> None:
+    with framed_rig(engine, tls_maker(contexts), pair=tcp_pair) as r:
+        loop = asyncio.get_running_loop()
+        if answered:
+            await r.server.send(b"hi")
+            assert await recv_exactly(r.lan, 2) == b"hi"
+        await loop.sock_sendall(r.lan, b"request")  # the server leaves it unread
+        await poll(lambda: select.select([r.srv], [], [], 0)[0] != [], "the request at the server")
+        reset(r.srv)  # what a server does when it closes with bytes left unread
+        with contextlib.suppress(OSError):
+            await loop.sock_sendall(r.lan, b"more")
+        cause, detail = await r.rec.end()
+        if answered:
+            assert cause == relay_py.END_ERROR and detail >> 16 == relay_py.SIDE_UPSTREAM
+            assert detail & 0xFFFF in (errno.ECONNRESET, errno.EPIPE)
+        else:
+            assert (cause, detail) == upstream_failure(relay_py.FRAMING_SILENT)
+            error = r.framing.error_for(relay_py.FRAMING_SILENT)
+            assert isinstance(error, TrojanError) and error.reason == "closed-before-data"
+
+
+def test_the_twins_refusal_check_reads_a_reset_as_the_servers_close(contexts) -> None:
+    """The order the rig above cannot force: the write fails first, the reset waits on the socket."""
+    client, c_in, c_out, _, _, _ = handshake(contexts)
+    ours, theirs = tcp_pair()
+    with ours:
+        theirs.sendall(b"x")  # unread by us: its close is a reset
+        ours.sendall(b"y")  # unread by them
+        reset(theirs)
+        flow = relay_py._Flow(1, (-1, ours.fileno()), None, True)
+        flow.framing = TlsFraming(client, c_in, c_out, TrojanStreamWatch())
+        ours.setblocking(False)
+        assert relay_py._tls_refused(flow)
 
 
 async def test_vless_response_header_is_stripped_across_records(engine, contexts) -> None:
