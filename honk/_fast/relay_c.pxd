@@ -123,8 +123,8 @@ cdef struct TlsState:
     uint8_t ws_ping_due       # a ping came in this batch of plaintext: the last one gets the pong
     uint8_t ws_ping_len
     uint8_t ws_hdr[10]
-    uint8_t ws_ctl[125]
-    uint8_t ws_ping[125]      # the last ping's payload, echoed in the pong
+    uint8_t ws_ctl[125]       # WS_MAX_CONTROL bytes (relay_c; a pxd array takes a literal)
+    uint8_t ws_ping[125]      # the last ping's payload, echoed in the pong (WS_MAX_CONTROL bytes)
     uint64_t ws_left
 
 

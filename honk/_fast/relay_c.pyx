@@ -699,6 +699,11 @@ assert TLS_RESUMED == _py.TLS_RESUMED and TLS_13 == _py.TLS_13
 DEF WS_SEND_FRAME = 65536          # payload bytes per client frame (honk.proto.websocket.SEND_FRAME)
 DEF WS_MAX_FRAME = 16777216        # a larger server frame is refused (honk.proto.websocket.MAX_FRAME_PAYLOAD)
 DEF WS_HEADROOM = 14               # the longest client frame header: 2 + an 8-byte length + the mask
+DEF WS_MAX_CONTROL = 125           # RFC 6455 5.5: a control frame's payload is at most 125 bytes (TlsState.ws_ctl)
+DEF WS_OP_BINARY = 0x2             # RFC 6455 5.2 opcodes: 0x0-0x2 data (continuation, text, binary)
+DEF WS_OP_CLOSE = 0x8              # ... 0x8-0xA control
+DEF WS_OP_PING = 0x9
+DEF WS_OP_PONG = 0xA
 DEF WS_ERR_RESERVED = 1            # WS_ERR_*: index + 1 in honk.proto.websocket.ENGINE_ERRORS
 DEF WS_ERR_OPCODE = 2
 DEF WS_ERR_MASKED = 3
@@ -706,7 +711,8 @@ DEF WS_ERR_CONTROL = 4
 DEF WS_ERR_TOO_LARGE = 5
 DEF WS_PAD = 257                   # END's pad for a WebSocket error: -(WS_PAD + WS_ERR_*), past a VLESS byte's
 # for the test that holds these to honk.proto.websocket's (the kernel imports nothing above it)
-WS_LIMITS = (WS_SEND_FRAME, WS_MAX_FRAME)
+WS_LIMITS = (WS_SEND_FRAME, WS_MAX_FRAME, WS_MAX_CONTROL)
+WS_OPCODES = (WS_OP_BINARY, WS_OP_CLOSE, WS_OP_PING, WS_OP_PONG)
 WS_ERRORS = {"reserved-bits": WS_ERR_RESERVED, "bad-opcode": WS_ERR_OPCODE, "masked-server-frame": WS_ERR_MASKED,
              "bad-control-frame": WS_ERR_CONTROL, "frame-too-large": WS_ERR_TOO_LARGE}
 # CPython versions whose _ssl._SSLSocket starts PyObject_HEAD, Socket, ssl (honk_ssl_of)
@@ -833,7 +839,7 @@ cdef int _ws_seal(TlsState* t, uint8_t* p, size_t n, bint headroom) noexcept nog
         k = n - off if n - off < WS_SEND_FRAME else WS_SEND_FRAME
         hl = _ws_header_len(k)
         h = p + off - hl if headroom else head  # before the first frame: the headroom; later ones: sent bytes
-        if _ws_frame_head(h, 0x2, k, mask) < 0:
+        if _ws_frame_head(h, WS_OP_BINARY, k, mask) < 0:
             return -1
         _ws_mask(p + off, k, mask)
         if headroom:
@@ -850,25 +856,25 @@ cdef void _ws_control_done(TlsState* t) noexcept nogil:
     """A server control frame is complete: a ping is noted for the batch's pong (only the last
     ping of a batch is answered, RFC 6455 5.5.3, so pongs grow with reads, not with pings), a
     close ends the server's side."""
-    if t.ws_op == 0x9:
+    if t.ws_op == WS_OP_PING:
         memcpy(t.ws_ping, t.ws_ctl, t.ws_ctl_len)
         t.ws_ping_len = t.ws_ctl_len
         t.ws_ping_due = 1
-    elif t.ws_op == 0x8:
+    elif t.ws_op == WS_OP_CLOSE:
         t.closed = 1
 
 
 cdef int _ws_answer_ping(TlsState* t) noexcept nogil:
     """The pong for the batch's last ping into SSL (nothing when none came). 0, or -1 (no random
     bytes for its mask)."""
-    cdef uint8_t frame[WS_HEADROOM + 125]
+    cdef uint8_t frame[WS_HEADROOM + WS_MAX_CONTROL]
     cdef uint8_t mask[4]
     cdef size_t hl
     if not t.ws_ping_due:
         return 0
     t.ws_ping_due = 0
     hl = _ws_header_len(t.ws_ping_len)
-    if _ws_frame_head(frame, 0xA, t.ws_ping_len, mask) < 0:
+    if _ws_frame_head(frame, WS_OP_PONG, t.ws_ping_len, mask) < 0:
         return -1
     memcpy(frame + hl, t.ws_ping, t.ws_ping_len)
     _ws_mask(frame + hl, t.ws_ping_len, mask)
@@ -896,7 +902,7 @@ cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
                 if b0 & 0x70:
                     t.ws_error = WS_ERR_RESERVED
                     return -1
-                if not (op <= 0x2 or 0x8 <= op <= 0xA):
+                if not (op <= WS_OP_BINARY or WS_OP_CLOSE <= op <= WS_OP_PONG):
                     t.ws_error = WS_ERR_OPCODE
                     return -1
                 if b1 & 0x80:
@@ -913,7 +919,7 @@ cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
                 size = 0
                 for i in range(8):
                     size = (size << 8) | t.ws_hdr[2 + i]
-            if t.ws_op >= 0x8 and (size > 125 or not (t.ws_hdr[0] & 0x80)):
+            if t.ws_op >= WS_OP_CLOSE and (size > WS_MAX_CONTROL or not (t.ws_hdr[0] & 0x80)):
                 t.ws_error = WS_ERR_CONTROL
                 return -1
             if size > WS_MAX_FRAME:
@@ -926,7 +932,7 @@ cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
             t.ws_in_payload = 1
         else:
             k = have - pos if have - pos < t.ws_left else <size_t>t.ws_left
-            if t.ws_op >= 0x8:
+            if t.ws_op >= WS_OP_CLOSE:
                 memcpy(t.ws_ctl + t.ws_ctl_len, p + pos, k)
                 t.ws_ctl_len += <uint8_t>k
             else:
@@ -937,7 +943,7 @@ cdef int _ws_unframe(TlsState* t, uint8_t* p, size_t* n) noexcept nogil:
             t.ws_left -= k
         if t.ws_in_payload and t.ws_left == 0:
             t.ws_in_payload = 0
-            if t.ws_op >= 0x8:
+            if t.ws_op >= WS_OP_CLOSE:
                 _ws_control_done(t)
     if _ws_answer_ping(t) < 0:
         return -1

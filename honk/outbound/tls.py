@@ -424,7 +424,7 @@ class TlsConnection:
         still incomplete stay in ``incoming`` for the relay to finish."""
         loop = asyncio.get_running_loop()
         while True:
-            plain = self.pending_plaintext()
+            plain = self._pending_plaintext()
             if plain or self.closed:
                 return plain
             data = await loop.sock_recv(self.sock, HANDSHAKE_READ)
@@ -432,7 +432,7 @@ class TlsConnection:
                 return b""
             self.incoming.write(data)
 
-    def pending_plaintext(self) -> bytes:
+    def _pending_plaintext(self) -> bytes:
         """What the records already in ``incoming`` hold, without reading the socket."""
         plain = bytearray()
         while not self.closed:

@@ -67,7 +67,7 @@ class _SaltSource:
     def __init__(self) -> None:
         self._buf = b""
         self._pos = 0
-        self._lock = threading.Lock()  # the loop and the handshake threads may both take salts
+        self._lock = threading.Lock()  # a salt may be taken from any thread
         os.register_at_fork(after_in_child=self._forget)
 
     def take(self, n: int) -> bytes:

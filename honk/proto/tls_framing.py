@@ -22,7 +22,7 @@ A close_notify or a TCP EOF between records is the server's clean half-close.
 Over a WebSocket transport (``websocket=True``: the upgrade was made through the
 connection before the handover) the plaintext both ways is binary WebSocket
 messages: client bytes go out as masked frames, the server's frames are opened
-(pings answered with pongs, a close frame ends the server's side like a
+(the last ping of each read answered with a pong, a close frame ends the server's side like a
 close_notify, a broken frame is a :class:`~honk.proto.websocket.WebSocketError`).
 WebSocket has no half-close: the client's EOF sends nothing (:attr:`TlsFraming.half_close`
 is false), the server's direction carries on until it closes.
@@ -114,12 +114,13 @@ class _Opener:
                 self.closed = True
                 break
             plain += chunk
-        if plain and framing.ws_decoder is not None:
-            plain = bytearray(self._unframe(bytes(plain)))
-        if not plain:
+        data = bytes(plain)
+        if data and framing.ws_decoder is not None:
+            data = self._unframe(data)
+        if not data:
             return b""
         try:
-            return framing.response.feed(bytes(plain))
+            return framing.response.feed(data)
         except HonkError as exc:
             raise framing.failed(exc) from None
 
