@@ -7,7 +7,8 @@ carried, as the relay issue measures it:
 * ``vmess``: VMess over plain TCP, body cipher aes-128-gcm, alterId 0 (AEAD header);
 * ``trojan``: Trojan over TLS;
 * ``vless``: VLESS over TLS, no flow (decryption/encryption none);
-* ``trojan_ws``: Trojan over WebSocket (path :data:`WS_PATH`) over TLS.
+* ``trojan_ws``: Trojan over WebSocket (path :data:`WS_PATH`) over TLS;
+* ``vmess_ws``: VMess (as ``vmess``) over WebSocket over TLS, the common VMess deployment.
 
 ``secret`` is the user id (a UUID) for VMess and VLESS and the password for Trojan.
 The TLS certificate is issued for ``localhost`` and 127.0.0.1; clients ask for
@@ -24,10 +25,11 @@ LOOPBACK = "127.0.0.1"
 SERVER_NAME = "localhost"
 TLS_NAMES = (SERVER_NAME, LOOPBACK)
 VMESS_SECURITY = "aes-128-gcm"
-TAGS = ("vmess", "trojan", "vless", "trojan_ws")
-_PROTOCOL = {"vmess": "vmess", "trojan": "trojan", "vless": "vless", "trojan_ws": "trojan"}  # v2ray's name
-_TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws"})
-_WS_TAGS = frozenset({"trojan_ws"})
+TAGS = ("vmess", "trojan", "vless", "trojan_ws", "vmess_ws")
+_PROTOCOL = {"vmess": "vmess", "trojan": "trojan", "vless": "vless", "trojan_ws": "trojan",
+             "vmess_ws": "vmess"}  # v2ray's name
+_TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws", "vmess_ws"})
+_WS_TAGS = frozenset({"trojan_ws", "vmess_ws"})
 WS_PATH = "/bench-ws"
 _LOG = {"loglevel": "warning", "access": "none"}  # "none": no access log at all (empty would mean stdout)
 
@@ -44,7 +46,7 @@ def protocol(tag: str) -> str:
 def describe(tag: str) -> str:
     """How the tag's protocol is carried, for the subject notes."""
     return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS",
-            "trojan_ws": "Trojan/WebSocket/TLS"}[_check(tag)]
+            "trojan_ws": "Trojan/WebSocket/TLS", "vmess_ws": f"VMess/WebSocket/TLS {VMESS_SECURITY}"}[_check(tag)]
 
 
 def _stream(tag: str, tls: bool, tls_settings: dict[str, object]) -> dict[str, object]:
@@ -90,8 +92,8 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
         server = {"address": LOOPBACK, "port": server_port, "password": secret}
         settings: dict[str, object] = {"servers": [server]}
     else:
-        user: dict[str, object] = ({"id": secret, "alterId": 0, "security": VMESS_SECURITY} if tag == "vmess"
-                                   else {"id": secret, "encryption": "none"})
+        user: dict[str, object] = ({"id": secret, "alterId": 0, "security": VMESS_SECURITY}
+                                   if protocol(tag) == "vmess" else {"id": secret, "encryption": "none"})
         settings = {"vnext": [{"address": LOOPBACK, "port": server_port, "users": [user]}]}
     over_tls = uses_tls(tag) if tls is None else tls
     if over_tls and not ca_file:
@@ -109,11 +111,14 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
 
 def share_link(tag: str, server_port: int, secret: str, *, tls: bool = False) -> str:
     """The node link honk is given for the sink: v2rayN's base64 JSON for VMess (over TLS when
-    ``tls``), URLs for the others."""
-    if _check(tag) == "vmess":
+    ``tls`` or the tag always is), URLs for the others."""
+    if protocol(tag) == "vmess":
+        tls = tls or uses_tls(tag)
         fields = {"v": "2", "ps": "sink", "add": LOOPBACK, "port": str(server_port), "id": secret, "aid": "0",
-                  "scy": VMESS_SECURITY, "net": "tcp", "type": "none", "tls": "tls" if tls else "",
-                  "sni": SERVER_NAME if tls else ""}
+                  "scy": VMESS_SECURITY, "net": "ws" if tag in _WS_TAGS else "tcp", "type": "none",
+                  "tls": "tls" if tls else "", "sni": SERVER_NAME if tls else ""}
+        if tag in _WS_TAGS:
+            fields["path"] = WS_PATH
         return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
     params = f"security=tls&sni={SERVER_NAME}&" + (f"type=ws&path={WS_PATH}" if tag in _WS_TAGS else "type=tcp")
     if protocol(tag) == "trojan":

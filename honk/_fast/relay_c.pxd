@@ -105,6 +105,7 @@ cdef struct TlsState:
     uint8_t bad_version       # VLESS: the byte that came instead of the version
     uint8_t has_bad_version
     uint8_t closed            # the server's close_notify arrived
+    Aead* inner               # VMess inside the records (its chunks both ways), or NULL
     # hs_connect: the worker drives the handshake itself (see "TLS handshakes" in relay_c)
     uint8_t handshaking       # the handshake is the worker's to finish
     uint8_t hs_started        # SSL_do_handshake has run
@@ -307,6 +308,8 @@ cdef class Engine:
     cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil
     cdef int _tls_down(self, Flow* f, size_t n, double now) noexcept nogil
     cdef int _tls_deliver(self, Flow* f, size_t n, double now) noexcept nogil
+    cdef int _tls_vmess(self, Flow* f, uint8_t* p, size_t n, double now) noexcept nogil
+    cdef int _tls_ending(self, Flow* f, double now) noexcept nogil
     cdef int _tls_eof(self, Flow* f, int di, double now) noexcept nogil
     cdef int _tls_flush(self, Flow* f, double now) noexcept nogil
     cdef int _tls_refused(self, Flow* f) noexcept nogil
@@ -314,8 +317,8 @@ cdef class Engine:
     cdef int _owe(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil
     cdef int _append(self, Flow* f, Dir* d, const char* data, size_t n, double now) noexcept nogil
     cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil
-    cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil
-    cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil
+    cdef int _keep(self, Flow* f, Aead* a, uint8_t* rest, size_t n, size_t cap, double now) noexcept nogil
+    cdef ssize_t _vmess_opened(self, Flow* f, Aead* a, uint8_t* p, size_t total, size_t* opened, double now) noexcept nogil
     cdef int _framed_eof(self, Flow* f, int di, double now) noexcept nogil
     cdef int _vmess_end(self, Flow* f, double now) noexcept nogil
     cdef void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil

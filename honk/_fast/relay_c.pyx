@@ -102,7 +102,7 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     FRAMING_SILENT (ENOMSG: v2ray closes on an id it does not know); inside the header
     or a chunk, FRAMING_TRUNCATED. The SHAKE128 sponge (Keccak-f[1600]) is written out
     here because OpenSSL 3.0 cannot squeeze an XOF incrementally.
-  * TLS flows (a ``TlsFraming``: Trojan or VLESS over TLS, handshake and request header
+  * TLS flows (a ``TlsFraming``: Trojan, VLESS or VMess over TLS, handshake and request header
     done in Python over memory BIOs): the worker drives the ``SSL*`` of the framing's
     SSLObject, found behind CPython's ``_ssl._SSLSocket`` and checked (its app data is the
     object, its context's method is this module's libssl) or refused with ValueError. Up:
@@ -120,7 +120,13 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     code (or the version byte) to ``framing.released``, so ``error_for`` can tell them
     apart. A write that finds the upstream gone (EPIPE, ECONNRESET) before any plaintext
     reads what the server sent last: its close (or a reset) alone is the refusal (FRAMING_SILENT).
-    FIRST_BYTE is the first plaintext byte (session tickets are no answer). The engine
+    FIRST_BYTE is the first plaintext byte (session tickets are no answer). A close_notify
+    read with records before it counts once their plaintext is delivered. VMess inside
+    (``TlsFraming.inner``, a ``VmessFraming``; not with hs_connect): client bytes are
+    sealed as chunks into fout (past WS_HEADROOM) before they are written, the server's
+    plaintext goes into fin behind the kept rest of the last chunk and is opened as on
+    plain TCP, at most FRAMED_READ bytes at a time; the client's EOF writes the ending
+    chunk before the close_notify (over WebSocket: the chunk only). The engine
     holds the framing (``_framings``) until the flow's END is drained, and Python does
     not touch the SSLObject in between; the worker clears its OpenSSL error queue after
     every failure.
@@ -778,6 +784,16 @@ cdef TlsState* _tls_new(framing, bint handshake=False) except NULL:
             raise ValueError("framing: a WebSocket connection is upgraded before the engine takes it")
         t.ws = 1
         t.ws_hneed = 2
+    inner = getattr(framing, "inner", None)
+    if inner is not None:
+        if handshake:
+            free(t)
+            raise ValueError("framing: VMess over TLS is dialled before the engine takes it")
+        try:
+            t.inner = _vmess_new(inner)
+        except BaseException:
+            free(t)
+            raise
     framing.claim()
     return t
 
@@ -1111,6 +1127,7 @@ cdef char* _salted_head(Aead* a, bytes salt, bytes head, size_t* n) except NULL:
 cdef void _tls_release(framing, TlsState* t):
     """Undo _tls_new for a flow the engine refused before the worker took it."""
     if t != NULL:
+        _aead_free(t.inner)
         free(t)
         framing.unclaim()
 
@@ -1154,6 +1171,30 @@ cdef ssize_t _vmess_chunk(Aead* a, const uint8_t* p, size_t k, uint8_t* out) noe
         if honk_seal(a.sealer, nonce, p, <int>k, out + 2) < 0:
             return -1
     return <ssize_t>(2 + size)
+
+
+cdef int _tls_put(TlsState* t, uint8_t* p, size_t n, bint headroom) noexcept nogil:
+    """n bytes of the connection's plaintext stream into its write BIO: as WebSocket frames when
+    it carries them (``headroom`` as for _ws_seal), else one SSL_write (a memory BIO takes it
+    all). 0, or -1 (the OpenSSL error queue is the caller's to clear)."""
+    if t.ws:
+        return _ws_seal(t, p, n, headroom)
+    return 0 if SSL_write(t.ssl, p, <int>n) == <int>n else -1
+
+
+cdef int _tls_put_sealed(TlsState* t, const uint8_t* p, size_t n, uint8_t* out) noexcept nogil:
+    """n client bytes into the write BIO through the inner VMess framing: sealed as chunks into
+    out + WS_HEADROOM (room for n + VMESS_TLS_OVERHEAD(n) bytes after it), then put. 0, or -1."""
+    cdef ssize_t sealed = _seal_chunks(t.inner, p, n, out + WS_HEADROOM)
+    if sealed < 0:
+        return -1
+    return _tls_put(t, out + WS_HEADROOM, <size_t>sealed, 1)
+
+
+cdef inline size_t VMESS_TLS_OVERHEAD(size_t n) noexcept nogil:
+    """What sealing n bytes as VMess chunks adds: per chunk of up to SS_MAX_PAYLOAD bytes, a
+    2-byte length and a tag."""
+    return (n + SS_MAX_PAYLOAD - 1) // SS_MAX_PAYLOAD * (2 + SS_TAG)
 
 
 cdef ssize_t _seal_chunks(Aead* a, const uint8_t* p, size_t n, uint8_t* out) noexcept nogil:
@@ -2744,7 +2785,7 @@ cdef class Engine:
         cdef Aead* a = f.aead
         cdef uint8_t* p
         cdef uint8_t* out = <uint8_t*>self.fout
-        cdef ssize_t sealed
+        cdef ssize_t sealed, used
         cdef size_t total, pos = 0, o = 0
         cdef uint8_t head[2]
         cdef uint8_t key[32]
@@ -2761,7 +2802,10 @@ cdef class Engine:
         if a.pend_len:
             memcpy(p, a.pend, a.pend_len)
         if a.vmess:
-            return self._vmess_open(f, p, total, now)
+            used = self._vmess_opened(f, a, p, total, &o, now)
+            if used < 0 or self._keep(f, a, p + used, total - <size_t>used, VMESS_WIRE, now) < 0:
+                return -1
+            return self._send_rest(f, 1, self.fout, o, now) if o else 0
         if not a.keyed and total >= a.key_len:
             # the server's salt is in: its subkey opens everything from here on
             if honk_ss_subkey(a.master, a.key_len, p, key) < 0 or honk_aead_key(a.opener, key, 0) < 0:
@@ -2791,7 +2835,9 @@ cdef class Engine:
             o += <size_t>a.plen
             pos += <size_t>a.plen + SS_TAG
             a.plen = -1
-        return self._keep_and_send(f, p + pos, total - pos, CHUNK_WIRE, o, now)
+        if self._keep(f, a, p + pos, total - pos, CHUNK_WIRE, now) < 0:
+            return -1
+        return self._send_rest(f, 1, self.fout, o, now) if o else 0
 
     cdef inline void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil:
         """n bytes read from side di: counted, and the first from the upstream announced."""
@@ -2813,10 +2859,9 @@ cdef class Engine:
         d.cap = size
         return 0
 
-    cdef int _keep_and_send(self, Flow* f, uint8_t* rest, size_t n, size_t cap, size_t o, double now) noexcept nogil:
-        """Keep the incomplete rest of a read (n < cap bytes) for the next one, then send the o
-        opened bytes in fout on to the client. 0, or -1 if the flow ended."""
-        cdef Aead* a = f.aead
+    cdef int _keep(self, Flow* f, Aead* a, uint8_t* rest, size_t n, size_t cap, double now) noexcept nogil:
+        """Keep the incomplete rest of a read (n < cap bytes) in a for the next one. 0, or -1 if
+        the flow ended."""
         if n:
             if a.pend == NULL:
                 a.pend = <char*>malloc(cap)
@@ -2825,14 +2870,14 @@ cdef class Engine:
                     return -1
             memcpy(a.pend, rest, n)
         a.pend_len = <uint32_t>n
-        if o == 0:
-            return 0
-        return self._send_rest(f, 1, self.fout, o, now)
+        return 0
 
-    cdef int _vmess_open(self, Flow* f, uint8_t* p, size_t total, double now) noexcept nogil:
-        """Open the VMess response in p[0:total] (kept bytes, then the new read): its sealed header
-        once, then every complete chunk; send the plaintext on and keep the incomplete rest."""
-        cdef Aead* a = f.aead
+    cdef ssize_t _vmess_opened(self, Flow* f, Aead* a, uint8_t* p, size_t total, size_t* opened,
+                               double now) noexcept nogil:
+        """Open the VMess response in p[0:total] (kept bytes, then the new ones): its sealed header
+        once, then every complete chunk, the plaintext into fout (``opened`` bytes). How many
+        bytes of p were used (the incomplete rest is the caller's to keep), or -1 if the flow
+        ended."""
         cdef uint8_t* out = <uint8_t*>self.fout
         cdef size_t pos = 0, o = 0
         cdef uint32_t size
@@ -2894,7 +2939,8 @@ cdef class Engine:
         if a.ended and total > pos:
             self._framing_failed(f, EPROTO, now)  # bytes after the ending chunk
             return -1
-        return self._keep_and_send(f, p + pos, total - pos, VMESS_WIRE, o, now)
+        opened[0] = o
+        return <ssize_t>pos
 
     cdef int _framed_eof(self, Flow* f, int di, double now) noexcept nogil:
         """EOF on a framed flow's side di: from the upstream, a verdict if its answer was cut
@@ -2952,7 +2998,7 @@ cdef class Engine:
                 return -1
         return 0
 
-    # -- TLS flows (Trojan or VLESS over TLS) ------------------------------------------------
+    # -- TLS flows (Trojan, VLESS or VMess over TLS) ------------------------------------------
 
     cdef int _tls_start(self, Flow* f, double now) noexcept nogil:
         """A TLS flow starts: the preamble (the client's early bytes) is sealed with SSL_write into
@@ -2963,20 +3009,39 @@ cdef class Engine:
         if self._framed_buffers(f, now) < 0:
             return -1
         cdef bint failed
+        cdef uint8_t* sealed
         if d.len:
-            if t.ws:
-                failed = _ws_seal(t, <uint8_t*>d.buf, d.len, 0) < 0
+            if t.inner != NULL:  # the preamble has no bound: chunks in a buffer of its own
+                sealed = <uint8_t*>malloc(WS_HEADROOM + d.len + VMESS_TLS_OVERHEAD(d.len))
+                failed = sealed == NULL or _tls_put_sealed(t, <uint8_t*>d.buf, d.len, sealed) < 0
+                free(sealed)
             else:
-                failed = SSL_write(t.ssl, d.buf, <int>d.len) != <int>d.len
+                failed = _tls_put(t, <uint8_t*>d.buf, d.len, 0) < 0
             if failed:
                 ERR_clear_error()
                 self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
                 return -1
             d.off = d.len = 0
-        if d.src_eof and not t.ws:
-            SSL_shutdown(t.ssl)
-            ERR_clear_error()
+        if d.src_eof and self._tls_ending(f, now) < 0:
+            return -1
         return self._wbio_owed(f, now)
+
+    cdef int _tls_ending(self, Flow* f, double now) noexcept nogil:
+        """The client is done: VMess's ending chunk, then our close_notify (not over WebSocket,
+        which has no half-close), into the write BIO. 0, or -1 if the flow ended."""
+        cdef TlsState* t = f.tls
+        cdef uint8_t ending[2 + SS_TAG]
+        cdef ssize_t w
+        if t.inner != NULL:
+            w = _vmess_chunk(t.inner, NULL, 0, ending)
+            if w < 0 or _tls_put(t, ending, <size_t>w, 0) < 0:
+                ERR_clear_error()
+                self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
+                return -1
+        if not t.ws:
+            SSL_shutdown(t.ssl)  # once: a second call would wait for the server's and eat its data
+            ERR_clear_error()
+        return 0
 
     cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil:
         """The n client bytes just read into fin + VMESS_WIRE: sealed (one record per 16 KiB) and
@@ -2984,10 +3049,10 @@ cdef class Engine:
         cdef bint failed
         if n < FRAMED_READ and not f.rdhup[0]:
             f.readable[0] = 0  # a short read drained src
-        if f.tls.ws:  # the frames' headers go into the read's headroom (VMESS_WIRE bytes)
-            failed = _ws_seal(f.tls, <uint8_t*>self.fin + VMESS_WIRE, n, 1) < 0
-        else:  # a memory BIO takes it all
-            failed = SSL_write(f.tls.ssl, self.fin + VMESS_WIRE, <int>n) != <int>n
+        if f.tls.inner != NULL:  # chunks into fout (FRAMED_READ + their overhead fit), then records
+            failed = _tls_put_sealed(f.tls, <uint8_t*>self.fin + VMESS_WIRE, n, <uint8_t*>self.fout) < 0
+        else:  # WebSocket frames' headers go into the read's headroom (VMESS_WIRE bytes)
+            failed = _tls_put(f.tls, <uint8_t*>self.fin + VMESS_WIRE, n, 1) < 0
         if failed:
             ERR_clear_error()
             self._end(f, C_ERROR, (S_LOCAL << 16) | EIO, now)
@@ -3001,7 +3066,10 @@ cdef class Engine:
         as an EOF does. 0, or -1 if the flow ended."""
         cdef TlsState* t = f.tls
         cdef size_t o = 0
+        # VMess inside: the plaintext is reassembled in fin behind up to VMESS_WIRE kept bytes
+        cdef size_t cap = FRAMED_READ if t.inner != NULL else FRAMED_BUF
         cdef int r, err
+        cdef bint close_notify = 0
         if n < FRAMED_READ and not f.rdhup[1]:
             f.readable[1] = 0
         if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
@@ -3009,10 +3077,10 @@ cdef class Engine:
             self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)
             return -1
         while True:
-            r = SSL_read(t.ssl, self.fout + o, <int>(FRAMED_BUF - o))
+            r = SSL_read(t.ssl, self.fout + o, <int>(cap - o))
             if r > 0:
                 o += <size_t>r
-                if o == FRAMED_BUF:
+                if o == cap:
                     if self._tls_deliver(f, o, now) < 0:
                         return -1
                     o = 0
@@ -3021,7 +3089,7 @@ cdef class Engine:
             if err == SSL_ERROR_WANT_READ:
                 break
             if err == SSL_ERROR_ZERO_RETURN:
-                t.closed = 1
+                close_notify = 1  # noted once what came before it is delivered (WebSocket drops what follows a close)
                 break
             # a record that does not decrypt or parse, or an alert: the plaintext of this read is dropped
             t.err = <uint32_t>ERR_peek_error()
@@ -3033,6 +3101,8 @@ cdef class Engine:
         ERR_clear_error()
         if o and self._tls_deliver(f, o, now) < 0:
             return -1
+        if close_notify:
+            t.closed = 1
         if f.d[0].src_eof:
             honk_bio_reset(t.wbio)  # nothing may follow our close_notify
         elif self._tls_flush(f, now) < 0:
@@ -3061,6 +3131,8 @@ cdef class Engine:
             if not f.first_down:
                 f.first_down = 1
                 self._emit(f, K_FIRST_BYTE, 0, 0, now)
+        if t.inner != NULL:
+            return self._tls_vmess(f, p, n, now)
         while t.stage < TLS_STAGE_DONE and pos < n:
             if t.stage == 0:
                 if p[pos] != t.version:  # another protocol answered
@@ -3084,22 +3156,40 @@ cdef class Engine:
             return 0
         return self._owe(f, 1, self.fout + pos, n - pos, now)
 
+    cdef int _tls_vmess(self, Flow* f, uint8_t* p, size_t n, double now) noexcept nogil:
+        """n bytes of the server's VMess stream (plaintext at p, in fout): put behind the bytes kept
+        from the last ones in fin (whose wire bytes are in the read BIO by now), every complete
+        chunk opened into fout and sent to the client, the incomplete rest kept. 0, or -1."""
+        cdef Aead* a = f.tls.inner
+        cdef uint8_t* q = <uint8_t*>self.fin + VMESS_WIRE
+        cdef size_t o = 0
+        cdef ssize_t used
+        memcpy(q, p, n)
+        if a.pend_len:
+            q -= a.pend_len
+            memcpy(q, a.pend, a.pend_len)
+        used = self._vmess_opened(f, a, q, a.pend_len + n, &o, now)
+        if used < 0 or self._keep(f, a, q + used, a.pend_len + n - <size_t>used, VMESS_WIRE, now) < 0:
+            return -1
+        return self._owe(f, 1, self.fout, o, now) if o else 0
+
     cdef int _tls_eof(self, Flow* f, int di, double now) noexcept nogil:
         """EOF on a TLS flow's side di. From the client: our close_notify goes upstream (before the
         FIN). From the upstream (its FIN or close_notify): clean, unless the inner protocol's answer
         never came (FRAMING_SILENT) or stopped inside its header (FRAMING_TRUNCATED). 0, or -1."""
         cdef TlsState* t = f.tls
         if di == 0:
-            if t.ws:
+            if t.ws and t.inner == NULL:
                 return 0  # no half-close in WebSocket: nothing goes up, the write side stays open
-            SSL_shutdown(t.ssl)  # once: a second call would wait for the server's and eat its data
-            ERR_clear_error()
+            if self._tls_ending(f, now) < 0:
+                return -1
             return self._tls_flush(f, now)
         if not t.got_any:
             self._framing_failed(f, ENOMSG, now)
             return -1
-        if t.stage < TLS_STAGE_DONE:
-            self._framing_failed(f, ENODATA, now)
+        if t.stage < TLS_STAGE_DONE or (t.inner != NULL and (t.inner.pend_len or t.inner.plen >= 0
+                                                              or not t.inner.keyed)):
+            self._framing_failed(f, ENODATA, now)  # inside VLESS's header, or VMess's header or a chunk
             return -1
         return 0
 
@@ -3273,6 +3363,7 @@ cdef class Engine:
             elif f.tls.ws_error:
                 pad = -WS_PAD - <int32_t>f.tls.ws_error
             free(f.tls.hs_out)
+            _aead_free(f.tls.inner)
             free(f.tls)
             f.tls = NULL
         if f.prev != NULL:

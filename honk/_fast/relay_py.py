@@ -31,8 +31,8 @@ verify), ``FRAMING_PROTOCOL`` (broken framing: a length out of bounds),
 ``FRAMING_TRUNCATED`` (EOF inside the salt, header or a chunk) or
 ``FRAMING_SILENT`` (EOF before a VMess server answered at all), counted by
 ``framing_errors()``; ``framing.error_for(errno)`` is the codec's typed error
-for each. A ``TlsFraming`` (Trojan or VLESS over TLS) goes through the same two objects
-(``SSLObject.write``/``read`` over its memory BIOs); what reading made SSL want to send
+for each. A ``TlsFraming`` (Trojan, VLESS or VMess over TLS) goes through the same two objects
+(``SSLObject.write``/``read`` over its memory BIOs, VMess's chunks inside); what reading made SSL want to send
 goes upstream, the server's close_notify is its EOF, FIRST_BYTE waits for the first
 plaintext byte, and the framing is given back (``framing.released()``) after its END is
 delivered. See the compiled engine's docstring for the rest, which is the same.
@@ -1117,6 +1117,10 @@ def _check_framing(framing: Any, *, salted: bool = True, handshake: bool = False
         # (Python shows no "begun" state: a finished handshake or an unsent ClientHello tell it)
         if handshake and (framing.outgoing.pending or framing.sslobj.version() is not None):
             raise ValueError("framing: the TLS handshake has already begun")
+        if handshake and framing.inner is not None:
+            raise ValueError("framing: VMess over TLS is dialled before the engine takes it")
+        if framing.inner is not None:
+            framing.inner.engine_keys()  # VMess inside: its body must not have begun either
         return
     if kind == "vmess":
         framing.engine_keys()  # ValueError for a body already begun, as the compiled engine

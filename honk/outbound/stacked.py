@@ -7,15 +7,15 @@ protocol's framing as a :class:`~honk.outbound.channel.CodecChannel`, and hands
 the relay a plain socket through :func:`~honk.outbound.bridge.bridge_stream`.
 A subclass says what the header is and how the server's bytes are opened.
 
-Trojan and VLESS over TCP + TLS, or WebSocket over TLS (no mux), skip the channel
-and the bridge: the TLS handshake (and the WebSocket upgrade) runs over memory BIOs,
-the header goes out through it, and the dialed stream is the server's socket with a
-:class:`~honk.proto.tls_framing.TlsFraming`, whose records (and frames) the relay
-engine moves itself (two descriptors per flow, no Python per chunk). On the SOCKS
-fast path the engine does the dial of TCP + TLS nodes too (:meth:`StackedLeaf.engine_plan`):
-it connects, makes the handshake on an ``SSLObject`` prepared here (offering the
-server's session to resume) and seals the header itself. Plain WebSocket,
-mux carriers, UDP and VMess over TLS keep the channel path, as does every node
+Trojan, VLESS and VMess over TCP + TLS, or WebSocket over TLS (no mux), skip the
+channel and the bridge: the TLS handshake (and the WebSocket upgrade) runs over memory
+BIOs, the header goes out through it, and the dialed stream is the server's socket with a
+:class:`~honk.proto.tls_framing.TlsFraming`, whose records (and frames, and VMess's
+chunks) the relay engine moves itself (two descriptors per flow, no Python per chunk).
+On the SOCKS fast path the engine does the dial of Trojan and VLESS over TCP + TLS too
+(:meth:`StackedLeaf.engine_plan`): it connects, makes the handshake on an ``SSLObject``
+prepared here (offering the server's session to resume) and seals the header itself.
+Plain WebSocket, mux carriers and UDP keep the channel path, as does every node
 when the relay engine cannot drive this Python's SSLObjects
 (:func:`honk._fast.relay.tls_supported`).
 """
@@ -101,10 +101,18 @@ class StackedLeaf(ProxyLeaf):
         transport = self.transport()
         if self.mux:
             return await pool_for(self).dial(self.open_mux_carrier, target, deadline)
-        stream = self.stream(target)  # a bad credential fails here, before any connect
-        if stream.response is not None and transport.tls_relayed and tls_supported():
-            return await self._dial_tls(transport, stream, deadline)
-        return bridged(await self._framed(stream, deadline), self.name)
+        if transport.tls_relayed and tls_supported():
+            header, response = self.relayed(target)  # a bad credential fails here, before any connect
+            return await self._dial_tls(transport, header, response, deadline)
+        return bridged(await self._framed(self.stream(target), deadline), self.name)
+
+    def relayed(self, target: Address) -> tuple[bytes, Any]:
+        """The request header for ``target`` and the ``response`` of the TlsFraming that carries
+        the flow (see :class:`~honk.proto.tls_framing.TlsFraming`)."""
+        stream = self.stream(target)
+        if stream.response is None:
+            raise NotImplementedError(f"{self.protocol}: a framed body needs its own relayed()")
+        return stream.header, stream.response
 
     def engine_plan(self, target: Address) -> EnginePlan | None:
         """Trojan and VLESS on TCP + TLS: the relay engine connects, shakes hands and sends the
@@ -134,16 +142,16 @@ class StackedLeaf(ProxyLeaf):
 
         return dataclasses.replace(plan, opened=opened)
 
-    async def _dial_tls(self, transport: TransportSpec, stream: Stream, deadline: float) -> DialedStream:
-        """TCP + TLS (and the WebSocket upgrade) with the header sent, for the relay engine to
+    async def _dial_tls(self, transport: TransportSpec, header: bytes, response: Any,
+                        deadline: float) -> DialedStream:
+        """TCP + TLS (and the WebSocket upgrade) with ``header`` sent, for the relay engine to
         carry (no channel, no bridge)."""
         websocket = transport.network == "ws"
         try:
             connection = await open_tls(self, transport, deadline)
-            framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, stream.response,
+            framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, response,
                                  connection.on_release, websocket=websocket)
             try:
-                header = stream.header
                 if framing.ws_encoder is not None:
                     await upgrade_relayed(connection, self, transport, deadline, framing.ws_encoder)
                     header = framing.ws_encoder.binary(header)

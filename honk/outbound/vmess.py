@@ -3,9 +3,10 @@
 The request header (sealed with the UUID's command key and the wall-clock
 time, which the server checks within two minutes) goes out right after the
 transport is up; the body is sealed in chunks with the node's security
-(aes-128-gcm, chacha20-poly1305, or none): on plain TCP by the relay engine
-(:class:`~honk.proto.vmess.VmessFraming`), over TLS, WebSocket or Mux.Cool in
-Python through the bridge. The server's first bytes are its
+(aes-128-gcm, chacha20-poly1305, or none) by the relay engine: on plain TCP as a
+:class:`~honk.proto.vmess.VmessFraming`, over TLS (and WebSocket over TLS) inside the
+records of a :class:`~honk.proto.tls_framing.TlsFraming`; over plain WebSocket or
+Mux.Cool in Python through the bridge. The server's first bytes are its
 sealed response header, checked against the request: another UUID shows as a
 server that closes without answering, a forged response as an authentication
 error. The legacy MD5 header (alterId > 0) is refused when the node is dialled.
@@ -55,6 +56,10 @@ class VmessOutbound(StackedLeaf):
             head, framing = self._sealed(target)
             return await self.open_framed(head, framing, deadline, "VMess")
         return await super().dial_tcp(target, deadline)
+
+    def relayed(self, target: Address) -> tuple[bytes, VmessFraming]:
+        """Over TLS the body's chunks ride inside the records the relay engine moves (TlsFraming)."""
+        return self._sealed(target)
 
     def engine_plan(self, target: Address) -> EnginePlan | None:
         try:

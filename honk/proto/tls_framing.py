@@ -1,4 +1,4 @@
-"""A Trojan or VLESS stream over TLS, relayed by the relay engine itself (``DialedStream.framing``).
+"""A Trojan, VLESS or VMess stream over TLS, relayed by the relay engine itself (``DialedStream.framing``).
 
 The outbound (:mod:`honk.outbound.stacked`) runs the TLS handshake in Python over
 memory BIOs (:func:`honk.outbound.tls.tls_handshake`) and sends the protocol's
@@ -15,7 +15,10 @@ What the server's side must look like depends on the inner protocol (the
 ``response`` object of :mod:`honk.proto.trojan` or :mod:`honk.proto.vless`):
 Trojan passes the target's bytes as they are, but an EOF before any byte is
 ``closed-before-data``; VLESS strips ``version addons-length addons`` first
-(``no-response``, ``truncated-header``, ``bad-version``). A record that does not
+(``no-response``, ``truncated-header``, ``bad-version``). VMess frames both ways inside
+the records (a :class:`~honk.proto.vmess.VmessFraming` as ``response``): client bytes
+are sealed as chunks before they become records, the server's plaintext is its sealed
+response header and chunks, and the client's EOF sends the ending chunk. A record that does not
 decrypt or parse, or an alert from the server, is a :class:`TlsStreamError`.
 A close_notify or a TCP EOF between records is the server's clean half-close.
 
@@ -44,6 +47,7 @@ from typing import Any
 from honk.core.errors import CodecError, HonkError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.proto.vless import VlessError, VlessResponseDecoder
+from honk.proto.vmess import VmessAuthError, VmessError, VmessFraming
 from honk.proto.websocket import ENGINE_ERRORS, WebSocketError, WsDecoder, WsEncoder
 
 __all__ = ["HandshakeReport", "TlsFraming", "TlsStreamError"]
@@ -74,6 +78,8 @@ class _Sealer:
     def encrypt(self, data: bytes) -> bytes:
         framing = self._framing
         if data:
+            if framing.inner is not None:
+                data = framing.inner.encryptor.encrypt(data)
             ws = framing.ws_encoder
             framing.sslobj.write(data if ws is None else ws.binary(data))  # a memory BIO takes all of it
         return framing.outgoing.read()  # also what reading made SSL want to send (a KeyUpdate)
@@ -155,20 +161,21 @@ class TlsFraming:
     """A TLS connection past its handshake (and the request header), for the relay to carry.
 
     ``response`` reads the server's side of the inner protocol: a
-    :class:`~honk.proto.trojan.TrojanStreamWatch` or a
-    :class:`~honk.proto.vless.VlessResponseDecoder`. ``on_release`` runs once the
+    :class:`~honk.proto.trojan.TrojanStreamWatch`, a
+    :class:`~honk.proto.vless.VlessResponseDecoder`, or a
+    :class:`~honk.proto.vmess.VmessFraming` (:attr:`inner`: it frames the client's side
+    too). ``on_release`` runs once the
     relay gave the connection back (the TLS session may be read again then).
     """
 
     kind = "tls"
-    auth_errors: tuple[type[HonkError], ...] = ()
 
     def __init__(
         self,
         sslobj: ssl.SSLObject,
         incoming: ssl.MemoryBIO,
         outgoing: ssl.MemoryBIO,
-        response: TrojanStreamWatch | VlessResponseDecoder,
+        response: TrojanStreamWatch | VlessResponseDecoder | VmessFraming,
         on_release: Callable[[], None] | None = None,
         *,
         websocket: bool = False,
@@ -180,8 +187,13 @@ class TlsFraming:
         # VLESS: the engine strips the response header itself (its version must be this byte)
         self.strip_header = isinstance(response, VlessResponseDecoder)
         self.version = response.version if isinstance(response, VlessResponseDecoder) else 0
-        inner = VlessError if self.strip_header else TrojanError
-        self.errors: tuple[type[HonkError], ...] = (TlsStreamError, inner, WebSocketError)
+        # VMess: its chunks both ways inside the records (the compiled engine frames them from
+        # inner.engine_keys(), the Python relays through its encryptor and decryptor)
+        self.inner = response if isinstance(response, VmessFraming) else None
+        protocol_errors: type[HonkError] = (VmessError if self.inner is not None
+                                            else VlessError if self.strip_header else TrojanError)
+        self.errors: tuple[type[HonkError], ...] = (TlsStreamError, protocol_errors, WebSocketError)
+        self.auth_errors: tuple[type[HonkError], ...] = (VmessAuthError,) if self.inner is not None else ()
         # WebSocket inside TLS (see the module docstring); the twin and the copy relay frame
         # through these, the compiled engine's worker does the same itself
         self.websocket = websocket
@@ -201,7 +213,8 @@ class TlsFraming:
         self.handshake: HandshakeReport | None = None
 
     def __repr__(self) -> str:
-        return f"TlsFraming(strip_header={self.strip_header}, websocket={self.websocket}, claimed={self._claimed})"
+        return (f"TlsFraming(strip_header={self.strip_header}, vmess={self.inner is not None}, "
+                f"websocket={self.websocket}, claimed={self._claimed})")
 
     @property
     def answered(self) -> bool:
@@ -262,10 +275,14 @@ class TlsFraming:
         return error
 
     def end(self) -> bytes:
-        """What the client's EOF sends before the upstream's FIN: our close_notify (nothing over
-        WebSocket, which has no half-close: see :attr:`half_close`)."""
+        """What the client's EOF sends before the upstream's FIN: VMess's ending chunk, then our
+        close_notify (over WebSocket, which has no half-close, no close_notify: see
+        :attr:`half_close`)."""
+        if self.inner is not None:
+            ending = self.inner.end()
+            self.sslobj.write(ending if self.ws_encoder is None else self.ws_encoder.binary(ending))
         if not self.half_close:
-            return b""
+            return self.outgoing.read()
         try:
             self.sslobj.unwrap()
         except ssl.SSLWantReadError:
@@ -287,6 +304,8 @@ class TlsFraming:
         if 0 < self._ws_error <= len(ENGINE_ERRORS):
             return WebSocketError(ENGINE_ERRORS[self._ws_error - 1], "a frame from the server")
         response: Any = self.response
+        if self.inner is not None:
+            return self.inner.error_for(err)
         if err == errno.EPROTO and not self.strip_header:
             return TlsStreamError("bad-record", "the relay reported a broken record")
         if isinstance(response, VlessResponseDecoder):

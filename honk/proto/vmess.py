@@ -624,6 +624,17 @@ class VmessFraming:
         """What the client's EOF sends before the upstream's FIN: the empty chunk."""
         return self.encryptor.eof()
 
+    # -- inside TLS (honk.proto.tls_framing.TlsFraming takes it as its ``response``) --
+
+    @property
+    def pending(self) -> bool:
+        """Whether an EOF now cuts the response short (inside its header or a chunk)."""
+        return self.decryptor.pending
+
+    def feed(self, data: bytes) -> bytes:
+        """The server's plaintext completed by ``data``, the response stream's next bytes."""
+        return self.decryptor.feed(data)
+
     def engine_keys(self) -> tuple[str, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, int]:
         """(security, request key, request IV, response key, response IV, the response header's
         length key and nonce, its key and nonce, check byte), for a body not yet begun."""

@@ -1,7 +1,7 @@
-"""Trojan and VLESS over TCP + TLS, and over WebSocket + TLS, relayed by the relay engine
+"""Trojan, VLESS and VMess over TCP + TLS, and over WebSocket + TLS, relayed by the relay engine
 itself: no socketpair, no bridge.
 
-Against a real v2ray server (Trojan and VLESS, on TLS and on WebSocket over TLS): a SOCKS5 CONNECT through honk's
+Against a real v2ray server (Trojan, VLESS and VMess, on TLS and on WebSocket over TLS): a SOCKS5 CONNECT through honk's
 mixed port carries 16 MiB each way intact while the bridge runs no pump, a dial costs
 exactly one descriptor (the server's socket; the client's is the other one of the flow),
 and a refused credential ends the flow with the protocol's typed error. Against a Python
@@ -50,7 +50,7 @@ def trust(monkeypatch):
 
 
 ENGINE_TRANSPORTS = [pytest.param(protocol, transport, id=f"{protocol}-{transport}-tls")
-                     for protocol in ("trojan", "vless") for transport in ("tcp", "ws")]
+                     for protocol in ("trojan", "vless", "vmess") for transport in ("tcp", "ws")]
 
 
 @pytest.mark.parametrize(("protocol", "transport"), ENGINE_TRANSPORTS)
@@ -102,6 +102,7 @@ def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, tru
             assert open_fds() - before == 1  # the server's socket: no socketpair
             assert isinstance(dialed.framing, TlsFraming) and dialed.bridge is None
             assert dialed.framing.websocket == (transport == "ws")
+            assert (dialed.framing.inner is not None) == (protocol == "vmess")  # VMess's chunks inside the records
             assert dialed.sock.getpeername()[1] == peer.port
             assert not bridge._pumps
         finally:

@@ -154,18 +154,20 @@ def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> No
         assert cfg["outbounds"] == [{"protocol": "freedom", "settings": {}}]
         assert cfg["log"]["access"] == "none"  # no access log: a connection costs the relay only
         tls = inbound["streamSettings"]["security"]
-        assert tls == ("tls" if tag in ("trojan", "vless", "trojan_ws") else "none")
+        assert tls == ("tls" if tag in ("trojan", "vless", "trojan_ws", "vmess_ws") else "none")
 
 
-def test_the_websocket_pair_speaks_trojan_over_websocket_on_both_ends_and_in_honks_link() -> None:
-    server = v2ray.server_config("trojan_ws", 9100, "pw", "/c.pem", "/k.pem")["inbounds"][0]
-    client = v2ray.client_config("trojan_ws", 9200, 9100, "pw", "/ca.pem")["outbounds"][0]
+@pytest.mark.parametrize(("tag", "protocol"), [("trojan_ws", "trojan"), ("vmess_ws", "vmess")])
+def test_the_websocket_pairs_speak_over_websocket_and_tls_on_both_ends_and_in_honks_link(tag, protocol) -> None:
+    server = v2ray.server_config(tag, 9100, SECRET, "/c.pem", "/k.pem")["inbounds"][0]
+    client = v2ray.client_config(tag, 9200, 9100, SECRET, "/ca.pem")["outbounds"][0]
     for end in (server, client):
-        assert end["protocol"] == "trojan"
+        assert end["protocol"] == protocol
         assert end["streamSettings"]["network"] == "ws" and end["streamSettings"]["security"] == "tls"
         assert end["streamSettings"]["wsSettings"] == {"path": v2ray.WS_PATH}
-    node = parse_node_link(v2ray.share_link("trojan_ws", 9100, "pw"))
-    assert ("type", "ws") in node.params and ("path", v2ray.WS_PATH) in node.params
+    node = parse_node_link(v2ray.share_link(tag, 9100, SECRET))
+    assert node.protocol == protocol
+    assert {("type", "ws"), ("path", v2ray.WS_PATH), ("security", "tls")} <= set(node.params)
 
 
 def test_v2ray_vmess_sink_is_aead_only_and_vless_has_no_decryption() -> None:

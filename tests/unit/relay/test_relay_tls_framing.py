@@ -27,12 +27,14 @@ from helpers.engines import (
     upstream_failure,
 )
 from helpers.sockets import reset, tcp_pair, unix_pair
-from helpers.tls_rig import TlsServer, handshake, tls_maker
+from helpers.tls_rig import TlsServer, handshake, held_request, tls_maker
+from helpers.vmess_rig import vmess_client
 
 from honk._fast import relay_py
 from honk.proto.tls_framing import TlsFraming, TlsStreamError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.proto.vless import VlessProtocolError, VlessResponseDecoder
+from honk.proto.vmess import VmessFraming
 
 MiB = 1024**2
 RECORD = 16384  # TLS's largest plaintext per record
@@ -381,28 +383,22 @@ async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, c
         srv.close()
 
 
-async def test_hs_connect_refuses_a_tls_framing_whose_handshake_began_and_keeps_the_request(engine, contexts) -> None:
-    client, c_in, c_out, *_ = handshake(contexts)
-    framing = TlsFraming(client, c_in, c_out, TrojanStreamWatch())
-    tokens: list[int] = []
-
-    class Holder(_Dialing):
-        def socks_request(self, token: int, *_: object) -> None:
-            tokens.append(token)
-
-    loop = asyncio.get_running_loop()
-    with socket.create_server(("127.0.0.1", 0)) as listening:
-        lid = engine.listen(listening.fileno(), Holder(engine, ("127.0.0.1", 9), framing, b"", None))
-        sock = socket.create_connection(listening.getsockname())
-        sock.setblocking(False)
-        try:
-            await loop.sock_sendall(sock, b"\x05\x01\x00\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50")
-            await poll(lambda: bool(tokens), "the request")
-            with pytest.raises(ValueError, match="handshake"):
-                engine.hs_connect(tokens[0], "127.0.0.1", 9, -1, None, framing, b"")
-            assert not framing.claimed
-            engine.hs_reject(tokens[0], 0x01)  # the request is still the caller's to answer
-            assert (await recv_exactly(sock, 2 + 10))[2:4] == b"\x05\x01"
-        finally:
-            engine.unlisten(lid)
-            sock.close()
+@pytest.mark.parametrize("framing_kind", ["handshake-begun", "vmess-inside"])
+async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_request(engine, contexts,
+                                                                                    framing_kind) -> None:
+    """A handshake already made, and VMess inside TLS (dialled in Python first, then relayed)."""
+    if framing_kind == "handshake-begun":
+        client, c_in, c_out, *_ = handshake(contexts)
+        framing = TlsFraming(client, c_in, c_out, TrojanStreamWatch())
+        refusal = "handshake has already begun"
+    else:
+        c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        framing = TlsFraming(contexts[0].wrap_bio(c_in, c_out, server_hostname="localhost"), c_in, c_out,
+                             VmessFraming(vmess_client("aes-128-gcm")))
+        refusal = "VMess over TLS is dialled before"
+    async with held_request(engine) as (token, sock):
+        with pytest.raises(ValueError, match=refusal):
+            engine.hs_connect(token, "127.0.0.1", 9, -1, None, framing, b"")
+        assert not framing.claimed
+        engine.hs_reject(token, 0x01)  # the request is still the caller's to answer
+        assert (await recv_exactly(sock, 2 + 10))[2:4] == b"\x05\x01"

@@ -19,13 +19,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from helpers.engines import (
     ENGINES,
     RELAYS,
     STEP,
     FramedRig,
-    FramedServer,
     Recorder,
     engine_class,
     framed_rig,
@@ -35,99 +33,30 @@ from helpers.engines import (
     upstream_failure,
 )
 from helpers.sockets import tcp_pair, unix_pair
+from helpers.vmess_rig import VmessServer, vmess_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from honk._fast import relay_py
 from honk.core.errors import ClientGone
-from honk.core.net import Address
 from honk.proto.vmess import (
-    COMMAND_TCP,
     MAX_PAYLOAD,
-    SALT_RESP_IV,
-    SALT_RESP_KEY,
-    SALT_RESP_LEN_IV,
-    SALT_RESP_LEN_KEY,
     VmessAuthError,
-    VmessClient,
     VmessFraming,
     VmessProtocolError,
-    _ChunkCodec,
-    kdf,
 )
 from honk.relay.stream import StreamConn
 
 MiB = 1024**2
 SECURITIES = ["aes-128-gcm", "chacha20-poly1305", "none"]
-TARGET = Address("127.0.0.1", 80)
 LARGEST_CHUNK = 0xFFFF  # a chunk's 2-byte length bounds what a server may send at once
-
-
-class Server(FramedServer):
-    """The test's VMess server end of one flow (the request header is already consumed)."""
-
-    def __init__(self, sock: socket.socket, client: VmessClient) -> None:
-        self.sock = sock
-        self.request = _ChunkCodec(client.security, client.body_key, client.body_iv)
-        self.response = _ChunkCodec(client.security, client.response_key, client.response_iv)
-        self._check = client.response_check
-        self._key, self._iv = client.response_key, client.response_iv
-        self._buf = bytearray()
-        self._size: int | None = None  # the open request chunk's length, once read
-        self.ended = False  # the client's empty chunk arrived
-
-    def header(self, check: int | None = None) -> bytes:
-        """The sealed response header (echoing the check byte unless told otherwise)."""
-        plain = bytes((self._check if check is None else check, 0, 0, 0))
-        length = AESGCM(kdf(self._key, SALT_RESP_LEN_KEY)[:16]).encrypt(
-            kdf(self._iv, SALT_RESP_LEN_IV)[:12], struct.pack("!H", len(plain)), None)
-        return length + AESGCM(kdf(self._key, SALT_RESP_KEY)[:16]).encrypt(
-            kdf(self._iv, SALT_RESP_IV)[:12], plain, None)
-
-    def chunks(self, data: bytes, size: int = MAX_PAYLOAD) -> bytes:
-        return b"".join(self.response.seal(data[i : i + size]) for i in range(0, len(data), size))
-
-    async def send(self, wire: bytes) -> None:
-        await asyncio.get_running_loop().sock_sendall(self.sock, wire)
-
-    def _open(self) -> bytes:
-        out = bytearray()
-        while not self.ended:
-            if self._size is None:
-                if len(self._buf) < 2:
-                    break
-                self._size = struct.unpack("!H", self._buf[:2])[0] ^ self.request.mask.next()
-                del self._buf[:2]
-            size = self._size
-            if len(self._buf) < size:
-                break
-            out += self.request.open(bytes(self._buf[:size]))
-            self.ended = size == self.request.overhead
-            del self._buf[:size]
-            self._size = None
-        return bytes(out)
-
-    def take(self, data: bytes) -> bytes:
-        self._buf += data
-        return self._open()
-
-    async def recv_until_eof(self) -> bytes:
-        out = await super().recv_until_eof()
-        assert not self._buf, "bytes after the ending chunk"
-        return out
-
-
-def _client(security: str) -> VmessClient:
-    client = VmessClient("b831381d-6324-4d53-ad4f-8cda48b30811", security, COMMAND_TCP, TARGET, 1.7e9)
-    client.request_header()  # what the dial sent
-    return client
 
 
 @contextlib.contextmanager
 def rig(engine: Any, security: str = "aes-128-gcm", **kwargs: Any) -> Iterator[FramedRig]:
     """A VMess flow whose request header is already sent."""
-    client = _client(security)
-    with framed_rig(engine, lambda srv: (Server(srv, client), VmessFraming(client)), **kwargs) as r:
+    client = vmess_client(security)
+    with framed_rig(engine, lambda srv: (VmessServer(srv, client), VmessFraming(client)), **kwargs) as r:
         yield r
 
 
@@ -189,7 +118,7 @@ async def test_a_response_to_another_request_is_an_auth_failure(engine) -> None:
 
 
 @pytest.mark.parametrize("where", ["header-length", "header", "chunk", "chunk-tag"])
-async def test_a_flipped_byte_is_an_auth_failure_and_reaches_no_client(engine, where) -> None:
+async def test_a_flipped_byte_is_an_auth_failure_and_reaches_novmess_client(engine, where) -> None:
     with rig(engine) as r:
         wire = bytearray(r.server.header() + r.server.chunks(b"forged payload"))
         offset = {"header-length": 3, "header": 20, "chunk": 18 + 20 + 2 + 1, "chunk-tag": len(wire) - 1}[where]
@@ -229,7 +158,7 @@ async def test_bytes_after_the_ending_chunk_are_a_protocol_failure(engine) -> No
 
 
 async def test_a_body_already_begun_is_refused_by_the_engine(engine) -> None:
-    client = _client("aes-128-gcm")
+    client = vmess_client("aes-128-gcm")
     client.encrypt(b"sent in python")
     a, b = unix_pair()
     c, d = unix_pair()
@@ -274,8 +203,8 @@ def test_any_split_of_the_server_stream_opens_to_the_same_bytes(engine_name, sec
 async def _relay_rig(relay: Any):
     lan, lan_peer = tcp_pair()
     srv, upstream = tcp_pair()
-    client = _client("aes-128-gcm")
-    server = Server(srv, client)
+    client = vmess_client("aes-128-gcm")
+    server = VmessServer(srv, client)
     conn = StreamConn(ClientGone)
     await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, sock=lan_peer)
     return lan, server, asyncio.ensure_future(relay.run(conn, upstream, VmessFraming(client)))

@@ -10,16 +10,18 @@ compiled worker unframes in C, the twin through honk.proto.websocket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
+import ssl
 import struct
 
 import pytest
 from helpers.engines import ENGINES, STEP, framed_rig, poll, recv_exactly, recv_until_eof, upstream_failure
 from helpers.peers import require
 from helpers.sockets import tcp_pair
-from helpers.tls_rig import TlsServer, tls_maker
+from helpers.tls_rig import WsServer, server_frame, tls_maker
 
 from honk._fast import relay_py
 from honk.proto import websocket
@@ -28,68 +30,6 @@ from honk.proto.vless import VlessResponseDecoder
 from honk.proto.websocket import WebSocketError
 
 MiB = 1024**2
-
-
-def server_frame(opcode: int, payload: bytes, *, fin: bool = True, rsv: int = 0, mask: bytes = b"") -> bytes:
-    """A frame as a server sends it (unmasked unless ``mask``), any length form."""
-    n = len(payload)
-    b0 = (0x80 if fin else 0) | rsv << 4 | opcode
-    m = 0x80 if mask else 0
-    if n < 126:
-        head = struct.pack("!BB", b0, m | n)
-    elif n < 1 << 16:
-        head = struct.pack("!BBH", b0, m | 126, n)
-    else:
-        head = struct.pack("!BBQ", b0, m | 127, n)
-    if mask:
-        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-    return head + mask + payload
-
-
-class WsServer(TlsServer):
-    """The server's TLS end with WebSocket inside: ``take`` returns the client's payload and
-    keeps each frame's (opcode, length) in ``frames``."""
-
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self._plain = bytearray()
-        self.frames: list[tuple[int, int]] = []
-        self.pongs: list[bytes] = []
-
-    def take(self, data: bytes) -> bytes:
-        self._plain += super().take(data)
-        out = bytearray()
-        buf = self._plain
-        while len(buf) >= 2:
-            b0, b1 = buf[0], buf[1]
-            assert b1 & 0x80, "a client frame must be masked"
-            size, at = b1 & 0x7F, 2
-            if size == 126:
-                if len(buf) < 4:
-                    break
-                size, at = struct.unpack_from("!H", buf, 2)[0], 4
-            elif size == 127:
-                if len(buf) < 10:
-                    break
-                size, at = struct.unpack_from("!Q", buf, 2)[0], 10
-            if len(buf) < at + 4 + size:
-                break
-            mask = buf[at : at + 4]
-            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(buf[at + 4 : at + 4 + size]))
-            self.frames.append((b0 & 0x0F, size))
-            if b0 & 0x0F == websocket.OP_BINARY:
-                out += payload
-            else:
-                self.control = payload
-                if b0 & 0x0F == websocket.OP_PONG:
-                    self.pongs.append(payload)
-            del buf[: at + 4 + size]
-        return bytes(out)
-
-    async def send_frames(self, *frames: bytes) -> None:
-        """Each frame in a record of its own."""
-        for frame in frames:
-            await self.send(frame)
 
 
 def ws_maker(contexts, response_type=TrojanStreamWatch):
@@ -151,6 +91,20 @@ async def test_a_close_frame_ends_the_servers_side_and_the_flow_ends_clean(engin
                             + server_frame(websocket.OP_BINARY, b"ignored after the close"))
         assert await recv_until_eof(r.lan) == b"bye"
         await poll(lambda: (relay_py.EV_HALF_CLOSE, 1, 0) in r.rec.events, "the upstream's half-close")
+        r.lan.shutdown(socket.SHUT_WR)
+        assert await r.rec.end() == (relay_py.END_CLEAN, 0)
+
+
+async def test_a_last_answer_and_close_notify_in_one_read_reach_the_client(engine, contexts) -> None:
+    """A server that answers and closes at once (a short HTTP response): the answer's frame and
+    the close_notify come in one read, and the answer is delivered before the close counts."""
+    with framed_rig(engine, ws_maker(contexts)) as r:
+        wire = r.server.seal(server_frame(websocket.OP_BINARY, b"HTTP/1.1 204 No Content\r\n\r\n"))
+        with contextlib.suppress(ssl.SSLWantReadError):  # the client's close_notify has not come
+            r.server.ssl.unwrap()
+        await asyncio.get_running_loop().sock_sendall(r.srv, wire + r.server.outgoing.read())
+        r.srv.shutdown(socket.SHUT_WR)
+        assert await recv_until_eof(r.lan) == b"HTTP/1.1 204 No Content\r\n\r\n"
         r.lan.shutdown(socket.SHUT_WR)
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
 
