@@ -8,6 +8,7 @@ carried, as the relay issue measures it:
 * ``trojan``: Trojan over TLS;
 * ``vless``: VLESS over TLS, no flow (decryption/encryption none);
 * ``trojan_ws``: Trojan over WebSocket (path :data:`WS_PATH`) over TLS;
+* ``vmess_tls``: VMess (as ``vmess``) over TLS;
 * ``vmess_ws``: VMess (as ``vmess``) over WebSocket over TLS, the common VMess deployment.
 
 ``secret`` is the user id (a UUID) for VMess and VLESS and the password for Trojan.
@@ -25,10 +26,10 @@ LOOPBACK = "127.0.0.1"
 SERVER_NAME = "localhost"
 TLS_NAMES = (SERVER_NAME, LOOPBACK)
 VMESS_SECURITY = "aes-128-gcm"
-TAGS = ("vmess", "trojan", "vless", "trojan_ws", "vmess_ws")
+TAGS = ("vmess", "trojan", "vless", "trojan_ws", "vmess_tls", "vmess_ws")
 _PROTOCOL = {"vmess": "vmess", "trojan": "trojan", "vless": "vless", "trojan_ws": "trojan",
-             "vmess_ws": "vmess"}  # v2ray's name
-_TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws", "vmess_ws"})
+             "vmess_tls": "vmess", "vmess_ws": "vmess"}  # v2ray's name
+_TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws", "vmess_tls", "vmess_ws"})
 _WS_TAGS = frozenset({"trojan_ws", "vmess_ws"})
 WS_PATH = "/bench-ws"
 _LOG = {"loglevel": "warning", "access": "none"}  # "none": no access log at all (empty would mean stdout)
@@ -46,7 +47,8 @@ def protocol(tag: str) -> str:
 def describe(tag: str) -> str:
     """How the tag's protocol is carried, for the subject notes."""
     return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS",
-            "trojan_ws": "Trojan/WebSocket/TLS", "vmess_ws": f"VMess/WebSocket/TLS {VMESS_SECURITY}"}[_check(tag)]
+            "trojan_ws": "Trojan/WebSocket/TLS", "vmess_tls": f"VMess/TLS {VMESS_SECURITY}",
+            "vmess_ws": f"VMess/WebSocket/TLS {VMESS_SECURITY}"}[_check(tag)]
 
 
 def _stream(tag: str, tls: bool, tls_settings: dict[str, object]) -> dict[str, object]:

@@ -106,6 +106,7 @@ cdef struct TlsState:
     uint8_t has_bad_version
     uint8_t closed            # the server's close_notify arrived
     Aead* inner               # VMess inside the records (its chunks both ways), or NULL
+    uint32_t raw_len          # hs_connect with inner: bytes of the head written as they are (VMess's header)
     # hs_connect: the worker drives the handshake itself (see "TLS handshakes" in relay_c)
     uint8_t handshaking       # the handshake is the worker's to finish
     uint8_t hs_started        # SSL_do_handshake has run

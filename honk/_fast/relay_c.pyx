@@ -134,7 +134,8 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     Trojan or VLESS node the engine dials itself): once the TCP connect is done the worker
     runs ``SSL_do_handshake`` over the memory BIOs, sending what it writes (a short send
     waits in ``hs_out`` for EPOLLOUT) and feeding what the server sends, without the GIL.
-    When it is done, the head (the request header) and the client's early bytes are sealed
+    When it is done, the head (the request header; VMess's as it is, the body after it in
+    chunks) and the client's early bytes are sealed
     into the write BIO behind the client's Finished, the SOCKS5 success goes to the client,
     and EV_OPEN's b says what the handshake was (TLS_RESUMED, TLS_13) for Python's session
     cache. A failure (OpenSSL's: FRAMING_PROTOCOL with its error code; the socket's: its
@@ -786,9 +787,6 @@ cdef TlsState* _tls_new(framing, bint handshake=False) except NULL:
         t.ws_hneed = 2
     inner = getattr(framing, "inner", None)
     if inner is not None:
-        if handshake:
-            free(t)
-            raise ValueError("framing: VMess over TLS is dialled before the engine takes it")
         try:
             t.inner = _vmess_new(inner)
         except BaseException:
@@ -1532,7 +1530,9 @@ cdef class Engine:
         whose salt is not sent yet: then it is the first chunk's plaintext, and the engine
         sends the encryptor's salt and seals it (no Python crypto on the flow's path). A
         ``TlsFraming`` whose handshake has not begun: the worker shakes hands once connected
-        (see "TLS handshakes"), then ``head`` is the first plaintext it seals."""
+        (see "TLS handshakes"), then ``head`` is the first plaintext it seals; with VMess
+        inside (``TlsFraming.inner``) ``head`` is VMess's sealed request header, written as
+        it is ahead of the body's chunks."""
         cdef Cmd c
         cdef char addr[28]
         cdef int alen
@@ -2307,6 +2307,8 @@ cdef class Engine:
         if c.kind == CMD_CONNECT and f.tls != NULL and self._framed_buffers(f, now) < 0:
             free(c.head)  # (a TLS head is plaintext: sealed with the early bytes after the handshake)
             return
+        if c.head_len and f.tls != NULL and f.tls.inner != NULL:
+            f.tls.raw_len = <uint32_t>c.head_len  # VMess's sealed request header: written as it is
         if c.head_len and self._put_head(f, c.head, c.head_len, now) < 0:
             return
         if c.kind == CMD_RELAY and c.fd[1] >= 0 and f.tls != NULL and self._tls_start(f, now) < 0:
@@ -3010,11 +3012,14 @@ cdef class Engine:
             return -1
         cdef bint failed
         cdef uint8_t* sealed
+        cdef size_t raw = t.raw_len
         if d.len:
             if t.inner != NULL:  # the preamble has no bound: chunks in a buffer of its own
-                sealed = <uint8_t*>malloc(WS_HEADROOM + d.len + VMESS_TLS_OVERHEAD(d.len))
-                failed = sealed == NULL or _tls_put_sealed(t, <uint8_t*>d.buf, d.len, sealed) < 0
-                free(sealed)
+                failed = raw != 0 and _tls_put(t, <uint8_t*>d.buf, raw, 0) < 0
+                if not failed and d.len > raw:
+                    sealed = <uint8_t*>malloc(WS_HEADROOM + d.len - raw + VMESS_TLS_OVERHEAD(d.len - raw))
+                    failed = sealed == NULL or _tls_put_sealed(t, <uint8_t*>d.buf + raw, d.len - raw, sealed) < 0
+                    free(sealed)
             else:
                 failed = _tls_put(t, <uint8_t*>d.buf, d.len, 0) < 0
             if failed:

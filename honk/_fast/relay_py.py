@@ -219,10 +219,11 @@ class _Flow:
 class _Shake:
     """The TLS handshake of an hs_connect flow (the twin of the compiled TlsState's fields)."""
 
-    __slots__ = ("error", "facts", "plain", "started", "task")
+    __slots__ = ("error", "facts", "plain", "raw", "started", "task")
 
-    def __init__(self, plain: bytes) -> None:
-        self.plain = plain  # the head and the client's early bytes, sealed once it is done
+    def __init__(self, plain: bytes, raw: bytes = b"") -> None:
+        self.raw = raw  # a head written as it is once it is done (VMess's sealed request header)
+        self.plain = plain  # the head (unless raw) and the client's early bytes, sealed once it is done
         self.task: asyncio.Task[None] | None = None
         self.started = False
         self.facts = -1  # once finished: TLS_RESUMED | TLS_13
@@ -567,7 +568,10 @@ class Engine:
             flow.framing = framing
             for d in flow.dirs:
                 d.copy = True
-            flow.shake = _Shake(head + flow.dirs[0].buf)  # sealed once the handshake is done
+            if framing.inner is not None:  # VMess's header is sealed already: only the body is chunked
+                flow.shake = _Shake(flow.dirs[0].buf, head)
+            else:
+                flow.shake = _Shake(head + flow.dirs[0].buf)  # sealed once the handshake is done
             flow.dirs[0].buf = b""
             return flow_id
         if framing is not None:
@@ -710,6 +714,8 @@ class Engine:
         if flow.ended:
             return
         shake.facts = (TLS_RESUMED if sslobj.session_reused else 0) | (TLS_13 if sslobj.version() == "TLSv1.3" else 0)
+        if shake.raw:
+            sslobj.write(shake.raw)  # a memory BIO takes it all; encrypt() reads it out with the rest
         flow.dirs[0].buf = framing.encryptor.encrypt(shake.plain)
         self._open(flow)
 
@@ -1117,8 +1123,8 @@ def _check_framing(framing: Any, *, salted: bool = True, handshake: bool = False
         # (Python shows no "begun" state: a finished handshake or an unsent ClientHello tell it)
         if handshake and (framing.outgoing.pending or framing.sslobj.version() is not None):
             raise ValueError("framing: the TLS handshake has already begun")
-        if handshake and framing.inner is not None:
-            raise ValueError("framing: VMess over TLS is dialled before the engine takes it")
+        if handshake and framing.websocket:
+            raise ValueError("framing: a WebSocket connection is upgraded before the engine takes it")
         if framing.inner is not None:
             framing.inner.engine_keys()  # VMess inside: its body must not have begun either
         return

@@ -12,9 +12,9 @@ channel and the bridge: the TLS handshake (and the WebSocket upgrade) runs over 
 BIOs, the header goes out through it, and the dialed stream is the server's socket with a
 :class:`~honk.proto.tls_framing.TlsFraming`, whose records (and frames, and VMess's
 chunks) the relay engine moves itself (two descriptors per flow, no Python per chunk).
-On the SOCKS fast path the engine does the dial of Trojan and VLESS over TCP + TLS too
+On the SOCKS fast path the engine does the dial of TCP + TLS nodes too
 (:meth:`StackedLeaf.engine_plan`): it connects, makes the handshake on an ``SSLObject``
-prepared here (offering the server's session to resume) and seals the header itself.
+prepared here (offering the server's session to resume) and sends the header itself.
 Plain WebSocket, mux carriers and UDP keep the channel path, as does every node
 when the relay engine cannot drive this Python's SSLObjects
 (:func:`honk._fast.relay.tls_supported`).
@@ -115,8 +115,8 @@ class StackedLeaf(ProxyLeaf):
         return stream.header, stream.response
 
     def engine_plan(self, target: Address) -> EnginePlan | None:
-        """Trojan and VLESS on TCP + TLS: the relay engine connects, shakes hands and sends the
-        header itself (``Engine.hs_connect``); None for anything :meth:`_dial_tls` does not carry."""
+        """Trojan, VLESS and VMess on TCP + TLS: the relay engine connects, shakes hands and sends
+        the header itself (``Engine.hs_connect``); None for anything :meth:`_dial_tls` does not carry."""
         server = self.server
         if server.ip is None or not self.connector.engine_dials or not tls_supported():
             return None
@@ -124,16 +124,14 @@ class StackedLeaf(ProxyLeaf):
             transport = self.transport()
             if self.mux or not transport.tls_only:
                 return None
-            stream = self.stream(target)
-            if stream.response is None:
-                return None
+            header, response = self.relayed(target)
             context = client_context(transport.verify, transport.alpn, transport.ca, self.name, self.clock.now())
             shake = relayed_handshake(context, (str(server.ip), server.port),
                                       transport.server_name or server.host, self.clock)
         except (HonkError, ssl.SSLError, ValueError):  # Python's dial says why, with its error
             return None
-        framing = TlsFraming(shake.sslobj, shake.incoming, shake.outgoing, stream.response)
-        plan = self.connector.engine_plan(server, framing, stream.header)
+        framing = TlsFraming(shake.sslobj, shake.incoming, shake.outgoing, response)
+        plan = self.connector.engine_plan(server, framing, header)
         if plan is None:
             return None
 

@@ -63,8 +63,10 @@ class VmessOutbound(StackedLeaf):
 
     def engine_plan(self, target: Address) -> EnginePlan | None:
         try:
-            if not self.transport().plain or self.mux:
+            if self.mux:
                 return None
+            if not self.transport().plain:  # TCP + TLS: the engine shakes hands, then frames inside
+                return super().engine_plan(target)
             return self.framed_plan(lambda: self._sealed(target))
         except ConfigRefused:  # a refused transport, id or alterId: dial_tcp says why
             return None

@@ -1,11 +1,11 @@
 """Nodes the relay engine dials itself, against real servers (ss-server, v2ray).
 
 A SOCKS5 CONNECT on the fast path that is routed to a Shadowsocks node, a VMess node on
-plain TCP, or a Trojan or VLESS node on TCP + TLS, whose server is an IP literal, is
+plain TCP, or a Trojan, VLESS or VMess node on TCP + TLS, whose server is an IP literal, is
 answered with ONE command: the engine's worker connects to the server, makes the TLS
 handshake when there is one, sends the request header (the Shadowsocks salt and address
 chunk it seals itself, VMess's header sealed by Python, Trojan's and VLESS's sealed into
-the first record) and relays through the framing.
+the first record, VMess's inside TLS written as it is) and relays through the framing.
 The dial is admitted, timed and reported exactly as Python's dial is (the dial permit, the
 descriptor budget, the node's dial counts and health, Score), and Python dials instead when
 the flow needs it: a group on the chain that retries a failed dial, a ready connection
@@ -280,10 +280,10 @@ def test_a_ready_connection_warm_up_opened_is_used_by_python_not_bypassed(run, e
     run(main())
 
 
-# --- Trojan and VLESS over TLS: the engine makes the handshake -------------------------------------
+# --- Trojan, VLESS and VMess over TLS: the engine makes the handshake ------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["trojan", "vless"])
+@pytest.mark.parametrize("protocol", ["trojan", "vless", "vmess"])
 def test_a_tls_node_is_dialled_and_its_handshake_made_by_the_engine(run, engine_name, protocol,
                                                                      monkeypatch) -> None:
     payload = bytes(range(256)) * 256

@@ -154,7 +154,7 @@ def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> No
         assert cfg["outbounds"] == [{"protocol": "freedom", "settings": {}}]
         assert cfg["log"]["access"] == "none"  # no access log: a connection costs the relay only
         tls = inbound["streamSettings"]["security"]
-        assert tls == ("tls" if tag in ("trojan", "vless", "trojan_ws", "vmess_ws") else "none")
+        assert tls == ("tls" if tag in ("trojan", "vless", "trojan_ws", "vmess_tls", "vmess_ws") else "none")
 
 
 @pytest.mark.parametrize(("tag", "protocol"), [("trojan_ws", "trojan"), ("vmess_ws", "vmess")])

@@ -27,14 +27,12 @@ from helpers.engines import (
     upstream_failure,
 )
 from helpers.sockets import reset, tcp_pair, unix_pair
-from helpers.tls_rig import TlsServer, handshake, held_request, tls_maker
-from helpers.vmess_rig import vmess_client
+from helpers.tls_rig import dial_through_engine, handshake, held_request, server_handshake, tls_maker
 
 from honk._fast import relay_py
 from honk.proto.tls_framing import TlsFraming, TlsStreamError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
 from honk.proto.vless import VlessProtocolError, VlessResponseDecoder
-from honk.proto.vmess import VmessFraming
 
 MiB = 1024**2
 RECORD = 16384  # TLS's largest plaintext per record
@@ -258,74 +256,13 @@ async def test_the_framing_is_given_back_after_the_end(engine, contexts) -> None
 # --- listener mode: the engine makes the handshake itself (hs_connect) --------------------------------
 
 
-class _Dialing:
-    """Answers the engine's SOCKS5 request with hs_connect to ``node`` over a fresh TLS framing."""
-
-    def __init__(self, engine, node: tuple[str, int], framing: TlsFraming, head: bytes, rec) -> None:  # noqa: ANN001
-        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
-
-    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
-        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
-
-    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
-        os.close(fd)
-        raise AssertionError("the handshake was handed over")
-
-    def socks_dropped(self) -> None:
-        pass
-
-
-async def _server_handshake(sock: socket.socket, server_ctx: ssl.SSLContext) -> TlsServer:
-    """The test's side of the handshake over ``sock`` (the engine's upstream)."""
-    loop = asyncio.get_running_loop()
-    s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
-    while True:
-        try:
-            server.do_handshake()
-            done = True
-        except ssl.SSLWantReadError:
-            done = False
-        if out := s_out.read():
-            await loop.sock_sendall(sock, out)
-        if done:
-            return TlsServer(sock, server, s_in, s_out)
-        data = await asyncio.wait_for(loop.sock_recv(sock, 65536), STEP)
-        assert data, "the engine closed during the handshake"
-        s_in.write(data)
-
-
-async def _dial_through_engine(engine, client_ctx: ssl.SSLContext, server_name: str, early: bytes):  # noqa: ANN001, ANN202
-    """A SOCKS5 client whose request the engine answers by dialling a node the test plays (TLS on
-    its side is the caller's): (client, the node's accepted end, the framing, the recorder, lid)."""
-    from helpers.engines import Recorder
-
-    loop = asyncio.get_running_loop()
-    c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-    framing = TlsFraming(client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name), c_in, c_out,
-                         TrojanStreamWatch())
-    rec = Recorder()
-    node = socket.create_server(("127.0.0.1", 0))
-    node.setblocking(False)
-    listening = socket.create_server(("127.0.0.1", 0))
-    lid = engine.listen(listening.fileno(), _Dialing(engine, node.getsockname(), framing, b"HEADER\r\n", rec))
-    client = socket.create_connection(listening.getsockname())
-    client.setblocking(False)
-    await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50" + early)
-    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
-    srv.setblocking(False)
-    node.close()
-    listening.close()
-    return client, srv, framing, rec, lid
-
-
 async def test_hs_connect_shakes_hands_then_seals_the_head_and_the_early_bytes(engine, contexts) -> None:
     client_ctx, server_ctx = contexts
-    client, srv, framing, rec, lid = await _dial_through_engine(engine, client_ctx, "localhost", b"early")
+    client, srv, framing, rec, lid = await dial_through_engine(engine, client_ctx, "localhost", b"early")
     try:
         greeting = await recv_exactly(client, 2)
         assert greeting == b"\x05\x00"
-        server = await _server_handshake(srv, server_ctx)
+        server = await server_handshake(srv, server_ctx)
         plain = server.take(b"")  # the records that came with the client's Finished
         plain += await server.recv_plain(len(b"HEADER\r\nearly") - len(plain)) if len(plain) < 13 else b""
         assert plain == b"HEADER\r\nearly"
@@ -353,12 +290,12 @@ async def test_hs_connect_shakes_hands_then_seals_the_head_and_the_early_bytes(e
 async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, contexts, how) -> None:
     client_ctx, server_ctx = contexts
     name = "elsewhere.test" if how == "wrong-name" else "localhost"
-    client, srv, framing, rec, lid = await _dial_through_engine(engine, client_ctx, name, b"")
+    client, srv, framing, rec, lid = await dial_through_engine(engine, client_ctx, name, b"")
     try:
         assert await recv_exactly(client, 2) == b"\x05\x00"
         if how == "wrong-name":
             with pytest.raises(AssertionError, match="closed during the handshake"):
-                await _server_handshake(srv, server_ctx)
+                await server_handshake(srv, server_ctx)
         else:
             assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536), STEP)  # ClientHello
             srv.close()
@@ -383,10 +320,10 @@ async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, c
         srv.close()
 
 
-@pytest.mark.parametrize("framing_kind", ["handshake-begun", "vmess-inside"])
+@pytest.mark.parametrize("framing_kind", ["handshake-begun", "websocket"])
 async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_request(engine, contexts,
                                                                                     framing_kind) -> None:
-    """A handshake already made, and VMess inside TLS (dialled in Python first, then relayed)."""
+    """A handshake already made, and WebSocket inside TLS (upgraded in Python first, then relayed)."""
     if framing_kind == "handshake-begun":
         client, c_in, c_out, *_ = handshake(contexts)
         framing = TlsFraming(client, c_in, c_out, TrojanStreamWatch())
@@ -394,8 +331,8 @@ async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_req
     else:
         c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
         framing = TlsFraming(contexts[0].wrap_bio(c_in, c_out, server_hostname="localhost"), c_in, c_out,
-                             VmessFraming(vmess_client("aes-128-gcm")))
-        refusal = "VMess over TLS is dialled before"
+                             TrojanStreamWatch(), websocket=True)
+        refusal = "upgraded before"
     async with held_request(engine) as (token, sock):
         with pytest.raises(ValueError, match=refusal):
             engine.hs_connect(token, "127.0.0.1", 9, -1, None, framing, b"")

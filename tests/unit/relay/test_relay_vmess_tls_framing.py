@@ -32,7 +32,15 @@ from helpers.engines import (
     upstream_failure,
 )
 from helpers.sockets import tcp_pair
-from helpers.tls_rig import TlsServer, WsServer, handshake, server_frame, tls_maker
+from helpers.tls_rig import (
+    TlsServer,
+    WsServer,
+    dial_through_engine,
+    handshake,
+    server_frame,
+    server_handshake,
+    tls_maker,
+)
 from helpers.vmess_rig import VmessServer, vmess_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -271,3 +279,40 @@ async def test_relays_end_with_vmess_no_response_for_a_silent_server(kind, conte
         with pytest.raises(VmessProtocolError) as info:
             await asyncio.wait_for(task, STEP)
         assert info.value.reason == "no-response"
+
+
+async def test_hs_connect_shakes_hands_then_writes_the_vmess_header_and_seals_the_early_bytes(engine,
+                                                                                             contexts) -> None:
+    """The fast path's own dial of VMess over TCP + TLS: once the handshake is done the sealed
+    request header goes out as it is, the client's early bytes after it as the body's first chunk."""
+    client_ctx, server_ctx = contexts
+    vmess = vmess_client("aes-128-gcm")
+    header = b"\x01SEALED-VMESS-REQUEST-HEADER"  # what the dial sealed: the engine must not touch it
+    client, srv, framing, rec, lid = await dial_through_engine(engine, client_ctx, "localhost", b"early",
+                                                               VmessFraming(vmess), header)
+    try:
+        assert await recv_exactly(client, 2) == b"\x05\x00"
+        server = await server_handshake(srv, server_ctx, VmessTlsServer)
+        server.vmess = VmessServer(srv, vmess)
+        plain = TlsServer.take(server, b"")  # the records that came with the client's Finished
+        while len(plain) < len(header):
+            plain += TlsServer.take(server, await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536),
+                                                                   STEP))
+        assert plain[: len(header)] == header
+        early = server.vmess.take(plain[len(header) :])
+        early += await server.recv_plain(5 - len(early)) if len(early) < 5 else b""
+        assert early == b"early"
+        reply = await recv_exactly(client, 10)  # only once the handshake is done
+        assert reply[:2] == b"\x05\x00"
+        await server.send_vmess(answer(server, b"answer"))
+        assert await recv_exactly(client, 6) == b"answer"
+        client.shutdown(socket.SHUT_WR)
+        assert await server.recv_until_eof() == b""
+        assert server.vmess.ended and server.close_notify
+        await server.close_notify_and_fin()
+        assert await recv_until_eof(client) == b""
+        assert (await rec.end())[0] == relay_py.END_CLEAN
+    finally:
+        engine.unlisten(lid)
+        client.close()
+        srv.close()
