@@ -122,7 +122,7 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     reads what the server sent last: its close (or a reset) alone is the refusal (FRAMING_SILENT).
     FIRST_BYTE is the first plaintext byte (session tickets are no answer). A close_notify
     read with records before it counts once their plaintext is delivered. VMess inside
-    (``TlsFraming.inner``, a ``VmessFraming``; not with hs_connect): client bytes are
+    (``TlsFraming.inner``, a ``VmessFraming``; hs_connect on TCP + TLS too): client bytes are
     sealed as chunks into fout (past WS_HEADROOM) before they are written, the server's
     plaintext goes into fin behind the kept rest of the last chunk and is opened as on
     plain TCP, at most FRAMED_READ bytes at a time; the client's EOF writes the ending
