@@ -131,7 +131,7 @@ Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)`
     not touch the SSLObject in between; the worker clears its OpenSSL error queue after
     every failure.
   * TLS handshakes (``hs_connect`` with a ``TlsFraming`` whose handshake has not begun: a
-    Trojan or VLESS node the engine dials itself): once the TCP connect is done the worker
+    Trojan, VLESS or VMess node the engine dials itself): once the TCP connect is done the worker
     runs ``SSL_do_handshake`` over the memory BIOs, sending what it writes (a short send
     waits in ``hs_out`` for EPOLLOUT) and feeding what the server sends, without the GIL.
     When it is done, the head (the request header; VMess's as it is, the body after it in

@@ -17,7 +17,7 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
    the plane's sans-I/O router, synchronously; a task only when a rule needs DNS)
    and sends ONE command: ``hs_connect`` when the leaf offers the engine a dial
    (``Dispatcher.engine_dial``: direct to an IP target, or a Shadowsocks, plain-TCP
-   VMess, or TCP + TLS Trojan or VLESS node whose server is an IP literal; the worker
+   VMess, or TCP + TLS Trojan, VLESS or VMess node whose server is an IP literal; the worker
    dials with TCP_NODELAY and SO_MARK, makes the TLS handshake when there is one, sends
    the node's request header, replies with the bound address and relays through the
    node's framing), ``hs_relay`` (Python dialled: a domain target through Happy
