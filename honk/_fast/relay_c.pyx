@@ -1182,14 +1182,14 @@ cdef int _tls_put(TlsState* t, uint8_t* p, size_t n, bint headroom) noexcept nog
 
 cdef int _tls_put_sealed(TlsState* t, const uint8_t* p, size_t n, uint8_t* out) noexcept nogil:
     """n client bytes into the write BIO through the inner VMess framing: sealed as chunks into
-    out + WS_HEADROOM (room for n + VMESS_TLS_OVERHEAD(n) bytes after it), then put. 0, or -1."""
+    out + WS_HEADROOM (room for n + _vmess_overhead(n) bytes after it), then put. 0, or -1."""
     cdef ssize_t sealed = _seal_chunks(t.inner, p, n, out + WS_HEADROOM)
     if sealed < 0:
         return -1
     return _tls_put(t, out + WS_HEADROOM, <size_t>sealed, 1)
 
 
-cdef inline size_t VMESS_TLS_OVERHEAD(size_t n) noexcept nogil:
+cdef inline size_t _vmess_overhead(size_t n) noexcept nogil:
     """What sealing n bytes as VMess chunks adds: per chunk of up to SS_MAX_PAYLOAD bytes, a
     2-byte length and a tag."""
     return (n + SS_MAX_PAYLOAD - 1) // SS_MAX_PAYLOAD * (2 + SS_TAG)
@@ -3017,7 +3017,7 @@ cdef class Engine:
             if t.inner != NULL:  # the preamble has no bound: chunks in a buffer of its own
                 failed = raw != 0 and _tls_put(t, <uint8_t*>d.buf, raw, 0) < 0
                 if not failed and d.len > raw:
-                    sealed = <uint8_t*>malloc(WS_HEADROOM + d.len - raw + VMESS_TLS_OVERHEAD(d.len - raw))
+                    sealed = <uint8_t*>malloc(WS_HEADROOM + d.len - raw + _vmess_overhead(d.len - raw))
                     failed = sealed == NULL or _tls_put_sealed(t, <uint8_t*>d.buf + raw, d.len - raw, sealed) < 0
                     free(sealed)
             else:

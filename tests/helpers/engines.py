@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -174,3 +175,46 @@ async def poll(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert loop.time() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.001)
+
+
+# --- listener mode: the engine dials a node itself (hs_connect) ---------------------------------
+
+SOCKS_CONNECT_LOOPBACK_80 = b"\x05\x01\x00" + b"\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50"  # greeting, CONNECT
+
+
+class DialingListener:
+    """Answers the engine's SOCKS5 request with hs_connect: the engine dials ``node`` itself with
+    ``framing`` and ``head``; a handover fails the test."""
+
+    def __init__(self, engine: Any, node: tuple[str, int], framing: Any, head: bytes, rec: Recorder) -> None:
+        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
+
+    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
+        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
+
+    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+        os.close(fd)
+        raise AssertionError("the handshake was handed over")
+
+    def socks_dropped(self) -> None:
+        pass
+
+
+async def engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
+                         ) -> tuple[socket.socket, socket.socket, Recorder, int]:
+    """A SOCKS5 client (CONNECT 127.0.0.1:80, then ``early``) whose request the engine dials to a
+    node the test plays: (the client, the node's accepted end, the recorder, the listener id)."""
+    loop = asyncio.get_running_loop()
+    rec = Recorder()
+    node = socket.create_server(("127.0.0.1", 0))
+    node.setblocking(False)
+    listening = socket.create_server(("127.0.0.1", 0))
+    lid = engine.listen(listening.fileno(), DialingListener(engine, node.getsockname(), framing, head, rec))
+    client = socket.create_connection(listening.getsockname())
+    client.setblocking(False)
+    await loop.sock_sendall(client, SOCKS_CONNECT_LOOPBACK_80 + early)
+    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
+    srv.setblocking(False)
+    node.close()
+    listening.close()
+    return client, srv, rec, lid

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import trustme
 
-from helpers.engines import STEP, FramedServer, Recorder, poll
+from helpers.engines import SOCKS_CONNECT_LOOPBACK_80, STEP, FramedServer, engine_dialled, poll
 from honk.proto import websocket
 from honk.proto.tls_framing import TlsFraming
 from honk.proto.trojan import TrojanStreamWatch
@@ -212,7 +212,7 @@ async def held_request(engine) -> AsyncIterator[tuple[int, socket.socket]]:  # n
         sock = socket.create_connection(listening.getsockname())
         sock.setblocking(False)
         try:
-            await loop.sock_sendall(sock, b"\x05\x01\x00\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50")
+            await loop.sock_sendall(sock, SOCKS_CONNECT_LOOPBACK_80)
             await poll(lambda: bool(holder.tokens), "the request")
             yield holder.tokens[0], sock
         finally:
@@ -221,23 +221,6 @@ async def held_request(engine) -> AsyncIterator[tuple[int, socket.socket]]:  # n
 
 
 # --- listener mode: the engine makes the handshake itself (hs_connect) ----------------------------
-
-
-class _Dialing:
-    """Answers the engine's SOCKS5 request with hs_connect to ``node`` over a fresh TLS framing."""
-
-    def __init__(self, engine, node: tuple[str, int], framing: TlsFraming, head: bytes, rec) -> None:  # noqa: ANN001
-        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
-
-    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
-        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
-
-    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
-        os.close(fd)
-        raise AssertionError("the handshake was handed over")
-
-    def socks_dropped(self) -> None:
-        pass
 
 
 async def server_handshake(sock: socket.socket, server_ctx: ssl.SSLContext, server_type=TlsServer):  # noqa: ANN201
@@ -265,20 +248,8 @@ async def dial_through_engine(engine, client_ctx: ssl.SSLContext, server_name: s
     """A SOCKS5 client whose request the engine answers by dialling a node the test plays (TLS on
     its side is the caller's) with ``head`` and a fresh TLS framing over ``response`` (a Trojan
     watch by default): (client, the node's accepted end, the framing, the recorder, lid)."""
-    loop = asyncio.get_running_loop()
     c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
     framing = TlsFraming(client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name), c_in, c_out,
                          TrojanStreamWatch() if response is None else response)
-    rec = Recorder()
-    node = socket.create_server(("127.0.0.1", 0))
-    node.setblocking(False)
-    listening = socket.create_server(("127.0.0.1", 0))
-    lid = engine.listen(listening.fileno(), _Dialing(engine, node.getsockname(), framing, head, rec))
-    client = socket.create_connection(listening.getsockname())
-    client.setblocking(False)
-    await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00\x01\x7f\x00\x00\x01\x00\x50" + early)
-    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
-    srv.setblocking(False)
-    node.close()
-    listening.close()
+    client, srv, rec, lid = await engine_dialled(engine, framing, head, early)
     return client, srv, framing, rec, lid

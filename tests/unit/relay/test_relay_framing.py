@@ -32,6 +32,7 @@ from helpers.engines import (
     FramedServer,
     Recorder,
     engine_class,
+    engine_dialled,
     framed_rig,
     poll,
     recv_exactly,
@@ -391,36 +392,10 @@ async def _both_close_cleanly(client: socket.socket, server: Server, rec: Record
     assert await rec.end() == (relay_py.END_CLEAN, 0)
 
 
-class _DialingListener:
-    """Answers the engine's SOCKS5 request with hs_connect: the engine dials ``node`` itself."""
-
-    def __init__(self, engine: Any, node: tuple[str, int], framing: Any, head: bytes, rec: Recorder) -> None:
-        self.engine, self.node, self.framing, self.head, self.rec = engine, node, framing, head, rec
-
-    def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
-        self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
-
-    socks_handover = _FastListener.socks_handover
-    socks_dropped = _FastListener.socks_dropped
-
-
 async def _engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
                           ) -> tuple[socket.socket, socket.socket, Recorder, int]:
-    """A client through the engine's listener whose request the engine dials to a node the test
-    plays: the client (having read its replies), the node's accepted end, the recorder, the lid."""
-    loop = asyncio.get_running_loop()
-    rec = Recorder()
-    node = socket.create_server(("127.0.0.1", 0))
-    node.setblocking(False)
-    listening = socket.create_server(("127.0.0.1", 0))
-    lid = engine.listen(listening.fileno(), _DialingListener(engine, node.getsockname(), framing, head, rec))
-    client = socket.create_connection(listening.getsockname())
-    client.setblocking(False)
-    await loop.sock_sendall(client, b"\x05\x01\x00" + b"\x05\x01\x00" + ADDRESS + early)
-    srv, _ = await asyncio.wait_for(loop.sock_accept(node), STEP)
-    srv.setblocking(False)
-    node.close()
-    listening.close()
+    """helpers.engines.engine_dialled, with the client's two replies read and checked."""
+    client, srv, rec, lid = await engine_dialled(engine, framing, head, early)
     reply = await recv_exactly(client, 2 + 10)
     assert reply[:4] == b"\x05\x00\x05\x00"
     assert reply[8:10] != b"\x00\x00"  # the bound port of the engine's own upstream socket
