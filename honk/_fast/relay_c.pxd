@@ -254,6 +254,7 @@ cdef class Engine:
     cdef char* fout           # framed output: sealed chunks or opened plaintext on their way to dst (worker, lazy)
     cdef uint64_t n_auth      # framed flows ended by an upstream tag that did not verify (atomic)
     cdef uint64_t n_proto     # framed flows ended by broken upstream framing (atomic)
+    cdef uint64_t n_wakeups   # event deliveries to the loop's thread (loop's thread only)
     cdef int n_pool
     cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
     cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)
@@ -262,6 +263,8 @@ cdef class Engine:
     cdef Vec again
     cdef Vec dirty
     cdef Vec local_events
+    cdef char events_urgent   # local_events hold an event the loop's thread must see now (see _publish)
+    cdef double events_since  # when local_events stopped being empty (CLOCK_MONOTONIC s; < 0: empty)
     cdef Hs* hs_head          # handshakes the worker is reading, oldest first
     cdef Hs* hs_tail
     cdef Vec hs_dead          # Hs freed at the end of the turn (events of this turn may name them)
@@ -327,6 +330,6 @@ cdef class Engine:
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil
     cdef void _report(self, Flow* f, double now) noexcept nogil
-    cdef void _publish(self) noexcept nogil
+    cdef void _publish(self, double now) noexcept nogil
     cdef int _take_pipe(self, Dir* d) noexcept nogil
     cdef void _drop_pipe(self, Dir* d) noexcept nogil

@@ -284,6 +284,7 @@ class Engine:
         self._mark_denied = False
         self._framing_errors = [0, 0]  # framed flows ended by FRAMING_AUTH; FRAMING_PROTOCOL or _TRUNCATED
         self._released: list[Any] = []  # TLS framings whose flows ended, given back after their END
+        self.wakeups = 0  # event deliveries to the loop's thread (each _flush)
 
     # -- API ---------------------------------------------------------------------------
 
@@ -739,6 +740,7 @@ class Engine:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self.wakeups += 1
         events, self._events = self._events, []
         for flow, kind, a, b, t in events:
             if kind >= EV_REQUEST:

@@ -5,7 +5,8 @@ accepted connection is served by its own task, owned by the inbound.
 
 When the relay engine can listen (:func:`honk.inbound.fastpath.fastpath_engine`:
 compiled engine, no inbound users, ``HONK_RELAY`` not ``copy``), the engine's
-worker accepts and serves plain SOCKS5 CONNECTs itself
+worker (and, once it dials a TLS handshake, ``FASTPATH_WORKERS`` engines' workers, on the same
+sockets) accepts and serves plain SOCKS5 CONNECTs itself
 (:mod:`honk.inbound.fastpath`); every other client is handed over to the
 path described here, with the bytes the worker already read.
 
@@ -195,7 +196,9 @@ class MixedInbound(BindThenServe):
     def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock, *, engine: Any = None,
                  sessions: SessionRegistry | None = None) -> None:
         """``engine``: the relay engine for the SOCKS5 fast path (tests pass the compiled
-        engine or its twin); default :func:`~honk.inbound.fastpath.fastpath_engine`.
+        engine or its twin: the fast path then keeps that one worker); default
+        :func:`~honk.inbound.fastpath.fastpath_engine`, joined by
+        :func:`~honk.inbound.fastpath.handshake_workers` once it dials a TLS handshake.
         ``sessions``: the daemon's session registry; default a registry of this inbound's own."""
         self.spec = spec
         self.name = spec.name
@@ -208,7 +211,7 @@ class MixedInbound(BindThenServe):
         self._moving: asyncio.Task[None] | None = None  # sockets moving from the engine to asyncio
         self._tasks: set[asyncio.Task[None]] = set()
         self._engine = engine
-        self._fast: Any = None  # SocksFastPath once the engine served the port (kept for its live clients)
+        self._fast: Any = None  # SocksFastPaths once the engines served the port (kept for their live clients)
         self._fast_socks: list[socket.socket] = []  # the sockets the engine accepts on now
         self._serving = False
         self._stopped = False
@@ -291,13 +294,14 @@ class MixedInbound(BindThenServe):
             raise RuntimeError(f"inbound {self.name}: serve() needs bound, unserved sockets")
         self._serving = True
         loop = asyncio.get_running_loop()
-        engine = self._engine
+        engine, more = self._engine, None
         if engine is None:
             engine = fastpath.fastpath_engine(tuple(self._handler.admissions), loop)
+            more = fastpath.handshake_workers(loop)
         elif self._handler.requires_auth:
             engine = None
         if engine is not None:
-            fast = fastpath.SocksFastPath(self, engine)
+            fast = fastpath.SocksFastPaths(self, engine, more)
             try:
                 fast.listen(self._socks)
             except Exception as exc:  # noqa: BLE001 - serving is commit: the asyncio path always works

@@ -40,8 +40,9 @@ against idle timeouts of minutes; event times of the engine (CLOCK_MONOTONIC)
 are used only for ``first_byte_at``, never compared with the injected clock.
 
 Engines: :func:`shared_engine` keeps one engine per event loop, created on
-first use; :func:`close_engines` closes them (daemon shutdown), and an engine
-whose loop is garbage-collected is closed then.
+first use, and :func:`shared_engines` more of them for the SOCKS fast path's
+other worker threads; :func:`close_engines` closes them all (daemon shutdown),
+and an engine whose loop is garbage-collected is closed then.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from honk.relay.copy import CopyRelay
 from honk.relay.ends import client_error, local_error, upstream_error
 from honk.relay.stream import StreamConn
 
-__all__ = ["NativeRelay", "close_engines", "framed_socket", "framing_error", "native_available", "shared_engine"]
+__all__ = ["NativeRelay", "close_engines", "framed_socket", "framing_error", "native_available", "shared_engine",
+           "shared_engines"]
 
 # Size a bulk direction's splice pipe grows to (bytes; 0 = the engine's BULK_PIPE_SIZE, 1 MiB;
 # -1 = never grow, keep the kernel's 64 KiB). Benchmarks and debugging only.
@@ -71,6 +73,8 @@ PIPE_SIZE = int(os.environ.get("HONK_RELAY_PIPE_SIZE", "0"))
 FLUSH_TIMEOUT = 5.0
 
 _engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+# more engines of a loop, for the SOCKS fast path's other worker threads (shared_engines)
+_more_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
 
 
 def native_available() -> bool:
@@ -91,10 +95,26 @@ def shared_engine(loop: asyncio.AbstractEventLoop | None = None) -> Any:
     return engine
 
 
+def shared_engines(count: int, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
+    """``count`` engines of ``loop`` (each its own worker thread), :func:`shared_engine`'s first;
+    the others are created on first use and kept for the loop's life as it is."""
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    first = shared_engine(loop)
+    more = [engine for engine in _more_engines.get(loop, []) if not engine.closed]
+    while len(more) < count - 1:
+        engine = _relay.Engine(loop, pipe_size=PIPE_SIZE)
+        weakref.finalize(loop, engine.close)
+        more.append(engine)
+    _more_engines[loop] = more
+    return [first, *more[: max(count - 1, 0)]]
+
+
 def close_engines() -> int:
     """Close every shared engine (their flows end with ``FlowClosed``); returns how many."""
-    engines = list(_engines.values())
+    engines = list(_engines.values()) + [engine for more in _more_engines.values() for engine in more]
     _engines.clear()
+    _more_engines.clear()
     for engine in engines:
         engine.close()
     return len(engines)

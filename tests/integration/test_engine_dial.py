@@ -17,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
 import trustme
-from helpers.aio import close_writer, socks5_open
-from helpers.engines import FASTPATH_ENGINES, fastpath_engine
+from helpers.aio import close_writer, rule, socks5_open
+from helpers.engines import ENGINES, FASTPATH_ENGINES, fastpath_engine
 from helpers.inprocess import mixed_inbound
+from helpers.peers import require
 from helpers.peerservers import SS_METHODS, ss_server, v2ray_server
 from helpers.servers import EchoServer
 from helpers.sockets import unanswered_port
@@ -46,9 +48,11 @@ from honk.config.spec import (
 from honk.connection.dispatch import Dispatcher
 from honk.core.clock import Clock, FakeClock, MonotonicClock
 from honk.core.errors import DialTimeout
+from honk.inbound import fastpath
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.direct import ConnectFailed
 from honk.outbound.tls import TlsFailed
+from honk.relay.native import close_engines
 
 STEP = 5.0
 PASSWORD = "engine-dial-pw"
@@ -382,3 +386,55 @@ def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_bac
             return server.reused
 
     assert run(main()) == [False, True, True]
+
+
+# --- a second worker for the handshakes ----------------------------------------------------------
+
+
+@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, tmp_path, monkeypatch) -> None:
+    """Direct flows leave the inbound on one worker; the first engine dial with a TLS handshake
+    makes FASTPATH_WORKERS engines accept on the same sockets (the kernel wakes one of them per
+    connection, the first one unless it is busy): with the first one's listener stopped the
+    second serves alone, and closing the inbound ends the flows of both."""
+    require("compiled" in ENGINES, "the compiled relay engine (make build)")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one CPU: the fast path keeps one worker")
+    monkeypatch.setattr(fastpath, "FASTPATH_WORKERS", 2)
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+
+    async def main() -> None:
+        close_engines()
+        async with TicketingTrojanServer(ca) as server:
+            with EchoServer() as echo:
+                node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
+                                       f"ca={ca_file}#node", "tls")
+                ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
+                spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,), nodes=(node,),
+                            routing=RoutingSpec(rules=(rule("dport", "9", "tls"),), fallback="direct"))
+                async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
+                    env = Env(inbound, inbound._dispatcher, [], [])
+                    for _ in range(5):
+                        assert await _echo_through(env, echo.port, b"direct") == b"direct"
+                    assert len(inbound._fast.paths) == 1  # no handshake yet: one worker
+                    assert await _echo_through(env, 9, b"tls") == b"tls"
+                    paths = inbound._fast.paths
+                    assert len({id(path.engine) for path in paths}) == 2
+
+                    held = [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
+                    paths[0].stop_accepting()
+                    before = sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids)
+                    held += [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
+                    assert await _echo_through(env, echo.port, b"second") == b"second"
+                    assert sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids) == before + 6
+                    assert all(rep == 0 for _, _, rep, _ in held)
+                    assert inbound._fast.live >= len(held)
+                    await inbound.aclose()
+                    assert inbound._fast.live == 0
+                    for reader, writer, _, _ in held:
+                        assert await asyncio.wait_for(reader.read(), STEP) == b""
+                        await close_writer(writer)
+
+    run(main())
