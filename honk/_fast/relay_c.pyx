@@ -733,10 +733,10 @@ def tls_supported():
     """Whether this engine can drive the SSLObjects of this Python (the layout it reads, the
     libssl it links): checked once, on a throwaway connection."""
     global _tls_checked
-    import ssl
-    import sys
+    if _tls_checked is None:  # imported here, once: an import per call costs every TLS dial
+        import ssl
+        import sys
 
-    if _tls_checked is None:
         _tls_checked = False
         if _SSLSOCKET_LAYOUT[0] <= sys.version_info[:2] < _SSLSOCKET_LAYOUT[1]:
             probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).wrap_bio(ssl.MemoryBIO(), ssl.MemoryBIO())

@@ -134,14 +134,15 @@ class DirectOutbound:
         """Whether the relay engine may dial for this outbound (not with a test's ``connect`` hook)."""
         return self._connect is None
 
-    def engine_plan(self, target: Address, framing: Any = None, head: bytes = b"") -> EnginePlan | None:
+    def engine_plan(self, target: Address, framing: Any = None, head: bytes = b"",
+                    opened: Callable[[int], None] | None = None) -> EnginePlan | None:
         """The relay engine's dial of ``target`` (see :class:`EnginePlan`): only for an IP literal
         and the real connect (a test's ``connect`` hook needs Python). A node's leaf passes its
-        server, ``framing`` and ``head``."""
+        server, ``framing``, ``head`` and ``opened``."""
         if target.ip is None or not self.engine_dials:
             return None
         mark = -1 if self._mark is None else self._mark
-        return EnginePlan(target.host, target.port, mark, self._connect_timeout, framing, head)
+        return EnginePlan(target.host, target.port, mark, self._connect_timeout, framing, head, opened)
 
     async def connect(self, target: Address, deadline: float) -> socket.socket:
         """A connected, non-blocking socket to ``target`` (proxy outbounds reach their server with it)."""

@@ -22,7 +22,6 @@ when the relay engine cannot drive this Python's SSLObjects
 
 from __future__ import annotations
 
-import dataclasses
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -131,14 +130,11 @@ class StackedLeaf(ProxyLeaf):
         except (HonkError, ssl.SSLError, ValueError):  # Python's dial says why, with its error
             return None
         framing = TlsFraming(shake.sslobj, shake.incoming, shake.outgoing, response)
-        plan = self.connector.engine_plan(server, framing, header)
-        if plan is None:
-            return None
 
         def opened(facts: int) -> None:
             shake.opened(bool(facts & TLS_RESUMED), bool(facts & TLS_13), framing.when_released)
 
-        return dataclasses.replace(plan, opened=opened)
+        return self.connector.engine_plan(server, framing, header, opened)
 
     async def _dial_tls(self, transport: TransportSpec, header: bytes, response: Any,
                         deadline: float) -> DialedStream:
