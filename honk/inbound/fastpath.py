@@ -95,6 +95,7 @@ FASTPATH_WORKERS = int(os.environ.get("HONK_FASTPATH_WORKERS", "2"))
 # Reply code for a connect cancelled by its deadline (Reply.TTL_EXPIRED, as reply_for(DialTimeout)).
 _TIMEOUT_CODE = 0x06
 _GENERAL_FAILURE = 0x01
+_ENDED = object()  # FastFlow.tracked once its tracker entry was released (never None: it connected)
 _NOT_ALLOWED = 0x02  # Reply.NOT_ALLOWED
 
 
@@ -482,7 +483,10 @@ class SocksFastPath:
         if flow.verdict is not None:
             flow.verdict.end(end)
         scoring.settle_relay(flow.reporter, self.clock, end)
-        flow.tracked.release()
+        # The flow and its tracker entry point at each other: unlinked here, both go as soon as
+        # nothing else holds them, not at a collector pass (which freed their TLS state too).
+        tracked, flow.tracked = flow.tracked, _ENDED
+        tracked.release()
         self._changed_now()
 
     def _refused(self, flow: FastFlow, cause: int, detail: int) -> None:

@@ -200,8 +200,8 @@ class TlsFraming:
         self.ws_encoder = WsEncoder() if websocket else None
         self.ws_decoder = WsDecoder() if websocket else None
         self.half_close = not websocket  # the client's EOF goes upstream (close_notify, FIN)
-        self.encryptor = _Sealer(self)
-        self.decryptor = _Opener(self)
+        self._sealer: _Sealer | None = None  # made on first use (see encryptor)
+        self._opener: _Opener | None = None
         self._on_release = on_release
         self._claimed = False
         self._released = False
@@ -211,6 +211,22 @@ class TlsFraming:
         self._ws_error = 0  # the compiled engine's code for a broken WebSocket frame (ENGINE_ERRORS)
         # a handshake the relay engine drove (Engine.hs_connect), once its flow ended: how far it got
         self.handshake: HandshakeReport | None = None
+
+    @property
+    def encryptor(self) -> _Sealer:
+        """The client's side, sealed into records (the twin's and the copy relay's way). Made on
+        first use: it points back at the framing, and a flow the compiled engine carries never
+        asks, so its framing is freed by reference counting, not by a collector pass."""
+        if self._sealer is None:
+            self._sealer = _Sealer(self)
+        return self._sealer
+
+    @property
+    def decryptor(self) -> _Opener:
+        """The server's side, opened out of records (made on first use, as :attr:`encryptor`)."""
+        if self._opener is None:
+            self._opener = _Opener(self)
+        return self._opener
 
     def __repr__(self) -> str:
         return (f"TlsFraming(strip_header={self.strip_header}, vmess={self.inner is not None}, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -438,3 +439,38 @@ def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, tmp_
                         await close_writer(writer)
 
     run(main())
+
+
+@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+def test_an_ended_tls_flow_is_freed_by_reference_counting_not_by_the_collector(run, tmp_path) -> None:
+    """A flow's FastFlow and tracker entry, and its TlsFraming with the SSLObject, point at
+    nothing that points back once the flow ended: they are freed when its END is handled, not
+    at a pass of the cyclic collector (whose young passes took 2.3 ms each freeing them at
+    1,100 flows a second)."""
+    require("compiled" in ENGINES, "the compiled relay engine (make build)")
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    kept = {"FastFlow", "TrackedFlow", "TlsFraming", "SSLObject", "Routed"}
+
+    async def main() -> list[str]:
+        async with TicketingTrojanServer(ca) as server:
+            node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
+                                   f"ca={ca_file}#node", "tls")
+            async with honk("native", (node,), fallback="tls") as env:
+                gc.collect()
+                gc.disable()
+                try:
+                    for _ in range(5):
+                        assert await _echo_through(env, 9, b"ping") == b"ping"
+                    await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                    assert env.engine_dials == [True] * 5
+                    gc.set_debug(gc.DEBUG_SAVEALL)
+                    gc.collect()
+                    return [type(o).__name__ for o in gc.garbage if type(o).__name__ in kept]
+                finally:
+                    gc.set_debug(0)
+                    gc.garbage.clear()
+                    gc.enable()
+
+    assert run(main()) == []
