@@ -90,6 +90,16 @@ async def _echo_round(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     return await asyncio.wait_for(reader.readexactly(len(data)), STEP)
 
 
+async def _one_echo_flow(port: int, echo_port: int, data: bytes) -> None:
+    """One short flow through the inbound on ``port``: CONNECT, one echo of ``data``, both FINs."""
+    reader, writer, rep, _ = await socks5_open(port, "127.0.0.1", echo_port)
+    assert rep == 0
+    assert await _echo_round(reader, writer, data) == data
+    writer.write_eof()
+    assert await asyncio.wait_for(reader.read(), STEP) == b""
+    await close_writer(writer)
+
+
 class Echo6:
     """An echo server on ::1."""
 
@@ -442,16 +452,9 @@ def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
         with EchoServer() as echo:
             async with honk(engine_name) as env:
 
-                async def one() -> None:
-                    reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
-                    assert rep == 0
-                    assert await _echo_round(reader, writer, b"hi") == b"hi"
-                    writer.write_eof()
-                    assert await asyncio.wait_for(reader.read(), STEP) == b""
-                    await close_writer(writer)
-
                 for _ in range(max(count // 50, 1)):
-                    await asyncio.wait_for(asyncio.gather(*(one() for _ in range(min(count, 50)))), 30)
+                    await asyncio.wait_for(asyncio.gather(
+                        *(_one_echo_flow(env.port, echo.port, b"hi") for _ in range(min(count, 50)))), 30)
                 await asyncio.wait_for(env.tracker.wait_idle(), STEP)
                 await asyncio.wait_for(env.inbound.wait_closed(), STEP)
 
@@ -483,12 +486,7 @@ def test_a_short_flow_wakes_the_loops_thread_for_its_request_open_and_end_only(r
             async with honk("native") as env:
                 before, totals = env.engine.wakeups, env.tracker.totals()
                 for _ in range(flows):
-                    reader, writer, rep, _ = await socks5_open(env.port, "127.0.0.1", echo.port)
-                    assert rep == 0
-                    assert await _echo_round(reader, writer, b"hello") == b"hello"
-                    writer.write_eof()
-                    assert await asyncio.wait_for(reader.read(), STEP) == b""
-                    await close_writer(writer)
+                    await _one_echo_flow(env.port, echo.port, b"hello")
                     await asyncio.wait_for(env.tracker.wait_idle(), STEP)
                 wakeups = env.engine.wakeups - before
                 # 3 per flow here; a turn slower than EVENT_DEFER may flush once more (each flow
