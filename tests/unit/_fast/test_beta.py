@@ -1,9 +1,8 @@
 import itertools
 import math
-import os
 
 import pytest
-from helpers.peers import require_module
+from helpers.peers import COMPILED_REQUIRED, require_module
 
 from honk._fast import NO_EXTENSIONS, beta, implementations
 
@@ -131,9 +130,7 @@ def test_selector_reports_the_loaded_implementation():
         assert beta.beta_lower_bound.__module__ == "honk._fast.beta_py"
 
 
-@pytest.mark.skipif(
-    not os.environ.get("HONK_REQUIRE_EXTENSIONS"), reason="extensions are optional in a dev install"
-)
+@pytest.mark.skipif(not COMPILED_REQUIRED, reason="extensions are optional in a dev install outside CI")
 def test_compiled_kernel_is_in_use_when_required():
     from honk._fast import beta_c
 

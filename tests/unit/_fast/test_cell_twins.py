@@ -1,9 +1,9 @@
 """The compiled evidence cell and its pure-Python twin agree, record by record and read by read."""
 
 import importlib
-import os
 
 import pytest
+from helpers.peers import COMPILED_REQUIRED
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,7 +82,7 @@ def test_the_blend_and_qualification_follow_the_layers(cell_mod):
     assert not cell_mod.read_cells((glob, None, None), 30.0)[1]
 
 
-@pytest.mark.skipif(not os.environ.get("HONK_REQUIRE_EXTENSIONS"), reason="extensions are optional in a dev install")
+@pytest.mark.skipif(not COMPILED_REQUIRED, reason="extensions are optional in a dev install outside CI")
 def test_the_compiled_cell_and_rank_kernels_are_in_use_when_required():
     from honk._fast import cell, cell_c, rank, rank_c
 

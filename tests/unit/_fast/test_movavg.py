@@ -1,6 +1,6 @@
-import os
 
 import pytest
+from helpers.peers import COMPILED_REQUIRED
 
 from honk._fast import NO_EXTENSIONS, implementations, movavg
 
@@ -128,9 +128,7 @@ def test_selector_reports_the_loaded_implementation():
         assert movavg.HalvingAverage.__module__ == "honk._fast.movavg_py"
 
 
-@pytest.mark.skipif(
-    not os.environ.get("HONK_REQUIRE_EXTENSIONS"), reason="extensions are optional in a dev install"
-)
+@pytest.mark.skipif(not COMPILED_REQUIRED, reason="extensions are optional in a dev install outside CI")
 def test_compiled_kernel_is_in_use_when_required():
     from honk._fast import movavg_c
 
