@@ -95,8 +95,9 @@ FASTPATH_WORKERS = int(os.environ.get("HONK_FASTPATH_WORKERS", "2"))
 # Reply code for a connect cancelled by its deadline (Reply.TTL_EXPIRED, as reply_for(DialTimeout)).
 _TIMEOUT_CODE = 0x06
 _GENERAL_FAILURE = 0x01
-_ENDED = object()  # FastFlow.tracked once its tracker entry was released (never None: it connected)
 _NOT_ALLOWED = 0x02  # Reply.NOT_ALLOWED
+
+_ENDED = object()  # FastFlow.tracked once its tracker entry was released (never None: it connected)
 
 
 def handshake_workers(loop: asyncio.AbstractEventLoop) -> Callable[[], list[Any]] | None:

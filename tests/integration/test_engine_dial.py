@@ -393,75 +393,70 @@ def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_bac
 
 
 @pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
-def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, tmp_path, monkeypatch) -> None:
+def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, monkeypatch) -> None:
     """Direct flows leave the inbound on one worker; the first engine dial with a TLS handshake
-    makes FASTPATH_WORKERS engines accept on the same sockets (the kernel wakes one of them per
-    connection, the first one unless it is busy): with the first one's listener stopped the
-    second serves alone, and closing the inbound ends the flows of both."""
+    (a Trojan/TLS node on a real v2ray server) makes FASTPATH_WORKERS engines accept on the same
+    sockets (the kernel wakes one of them per connection, the first one unless it is busy): with
+    the first one's listener stopped the second serves alone, and closing the inbound ends the
+    flows of both."""
     require("compiled" in ENGINES, "the compiled relay engine (make build)")
     require((os.cpu_count() or 1) >= 2, "two CPUs (with one the fast path keeps one worker)")
     monkeypatch.setattr(fastpath, "FASTPATH_WORKERS", 2)
-    ca = trustme.CA()
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
 
     async def main() -> None:
         close_engines()
-        async with TicketingTrojanServer(ca) as server:
-            with EchoServer() as echo:
-                node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
-                                       f"ca={ca_file}#node", "tls")
-                ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-                spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,), nodes=(node,),
-                            routing=RoutingSpec(rules=(rule("dport", "9", "tls"),), fallback="direct"))
-                async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
-                    env = Env(inbound, inbound._dispatcher, [], [])
-                    for _ in range(5):
-                        assert await _echo_through(env, echo.port, b"direct") == b"direct"
-                    assert len(inbound._fast.paths) == 1  # no handshake yet: one worker
-                    assert await _echo_through(env, 9, b"tls") == b"tls"
-                    paths = inbound._fast.paths
-                    assert len({id(path.engine) for path in paths}) == 2
+        with v2ray_server("trojan", transport="tcp", tls=True) as peer, EchoServer() as echo, \
+                EchoServer() as far:
+            monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+            node = parse_node_link(peer.share_link(), "tls")
+            ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
+            spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,), nodes=(node,),
+                        routing=RoutingSpec(rules=(rule("dport", str(far.port), "tls"),), fallback="direct"))
+            async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
+                env = Env(inbound, inbound._dispatcher, [], [])
+                for _ in range(5):
+                    assert await _echo_through(env, echo.port, b"direct") == b"direct"
+                assert len(inbound._fast.paths) == 1  # no handshake yet: one worker
+                assert await _echo_through(env, far.port, b"tls") == b"tls"
+                paths = inbound._fast.paths
+                assert len({id(path.engine) for path in paths}) == 2
 
-                    held = [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
-                    paths[0].stop_accepting()
-                    before = sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids)
-                    held += [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
-                    assert await _echo_through(env, echo.port, b"second") == b"second"
-                    assert sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids) == before + 6
-                    assert all(rep == 0 for _, _, rep, _ in held)
-                    assert inbound._fast.live >= len(held)
-                    await inbound.aclose()
-                    assert inbound._fast.live == 0
-                    for reader, writer, _, _ in held:
-                        assert await asyncio.wait_for(reader.read(), STEP) == b""
-                        await close_writer(writer)
+                held = [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
+                paths[0].stop_accepting()
+                before = sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids)
+                held += [await socks5_open(env.port, "127.0.0.1", echo.port) for _ in range(5)]
+                assert await _echo_through(env, echo.port, b"second") == b"second"
+                assert sum(paths[1].engine.accepted(lid) for lid in paths[1]._lids) == before + 6
+                assert all(rep == 0 for _, _, rep, _ in held)
+                assert inbound._fast.live >= len(held)
+                await inbound.aclose()
+                assert inbound._fast.live == 0
+                for reader, writer, _, _ in held:
+                    assert await asyncio.wait_for(reader.read(), STEP) == b""
+                    await close_writer(writer)
 
     run(main())
 
 
 @pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
-def test_an_ended_tls_flow_is_freed_by_reference_counting_not_by_the_collector(run, tmp_path) -> None:
+def test_an_ended_tls_flow_is_freed_by_reference_counting_not_by_the_collector(run, monkeypatch) -> None:
     """A flow's FastFlow and tracker entry, and its TlsFraming with the SSLObject, point at
     nothing that points back once the flow ended: they are freed when its END is handled, not
     at a pass of the cyclic collector (whose young passes took 2.3 ms each freeing them at
-    1,100 flows a second)."""
+    1,100 flows a second). Trojan/TLS flows through a real v2ray server."""
     require("compiled" in ENGINES, "the compiled relay engine (make build)")
-    ca = trustme.CA()
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
     kept = {"FastFlow", "TrackedFlow", "TlsFraming", "SSLObject", "Routed"}
 
     async def main() -> list[str]:
-        async with TicketingTrojanServer(ca) as server:
-            node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
-                                   f"ca={ca_file}#node", "tls")
+        with v2ray_server("trojan", transport="tcp", tls=True) as peer, EchoServer() as echo:
+            monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+            node = parse_node_link(peer.share_link(), "tls")
             async with honk("native", (node,), fallback="tls") as env:
                 gc.collect()
                 gc.disable()
                 try:
                     for _ in range(5):
-                        assert await _echo_through(env, 9, b"ping") == b"ping"
+                        assert await _echo_through(env, echo.port, b"ping") == b"ping"
                     await asyncio.wait_for(env.inbound.wait_closed(), STEP)
                     assert env.engine_dials == [True] * 5
                     gc.set_debug(gc.DEBUG_SAVEALL)
