@@ -24,7 +24,11 @@ tag the harness starts one sink (a :class:`Sink`, which dials the origin) and tw
 subjects relay into it: ``<peer>:<tag>``, the protocol's SOCKS5 client, and
 ``honk[<family>]:<tag>``, honk's mixed port with the sink as its one node (a share
 link) and ``routing { fallback: <node> }``. Bulk is measured on one stream up and
-down: MB/s, the client's CPU seconds per GiB, and the sink's separately.
+down: MB/s, the client's CPU seconds per GiB, and the sink's separately. Both clients
+of a pair run at once, and their connection-rate runs alternate (ABBA: the pair takes
+turns going first), so that drift on a shared host falls on both alike; as root the
+kernel's TIME-WAIT sockets are capped during those runs (``tcp_max_tw_buckets``,
+restored after), so that no run's connect() pays for the sockets the runs before it left.
 ``--only ss-local,honk[ss]`` selects every tag's row of each; ``honk[ss]:chacha``
 just one.
 
@@ -107,12 +111,15 @@ class Plan:
     concurrency: tuple[int, ...] = (16, 64)
     loadgen_threads: int = min(os.cpu_count() or 1, 8)  # one client thread per core: measured best
     sink_streams: tuple[int, ...] = (1,)  # bulk streams measured through the subjects of a sink
+    # rate runs per concurrency of each client of a sink, interleaved with its pair's: the pair's
+    # ratio is a target, and one run's figure moves by 10-15 % on a shared 2-CPU host
+    pair_rate_reps: int = 5
 
 
 FULL = Plan(reps=3, bulk_warmup=0.3, bulk_seconds=2.0, rate_warmup=0.5, rate_seconds=3.0,
             latency_count=20_000, idle_count=1_000)
 QUICK = Plan(reps=1, bulk_warmup=0.2, bulk_seconds=0.8, rate_warmup=0.3, rate_seconds=1.0,
-             latency_count=5_000, idle_count=1_000)
+             latency_count=5_000, idle_count=1_000, pair_rate_reps=1)
 
 
 # ---------------------------------------------------------------- parsing and statistics
@@ -398,7 +405,7 @@ class Subject:
     version: str = ""
     env: dict[str, str] = field(default_factory=dict)
     build: Callable[[int, int, Path], list[str]] | None = None  # (port, origin_port, workdir) -> argv
-    sink: Sink | None = None  # a pair's subjects: the server they relay into (see measure_sink_subject)
+    sink: Sink | None = None  # a pair's subjects: the server they relay into (see measure_sink_subjects)
 
     def selected(self, only: set[str]) -> bool:
         """Named in ``--only``, by its full name or the part before ``:`` (``honk[ss]`` = every cipher)."""
@@ -942,86 +949,216 @@ def settle_time_wait(report: Report, subject: Subject) -> None:
                         "time_wait_left": left})
 
 
-def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report,
-                  pgids: dict[str, int] | None = None) -> list[float]:
-    """connect+echo+close per second at each of the plan's concurrencies; the load tool's busy cores.
+@dataclass
+class RateSeries:
+    """One subject's rate runs at one concurrency, folded into its metrics by :meth:`record`.
 
     ``pgids`` names process groups (``"cpu"``: the subject, ``"sink_cpu"``: its sink) whose CPU
     milliseconds per connection are recorded too, as ``rate_<c>_<name>_ms``; for a floor subject the
     client's CPU is the load tool's own client threads' (its ``client_cpu_ms``).
     """
-    plan, m = report.plan, report.metrics.setdefault(subject.name, {})
-    lg_rate: list[float] = []
-    for c in plan.concurrency:
-        cps, errors = [], 0
-        per_conn: dict[str, list[float]] = {name: [] for name in pgids or {}}
-        for _ in range(plan.reps):
-            before = {name: group_cpu_seconds(pgid) for name, pgid in (pgids or {}).items()}
-            kv = lg.rate(subject, port, c)
-            for name, pgid in (pgids or {}).items():
-                per_conn[name].append(1000 * (group_cpu_seconds(pgid) - before[name]) / max(1, int(kv["conns"])))
-            if "client_cpu_ms" in kv:
-                per_conn.setdefault("cpu", []).append(float(kv["client_cpu_ms"]))
-            cps.append(float(kv["cps"]))
-            lg_rate.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
-            errors += int(kv["errors"])
-            report.runs.append({"subject": subject.name, "kind": "rate", **kv})
-        m[f"rate_{c}"] = median(cps)
-        m[f"rate_{c}_errors"] = errors
-        for name, ms in per_conn.items():
+
+    subject: Subject
+    port: int | None
+    concurrency: int
+    pgids: dict[str, int] = field(default_factory=dict)
+    cps: list[float] = field(default_factory=list)
+    errors: int = 0
+    per_conn: dict[str, list[float]] = field(default_factory=dict)
+    loadgen_cores: list[float] = field(default_factory=list)
+
+    def run_once(self, lg: LoadGen, report: Report) -> None:
+        """One connect+echo+close run of the load tool through the subject."""
+        before = {name: group_cpu_seconds(pgid) for name, pgid in self.pgids.items()}
+        kv = lg.rate(self.subject, self.port, self.concurrency)
+        conns = max(1, int(kv["conns"]))
+        for name, pgid in self.pgids.items():
+            self.per_conn.setdefault(name, []).append(1000 * (group_cpu_seconds(pgid) - before[name]) / conns)
+        if "client_cpu_ms" in kv:
+            self.per_conn.setdefault("cpu", []).append(float(kv["client_cpu_ms"]))
+        self.cps.append(float(kv["cps"]))
+        self.loadgen_cores.append(float(kv["loadgen_cpu"]) / float(kv["seconds"]))
+        self.errors += int(kv["errors"])
+        report.runs.append({"subject": self.subject.name, "kind": "rate", **kv})
+
+    def record(self, report: Report) -> None:
+        """The medians into the subject's metrics: ``rate_<c>``, its errors and CPU per connection."""
+        c, m = self.concurrency, report.metrics.setdefault(self.subject.name, {})
+        m[f"rate_{c}"] = median(self.cps)
+        m[f"rate_{c}_errors"] = self.errors
+        for name, ms in self.per_conn.items():
             m[f"rate_{c}_{name}_ms"] = median(ms)
+
+
+def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report,
+                  pgids: dict[str, int] | None = None) -> list[float]:
+    """connect+echo+close per second at each of the plan's concurrencies (see :class:`RateSeries`);
+    the load tool's busy cores."""
+    lg_rate: list[float] = []
+    for c in report.plan.concurrency:
+        series = RateSeries(subject, port, c, dict(pgids or {}))
+        for _ in range(report.plan.reps):
+            series.run_once(lg, report)
+        series.record(report)
+        lg_rate += series.loadgen_cores
     return lg_rate
 
 
-def measure_sink_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path) -> None:
-    """Bulk through a subject into its sink: MB/s, the client's CPU/GiB and the sink's; then the
-    connection rate when the sink's family asks for it."""
-    plan, m = report.plan, report.metrics.setdefault(subject.name, {})
-    sink = subject.sink
-    assert sink is not None and subject.build is not None
-    running: Running | None = None
+def interleaved(names: list[str], reps: int) -> list[list[str]]:
+    """The order of a pair's rate runs, rep by rep: the pair alternates who goes first (ABBA...),
+    so that drift on the host during the runs falls on both alike."""
+    return [names if rep % 2 == 0 else names[::-1] for rep in range(reps)]
+
+
+TW_BUCKETS = Path("/proc/sys/net/ipv4/tcp_max_tw_buckets")  # the kernel's cap on TIME-WAIT sockets
+
+
+@contextlib.contextmanager
+def time_wait_capped(limit: int, path: Path = TW_BUCKETS) -> Iterator[bool]:
+    """Cap the kernel's TIME-WAIT sockets (``tcp_max_tw_buckets``) at ``limit`` for the body, then
+    restore it; True when it could (root). Beyond the cap a closed socket skips TIME-WAIT, so one
+    subject's rate runs cannot slow the next one's connect() (see :data:`TIME_WAIT_SETTLED`)."""
     try:
-        if sink.running is None:
-            raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
-        port = free_port()
-        wd = workdir / re.sub(r"\W", "_", subject.name)
-        wd.mkdir()
-        running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
+        saved = path.read_text().strip()
+        path.write_text(str(limit))
+    except OSError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(OSError):
+            path.write_text(saved)
+
+
+@dataclass
+class SinkClient:
+    """One subject of a sink's pair, running: its process and its SOCKS port."""
+
+    subject: Subject
+    running: Running
+    port: int
+
+
+def start_sink_client(subject: Subject, lg: LoadGen, workdir: Path) -> SinkClient:
+    assert subject.build is not None
+    port = free_port()
+    wd = workdir / re.sub(r"\W", "_", subject.name)
+    wd.mkdir()
+    running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
+    try:
         running.wait_port(port)
-        for streams in plan.sink_streams:
-            for direction in ("up", "down"):
-                mbps, cpu, sink_cpu = [], [], []
-                for _ in range(plan.reps):
-                    cpu0, sink0 = group_cpu_seconds(running.pgid), group_cpu_seconds(sink.running.pgid)
-                    kv = lg.bulk(subject, port, streams, direction)
-                    time.sleep(0.1)  # let both ends tear the streams down
-                    cpu_s = group_cpu_seconds(running.pgid) - cpu0
-                    sink_s = group_cpu_seconds(sink.running.pgid) - sink0
-                    gib = int(kv["total_bytes"]) / GIB
-                    mbps.append(float(kv["mbps"]))
-                    cpu.append(cpu_s / gib)
-                    sink_cpu.append(sink_s / gib)
-                    report.runs.append({"subject": subject.name, "kind": "bulk", "subject_cpu_s": cpu_s,
-                                        "sink_cpu_s": sink_s, **kv})
-                m[f"bulk_{direction}_{streams}"] = median(mbps)
-                m[f"cpu_{direction}_{streams}"] = median(cpu)
-                m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
-        if sink.rate:
-            settle_time_wait(report, subject)
-            if sink.fresh_for_rates:
-                restart_sink(sink)
-            measure_rates(lg, subject, port, report, {"cpu": running.pgid, "sink_cpu": sink.running.pgid})
-    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError) as exc:
+    except SubjectFailed:
+        running.stop()
+        raise
+    return SinkClient(subject, running, port)
+
+
+def measure_sink_bulk(lg: LoadGen, client: SinkClient, report: Report) -> None:
+    """Bulk through a subject into its sink: MB/s, the client's CPU/GiB and the sink's."""
+    plan, m, sink = report.plan, report.metrics.setdefault(client.subject.name, {}), client.subject.sink
+    assert sink is not None and sink.running is not None
+    for streams in plan.sink_streams:
+        for direction in ("up", "down"):
+            mbps, cpu, sink_cpu = [], [], []
+            for _ in range(plan.reps):
+                cpu0, sink0 = group_cpu_seconds(client.running.pgid), group_cpu_seconds(sink.running.pgid)
+                kv = lg.bulk(client.subject, client.port, streams, direction)
+                time.sleep(0.1)  # let both ends tear the streams down
+                cpu_s = group_cpu_seconds(client.running.pgid) - cpu0
+                sink_s = group_cpu_seconds(sink.running.pgid) - sink0
+                gib = int(kv["total_bytes"]) / GIB
+                mbps.append(float(kv["mbps"]))
+                cpu.append(cpu_s / gib)
+                sink_cpu.append(sink_s / gib)
+                report.runs.append({"subject": client.subject.name, "kind": "bulk", "subject_cpu_s": cpu_s,
+                                    "sink_cpu_s": sink_s, **kv})
+            m[f"bulk_{direction}_{streams}"] = median(mbps)
+            m[f"cpu_{direction}_{streams}"] = median(cpu)
+            m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
+
+
+def measure_sink_rates(lg: LoadGen, clients: list[SinkClient], report: Report,
+                       failed: Callable[[SinkClient, Exception], None]) -> None:
+    """The connection rates of a sink's clients, interleaved run by run (:func:`interleaved`) at
+    each concurrency, with TIME-WAIT capped (:func:`time_wait_capped`) so that no run inherits the
+    last one's sockets; a sink that must be fresh (:attr:`Sink.fresh_for_rates`) is restarted
+    before every run."""
+    sink = clients[0].subject.sink
+    assert sink is not None
+    settle_time_wait(report, clients[0].subject)
+    with time_wait_capped(TIME_WAIT_SETTLED) as capped:
+        if not capped and len(clients) > 1:
+            report.problems.append(f"{sink.server} sink {sink.tag}: TIME-WAIT not capped (needs root): "
+                                   "each rate run starts with the sockets of the runs before it")
+        for c in report.plan.concurrency:
+            series = {cl.subject.name: (cl, RateSeries(cl.subject, cl.port, c, {"cpu": cl.running.pgid}))
+                      for cl in clients}
+            for order in interleaved(list(series), report.plan.pair_rate_reps):
+                for name in order:
+                    client, s = series[name]
+                    if client not in clients:
+                        continue  # it failed in an earlier run
+                    try:
+                        if sink.fresh_for_rates:
+                            restart_sink(sink)
+                        assert sink.running is not None
+                        s.pgids["sink_cpu"] = sink.running.pgid
+                        s.run_once(lg, report)
+                    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError,
+                            ZeroDivisionError) as exc:
+                        clients.remove(client)
+                        failed(client, exc)
+            for client, s in series.values():
+                if client in clients:
+                    s.record(report)
+
+
+def measure_sink_subjects(lg: LoadGen, subjects: list[Subject], report: Report, workdir: Path) -> None:
+    """A sink's pair (or the one of it selected): each one's bulk in turn, then, when the sink's
+    family asks for it, their connection rates interleaved (:func:`measure_sink_rates`). Both
+    clients run throughout, so the rate runs can alternate between them."""
+    sink = subjects[0].sink
+    assert sink is not None
+    clients: list[SinkClient] = []
+
+    def failed(client: SinkClient | None, subject: Subject, exc: Exception) -> None:
         why = str(exc)
-        tail = running.log_text().strip()[-800:] if running is not None else ""
+        tail = client.running.log_text().strip()[-800:] if client is not None else ""
         if tail and tail not in why:  # the subject's own words on what went wrong
             why += f"; its log: {tail}"
         report.problems.append(f"{subject.name}: {why}")
         _say(f"  {subject.name}: FAILED: {why}")
+
+    try:
+        for subject in subjects:
+            _say(f"  {subject.name} ...")
+            client = None
+            try:
+                if sink.running is None:
+                    raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
+                client = start_sink_client(subject, lg, workdir)
+                measure_sink_bulk(lg, client, report)
+                clients.append(client)
+            except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError,
+                    ZeroDivisionError) as exc:
+                failed(client, subject, exc)
+                if client is not None:
+                    client.running.stop()
+        if sink.rate and clients:
+            _say(f"  {', '.join(cl.subject.name for cl in clients)}: connection rates, interleaved")
+            measure_sink_rates(lg, clients, report, lambda cl, exc: failed(cl, cl.subject, exc))
     finally:
-        if running is not None:
-            running.stop()
-    report.metrics[subject.name] = {k: v for k, v in m.items() if v is not None}
+        for client in clients:
+            client.running.stop()
+    for subject in subjects:
+        if subject.name in report.metrics:
+            report.metrics[subject.name] = {k: v for k, v in report.metrics[subject.name].items() if v is not None}
+
+
+def sink_pair(subjects: list[Subject], subject: Subject) -> list[Subject]:
+    """The selected, unskipped clients of ``subject``'s sink (the peer's first), floor subjects aside."""
+    return [s for s in subjects if s.sink is subject.sink and s.kind != "floor" and not s.skip]
 
 
 def measure_floor_subject(lg: LoadGen, subject: Subject, report: Report) -> None:
@@ -1127,12 +1264,17 @@ def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True,
                 if subject.skip:
                     _say(f"  {subject.name}: skipped: {subject.skip}")
                     continue
-                _say(f"  {subject.name} ...")
                 t0 = time.monotonic()
+                if subject.sink is not None and subject.kind != "floor":
+                    pair = sink_pair(report.subjects, subject)
+                    if subject is not pair[0]:
+                        continue  # measured with the first of its pair
+                    measure_sink_subjects(lg, pair, report, Path(tmp))
+                    _say(f"  {', '.join(s.name for s in pair)} done in {time.monotonic() - t0:.0f}s")
+                    continue
+                _say(f"  {subject.name} ...")
                 if subject.kind == "floor":
                     measure_floor_subject(lg, subject, report)
-                elif subject.sink is not None:
-                    measure_sink_subject(lg, subject, report, Path(tmp))
                 else:
                     measure_subject(lg, subject, report, Path(tmp))
                 _say(f"  {subject.name} done in {time.monotonic() - t0:.0f}s")

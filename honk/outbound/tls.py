@@ -28,6 +28,15 @@ full handshake in the same round trips. Each context keeps its own sessions
 (:class:`_ResumingContext`), so a rebuilt context (a replaced CA file) starts
 afresh and a session is only offered under the trust it was verified with.
 
+A full handshake with a server whose certificate chain was verified in the last
+:data:`VERIFY_CACHE_TTL` seconds, for the same server name, accepts that chain
+without verifying it again (:mod:`honk._fast.tlsverify`, compiled builds): the
+same certificates, names and flags, under the same context's trust, never past
+the chain's earliest ``notAfter``. The server still proves it holds the key
+(its CertificateVerify signature is checked on every handshake); only the
+chain's verification, about a seventh of a client handshake's CPU with OpenSSL
+3.0, is not repeated. Contexts that do not verify get no cache.
+
 A node's own CA is its ``ca`` parameter (:func:`ca_path`): the path of a PEM file
 holding one or more CA certificates (a relative path is taken from the daemon's
 working directory). It replaces the system store for that node
@@ -55,6 +64,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from honk._fast import tlsverify
 from honk.config.links import CA_KEY, INSECURE_KEYS, insecure_claimed
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, UpstreamFailed
@@ -70,6 +80,9 @@ HARVEST_RETRY = 60.0  # seconds before a server that sent no session ticket is l
 # seconds a trust store's file version is believed before its file is looked at again: a replaced
 # CA file counts within a second, and a burst of dials costs no stat calls per dial
 TRUST_STORE_RECHECK = 1.0
+# seconds a verified certificate chain is accepted again without re-verifying it (never past its
+# notAfter): long enough that a burst of dials verifies once, short beside a certificate's life
+VERIFY_CACHE_TTL = 300.0
 HANDSHAKE_READ = 64 * 1024  # bytes asked per read while tls_handshake runs (a flight of certificates fits)
 # Threads that take the server's flight of a tls_handshake (key exchange, chain and signature
 # checks: nearly all of a handshake's CPU) off the event loop's thread; OpenSSL runs them
@@ -303,6 +316,8 @@ def _shared_context(verify: bool, alpn: tuple[str, ...], ca: str, store: tuple[o
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    else:  # the trust is loaded and never changes after this: its verified chains may be kept
+        tlsverify.install(context, VERIFY_CACHE_TTL)
     if alpn:
         context.set_alpn_protocols(list(alpn))
     return context

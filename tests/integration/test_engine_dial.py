@@ -35,6 +35,7 @@ from helpers.sockets import unanswered_port
 from helpers.socks import encode_address
 from test_tls_engine_relay import TicketingTrojanServer
 
+from honk._fast import tlsverify
 from honk.config.links import parse_node_link
 from honk.config.spec import (
     GlobalSpec,
@@ -52,7 +53,7 @@ from honk.core.errors import DialTimeout
 from honk.inbound import fastpath
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.direct import ConnectFailed
-from honk.outbound.tls import TlsFailed
+from honk.outbound.tls import TlsFailed, client_context
 from honk.relay.native import close_engines
 
 STEP = 5.0
@@ -304,6 +305,29 @@ def test_a_tls_node_is_dialled_and_its_handshake_made_by_the_engine(run, engine_
                 assert env.engine_dials == [True, True]
                 assert env.leaf("tls").runtime.dials["ok"] == 2
             assert len([line for line in peer.accepted() if f"127.0.0.1:{echo.port}" in line]) == 2
+
+    run(main())
+
+
+def test_the_servers_chain_is_verified_once_for_a_burst_of_handshakes(run, engine_name, monkeypatch) -> None:
+    """Compiled builds keep a verified chain (honk._fast.tlsverify): the handshakes after the
+    first, made by the engine's worker or by Python, accept it without verifying it again."""
+
+    async def main() -> None:
+        with v2ray_server("trojan", transport="tcp", tls=True) as peer, EchoServer() as echo:
+            monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
+            node = parse_node_link(peer.share_link(), "tls")
+            async with honk(engine_name, (node,), fallback="tls") as env:
+                for _ in range(4):
+                    assert await _echo_through(env, echo.port, b"verified once") == b"verified once"
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                context = client_context(True, (), "", "tls", MonotonicClock().now())
+                hits, misses = tlsverify.stats(context)
+                if tlsverify.IMPLEMENTATION == "compiled":
+                    assert (hits, misses) == (3, 1)
+                else:
+                    assert (hits, misses) == (0, 0)
+                assert env.leaf("tls").runtime.dials["ok"] == 4
 
     run(main())
 

@@ -395,3 +395,26 @@ def test_api_rows_give_the_dashboard_over_idle_ratios() -> None:
     assert ratios == ["p50 x1.40, p99 x4.00", "p50 x1.52, p99 x60.00"]
     assert any("(native relay)" in r[0] for r in rows)
     assert "p99 120.0 ms" in next(r[1] for r in rows if r[0].startswith("new tunnel") and "dashboard" in r[0])
+
+
+def test_a_pairs_rate_runs_alternate_who_goes_first() -> None:
+    assert relay.interleaved(["v2ray:trojan", "honk[v2ray]:trojan"], 3) == [
+        ["v2ray:trojan", "honk[v2ray]:trojan"],
+        ["honk[v2ray]:trojan", "v2ray:trojan"],
+        ["v2ray:trojan", "honk[v2ray]:trojan"],
+    ]
+    assert relay.interleaved(["ss-local:aes256"], 2) == [["ss-local:aes256"], ["ss-local:aes256"]]
+
+
+def test_the_time_wait_cap_is_set_for_the_body_and_restored(tmp_path: Path) -> None:
+    buckets = tmp_path / "tcp_max_tw_buckets"
+    buckets.write_text("131072\n")
+    with relay.time_wait_capped(2000, buckets) as capped:
+        assert capped
+        assert buckets.read_text() == "2000"
+    assert buckets.read_text() == "131072"
+
+
+def test_without_the_right_to_cap_time_wait_the_body_still_runs(tmp_path: Path) -> None:
+    with relay.time_wait_capped(2000, tmp_path / "missing" / "tcp_max_tw_buckets") as capped:
+        assert not capped

@@ -1,0 +1,20 @@
+"""Selects the verified-chain cache for client TLS contexts; the rest of honk imports this.
+
+``install(context, ttl)`` lets handshakes that present a chain already verified for the same
+names skip ``X509_verify_cert`` (``tlsverify_c``, compiled); the twin (``tlsverify_py``)
+remembers nothing and returns False. ``stats(context)`` gives ``(hits, misses)``.
+"""
+
+from typing import TYPE_CHECKING
+
+from honk._fast import load
+
+IMPLEMENTATION: str
+if TYPE_CHECKING:
+    from honk._fast.tlsverify_py import install, stats
+else:
+    _impl, IMPLEMENTATION = load("tlsverify")
+    install = _impl.install
+    stats = _impl.stats
+
+__all__ = ["IMPLEMENTATION", "install", "stats"]

@@ -1,0 +1,203 @@
+"""The verified-chain cache of client TLS contexts (honk._fast.tlsverify): a handshake that
+presents a chain verified before, for the same names, skips ``X509_verify_cert``; nothing
+else about any handshake changes. Real OpenSSL handshakes, client and server in memory
+(MemoryBIOs), certificates from CAs made here (trustme). The twin remembers nothing; both
+implementations must give every handshake the outcome OpenSSL gives it without a cache."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import ssl
+from collections.abc import Iterator
+
+import pytest
+import trustme
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from honk._fast import NO_EXTENSIONS, tlsverify, tlsverify_py
+from honk.outbound.tls import client_context
+
+TTL = 60.0
+IMPLS = [pytest.param("py", id="py")]
+if not NO_EXTENSIONS:  # the twin run has no compiled module to compare
+    IMPLS.append(pytest.param("c", id="c", marks=pytest.mark.compiled))
+NAMES = ("localhost", "api.localhost", "127.0.0.1", "example.com")  # the last: in no certificate
+
+
+class Servers:
+    """Servers (server contexts) with certificates from a trusted CA and from a stranger."""
+
+    def __init__(self) -> None:
+        self.ca = trustme.CA()
+        stranger = trustme.CA()
+        self.contexts = {
+            "trusted": self._server(self.ca.issue_cert("localhost", "api.localhost", "127.0.0.1")),
+            "trusted-rsa": self._server(self.ca.issue_cert("localhost", key_type=trustme.KeyType.RSA)),
+            "stranger": self._server(stranger.issue_cert("localhost", "127.0.0.1")),
+        }
+
+    @staticmethod
+    def _server(leaf: trustme.LeafCert) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        leaf.configure_cert(context)
+        return context
+
+    def client(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self.ca.configure_trust(context)
+        return context
+
+
+def shake(client: ssl.SSLContext, server: ssl.SSLContext, name: str) -> str:
+    """A full handshake in memory: "ok", or the client's verification failure."""
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    near = client.wrap_bio(c_in, c_out, server_hostname=name)
+    far = server.wrap_bio(s_in, s_out, server_side=True)
+    done = [False, False]
+    for _ in range(10):
+        for i, (end, out, peer_in) in enumerate(((near, c_out, s_in), (far, s_out, c_in))):
+            if not done[i]:
+                try:
+                    end.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLCertVerificationError as exc:
+                    return f"refused: {exc.verify_message}"
+                except ssl.SSLError:
+                    if i == 1:  # the server read the client's alert: the client's failure says why
+                        continue
+                    raise
+            peer_in.write(out.read())
+        if all(done):
+            return "ok"
+    raise AssertionError("the handshake did not finish")
+
+
+def load(impl: str):  # noqa: ANN201 - one implementation; a missing compiled build fails the test
+    return importlib.import_module(f"honk._fast.tlsverify_{impl}")
+
+
+@pytest.fixture(scope="module")
+def servers() -> Servers:
+    return Servers()
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest):  # noqa: ANN201 - the module under test
+    return load(request.param)
+
+
+@pytest.fixture
+def skew() -> Iterator[object]:
+    """The compiled cache's clocks, moved by a test and put back after it."""
+    module = load("c")
+    yield module._skew
+    module._skew(0.0)
+
+
+compiled = pytest.mark.parametrize("impl", [p for p in IMPLS if p.id == "c"], indirect=True)
+
+
+def test_both_refuse_what_is_not_a_client_context_or_a_positive_ttl(impl) -> None:
+    with pytest.raises(TypeError):
+        impl.install(object(), TTL)
+    with pytest.raises(TypeError):
+        impl.stats("context")
+    with pytest.raises(ValueError):
+        impl.install(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), 0.0)
+
+
+def test_the_twin_remembers_nothing(servers: Servers) -> None:
+    client = servers.client()
+    assert tlsverify_py.install(client, TTL) is False
+    assert [shake(client, servers.contexts["trusted"], "localhost") for _ in range(3)] == ["ok"] * 3
+    assert tlsverify_py.stats(client) == (0, 0)
+
+
+@compiled
+def test_a_chain_verified_once_is_accepted_again_without_verifying_it(impl, servers: Servers) -> None:
+    client = servers.client()
+    assert impl.install(client, TTL) is True
+    assert impl.stats(client) == (0, 0)
+    assert [shake(client, servers.contexts["trusted"], "localhost") for _ in range(4)] == ["ok"] * 4
+    assert impl.stats(client) == (3, 1)
+
+
+@compiled
+def test_a_remembered_chain_is_verified_again_for_another_name(impl, servers: Servers) -> None:
+    client = servers.client()
+    impl.install(client, TTL)
+    assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
+    assert shake(client, servers.contexts["trusted"], "api.localhost") == "ok"
+    assert shake(client, servers.contexts["trusted"], "example.com").startswith("refused: Hostname mismatch")
+    assert shake(client, servers.contexts["trusted"], "example.com").startswith("refused: Hostname mismatch")
+    assert impl.stats(client) == (0, 4)  # no name borrowed another's verification; no failure kept
+
+
+@compiled
+def test_another_chain_for_the_same_name_is_verified_in_full(impl, servers: Servers) -> None:
+    client = servers.client()
+    impl.install(client, TTL)
+    assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
+    assert shake(client, servers.contexts["stranger"], "localhost").startswith("refused: unable to get local issuer")
+    assert shake(client, servers.contexts["trusted-rsa"], "localhost") == "ok"
+    assert impl.stats(client) == (0, 3)
+
+
+@compiled
+def test_a_remembered_chain_is_verified_again_after_the_ttl(impl, servers: Servers, skew) -> None:
+    client = servers.client()
+    impl.install(client, TTL)
+    assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
+    skew(TTL - 1.0)
+    assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
+    assert impl.stats(client) == (1, 1)
+    skew(TTL + 1.0)
+    assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
+    assert impl.stats(client) == (1, 2)
+
+
+@compiled
+def test_a_chain_is_never_accepted_past_its_not_after(impl, skew) -> None:
+    ca = trustme.CA()
+    now = datetime.datetime.now(datetime.UTC)
+    server = Servers._server(ca.issue_cert("localhost", not_after=now + datetime.timedelta(seconds=30)))
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(client)
+    impl.install(client, TTL)  # the ttl alone would outlive the certificate
+    assert shake(client, server, "localhost") == "ok"
+    skew(20.0)
+    assert shake(client, server, "localhost") == "ok"
+    assert impl.stats(client) == (1, 1)
+    skew(40.0)  # past notAfter on the cache's clock (OpenSSL's own has not moved): verified again
+    assert shake(client, server, "localhost") == "ok"
+    assert impl.stats(client) == (1, 2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(("trusted", "trusted-rsa", "stranger")), st.sampled_from(NAMES)),
+                      min_size=1, max_size=8))
+def test_every_handshake_ends_as_it_ends_without_a_cache(servers: Servers, steps: list[tuple[str, str]]) -> None:
+    plain = servers.client()
+    cached = {p.id: servers.client() for p in IMPLS}
+    for name, context in cached.items():
+        load(name).install(context, TTL)
+    for server, name in steps:
+        expected = shake(plain, servers.contexts[server], name)
+        for context in cached.values():
+            assert shake(context, servers.contexts[server], name) == expected, (server, name)
+
+
+def test_honk_keeps_the_chains_its_verifying_contexts_accept_and_no_others(servers: Servers, tmp_path) -> None:
+    ca_file = tmp_path / "ca.pem"
+    servers.ca.cert_pem.write_to_path(str(ca_file))
+    verifying = client_context(True, (), str(ca_file), "node", 0.0)
+    lax = client_context(False, (), str(ca_file), "node", 0.0)
+    for context in (verifying, lax):
+        assert [shake(context, servers.contexts["trusted"], "localhost") for _ in range(3)] == ["ok"] * 3
+    assert tlsverify.stats(lax) == (0, 0)
+    assert tlsverify.stats(verifying) == ((2, 1) if tlsverify.IMPLEMENTATION == "compiled" else (0, 0))
+    assert shake(verifying, servers.contexts["stranger"], "localhost").startswith("refused:")
