@@ -7,6 +7,8 @@ with :meth:`FakeClock.advance`, so no test sleeps to synchronise.
 Deadlines on a hot path use :meth:`Clock.call_later` (a plain loop timer) or
 :class:`timeout_at` (a deadline scope built on it), not a sleeping task: a
 per-flow task plus ``asyncio.wait`` costs several times more than a timer.
+Thousands of them a second (the SOCKS fast path's connect deadlines) share one
+timer through :class:`Deadlines`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -120,6 +123,96 @@ class FakeClock:
             if not timer.cancelled:
                 timer.cancelled = True  # fired: no longer armed
                 timer.callback()
+
+
+class _Deadline:
+    """One deadline of a :class:`Deadlines`; ``cancel()`` as a timer's."""
+
+    __slots__ = ("callback", "cancelled", "_owner")
+
+    def __init__(self, callback: Callable[[], object], owner: Deadlines) -> None:
+        self.callback = callback
+        self.cancelled = False
+        self._owner = owner
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._owner._dropped()
+
+
+DEADLINES_COMPACT = 1024  # cancelled deadlines kept in the heap at most (beyond half of it)
+
+
+class Deadlines:
+    """Many one-shot deadlines on one timer of a :class:`Clock`.
+
+    :meth:`at` pushes onto a heap; the clock's ``call_later`` is armed for the
+    earliest deadline only, and no timer is armed while none is pending. Meant for
+    per-flow deadlines that nearly always end cancelled (a connect that
+    succeeded): a loop timer per flow costs more than its heap entry, and a
+    cancelled entry just waits to be skipped (or swept once they outnumber the
+    live ones). A callback's exception goes to the loop's exception handler; the
+    others still run.
+    """
+
+    __slots__ = ("_clock", "_heap", "_seq", "_timer", "_armed", "_live")
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._seq = itertools.count()
+        self._timer: TimerHandle | None = None
+        self._armed = math.inf  # the deadline the timer is armed for
+        self._live = 0  # deadlines neither fired nor cancelled
+
+    def at(self, when: float, callback: Callable[[], object]) -> TimerHandle:
+        """Call ``callback`` once the clock reaches ``when`` (absolute, on the clock)."""
+        deadline = _Deadline(callback, self)
+        heapq.heappush(self._heap, (when, next(self._seq), deadline))
+        self._live += 1
+        if when < self._armed:
+            self._arm(when)
+        return deadline
+
+    def __len__(self) -> int:
+        return self._live
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = when
+        self._timer = self._clock.call_later(when - self._clock.now(), self._fire)
+
+    def _dropped(self) -> None:
+        self._live -= 1
+        if self._live == 0:
+            self._heap.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._armed = math.inf
+        elif len(self._heap) > DEADLINES_COMPACT and len(self._heap) > 2 * self._live:
+            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+            heapq.heapify(self._heap)
+
+    def _fire(self) -> None:
+        self._timer, self._armed = None, math.inf
+        now, heap, due = self._clock.now(), self._heap, []
+        while heap and (heap[0][2].cancelled or heap[0][0] <= now):
+            deadline = heapq.heappop(heap)[2]
+            if not deadline.cancelled:
+                deadline.cancelled = True  # fired: a later cancel() does nothing
+                self._live -= 1
+                due.append(deadline)
+        if heap:
+            self._arm(heap[0][0])
+        for deadline in due:
+            try:
+                deadline.callback()
+            except Exception as exc:  # noqa: BLE001 - reported as the loop reports a callback's
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": "a deadline's callback failed", "exception": exc})
 
 
 class timeout_at:  # noqa: N801 - used like asyncio.timeout_at

@@ -25,7 +25,8 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
    dial waiting for its permit) or ``hs_reject`` (Blocked,
    NoRoute, dial errors: the same :func:`~honk.inbound.socks5.reply_for` codes and
    ``flow refused`` line);
-3. the connect deadline is a timer on the injected clock: when it fires first,
+3. the connect deadline is on the injected clock (a heap entry of the path's
+   :class:`~honk.core.clock.Deadlines`, one timer for all): when it passes first,
    the flow is cancelled with reply ``0x06`` and logged as ``DialTimeout``;
 4. ``EV_OPEN`` (connected, reply queued) registers the flow in the tracker with
    its rule and chain and logs the same ``TCP connection …`` debug line as
@@ -46,7 +47,7 @@ C copy of it; a handed-over client gets the full ``HANDSHAKE_TIMEOUT`` of the
 injected clock from the handover on.
 
 Per connection on the loop's thread: one request event, one command, one
-timer, one :class:`FastFlow`, one tracker entry, the relay's coalesced events.
+deadline, one :class:`FastFlow`, one tracker entry, the relay's coalesced events.
 Routing is never cached. The pure-Python twin of the engine implements the
 same listener mode on the event loop, so the same tests run over both.
 """
@@ -65,6 +66,7 @@ from honk._fast import relay as _relay
 from honk.connection import scoring
 from honk.connection.dispatch import EngineDial, Routed, format_chain, log_failed_end
 from honk.connection.verdict import FlowVerdict, observe_flow
+from honk.core.clock import Deadlines
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
 from honk.core.net import Address, FlowMeta, Network
 from honk.core.stats import ACCEPT_EXHAUSTED
@@ -247,6 +249,7 @@ class SocksFastPath:
         self._flows: set[FastFlow] = set()  # from the command until END
         self._tasks: dict[asyncio.Task[None], str] = {}  # routing that needs DNS, dials by Python -> tag
         self._changed: asyncio.Future[None] | None = None
+        self._deadlines = Deadlines(self.clock)  # the flows' connect deadlines, on one timer
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -386,7 +389,7 @@ class SocksFastPath:
             dial.failed(FlowClosed("the relay engine refused the flow"))
             raise
         self._flows.add(flow)
-        flow.timer = self.clock.call_later(dial.deadline - dial.started, flow.deadline)
+        flow.timer = self._deadlines.at(dial.deadline, flow.deadline)
 
     def _spawn(self, coro: Any, tag: str) -> None:
         task = asyncio.get_running_loop().create_task(coro)

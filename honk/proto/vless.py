@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import ipaddress
 import struct
 import uuid as uuidlib
@@ -155,6 +156,7 @@ def parse_port_address(buf: bytes | bytearray | memoryview, offset: int) -> tupl
 # --- request ---------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)  # one per node id: every request of a node sends the same
 def _uuid_bytes(value: str | uuidlib.UUID) -> bytes:
     if isinstance(value, uuidlib.UUID):
         return value.bytes
