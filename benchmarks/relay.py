@@ -358,6 +358,11 @@ class SubjectFailed(RuntimeError):
     pass
 
 
+# what ends one subject's measurement (recorded as a problem) while the others go on: it failed
+# to start, the load tool failed or timed out, or its output lacked a figure
+MEASURE_FAILURES = (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError)
+
+
 class Running:
     """One subject process in its own session; :meth:`stop` kills its whole process group."""
 
@@ -865,11 +870,8 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
     port: int | None = None
     try:
         if subject.build is not None:
-            port = free_port()
-            wd = workdir / re.sub(r"\W", "_", subject.name)
-            wd.mkdir()
-            running = Running(subject.build(port, lg.origin_port, wd), subject_env(subject), wd, wd / "log.txt")
-            running.wait_port(port)
+            client = start_client(subject, lg, workdir)
+            running, port = client.running, client.port
             time.sleep(1.0)  # let it settle before the idle RSS
             m["start_rss_mb"] = group_rss_kb(running.pgid) / 1024
             if subject.name == "pproxy":
@@ -912,7 +914,7 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
 
         lg_rate = measure_rates(lg, subject, port, report)
         m["loadgen_cores_bulk"], m["loadgen_cores_rate"] = median(lg_bulk), median(lg_rate)
-    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
+    except MEASURE_FAILURES as exc:
         report.problems.append(f"{subject.name}: {exc}")
         _say(f"  {subject.name}: FAILED: {exc}")
     finally:
@@ -1032,15 +1034,16 @@ def time_wait_capped(limit: int, path: Path = TW_BUCKETS) -> Iterator[bool]:
 
 
 @dataclass
-class SinkClient:
-    """One subject of a sink's pair, running: its process and its SOCKS port."""
+class Client:
+    """A subject's process, running, and the port it listens on."""
 
     subject: Subject
     running: Running
     port: int
 
 
-def start_sink_client(subject: Subject, lg: LoadGen, workdir: Path) -> SinkClient:
+def start_client(subject: Subject, lg: LoadGen, workdir: Path) -> Client:
+    """Start ``subject`` in a working directory of its own; its port accepts (else SubjectFailed)."""
     assert subject.build is not None
     port = free_port()
     wd = workdir / re.sub(r"\W", "_", subject.name)
@@ -1051,10 +1054,10 @@ def start_sink_client(subject: Subject, lg: LoadGen, workdir: Path) -> SinkClien
     except SubjectFailed:
         running.stop()
         raise
-    return SinkClient(subject, running, port)
+    return Client(subject, running, port)
 
 
-def measure_sink_bulk(lg: LoadGen, client: SinkClient, report: Report) -> None:
+def measure_sink_bulk(lg: LoadGen, client: Client, report: Report) -> None:
     """Bulk through a subject into its sink: MB/s, the client's CPU/GiB and the sink's."""
     plan, m, sink = report.plan, report.metrics.setdefault(client.subject.name, {}), client.subject.sink
     assert sink is not None and sink.running is not None
@@ -1078,8 +1081,8 @@ def measure_sink_bulk(lg: LoadGen, client: SinkClient, report: Report) -> None:
             m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
 
 
-def measure_sink_rates(lg: LoadGen, clients: list[SinkClient], report: Report,
-                       failed: Callable[[SinkClient, Exception], None]) -> None:
+def measure_sink_rates(lg: LoadGen, clients: list[Client], report: Report,
+                       failed: Callable[[Client, Exception], None]) -> None:
     """The connection rates of a sink's clients, interleaved run by run (:func:`interleaved`) at
     each concurrency, with TIME-WAIT capped (:func:`time_wait_capped`) so that no run inherits the
     last one's sockets; a sink that must be fresh (:attr:`Sink.fresh_for_rates`) is restarted
@@ -1105,8 +1108,7 @@ def measure_sink_rates(lg: LoadGen, clients: list[SinkClient], report: Report,
                         assert sink.running is not None
                         s.pgids["sink_cpu"] = sink.running.pgid
                         s.run_once(lg, report)
-                    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError,
-                            ZeroDivisionError) as exc:
+                    except MEASURE_FAILURES as exc:
                         clients.remove(client)
                         failed(client, exc)
             for client, s in series.values():
@@ -1120,9 +1122,9 @@ def measure_sink_subjects(lg: LoadGen, subjects: list[Subject], report: Report, 
     clients run throughout, so the rate runs can alternate between them."""
     sink = subjects[0].sink
     assert sink is not None
-    clients: list[SinkClient] = []
+    clients: list[Client] = []
 
-    def failed(client: SinkClient | None, subject: Subject, exc: Exception) -> None:
+    def failed(client: Client | None, subject: Subject, exc: Exception) -> None:
         why = str(exc)
         tail = client.running.log_text().strip()[-800:] if client is not None else ""
         if tail and tail not in why:  # the subject's own words on what went wrong
@@ -1137,11 +1139,10 @@ def measure_sink_subjects(lg: LoadGen, subjects: list[Subject], report: Report, 
             try:
                 if sink.running is None:
                     raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
-                client = start_sink_client(subject, lg, workdir)
+                client = start_client(subject, lg, workdir)
                 measure_sink_bulk(lg, client, report)
                 clients.append(client)
-            except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError,
-                    ZeroDivisionError) as exc:
+            except MEASURE_FAILURES as exc:
                 failed(client, subject, exc)
                 if client is not None:
                     client.running.stop()
@@ -1171,7 +1172,7 @@ def measure_floor_subject(lg: LoadGen, subject: Subject, report: Report) -> None
             raise SubjectFailed(f"its {sink.server} sink ({sink.tag}) is not running")
         settle_time_wait(report, subject)
         measure_rates(lg, subject, None, report, {"sink_cpu": sink.running.pgid})
-    except (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError) as exc:
+    except MEASURE_FAILURES as exc:
         report.problems.append(f"{subject.name}: {exc}")
         _say(f"  {subject.name}: FAILED: {exc}")
     m = report.metrics.get(subject.name, {})
