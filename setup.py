@@ -19,11 +19,12 @@ from setuptools.command.build_ext import build_ext
 # and modules written in Cython proper (<name>_c.pyx). A source that does not
 # exist yet is skipped, so the list can name modules before they land.
 KERNELS = ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid", "valuetype")
-PYX_MODULES = ("relay", "bpfmap", "tlsverify")
+PYX_MODULES = ("relay", "bpfmap", "tlsverify", "vmesskdf")
 # C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
 # AEAD chunks with OpenSSL's libcrypto, and drives TLS flows' records with libssl (the
-# library Python's _ssl uses; headers from libssl-dev); the chain cache hooks the same libssl.
-LIBRARIES = {"relay": ["ssl", "crypto"], "tlsverify": ["ssl", "crypto"]}
+# library Python's _ssl uses; headers from libssl-dev); the chain cache hooks the same libssl;
+# VMess's key derivation hashes with libcrypto's SHA-256.
+LIBRARIES = {"relay": ["ssl", "crypto"], "tlsverify": ["ssl", "crypto"], "vmesskdf": ["crypto"]}
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS"))
 REQUIRE_EXTENSIONS = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS"))
 

@@ -7,7 +7,8 @@
 #     by the worker, read atomically by the asyncio thread) from the moment it
 #     takes the ADD command until it publishes the flow's END event; after
 #     END the worker never touches that slot again;
-#   * ``lock`` guards ``cmds`` and ``events`` only; nothing else is shared.
+#   * ``lock`` guards ``cmds``, ``events``, ``sleeping`` and ``draining`` only; nothing else
+#     is shared.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -274,6 +275,8 @@ cdef class Engine:
     cdef char mark_denied     # SO_MARK answered EPERM once: stop asking
     cdef char running
     cdef char stopping
+    cdef char sleeping        # the worker is in, or entering, a blocking epoll_wait (under ``lock``)
+    cdef char draining        # the loop's thread is delivering and looks at ``events`` again (under ``lock``)
     cdef char _closed
     cdef char lock_ready
     cdef readonly str implementation
@@ -299,6 +302,8 @@ cdef class Engine:
     cdef object _push(self, Cmd* c)
     cdef Hs* _take_token(self, token) except NULL
     cdef object _start_flow(self, Cmd* c, token, listener)
+    cdef object _deliver(self)
+    cdef void _drained(self) noexcept
     cdef object _listener_event(self, Event* e)
     cdef uint32_t _new_slot(self) except? 0xFFFFFFFF
     cdef int _pump(self, Flow* f, int di, double now) noexcept nogil

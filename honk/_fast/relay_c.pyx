@@ -66,7 +66,9 @@ Design (and why):
     must not use them; the adapter stamps ``last_activity`` with its own
     clock when it drains an event.
   * Commands into the worker (ADD, CANCEL, SHUTDOWN) go through a command
-    queue under the same mutex plus a wake eventfd in the epoll set.
+    queue under the same mutex plus a wake eventfd in the epoll set, written only
+    while the worker sleeps in epoll_wait (it says so under the mutex before it
+    sleeps, and reads the queue after every wait).
 
 Framed flows (Shadowsocks AEAD, SIP004; VMess bodies; TLS; ``add(..., framing=)``, ``hs_relay(..., framing)``):
   * The asyncio thread turns the ``ShadowsocksFraming`` into an ``Aead`` record: the
@@ -674,6 +676,7 @@ DEF DEFAULT_PIPE = 65536           # the kernel's default pipe capacity; a splic
 DEF BULK_PIPE_SIZE = 1048576       # a bulk direction's pipe grows to this: ~30% less CPU/GiB than 64 KiB (fewer splices per byte)
 DEF MAX_BIG_PIPES = 32             # grown pipes at once: 32 MiB, half the default pipe-user-pages-soft (64 MiB per user)
 DEF REPORT_INTERVAL = 1.0          # seconds between coalesced BYTES events of one flow
+DEF DRAIN_ROUNDS = 4               # batches one _drain call delivers before the loop's other callbacks run
 DEF EVENT_DEFER = 0.02            # seconds BYTES, FIRST_BYTE and HALF_CLOSE may wait for an urgent event before waking the loop's thread
 DEF ACCEPT_BURST = 64              # accepts per listener readiness before other fds get a turn
 DEF ACCEPT_BACKOFF = 0.1           # seconds a listener rests after EMFILE/ENFILE/ENOBUFS/ENOMEM instead of spinning
@@ -1347,6 +1350,14 @@ cdef class Engine:
         """How many times the loop's thread was called to deliver events (see _publish)."""
         return self.n_wakeups
 
+    def queued_events(self):
+        """Events the worker handed over that the loop's thread has not taken yet."""
+        cdef size_t n
+        pthread_mutex_lock(&self.lock)
+        n = self.events.n
+        pthread_mutex_unlock(&self.lock)
+        return n
+
     cdef Flow* _slot(self, uint32_t slot):
         return &self.blocks[slot >> BLOCK_BITS][slot & (BLOCK_SIZE - 1)]
 
@@ -1406,7 +1417,7 @@ cdef class Engine:
             memcpy(c.preamble, PyBytes_AS_STRING(preamble), n)
             c.preamble_len = n
         pthread_mutex_lock(&self.lock)
-        was_empty = self.cmds.n == 0
+        was_empty = self.cmds.n == 0 and self.sleeping  # an awake worker looks at cmds each turn
         rc = _vec_push(&self.cmds, &c)
         pthread_mutex_unlock(&self.lock)
         if rc < 0:
@@ -1457,7 +1468,7 @@ cdef class Engine:
         cdef int rc
         cdef uint64_t one = 1
         pthread_mutex_lock(&self.lock)
-        was_empty = self.cmds.n == 0
+        was_empty = self.cmds.n == 0 and self.sleeping  # an awake worker looks at cmds each turn
         rc = _vec_push(&self.cmds, c)
         pthread_mutex_unlock(&self.lock)
         if rc < 0:
@@ -1673,7 +1684,7 @@ cdef class Engine:
         c.id = flow_id
         c.code = code
         pthread_mutex_lock(&self.lock)
-        was_empty = self.cmds.n == 0
+        was_empty = self.cmds.n == 0 and self.sleeping  # an awake worker looks at cmds each turn
         _vec_push(&self.cmds, &c)
         pthread_mutex_unlock(&self.lock)
         if was_empty:
@@ -1689,17 +1700,48 @@ cdef class Engine:
         return (honk_load64(&f.bytes_up), honk_load64(&f.bytes_down))
 
     def _drain(self):
-        """Deliver queued events (the loop's reader callback for the eventfd)."""
+        """Deliver queued events (the loop's reader callback for the eventfd).
+
+        While it delivers, ``draining`` tells the worker not to write the eventfd for what it
+        appends meanwhile (a system call on its side, a wake-up and a read on this one): the
+        queue is looked at again when a batch is done, up to DRAIN_ROUNDS batches; then the
+        loop's other callbacks get their turn, and the eventfd is written here for the rest."""
         cdef uint64_t value
+        cdef int rounds = 0
+        read(self.event_fd, &value, 8)  # before the swap: a later append signals again
+        try:
+            while rounds < DRAIN_ROUNDS:
+                pthread_mutex_lock(&self.lock)
+                _vec_swap(&self.events, &self.spare)
+                self.draining = self.spare.n != 0
+                pthread_mutex_unlock(&self.lock)
+                if self.spare.n == 0:
+                    return
+                if rounds == 0:
+                    self.n_wakeups += 1
+                rounds += 1
+                self._deliver()
+        finally:
+            self._drained()
+
+    cdef void _drained(self) noexcept:
+        """Stop draining; what the worker appended since the last batch waits for the next call
+        (the eventfd is written for it here, as the worker would have)."""
+        cdef uint64_t one = 1
+        cdef bint more
+        self.spare.n = 0
+        pthread_mutex_lock(&self.lock)
+        more = self.draining and self.events.n != 0
+        self.draining = 0
+        pthread_mutex_unlock(&self.lock)
+        if more:
+            write(self.event_fd, &one, 8)
+
+    cdef object _deliver(self):
+        """Deliver the events in ``spare`` to their listeners, in order; empties it."""
         cdef size_t i
         cdef Event* e
         cdef object listener
-        read(self.event_fd, &value, 8)  # before the swap: a later append signals again
-        pthread_mutex_lock(&self.lock)
-        _vec_swap(&self.events, &self.spare)
-        pthread_mutex_unlock(&self.lock)
-        if self.spare.n:
-            self.n_wakeups += 1
         listeners = self._listeners
         for i in range(self.spare.n):
             e = (<Event*>self.spare.data) + i
@@ -1909,6 +1951,7 @@ cdef class Engine:
         cdef Hs* h
         cdef Lst* l
         cdef int tag
+        cdef size_t pending
         _vec_init(&work, sizeof(Flow*))
         while True:
             timeout = -1
@@ -1931,10 +1974,26 @@ cdef class Engine:
             elif due >= 0:
                 wait = due - _now()
                 timeout = 0 if wait <= 0 else <int>(wait * 1000.0) + 1
+            if timeout != 0:
+                # Asleep in epoll_wait, the worker needs wake_fd written to see a command; awake,
+                # it looks at the queue after each wait below, and the loop's thread skips the
+                # write (a system call per command, and a wake-up of the worker).
+                pthread_mutex_lock(&self.lock)
+                if self.cmds.n:
+                    timeout = 0
+                else:
+                    self.sleeping = 1
+                pthread_mutex_unlock(&self.lock)
             n = epoll_wait(self.epfd, evs, MAX_EVENTS, timeout)
             now = _now()
             if n < 0:
                 n = 0  # EINTR: just go round
+            pthread_mutex_lock(&self.lock)
+            self.sleeping = 0
+            pending = self.cmds.n
+            pthread_mutex_unlock(&self.lock)
+            if pending:
+                self._take_commands(now)
             # Flows whose turn budget ran out: their readiness is not announced again.
             if self.again.n:
                 _vec_swap(&self.again, &work)
@@ -3419,7 +3478,7 @@ cdef class Engine:
         wait up to EVENT_DEFER for an urgent event (a request, OPEN, END) to ride with: a short
         flow then wakes the loop's thread three times, not five or six. Their times travel in the events,
         so waiting changes no measurement; order is kept."""
-        cdef bint was_empty
+        cdef bint was_empty, wake
         cdef size_t k
         cdef uint64_t one = 1
         cdef Event* items
@@ -3434,6 +3493,7 @@ cdef class Engine:
         self.events_since = -1.0
         pthread_mutex_lock(&self.lock)
         was_empty = self.events.n == 0
+        wake = was_empty and not self.draining  # a draining loop's thread looks again itself
         if was_empty:
             _vec_swap(&self.events, &self.local_events)
         else:
@@ -3442,5 +3502,5 @@ cdef class Engine:
                 _vec_push(&self.events, items + k)
             self.local_events.n = 0
         pthread_mutex_unlock(&self.lock)
-        if was_empty:
+        if wake:
             write(self.event_fd, &one, 8)

@@ -732,6 +732,10 @@ class Engine:
 
     # -- events --------------------------------------------------------------------------
 
+    def queued_events(self) -> int:
+        """Events emitted that the loop has not delivered yet."""
+        return len(self._events)
+
     def _emit(self, flow: _Flow, kind: int, a: int, b: int) -> None:
         self._events.append((flow, kind, a, b, time.monotonic()))
         if not self._flush_scheduled and not self._closed:

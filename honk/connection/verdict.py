@@ -33,7 +33,7 @@ import logging
 from typing import Any
 
 from honk.alive.traffic import traffic_of
-from honk.core.clock import Clock, TimerHandle
+from honk.core.clock import Clock, Deadlines, TimerHandle
 from honk.core.errors import CodecError, UpstreamFailed
 from honk.daemon.logs import kv
 from honk.group.score.attempt import Result, ScoreReporter
@@ -46,11 +46,15 @@ log = logging.getLogger("honk.connection")
 class FlowVerdict:
     """The observer of one relayed flow: byte counts to Score, one outcome to health."""
 
-    __slots__ = ("clock", "decided", "family", "leaf_name", "reporter", "response_timeout", "sent_at", "last_sent",
-                 "timer", "traffic")
+    __slots__ = ("clock", "decided", "deadlines", "family", "leaf_name", "reporter", "response_timeout", "sent_at",
+                 "last_sent", "timer", "traffic")
 
-    def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float) -> None:
+    def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float,
+                 deadlines: Deadlines | None = None) -> None:
         self.clock = clock
+        # the response deadline's timer: one heap entry on the relay's shared Deadlines (nearly
+        # every flow is answered in time: a loop timer each would cost more), else the clock's own
+        self.deadlines = deadlines
         self.reporter = reporter
         self.traffic = traffic_of(leaf)
         self.family = getattr(leaf, "health_family", 4)
@@ -73,7 +77,7 @@ class FlowVerdict:
             if self.sent_at is None:
                 self.sent_at = now
                 if not self.decided and self.response_timeout > 0:
-                    self.timer = self.clock.call_later(self.response_timeout, self._silent)
+                    self._arm(now + self.response_timeout)
         if down:
             if reporter is not None:
                 reporter.rx(now, down)
@@ -99,7 +103,7 @@ class FlowVerdict:
         now = self.clock.now()
         waited = now - self.last_sent
         if waited < self.response_timeout:  # the client sent more since: it was not waiting yet
-            self.timer = self.clock.call_later(self.response_timeout - waited, self._silent)
+            self._arm(self.last_sent + self.response_timeout)
             return
         self.decided = True
         log.info("flow got no response %s", kv(node=self.leaf_name, after=f"{now - self.last_sent:.1f}s"))
@@ -109,6 +113,12 @@ class FlowVerdict:
             # the target path's failure (after setup, GH-K-14): Score leaves this node for the target
             self.reporter.settle(now, Result.failure())
 
+    def _arm(self, when: float) -> None:
+        if self.deadlines is not None:
+            self.timer = self.deadlines.at(when, self._silent)
+        else:
+            self.timer = self.clock.call_later(when - self.clock.now(), self._silent)
+
     def _stop(self) -> None:
         self.decided = True
         if self.timer is not None:
@@ -117,9 +127,10 @@ class FlowVerdict:
 
 
 def observe_flow(clock: Clock, leaf: Any, reporter: ScoreReporter | None,
-                 response_timeout: float) -> FlowVerdict | None:
+                 response_timeout: float, deadlines: Deadlines | None = None) -> FlowVerdict | None:
     """The observer a relay of ``leaf`` gets: None when neither a node's health nor Score
-    listens (``direct`` and ``block`` outside Score)."""
+    listens (``direct`` and ``block`` outside Score). ``deadlines``: where its response
+    deadline waits (the caller's, on ``clock``)."""
     if reporter is None and traffic_of(leaf) is None:
         return None
-    return FlowVerdict(clock, leaf, reporter, response_timeout)
+    return FlowVerdict(clock, leaf, reporter, response_timeout, deadlines)

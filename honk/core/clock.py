@@ -138,7 +138,12 @@ class _Deadline:
     def cancel(self) -> None:
         if not self.cancelled:
             self.cancelled = True
+            self.callback = _nothing  # what it would have called (a flow) is not kept by the heap
             self._owner._dropped()
+
+
+def _nothing() -> None:
+    pass
 
 
 DEADLINES_COMPACT = 1024  # cancelled deadlines kept in the heap at most (beyond half of it)
@@ -152,8 +157,11 @@ class Deadlines:
     per-flow deadlines that nearly always end cancelled (a connect that
     succeeded): a loop timer per flow costs more than its heap entry, and a
     cancelled entry just waits to be skipped (or swept once they outnumber the
-    live ones). A callback's exception goes to the loop's exception handler; the
-    others still run.
+    live ones). The timer stays armed when the last pending deadline is cancelled:
+    the next one (a later connect's) needs no new timer, and the old one, when it
+    fires, only re-arms for what is pending then. So a stream of flows arms the
+    clock about once per deadline's length, not once per flow. A callback's
+    exception goes to the loop's exception handler; the others still run.
     """
 
     __slots__ = ("_clock", "_heap", "_seq", "_timer", "_armed", "_live")
@@ -187,11 +195,7 @@ class Deadlines:
     def _dropped(self) -> None:
         self._live -= 1
         if self._live == 0:
-            self._heap.clear()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._armed = math.inf
+            self._heap.clear()  # the timer stays armed (see the class docstring)
         elif len(self._heap) > DEADLINES_COMPACT and len(self._heap) > 2 * self._live:
             self._heap = [entry for entry in self._heap if not entry[2].cancelled]
             heapq.heapify(self._heap)

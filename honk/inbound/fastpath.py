@@ -46,8 +46,10 @@ connection, replaying ``data`` through the same codec and skipping the
 C copy of it; a handed-over client gets the full ``HANDSHAKE_TIMEOUT`` of the
 injected clock from the handover on.
 
-Per connection on the loop's thread: one request event, one command, one
-deadline, one :class:`FastFlow`, one tracker entry, the relay's coalesced events.
+Per connection on the loop's thread: one request event, one command, two heap
+entries of the path's ``Deadlines`` (the connect deadline, and the response
+deadline of the flow's verdict), one :class:`FastFlow`, one tracker entry, the
+relay's coalesced events.
 Routing is never cached. The pure-Python twin of the engine implements the
 same listener mode on the event loop, so the same tests run over both.
 """
@@ -150,7 +152,7 @@ class FastFlow(NativeRelay):
     def _listen(self, reporter: Any) -> FlowVerdict | None:
         path = self._path
         self.verdict = observe_flow(path.clock, self.routed.leaf, reporter,
-                                    path._dispatcher.global_spec.response_timeout)
+                                    path._dispatcher.global_spec.response_timeout, path._deadlines)
         self.observer = self.verdict
         return self.verdict
 
@@ -249,7 +251,7 @@ class SocksFastPath:
         self._flows: set[FastFlow] = set()  # from the command until END
         self._tasks: dict[asyncio.Task[None], str] = {}  # routing that needs DNS, dials by Python -> tag
         self._changed: asyncio.Future[None] | None = None
-        self._deadlines = Deadlines(self.clock)  # the flows' connect deadlines, on one timer
+        self._deadlines = Deadlines(self.clock)  # the flows' connect and response deadlines, on one timer
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -39,11 +39,13 @@ import struct
 import uuid as uuid_mod
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
+from honk._fast.vmesskdf import kdf
 from honk.config.links import VMESS_CIPHERS
 from honk.core.errors import CodecError, HonkError
 from honk.core.net import Address
@@ -83,8 +85,7 @@ ADDR_IPV4 = 0x01
 ADDR_DOMAIN = 0x02
 ADDR_IPV6 = 0x03
 
-# KDF salts (proxy/vmess/aead/consts.go).
-KDF_ROOT = b"VMess AEAD KDF"
+# KDF salts (proxy/vmess/aead/consts.go); the KDF itself and its root key are the vmesskdf kernel's.
 SALT_AUTH_ID = b"AES Auth ID Encryption"
 SALT_HEADER_LEN_KEY = b"VMess Header AEAD Key_Length"
 SALT_HEADER_LEN_NONCE = b"VMess Header AEAD Nonce_Length"
@@ -101,7 +102,7 @@ SIZE_BYTES = 2  # a chunk length is a big-endian uint16
 MAX_PAYLOAD = 16 * 1024  # our chunk payload bound (v2ray reads chunks up to 64 KiB)
 _SEALED_LEN = SIZE_BYTES + TAG_SIZE  # the sealed header length fields
 _MAX_RESPONSE_HEADER = 4 + 255  # check, option, command id, command length + command body
-_HMAC_BLOCK = 64  # SHA-256 block size, inherited by every HMAC layer
+KEY_CACHE = 256  # ids whose command key and auth-id cipher are kept (a node has one id)
 
 
 class Security(enum.IntEnum):
@@ -154,62 +155,11 @@ def check_alter_id(n: int) -> None:
 
 # --- keys ------------------------------------------------------------------------
 
-_Hash = Callable[[bytes], bytes]
 
-
-_PAD_INNER = bytes(b ^ 0x36 for b in range(256))  # HMAC's ipad and opad, as translate() tables
-_PAD_OUTER = bytes(b ^ 0x5C for b in range(256))
-
-
-def _hmac_over(inner: _Hash, key: bytes) -> _Hash:
-    """HMAC with ``inner`` as its hash function; every layer keeps SHA-256's block size."""
-    if len(key) > _HMAC_BLOCK:
-        key = inner(key)
-    key = key.ljust(_HMAC_BLOCK, b"\x00")
-    ipad = key.translate(_PAD_INNER)
-    opad = key.translate(_PAD_OUTER)
-    return lambda msg: inner(opad + inner(ipad + msg))
-
-
-# The innermost layer's two hash states with its padded key already absorbed: copying a state
-# is cheaper than keying an HMAC afresh, and this layer runs eight times per derived key.
-_ROOT_KEY = KDF_ROOT.ljust(_HMAC_BLOCK, b"\x00")  # shorter than a block: padded, not hashed
-_ROOT_INNER = hashlib.sha256(_ROOT_KEY.translate(_PAD_INNER))
-_ROOT_OUTER = hashlib.sha256(_ROOT_KEY.translate(_PAD_OUTER))
-_SALT_LAYERS = 32  # salt layers kept built: the protocol has nine constant salts
-
-
-def _root_hmac(msg: bytes) -> bytes:
-    """The innermost layer: HMAC-SHA256 keyed by ``KDF_ROOT``."""
-    inner = _ROOT_INNER.copy()
-    inner.update(msg)
-    outer = _ROOT_OUTER.copy()
-    outer.update(inner.digest())
-    return outer.digest()
-
-
-@functools.lru_cache(maxsize=_SALT_LAYERS)
-def _salted(salt: bytes) -> _Hash:
-    """The layer over the root for one of the protocol's constant salts, built once."""
-    return _hmac_over(_root_hmac, salt)
-
-
-def kdf(key: bytes, *path: bytes) -> bytes:
-    """v2ray's VMess KDF: HMAC layers keyed by ``KDF_ROOT`` then each salt of ``path``, over ``key``.
-
-    A layer calls the one below it twice, so a three-salt path costs eight HMAC-SHA256
-    calls; the first salt is always one of the protocol's constants, so its layer is cached.
-    """
-    if not path:
-        return _root_hmac(key)
-    fn = _salted(path[0])
-    for salt in path[1:]:
-        fn = _hmac_over(fn, salt)
-    return fn(key)
-
-
+@functools.lru_cache(maxsize=KEY_CACHE)
 def cmd_key(user_id: str) -> bytes:
-    """``MD5(uuid bytes + VMESS_MAGIC)``; raises ``ValueError`` for a malformed UUID."""
+    """``MD5(uuid bytes + VMESS_MAGIC)``; raises ``ValueError`` for a malformed UUID.
+    Kept per id: every connection's header needs it."""
     try:
         raw = uuid_mod.UUID(user_id).bytes
     except (ValueError, AttributeError, TypeError):
@@ -217,9 +167,11 @@ def cmd_key(user_id: str) -> bytes:
     return hashlib.md5(raw + VMESS_MAGIC, usedforsecurity=False).digest()
 
 
-def _aes_block(key: bytes, block: bytes) -> bytes:
-    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    return enc.update(block) + enc.finalize()
+@functools.lru_cache(maxsize=KEY_CACHE)
+def _auth_id_cipher(key: bytes) -> Any:
+    """The AES-128-ECB encryptor of ``key``'s auth ids (its key is derived from ``key`` alone).
+    ECB keeps no state between blocks, so one context serves every connection of the id."""
+    return Cipher(algorithms.AES(kdf(key, SALT_AUTH_ID)[:16]), modes.ECB()).encryptor()
 
 
 def auth_id(key: bytes, timestamp: int, rand: bytes) -> bytes:
@@ -228,7 +180,7 @@ def auth_id(key: bytes, timestamp: int, rand: bytes) -> bytes:
         raise ValueError("auth id randomness is 4 bytes")
     plain = struct.pack("!q", timestamp) + rand
     plain += struct.pack("!I", zlib.crc32(plain))
-    return _aes_block(kdf(key, SALT_AUTH_ID)[:16], plain)
+    return _auth_id_cipher(key).update(plain)
 
 
 def seal_aead_header(key: bytes, header: bytes, timestamp: int, rand: bytes, nonce: bytes) -> bytes:

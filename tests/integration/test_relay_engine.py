@@ -539,6 +539,53 @@ def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> No
     run(main())
 
 
+@pytest.mark.compiled
+@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled",
+                    reason="the compiled engine's eventfd hand-over (the twin delivers on the loop itself)")
+def test_events_handed_over_while_the_loop_delivers_ride_the_same_wakeup(run) -> None:
+    """The compiled engine's loop thread, while it delivers a batch, looks at the queue again
+    instead of having the worker write the eventfd: an END the worker hands over while a
+    listener of the batch still runs is delivered by the same call, not by another wake-up."""
+    from honk._fast.relay_c import Engine
+
+    async def main() -> None:
+        engine = Engine(asyncio.get_running_loop())
+        pairs = [unix_pair() for _ in range(4)]  # two flows: (lan, peer), (remote, upstream) each
+        try:
+            seen: list[tuple[str, int, int]] = []
+            ended = asyncio.get_running_loop().create_future()
+            ids: dict[str, int] = {}
+
+            class Listener:
+                def __init__(self, name: str) -> None:
+                    self.name = name
+
+                def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
+                    seen.append((self.name, kind, engine.wakeups))
+                    if self.name == "a" and kind == relay_py.EV_OPEN:
+                        engine.cancel(ids["b"])  # the worker ends b and hands its END over now
+                        within = asyncio.get_running_loop().time() + STEP
+                        while engine.queued_events() == 0:  # waiting on the worker's thread, bounded
+                            assert asyncio.get_running_loop().time() < within, "the worker never ended b"
+                    if self.name == "b" and kind == relay_py.EV_END:
+                        ended.set_result(None)
+
+            for name, (lan, remote) in zip("ab", (pairs[0:2], pairs[2:4]), strict=True):
+                ids[name] = engine.add(lan[1].detach(), remote[1].detach(), Listener(name))
+            await asyncio.wait_for(ended, STEP)
+            opened_a = next(w for n, k, w in seen if n == "a" and k == relay_py.EV_OPEN)
+            ended_b = next(w for n, k, w in seen if n == "b" and k == relay_py.EV_END)
+            assert ended_b == opened_a, seen  # one delivery call carried both
+        finally:
+            for pair in pairs:
+                for sock in pair:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+            engine.close()
+
+    run(main())
+
+
 def _pipe_fds() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):

@@ -18,6 +18,9 @@ RELOADS = 100
 WARMUP_RELOADS = 10  # first applies import and cache; the baseline is taken after them
 RSS_TOLERANCE = 0.05  # "RSS stable within 5 %"
 CHUNK = b"x" * 4096
+# seconds each flow rests between chunks: pacing the load (not synchronization), so fifty
+# movers share the loop with the reloads instead of starving them
+MOVE_PACE = 0.005
 
 
 def config(with_extra: bool) -> str:
@@ -57,6 +60,7 @@ async def transfer(flow: Flow, movers: Movers, stop: asyncio.Event, rounds: list
             failures.append(f"flow {index} stopped echoing after {rounds[index]} rounds")
             return
         rounds[index] += 1
+        await asyncio.sleep(MOVE_PACE)
 
 
 async def reload_as(daemon: Daemon, with_extra: bool) -> None:

@@ -1,6 +1,7 @@
 """honk.core.clock.Deadlines: many one-shot deadlines on one timer of the injected clock (the SOCKS
 fast path's connect deadlines). Driven by a FakeClock: the clock's own timer count shows that one
-timer at most is armed, and none while nothing is pending."""
+timer at most is armed, that a stream of flows does not arm one per flow, and that none stays
+armed once the last one fired with nothing pending."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ async def test_deadlines_fire_in_order_on_a_single_timer() -> None:
     assert clock.sleepers == 0 and len(deadlines) == 0
 
 
-async def test_a_cancelled_deadline_never_fires_and_the_last_one_disarms_the_timer() -> None:
+async def test_a_cancelled_deadline_never_fires_and_the_timer_goes_once_nothing_is_pending() -> None:
     clock = FakeClock()
     deadlines = Deadlines(clock)
     fired: list[int] = []
@@ -39,9 +40,10 @@ async def test_a_cancelled_deadline_never_fires_and_the_last_one_disarms_the_tim
     assert len(deadlines) == 0
     later = deadlines.at(clock.now() + 1.0, lambda: fired.append(9))
     later.cancel()
-    assert clock.sleepers == 0  # nothing pending, nothing armed
+    assert clock.sleepers == 1  # still armed for the cancelled one, until it would have fired
     clock.advance(2.0)
     assert fired == [0, 2]
+    assert clock.sleepers == 0  # it fired, found nothing pending and armed nothing
 
 
 async def test_an_earlier_deadline_rearms_the_timer() -> None:
@@ -85,7 +87,36 @@ async def test_cancelled_entries_are_swept_when_they_outnumber_the_live_ones() -
     assert len(deadlines) == 1
     assert len(deadlines._heap) <= 2 * DEADLINES_COMPACT  # swept, not grown without bound
     keep.cancel()
-    assert deadlines._heap == [] and clock.sleepers == 0
+    assert deadlines._heap == []
+    clock.advance(1.0)
+    assert clock.sleepers == 0
+
+
+async def test_a_stream_of_connects_arms_the_clock_once_per_deadline_length_not_per_flow() -> None:
+    """Flows one after another, each connecting (its deadline cancelled) before the next starts:
+    the pending count falls to zero each time, and still the clock's timer is armed only when the
+    earlier one fired, about once per deadline's length."""
+    clock = FakeClock()
+    deadlines = Deadlines(clock)
+    armed = 0
+    arm = clock.call_later
+
+    def counting(delay, callback):
+        nonlocal armed
+        armed += 1
+        return arm(delay, callback)
+
+    clock.call_later = counting
+    fired: list[int] = []
+    for i in range(1000):  # 1,000 flows over 10 s, 4 s deadlines
+        deadlines.at(clock.now() + 4.0, lambda i=i: fired.append(i)).cancel()
+        clock.advance(0.01)
+    assert fired == []
+    assert armed <= 10 / 4.0 + 1, f"the clock was armed {armed} times for 1,000 flows"
+    straggler = deadlines.at(clock.now() + 4.0, lambda: fired.append(-1))
+    clock.advance(4.0)
+    assert fired == [-1]  # a deadline after the stream still fires on time
+    assert straggler.cancelled and clock.sleepers == 0
 
 
 @settings(max_examples=60, deadline=None)

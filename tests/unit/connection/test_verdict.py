@@ -1,5 +1,6 @@
 """FlowVerdict, sans-I/O on a fake clock: one relayed flow's outcome for its node's health and
-its Score reporter (issue 32, items 4 and 5)."""
+its Score reporter (issue 32, items 4 and 5). Every case runs with the response deadline on the
+clock's own timer and on a shared :class:`~honk.core.clock.Deadlines` (the SOCKS fast path's)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from honk.connection.verdict import FlowVerdict, observe_flow
-from honk.core.clock import FakeClock
+from honk.core.clock import Deadlines, FakeClock
 from honk.core.errors import ClientGone, FlowClosed, UpstreamFailed
 
 RESPONSE_TIMEOUT = 10.0
@@ -45,11 +46,41 @@ class Reporter:
         self.settled.append((now, result))
 
 
+SHARED = False  # the response deadlines go on a shared Deadlines (set by the ``scheduling`` fixture)
+
+
+@pytest.fixture(autouse=True, params=["clock", "deadlines"])
+def scheduling(request, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.SHARED", request.param == "deadlines")
+
+
 def flow(family: int = 4, reporter: Reporter | None = None, timeout: float = RESPONSE_TIMEOUT):
     clock = FakeClock()
     traffic = Traffic()
     leaf = SimpleNamespace(name="n", health_family=family, runtime=SimpleNamespace(traffic=traffic))
-    return clock, traffic, FlowVerdict(clock, leaf, reporter, timeout)
+    deadlines = Deadlines(clock) if SHARED else None
+    return clock, traffic, FlowVerdict(clock, leaf, reporter, timeout, deadlines)
+
+
+def test_answered_flows_on_shared_deadlines_arm_the_clock_once_not_per_flow():
+    clock = FakeClock()
+    armed = []
+    arm = clock.call_later
+    clock.call_later = lambda delay, callback: armed.append(delay) or arm(delay, callback)
+    deadlines = Deadlines(clock)
+    traffic = Traffic()
+    leaf = SimpleNamespace(name="n", health_family=4, runtime=SimpleNamespace(traffic=traffic))
+    for _ in range(200):
+        verdict = FlowVerdict(clock, leaf, None, RESPONSE_TIMEOUT, deadlines)
+        verdict(100, 0)
+        verdict(0, 100)
+        clock.advance(0.01)
+    assert traffic.events == ["answered"] * 200
+    assert len(armed) == 1 and len(deadlines) == 0  # 2 s of flows, 10 s deadlines: armed once
+    silent = FlowVerdict(clock, leaf, None, RESPONSE_TIMEOUT, deadlines)
+    silent(100, 0)
+    clock.advance(RESPONSE_TIMEOUT)
+    assert traffic.events[-1] == "failed/v4"  # a silent one after them is still judged on time
 
 
 def test_the_first_response_byte_is_an_answered_flow_and_stops_the_deadline():

@@ -238,6 +238,19 @@ def test_auth_id_is_one_aes_block_over_timestamp_random_and_crc32():
     assert auth_id(key, NOW, b"\xaa\xbb\xcc\xdd") == aes.update(plain) + aes.finalize()
 
 
+def test_auth_ids_of_many_connections_and_two_ids_each_match_a_fresh_cipher():
+    """The auth-id cipher is kept per id and reused: every block must still be its own."""
+    keys = [ref_cmd_key(USER), ref_cmd_key("b831381d-6324-4d53-ad4f-8cda48b30811")]
+    for i in range(50):
+        key = keys[i % 2]
+        rand = i.to_bytes(4, "big")
+        plain = (NOW + i).to_bytes(8, "big") + rand
+        plain += zlib.crc32(plain).to_bytes(4, "big")
+        aes = Cipher(algorithms.AES(ref_kdf(key, b"AES Auth ID Encryption")[:16]), modes.ECB()).encryptor()
+        assert auth_id(key, NOW + i, rand) == aes.update(plain) + aes.finalize()
+    assert cmd_key(USER) == keys[0] and cmd_key(USER) is cmd_key(USER)  # kept per id
+
+
 def test_sealed_header_opens_with_the_reference_and_with_open_aead_header():
     key = ref_cmd_key(USER)
     sealed = seal_aead_header(key, b"header bytes", NOW, b"\x01\x02\x03\x04", b"n" * 8)
