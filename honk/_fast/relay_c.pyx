@@ -1710,7 +1710,7 @@ cdef class Engine:
         cdef int rounds = 0
         read(self.event_fd, &value, 8)  # before the swap: a later append signals again
         try:
-            while rounds < DRAIN_ROUNDS:
+            while rounds < DRAIN_ROUNDS and not (rounds and self._closed):  # a listener may close()
                 pthread_mutex_lock(&self.lock)
                 _vec_swap(&self.events, &self.spare)
                 self.draining = self.spare.n != 0
@@ -1734,7 +1734,7 @@ cdef class Engine:
         more = self.draining and self.events.n != 0
         self.draining = 0
         pthread_mutex_unlock(&self.lock)
-        if more:
+        if more and self.event_fd >= 0:
             write(self.event_fd, &one, 8)
 
     cdef object _deliver(self):
