@@ -7,8 +7,7 @@
 #     by the worker, read atomically by the asyncio thread) from the moment it
 #     takes the ADD command until it publishes the flow's END event; after
 #     END the worker never touches that slot again;
-#   * ``lock`` guards ``cmds``, ``events``, ``sleeping`` and ``draining`` only; nothing else
-#     is shared.
+#   * ``lock`` guards ``cmds``, ``events`` and ``draining`` only; nothing else is shared.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -275,7 +274,6 @@ cdef class Engine:
     cdef char mark_denied     # SO_MARK answered EPERM once: stop asking
     cdef char running
     cdef char stopping
-    cdef char sleeping        # the worker is in, or entering, a blocking epoll_wait (under ``lock``)
     cdef char draining        # the loop's thread is delivering and looks at ``events`` again (under ``lock``)
     cdef char _closed
     cdef char lock_ready
