@@ -168,10 +168,16 @@ def cmd_key(user_id: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=KEY_CACHE)
+def _auth_id_aes(key: bytes) -> Cipher:
+    """AES-128-ECB under the auth-id key derived from ``key`` (cmd_key) alone."""
+    return Cipher(algorithms.AES(kdf(key, SALT_AUTH_ID)[:16]), modes.ECB())
+
+
+@functools.lru_cache(maxsize=KEY_CACHE)
 def _auth_id_cipher(key: bytes) -> Any:
-    """The AES-128-ECB encryptor of ``key``'s auth ids (its key is derived from ``key`` alone).
-    ECB keeps no state between blocks, so one context serves every connection of the id."""
-    return Cipher(algorithms.AES(kdf(key, SALT_AUTH_ID)[:16]), modes.ECB()).encryptor()
+    """The encryptor of ``key``'s auth ids: ECB keeps no state between blocks, so one context
+    serves every connection of the id."""
+    return _auth_id_aes(key).encryptor()
 
 
 def auth_id(key: bytes, timestamp: int, rand: bytes) -> bytes:
@@ -207,7 +213,7 @@ def open_aead_header(key: bytes, data: bytes) -> tuple[bytes, int]:
     if len(data) < 16 + _SEALED_LEN + 8 + TAG_SIZE:
         raise VmessProtocolError("short-header")
     aid, sealed_len, nonce = data[:16], data[16:34], data[34:42]
-    plain_id = Cipher(algorithms.AES(kdf(key, SALT_AUTH_ID)[:16]), modes.ECB()).decryptor().update(aid)
+    plain_id = _auth_id_aes(key).decryptor().update(aid)
     if struct.pack("!I", zlib.crc32(plain_id[:12])) != plain_id[12:]:
         raise VmessAuthError("bad-auth-id")
     try:
