@@ -26,3 +26,16 @@ def stats(context: ssl.SSLContext) -> tuple[int, int]:
 
 def _skew(seconds: float) -> None:
     """Tests only: the compiled cache's clocks move; this twin has none."""
+
+
+def prefer_builtin_keys() -> bool:
+    """Would decode EC keys with OpenSSL's built-in method (see :mod:`honk._fast.tlsverify_c`);
+    False: Python's ``ssl`` cannot register one, so keys stay with the providers."""
+    return False
+
+
+def _builtin_key(der: bytes) -> bool:
+    """Tests only: whether the DER certificate's key decodes as a built-in key; never here."""
+    if not isinstance(der, (bytes, bytearray, memoryview)):
+        raise TypeError(f"not bytes: {type(der).__name__}")
+    return False

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import json
 import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import trustme
@@ -201,3 +205,84 @@ def test_honk_keeps_the_chains_its_verifying_contexts_accept_and_no_others(serve
     assert tlsverify.stats(lax) == (0, 0)
     assert tlsverify.stats(verifying) == ((2, 1) if tlsverify.IMPLEMENTATION == "compiled" else (0, 0))
     assert shake(verifying, servers.contexts["stranger"], "localhost").startswith("refused:")
+
+
+# Built-in EC keys (prefer_builtin_keys) change which OpenSSL code decodes and uses a key for the
+# rest of a process, so each side of the comparison runs in a process of its own.
+HANDSHAKES = r"""
+import json, ssl, sys
+sys.path.insert(0, sys.argv[3])
+from test_tlsverify_twins import shake
+import importlib
+impl = importlib.import_module("honk._fast.tlsverify_" + sys.argv[2])
+d = sys.argv[1]
+prefers = impl.prefer_builtin_keys()
+out = {"prefers": prefers, "builtin": {}, "handshakes": []}
+for kind in ("ec", "rsa", "ec-forged"):
+    out["builtin"][kind] = impl._builtin_key(ssl.PEM_cert_to_DER_cert(open(f"{d}/{kind}.pem").read()))
+    for curve in (None, "prime256v1", "secp384r1", "secp521r1"):  # None: X25519, the default
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(f"{d}/{kind}.pem", f"{d}/{kind}.key")
+        if curve:
+            server.set_ecdh_curve(curve)
+        for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
+            client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            client.load_verify_locations(f"{d}/ca.pem")
+            client.maximum_version = version
+            out["handshakes"].append([kind, curve, version.name, shake(client, server, "localhost")])
+print(json.dumps(out))
+"""
+
+
+def _handshakes_in_a_process(directory: Path, impl: str, prefer: bool) -> dict[str, object]:
+    script = HANDSHAKES if prefer else HANDSHAKES.replace("impl.prefer_builtin_keys()", "False")
+    done = subprocess.run([sys.executable, "-c", script, str(directory), impl, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr  # a crash inside OpenSSL shows here
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An EC and an RSA server certificate from one CA, and the EC one with its signature
+    spoilt (one bit of the CA's signature flipped; the server still holds the key)."""
+    directory = tmp_path_factory.mktemp("builtin-keys")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(directory / "ca.pem"))
+    for kind, key_type in (("ec", trustme.KeyType.ECDSA), ("rsa", trustme.KeyType.RSA)):
+        leaf = ca.issue_cert("localhost", key_type=key_type)
+        leaf.cert_chain_pems[0].write_to_path(str(directory / f"{kind}.pem"))
+        leaf.private_key_pem.write_to_path(str(directory / f"{kind}.key"))
+    der = bytearray(ssl.PEM_cert_to_DER_cert((directory / "ec.pem").read_text()))
+    der[-1] ^= 0x01  # the last byte of the signature's s
+    (directory / "ec-forged.pem").write_text(ssl.DER_cert_to_PEM_cert(bytes(der)))
+    (directory / "ec-forged.key").write_bytes((directory / "ec.key").read_bytes())
+    return directory
+
+
+@compiled
+def test_builtin_ec_keys_decode_a_certificate_without_the_providers_once_preferred(impl, certificates) -> None:
+    before = _handshakes_in_a_process(certificates, "c", prefer=False)
+    after = _handshakes_in_a_process(certificates, "c", prefer=True)
+    assert before["builtin"] == {"ec": False, "rsa": False, "ec-forged": False}
+    assert after["prefers"] is True
+    assert after["builtin"] == {"ec": True, "rsa": False, "ec-forged": True}  # RSA stays with the providers
+
+
+@compiled
+def test_handshakes_over_builtin_ec_keys_end_as_they_end_over_the_providers(impl, certificates) -> None:
+    """Every pairing of certificate key, key exchange group and TLS version: signing (server),
+    verifying the chain and the handshake signature (client), ECDH on both ends."""
+    providers = _handshakes_in_a_process(certificates, "c", prefer=False)["handshakes"]
+    builtin = _handshakes_in_a_process(certificates, "c", prefer=True)["handshakes"]
+    assert builtin == providers
+    outcomes = {(kind, result) for kind, _curve, _version, result in builtin}
+    assert outcomes == {("ec", "ok"), ("rsa", "ok"), ("ec-forged", "refused: certificate signature failure")}
+    assert len(builtin) == 3 * 4 * 2
+
+
+def test_the_twin_cannot_prefer_builtin_keys(certificates) -> None:
+    twin = _handshakes_in_a_process(certificates, "py", prefer=True)
+    assert twin["prefers"] is False
+    assert tlsverify_py.prefer_builtin_keys() is False
+    assert tlsverify_py._builtin_key(ssl.PEM_cert_to_DER_cert((certificates / "ec.pem").read_text())) is False
