@@ -3,6 +3,9 @@
 Each row times the same loop of calls on the compiled module (``honk`` column)
 and on the twin (``baseline`` column); the ratio is compiled / twin. A kernel
 whose compiled module is not built reports "not built" and the twin's rate.
+The two ``tlsverify`` rows compare OpenSSL 3.0 with and without the built-in EC
+key method (``prefer_builtin_keys``), each side in a process of its own: decoding
+an EC server certificate, and full TLS 1.3 handshakes in memory (both ends' CPU).
 """
 
 from __future__ import annotations
@@ -108,6 +111,68 @@ ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
 )
 
 
+# One process per side: tlsverify.prefer_builtin_keys() changes OpenSSL for the rest of a process.
+# argv: "builtin" or "providers", the certificate decodes to time, the handshakes to time.
+_TLS_KEYS = r"""
+import ssl, sys, time, trustme
+from honk._fast import tlsverify_c
+side, decodes, handshakes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if side == "builtin":
+    assert tlsverify_c.prefer_builtin_keys()
+ca = trustme.CA()
+leaf = ca.issue_cert("localhost")
+der = ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+assert tlsverify_c._builtin_key(der) is (side == "builtin")
+start = time.process_time()
+for _ in range(decodes):
+    tlsverify_c._builtin_key(der)
+decode_rate = decodes / (time.process_time() - start)
+server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+leaf.configure_cert(server)
+client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ca.configure_trust(client)
+start = time.process_time()
+for _ in range(handshakes):  # a full TLS 1.3 handshake in memory: both ends' CPU
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    near = client.wrap_bio(c_in, c_out, server_hostname="localhost")
+    far = server.wrap_bio(s_in, s_out, server_side=True)
+    done = [False, False]
+    while not all(done):
+        for i, (end, out, peer) in enumerate(((near, c_out, s_in), (far, s_out, c_in))):
+            if not done[i]:
+                try:
+                    end.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+            peer.write(out.read())
+print(decode_rate, handshakes / (time.process_time() - start))
+"""
+
+
+def _tls_key_rows(quick: bool) -> list[tuple[str, str, str, str]]:
+    """OpenSSL's built-in EC key method (``tlsverify.prefer_builtin_keys``) against the provider
+    decoders: decoding an EC server certificate, and whole handshakes with one."""
+    import subprocess
+    import sys
+
+    decodes, handshakes = (2_000, 200) if quick else (20_000, 2_000)
+    rates = {}
+    for side in ("builtin", "providers"):
+        done = subprocess.run([sys.executable, "-c", _TLS_KEYS, side, str(decodes), str(handshakes)],
+                              capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            return [("tlsverify: EC certificate keys (ops/s)", "failed", done.stderr.strip()[-60:], "-")]
+        rates[side] = [float(x) for x in done.stdout.split()]
+    (decode, shake), (decode0, shake0) = rates["builtin"], rates["providers"]
+    return [
+        ("tlsverify: decode an EC server certificate (ops/s), built-in key vs providers",
+         f"{decode:,.0f}", f"{decode0:,.0f}", f"{decode / decode0:.2f}x"),
+        ("tlsverify: full TLS 1.3 handshake, EC certificate, both ends (ops/s), built-in vs providers",
+         f"{shake:,.0f}", f"{shake0:,.0f}", f"{shake / shake0:.2f}x"),
+    ]
+
+
 def _rate(loop: Callable[[object, int], None], mod, n: int) -> float:
     start = time.perf_counter()
     loop(mod, n)
@@ -128,6 +193,12 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
         compiled = _rate(loop, compiled_mod, n)
         python = _rate(loop, twin, n)
         rows.append((f"{label} (ops/s), vs twin", f"{compiled:,.0f}", f"{python:,.0f}", f"{compiled / python:.2f}x"))
+    try:
+        importlib.import_module("honk._fast.tlsverify_c")
+    except ImportError:
+        rows.append(("tlsverify: EC certificate keys (ops/s)", "not built", "-", "-"))
+    else:
+        rows.extend(_tls_key_rows(quick))
     return rows
 
 
