@@ -115,6 +115,8 @@ ROWS: tuple[tuple[str, str, Callable[[object, int], None], float], ...] = (
 # argv: "builtin" or "providers", the certificate decodes to time, the handshakes to time.
 _TLS_KEYS = r"""
 import ssl, sys, time, trustme
+sys.path.insert(0, "tests")
+from helpers.tls_rig import handshake  # a full handshake in memory
 from honk._fast import tlsverify_c
 side, decodes, handshakes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if side == "builtin":
@@ -132,20 +134,8 @@ leaf.configure_cert(server)
 client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 ca.configure_trust(client)
 start = time.process_time()
-for _ in range(handshakes):  # a full TLS 1.3 handshake in memory: both ends' CPU
-    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
-    near = client.wrap_bio(c_in, c_out, server_hostname="localhost")
-    far = server.wrap_bio(s_in, s_out, server_side=True)
-    done = [False, False]
-    while not all(done):
-        for i, (end, out, peer) in enumerate(((near, c_out, s_in), (far, s_out, c_in))):
-            if not done[i]:
-                try:
-                    end.do_handshake()
-                    done[i] = True
-                except ssl.SSLWantReadError:
-                    pass
-            peer.write(out.read())
+for _ in range(handshakes):  # TLS 1.3: both ends' CPU
+    handshake((client, server))
 print(decode_rate, handshakes / (time.process_time() - start))
 """
 
@@ -155,12 +145,14 @@ def _tls_key_rows(quick: bool) -> list[tuple[str, str, str, str]]:
     decoders: decoding an EC server certificate, and whole handshakes with one."""
     import subprocess
     import sys
+    from pathlib import Path
 
     decodes, handshakes = (2_000, 200) if quick else (20_000, 2_000)
     rates = {}
     for side in ("builtin", "providers"):
         done = subprocess.run([sys.executable, "-c", _TLS_KEYS, side, str(decodes), str(handshakes)],
-                              capture_output=True, text=True, timeout=600, check=False)
+                              capture_output=True, text=True, timeout=600, check=False,
+                              cwd=Path(__file__).resolve().parent.parent)  # the repository: tests/helpers
         if done.returncode != 0:
             return [("tlsverify: EC certificate keys (ops/s)", "failed", done.stderr.strip()[-60:], "-")]
         rates[side] = [float(x) for x in done.stdout.split()]
