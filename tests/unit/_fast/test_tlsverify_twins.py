@@ -286,3 +286,21 @@ def test_the_twin_cannot_prefer_builtin_keys(certificates) -> None:
     assert twin["prefers"] is False
     assert tlsverify_py.prefer_builtin_keys() is False
     assert tlsverify_py._builtin_key(ssl.PEM_cert_to_DER_cert((certificates / "ec.pem").read_text())) is False
+
+
+@compiled
+def test_honk_client_contexts_turn_builtin_ec_keys_on(impl, certificates) -> None:
+    """The first client context honk builds prefers the built-in EC keys, in a fresh process."""
+    script = (
+        "import ssl, sys\n"
+        "from honk._fast import tlsverify_c\n"
+        "from honk.outbound.tls import client_context\n"
+        "der = ssl.PEM_cert_to_DER_cert(open(sys.argv[1]).read())\n"
+        "before = tlsverify_c._builtin_key(der)\n"
+        "client_context(True, (), sys.argv[2], 'node', 0.0)\n"
+        "print(before, tlsverify_c._builtin_key(der))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(certificates / "ec.pem"), str(certificates / "ca.pem")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
