@@ -35,7 +35,8 @@ def prefer_builtin_keys() -> bool:
 
 
 def _builtin_key(der: bytes) -> bool:
-    """Tests only: whether the DER certificate's key decodes as a built-in key; never here."""
+    """Tests and the kernel benchmark only: whether the DER certificate's key decodes as a
+    built-in key; never here."""
     if not isinstance(der, (bytes, bytearray, memoryview)):
         raise TypeError(f"not bytes: {type(der).__name__}")
     return False

@@ -215,11 +215,14 @@ sys.path.insert(0, sys.argv[3])
 from test_tlsverify_twins import shake
 import importlib
 impl = importlib.import_module("honk._fast.tlsverify_" + sys.argv[2])
+KINDS = ("ec", "rsa", "ec-forged", "ec-chain")
 d = sys.argv[1]
 prefers = impl.prefer_builtin_keys()
 out = {"prefers": prefers, "builtin": {}, "handshakes": []}
-for kind in ("ec", "rsa", "ec-forged"):
-    out["builtin"][kind] = impl._builtin_key(ssl.PEM_cert_to_DER_cert(open(f"{d}/{kind}.pem").read()))
+END = "-----END CERTIFICATE-----"
+for kind in KINDS:
+    leaf = open(f"{d}/{kind}.pem").read().split(END)[0] + END + "\n"  # the server's chain starts with its own
+    out["builtin"][kind] = impl._builtin_key(ssl.PEM_cert_to_DER_cert(leaf))
     for curve in (None, "prime256v1", "secp384r1", "secp521r1"):  # None: X25519, the default
         server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server.load_cert_chain(f"{d}/{kind}.pem", f"{d}/{kind}.key")
@@ -242,10 +245,51 @@ def _handshakes_in_a_process(directory: Path, impl: str, prefer: bool) -> dict[s
     return json.loads(done.stdout)
 
 
+def _ecdsa_chain(directory: Path) -> None:
+    """``ec-chain``: the shape of Let's Encrypt's ECDSA chain (letsencrypt.org/certificates): a
+    P-384 root (as ISRG Root X2) signs a P-384 intermediate (as E5/E6) that signs a P-256 leaf.
+    The server sends the leaf and the intermediate; the root joins the client's trust file."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
+              ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(days=1))
+                   .not_valid_after(now + datetime.timedelta(days=90))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                                            critical=True)
+        else:
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        return builder.sign(signer, hashes.SHA384())  # every signer here is P-384, as E5 and X2
+
+    root_key, mid_key, leaf_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(
+        ec.SECP384R1()), ec.generate_private_key(ec.SECP256R1())
+    root = issue("Test Root X2", root_key, "Test Root X2", root_key, ca=True)
+    mid = issue("Test E5", mid_key, "Test Root X2", root_key, ca=True)
+    leaf = issue("localhost", leaf_key, "Test E5", mid_key, ca=False)
+    pem = serialization.Encoding.PEM
+    (directory / "ec-chain.pem").write_bytes(leaf.public_bytes(pem) + mid.public_bytes(pem))
+    (directory / "ec-chain.key").write_bytes(leaf_key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with (directory / "ca.pem").open("ab") as trust:
+        trust.write(root.public_bytes(pem))
+
+
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An EC and an RSA server certificate from one CA, and the EC one with its signature
-    spoilt (one bit of the CA's signature flipped; the server still holds the key)."""
+    """An EC and an RSA server certificate from one CA, the EC one with its signature spoilt
+    (one bit of the CA's signature flipped; the server still holds the key), and an ECDSA
+    chain as Let's Encrypt issues them (:func:`_ecdsa_chain`)."""
     directory = tmp_path_factory.mktemp("builtin-keys")
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(directory / "ca.pem"))
@@ -257,6 +301,7 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     der[-1] ^= 0x01  # the last byte of the signature's s
     (directory / "ec-forged.pem").write_text(ssl.DER_cert_to_PEM_cert(bytes(der)))
     (directory / "ec-forged.key").write_bytes((directory / "ec.key").read_bytes())
+    _ecdsa_chain(directory)
     return directory
 
 
@@ -264,21 +309,25 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_builtin_ec_keys_decode_a_certificate_without_the_providers_once_preferred(impl, certificates) -> None:
     before = _handshakes_in_a_process(certificates, "c", prefer=False)
     after = _handshakes_in_a_process(certificates, "c", prefer=True)
-    assert before["builtin"] == {"ec": False, "rsa": False, "ec-forged": False}
+    assert before["builtin"] == {"ec": False, "rsa": False, "ec-forged": False, "ec-chain": False}
     assert after["prefers"] is True
-    assert after["builtin"] == {"ec": True, "rsa": False, "ec-forged": True}  # RSA stays with the providers
+    # RSA stays with the providers
+    assert after["builtin"] == {"ec": True, "rsa": False, "ec-forged": True, "ec-chain": True}
 
 
 @compiled
 def test_handshakes_over_builtin_ec_keys_end_as_they_end_over_the_providers(impl, certificates) -> None:
     """Every pairing of certificate key, key exchange group and TLS version: signing (server),
     verifying the chain and the handshake signature (client), ECDH on both ends."""
-    providers = _handshakes_in_a_process(certificates, "c", prefer=False)["handshakes"]
-    builtin = _handshakes_in_a_process(certificates, "c", prefer=True)["handshakes"]
-    assert builtin == providers
-    outcomes = {(kind, result) for kind, _curve, _version, result in builtin}
-    assert outcomes == {("ec", "ok"), ("rsa", "ok"), ("ec-forged", "refused: certificate signature failure")}
-    assert len(builtin) == 3 * 4 * 2
+    providers = _handshakes_in_a_process(certificates, "c", prefer=False)
+    builtin = _handshakes_in_a_process(certificates, "c", prefer=True)
+    assert builtin["prefers"] is True and builtin["builtin"]["ec"] is True  # the built-in keys did the work
+    assert providers["builtin"]["ec"] is False
+    assert builtin["handshakes"] == providers["handshakes"]
+    outcomes = {(kind, result) for kind, _curve, _version, result in builtin["handshakes"]}
+    assert outcomes == {("ec", "ok"), ("rsa", "ok"), ("ec-forged", "refused: certificate signature failure"),
+                        ("ec-chain", "ok")}
+    assert len(builtin["handshakes"]) == 4 * 4 * 2
 
 
 def test_the_twin_cannot_prefer_builtin_keys(certificates) -> None:
