@@ -105,6 +105,7 @@ cdef struct TlsState:
     uint8_t bad_version       # VLESS: the byte that came instead of the version
     uint8_t has_bad_version
     uint8_t closed            # the server's close_notify arrived
+    uint8_t keep_bufs         # SSL_MODE_RELEASE_BUFFERS is off while a direction moves bulk (see _tls_buffers)
     Aead* inner               # VMess inside the records (its chunks both ways), or NULL
     uint32_t raw_len          # hs_connect with inner: bytes of the head written as they are (VMess's header)
     # hs_connect: the worker drives the handshake itself (see "TLS handshakes" in relay_c)

@@ -581,9 +581,16 @@ cdef extern from *:
         return s;
     }
     static inline void honk_bio_reset(BIO *b) { (void)BIO_reset(b); }
+    static inline void honk_ssl_release_buffers(SSL *s, int on) {
+        if (on) (void)SSL_set_mode(s, SSL_MODE_RELEASE_BUFFERS);
+        else (void)SSL_clear_mode(s, SSL_MODE_RELEASE_BUFFERS);
+    }
+    static inline int honk_ssl_releases_buffers(SSL *s) { return (SSL_get_mode(s) & SSL_MODE_RELEASE_BUFFERS) != 0; }
     """
     SSL* honk_ssl_of(object obj)
     void honk_bio_reset(BIO* b) nogil
+    void honk_ssl_release_buffers(SSL* s, int on) nogil
+    int honk_ssl_releases_buffers(SSL* s) nogil
     int SSL_read(SSL* s, void* buf, int num) nogil
     int SSL_write(SSL* s, const void* buf, int num) nogil
     int SSL_get_error(const SSL* s, int ret) nogil
@@ -691,6 +698,7 @@ DEF CHUNK_WIRE = 16417             # the largest chunk on the wire: SS_HEAD + SS
 DEF VMESS_WIRE = 65537             # the largest VMess chunk on the wire: a 2-byte length of up to 0xFFFF bytes
 DEF VMESS_HEADER_MAX = 259         # a VMess response header: check, option, command id and length, command body (4 + 255)
 DEF FRAMED_READ = 262128           # bytes one framed read asks for: 16 maximal chunks (16 x 0x3FFF)
+DEF TLS_BULK_READ = 65536          # a read of this many wire or plaintext bytes (four records) is a bulk direction's
 DEF FRAMED_BUF = 327665            # VMESS_WIRE + FRAMED_READ: size of fin (kept bytes, then a read) and of fout
 
 assert HS_HANDOVER_AFTER == _py.HS_HANDOVER_AFTER
@@ -754,6 +762,15 @@ cdef SSL* _ssl_of(sslobj):
     if obj is None or type(obj).__module__ != "_ssl" or type(obj).__name__ != "_SSLSocket":
         return NULL
     return honk_ssl_of(obj)
+
+
+def _releases_buffers(sslobj):
+    """Whether the SSL behind ``sslobj`` gives its record buffers back when they empty (None when
+    it cannot be read); tests and benchmarks see what :func:`_tls_buffers` chose."""
+    cdef SSL* s = _ssl_of(sslobj)
+    if s == NULL:
+        return None
+    return bool(honk_ssl_releases_buffers(s))
 
 
 cdef TlsState* _tls_new(framing, bint handshake=False) except NULL:
@@ -1265,6 +1282,18 @@ cdef inline void _vec_free(Vec* v) noexcept nogil:
     free(v.data)
     v.data = NULL
     v.n = v.cap = 0
+
+
+cdef inline void _tls_buffers(TlsState* t, size_t n) noexcept nogil:
+    """A TLS flow that just read ``n`` bytes keeps the SSL's record buffers while it moves bulk.
+    CPython's contexts set SSL_MODE_RELEASE_BUFFERS, which frees the ~17 KiB read or write buffer
+    whenever it empties and allocates it again for the next record: a malloc and a free for every
+    16 KiB of a bulk transfer. A flow whose reads are small gives its buffers back again (about
+    34 KiB each way an idle flow would otherwise hold)."""
+    cdef bint bulk = n >= TLS_BULK_READ
+    if bulk != t.keep_bufs:
+        honk_ssl_release_buffers(t.ssl, not bulk)
+        t.keep_bufs = bulk
 
 
 cdef class Engine:
@@ -3131,6 +3160,7 @@ cdef class Engine:
         cdef bint failed
         if n < FRAMED_READ and not f.rdhup[0]:
             f.readable[0] = 0  # a short read drained src
+        _tls_buffers(f.tls, n)
         if f.tls.inner != NULL:  # chunks into fout (FRAMED_READ + their overhead fit), then records
             failed = _tls_put_sealed(f.tls, <uint8_t*>self.fin + VMESS_WIRE, n, <uint8_t*>self.fout) < 0
         else:  # WebSocket frames' headers go into the read's headroom (VMESS_WIRE bytes)
@@ -3154,6 +3184,7 @@ cdef class Engine:
         cdef bint close_notify = 0
         if n < FRAMED_READ and not f.rdhup[1]:
             f.readable[1] = 0
+        _tls_buffers(t, n)
         if BIO_write(t.rbio, self.fin + VMESS_WIRE, <int>n) != <int>n:
             ERR_clear_error()
             self._end(f, C_ERROR, (S_LOCAL << 16) | ENOMEM, now)

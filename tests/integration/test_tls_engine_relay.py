@@ -208,6 +208,42 @@ def test_tls13_resumption_survives_the_engine_owning_the_connection(run, tmp_pat
     assert run(main()) == [False, True, True]
 
 
+@pytest.mark.compiled
+@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled",
+                    reason="the compiled engine drives the SSL itself (the twin through Python's ssl)")
+def test_a_bulk_tls_flow_keeps_its_record_buffers_and_a_quiet_one_gives_them_back(run, trust) -> None:
+    """CPython's contexts make OpenSSL free a record buffer whenever it empties (a malloc and a
+    free per 16 KiB moved); the engine turns that off while a direction moves bulk and back on
+    when its reads are small again, so an idle flow holds no record buffers."""
+    from honk._fast.relay_c import _releases_buffers
+
+    async def main(link: str, echo: EchoServer) -> None:
+        dialed = await leaf_from_link(link).dial_tcp(Address("127.0.0.1", echo.port), time.monotonic() + STEP)
+        sslobj = dialed.framing.sslobj
+        assert _releases_buffers(sslobj)  # CPython's default, before the engine moved a byte
+        reader, writer = await asyncio.open_connection(sock=framed_socket(dialed.sock, dialed.framing))
+        try:
+            payload = os.urandom(PAYLOAD)
+            writer.write(payload)
+            got, bulk_seen = 0, False
+            while got < len(payload):
+                chunk = await asyncio.wait_for(reader.read(256 * 1024), STEP)
+                assert chunk, "the echo ended early"
+                got += len(chunk)
+                bulk_seen = bulk_seen or not _releases_buffers(sslobj)
+            await writer.drain()
+            assert bulk_seen, "the buffers were given back after every record of a 16 MiB echo"
+            writer.write(b"quiet")
+            assert await asyncio.wait_for(reader.readexactly(5), STEP) == b"quiet"
+            assert _releases_buffers(sslobj), "a quiet flow still holds its record buffers"
+        finally:
+            await close_writer(writer)
+
+    with EchoServer() as echo, v2ray_server("trojan", transport="tcp", tls=True) as peer:
+        trust(peer)
+        run(main(peer.share_link(), echo))
+
+
 async def _released(framing: TlsFraming) -> None:
     """Wait until the engine gave the connection back (its flow's END was delivered)."""
     loop = asyncio.get_running_loop()
