@@ -256,7 +256,6 @@ cdef class Engine:
     cdef uint64_t n_auth      # framed flows ended by an upstream tag that did not verify (atomic)
     cdef uint64_t n_proto     # framed flows ended by broken upstream framing (atomic)
     cdef uint64_t n_wakeups   # event deliveries to the loop's thread (loop's thread only)
-    cdef uint64_t n_worker_wakes  # eventfd writes that woke the worker for commands (loop's thread only)
     cdef int n_pool
     cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
     cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)
@@ -277,14 +276,11 @@ cdef class Engine:
     cdef char running
     cdef char stopping
     cdef char draining        # the loop's thread is delivering and looks at ``events`` again (under ``lock``)
-    cdef char delivering      # the loop's thread is in _drain: commands wait for one wake at its end (its own)
-    cdef char wake_owed       # a command was queued while delivering and the worker not woken yet (loop's thread)
     cdef char _closed
     cdef char lock_ready
     cdef readonly str implementation
 
     cdef Flow* _slot(self, uint32_t slot)
-    cdef void _wake(self, bint was_empty) noexcept
     cdef void _free_slot(self, uint32_t slot)
     cdef void _worker(self) noexcept nogil
     cdef void _take_commands(self, double now) noexcept nogil

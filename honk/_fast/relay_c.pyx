@@ -1380,11 +1380,6 @@ cdef class Engine:
         """How many times the loop's thread was called to deliver events (see _publish)."""
         return self.n_wakeups
 
-    @property
-    def worker_wakes(self):
-        """How many times the loop's thread woke the worker for commands (see _wake)."""
-        return self.n_worker_wakes
-
     def queued_events(self):
         """Events the worker handed over that the loop's thread has not taken yet."""
         cdef size_t n
@@ -1415,6 +1410,7 @@ cdef class Engine:
         cdef size_t n = PyBytes_GET_SIZE(preamble)
         cdef bint was_empty
         cdef int rc
+        cdef uint64_t one = 1
         cdef Aead* aead = NULL
         cdef TlsState* tls = NULL
         if self._closed:
@@ -1460,7 +1456,8 @@ cdef class Engine:
             _tls_release(framing, tls)
             self._free_slot(slot)
             raise MemoryError()
-        self._wake(was_empty)
+        if was_empty:
+            write(self.wake_fd, &one, 8)
         self._listeners[c.id] = listener
         if tls != NULL:
             self._framings[c.id] = framing
@@ -1499,26 +1496,15 @@ cdef class Engine:
     cdef object _push(self, Cmd* c):
         cdef bint was_empty
         cdef int rc
+        cdef uint64_t one = 1
         pthread_mutex_lock(&self.lock)
         was_empty = self.cmds.n == 0
         rc = _vec_push(&self.cmds, c)
         pthread_mutex_unlock(&self.lock)
         if rc < 0:
             raise MemoryError()
-        self._wake(was_empty)
-
-    cdef void _wake(self, bint was_empty) noexcept:
-        """Tell the worker a command is queued (``was_empty``: it was the first). While this thread
-        delivers events (whose listeners answer requests with commands) one wake at the end of the
-        drain serves them all: one system call and one wake-up of the worker per batch, not per flow."""
-        cdef uint64_t one = 1
-        if not was_empty:
-            return
-        if self.delivering:
-            self.wake_owed = 1
-            return
-        self.n_worker_wakes += 1
-        write(self.wake_fd, &one, 8)
+        if was_empty:
+            write(self.wake_fd, &one, 8)
 
     # -- listener mode (asyncio side) ------------------------------------------------------
 
@@ -1719,6 +1705,7 @@ cdef class Engine:
         ``code``: a listener-mode flow still connecting replies it to the client (0: none)."""
         cdef Cmd c
         cdef bint was_empty
+        cdef uint64_t one = 1
         if self._closed or flow_id not in self._listeners:
             return False
         memset(&c, 0, sizeof(Cmd))
@@ -1730,7 +1717,8 @@ cdef class Engine:
         was_empty = self.cmds.n == 0
         _vec_push(&self.cmds, &c)
         pthread_mutex_unlock(&self.lock)
-        self._wake(was_empty)
+        if was_empty:
+            write(self.wake_fd, &one, 8)
         return True
 
     def counters(self, uint64_t flow_id):
@@ -1751,7 +1739,6 @@ cdef class Engine:
         cdef uint64_t value
         cdef int rounds = 0
         read(self.event_fd, &value, 8)  # before the swap: a later append signals again
-        self.delivering = 1
         try:
             while rounds < DRAIN_ROUNDS and not (rounds and self._closed):  # a listener may close()
                 pthread_mutex_lock(&self.lock)
@@ -1769,23 +1756,16 @@ cdef class Engine:
 
     cdef void _drained(self) noexcept:
         """Stop draining; what the worker appended since the last batch waits for the next call
-        (the eventfd is written for it here, as the worker would have), and the worker is woken
-        for the commands the listeners queued meanwhile (see :meth:`_wake`)."""
+        (the eventfd is written for it here, as the worker would have)."""
         cdef uint64_t one = 1
-        cdef bint more, owed
+        cdef bint more
         self.spare.n = 0
-        self.delivering = 0
         pthread_mutex_lock(&self.lock)
         more = self.draining and self.events.n != 0
         self.draining = 0
-        owed = self.wake_owed and self.cmds.n != 0
         pthread_mutex_unlock(&self.lock)
-        self.wake_owed = 0
         if more and self.event_fd >= 0:
             write(self.event_fd, &one, 8)
-        if owed and self.wake_fd >= 0:
-            self.n_worker_wakes += 1
-            write(self.wake_fd, &one, 8)
 
     cdef object _deliver(self):
         """Deliver the events in ``spare`` to their listeners, in order; empties it."""

@@ -285,7 +285,6 @@ class Engine:
         self._framing_errors = [0, 0]  # framed flows ended by FRAMING_AUTH; FRAMING_PROTOCOL or _TRUNCATED
         self._released: list[Any] = []  # TLS framings whose flows ended, given back after their END
         self.wakeups = 0  # event deliveries to the loop's thread (each _flush)
-        self.worker_wakes = 0  # no worker thread to wake: commands run on the loop's thread at once
 
     # -- API ---------------------------------------------------------------------------
 
