@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
+import pstats
 import subprocess
 import sys
 from typing import Any
@@ -20,3 +22,12 @@ def twin_figures(module: str, quick: bool, timeout: float) -> Any:
         return None
     out = json.loads(done.stdout)
     return out["figures"] if out["implementation"] == "python" else None
+
+
+def print_profile(profiler: cProfile.Profile, what: str, lines: int) -> None:
+    """A finished profile of ``what``: its functions by own time, then by cumulative time."""
+    stats = pstats.Stats(profiler)
+    print(f"--- {what}, by own time")
+    stats.sort_stats("tottime").print_stats(lines)
+    print(f"--- {what}, by cumulative time")
+    stats.sort_stats("cumulative").print_stats(lines)

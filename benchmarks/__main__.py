@@ -30,6 +30,9 @@
   v2ray client, both into one v2ray server per protocol (VMess over TCP, Trojan
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
   skips them);
+* flowcost: the loop thread's CPU per Shadowsocks flow on the SOCKS fast path, request to
+  end, over a recording engine (``benchmarks/flowcost.py``): absolute figures with no
+  baseline, so not part of the default run; ``python -m benchmarks.flowcost [--profile]``;
 * selection: issue 32's scenario x policy table, URLTest, Fallback and Score over four chaos
   nodes that blackhole, refuse, reset or go silent (``benchmarks/selection.py``; about 28
   minutes, ``--quick`` about 11), not part of the default run: ``--selection`` adds it, or

@@ -31,13 +31,12 @@ import argparse
 import cProfile
 import dataclasses
 import json
-import pstats
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks import twin_figures
+from benchmarks import print_profile, twin_figures
 from honk._fast import movavg
 from honk.alive.group_checks import GroupChecks
 from honk.alive.health import AliveDialerSet
@@ -218,11 +217,7 @@ def profile(scenario: str, calls: int = PROFILE_CALLS) -> None:
     for _ in range(calls):
         resolve("top", Network.TCP)
     profiler.disable()
-    stats = pstats.Stats(profiler)
-    print(f"--- {scenario}: {calls} plans, by own time")
-    stats.sort_stats("tottime").print_stats(PROFILE_LINES)
-    print(f"--- {scenario}: by cumulative time")
-    stats.sort_stats("cumulative").print_stats(PROFILE_LINES)
+    print_profile(profiler, f"{scenario}: {calls} plans", PROFILE_LINES)
 
 
 def main() -> None:
