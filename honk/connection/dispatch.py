@@ -420,7 +420,8 @@ class Dispatcher:
         Raises what :meth:`admit` and Score's admission raise."""
         leaf = routed.leaf
         offer = getattr(leaf, "engine_plan", None)
-        if offer is None or _ready_hit(leaf, self.clock.now()) or self._retrying_group(routed) is not None:
+        now = self.clock.now()  # one reading for the ready check and the deadline: the plan takes microseconds
+        if offer is None or _ready_hit(leaf, now) or self._retrying_group(routed) is not None:
             return None
         budget = getattr(self._plane, "admission", None)
         permit = budget.try_acquire() if budget is not None else None
@@ -438,7 +439,6 @@ class Dispatcher:
             if permit is not None:
                 permit.release()
             raise
-        now = self.clock.now()
         deadline = now + min(self.global_spec.connect_timeout, plan.timeout)
         return EngineDial(self, leaf, plan, guard, permit, now, deadline)
 

@@ -65,12 +65,13 @@ class MultiVersionHandle(FlowHandle, Protocol):
 # Flow ids: a random per-process prefix and a counter, formatted like a UUID (what
 # dashboards expect). Unique within the process without a urandom call per flow.
 _FLOW_ID_PREFIX = uuid.uuid4().hex[:16]
+_FLOW_ID_HEAD = f"{_FLOW_ID_PREFIX[:8]}-{_FLOW_ID_PREFIX[8:12]}-{_FLOW_ID_PREFIX[12:]}-"  # its first three groups
 _flow_counter = itertools.count(1)
 
 
 def _next_flow_id() -> str:
-    h = f"{_FLOW_ID_PREFIX}{next(_flow_counter):016x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    count = f"{next(_flow_counter):016x}"  # the last two groups
+    return f"{_FLOW_ID_HEAD}{count[:4]}-{count[4:]}"
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:

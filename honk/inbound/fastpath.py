@@ -101,6 +101,8 @@ _TIMEOUT_CODE = 0x06
 _GENERAL_FAILURE = 0x01
 _NOT_ALLOWED = 0x02  # Reply.NOT_ALLOWED
 
+_EV_OPEN = _relay.EV_OPEN
+_EV_END = _relay.EV_END
 _ENDED = object()  # FastFlow.tracked once its tracker entry was released (never None: it connected)
 
 
@@ -157,18 +159,19 @@ class FastFlow(NativeRelay):
         return self.verdict
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
-        if kind == _relay.EV_OPEN:
+        # called seven times per flow: the event kinds are module constants, the base called directly
+        if kind == _EV_OPEN:
             self._path._opened(self, b)
-        elif kind == _relay.EV_END:
+        elif kind == _EV_END:
             if self.tracked is None:  # ended before it connected
                 self._ended = True
                 self._id = None
                 self._path._refused(self, a, b)
             else:
-                super().relay_event(kind, a, b, t)
+                NativeRelay.relay_event(self, kind, a, b, t)
                 self._path._ended(self)
         else:
-            super().relay_event(kind, a, b, t)
+            NativeRelay.relay_event(self, kind, a, b, t)
 
     def deadline(self) -> None:
         """The connect deadline passed: reply 0x06 unless the flow connected meanwhile."""
@@ -469,14 +472,9 @@ class SocksFastPath:
             if flow.reporter is not None:
                 flow._listen(flow.reporter)
         flow.tracked = self._dispatcher.track(routed, flow)
-        conn_log.debug(
-            "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
-            meta.inbound,
-            meta.source,
-            meta.target,
-            routed.rule,
-            format_chain(routed.chain),
-        )
+        if conn_log.isEnabledFor(logging.DEBUG):  # the chain is formatted only for a line that is written
+            conn_log.debug("TCP connection inbound=%s source=%s target=%s rule=%s chain=%s", meta.inbound,
+                           meta.source, meta.target, routed.rule, format_chain(routed.chain))
         if flow._error is not None and flow._id is not None:  # closed while it connected
             self.engine.cancel(flow._id)
 

@@ -72,6 +72,10 @@ PIPE_SIZE = int(os.environ.get("HONK_RELAY_PIPE_SIZE", "0"))
 # How long run() waits for the handshake's reply to leave the client transport (seconds).
 FLUSH_TIMEOUT = 5.0
 
+# the engine's event kinds, read once: relay_event compares against them for every event
+_EV_BYTES, _EV_FIRST_BYTE = _relay.EV_BYTES, _relay.EV_FIRST_BYTE
+_EV_HALF_CLOSE, _EV_END = _relay.EV_HALF_CLOSE, _relay.EV_END
+
 _engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 # more engines of a loop, for the SOCKS fast path's other worker threads (shared_engines)
 _more_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
@@ -298,23 +302,23 @@ class NativeRelay:
     # -- events from the engine (on the loop's thread) ------------------------------------
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
-        if kind == _relay.EV_BYTES:
+        if kind == _EV_BYTES:
             up = self._base_up + a
             if up != self._up or b != self._down:
                 self.last_activity = self.clock.now()
             self._up, self._down = up, b
             if self.observer is not None:
                 self._observe(up, b)
-        elif kind == _relay.EV_FIRST_BYTE:
+        elif kind == _EV_FIRST_BYTE:
             self.first_byte_at = t
             self.last_activity = self.clock.now()
             if self.observer is not None:  # told at once: byte events are coalesced to one a second
                 self._observe(self._seen[0], max(self._seen[1], 1))
-        elif kind == _relay.EV_HALF_CLOSE:
+        elif kind == _EV_HALF_CLOSE:
             self.half_closed |= 1 << a
             if self.half_closed_since is None:
                 self.half_closed_since = self.clock.now()
-        elif kind == _relay.EV_END:
+        elif kind == _EV_END:
             self._id = None
             self._ended = True
             if self._error is None:
