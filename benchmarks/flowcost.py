@@ -6,8 +6,9 @@ engine's request to its end, with no socket and no thread.
 Why it matters: the relay engine's worker costs per flow about what all of ss-local costs
 (the same syscalls, mostly kernel time; issue 33), so what the loop thread does per flow is
 what honk adds, and it bounds the Shadowsocks connection rate against ss-local. The load
-tool's rate rows measure it with the machine's noise (about 8 % between runs); this measures
-the Python part alone, repeatably.
+tool's rate rows measure it inside four busy processes; this measures the Python part alone,
+with no peer and no socket. Single runs still move by several per cent on a shared machine:
+compare two builds by the medians of interleaved runs.
 
 How: a mixed inbound with a Shadowsocks node (``127.0.0.1``, never dialled) serves its fast
 path over a recording engine that answers ``hs_connect`` with a flow id, as the compiled
@@ -148,7 +149,6 @@ async def _measure(flows: int, profile: bool) -> dict[str, float]:
         tracker = dispatcher.tracker
         # every flow was tracked when it opened and released at its end: the path ran in full
         figures["opened"], figures["live"] = float(tracker.opened), float(len(tracker))
-        await asyncio.sleep(0)
         return figures
 
 

@@ -766,7 +766,7 @@ cdef SSL* _ssl_of(sslobj):
 
 def _releases_buffers(sslobj):
     """Whether the SSL behind ``sslobj`` gives its record buffers back when they empty (None when
-    it cannot be read); tests and benchmarks see what :func:`_tls_buffers` chose."""
+    it cannot be read); tests see what :func:`_tls_buffers` chose."""
     cdef SSL* s = _ssl_of(sslobj)
     if s == NULL:
         return None
@@ -1289,7 +1289,7 @@ cdef inline void _tls_buffers(TlsState* t, size_t n) noexcept nogil:
     CPython's contexts set SSL_MODE_RELEASE_BUFFERS, which frees the ~17 KiB read or write buffer
     whenever it empties and allocates it again for the next record: a malloc and a free for every
     16 KiB of a bulk transfer. A flow whose reads are small gives its buffers back again (about
-    34 KiB each way an idle flow would otherwise hold)."""
+    17 KiB each way, 34 KiB a flow, that an idle flow would otherwise hold)."""
     cdef bint bulk = n >= TLS_BULK_READ
     if bulk != t.keep_bufs:
         honk_ssl_release_buffers(t.ssl, not bulk)
