@@ -46,10 +46,9 @@ TARGET = Address("127.0.0.2", 8080)  # an IP literal: the route needs no DNS, th
 # what a short proxied flow receives after its request, in the compiled engine's order
 SHORT_FLOW_EVENTS = (
     (_relay.EV_OPEN, 0, 0),
-    (_relay.EV_FIRST_BYTE, 0, 0),
     (_relay.EV_BYTES, 100, 0),
+    (_relay.EV_FIRST_BYTE, 0, 0),
     (_relay.EV_HALF_CLOSE, 0, 0),
-    (_relay.EV_HALF_CLOSE, 1, 0),
     (_relay.EV_BYTES, 100, 100),
     (_relay.EV_END, _relay.END_CLEAN, 0),
 )

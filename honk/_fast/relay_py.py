@@ -15,7 +15,9 @@ as the compiled engine's are):
   upstream; at most once per second per flow, and always once with the final
   totals just before ``EV_END``.
 * ``EV_HALF_CLOSE``: ``a`` = 0 when the client's EOF was forwarded upstream
-  (``shutdown(SHUT_WR)``), 1 when the upstream's EOF was forwarded to the client.
+  (``shutdown(SHUT_WR)``), 1 when the upstream's EOF was forwarded to the client;
+  only for the first direction to end: the second one's EOF ends the flow, and
+  ``EV_END`` says so.
 * ``EV_END``: the last event; ``a`` = ``END_CLEAN`` (both directions finished),
   ``END_ERROR`` or ``END_CANCELLED``; for ``END_ERROR`` ``b`` = ``side << 16 | errno``
   with side ``SIDE_CLIENT``/``SIDE_UPSTREAM`` (the fd the error came from) or
@@ -889,7 +891,8 @@ class Engine:
                         raise _Error(d.dst, exc.errno or 0) from None
                 d.shut = True
                 self._drop_pipe(d)
-                self._emit(flow, EV_HALF_CLOSE, d.src, 0)
+                if not flow.dirs[d.dst].shut:  # the last direction's EOF ends the flow: its END says it
+                    self._emit(flow, EV_HALF_CLOSE, d.src, 0)
                 return
             if moved >= TURN_BUDGET:
                 return  # level-triggered: the loop calls again

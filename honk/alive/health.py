@@ -448,7 +448,9 @@ class AliveDialerSet:
         node = self._nodes.get(node_id)
         if node is None:
             return
-        self.report_traffic_success(node_id, Domain.TCP, family)
+        state = node.peek(Domain.TCP, family)  # report_traffic_success, on the node in hand
+        if state is not None:
+            state.traffic_failures = 0
         node.dial_failures = 0
         if node.struck:
             node.clearing += 1

@@ -50,6 +50,9 @@ def probing() -> Iterator[None]:
         _probing.reset(token)
 
 
+_FAMILIES = {int(f): f for f in Family}
+
+
 def traffic_of(leaf: Any) -> NodeTraffic | None:
     """The health reporter of ``leaf``'s node (None for ``direct``, ``block`` and tools' leaves)."""
     return getattr(getattr(leaf, "runtime", None), "traffic", None)
@@ -76,7 +79,7 @@ class NodeTraffic:
         ``pool_hit``: a ready pooled connection, no network round trip), else its error."""
         if _probing.get():
             return
-        fam = Family(family)
+        fam = _FAMILIES.get(family) or Family(family)  # Family(4) is an enum lookup, on every dial
         if outcome is None:
             self.alive.report_dial_success(self.node_id, fam, latency, pool_hit)
         elif counts_against_node(outcome):

@@ -149,11 +149,13 @@ class DescriptorBudget:
         now = self.clock.now()
         if self._counted_at is None or now - self._counted_at >= RECOUNT_INTERVAL:
             self._recount(now)
-        if self.in_use() + FLOW_DESCRIPTORS > self.flow_share and now - self._counted_at >= RECOUNT_MIN_GAP:
-            self._recount(now)  # the guess would refuse: flows may have ended since the count
-        if self.in_use() + FLOW_DESCRIPTORS > self.flow_share:
-            self._note_refusal(now)
-            return False
+        share = self.limit - self.reserve  # flow_share, on every flow's path
+        if self.in_use() + FLOW_DESCRIPTORS > share:
+            if now - self._counted_at >= RECOUNT_MIN_GAP:
+                self._recount(now)  # the guess would refuse: flows may have ended since the count
+            if self.in_use() + FLOW_DESCRIPTORS > share:
+                self._note_refusal(now)
+                return False
         self._since += 1
         return True
 

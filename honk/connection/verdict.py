@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from honk.alive.traffic import traffic_of
+from honk.alive.traffic import NodeTraffic, traffic_of
 from honk.core.clock import Clock, Deadlines, TimerHandle
 from honk.core.errors import CodecError, UpstreamFailed
 from honk.daemon.logs import kv
@@ -46,19 +46,18 @@ log = logging.getLogger("honk.connection")
 class FlowVerdict:
     """The observer of one relayed flow: byte counts to Score, one outcome to health."""
 
-    __slots__ = ("clock", "decided", "deadlines", "family", "leaf_name", "reporter", "response_timeout", "sent_at",
+    __slots__ = ("clock", "decided", "deadlines", "leaf", "reporter", "response_timeout", "sent_at",
                  "last_sent", "timer", "traffic")
 
     def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float,
-                 deadlines: Deadlines | None = None) -> None:
+                 deadlines: Deadlines | None = None, traffic: NodeTraffic | None = None) -> None:
         self.clock = clock
         # the response deadline's timer: one heap entry on the relay's shared Deadlines (nearly
         # every flow is answered in time: a loop timer each would cost more), else the clock's own
         self.deadlines = deadlines
         self.reporter = reporter
-        self.traffic = traffic_of(leaf)
-        self.family = getattr(leaf, "health_family", 4)
-        self.leaf_name = getattr(leaf, "name", "")
+        self.traffic = traffic if traffic is not None else traffic_of(leaf)
+        self.leaf = leaf  # its name and health family are read only when the flow failed
         self.response_timeout = response_timeout
         self.sent_at: float | None = None  # when honk first saw the client's bytes go upstream
         self.last_sent = 0.0  # ... and last: the deadline runs from here
@@ -96,6 +95,15 @@ class FlowVerdict:
                 and self.traffic is not None):
             self.traffic.flow_failed(self.family)
 
+    @property
+    def family(self) -> int:
+        """The health family of the flow's node (4 for a named server)."""
+        return getattr(self.leaf, "health_family", 4)
+
+    @property
+    def leaf_name(self) -> str:
+        return getattr(self.leaf, "name", "")
+
     def _silent(self) -> None:
         self.timer = None
         if self.decided:
@@ -131,6 +139,7 @@ def observe_flow(clock: Clock, leaf: Any, reporter: ScoreReporter | None,
     """The observer a relay of ``leaf`` gets: None when neither a node's health nor Score
     listens (``direct`` and ``block`` outside Score). ``deadlines``: where its response
     deadline waits (the caller's, on ``clock``)."""
-    if reporter is None and traffic_of(leaf) is None:
+    traffic = traffic_of(leaf)
+    if reporter is None and traffic is None:
         return None
-    return FlowVerdict(clock, leaf, reporter, response_timeout, deadlines)
+    return FlowVerdict(clock, leaf, reporter, response_timeout, deadlines, traffic)

@@ -33,8 +33,6 @@ from honk.proto.shadowsocks import (
     ShadowsocksAuthError,
     ShadowsocksFraming,
     ShadowsocksProtocolError,
-    StreamDecryptor,
-    StreamEncryptor,
     decode_address,
     encode_address,
     master_key,
@@ -87,10 +85,7 @@ class ShadowsocksOutbound(ProxyLeaf):
         """The first chunk's plaintext (the target address) and a framing that has sent nothing."""
         cipher = self._usable_cipher()
         header = _address_header(self.name, target)
-        framing = ShadowsocksFraming(
-            cipher, self._master, StreamEncryptor(cipher, self._master), StreamDecryptor(cipher, self._master)
-        )
-        return header, framing
+        return header, ShadowsocksFraming(cipher, self._master)  # fresh: its codecs are made when first used
 
     async def dial_udp(
         self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None

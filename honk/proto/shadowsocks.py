@@ -25,7 +25,6 @@ import errno
 import hashlib
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 from cryptography.exceptions import InvalidTag
@@ -315,21 +314,48 @@ class StreamDecryptor:
         return plain
 
 
-@dataclass(slots=True)
 class ShadowsocksFraming:
     """What the relay applies to a dialed Shadowsocks stream (``DialedStream.framing``).
 
     ``encryptor`` has already sent its salt and the target header; the relay
-    seals client bytes from ``encryptor.nonce`` on. (A stream the relay engine
-    dials itself hands over a framing that has sent nothing: the engine sends the
-    salt and seals the header, see ``Engine.hs_connect``.) ``decryptor`` has read
+    seals client bytes from ``encryptor.nonce`` on. ``decryptor`` has read
     nothing yet: the server's salt is the first thing the relay feeds it.
+
+    A stream the relay engine dials itself hands over a *fresh* framing, made
+    without either: the compiled engine picks the salt, sends it and seals the
+    header (``Engine.hs_connect``), so a connection costs no Python codec
+    objects; whoever reads ``encryptor`` or ``decryptor`` first (the pure-Python
+    twin, the copy relay) gets new ones, with a fresh random salt.
     """
 
-    cipher: str
-    master: bytes = field(repr=False)
-    encryptor: StreamEncryptor = field(repr=False)
-    decryptor: StreamDecryptor = field(repr=False)
+    __slots__ = ("cipher", "master", "_encryptor", "_decryptor")
+
+    def __init__(self, cipher: str, master: bytes, encryptor: StreamEncryptor | None = None,
+                 decryptor: StreamDecryptor | None = None) -> None:
+        self.cipher = cipher
+        self.master = master
+        self._encryptor = encryptor
+        self._decryptor = decryptor
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing sent and no salt chosen yet: the engine may pick the salt itself."""
+        return self._encryptor is None
+
+    @property
+    def encryptor(self) -> StreamEncryptor:
+        if self._encryptor is None:
+            self._encryptor = StreamEncryptor(self.cipher, self.master)
+        return self._encryptor
+
+    @property
+    def decryptor(self) -> StreamDecryptor:
+        if self._decryptor is None:
+            self._decryptor = StreamDecryptor(self.cipher, self.master)
+        return self._decryptor
+
+    def __repr__(self) -> str:
+        return f"ShadowsocksFraming(cipher={self.cipher!r})"
 
     kind: ClassVar[str] = "shadowsocks"
     errors: ClassVar[tuple[type[HonkError], ...]] = (ShadowsocksError,)

@@ -75,6 +75,7 @@ FLUSH_TIMEOUT = 5.0
 # the engine's event kinds, read once: relay_event compares against them for every event
 _EV_BYTES, _EV_FIRST_BYTE = _relay.EV_BYTES, _relay.EV_FIRST_BYTE
 _EV_HALF_CLOSE, _EV_END = _relay.EV_HALF_CLOSE, _relay.EV_END
+_END_CLEAN = _relay.END_CLEAN
 
 _engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 # more engines of a loop, for the SOCKS fast path's other worker threads (shared_engines)
@@ -321,6 +322,8 @@ class NativeRelay:
         elif kind == _EV_END:
             self._id = None
             self._ended = True
+            if a == _END_CLEAN:
+                self.half_closed = 0b11  # both directions finished (the second EOF is not an event)
             if self._error is None:
                 if a == _relay.END_ERROR:
                     side, err = b >> 16, b & 0xFFFF

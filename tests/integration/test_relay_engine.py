@@ -530,8 +530,43 @@ def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> No
                 len(sent),
                 0,
             )  # the preamble is not read from a socket
-            assert kinds.count(relay_py.EV_HALF_CLOSE) == 2
+            assert kinds.count(relay_py.EV_HALF_CLOSE) == 1  # the second EOF ended the flow
             assert relay_py.EV_FIRST_BYTE not in kinds
+        finally:
+            flow.close()
+            engine.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("name", [e for e in ENGINES if e != "copy"])
+def test_a_short_flow_tells_only_its_first_half_close(run, name, listener) -> None:
+    """A flow's second EOF ends it: END says so, no HALF_CLOSE comes before it (one listener
+    call less per flow). Bytes are told when the client's first go upstream (the response
+    deadline runs from there), then with the final totals just before END."""
+    async def main() -> None:
+        engine = _engine_class(name)(asyncio.get_running_loop())
+        flow = Flow(lambda: tcp_pair(listener))
+        loop = asyncio.get_running_loop()
+        try:
+            rec = _Recorder()
+            engine.add(flow._lan_peer.detach(), flow.upstream.detach(), rec)
+            await loop.sock_sendall(flow.lan, b"ping")
+            assert await asyncio.wait_for(loop.sock_recv(flow.remote, 4), STEP) == b"ping"
+            await loop.sock_sendall(flow.remote, b"pong!")
+            assert await asyncio.wait_for(loop.sock_recv(flow.lan, 5), STEP) == b"pong!"
+            flow.lan.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b""
+            flow.remote.shutdown(socket.SHUT_WR)
+            assert await asyncio.wait_for(rec.ended, STEP) == (relay_py.END_CLEAN, 0)
+            assert rec.events == [
+                (relay_py.EV_OPEN, 0, 0),
+                (relay_py.EV_BYTES, 4, 0),
+                (relay_py.EV_FIRST_BYTE, 0, 0),
+                (relay_py.EV_HALF_CLOSE, 0, 0),
+                (relay_py.EV_BYTES, 4, 5),
+                (relay_py.EV_END, relay_py.END_CLEAN, 0),
+            ]
         finally:
             flow.close()
             engine.close()

@@ -44,6 +44,7 @@ from helpers.sockets import open_fds, tcp_pair, unix_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from honk._fast import relay as fast_relay
 from honk._fast import relay_py
 from honk.core.errors import ClientGone
 from honk.proto.shadowsocks import (
@@ -259,7 +260,7 @@ async def test_client_eof_shuts_the_upstream_after_the_pending_chunks(engine) ->
         r.srv.shutdown(socket.SHUT_WR)
         assert await recv_until_eof(r.lan) == b"the answer"
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
-        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [0, 1]
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [0]  # the second EOF ended the flow: END says it
 
 
 async def test_upstream_eof_after_whole_chunks_shuts_the_client_and_keeps_the_way_up(engine) -> None:
@@ -272,7 +273,7 @@ async def test_upstream_eof_after_whole_chunks_shuts_the_client_and_keeps_the_wa
         r.lan.shutdown(socket.SHUT_WR)
         assert await r.server.recv_until_eof() == b"late words"
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
-        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [1, 0]
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [1]  # the second EOF ended the flow: END says it
 
 
 async def test_a_framing_the_engines_cannot_carry_is_refused_before_the_fds_are_taken(engine) -> None:
@@ -435,6 +436,83 @@ async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_se
         engine.unlisten(lid)
         client.close()
         srv.close()
+
+
+@pytest.mark.parametrize("cipher", sorted(CIPHERS))
+async def test_hs_connect_of_a_fresh_framing_picks_a_new_salt_per_flow(engine, cipher) -> None:
+    """A framing made without codecs (what ShadowsocksOutbound hands the engine's own dial): the
+    engine picks the salt itself, a different one each flow, and the server opens the address
+    chunk and the early payload under it. The compiled engine never makes the Python codecs."""
+    master = _master(cipher)
+    salts = []
+    for _ in range(2):
+        framing = ShadowsocksFraming(cipher, master)
+        assert framing.fresh
+        client, srv, rec, lid = await _engine_dialled(engine, framing, ADDRESS, b"early")
+        dec = StreamDecryptor(cipher, master)
+        wire = bytearray()
+        plain = bytearray()
+        try:
+            while len(plain) < len(ADDRESS) + 5:
+                data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 1 << 16), STEP)
+                assert data
+                wire += data
+                plain += dec.feed(data)
+            assert bytes(plain) == ADDRESS + b"early"
+            assert chunk_lengths(cipher, master, bytes(wire)) == [len(ADDRESS), 5]
+            salts.append(bytes(wire[: CIPHERS[cipher].salt_size]))
+            client.shutdown(socket.SHUT_WR)
+            srv.shutdown(socket.SHUT_WR)
+            assert await recv_until_eof(client) == b""
+            assert await rec.end() == (relay_py.END_CLEAN, 0)
+            if engine.implementation == "compiled":
+                assert framing.fresh  # no StreamEncryptor/StreamDecryptor was made for the flow
+        finally:
+            engine.unlisten(lid)
+            client.close()
+            srv.close()
+    assert salts[0] != salts[1]
+    assert len(set(salts[0])) > 1  # random bytes, not a zeroed buffer
+
+
+@pytest.mark.compiled
+@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled", reason="the compiled engine's salt pool")
+async def test_fresh_salts_come_from_a_pool_that_a_forked_child_never_shares() -> None:
+    """The compiled engine cuts fresh salts from one CSPRNG buffer (one RAND_bytes call per 128
+    32-byte salts, not a getpid system call per flow); a forked child must never hand out its
+    parent's bytes again, so its pool starts empty."""
+    from honk._fast import relay_c
+
+    engine = relay_c.Engine(asyncio.get_running_loop())
+    cipher = "chacha20-ietf-poly1305"
+    try:
+        salts = []
+        for _ in range(3):
+            client, srv, rec, lid = await _engine_dialled(engine, ShadowsocksFraming(cipher, _master(cipher)),
+                                                          ADDRESS, b"")
+            try:
+                salts.append(await recv_exactly(srv, CIPHERS[cipher].salt_size))
+            finally:
+                engine.unlisten(lid)
+                client.close()
+                srv.close()
+        assert len(set(salts)) == 3
+        left = relay_c._salt_pool_left()
+        assert 0 < left <= 4096 - 3 * 32  # the rest of one buffer, waiting for the next flows
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what its pool holds, and leave at once
+            os.write(write, str(relay_c._salt_pool_left()).encode())
+            os._exit(0)
+        os.close(write)
+        try:
+            assert os.read(read, 32) == b"0"
+        finally:
+            os.close(read)
+            os.waitpid(pid, 0)
+        assert relay_c._salt_pool_left() == left  # the parent's pool is untouched
+    finally:
+        engine.close()
 
 
 async def test_hs_connect_sends_a_head_as_it_is_after_a_framing_that_sent_its_salt(engine) -> None:
