@@ -26,6 +26,7 @@ from helpers.descriptors import descriptors_exhausted
 from helpers.peers import require
 from helpers.sockets import open_fds, reset, tcp_pair, unix_pair
 
+from benchmarks import flowcost
 from honk._fast import relay as fast_relay
 from honk._fast import relay_py
 from honk.connection.tracker import ConnectionTracker
@@ -559,14 +560,11 @@ def test_a_short_flow_tells_only_its_first_half_close(run, name, listener) -> No
             assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b""
             flow.remote.shutdown(socket.SHUT_WR)
             assert await asyncio.wait_for(rec.ended, STEP) == (relay_py.END_CLEAN, 0)
-            assert rec.events == [
-                (relay_py.EV_OPEN, 0, 0),
-                (relay_py.EV_BYTES, 4, 0),
-                (relay_py.EV_FIRST_BYTE, 0, 0),
-                (relay_py.EV_HALF_CLOSE, 0, 0),
-                (relay_py.EV_BYTES, 4, 5),
-                (relay_py.EV_END, relay_py.END_CLEAN, 0),
-            ]
+            assert rec.events[1] == (relay_py.EV_BYTES, 4, 0)  # the client's first bytes, at once
+            assert rec.events[-3:] == [(relay_py.EV_HALF_CLOSE, 0, 0), (relay_py.EV_BYTES, 4, 5),
+                                       (relay_py.EV_END, relay_py.END_CLEAN, 0)]
+            # what benchmarks.flowcost feeds the fast path as a short flow's events is this sequence
+            assert [kind for kind, _, _ in rec.events] == [kind for kind, _, _ in flowcost.SHORT_FLOW_EVENTS]
         finally:
             flow.close()
             engine.close()

@@ -403,6 +403,18 @@ async def _engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
     return client, srv, rec, lid
 
 
+async def _server_reads(srv: socket.socket, dec: StreamDecryptor, want: int) -> tuple[bytearray, bytearray]:
+    """What the server side reads until ``want`` plaintext bytes opened: the wire bytes and the plaintext."""
+    wire = bytearray()
+    plain = bytearray()
+    while len(plain) < want:
+        data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 1 << 16), STEP)
+        assert data
+        wire += data
+        plain += dec.feed(data)
+    return wire, plain
+
+
 @pytest.mark.parametrize("cipher", sorted(CIPHERS))
 async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_sent_nothing(engine, cipher) -> None:
     """The engine's own dial of a Shadowsocks node: the framing's salt, the address chunk on its
@@ -412,14 +424,8 @@ async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_se
     framing = ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
     client, srv, rec, lid = await _engine_dialled(engine, framing, ADDRESS, b"GET / early")
     dec = StreamDecryptor(cipher, master)
-    wire = bytearray()
-    plain = bytearray()
     try:
-        while len(plain) < len(ADDRESS) + 11:
-            data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 1 << 16), STEP)
-            assert data
-            wire += data
-            plain += dec.feed(data)
+        wire, plain = await _server_reads(srv, dec, len(ADDRESS) + 11)
         assert bytes(wire[: CIPHERS[cipher].salt_size]) == enc.salt
         assert bytes(plain) == ADDRESS + b"GET / early"
         assert chunk_lengths(cipher, master, bytes(wire)) == [len(ADDRESS), 11]
@@ -449,15 +455,8 @@ async def test_hs_connect_of_a_fresh_framing_picks_a_new_salt_per_flow(engine, c
         framing = ShadowsocksFraming(cipher, master)
         assert framing.fresh
         client, srv, rec, lid = await _engine_dialled(engine, framing, ADDRESS, b"early")
-        dec = StreamDecryptor(cipher, master)
-        wire = bytearray()
-        plain = bytearray()
         try:
-            while len(plain) < len(ADDRESS) + 5:
-                data = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 1 << 16), STEP)
-                assert data
-                wire += data
-                plain += dec.feed(data)
+            wire, plain = await _server_reads(srv, StreamDecryptor(cipher, master), len(ADDRESS) + 5)
             assert bytes(plain) == ADDRESS + b"early"
             assert chunk_lengths(cipher, master, bytes(wire)) == [len(ADDRESS), 5]
             salts.append(bytes(wire[: CIPHERS[cipher].salt_size]))
