@@ -370,12 +370,9 @@ cdef extern from *:
 # with these, without the GIL; nothing here allocates per chunk.
 cdef extern from *:
     """
-    #include <pthread.h>
-    #include <string.h>
     #include <openssl/crypto.h>
     #include <openssl/err.h>
     #include <openssl/evp.h>
-    #include <openssl/rand.h>
     /* SIP004: nonces are 12-byte little-endian counters, one step per AEAD operation */
     static inline void honk_nonce_next(uint8_t *n) {
         for (int i = 0; i < 12; i++) if (++n[i]) break;
@@ -460,30 +457,6 @@ cdef extern from *:
         OPENSSL_cleanse(block, sizeof(block));
         OPENSSL_cleanse(t, sizeof(t));
         return rc;
-    }
-    /* Salts for the Shadowsocks flows the engine dials (hs_connect, under the GIL): cut from
-       one buffer of OpenSSL's CSPRNG, refilled when spent. RAND_bytes per salt made a getpid
-       system call each time (OpenSSL 3.0's fork check); here one call covers 128 salts. Every
-       byte is handed out once; a forked child starts with an empty pool. */
-    #define HONK_SALT_POOL 4096
-    static uint8_t honk_salt_pool[HONK_SALT_POOL];
-    static size_t honk_salt_left = 0;
-    static void honk_salt_forget(void) { honk_salt_left = 0; }
-    static int honk_salt_take(uint8_t *out, size_t n) {
-        static int registered = 0;
-        if (!registered) {
-            if (pthread_atfork(NULL, NULL, honk_salt_forget) != 0) return -1;
-            registered = 1;
-        }
-        if (n > HONK_SALT_POOL) return -1;
-        if (honk_salt_left < n) {
-            if (RAND_bytes(honk_salt_pool, HONK_SALT_POOL) != 1) return -1;
-            honk_salt_left = HONK_SALT_POOL;
-        }
-        memcpy(out, honk_salt_pool + HONK_SALT_POOL - honk_salt_left, n);
-        OPENSSL_cleanse(honk_salt_pool + HONK_SALT_POOL - honk_salt_left, n);
-        honk_salt_left -= n;
-        return 0;
     }
     /* 1 aes-128-gcm, 2 aes-256-gcm, 3 chacha20-ietf-poly1305 */
     static const EVP_CIPHER *honk_ss_cipher(int id) {
@@ -578,8 +551,6 @@ cdef extern from *:
     int honk_open(EVP_CIPHER_CTX* ctx, uint8_t* nonce, const uint8_t* inp, int n, uint8_t* out) nogil
     int honk_ss_subkey(const uint8_t* master, int len, const uint8_t* salt, uint8_t* out) nogil
     void honk_crypto_init()
-    int honk_salt_take(uint8_t* out, size_t n)
-    size_t honk_salt_left
     const EVP_CIPHER* honk_ss_cipher(int id) nogil
     EVP_CIPHER_CTX* honk_aead_ctx(const EVP_CIPHER* c, const uint8_t* key, int enc) nogil
     int honk_aead_key(EVP_CIPHER_CTX* ctx, const uint8_t* key, int enc) nogil
@@ -1147,27 +1118,13 @@ cdef Aead* _aead_new(framing, bytes salt=None) except NULL:
     return a
 
 
-def _salt_pool_left():
-    """Bytes of the Shadowsocks salt pool not handed out yet; tests see it refill and a forked
-    child start empty."""
-    return honk_salt_left
-
-
 cdef bytes _unsent_salt(framing):
     """The salt of a Shadowsocks framing that has sent nothing yet, else None: its encryptor's,
-    or for a fresh framing (no codec objects made) a new one from the salt pool."""
-    cdef uint8_t salt[32]
-    cdef int size
+    or for a fresh framing (no codec objects made) a new one (``framing.new_salt()``)."""
     if framing is None or getattr(framing, "kind", "shadowsocks") != "shadowsocks":
         return None
     if getattr(framing, "fresh", False):
-        spec = _CIPHERS.get(getattr(framing, "cipher", None))
-        if spec is None:
-            raise ValueError("framing: unsupported cipher")
-        size = spec[0]  # an AEAD method's salt is as long as its key
-        if honk_salt_take(salt, size) < 0:
-            raise OSError(EIO, "framing: OpenSSL gave no random salt")
-        return (<char*>salt)[:size]
+        return framing.new_salt()
     encryptor = framing.encryptor
     if getattr(encryptor, "salt_sent", True):
         return None
@@ -1623,7 +1580,7 @@ cdef class Engine:
         upstream first, then the flow is relayed through ``framing`` (a Shadowsocks or VMess
         framing, as ``add``). ``head`` is sent as it is, except after a Shadowsocks framing
         whose salt is not sent yet: then it is the first chunk's plaintext, and the engine
-        sends the encryptor's salt (a fresh framing's: one from its salt pool) and seals it
+        sends the encryptor's salt (a fresh framing's: ``framing.new_salt()``) and seals it
         (no Python crypto on the flow's path). A
         ``TlsFraming`` whose handshake has not begun: the worker shakes hands once connected
         (see "TLS handshakes"), then ``head`` is the first plaintext it seals; with VMess

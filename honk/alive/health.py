@@ -234,6 +234,13 @@ class NodeHealth:
         return self.states.get((domain, family))
 
 
+def _traffic_worked(node: NodeHealth, domain: Domain, family: Family) -> None:
+    """Real traffic through ``node`` worked in ``domain``: its traffic failure count restarts."""
+    state = node.peek(domain, family)
+    if state is not None:
+        state.traffic_failures = 0
+
+
 class UnknownNode(KeyError):
     """The node is not registered."""
 
@@ -433,11 +440,8 @@ class AliveDialerSet:
     def report_traffic_success(self, node_id: uuid.UUID, domain: Domain, family: Family) -> None:
         """Real traffic through the node worked: the traffic count restarts. Reviving is the probes' job."""
         node = self._nodes.get(node_id)
-        if node is None:
-            return
-        state = node.peek(domain, family)
-        if state is not None:
-            state.traffic_failures = 0
+        if node is not None:
+            _traffic_worked(node, domain, family)
 
     def report_dial_success(
         self, node_id: uuid.UUID, family: Family, latency: float | None = None, pool_hit: bool = False
@@ -448,9 +452,7 @@ class AliveDialerSet:
         node = self._nodes.get(node_id)
         if node is None:
             return
-        state = node.peek(Domain.TCP, family)  # report_traffic_success, on the node in hand
-        if state is not None:
-            state.traffic_failures = 0
+        _traffic_worked(node, Domain.TCP, family)
         node.dial_failures = 0
         if node.struck:
             node.clearing += 1

@@ -149,7 +149,7 @@ class DescriptorBudget:
         now = self.clock.now()
         if self._counted_at is None or now - self._counted_at >= RECOUNT_INTERVAL:
             self._recount(now)
-        share = self.limit - self.reserve  # flow_share, on every flow's path
+        share = self.flow_share
         if self.in_use() + FLOW_DESCRIPTORS > share:
             if now - self._counted_at >= RECOUNT_MIN_GAP:
                 self._recount(now)  # the guess would refuse: flows may have ended since the count

@@ -342,6 +342,10 @@ class ShadowsocksFraming:
         """Nothing sent and no salt chosen yet: the engine may pick the salt itself."""
         return self._encryptor is None
 
+    def new_salt(self) -> bytes:
+        """A salt for a fresh framing's first bytes (the engine seals them itself)."""
+        return fresh_salt(CIPHERS[self.cipher].salt_size)
+
     @property
     def encryptor(self) -> StreamEncryptor:
         if self._encryptor is None:

@@ -44,7 +44,6 @@ from helpers.sockets import open_fds, tcp_pair, unix_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from honk._fast import relay as fast_relay
 from honk._fast import relay_py
 from honk.core.errors import ClientGone
 from honk.proto.shadowsocks import (
@@ -472,46 +471,6 @@ async def test_hs_connect_of_a_fresh_framing_picks_a_new_salt_per_flow(engine, c
             srv.close()
     assert salts[0] != salts[1]
     assert len(set(salts[0])) > 1  # random bytes, not a zeroed buffer
-
-
-@pytest.mark.compiled
-@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled", reason="the compiled engine's salt pool")
-async def test_fresh_salts_come_from_a_pool_that_a_forked_child_never_shares() -> None:
-    """The compiled engine cuts fresh salts from one CSPRNG buffer (one RAND_bytes call per 128
-    32-byte salts, not a getpid system call per flow); a forked child must never hand out its
-    parent's bytes again, so its pool starts empty."""
-    from honk._fast import relay_c
-
-    engine = relay_c.Engine(asyncio.get_running_loop())
-    cipher = "chacha20-ietf-poly1305"
-    try:
-        salts = []
-        for _ in range(3):
-            client, srv, rec, lid = await _engine_dialled(engine, ShadowsocksFraming(cipher, _master(cipher)),
-                                                          ADDRESS, b"")
-            try:
-                salts.append(await recv_exactly(srv, CIPHERS[cipher].salt_size))
-            finally:
-                engine.unlisten(lid)
-                client.close()
-                srv.close()
-        assert len(set(salts)) == 3
-        left = relay_c._salt_pool_left()
-        assert 0 < left <= 4096 - 3 * 32  # the rest of one buffer, waiting for the next flows
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what its pool holds, and leave at once
-            os.write(write, str(relay_c._salt_pool_left()).encode())
-            os._exit(0)
-        os.close(write)
-        try:
-            assert os.read(read, 32) == b"0"
-        finally:
-            os.close(read)
-            os.waitpid(pid, 0)
-        assert relay_c._salt_pool_left() == left  # the parent's pool is untouched
-    finally:
-        engine.close()
 
 
 async def test_hs_connect_sends_a_head_as_it_is_after_a_framing_that_sent_its_salt(engine) -> None:
