@@ -176,6 +176,7 @@ cdef struct Flow:
     uint8_t ended
     uint8_t queued        # on the worker's "again" list (budget ran out)
     uint8_t dirty         # on the worker's "report later" list
+    uint8_t half_pending  # the first EOF forwarded (side + 1), told with the next report; 0: none
     uint8_t connecting    # listener mode: the upstream connect is in progress, no reply sent yet
     uint8_t fail_code     # listener mode: the SOCKS5 reply a cancel during the connect sends
     uint8_t owned         # both fds are the worker's alone (listener mode): close() drops their epoll entries
@@ -334,6 +335,7 @@ cdef class Engine:
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil
     cdef void _report(self, Flow* f, double now) noexcept nogil
+    cdef void _half_closed(self, Flow* f, int di, double now) noexcept nogil
     cdef void _publish(self, double now) noexcept nogil
     cdef int _take_pipe(self, Dir* d) noexcept nogil
     cdef void _drop_pipe(self, Dir* d) noexcept nogil

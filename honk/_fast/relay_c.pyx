@@ -57,11 +57,16 @@ Design (and why):
     the queue out and calls ``listener.relay_event(kind, a, b, t)``. A flow's
     END is published only after the turn that ended it, so the worker never
     touches a slot that the asyncio side may already be reusing.
-  * Byte events are coalesced to one per second per flow (plus final totals
-    just before END); a flow's second HALF_CLOSE is not sent: that EOF ends the
-    flow, and END says so. That is enough for the tracker's idle sweeper, whose
-    timeouts are minutes; exact live totals are available at any moment from
-    :meth:`Engine.counters` (relaxed atomic loads of the worker's counters).
+  * Byte events are coalesced to one per second per flow, the first a second
+    after OPEN, plus final totals just before END; FIRST_BYTE carries the totals
+    at that moment (the client's bytes are known before the answer). The first
+    HALF_CLOSE waits for the flow's next report too (at once when one is due) and
+    the second is not sent: that EOF ends the flow, and END says so. A short flow
+    is told OPEN, FIRST_BYTE, BYTES, END: each event is a call on the loop's
+    thread, and the response deadline and the half-close linger run at most a
+    second late (the tracker's timeouts are seconds to minutes). Exact live
+    totals are available at any moment from :meth:`Engine.counters` (relaxed
+    atomic loads of the worker's counters).
   * Event times come from ``CLOCK_MONOTONIC``: the same clock as
     ``time.monotonic()`` (honk's MonotonicClock). Code driven by a FakeClock
     must not use them; the adapter stamps ``last_activity`` with its own
@@ -2082,6 +2087,9 @@ cdef class Engine:
                     if f.next_report <= now:
                         f.dirty = 0
                         self._report(f, now)
+                        if f.half_pending:
+                            self._emit(f, K_HALF_CLOSE, f.half_pending - 1, 0, now)
+                            f.half_pending = 0
                         continue
                     items[m] = f
                     m += 1
@@ -2166,6 +2174,7 @@ cdef class Engine:
         if self.live != NULL:
             self.live.prev = f
         self.live = f
+        f.next_report = now + REPORT_INTERVAL  # the first BYTES waits its interval too
         self._emit(f, K_OPEN, 0, 0, now)
         if f.aead != NULL and self._framed_start(f, now) < 0:
             return
@@ -2467,6 +2476,7 @@ cdef class Engine:
         f.d[1].len = honk_build_reply(reply, 0, f.fd[1])
         f.d[1].cap = 22
         f.connecting = 0
+        f.next_report = now + REPORT_INTERVAL
         self._emit(f, K_OPEN, 1, f.tls.facts if f.tls != NULL else 0, now)
 
     cdef int _tls_handshake(self, Flow* f, double now) noexcept nogil:
@@ -2733,7 +2743,7 @@ cdef class Engine:
                 d.shut = 1
                 self._drop_pipe(d)
                 if not f.d[1 - di].shut:  # the last direction's EOF ends the flow: its END says it
-                    self._emit(f, K_HALF_CLOSE, di, 0, now)
+                    self._half_closed(f, di, now)
                 return 0
             if not f.readable[src_side]:
                 return 0
@@ -2938,7 +2948,7 @@ cdef class Engine:
         honk_store64(counter, counter[0] + <uint64_t>n)
         if di == 1 and not f.first_down and f.tls == NULL:  # TLS: at its first plaintext byte
             f.first_down = 1
-            self._emit(f, K_FIRST_BYTE, 0, 0, now)
+            self._emit(f, K_FIRST_BYTE, <int64_t>f.bytes_up, <int64_t>f.bytes_down, now)
 
     cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil:
         """Grow d's buffer to at least size bytes: 0, or -1 if the flow ended for want of memory."""
@@ -3229,7 +3239,7 @@ cdef class Engine:
             t.got_any = 1
             if not f.first_down:
                 f.first_down = 1
-                self._emit(f, K_FIRST_BYTE, 0, 0, now)
+                self._emit(f, K_FIRST_BYTE, <int64_t>f.bytes_up, <int64_t>f.bytes_down, now)
         if t.inner != NULL:
             return self._tls_vmess(f, p, n, now)
         while t.stage < TLS_STAGE_DONE and pos < n:
@@ -3413,6 +3423,18 @@ cdef class Engine:
             f.next_report = now + REPORT_INTERVAL
             self._emit(f, K_BYTES, <int64_t>up, <int64_t>down, now)
         elif not f.dirty:
+            f.dirty = 1
+            _vec_push(&self.dirty, &f)
+
+    cdef void _half_closed(self, Flow* f, int di, double now) noexcept nogil:
+        """The first direction's EOF went through: HALF_CLOSE goes out with the flow's next
+        report (at once when one is due), so a flow that ends within its report interval is
+        told only its END, which says both."""
+        if now >= f.next_report:
+            self._emit(f, K_HALF_CLOSE, di, 0, now)
+            return
+        f.half_pending = <uint8_t>(di + 1)
+        if not f.dirty:
             f.dirty = 1
             _vec_push(&self.dirty, &f)
 

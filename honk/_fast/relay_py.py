@@ -10,14 +10,16 @@ from inside ``add``/``cancel`` (they are queued and flushed by a loop callback,
 as the compiled engine's are):
 
 * ``EV_OPEN``: the engine took the flow over.
-* ``EV_FIRST_BYTE``: the first byte from the upstream (``t`` = when it was read).
+* ``EV_FIRST_BYTE``: the first byte from the upstream (``t`` = when it was read),
+  with ``a``, ``b`` the byte totals at that moment (as ``EV_BYTES``).
 * ``EV_BYTES``: ``a`` = bytes read from the client so far, ``b`` = from the
-  upstream; at most once per second per flow, and always once with the final
-  totals just before ``EV_END``.
+  upstream; at most once per second per flow, the first a second after
+  ``EV_OPEN``, and always once with the final totals just before ``EV_END``.
 * ``EV_HALF_CLOSE``: ``a`` = 0 when the client's EOF was forwarded upstream
   (``shutdown(SHUT_WR)``), 1 when the upstream's EOF was forwarded to the client;
-  only for the first direction to end: the second one's EOF ends the flow, and
-  ``EV_END`` says so.
+  only for the first direction to end (the second one's EOF ends the flow, and
+  ``EV_END`` says so), and with the flow's next byte report (at once when one is
+  due): a flow that ends within a second of its last report is told only ``EV_END``.
 * ``EV_END``: the last event; ``a`` = ``END_CLEAN`` (both directions finished),
   ``END_ERROR`` or ``END_CANCELLED``; for ``END_ERROR`` ``b`` = ``side << 16 | errno``
   with side ``SIDE_CLIENT``/``SIDE_UPSTREAM`` (the fd the error came from) or
@@ -177,6 +179,7 @@ class _Flow:
         "fail_code",
         "framing",
         "shake",
+        "half_pending",
     )
 
     def __init__(self, flow_id: int, fds: tuple[int, int], listener: Any, copy: bool) -> None:
@@ -196,6 +199,7 @@ class _Flow:
         self.fail_code = 1  # listener mode: the reply a cancel during the connect sends
         self.framing: Any = None  # a ShadowsocksFraming: client bytes are sealed, upstream bytes opened
         self.shake: _Shake | None = None  # hs_connect over TLS: the handshake this engine drives
+        self.half_pending = 0  # the first EOF forwarded (side + 1), told with the next report; 0: none
 
     def frame(self, framing: Any, preamble: bytes, client_eof: bool = False) -> bytes:
         """Make this a framed flow (both directions copy through the codec); the sealed preamble."""
@@ -726,6 +730,7 @@ class Engine:
         """The upstream is ready: reply success (ahead of the upstream's bytes) and relay."""
         flow.dirs[1].buf = _build_reply(0, flow.fds[1])
         flow.connecting = False
+        flow.next_report = time.monotonic() + REPORT_INTERVAL  # the first BYTES waits its interval too
         self._emit(flow, EV_OPEN, 1, flow.shake.facts if flow.shake is not None else 0)
         for d in flow.dirs:
             if not d.copy:
@@ -776,6 +781,7 @@ class Engine:
     def _start(self, flow: _Flow) -> None:
         if flow.ended:
             return
+        flow.next_report = time.monotonic() + REPORT_INTERVAL
         self._emit(flow, EV_OPEN, 0, 0)
         try:
             for fd in flow.fds:
@@ -892,7 +898,7 @@ class Engine:
                 d.shut = True
                 self._drop_pipe(d)
                 if not flow.dirs[d.dst].shut:  # the last direction's EOF ends the flow: its END says it
-                    self._emit(flow, EV_HALF_CLOSE, d.src, 0)
+                    self._half_closed(flow, d.src)
                 return
             if moved >= TURN_BUDGET:
                 return  # level-triggered: the loop calls again
@@ -905,7 +911,7 @@ class Engine:
                         # TLS: records may be only tickets; its first byte is the first plaintext
                         if d.src == SIDE_UPSTREAM and not flow.first_down and flow.framing.kind != "tls":
                             flow.first_down = True
-                            self._emit(flow, EV_FIRST_BYTE, 0, 0)
+                            self._emit(flow, EV_FIRST_BYTE, flow.counts[0], flow.counts[1])
                         d.buf = self._framed(flow, d, data)
                 elif d.copy:
                     data = os.read(src, COPY_BUFFER)
@@ -939,7 +945,7 @@ class Engine:
                 flow.counts[d.src] += n
             if d.src == SIDE_UPSTREAM and not flow.first_down and (flow.framing is None or flow.framing.kind != "tls"):
                 flow.first_down = True
-                self._emit(flow, EV_FIRST_BYTE, 0, 0)
+                self._emit(flow, EV_FIRST_BYTE, flow.counts[0], flow.counts[1])
 
     def _framed(self, flow: _Flow, d: _Dir, data: bytes) -> bytes:
         """Seal client bytes, or open upstream bytes (an auth or protocol error ends the flow)."""
@@ -963,7 +969,7 @@ class Engine:
         framing = flow.framing
         if framing.answered and not flow.first_down:
             flow.first_down = True
-            self._emit(flow, EV_FIRST_BYTE, 0, 0)
+            self._emit(flow, EV_FIRST_BYTE, flow.counts[0], flow.counts[1])
         extra = framing.take_outgoing()
         up = flow.dirs[0]
         if extra and not up.src_eof:  # nothing may follow our close_notify
@@ -1021,6 +1027,21 @@ class Engine:
         flow.report_handle = None
         if not flow.ended:
             self._report(flow)
+            if flow.half_pending and flow.report_handle is None:
+                self._emit(flow, EV_HALF_CLOSE, flow.half_pending - 1, 0)
+                flow.half_pending = 0
+
+    def _half_closed(self, flow: _Flow, side: int) -> None:
+        """The first direction's EOF went through: HALF_CLOSE goes out with the flow's next
+        report (at once when one is due), so a flow that ends within its report interval is
+        told only its END, which says both."""
+        now = time.monotonic()
+        if now >= flow.next_report:
+            self._emit(flow, EV_HALF_CLOSE, side, 0)
+            return
+        flow.half_pending = side + 1
+        if flow.report_handle is None:
+            flow.report_handle = self._loop.call_later(flow.next_report - now, self._report_due, flow)
 
     def _end(self, flow: _Flow, cause: int, b: int) -> None:
         flow.ended = True

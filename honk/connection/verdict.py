@@ -20,8 +20,9 @@ and it decides the flow's one outcome:
 The timer starts at the first upstream byte, so a long-lived connection that sends
 nothing is never judged, and it runs from the client's latest byte, so a client
 that is still sending (an upload, a one-way stream) is not waiting for an answer
-and is not judged either. The compiled engine reports bytes at most once a
-second, so the deadline can run up to a second late; it never runs early.
+and is not judged either. The relay engines report bytes at most once a second
+(the first a second after the flow opened, or with the first response byte), so
+the deadline can run up to a second late; it never runs early.
 
 It also forwards every byte count to the flow's Score reporter (TX announces the
 reporter, RX feeds its publication, GH-K-72), so one observer serves both.
@@ -75,7 +76,7 @@ class FlowVerdict:
             self.last_sent = now
             if self.sent_at is None:
                 self.sent_at = now
-                if not self.decided and self.response_timeout > 0:
+                if not self.decided and not down and self.response_timeout > 0:  # answered in the same report: no timer
                     self._arm(now + self.response_timeout)
         if down:
             if reporter is not None:

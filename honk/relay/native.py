@@ -310,11 +310,16 @@ class NativeRelay:
             self._up, self._down = up, b
             if self.observer is not None:
                 self._observe(up, b)
-        elif kind == _EV_FIRST_BYTE:
+        elif kind == _EV_FIRST_BYTE:  # with the counts so far: the client's bytes are told first
             self.first_byte_at = t
             self.last_activity = self.clock.now()
+            up = self._base_up + a
+            if up > self._up:
+                self._up = up
+            if b > self._down:
+                self._down = b
             if self.observer is not None:  # told at once: byte events are coalesced to one a second
-                self._observe(self._seen[0], max(self._seen[1], 1))
+                self._observe(max(up, self._seen[0]), max(b, self._seen[1], 1))
         elif kind == _EV_HALF_CLOSE:
             self.half_closed |= 1 << a
             if self.half_closed_since is None:

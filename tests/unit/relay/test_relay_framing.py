@@ -259,7 +259,8 @@ async def test_client_eof_shuts_the_upstream_after_the_pending_chunks(engine) ->
         r.srv.shutdown(socket.SHUT_WR)
         assert await recv_until_eof(r.lan) == b"the answer"
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
-        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [0]  # the second EOF ended the flow: END says it
+        # the first EOF is told with a report a flow this short may not live to see; never the second
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] in ([], [0])
 
 
 async def test_upstream_eof_after_whole_chunks_shuts_the_client_and_keeps_the_way_up(engine) -> None:
@@ -272,7 +273,8 @@ async def test_upstream_eof_after_whole_chunks_shuts_the_client_and_keeps_the_wa
         r.lan.shutdown(socket.SHUT_WR)
         assert await r.server.recv_until_eof() == b"late words"
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
-        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] == [1]  # the second EOF ended the flow: END says it
+        # the first EOF is told with a report a flow this short may not live to see; never the second
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_HALF_CLOSE] in ([], [1])
 
 
 async def test_a_framing_the_engines_cannot_carry_is_refused_before_the_fds_are_taken(engine) -> None:

@@ -165,7 +165,7 @@ async def test_vless_response_header_is_stripped_across_records(engine, contexts
         assert await recv_exactly(r.lan, 5) == b"hello"
         await r.server.send(b"\x00 not a header any more")
         assert await recv_exactly(r.lan, 23) == b"\x00 not a header any more"
-        assert (relay_py.EV_FIRST_BYTE, 0, 0) in r.rec.events
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_FIRST_BYTE] == [0]  # once; the client sent nothing
 
 
 async def test_vless_header_and_payload_in_one_record(engine, contexts) -> None:
