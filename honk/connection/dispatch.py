@@ -421,7 +421,7 @@ class Dispatcher:
         leaf = routed.leaf
         offer = getattr(leaf, "engine_plan", None)
         now = self.clock.now()  # one reading for the ready check and the deadline: the plan takes microseconds
-        if offer is None or _ready_hit(leaf, now) or self._retrying_group(routed) is not None:
+        if offer is None or _ready_hit(leaf, now) or (len(routed.chain) > 1 and self._retrying_group(routed)):
             return None
         budget = getattr(self._plane, "admission", None)
         permit = budget.try_acquire() if budget is not None else None
@@ -434,7 +434,7 @@ class Dispatcher:
                     permit.release()
                 return None
             self.admit(routed)
-            guard = scoring.begin(routed.score, self.clock)
+            guard = None if routed.score is None else scoring.begin(routed.score, self.clock)
         except BaseException:
             if permit is not None:
                 permit.release()

@@ -46,6 +46,10 @@ log = logging.getLogger("honk.outbound.shadowsocks")
 
 _CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="shadowsocks")
 
+# Address headers a node keeps encoded (cleared when full): flows repeat a few targets, and
+# encoding one shows in the loop thread's cost per Shadowsocks flow.
+HEADER_CACHE_SIZE = 1024
+
 
 class ShadowsocksOutbound(ProxyLeaf):
     """A ``ss`` node: ``node.encryption`` is the cipher, ``node.password`` the password."""
@@ -60,6 +64,7 @@ class ShadowsocksOutbound(ProxyLeaf):
         self._master = (
             master_key(node.password or "", CIPHERS[cipher].key_size) if self._cipher is not None else b""
         )
+        self._headers: dict[tuple[str, int], bytes] = {}  # (host, port) -> its address header
 
     @property
     def capabilities(self) -> Capabilities:
@@ -84,7 +89,13 @@ class ShadowsocksOutbound(ProxyLeaf):
     def _opening(self, target: Address) -> tuple[bytes, ShadowsocksFraming]:
         """The first chunk's plaintext (the target address) and a framing that has sent nothing."""
         cipher = self._usable_cipher()
-        header = _address_header(self.name, target)
+        key = (target.host, target.port)
+        header = self._headers.get(key)
+        if header is None:
+            header = _address_header(self.name, target)
+            if len(self._headers) >= HEADER_CACHE_SIZE:
+                self._headers.clear()
+            self._headers[key] = header
         return header, ShadowsocksFraming(cipher, self._master)  # fresh: its codecs are made when first used
 
     async def dial_udp(

@@ -129,6 +129,8 @@ class Router:
         rules = self._rules
         if not 0 <= start <= len(rules):
             raise ValueError(f"start {start} outside 0..{len(rules)}")
+        if start == len(rules):  # nothing to match (a config of one fallback): no view to build
+            return self._fallback
         view = FlowView.of(meta)
         ip_known = view.dst_ip is not None
         for i in range(start, len(rules)):

@@ -28,7 +28,7 @@ from honk.core.net import Address
 from honk.outbound.base import DialedStream
 from honk.outbound.registry import build_outbounds
 from honk.outbound.runtime import NodeRuntime
-from honk.outbound.shadowsocks import ShadowsocksOutbound
+from honk.outbound.shadowsocks import HEADER_CACHE_SIZE, ShadowsocksOutbound
 from honk.proto.shadowsocks import (
     CIPHERS,
     StreamDecryptor,
@@ -198,6 +198,26 @@ def test_a_node_with_an_unsupported_cipher_refuses_to_dial(run) -> None:
         server.setblocking(False)
         with pytest.raises(BlockingIOError):  # nothing even tried to connect
             server.accept()
+
+
+def test_engine_plans_carry_each_targets_header_and_a_fresh_framing_with_a_bounded_cache() -> None:
+    """The engine's dial of a flow: the server, the target's address header (encoded once per
+    target and kept, at most HEADER_CACHE_SIZE of them) and a framing of its own per flow."""
+    leaf = _leaf("aes-256-gcm", "127.0.0.1", 8388)
+    first = leaf.engine_plan(Address("example.com", 443))
+    again = leaf.engine_plan(Address("EXAMPLE.com.", 443))  # the same target, as normalised
+    other = leaf.engine_plan(Address("192.0.2.7", 80))
+    assert (first.ip, first.port) == ("127.0.0.1", 8388)
+    assert first.head == again.head == encode_address(Address("example.com", 443))
+    assert other.head == encode_address(Address("192.0.2.7", 80))
+    assert first.framing is not again.framing and first.framing.fresh and again.framing.fresh
+    for port in range(1, HEADER_CACHE_SIZE + 10):
+        plan = leaf.engine_plan(Address("10.0.0.1", port))
+        assert plan.head == encode_address(Address("10.0.0.1", port))
+        assert len(leaf._headers) <= HEADER_CACHE_SIZE
+    with pytest.raises(DialError):  # a name a Shadowsocks header cannot hold: Python's dial says why
+        leaf._opening(Address("a" * 256, 80))
+    assert leaf.engine_plan(Address("a" * 256, 80)) is None
 
 
 # --- UDP -------------------------------------------------------------------------------
