@@ -74,7 +74,8 @@ class PlaneLike(Protocol):
     async def decide(self, meta: FlowMeta, resolver: Resolver) -> Any: ...
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as FlowMeta (honk.core.net): built per flow, never mutated.
+@dataclass(slots=True)
 class Routed:
     """A routing decision for one flow, with the plane generation that made it."""
 

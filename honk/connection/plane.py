@@ -55,7 +55,8 @@ def _flow_target(groups: GroupManager, outbound: str, meta: FlowMeta) -> ScoreTa
     return score_target(meta) if outbound in groups else None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as FlowMeta (honk.core.net): built per flow, never mutated.
+@dataclass(slots=True)
 class Decision:
     """The route taken and the leaf it resolved to.
 

@@ -69,7 +69,9 @@ class Address:
         return f"{self.host}:{self.port}"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one is built per flow, and a frozen dataclass's __init__ pays an object.__setattr__
+# call per field (the fast path's routing measured 3.0 -> 1.6 us per flow without). Never mutated.
+@dataclass(slots=True)
 class FlowMeta:
     """What routing knows about one flow when it is accepted.
 

@@ -85,7 +85,8 @@ ChoiceListener = Callable[[str, Network, Identity], None]
 InterruptListener = Callable[[str, Network], None]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as FlowMeta (honk.core.net): built per flow, never mutated.
+@dataclass(slots=True)
 class Selection:
     """The leaf a name resolved to; ``chain`` runs from the asked name to the leaf's name
     (a final edge taken is part of it)."""

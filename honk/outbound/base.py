@@ -60,7 +60,8 @@ class DialedStream:
     bridge: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as FlowMeta (honk.core.net): built per flow, never mutated.
+@dataclass(slots=True)
 class EnginePlan:
     """A TCP dial the relay engine can make itself (``Engine.hs_connect``): connect to ``ip``:``port``
     with the bypass ``mark`` (-1: none), send ``head`` first, then relay through ``framing``.
