@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from helpers.descriptors import descriptors_exhausted
@@ -542,6 +542,24 @@ def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> No
     run(main())
 
 
+@contextlib.asynccontextmanager
+async def _pinged_flow(name: str, listener: socket.socket) -> AsyncIterator[tuple[Flow, _Recorder]]:
+    """One loopback flow relayed by engine ``name`` to a recorder, the client's "ping" already
+    delivered upstream."""
+    loop = asyncio.get_running_loop()
+    engine = _engine_class(name)(loop)
+    flow = Flow(lambda: tcp_pair(listener))
+    try:
+        rec = _Recorder()
+        engine.add(flow._lan_peer.detach(), flow.upstream.detach(), rec)
+        await loop.sock_sendall(flow.lan, b"ping")
+        assert await asyncio.wait_for(loop.sock_recv(flow.remote, 4), STEP) == b"ping"
+        yield flow, rec
+    finally:
+        flow.close()
+        engine.close()
+
+
 @pytest.mark.parametrize("name", [e for e in ENGINES if e != "copy"])
 def test_a_short_flow_is_told_open_first_byte_totals_and_end(run, name, listener) -> None:
     """A flow that ends within its first report interval is told four events: OPEN, FIRST_BYTE
@@ -549,15 +567,9 @@ def test_a_short_flow_is_told_open_first_byte_totals_and_end(run, name, listener
     half-close waited for a report that never came (END says both), and so did its first
     BYTES: each is one call less on the loop's thread per flow."""
     async def main() -> None:
-        engine = _engine_class(name)(asyncio.get_running_loop())
-        flow = Flow(lambda: tcp_pair(listener))
         loop = asyncio.get_running_loop()
-        try:
-            rec = _Recorder()
-            began = time.monotonic()
-            engine.add(flow._lan_peer.detach(), flow.upstream.detach(), rec)
-            await loop.sock_sendall(flow.lan, b"ping")
-            assert await asyncio.wait_for(loop.sock_recv(flow.remote, 4), STEP) == b"ping"
+        began = time.monotonic()
+        async with _pinged_flow(name, listener) as (flow, rec):
             await loop.sock_sendall(flow.remote, b"pong!")
             assert await asyncio.wait_for(loop.sock_recv(flow.lan, 5), STEP) == b"pong!"
             flow.lan.shutdown(socket.SHUT_WR)
@@ -573,9 +585,6 @@ def test_a_short_flow_is_told_open_first_byte_totals_and_end(run, name, listener
                                       (relay_py.EV_BYTES, 4, 5), (relay_py.EV_END, relay_py.END_CLEAN, 0)]
                 # what benchmarks.flowcost feeds the fast path as a short flow's events is this sequence
                 assert [kind for kind, _, _ in rec.events] == [kind for kind, _, _ in flowcost.SHORT_FLOW_EVENTS]
-        finally:
-            flow.close()
-            engine.close()
 
     run(main())
 
@@ -586,14 +595,7 @@ def test_a_lingering_half_close_is_told_with_the_next_report(run, name, listener
     the flow's next report, within a report interval (the tracker's half-close linger starts
     from it), and the second EOF still comes as END alone."""
     async def main() -> None:
-        engine = _engine_class(name)(asyncio.get_running_loop())
-        flow = Flow(lambda: tcp_pair(listener))
-        loop = asyncio.get_running_loop()
-        try:
-            rec = _Recorder()
-            engine.add(flow._lan_peer.detach(), flow.upstream.detach(), rec)
-            await loop.sock_sendall(flow.lan, b"ping")
-            assert await asyncio.wait_for(loop.sock_recv(flow.remote, 4), STEP) == b"ping"
+        async with _pinged_flow(name, listener) as (flow, rec):
             flow.lan.shutdown(socket.SHUT_WR)
             assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b""
             shut = time.monotonic()
@@ -605,9 +607,6 @@ def test_a_lingering_half_close_is_told_with_the_next_report(run, name, listener
             flow.remote.shutdown(socket.SHUT_WR)
             assert await asyncio.wait_for(rec.ended, STEP) == (relay_py.END_CLEAN, 0)
             assert [e for e in rec.events if e[0] == relay_py.EV_HALF_CLOSE] == half
-        finally:
-            flow.close()
-            engine.close()
 
     run(main())
 
