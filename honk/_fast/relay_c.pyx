@@ -3519,7 +3519,7 @@ cdef class Engine:
     cdef void _publish(self, double now) noexcept nogil:
         """Hand this turn's events to the loop's thread. Byte counts, first bytes and half-closes
         wait up to EVENT_DEFER for an urgent event (a request, OPEN, END) to ride with: a short
-        flow then wakes the loop's thread three times, not five or six. Their times travel in the events,
+        flow then wakes the loop's thread three times, not four. Their times travel in the events,
         so waiting changes no measurement; order is kept."""
         cdef bint was_empty, wake
         cdef size_t k

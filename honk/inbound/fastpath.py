@@ -46,10 +46,11 @@ connection, replaying ``data`` through the same codec and skipping the
 C copy of it; a handed-over client gets the full ``HANDSHAKE_TIMEOUT`` of the
 injected clock from the handover on.
 
-Per connection on the loop's thread: one request event, one command, two heap
-entries of the path's ``Deadlines`` (the connect deadline, and the response
-deadline of the flow's verdict), one :class:`FastFlow`, one tracker entry, the
-relay's coalesced events.
+Per connection on the loop's thread: one request event, one command, the connect
+deadline (a heap entry of the path's ``Deadlines``; the verdict's response deadline
+is another, only for a flow whose client bytes are told before its answer), one
+:class:`FastFlow`, one tracker entry, and the relay's events: four for a short flow
+(opened, first byte with the totals so far, final bytes, end).
 Routing is never cached. The pure-Python twin of the engine implements the
 same listener mode on the event loop, so the same tests run over both.
 """
@@ -159,7 +160,7 @@ class FastFlow(NativeRelay):
         return self.verdict
 
     def relay_event(self, kind: int, a: int, b: int, t: float) -> None:
-        # called seven times per flow: the event kinds are module constants, the base called directly
+        # called four times per short flow: the event kinds are module constants, the base called directly
         if kind == _EV_OPEN:
             self._path._opened(self, b)
         elif kind == _EV_END:
