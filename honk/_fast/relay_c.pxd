@@ -335,6 +335,7 @@ cdef class Engine:
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil
     cdef void _emit(self, Flow* f, int kind, int64_t a, int64_t b, double now) noexcept nogil
     cdef void _report(self, Flow* f, double now) noexcept nogil
+    cdef void _report_later(self, Flow* f) noexcept nogil
     cdef void _half_closed(self, Flow* f, int di, double now) noexcept nogil
     cdef void _publish(self, double now) noexcept nogil
     cdef int _take_pipe(self, Dir* d) noexcept nogil

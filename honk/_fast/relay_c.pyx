@@ -3422,7 +3422,12 @@ cdef class Engine:
             f.rep_down = down
             f.next_report = now + REPORT_INTERVAL
             self._emit(f, K_BYTES, <int64_t>up, <int64_t>down, now)
-        elif not f.dirty:
+        else:
+            self._report_later(f)
+
+    cdef void _report_later(self, Flow* f) noexcept nogil:
+        """Put f on the "report later" list (once): the worker looks at it when its report is due."""
+        if not f.dirty:
             f.dirty = 1
             _vec_push(&self.dirty, &f)
 
@@ -3434,9 +3439,7 @@ cdef class Engine:
             self._emit(f, K_HALF_CLOSE, di, 0, now)
             return
         f.half_pending = <uint8_t>(di + 1)
-        if not f.dirty:
-            f.dirty = 1
-            _vec_push(&self.dirty, &f)
+        self._report_later(f)
 
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil:
         """End a flow: close its fds, recycle its pipes, publish final totals and END.

@@ -1020,7 +1020,12 @@ class Engine:
             flow.rep = counts
             flow.next_report = now + REPORT_INTERVAL
             self._emit(flow, EV_BYTES, counts[0], counts[1])
-        elif flow.report_handle is None:
+        else:
+            self._report_later(flow, now)
+
+    def _report_later(self, flow: _Flow, now: float) -> None:
+        """Call :meth:`_report_due` when the flow's report is due (once)."""
+        if flow.report_handle is None:
             flow.report_handle = self._loop.call_later(flow.next_report - now, self._report_due, flow)
 
     def _report_due(self, flow: _Flow) -> None:
@@ -1040,8 +1045,7 @@ class Engine:
             self._emit(flow, EV_HALF_CLOSE, side, 0)
             return
         flow.half_pending = side + 1
-        if flow.report_handle is None:
-            flow.report_handle = self._loop.call_later(flow.next_report - now, self._report_due, flow)
+        self._report_later(flow, now)
 
     def _end(self, flow: _Flow, cause: int, b: int) -> None:
         flow.ended = True
