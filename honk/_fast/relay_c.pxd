@@ -257,6 +257,7 @@ cdef class Engine:
     cdef uint64_t n_auth      # framed flows ended by an upstream tag that did not verify (atomic)
     cdef uint64_t n_proto     # framed flows ended by broken upstream framing (atomic)
     cdef uint64_t n_wakeups   # event deliveries to the loop's thread (loop's thread only)
+    cdef uint64_t n_at_once   # upstream connects finished inside connect() (worker writes, atomic)
     cdef int n_pool
     cdef int pipe_size        # bytes a bulk direction's pipe grows to (<= 0: never grows)
     cdef int n_big            # grown pipes alive (at most MAX_BIG_PIPES)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import errno as _errno
 import os
+import select
 import ssl
 import time
 from typing import Any, Protocol
@@ -291,6 +292,7 @@ class Engine:
         self._framing_errors = [0, 0]  # framed flows ended by FRAMING_AUTH; FRAMING_PROTOCOL or _TRUNCATED
         self._released: list[Any] = []  # TLS framings whose flows ended, given back after their END
         self.wakeups = 0  # event deliveries to the loop's thread (each _flush)
+        self.connects_at_once = 0  # upstream connects finished when connect_ex returned (see _connect)
 
     # -- API ---------------------------------------------------------------------------
 
@@ -646,6 +648,10 @@ class Engine:
             flow.fds[1] = sock.detach()
             if err not in (0, _errno.EINPROGRESS):
                 self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | err)
+                return
+            if _connect_done(flow.fds[1]):  # as the compiled worker: opened now, not after a readiness callback
+                self.connects_at_once += 1
+                self._connected(flow)
                 return
         else:
             try:
@@ -1206,6 +1212,15 @@ def decryptor_pending(decryptor: Any) -> bool:
         return bool(pending)
     # honk.proto.shadowsocks.StreamDecryptor keeps unread bytes and an opened length privately
     return bool(decryptor._buf) or decryptor._payload_len >= 0
+
+
+def _connect_done(fd: int) -> bool:
+    """Whether the connect started on ``fd`` has finished already (over loopback the kernel
+    often finishes it within connect() itself); a failed one is left to the writer callback."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    ready = poller.poll(0)
+    return bool(ready) and ready[0][1] & (select.POLLOUT | select.POLLERR | select.POLLHUP) == select.POLLOUT
 
 
 def _send_quiet(fd: int, data: bytes) -> None:

@@ -167,6 +167,37 @@ def test_a_vmess_node_on_plain_tcp_is_dialled_by_the_engine(run, engine_name) ->
     run(main())
 
 
+def test_a_connect_finished_within_connect_opens_the_flow_in_the_same_turn(run, engine_name) -> None:
+    """Over loopback the kernel finishes the handshake inside connect(): the engine opens the
+    flow then (the SOCKS reply, the request header), not after a readiness turn, which under
+    load cost every short flow a few hundred microseconds. A connect still in progress (the
+    server's backlog is full) waits for its readiness and is not counted."""
+
+    async def main() -> None:
+        with ss_server("aes-256-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
+            async with honk(engine_name, (_ss_node("ss", peer.port),), fallback="ss") as env:
+                engine = env.inbound._fast.paths[0].engine
+                for i in range(3):
+                    assert await _echo_through(env, echo.port, b"opened at once") == b"opened at once"
+                    assert engine.connects_at_once == i + 1
+        clock = FakeClock()
+        with unanswered_port() as port:
+            async with honk(engine_name, (_ss_node("ss", port),), fallback="ss", clock=clock) as env:
+                engine = env.inbound._fast.paths[0].engine
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
+                writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", 80))
+                assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+                while clock.sleepers == 0:  # the connect deadline is armed
+                    await asyncio.sleep(0.001)
+                clock.advance(2.1)  # the cancel reaches the worker after its connect command
+                assert (await asyncio.wait_for(reader.readexactly(10), STEP))[1] == 0x06
+                await close_writer(writer)
+                await asyncio.wait_for(env.inbound.wait_closed(), STEP)
+                assert engine.connects_at_once == 0
+
+    run(main())
+
+
 # --- failures are reported as Python's dial reports them -------------------------------------------
 
 
