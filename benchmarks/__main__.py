@@ -30,6 +30,9 @@
   v2ray client, both into one v2ray server per protocol (VMess over TCP, Trojan
   and VLESS over TLS; bulk on one stream and the connection rate; ``--no-v2ray``
   skips them);
+* geodata: a full-size geosite.dat loaded and compiled (time, resident memory) and the
+  router's domain matcher over its largest list (lookups/s) (``benchmarks/geodata.py``;
+  ``--no-geodata`` skips it);
 * flowcost: the loop thread's CPU per Shadowsocks flow on the SOCKS fast path, request to
   end, over a recording engine (``benchmarks/flowcost.py``): absolute figures with no
   baseline, so not part of the default run; ``python -m benchmarks.flowcost [--profile]``;
@@ -55,7 +58,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, groups, health, kernels, relay, reload, score, selection, tproxy, warm
+from benchmarks import api, geodata, groups, health, kernels, relay, reload, score, selection, tproxy, warm
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -81,6 +84,7 @@ def main() -> None:
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up first-byte benchmark")
+    parser.add_argument("--no-geodata", action="store_true", help="skip the geodata load and lookup benchmark")
     parser.add_argument("--selection", action="store_true",
                         help="add the selection scenario table (issue 32; ~28 min, ~11 with --quick)")
     args = parser.parse_args()
@@ -106,6 +110,7 @@ def main() -> None:
     reload_rows: list[tuple[str, str, str, str]] = [] if args.no_reload else reload.run(quick=args.quick)
     tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
     warm_rows: list[tuple[str, ...]] = [] if args.no_warm else warm.run(quick=args.quick)
+    geodata_rows: list[tuple[str, str, str, str]] = [] if args.no_geodata else geodata.run(quick=args.quick)
     selection_results, selection_table = selection.run(quick=args.quick) if args.selection else ({}, "")
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
@@ -137,6 +142,9 @@ def main() -> None:
         print()
     if warm_rows:
         print(relay.format_table(warm.HEADER, [list(r) for r in warm_rows]))
+        print()
+    if geodata_rows:
+        print(relay.format_table(["geodata", "honk", "target", "status"], [list(r) for r in geodata_rows]))
         print()
     if selection_table:
         print(selection_table)
@@ -173,7 +181,7 @@ def main() -> None:
     out.write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows,
+        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows, "geodata": geodata_rows,
         "selection": selection_results,
         **report.as_json(),
     }, indent=2))

@@ -29,6 +29,7 @@ from honk.alive.prober import NodeProber
 from honk.alive.runner import HealthRunner
 from honk.alive.thresholds import DELAY_PERSIST_INTERVAL
 from honk.alive.traffic import NodeTraffic
+from honk.config.expr import MUST_RULES
 from honk.config.spec import GroupSpec, Policy
 from honk.connection.plane import Plane
 from honk.control.statedb import StateDB, state_db_path
@@ -254,7 +255,8 @@ class HealthService:
                 urltest[group.name] = (group.idle_timeout, leaves)
             else:
                 always |= leaves
-        for rule_target in {r.outbound for r in plane.spec.routing.rules} | {plane.spec.routing.fallback}:
+        for rule_target in {r.outbound for r in plane.spec.routing.rules if r.outbound != MUST_RULES} | {
+                plane.spec.routing.fallback}:
             if rule_target not in plane.groups:
                 always |= _reachable_leaves(plane, rule_target)
         self.runner.set_demand(always, urltest)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
-from honk.config.expr import parse_filter_line, parse_rule
+from honk.config.expr import MUST_PREFIX, MUST_RULES, parse_filter_line, parse_rule
 from honk.config.links import LinkError, parse_inbound_url, parse_node_link
 from honk.config.spec import (
     DEFAULT_CHECK_TOLERANCE,
@@ -406,6 +406,14 @@ def build_routing(
             continue
         fallback, fallback_entry = s, e
     return out, fallback, fallback_entry
+
+
+def split_fallback_must(fallback: str) -> tuple[str, bool]:
+    """dae's ``fallback: must_<name>`` (config/patch.go strips the prefix there too): the
+    outbound ``<name>`` and whether the fallback is a must decision."""
+    if fallback.startswith(MUST_PREFIX) and fallback != MUST_RULES and len(fallback) > len(MUST_PREFIX):
+        return fallback[len(MUST_PREFIX):], True
+    return fallback, False
 
 
 # --- experimental -------------------------------------------------------------------------

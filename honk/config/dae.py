@@ -7,12 +7,13 @@ Reading happens in two steps.
    rules of honk's dialect reference: ``#`` starts a comment only at token head
    (start of the statement or after a space or tab) outside quotes, so a glued
    ``#`` is data; quotes are single or double and must close on their physical
-   line (``unterminated-quote``); a structural ``{`` must be separated from its
-   header (``block-delimiter-spacing``); braces inside quotes or inside
+   line (``unterminated-quote``); a structural ``{`` ends its line (or is
+   followed by a space or ``}``) and may be glued to its header as dae allows
+   (``block-delimiter-spacing``, an info); braces inside quotes or inside
    parentheses are data; an extra ``}`` is ignored (``unmatched-close``); an
-   unclosed block rejects the document (``unclosed-block``). Inside the root
-   ``routing`` block a statement whose parentheses are still open at the end
-   of a line continues on the next line.
+   unclosed block rejects the document (``unclosed-block``). Routing rules and
+   group ``filter:`` lines continue over lines as dae joins them (see
+   :func:`parse_blocks`).
 
 2. :func:`to_doc` interprets the known sections (``global``, ``inbound``,
    ``node``, ``subscription``, ``group``, ``routing``, ``dns``, ``include``,
@@ -98,11 +99,11 @@ def _scan_line(line: str, lineno: int, depth: int, file: str, sink: Sink) -> _Li
             if nxt in ("", " ", "\t", "\r", "}"):
                 text = "".join(buf)
                 glued = bool(text.strip()) and prev not in (" ", "\t")
-                if glued:
-                    sink.error(
+                if glued:  # dae's grammar reads 'global{' as 'global {'
+                    sink.info(
                         "block-delimiter-spacing",
                         "document",
-                        "separate '{' from the block name with a space",
+                        "'{' glued to the block name opens the block",
                         SourceLoc(file, lineno),
                     )
                 tokens.append(("text", text))
@@ -122,22 +123,49 @@ def _scan_line(line: str, lineno: int, depth: int, file: str, sink: Sink) -> _Li
     return _Line(tokens, depth)
 
 
+_FILTER_KEY = re.compile(r"^filter\s*:")
+_ROUTING_JOINERS = ("&&", "->")  # a routing rule goes on after (or before) either
+_FILTER_JOINERS = ("&&",)
+
+
+def _continuation(stack: list[Block]) -> str | None:
+    """Where statements may continue over lines: the root ``routing`` block, or a group's
+    block (only its ``filter:`` statements)."""
+    if len(stack) == 2 and stack[1].header.strip() == "routing":
+        return "routing"
+    if len(stack) == 3 and stack[1].header.strip() == "group":
+        return "filter"
+    return None
+
+
+def _joiners(context: str | None, text: str) -> tuple[str, ...]:
+    if context == "routing" and not _FALLBACK.match(text):
+        return _ROUTING_JOINERS
+    if context == "filter" and _FILTER_KEY.match(text):
+        return _FILTER_JOINERS
+    return ()
+
+
 def parse_blocks(text: str, file: str, sink: Sink) -> Block:
-    """Lex and parse a dae document into a block tree (the root has header '')."""
+    """Lex and parse a dae document into a block tree (the root has header '').
+
+    dae's grammar skips newlines, so a statement may continue over lines, and these do
+    (nothing else is joined): in the root ``routing`` block a rule whose parentheses are
+    open at the end of a line, whose text ends with ``&&`` or ``->``, or that the next
+    non-blank, non-comment line continues by starting with ``&&`` or ``->``; in a group's
+    block a ``filter:`` that ends with ``&&`` or that the next such line continues by
+    starting with ``&&``. A joined statement keeps its first line; one still incomplete
+    when its block ends is an error (``unterminated-matcher``, ``unterminated-statement``).
+    """
     root = Block("", 0)
     stack: list[Block] = [root]
-    pending: Stmt | None = None  # a routing statement continued across lines
-    depth = 0
+    pending: Stmt | None = None  # a statement continued across lines
+    joiners: tuple[str, ...] = ()  # what ends or starts a continuation of ``pending``
+    depth = 0  # unquoted parenthesis depth at the end of ``pending`` (routing only)
     for lineno, line in enumerate(text.split("\n"), start=1):
         line = line.rstrip("\r")
-        in_routing = len(stack) == 2 and stack[1].header.strip() == "routing"
         if pending is not None and line.lstrip().startswith("}"):
-            sink.error(
-                "unterminated-matcher",
-                "document",
-                "a matcher's argument list is not closed before the block ends",
-                SourceLoc(file, pending.line),
-            )
+            _unterminated(pending, depth, " before the block ends", file, sink)
             stack[-1].items.append(pending)
             pending, depth = None, 0
         scanned = _scan_line(line, lineno, depth if pending is not None else 0, file, sink)
@@ -157,10 +185,21 @@ def parse_blocks(text: str, file: str, sink: Sink) -> Block:
                 if not stripped:
                     continue
                 last = k == len(toks) - 1
-                if last and in_routing and scanned.depth > 0:
-                    pending = Stmt(stripped, lineno)
+                context = _continuation(stack)  # a block may have opened earlier on this line
+                items = stack[-1].items
+                prev = items[-1] if k == 0 and items and isinstance(items[-1], Stmt) else None
+                prev_joiners = _joiners(context, prev.text) if prev is not None else ()
+                if prev_joiners and stripped.startswith(prev_joiners):
+                    # a line that starts with '&&' (or '->') continues the statement before it
+                    items.pop()
+                    prev.text += "\n" + stripped
+                    stmt = prev
+                else:
+                    stmt = Stmt(stripped, lineno)
+                if last and _joiners(context, stmt.text):
+                    pending, joiners = stmt, _joiners(context, stmt.text)
                     continue
-                stack[-1].items.append(Stmt(stripped, lineno))
+                items.append(stmt)
             elif kind == "open":
                 header = toks[k - 1][1].strip() if k > 0 and toks[k - 1][0] == "text" else ""
                 if pending is not None:
@@ -186,17 +225,13 @@ def parse_blocks(text: str, file: str, sink: Sink) -> Block:
                         "unmatched-close", "document", "an extra '}' is ignored", SourceLoc(file, lineno)
                     )
         if pending is not None:
-            depth = scanned.depth
-            if depth == 0:
+            # only a routing rule continues while its parentheses are open
+            depth = scanned.depth if joiners == _ROUTING_JOINERS else 0
+            if depth == 0 and not pending.text.rstrip().endswith(joiners):
                 stack[-1].items.append(pending)
                 pending = None
     if pending is not None:
-        sink.error(
-            "unterminated-matcher",
-            "document",
-            "a matcher's argument list is not closed",
-            SourceLoc(file, pending.line),
-        )
+        _unterminated(pending, depth, "", file, sink)
         stack[-1].items.append(pending)
     for idx, block in enumerate(stack[1:], start=1):
         sink.error(
@@ -206,6 +241,15 @@ def parse_blocks(text: str, file: str, sink: Sink) -> Block:
             SourceLoc(file, block.line),
         )
     return root
+
+
+def _unterminated(stmt: Stmt, depth: int, where: str, file: str, sink: Sink) -> None:
+    """``stmt`` still continues where its block (or the document) ends."""
+    if depth > 0:
+        code, message = "unterminated-matcher", "a matcher's argument list is not closed" + where
+    else:
+        code, message = "unterminated-statement", "a statement continued by '&&' or '->' is not finished" + where
+    sink.error(code, "document", message, SourceLoc(file, stmt.line))
 
 
 # --- interpretation ----------------------------------------------------------------

@@ -7,8 +7,14 @@ Filter line::
 
 Routing rule::
 
-    matcher [&& matcher ...] -> outbound[(must)]
+    matcher [&& matcher ...] -> outbound[(param, ...)]
     matcher = [!]predicate(arg, ...) | [!]prefix:value   (bare prefix matcher)
+    param = must | mark: N
+
+dae's spellings are read as dae reads them: ``ip(...)`` and ``port(...)`` are
+``dip(...)`` and ``dport(...)``, ``domain(contains: x)`` is ``keyword:``,
+``-> must_<name>`` is ``-> <name>(must)``, ``-> must_rules`` is the marker
+:data:`MUST_RULES`, and numbers (``dscp``, ``mark``) take Go's base prefixes.
 
 Arguments are alternatives separated by commas; matching single or double
 quotes keep ``,`` ``)`` ``&&`` and ``->`` literal. Only a recognised unquoted
@@ -28,10 +34,19 @@ from honk.config.spec import TRAFFIC_PREDICATES, FilterTerm, MatchArg, NodeFilte
 from honk.config.tree import Sink
 from honk.config.values import quote_mask, split_unquoted, unquote
 
-ARG_PREFIXES = ("suffix", "full", "keyword", "regex", "geosite", "geoip", "domain")
-_ARG_PREFIX = re.compile(r"^(suffix|full|keyword|regex|geosite|geoip|domain)\s*:")
+ARG_PREFIXES = ("suffix", "full", "keyword", "regex", "geosite", "geoip", "domain", "ext")
+_ARG_PREFIX = re.compile(r"^(suffix|full|keyword|regex|geosite|geoip|domain|ext)\s*:")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-MUST_SUFFIX = "(must)"
+MUST_PREFIX = "must_"  # dae: ``-> must_x`` is ``-> x(must)``
+# dae's ``-> must_rules``: not an outbound but "do not hijack this traffic's DNS and go on
+# matching the following rules"; the router never ends its search at such a rule
+MUST_RULES = "must_rules"
+# dae's other names for a matcher and for a domain key (component/routing/optimizer.go,
+# AliasOptimizer: dport -> port, dip -> ip, contains -> keyword; honk's names are dip, dport)
+PREDICATE_ALIASES = {"ip": "dip", "port": "dport"}
+_CONTAINS_ARG = re.compile(r"^contains\s*:")
+DSCP_MAX = 63
+MARK_BITS = 32  # dae reads a mark with strconv.ParseUint(value, 0, 32)
 
 
 @dataclass(slots=True)
@@ -183,7 +198,14 @@ _BARE_MATCHERS = {
 
 
 def parse_rule(text: str, path: str, loc: SourceLoc, sink: Sink) -> RuleSpec | None:
-    """One traffic rule; problems are reported and give None."""
+    """One traffic rule; problems are reported and give None.
+
+    The outbound may be written ``x(must)``, ``must_x`` (dae's spelling of the same; the
+    prefix is stripped whatever follows it, as dae does, so ``-> must_x`` names ``x`` even
+    when a group is literally called ``must_x``), ``must_rules`` (the :data:`MUST_RULES`
+    marker, kept as the outbound) or ``x(mark: 0x800)``: the mark is kept in
+    ``RuleSpec.mark`` and the loader rejects it, since honk sets no per-rule mark yet.
+    """
     arrow = _find_arrow(text)
     if arrow < 0:
         sink.warning("missing-arrow", path, "rule has no '-> outbound'; omitted", loc)
@@ -198,13 +220,21 @@ def parse_rule(text: str, path: str, loc: SourceLoc, sink: Sink) -> RuleSpec | N
         except ExprError as exc:
             sink.error(exc.code, path, exc.message, loc)
             ok = False
-    outbound, must = _outbound(rhs, path, loc, sink)
-    if not outbound:
+    try:
+        outbound = parse_outbound(rhs)
+    except ExprError as exc:
+        sink.error(exc.code, path, exc.message, loc)
+        return None
+    if "->" in outbound.name:
+        sink.info("legacy-arrow-target", path, "a second '->' is part of the outbound name", loc)
+    elif "#" in outbound.name:
+        sink.info("legacy-glued-hash", path, "a glued '#' is part of the outbound name", loc)
+    if not outbound.name:
         sink.error("invalid-rule", path, "rule has no outbound after '->'", loc)
         ok = False
     if not ok:
         return None
-    return RuleSpec(tuple(predicates), outbound, must, loc)
+    return RuleSpec(tuple(predicates), outbound.name, outbound.must, loc, mark=outbound.mark)
 
 
 def _find_arrow(text: str) -> int:
@@ -222,28 +252,98 @@ def _find_arrow(text: str) -> int:
     return -1
 
 
-def _outbound(rhs: str, path: str, loc: SourceLoc, sink: Sink) -> tuple[str, bool]:
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A rule's target as read: ``name`` with ``must_`` stripped (or :data:`MUST_RULES`)."""
+
+    name: str
+    must: bool = False
+    mark: int | None = None
+
+
+def parse_outbound(rhs: str) -> Outbound:
+    """The text after a rule's ``->``. A parenthesised tail is read as parameters only when
+    every one is ``must`` or ``mark: N``; otherwise the whole text is the name, as before.
+    Raises :class:`ExprError` for a mark that is not a 32-bit number."""
     target = rhs.strip()
-    must = False
-    if target.endswith(MUST_SUFFIX):
-        must = True
-        target = target[: -len(MUST_SUFFIX)].strip()
-    target = unquote(target)
-    if "->" in target:
-        sink.info("legacy-arrow-target", path, "a second '->' is part of the outbound name", loc)
-    elif "#" in target:
-        sink.info("legacy-glued-hash", path, "a glued '#' is part of the outbound name", loc)
-    return target, must
+    must, mark = False, None
+    params = _outbound_params(target)
+    if params is not None:
+        target, items = params
+        for item in items:
+            if item == "must":
+                must = True
+                continue
+            try:
+                mark = parse_go_uint(unquote(item.split(":", 1)[1]), MARK_BITS)
+            except ValueError:
+                raise _bad("mark must be a number within 0..0xffffffff (decimal, 0x, 0o or 0b)") from None
+    name = unquote(target)
+    if name.startswith(MUST_PREFIX) and name != MUST_RULES:
+        name, must = name[len(MUST_PREFIX) :], True
+    return Outbound(name, must, mark)
+
+
+_OUTBOUND_PARAM = re.compile(r"must|mark\s*:\s*\S+")
+
+
+def _outbound_params(target: str) -> tuple[str, list[str]] | None:
+    """``name(p, ...)`` as ``(name, [p, ...])`` when every parameter is ``must`` or ``mark: N``."""
+    if not target.endswith(")"):
+        return None
+    mask, _ = quote_mask(target)
+    open_index = next((i for i, c in enumerate(target) if c == "(" and not mask[i]), -1)
+    if open_index <= 0 or _matching_paren(target, open_index) != len(target) - 1:
+        return None
+    items = [p.strip() for p in split_unquoted(target[open_index + 1 : -1], ",")]
+    if not all(_OUTBOUND_PARAM.fullmatch(p) for p in items):
+        return None
+    return target[:open_index].strip(), items
+
+
+_GO_UINT = re.compile(r"0[xX](_?[0-9a-fA-F])+|0[oO](_?[0-7])+|0[bB](_?[01])+|0(_?[0-7])*|[1-9](_?[0-9])*")
+
+
+def parse_go_uint(text: str, bits: int) -> int:
+    """An unsigned number as Go's ``strconv.ParseUint(text, 0, bits)`` reads it (dae reads
+    ``dscp`` and ``mark`` so): ``0x``, ``0o``, ``0b`` prefixes, a leading ``0`` for octal,
+    ``_`` between digits. Raises ValueError."""
+    if not _GO_UINT.fullmatch(text):
+        raise ValueError(text)
+    digits = text.replace("_", "")
+    if len(digits) > 1 and digits[0] == "0" and digits[1].isdigit():
+        value = int(digits, 8)  # Go's legacy octal: 010 is 8
+    else:
+        value = int(digits, 0)
+    if value >= 1 << bits:
+        raise ValueError(text)
+    return value
 
 
 def _predicate(call: Call) -> Predicate:
     if call.args is None:
         pred, key = _BARE_MATCHERS[call.name]
         return Predicate(pred, (_check(pred, MatchArg(key, call.value)),), call.negated)
-    if call.name not in TRAFFIC_PREDICATES:
+    name = PREDICATE_ALIASES.get(call.name, call.name)
+    if name not in TRAFFIC_PREDICATES:
         raise ExprError("unknown-traffic-predicate", "unknown matcher")
-    args = tuple(_check(call.name, split_arg(a)) for a in call.args)
-    return Predicate(call.name, args, call.negated)
+    args = tuple(_check(name, _routing_arg(name, a)) for a in call.args)
+    return Predicate(name, args, call.negated)
+
+
+def _routing_arg(pred: str, arg: str) -> MatchArg:
+    m = _CONTAINS_ARG.match(arg) if pred == "domain" else None
+    if m:
+        return MatchArg("keyword", unquote(arg[m.end() :]))
+    return split_arg(arg)
+
+
+def _ext_code(value: str) -> str:
+    """``ext: "file.dat:tag"``: a list of another geodata file; the tag compares case-insensitively."""
+    name, sep, tag = value.strip().rpartition(":")
+    if not sep or not name.strip() or not tag.strip():
+        raise _bad("ext: names a file and a list, 'file.dat:tag'")
+    return f"{name.strip()}:{tag.strip().lower()}"
 
 
 def _bad(message: str) -> ExprError:
@@ -267,22 +367,26 @@ def _check(pred: str, arg: MatchArg) -> MatchArg:
     if pred == "domain":
         if key == "domain":
             key = ""
-        if key not in ("", "suffix", "full", "keyword", "regex", "geosite"):
-            raise _bad("domain(...) accepts suffix:, full:, keyword:, regex: or geosite: arguments")
+        if key not in ("", "suffix", "full", "keyword", "regex", "geosite", "ext"):
+            raise _bad("domain(...) accepts suffix:, full:, keyword:, regex:, geosite: or ext: arguments")
         if not value:
             raise _bad("empty domain argument")
         if key == "regex":
             if not _compile(value):
                 raise ExprError("invalid-regex", "regular expression does not compile")
             return MatchArg(key, value)
+        if key == "ext":
+            return MatchArg(key, _ext_code(value))
         return MatchArg(key, value.lower().rstrip(".") if key != "geosite" else value.lower())
     if pred in ("dip", "sip"):
         if key == "geoip":
             if not value:
                 raise _bad("empty geoip code")
             return MatchArg("geoip", value.lower())
+        if key == "ext":
+            return MatchArg(key, _ext_code(value))
         if key:
-            raise _bad("an IP matcher accepts addresses, CIDRs or geoip: codes")
+            raise _bad("an IP matcher accepts addresses, CIDRs, geoip: or ext: codes")
         try:
             if "/" in value:
                 return MatchArg("", str(ipaddress.ip_network(value.strip(), strict=False)))
@@ -309,10 +413,13 @@ def _check(pred: str, arg: MatchArg) -> MatchArg:
             raise _bad("not a MAC address")
         return MatchArg("", ":".join(p.lower().zfill(2) for p in parts))
     if pred == "dscp":
-        v = value.strip()
-        if not re.fullmatch(r"\d{1,2}", v) or int(v) > 63:
-            raise _bad("dscp accepts 0..63")
-        return MatchArg("", str(int(v)))
+        try:
+            number = parse_go_uint(value.strip(), 8)
+        except ValueError:
+            number = -1
+        if not 0 <= number <= DSCP_MAX:
+            raise _bad("dscp accepts 0..63 (decimal, 0x, 0o or 0b)")
+        return MatchArg("", str(number))
     # pname: any non-empty process name
     if not value:
         raise _bad("empty argument")

@@ -36,9 +36,12 @@ from honk.config.build import (
     build_routing,
     check_cache_file,
     merge,
+    split_fallback_must,
 )
 from honk.config.diagnostics import ConfigError, Severity, SourceLoc
 from honk.config.dns import build_dns
+from honk.config.expr import MUST_RULES
+from honk.config.geodata import check_geodata
 from honk.config.spec import BUILTIN_OUTBOUNDS, RoutingSpec, Spec
 from honk.config.tree import Doc, Sink
 from honk.config.validate import (
@@ -174,8 +177,14 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink, subscriptions=bool(subscriptions)
     )
     rules, fallback, fallback_entry = build_routing(doc.rules, doc.fallbacks, sink)
+    fallback, fallback_must = split_fallback_must(fallback)
+    check_geodata(rules, global_.data_dir, sink)
     outbounds = set(BUILTIN_OUTBOUNDS) | {n.name for n in nodes} | {g.name for g in groups}
-    targets = [(r.outbound, e) for r, e in rules]
+    targets = [(r.outbound, e) for r, e in rules if r.outbound != MUST_RULES]
+    for r, e in rules:
+        if r.mark is not None:  # dae's `-> direct(mark: 0x800)`: refused, never silently ignored
+            sink.error("unsupported-mark", e.path,
+                       f"the per-rule mark (mark: {r.mark:#x}) is not supported yet; remove it", e.loc)
     if fallback_entry is not None:
         targets.append((fallback, fallback_entry))
     dns, dns_targets = build_dns(doc.dns, sink)
@@ -187,7 +196,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         inbounds=tuple(inbounds),
         nodes=tuple(nodes),
         groups=tuple(groups),
-        routing=RoutingSpec(tuple(r for r, _ in rules), fallback),
+        routing=RoutingSpec(tuple(r for r, _ in rules), fallback, fallback_must),
         clash_api=clash_api,
         subscriptions=tuple(subscriptions),
         dns=dns,

@@ -285,18 +285,26 @@ class Predicate:
 
 @dataclass(frozen=True, slots=True)
 class RuleSpec:
-    """``p1 && p2 && !p3 -> outbound[(must)]``; all predicates must hold."""
+    """``p1 && p2 && !p3 -> outbound[(must)]``; all predicates must hold.
+
+    ``outbound`` ``"must_rules"`` (dae's ``-> must_rules``) names no outbound: it means "do
+    not hijack this traffic's DNS and continue matching the following rules", so the router
+    never ends its search at such a rule; every later decision for that flow is ``must``.
+    ``mark`` is dae's per-rule ``-> x(mark: 0x800)``; the loader rejects it (not supported yet).
+    """
 
     predicates: tuple[Predicate, ...]
     outbound: str
     must: bool = False
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+    mark: int | None = None  # dae's -> x(mark: N) fwmark; None: none written
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingSpec:
     rules: tuple[RuleSpec, ...] = ()
     fallback: str = "direct"
+    fallback_must: bool = False  # dae's ``fallback: must_<name>``: the fallback decision is a must one
 
 
 # --- dns -------------------------------------------------------------------------

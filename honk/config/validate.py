@@ -8,7 +8,8 @@
 * groups: at most ``MAX_TOP_LEVEL_GROUPS``; unique names that collide with no
   node or builtin; ``final`` names an outbound; ``default`` names a member;
   nested tags name groups (``unknown-subgroup`` warning otherwise).
-* routing: every target and the fallback name an outbound.
+* routing: every target and the fallback name an outbound (the caller leaves out rules
+  targeting dae's ``must_rules`` marker, which names none).
 * subscriptions: a non-empty name (tagless dae entries take the URL host) and
   an ``http``/``https`` URL with a host (``invalid-subscription-url``); a
   second declaration of the same URL and User-Agent is dropped

@@ -18,11 +18,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from honk.config.expr import MUST_RULES
 from honk.config.spec import Spec
 from honk.connection.admission import DialBudget
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress, Network
+from honk.geo.assets import GeoAssets
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager, Identity, Selection
 from honk.group.score.keys import ScoreTarget
@@ -148,13 +150,13 @@ def build_plane(
     ``health`` is the groups' view of node health (None: every leaf eligible). Raises
     :class:`~honk.route.matchers.RouteCompileError` for a rule that cannot be compiled.
     """
-    router = Router.compile(spec.routing)
+    router = Router.compile(spec.routing, GeoAssets(spec.global_.data_dir))
     outbounds, runtimes = build_outbounds(spec, clock, previous.runtimes if previous is not None else None)
     groups = GroupManager.build(
         spec, outbounds, health=health, clock=clock,
         previous=previous.groups if previous is not None else None, saved=saved_choices,
     )
-    targets = {rule.outbound for rule in spec.routing.rules} | {spec.routing.fallback}
+    targets = {rule.outbound for rule in spec.routing.rules if rule.outbound != MUST_RULES} | {spec.routing.fallback}
     for name in sorted(targets):
         if name not in groups and name not in outbounds:
             log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)

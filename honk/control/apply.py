@@ -218,7 +218,7 @@ class Applier:
                 raise BuildFailed("group", exc) from exc
         if "route" in builds or router is None:
             try:
-                router = Router.compile(desired.route.routing)
+                router = Router.compile(desired.route.routing, desired.route.geo())
             except Exception as exc:  # noqa: BLE001 - a rule that does not compile refuses the apply
                 raise BuildFailed("route", exc) from exc
 

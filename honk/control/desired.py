@@ -40,8 +40,10 @@ from honk.config.spec import (
 from honk.config.validate import DNS_INBOUND, TPROXY_INBOUND
 from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 from honk.core.net import parse_host_port
+from honk.geo.assets import GeoAssets
 from honk.group.manager import cut_cycles
 from honk.group.membership import resolve_membership
+from honk.route.matchers import geodata_files
 
 API_TAG = "api"  # the Clash API listener's inbound tag and user set
 DRAIN_PARAM = "drain"  # a node link's parameter naming its drain policy (not part of the NodeId)
@@ -104,7 +106,19 @@ class GroupDecl:
 
 @dataclass(frozen=True, slots=True)
 class RouteDecl:
+    """The rules, and the geodata they read: where it is looked up and each file's (name, path,
+    mtime, size), so that a reload after the data changed rebuilds the router."""
+
     routing: RoutingSpec
+    data_dir: str | None = None
+    geodata: tuple[tuple[str, str, int, int], ...] = ()
+
+    @classmethod
+    def of(cls, routing: RoutingSpec, data_dir: str | None) -> RouteDecl:
+        return cls(routing, data_dir, GeoAssets(data_dir).stamp(geodata_files(routing.rules)))
+
+    def geo(self) -> GeoAssets:
+        return GeoAssets(self.data_dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +226,7 @@ def lower(spec: Spec) -> DesiredState:
         dns=DnsDecl(glob.connect_timeout),
         outbounds=tuple(outbounds.values()),
         groups=groups,
-        route=RouteDecl(spec.routing),
+        route=RouteDecl.of(spec.routing, glob.data_dir),
         user_sets=tuple(user_sets),
         inbounds=tuple(inbounds),
         policies=Policies(glob.drain, glob.user_removal),

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from honk.config.expr import MUST_RULES
 from honk.control.desired import TRANSPARENT_KINDS, DesiredState, InboundDecl
 from honk.control.errors import ApplyError, DuplicateTag, Invalid, UnknownReference
 from honk.control.policies import ClosePolicy
@@ -163,7 +164,7 @@ def validate(desired: DesiredState) -> None:
             if ref not in targets:
                 raise UnknownReference(f"group {g.tag}", "outbound", ref)
     route = desired.route.routing
-    for ref in (*(r.outbound for r in route.rules), route.fallback):
+    for ref in (*(r.outbound for r in route.rules if r.outbound != MUST_RULES), route.fallback):
         if ref not in targets:
             raise UnknownReference("route", "outbound", ref)
     sets = {u.tag for u in desired.user_sets}

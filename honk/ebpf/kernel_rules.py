@@ -150,7 +150,8 @@ def _expand_rule(order: int, rule: RuleSpec, target: int) -> list[KernelRule]:
 
 
 def _networks(args: Sequence[MatchArg]) -> list[IPNetwork]:
-    """A dip(...)'s CIDRs as the router reads them; other geoip codes match nothing there."""
+    """A dip(...)'s CIDRs as the router reads them: literals and ``geoip: private``; a geodata
+    list (another ``geoip:`` code, ``ext:``) is decided in userspace, by the router's matcher."""
     out: list[IPNetwork] = []
     for arg in args:
         key, value = arg.key.strip().lower(), arg.value.strip()
@@ -159,9 +160,8 @@ def _networks(args: Sequence[MatchArg]) -> list[IPNetwork]:
                 out.append(_unmap(ipaddress.ip_network(value, strict=False)))
             except ValueError:
                 raise _NotExpressible(f"dip({value}) is not a CIDR") from None
-        elif key == "geoip":
-            if value.lower() == "private":
-                out.extend(ipaddress.ip_network(c) for c in PRIVATE_CIDRS)
+        elif key == "geoip" and value.lower() == "private":
+            out.extend(ipaddress.ip_network(c) for c in PRIVATE_CIDRS)
         else:
             raise _NotExpressible(f"dip({arg.key}: ...) is decided in userspace")
     return out

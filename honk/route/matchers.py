@@ -12,7 +12,8 @@ Theory of operation:
     is the destination IP after a failed resolution, which the router handles
     itself: see :mod:`honk.route.router`.
 
-Nothing here does I/O or reads a clock.
+Nothing here reads a clock; the only I/O is reading a geodata file (once per
+content, :mod:`honk.geo.assets`) when a rule names a ``geosite:``/``geoip:``/``ext:`` code.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ import functools
 import ipaddress
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from honk.config.spec import MatchArg, Predicate
+from honk.config.spec import MatchArg, Predicate, RuleSpec
 from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress, Network
+from honk.geo.assets import GEOIP_FILE, GEOSITE_FILE, GeoAssets
+from honk.geo.dat import GeoDataError
 
 log = logging.getLogger(__name__)
 
@@ -164,24 +168,26 @@ def _normalise_domain(value: str) -> str:
 
 
 class DomainMatcher:
-    """``domain(...)``: suffix (bare or ``suffix:``), ``full:``, ``keyword:``, ``regex:``.
+    """``domain(...)``: suffix (bare or ``suffix:``), ``full:``, ``keyword:``, ``regex:``, and the
+    lists of ``geosite:`` and ``ext:`` codes (read from ``geo``, see :mod:`honk.geo.assets`).
 
     Suffixes match on a label boundary: ``example.com`` matches ``example.com``
     and ``a.example.com``, never ``badexample.com``. Regexes use ``re.search``
     against the lower-cased host and are compiled case-insensitively, since
-    host names are case-insensitive. ``geosite:`` codes match nothing until
-    geodata exists (a warning is logged once, here).
+    host names are case-insensitive; a list's many keywords or regexes are one
+    compiled alternation each, so a lookup costs a few set probes and at most two
+    searches however long the lists are.
     """
 
     kind = "domain"
     needs_dst_ip = False
-    __slots__ = ("_suffixes", "_full", "_keywords", "_regexes")
+    __slots__ = ("_suffixes", "_full", "_keywords", "_keyword_re", "_regex")
 
-    def __init__(self, args: tuple[MatchArg, ...]) -> None:
+    def __init__(self, args: tuple[MatchArg, ...], geo: GeoAssets | None = None) -> None:
         suffixes: set[str] = set()
         full: set[str] = set()
         keywords: list[str] = []
-        regexes: list[re.Pattern[str]] = []
+        regexes: list[str] = []
         for arg in args:
             key = arg.key.strip().lower()
             if key in ("", "suffix"):
@@ -192,26 +198,26 @@ class DomainMatcher:
                 full.add(_normalise_domain(arg.value))
             elif key == "keyword":
                 keyword = arg.value.strip().lower()
-                if keyword and keyword not in keywords:
+                if keyword:
                     keywords.append(keyword)
             elif key == "regex":
-                try:
-                    regexes.append(re.compile(arg.value, re.IGNORECASE))
-                except re.error as exc:
-                    raise RouteCompileError(
-                        f"domain(regex: ...): invalid regular expression: {exc}"
-                    ) from None
-            elif key == "geosite":
-                log.warning(
-                    "domain(geosite: %s) matches nothing: geosite data is not available yet",
-                    arg.value.strip(),
-                )
+                regexes.append(_checked_regex(arg.value, "domain(regex: ...)"))
+            elif key in ("geosite", "ext"):
+                listed = _geodata(geo).domains(arg.value, ext=key == "ext")
+                suffixes.update(listed.suffixes)
+                full.update(listed.full)
+                keywords.extend(listed.keywords)
+                regexes.extend(_checked_regex(r, f"domain({key}: {arg.value.strip()})") for r in listed.regexes)
             else:
                 raise RouteCompileError(f"domain(...): unknown argument kind {arg.key!r}")
         self._suffixes = frozenset(suffixes)
         self._full = frozenset(full)
-        self._keywords = tuple(keywords)
-        self._regexes = tuple(regexes)
+        unique = tuple(dict.fromkeys(keywords))
+        # a few keywords: `in` each; many: one alternation of literals
+        self._keywords = unique if len(unique) <= KEYWORD_SCAN_MAX else ()
+        self._keyword_re = re.compile(_trie_pattern(unique)) if len(unique) > KEYWORD_SCAN_MAX else None
+        self._regex = re.compile("|".join(f"(?:{r})" for r in dict.fromkeys(regexes)), re.IGNORECASE) \
+            if regexes else None
 
     def match(self, view: FlowView) -> bool:
         host = view.domain
@@ -224,10 +230,47 @@ class DomainMatcher:
         for keyword in self._keywords:
             if keyword in host:
                 return True
-        for regex in self._regexes:
-            if regex.search(host) is not None:
-                return True
-        return False
+        if self._keyword_re is not None and self._keyword_re.search(host) is not None:
+            return True
+        return self._regex is not None and self._regex.search(host) is not None
+
+
+KEYWORD_SCAN_MAX = 8  # keywords tested one by one; more are searched as one alternation
+
+
+def _trie_pattern(words: tuple[str, ...]) -> str:
+    """One regular expression matching any of ``words`` (non-empty), factored as a trie: the
+    engine tries one branch per character instead of every word at every position (about
+    2.5 times faster than a flat alternation of 40 keywords)."""
+    trie: dict[str, dict] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # a word ends here
+
+    def emit(node: dict[str, dict]) -> str:
+        branches = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if "" in node:  # a shorter word already matched: what follows is optional
+            return f"(?:{body})?"
+        return body
+
+    return emit(trie)
+
+
+def _checked_regex(pattern: str, where: str) -> str:
+    try:
+        re.compile(pattern, re.IGNORECASE)
+    except re.error as exc:
+        raise RouteCompileError(f"{where}: invalid regular expression {pattern!r}: {exc}") from None
+    return pattern
+
+
+def _geodata(geo: GeoAssets | None) -> GeoAssets:
+    return geo if geo is not None else GeoAssets()
 
 
 # --- IP sets ---------------------------------------------------------------------
@@ -282,19 +325,17 @@ _PRIVATE_NETWORKS = tuple(ipaddress.ip_network(c) for c in PRIVATE_CIDRS)
 
 
 class IPMatcher:
-    """``dip(...)`` / ``sip(...)``: IPs, CIDRs (host bits tolerated), ``geoip: private``.
+    """``dip(...)`` / ``sip(...)``: IPs, CIDRs (host bits tolerated), ``geoip: private`` (built
+    in), and the lists of other ``geoip:`` and ``ext:`` codes (read from ``geo``)."""
 
-    Other ``geoip:`` codes match nothing until geodata exists (a warning is
-    logged once, here).
-    """
+    __slots__ = ("kind", "needs_dst_ip", "_set", "_outside", "_destination")
 
-    __slots__ = ("kind", "needs_dst_ip", "_set", "_destination")
-
-    def __init__(self, kind: str, args: tuple[MatchArg, ...]) -> None:
+    def __init__(self, kind: str, args: tuple[MatchArg, ...], geo: GeoAssets | None = None) -> None:
         self.kind = kind
         self._destination = kind == "dip"
         self.needs_dst_ip = self._destination
         networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        outside: list[IPSet] = []  # reverse_match lists: an address outside one matches
         for arg in args:
             key = arg.key.strip().lower()
             value = arg.value.strip()
@@ -303,18 +344,26 @@ class IPMatcher:
                     networks.append(ipaddress.ip_network(value, strict=False))
                 except ValueError:
                     raise RouteCompileError(f"{kind}(...): not an IP or CIDR: {value!r}") from None
-            elif key == "geoip":
-                if value.lower() == "private":
-                    networks.extend(_PRIVATE_NETWORKS)
+            elif key == "geoip" and value.lower() == "private":
+                networks.extend(_PRIVATE_NETWORKS)
+            elif key in ("geoip", "ext"):
+                listed = _geodata(geo).networks(value, ext=key == "ext")
+                if listed.reverse:
+                    outside.append(IPSet(list(listed.networks)))
                 else:
-                    log.warning("%s(geoip: %s) matches nothing: geoip data is not available yet", kind, value)
+                    networks.extend(listed.networks)
             else:
                 raise RouteCompileError(f"{kind}(...): unknown argument kind {arg.key!r}")
         self._set = IPSet(networks)
+        self._outside = tuple(outside)
 
     def match(self, view: FlowView) -> bool:
         ip = view.dst_ip if self._destination else view.src_ip
-        return ip is not None and ip in self._set
+        if ip is None:
+            return False
+        if ip in self._set:
+            return True
+        return any(ip not in s for s in self._outside)
 
 
 # --- ports -----------------------------------------------------------------------
@@ -432,18 +481,22 @@ class UnobservableMatcher:
 # --- entry point -------------------------------------------------------------------
 
 
-def compile_predicate(predicate: Predicate) -> Matcher:
-    """Compile one predicate's arguments (alternatives) into a positive matcher.
+def compile_predicate(predicate: Predicate, geo: GeoAssets | None = None) -> Matcher:
+    """Compile one predicate's arguments (alternatives) into a positive matcher; geodata
+    codes are read from ``geo`` (None: the default asset directories).
 
-    Raises :class:`RouteCompileError` for an unknown predicate or a malformed
-    argument.
+    Raises :class:`RouteCompileError` for an unknown predicate, a malformed
+    argument, or a geodata code the data cannot answer.
     """
     name = predicate.name
     args = predicate.args
-    if name == "domain":
-        return DomainMatcher(args)
-    if name in ("dip", "sip"):
-        return IPMatcher(name, args)
+    try:
+        if name == "domain":
+            return DomainMatcher(args, geo)
+        if name in ("dip", "sip"):
+            return IPMatcher(name, args, geo)
+    except GeoDataError as exc:
+        raise RouteCompileError(f"{describe_predicate(predicate)}: {exc}") from None
     if name in ("dport", "sport"):
         return PortMatcher(name, args)
     if name == "l4proto":
@@ -453,6 +506,23 @@ def compile_predicate(predicate: Predicate) -> Matcher:
     if name in UNOBSERVABLE_PREDICATES:
         return UnobservableMatcher(name)
     raise RouteCompileError(f"unknown traffic predicate {name!r}")
+
+
+def geodata_files(rules: Iterable[RuleSpec]) -> tuple[str, ...]:
+    """The geodata files ``rules`` read (``geosite.dat``, ``geoip.dat``, ``ext:`` files), once
+    each in first-use order; ``geoip: private`` reads none."""
+    names: dict[str, None] = {}
+    for rule in rules:
+        for predicate in rule.predicates:
+            for arg in predicate.args:
+                key, value = arg.key.strip().lower(), arg.value.strip()
+                if key == "geosite":
+                    names.setdefault(GEOSITE_FILE)
+                elif key == "geoip" and value.lower() != "private":
+                    names.setdefault(GEOIP_FILE)
+                elif key == "ext":
+                    names.setdefault(value.rpartition(":")[0] or value)
+    return tuple(names)
 
 
 def describe_predicate(predicate: Predicate) -> str:

@@ -8,7 +8,11 @@ Theory of operation:
     asks for DNS.
   * :meth:`Router.route` walks the rules from ``start``; the first rule whose
     predicates all hold wins. A ``(must)`` rule is simply a match whose
-    decision carries ``must=True``.
+    decision carries ``must=True``. A ``must_rules`` rule (dae's "do not hijack
+    this traffic's DNS and continue matching") never wins: when it holds, the
+    search goes on and the decision it ends with (a rule's or the fallback's)
+    carries ``must=True``, as in dae. A search resumed at ``start`` reads the
+    ``must_rules`` rules before ``start`` again.
   * When a rule's other predicates hold, it has destination-IP predicates, and
     the target is a domain without a ``resolved`` IP, ``route`` returns
     :class:`NeedsResolution` naming that rule. The caller resolves and calls
@@ -29,8 +33,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from honk.config.expr import MUST_RULES
 from honk.config.spec import RoutingSpec, RuleSpec
 from honk.core.net import FlowMeta
+from honk.geo.assets import GeoAssets
 from honk.route.matchers import DESTINATION_IP_PREDICATES, FlowView, compile_predicate, describe_predicate
 
 FALLBACK_RULE_TEXT = "fallback"
@@ -73,6 +79,7 @@ class CompiledRule:
     checks: tuple[_Check, ...]  # predicates answerable without the destination IP
     ip_checks: tuple[_Check, ...]  # predicates that read the destination IP
     decision: RouteDecision
+    continues: bool = False  # a must_rules rule: when it holds, later decisions are must
 
 
 def describe_rule(rule: RuleSpec) -> str:
@@ -84,29 +91,32 @@ def describe_rule(rule: RuleSpec) -> str:
 class Router:
     """An immutable compiled rule list. Build with :meth:`compile`."""
 
-    __slots__ = ("_rules", "_fallback")
+    __slots__ = ("_rules", "_fallback", "_must_rules")
 
     def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision) -> None:
         self._rules = rules
         self._fallback = fallback
+        self._must_rules = tuple(r for r in rules if r.continues)
 
     @classmethod
-    def compile(cls, routing: RoutingSpec) -> Router:
-        """Compile every rule once. Raises :class:`~honk.route.matchers.RouteCompileError`."""
+    def compile(cls, routing: RoutingSpec, geo: GeoAssets | None = None) -> Router:
+        """Compile every rule once, geodata codes read from ``geo`` (None: the default asset
+        directories). Raises :class:`~honk.route.matchers.RouteCompileError`."""
         compiled = []
         for index, rule in enumerate(routing.rules):
             checks: list[_Check] = []
             ip_checks: list[_Check] = []
             for predicate in rule.predicates:
-                matcher = compile_predicate(predicate)
+                matcher = compile_predicate(predicate, geo)
                 target = ip_checks if predicate.name in DESTINATION_IP_PREDICATES else checks
                 target.append((matcher.match, predicate.negated))
             decision = RouteDecision(
                 outbound=rule.outbound, rule=describe_rule(rule), must=rule.must, rule_index=index
             )
-            compiled.append(CompiledRule(index, tuple(checks), tuple(ip_checks), decision))
+            continues = rule.outbound == MUST_RULES
+            compiled.append(CompiledRule(index, tuple(checks), tuple(ip_checks), decision, continues))
         fallback = RouteDecision(
-            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=False, rule_index=None
+            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=routing.fallback_must, rule_index=None
         )
         return cls(tuple(compiled), fallback)
 
@@ -133,6 +143,7 @@ class Router:
             return self._fallback
         view = FlowView.of(meta)
         ip_known = view.dst_ip is not None
+        must = bool(start and self._must_rules) and self._must_before(start, view, ip_known)
         for i in range(start, len(rules)):
             rule = rules[i]
             if not _all_hold(rule.checks, view):
@@ -144,8 +155,29 @@ class Router:
                     return NeedsResolution(i)
                 if not _all_hold(rule.ip_checks, view):
                     continue
-            return rule.decision
-        return self._fallback
+            if rule.continues:
+                must = True
+                continue
+            return _as_must(rule.decision) if must else rule.decision
+        return _as_must(self._fallback) if must else self._fallback
+
+    def _must_before(self, start: int, view: FlowView, ip_known: bool) -> bool:
+        """Whether a ``must_rules`` rule before ``start`` holds: a search resumed at ``start``
+        after :class:`NeedsResolution` must carry the ``must`` the first call had found."""
+        for rule in self._must_rules:
+            if rule.index >= start:
+                break
+            if _all_hold(rule.checks, view) and (
+                not rule.ip_checks or (ip_known and _all_hold(rule.ip_checks, view))
+            ):
+                return True
+        return False
+
+
+def _as_must(decision: RouteDecision) -> RouteDecision:
+    if decision.must:
+        return decision
+    return RouteDecision(decision.outbound, decision.rule, True, decision.rule_index)
 
 
 def _all_hold(checks: tuple[_Check, ...], view: FlowView) -> bool:

@@ -133,10 +133,10 @@ CASES = [
         3,
     ),
     (
-        "block-delimiter-spacing",
+        "glued-block-brace-is-only-an-info",
         "dae",
         "global{\n    log_level: info\n}\n",
-        E,
+        Severity.INFO,
         "block-delimiter-spacing",
         "document",
         1,

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.geodata import write_geodata
 
 from honk.config.load import load_file
 from honk.config.spec import Policy
@@ -19,8 +20,10 @@ def _without_location(spec):
 
 
 @pytest.fixture(scope="module")
-def specs():
-    return {ext: load_file(DATA / f"same.{ext}") for ext in ("dae", "toml", "json")}
+def specs(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:  # the geosite/geoip codes the files name
+        patch.setenv("DAE_LOCATION_ASSET", str(write_geodata(tmp_path_factory.mktemp("geodata"))))
+        return {ext: load_file(DATA / f"same.{ext}") for ext in ("dae", "toml", "json")}
 
 
 def test_dae_toml_and_json_files_load_to_equal_specs(specs):

@@ -84,15 +84,16 @@ def test_only_recognised_prefixes_split_an_argument():
     assert rule.predicates[1].args == (MatchArg("", "00:11:22:33:44:55"),)
 
 
-def test_must_suffix_is_exact():
-    must, spaced = _rules("    dport(1) -> direct(must)\n    dport(2) -> 'direct'")
+def test_must_is_an_outbound_parameter_and_any_other_parenthesis_stays_in_the_name():
+    must, spaced, quoted = _rules("    dport(1) -> direct(must)\n    dport(2) -> direct( must )\n    dport(3) -> 'direct'")
     assert must.must and must.outbound == "direct"
-    assert not spaced.must and spaced.outbound == "direct"
-    outcome = run("routing {\n    dport(1) -> direct( must )\n}\n")
+    assert spaced.must and spaced.outbound == "direct"  # dae skips the spaces
+    assert not quoted.must and quoted.outbound == "direct"
+    outcome = run("routing {\n    dport(1) -> direct(fast)\n}\n")
     assert outcome.find("unknown-outbound")
 
 
-def test_bare_prefix_matchers_and_default_alias():
+def test_bare_prefix_matchers_and_default_alias(geodata):
     outcome = run(
         "routing {\n    !geosite:cn -> block\n    domain:example.com -> direct\n    default: block\n}\n"
     )

@@ -100,9 +100,17 @@ def test_negated_ports_protocols_and_versions_become_their_complements():
 
 
 def test_a_rule_that_can_never_match_adds_no_entry_and_the_table_goes_on():
-    compiled = table(rule("g0", p("l4proto", "tcp", "udp", negated=True)), rule("g1", p("dip", "geoip:cn")),
+    compiled = table(rule("g0", p("l4proto", "tcp", "udp", negated=True)),
                      rule("g2", p("dport", "80"), p("dport", "81"), ), rule("g0", p("dport", "22")))
-    assert compiled.rules == 4 and [e.order for e in compiled.entries] == [3]
+    assert compiled.rules == 3 and [e.order for e in compiled.entries] == [2]
+
+
+def test_a_geoip_list_is_left_to_the_router_and_ends_the_kernel_table():
+    """geoip:cn is a geodata list the router's matcher reads: the kernel stops before it, it
+    never skips the rule as one that matches nothing."""
+    compiled = table(rule("g0", p("dport", "22")), rule("g1", p("dip", "geoip:cn")), rule("g0", p("dport", "80")))
+    assert compiled.rules == 1 and [e.order for e in compiled.entries] == [0]
+    assert compiled.stopped is not None and "decided in userspace" in compiled.stopped
 
 
 def test_ipversion_filters_the_cidrs_and_two_dips_intersect():

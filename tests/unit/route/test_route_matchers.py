@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
-import logging
 
 import pytest
+from helpers.geodata import geoip_bytes, geosite_bytes, write_geodata
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from honk.config.spec import MatchArg, Predicate
 from honk.core.net import Address, FlowMeta, Network
+from honk.geo import dat
+from honk.geo.assets import GeoAssets
 from honk.route.matchers import FlowView, RouteCompileError, compile_predicate, describe_predicate
 
 KEYS = ("suffix", "full", "keyword", "regex", "geosite", "geoip")
@@ -44,9 +48,9 @@ def flow(
     )
 
 
-def holds(predicate: Predicate, view: FlowView) -> bool:
+def holds(predicate: Predicate, view: FlowView, geo: GeoAssets | None = None) -> bool:
     """What the router does with a matcher: negation applied on top."""
-    return compile_predicate(predicate).match(view) is not predicate.negated
+    return compile_predicate(predicate, geo).match(view) is not predicate.negated
 
 
 # --- domain ----------------------------------------------------------------------
@@ -105,13 +109,32 @@ def test_domain_arguments_are_alternatives() -> None:
     assert not holds(p, flow("b.test"))
 
 
-def test_geosite_matches_nothing_and_warns_at_compile_time(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        matcher = compile_predicate(pred("domain", "geosite:category-ads-all"))
-    assert "geosite" in caplog.text
-    caplog.clear()
-    assert not matcher.match(flow("doubleclick.net"))
-    assert caplog.text == ""  # nothing is logged per flow
+def test_a_geosite_code_matches_its_list_by_suffix_full_keyword_and_regex(tmp_path) -> None:
+    geo = GeoAssets(str(write_geodata(tmp_path)))
+    p = pred("domain", "geosite:cn")
+    for name in ("example.cn", "www.example.cn", "a.cn-shop.example", "www.cn-portal.example",
+                 "mycnkeywordsite.example", "cdn42.cn-video.example"):
+        assert holds(p, flow(name), geo), name
+    for name in ("badexample.cn", "portal.cn-portal.example", "cdn.cn-video.example", "example.org"):
+        assert not holds(p, flow(name), geo), name
+    assert holds(pred("domain", "geosite:cn", negated=True), flow("example.org"), geo)
+
+
+def test_a_geosite_attribute_keeps_only_the_entries_that_carry_it(tmp_path) -> None:
+    geo = GeoAssets(str(write_geodata(tmp_path)))
+    ads = pred("domain", "geosite:category-ads-all@ads")
+    assert holds(ads, flow("x.ads.example"), geo)
+    assert holds(ads, flow("pixel.cn-shop.example"), geo)
+    assert not holds(ads, flow("tracker.example"), geo)  # listed without the attribute
+
+
+def test_a_geodata_code_the_data_cannot_answer_refuses_to_compile(tmp_path) -> None:
+    empty = GeoAssets(str(tmp_path / "nothing-here"))
+    with pytest.raises(RouteCompileError, match="geosite.dat not found"):
+        compile_predicate(pred("domain", "geosite:category-ads-all"), empty)
+    geo = GeoAssets(str(write_geodata(tmp_path / "data")))
+    with pytest.raises(RouteCompileError, match="no list 'xx'"):
+        compile_predicate(pred("dip", "geoip:xx"), geo)
 
 
 def test_domain_matcher_does_not_match_an_ip_literal_target() -> None:
@@ -184,14 +207,34 @@ def test_geoip_private_covers_both_families() -> None:
         assert not holds(p, flow(public)), public
 
 
-def test_other_geoip_codes_match_nothing_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        p = pred("dip", "geoip:cn", "203.0.113.0/24")
-        matcher = compile_predicate(p)
-    assert "geoip" in caplog.text
-    assert not matcher.match(flow("1.2.4.8"))
-    assert matcher.match(flow("203.0.113.1"))  # the other alternatives still work
+def test_a_geoip_code_matches_its_networks_alongside_the_other_alternatives(tmp_path) -> None:
+    geo = GeoAssets(str(write_geodata(tmp_path)))
+    p = pred("dip", "geoip:cn", "203.0.113.0/24")
+    for ip in ("198.51.100.7", "2001:db8:cc::1", "::ffff:198.51.100.9", "203.0.113.1"):
+        assert holds(p, flow(ip), geo), ip
+    for ip in ("192.0.2.1", "2001:db8:dd::1"):
+        assert not holds(p, flow(ip), geo), ip
 
+
+def test_a_reverse_match_geoip_list_matches_the_addresses_outside_it(tmp_path) -> None:
+    geo = GeoAssets(str(write_geodata(tmp_path)))
+    p = pred("dip", "geoip:not-cn")
+    assert holds(p, flow("192.0.2.1"), geo)
+    assert not holds(p, flow("198.51.100.1"), geo)
+
+
+def test_geoip_private_stays_the_built_in_set_whatever_the_file_says(tmp_path) -> None:
+    geo = GeoAssets(str(write_geodata(tmp_path)))  # the file's own "private" holds only 10/8
+    assert holds(pred("dip", "geoip:private"), flow("192.168.1.1"), geo)
+
+
+def test_ext_codes_read_lists_from_a_named_file(tmp_path) -> None:
+    (tmp_path / "mine.dat").write_bytes(geosite_bytes({"games": [(dat.DOMAIN, "play.example", ())]}))
+    (tmp_path / "mine-ip.dat").write_bytes(geoip_bytes({"office": (["192.0.2.0/28"], False)}))
+    geo = GeoAssets(str(tmp_path))
+    assert holds(Predicate("domain", (MatchArg("ext", "mine.dat:games"),)), flow("eu.play.example"), geo)
+    assert holds(Predicate("dip", (MatchArg("ext", "mine-ip.dat:office"),)), flow("192.0.2.3"), geo)
+    assert not holds(Predicate("dip", (MatchArg("ext", "mine-ip.dat:office"),)), flow("192.0.2.30"), geo)
 
 def test_sip_reads_the_source_address() -> None:
     p = pred("sip", "10.10.10.24/32", "10.10.10.25/32")
@@ -292,3 +335,14 @@ def test_unknown_predicate_is_a_compile_error() -> None:
 def test_describe_predicate_renders_keys_values_and_negation() -> None:
     assert describe_predicate(pred("domain", "suffix:ads.example")) == "domain(suffix:ads.example)"
     assert describe_predicate(pred("dport", "22", "8000-8080", negated=True)) == "!dport(22,8000-8080)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(keywords=st.lists(st.text("ab.c", min_size=1, max_size=4), min_size=9, max_size=30),
+       host=st.from_regex(r"[abcd]{1,6}(\.[abcd]{1,6}){0,2}", fullmatch=True))
+def test_many_keywords_match_exactly_what_a_substring_test_matches(keywords, host) -> None:
+    """Past KEYWORD_SCAN_MAX the keywords are one trie-shaped expression: it must agree with
+    testing each keyword as a substring, prefixes of one another included."""
+    p = Predicate("domain", tuple(MatchArg("keyword", k) for k in keywords))
+    expected = any(k.strip().lower() in host for k in keywords if k.strip())
+    assert compile_predicate(p).match(flow(host)) is expected
