@@ -51,19 +51,29 @@ ACCEPTED_GLOBAL_KEYS = frozenset(
         "log_file",
         "disable_waiting_network",
         "nfqueue_enable",
-        "allow_insecure",
-        "tls_implementation",
-        "utls_imitate",
-        "tls_fragment",
-        "tls_fragment_length",
-        "tls_fragment_interval",
-        "mptcp",
         "bootstrap_resolver",
-        "fallback_resolver",
         "bandwidth_max_tx",
         "bandwidth_max_rx",
     }
 )
+
+# dae's global keys that change how nodes are dialled, which honk does not honour: a counted
+# warning (``not-honoured``) says what honk does instead, unless the value is dae's default,
+# which honk already behaves like. None: every value is warned about.
+UNHONOURED_GLOBAL_KEYS: dict[str, tuple[str | None, str]] = {
+    "allow_insecure": ("false", "honk verifies every node's certificate unless the node's own link "
+                                "says allowInsecure=1"),
+    "tls_implementation": ("tls", "honk's TLS is OpenSSL's; there is no uTLS"),
+    "utls_imitate": (None, "honk does not imitate another client's TLS fingerprint"),
+    "tls_fragment": ("false", "honk does not fragment its TLS ClientHello"),
+    "tls_fragment_length": (None, "honk does not fragment its TLS ClientHello"),
+    "tls_fragment_interval": (None, "honk does not fragment its TLS ClientHello"),
+    "mptcp": ("false", "honk dials plain TCP"),
+    "fallback_resolver": (None, "honk resolves node names with the system resolver"),
+}
+
+# dae's eBPF and kernel tuning keys: honk's datapath has no such setting (warned, ignored).
+DAE_KERNEL_TUNING_KEYS = frozenset({"enable_local_tcp_fast_redirect", "disable_thp", "bpf_conn_state_map_size"})
 
 DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url", "interrupt_connections"})
 STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
@@ -196,6 +206,13 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                 g[key] = flag
         elif key in ACCEPTED_GLOBAL_KEYS:
             continue
+        elif key in UNHONOURED_GLOBAL_KEYS:
+            default, instead = UNHONOURED_GLOBAL_KEYS[key]
+            value = V.get_str(e, sink)
+            if value is not None and (default is None or value.strip().lower() != default):
+                sink.warning("not-honoured", e.path, f"{key} is ignored: {instead}", e.loc)
+        elif key in DAE_KERNEL_TUNING_KEYS:
+            sink.warning("not-honoured", e.path, f"{key} is dae's eBPF tuning; honk has no such setting", e.loc)
         else:
             _unknown(sink, e)
     return GlobalSpec(**g)  # type: ignore[arg-type]

@@ -331,3 +331,19 @@ def test_a_must_prefixed_fallback_names_its_outbound_and_makes_the_fallback_must
     meta = FlowMeta(Network.TCP, Address("192.168.1.2", 40000), Address("192.0.2.9", 443), "lan")
     decision = Router.compile(spec.routing).route(meta)
     assert (decision.outbound, decision.must) == ("direct", True)
+
+
+@pytest.mark.parametrize("line", ["allow_insecure: true", "tls_implementation: utls", "utls_imitate: chrome_auto",
+                                  "tls_fragment: true", "mptcp: true", "fallback_resolver: '8.8.8.8:53'",
+                                  "disable_thp: true", "bpf_conn_state_map_size: 65536"])
+def test_a_dae_key_honk_does_not_honour_is_a_counted_warning_saying_what_honk_does(line):
+    outcome = run(f"global {{\n    {line}\n}}\n" + NODE + "routing {\n    fallback: n1\n}\n")
+    assert outcome.spec is not None
+    [warning] = [d for d in outcome.diagnostics if d.severity is Severity.WARNING]
+    assert (warning.code, warning.key_path, warning.loc.line) == ("not-honoured", f"global.{line.split(':')[0]}", 2)
+
+
+def test_dae_defaults_of_those_keys_are_what_honk_does_and_pass_quietly():
+    outcome = run("global {\n    allow_insecure: false\n    tls_implementation: tls\n    mptcp: false\n"
+                  "    tls_fragment: false\n}\n" + NODE + "routing {\n    fallback: n1\n}\n")
+    assert outcome.spec is not None and _problems(outcome) == []
