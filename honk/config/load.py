@@ -172,7 +172,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
     inbounds = build_inbounds(doc.inbounds, sink)
     check_inbounds(inbounds, sink)
     nodes = check_nodes(build_nodes(doc.nodes, sink), sink)
-    subscriptions = check_subscriptions(doc.subscriptions, sink)
+    subscriptions = check_subscriptions(doc.subscriptions, sink, base_dir)
     groups = check_groups(
         build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink, subscriptions=bool(subscriptions)
     )

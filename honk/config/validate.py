@@ -11,7 +11,9 @@
 * routing: every target and the fallback name an outbound (the caller leaves out rules
   targeting dae's ``must_rules`` marker, which names none).
 * subscriptions: a non-empty name (tagless dae entries take the URL host) and
-  an ``http``/``https`` URL with a host (``invalid-subscription-url``); a
+  an ``http``/``https`` URL with a host (``invalid-subscription-url``), or dae's
+  ``file://path`` (relative to the configuration's directory; named after the
+  file), ``https-file://`` and ``http-file://`` (read as https/http); a
   second declaration of the same URL and User-Agent is dropped
   (``duplicate-subscription``). Equal names are fine: ``subtag(name)`` then
   selects the nodes of both.
@@ -23,6 +25,7 @@ take them (it has node filter lines, or none at all) is not faulted for a
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import urlsplit
 
@@ -39,6 +42,8 @@ from honk.config.spec import (
     SubscriptionSpec,
 )
 from honk.config.tree import Entry, Sink, SubscriptionDecl
+
+FILE_SCHEME = "file://"  # a local node list, read at each refresh (honk.subscription.fetch.read_local)
 
 SUBSCRIPTION_SCHEMES = ("http", "https")
 
@@ -94,11 +99,13 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
         listens.add((inbound.host, inbound.port))
 
 
-def check_subscriptions(decls: list[SubscriptionDecl], sink: Sink) -> list[SubscriptionSpec]:
+def check_subscriptions(decls: list[SubscriptionDecl], sink: Sink, base_dir: str = ".") -> list[SubscriptionSpec]:
+    """``base_dir``: the configuration's directory, against which a relative ``file://`` path
+    resolves (as dae resolves it against its configuration's)."""
     kept: list[SubscriptionSpec] = []
     identities: set[tuple[str, str]] = set()
     for decl in decls:
-        spec = _build_subscription(decl, sink)
+        spec = _build_subscription(decl, sink, base_dir)
         if spec is None:
             continue
         if spec.fetch_identity in identities:
@@ -114,7 +121,7 @@ def check_subscriptions(decls: list[SubscriptionDecl], sink: Sink) -> list[Subsc
     return kept
 
 
-def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec | None:
+def _build_subscription(decl: SubscriptionDecl, sink: Sink, base_dir: str = ".") -> SubscriptionSpec | None:
     url: str | None = None
     url_entry: Entry | None = None
     values: dict[str, object] = {}
@@ -147,12 +154,12 @@ def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec 
         return None
     if not ok or url is None:
         return None
-    host = _http_url_host(url)
+    url, host = _dae_subscription_url(url, base_dir)
     if host is None:
         sink.error(
             "invalid-subscription-url",
             url_entry.path,
-            "a subscription URL must be http:// or https:// with a host",
+            "a subscription URL must be http:// or https:// with a host, or file://path",
             url_entry.loc,
         )
         return None
@@ -169,6 +176,22 @@ def _build_subscription(decl: SubscriptionDecl, sink: Sink) -> SubscriptionSpec 
         detour=values.get("detour"),  # type: ignore[arg-type]
         loc=decl.loc,
     )
+
+
+def _dae_subscription_url(url: str, base_dir: str) -> tuple[str, str | None]:
+    """dae's other subscription schemes as honk reads them, with the name a tagless entry
+    takes: ``file://path`` a local node list (relative to the configuration's directory),
+    named after the file; ``https-file://`` and ``http-file://`` (dae keeps the last download
+    in a file for offline starts) the same URL over https/http, whose last accepted body
+    honk keeps in its state store anyway. Anything else is an http(s) URL or None."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if sep and scheme == "file" and rest.strip():
+        path = os.path.normpath(os.path.join(base_dir, os.path.expanduser(rest.strip())))
+        return FILE_SCHEME + path, os.path.basename(path) or None
+    if sep and scheme in ("https-file", "http-file"):
+        url = f"{scheme[: -len('-file')]}://{rest}"
+    return url, _http_url_host(url)
 
 
 def _http_url_host(url: str) -> str | None:

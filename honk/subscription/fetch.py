@@ -41,6 +41,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import h11
 
 from honk import __version__
+from honk.config.validate import FILE_SCHEME  # its path made absolute when the config was read
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import DialTimeout, HonkError
 from honk.core.net import Address
@@ -48,7 +49,8 @@ from honk.outbound.base import DialedStream
 from honk.relay.native import framed_socket
 from honk.subscription.formats import MAX_BODY_BYTES
 
-__all__ = ["MAX_REDIRECTS", "USER_AGENT", "Dial", "FetchResult", "SubscriptionFetchError", "fetch"]
+__all__ = ["FILE_SCHEME", "MAX_REDIRECTS", "USER_AGENT", "Dial", "FetchResult", "SubscriptionFetchError", "fetch",
+           "read_local"]
 
 USER_AGENT = f"honk/{__version__}"  # the default User-Agent (upstream subscription reference)
 MAX_REDIRECTS = 5  # "At most 5 hops" (upstream subscription reference)
@@ -67,7 +69,8 @@ class SubscriptionFetchError(HonkError):
     ``connection``, ``timeout``, ``malformed-response``, ``http-status``
     (``status`` says which), ``unsupported-encoding``, ``body-too-large``,
     ``too-many-redirects``, ``redirect-invalid``, ``redirect-scheme``,
-    ``redirect-downgrade``, ``redirect-private-address``.
+    ``redirect-downgrade``, ``redirect-private-address``; for a ``file://`` list,
+    ``file-unreadable``.
     """
 
     def __init__(self, reason: str, *, status: int | None = None) -> None:
@@ -295,3 +298,16 @@ async def _exchange(
         elif isinstance(event, h11.ConnectionClosed):
             raise SubscriptionFetchError("connection")
         # h11.InformationalResponse (1xx): keep reading
+
+
+def read_local(url: str) -> FetchResult:
+    """A ``file://`` subscription's body, read as a download is received: at most
+    :data:`~honk.subscription.formats.MAX_BODY_BYTES`. Blocking: run it in a thread."""
+    try:
+        with open(url[len(FILE_SCHEME):], "rb") as fh:
+            body = fh.read(MAX_BODY_BYTES + 1)
+    except OSError:
+        raise SubscriptionFetchError("file-unreadable") from None
+    if len(body) > MAX_BODY_BYTES:
+        raise SubscriptionFetchError("body-too-large")
+    return FetchResult(body=body, status=200, redirects=0)

@@ -39,7 +39,7 @@ from honk.config.spec import BUILTIN_OUTBOUNDS, NodeSpec, SubscriptionSpec
 from honk.core.clock import Clock, timeout_at
 from honk.core.stats import RuntimeStats
 from honk.daemon.logs import kv
-from honk.subscription.fetch import Dial, SubscriptionFetchError, fetch
+from honk.subscription.fetch import FILE_SCHEME, Dial, FetchResult, SubscriptionFetchError, fetch, read_local
 from honk.subscription.formats import EntryDiagnostic, ParsedBody, SubscriptionError, parse_body
 from honk.subscription.store import StoreError, SubscriptionStore, body_key
 
@@ -302,14 +302,7 @@ class SubscriptionManager:
     async def _refresh(self, sub: _Sub) -> None:
         spec = sub.spec
         try:
-            result = await fetch(
-                spec.url,
-                dial=self._dial_via(spec.detour) if spec.detour and self._dial_via else self._dial,
-                clock=self._clock,
-                deadline=self._clock.now() + self._fetch_timeout,
-                user_agent=spec.user_agent,
-                ssl_context=self._ssl_context,
-            )
+            result = await self._download(spec)
             parsed = await asyncio.to_thread(parse_body, result.body, spec.name)
         except (SubscriptionFetchError, SubscriptionError) as exc:
             if isinstance(exc, SubscriptionError):
@@ -323,6 +316,18 @@ class SubscriptionManager:
             await self._notify()
             return
         await self._accept(sub, result.body, parsed, result.usage)
+
+    async def _download(self, spec: SubscriptionSpec) -> FetchResult:
+        if spec.url.startswith(FILE_SCHEME):  # dae's local node list
+            return await asyncio.to_thread(read_local, spec.url)
+        return await fetch(
+            spec.url,
+            dial=self._dial_via(spec.detour) if spec.detour and self._dial_via else self._dial,
+            clock=self._clock,
+            deadline=self._clock.now() + self._fetch_timeout,
+            user_agent=spec.user_agent,
+            ssl_context=self._ssl_context,
+        )
 
     async def _accept(self, sub: _Sub, body: bytes, parsed: ParsedBody, usage: dict[str, int] | None) -> None:
         spec = sub.spec
