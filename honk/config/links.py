@@ -191,8 +191,15 @@ def _port(text: str, allow_zero: bool = False) -> int:
     return int(text)
 
 
+# dae's node chain, ``'socks5://a -> ss://b'``: a second link after an arrow
+_CHAIN = re.compile(r"->\s*[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
     """A share link as a node; ``tag`` (a dae tag or structured key) names it."""
+    if _CHAIN.search(link):
+        raise LinkError("unsupported-node-chain", "node chains ('link -> link') are not supported yet: "
+                                                  "honk dials each node directly")
     m = _SCHEME.match(link.strip())
     scheme = m.group(1).lower() if m else ""
     if scheme in KNOWN_UNSUPPORTED:

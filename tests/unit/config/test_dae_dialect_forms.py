@@ -347,3 +347,13 @@ def test_dae_defaults_of_those_keys_are_what_honk_does_and_pass_quietly():
     outcome = run("global {\n    allow_insecure: false\n    tls_implementation: tls\n    mptcp: false\n"
                   "    tls_fragment: false\n}\n" + NODE + "routing {\n    fallback: n1\n}\n")
     assert outcome.spec is not None and _problems(outcome) == []
+
+
+def test_a_node_chain_is_refused_for_what_it_is_not_for_a_bracket():
+    """dae chains nodes with an arrow between links; honk says it does not chain yet (the
+    message used to be a misleading 'an IPv6 address must be bracketed')."""
+    outcome = run("node {\n    chained: 'socks5://192.0.2.1:1080 -> ss://YWVzLTEyOC1nY206cHc@192.0.2.2:8388'\n}\n"
+                  "routing {\n    fallback: direct\n}\n")
+    [error] = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]
+    assert (error.code, error.key_path, error.loc.line) == ("unsupported-node-chain", "node.chained", 2)
+    assert "bracketed" not in error.message
