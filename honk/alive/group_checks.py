@@ -95,6 +95,7 @@ class GroupChecks:
         state.record(self.clock.wall(), rtt)
         if rtt is not None:
             state.average.update(rtt)
+            state.recent.push(self.clock.wall(), rtt, False)
             if state.probe_succeeded():
                 log.info("member %s is alive again for check_url probes", member)
         elif state.dead:
@@ -126,6 +127,11 @@ class GroupChecks:
         """The moving average of the pair's probe samples (the group's URLTest ranking)."""
         state = self._states.get((member, url))
         return None if state is None else state.average.value
+
+    def ranking(self, member: str, url: str, rank_by: str = "") -> float | None:
+        """The pair's ranking latency by ``rank_by`` (:meth:`LinkState.ranking`), or None."""
+        state = self._states.get((member, url))
+        return None if state is None else state.ranking(rank_by)
 
     def history(self, member: str, url: str) -> list[tuple[float, float, bool]]:
         state = self._states.get((member, url))

@@ -102,6 +102,7 @@ class LinkState:
         "primed",
         "history",
         "average",
+        "recent",
     )
 
     def __init__(self) -> None:
@@ -114,6 +115,18 @@ class LinkState:
         self.primed = False  # after a network change one success revives
         self.history = LatencyRing(PROBE_HISTORY)
         self.average = HalvingAverage()  # URLTest ranking: probe samples only, never placeholders
+        # the newest URLTEST_LATENCY_CAPACITY (10) of those same ranking samples: dae's min, min_avg10
+        self.recent = LatencyRing(URLTEST_LATENCY_CAPACITY)
+
+    def ranking(self, rank_by: str = "") -> float | None:
+        """The ranking latency of the real probe samples (None before the first): the halving
+        moving average (""), the newest sample ("last") or the mean of the newest 10 ("avg10")."""
+        if rank_by == "last":
+            sample = self.recent.last_real_sample()
+            return None if sample is None else sample[1]
+        if rank_by == "avg10":
+            return self.recent.real_average()
+        return self.average.value
 
     @property
     def dead(self) -> bool:
@@ -353,6 +366,7 @@ class AliveDialerSet:
         state.record(wall, rtt)
         if rank:
             state.average.update(rtt)
+            state.recent.push(wall, rtt, False)
             if self.on_probe_rtt is not None:
                 self.on_probe_rtt(node_id, domain, family, rtt)
         if domain is Domain.TCP:
@@ -632,9 +646,13 @@ class AliveDialerSet:
 
     def average(self, node_id: uuid.UUID, domain: Domain, family: Family) -> float | None:
         """The halving moving average of the state's real probe samples (ranking), or None."""
+        return self.ranking(node_id, domain, family)
+
+    def ranking(self, node_id: uuid.UUID, domain: Domain, family: Family, rank_by: str = "") -> float | None:
+        """The state's ranking latency by ``rank_by`` (:meth:`LinkState.ranking`), or None."""
         node = self._nodes.get(node_id)
         state = node.peek(domain, family) if node is not None else None
-        return None if state is None else state.average.value
+        return None if state is None else state.ranking(rank_by)
 
     def demoted(self, node_id: uuid.UUID) -> bool:
         node = self._nodes.get(node_id)

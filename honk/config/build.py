@@ -24,6 +24,7 @@ from honk.config.spec import (
     DIAL_MODES,
     LOG_LEVELS,
     POLICY_SPELLINGS,
+    POLICY_STRATEGIES,
     PRECONNECT_AUTO,
     TPROXY_MARK,
     ClashApiSpec,
@@ -298,6 +299,8 @@ def build_groups(decls: list[GroupDecl], tolerance: float, sink: Sink) -> list[G
 def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
     allowed = STRUCTURED_GROUP_KEYS if decl.structured else DAE_GROUP_KEYS
     policy = Policy.SELECTOR
+    strategy = ""
+    fixed_index: int | None = None
     filters: list[NodeFilter] = []
     subgroups: list[str] = []
     has_filter_lines = False
@@ -328,6 +331,7 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
             if s is None:
                 continue
             found = parse_policy(s)
+            known = found is not None
             if found is None:
                 sink.warning(
                     "unknown-policy",
@@ -336,7 +340,18 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
                     e.loc,
                 )
                 found = Policy.SELECTOR
-            policy = found
+            policy, strategy, fixed_index = found, "", None
+            head, paren, arg = s.strip().partition("(")
+            head = head.strip().lower()
+            if known:  # a spelling read, so s ends with ")" when it has "(" (parse_policy)
+                strategy = POLICY_STRATEGIES.get(head, "")
+                arg = arg[:-1].strip() if paren else ""
+                if head == "fixed" and arg:
+                    if not (arg.isascii() and arg.isdigit()):
+                        sink.error("invalid-value", e.path, "fixed(N) takes a member index: a whole number from 0",
+                                   e.loc)
+                        continue
+                    fixed_index = int(arg) or None  # fixed(0) is plain fixed: the first member
         elif key in ("default", "final", "check_url"):
             s = V.get_str(e, sink)
             if s is None:
@@ -393,6 +408,8 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
         idle_timeout=values.get("idle_timeout"),  # type: ignore[arg-type]
         interrupt_connections=bool(values.get("interrupt_connections", False)),
         id=values.get("id"),  # type: ignore[arg-type]
+        strategy=strategy,
+        fixed_index=fixed_index,
         loc=decl.loc,
     )
     return GroupParts(spec, decl, parts_default, parts_final, sub_entries)

@@ -80,13 +80,31 @@ POLICY_SPELLINGS: dict[str, Policy] = {
     "urltest": Policy.URLTEST,
     "min_moving_avg": Policy.URLTEST,
     "min_avg10": Policy.URLTEST,
+    "min": Policy.URLTEST,  # dae's DialerSelectionPolicy_MinLastLatency
+    "min_last_latency": Policy.URLTEST,
     "min_last_delay": Policy.URLTEST,
+    "random": Policy.LOADBALANCE,  # shown as mihomo's LoadBalance: no Clash type is closer
     "loadbalance": Policy.LOADBALANCE,
     "roundrobin": Policy.LOADBALANCE,
     "round_robin": Policy.LOADBALANCE,
     "balance": Policy.LOADBALANCE,
     "fallback": Policy.FALLBACK,
     "score": Policy.SCORE,
+}
+
+# How a spelling refines its policy (GroupSpec.strategy). URLTest ranks by the halving moving
+# average ("", dae's min_moving_avg), the newest sample (RANK_LAST, dae's min) or the mean of the
+# newest 10 samples (RANK_AVG10, dae's min_avg10); a LoadBalance goes round robin ("") or draws
+# uniformly among its eligible members per selection (PICK_RANDOM, dae's random).
+RANK_LAST = "last"
+RANK_AVG10 = "avg10"
+PICK_RANDOM = "random"
+POLICY_STRATEGIES: dict[str, str] = {
+    "min": RANK_LAST,
+    "min_last_latency": RANK_LAST,
+    "min_last_delay": RANK_LAST,
+    "min_avg10": RANK_AVG10,
+    "random": PICK_RANDOM,
 }
 
 
@@ -254,6 +272,8 @@ class GroupSpec:
     idle_timeout: float | None = None  # seconds; None -> DEFAULT_URLTEST_IDLE_TIMEOUT
     interrupt_connections: bool = False  # a selection change closes the flows it served
     id: uuid.UUID | None = None  # structured-only; None -> generated at runtime
+    strategy: str = ""  # POLICY_STRATEGIES: the ranking or draw a spelling refines the policy with
+    fixed_index: int | None = None  # fixed(N): a Selector's default is its N-th member (0-based)
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 
 

@@ -1,4 +1,4 @@
-"""Groups: membership from filters, the four classic policies, and resolution to one leaf.
+"""Groups: membership from filters, the classic policies, and resolution to one leaf.
 
 Nothing here performs I/O. ``GroupManager.build(spec, outbounds, health=...)`` per
 configuration; ``manager.resolve(name, network)`` per flow.
@@ -6,7 +6,7 @@ configuration; ``manager.resolve(name, network)`` per flow.
 
 from honk.group.manager import MAX_NESTING_DEPTH, GroupManager, Selection, SharedGroupManager
 from honk.group.membership import Membership, resolve_membership
-from honk.group.policy import Fallback, LoadBalance, Selector, UnknownGroup, UnknownMember, URLTest
+from honk.group.policy import Fallback, LoadBalance, Random, Selector, UnknownGroup, UnknownMember, URLTest
 
 __all__ = [
     "MAX_NESTING_DEPTH",
@@ -14,6 +14,7 @@ __all__ = [
     "GroupManager",
     "LoadBalance",
     "Membership",
+    "Random",
     "Selection",
     "Selector",
     "SharedGroupManager",

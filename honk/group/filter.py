@@ -11,7 +11,10 @@
   serves UDP. Then the UDP liveness rule: DataUdp or DnsUdp alive serves, both dead does
   not, no UDP evidence at all follows TCP.
 * A group with its own ``check_url`` also needs the (member tag, URL) state not dead,
-  and ranks its members by that state's moving average instead of the global probe's.
+  and ranks its members by that state's samples instead of the global probe's.
+* A URLTest ranks by one statistic of the real probe samples (its spec's ``strategy``): the
+  halving moving average (``min_moving_avg``), the newest sample (``min``) or the mean of the
+  newest 10 (``min_avg10``).
 * ``direct``, ``block`` and nodes without health are always eligible (``block`` is a
   terminal action, never filtered into another route) and unmeasured.
 
@@ -87,27 +90,29 @@ class HealthFilter:
             return True
         return self.alive.udp_selectable(node_id, family)
 
-    def tcp_metric(self, leaf: Any, group: str = "", member: str = "") -> float | None:
-        """The ranking average: the group check's for ``member`` when ``group`` has one, else the
-        global TCP probe's in the leaf's health family."""
+    def tcp_metric(self, leaf: Any, group: str = "", member: str = "", rank_by: str = "") -> float | None:
+        """The ranking latency: the group check's for ``member`` when ``group`` has one, else the
+        global TCP probe's in the leaf's health family. ``rank_by`` picks the statistic of the
+        real probe samples: the halving moving average (""), the newest ("last"), the mean of
+        the newest 10 ("avg10")."""
         node_id = node_id_of(leaf)
         if node_id is None or self.alive is None:
             return None
         if self.checks is not None and group:
             url = self.checks.url_of(group)
             if url is not None:
-                return self.checks.average(member, url)
-        return self.alive.average(node_id, Domain.TCP, health_family_of(leaf))
+                return self.checks.ranking(member, url, rank_by)
+        return self.alive.ranking(node_id, Domain.TCP, health_family_of(leaf), rank_by)
 
-    def udp_metric(self, leaf: Any) -> float | None:
-        """DataUdp's average, else DnsUdp's, in the leaf's health family; None when the node has
-        no UDP evidence there."""
+    def udp_metric(self, leaf: Any, rank_by: str = "") -> float | None:
+        """DataUdp's ranking latency (``rank_by`` as for :meth:`tcp_metric`), else DnsUdp's, in
+        the leaf's health family; None when the node has no UDP evidence there."""
         node_id = node_id_of(leaf)
         if node_id is None or self.alive is None:
             return None
         family = health_family_of(leaf)
-        data = self.alive.average(node_id, Domain.DATA_UDP, family)
-        return data if data is not None else self.alive.average(node_id, Domain.DNS_UDP, family)
+        data = self.alive.ranking(node_id, Domain.DATA_UDP, family, rank_by)
+        return data if data is not None else self.alive.ranking(node_id, Domain.DNS_UDP, family, rank_by)
 
     def demoted(self, leaf: Any) -> bool:
         node_id = node_id_of(leaf)

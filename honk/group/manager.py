@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -315,6 +316,7 @@ class GroupManager:
         saved: Mapping[str, Mapping[Network, Identity]] | None = None,
         reuse: Collection[str] = (),
         score_ranking: bool = True,
+        rng: random.Random | None = None,
     ) -> GroupManager:
         """Build from ``spec``. Groups named in ``reuse`` (unchanged, and nothing they select
         through was rebuilt) keep ``previous``'s policy object with all its state: the
@@ -327,7 +329,10 @@ class GroupManager:
 
         ``score_ranking``: Score groups rank with the lineage's ScoreState, fed by the reporters
         of every business path (:mod:`honk.connection.scoring`). Off, a Score group serves as
-        URLTest from probe delays (a comparison baseline for tests and the simulation)."""
+        URLTest from probe delays (a comparison baseline for tests and the simulation).
+
+        ``rng``: what ``policy: random`` groups draw from (injected by tests; None: a fresh
+        system-seeded generator per group)."""
         specs: dict[str, GroupSpec] = {}
         for group in spec.groups:
             if group.name in specs:
@@ -347,7 +352,7 @@ class GroupManager:
             if kept is not None and kept.policy.members == membership.members:
                 groups[name] = _Group(group, membership, _unpinned(name, kept.policy), identities[name], kept.warned_at)
             else:
-                policy = make_policy(group, membership.members, score=score if score_ranking else None)
+                policy = make_policy(group, membership.members, score=score if score_ranking else None, rng=rng)
                 groups[name] = _Group(group, membership, policy, identities[name])
         manager = cls(groups, outbounds, health or NO_HEALTH, clock, score)
         if previous is None:  # a fresh state: publish the membership it serves
@@ -616,10 +621,11 @@ class GroupManager:
         health, name = self.health, group.spec.name
         eligible = health.eligible(leaf, network, name, member)
         if eligible and isinstance(group.policy, URLTest):  # only URLTest ranks
+            rank_by = group.policy.rank_by
             return Candidate(
                 member, index, True,
-                metric=health.tcp_metric(leaf, name, member),
-                udp_metric=health.udp_metric(leaf) if network is Network.UDP else None,
+                metric=health.tcp_metric(leaf, name, member, rank_by),
+                udp_metric=health.udp_metric(leaf, rank_by) if network is Network.UDP else None,
                 demoted=health.demoted(leaf),
             )
         if eligible and isinstance(group.policy, Fallback):  # a Fallback leaves a struck pin

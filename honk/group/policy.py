@@ -9,15 +9,20 @@ then follows the group's ``final``, or the sole-leaf TCP last resort).
 ``commit`` is False for a peek (introspection, warm-up, delay-test listings): nothing a
 policy remembers changes then. Nothing here does I/O or reads a clock.
 
-* :class:`Selector`: the runtime choice for the network, else ``default``, else the first
-  member, decided before and independently of health. An ineligible choice is not
-  replaced by a sibling.
-* :class:`URLTest`: the eligible member with the lowest moving average; strikes demote
+* :class:`Selector`: the runtime choice for the network, else ``default``, else the member
+  ``fixed(N)`` names (the first one without N), decided before and independently of health.
+  An ineligible choice is not replaced by a sibling. ``fixed(N)`` with N past the last member
+  (membership is known only at run time: filters, subscriptions) chooses nothing: the group
+  serves its ``final`` or fails closed, as dae's "selected dialer index is out of range".
+* :class:`URLTest`: the eligible member with the lowest ranking latency (the moving average;
+  the newest sample for ``min``; the mean of the newest 10 for ``min_avg10``); strikes demote
   a member below every member without; the incumbent stays while
   ``best + tolerance >= incumbent`` (its current average, re-read each time) unless it
   carries strikes. TCP and UDP keep separate winners; UDP ranks by DataUdp, then DnsUdp,
   and mirrors the TCP winner while no eligible member has UDP evidence.
 * :class:`LoadBalance`: the next eligible member after the last one served, per network.
+* :class:`Random` (``policy: random``, kind LoadBalance): each served selection draws uniformly
+  among the members eligible then, from the group's injectable RNG.
 * :class:`Fallback`: the first eligible member, pinned per network until it stops being
   eligible or carries strikes while a member without strikes is eligible (a node that fails
   flows is left, not only a dead one); an earlier member's recovery does not take the pin back.
@@ -28,11 +33,12 @@ policy remembers changes then. Nothing here does I/O or reads a clock.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from honk.config.spec import MIN_URLTEST_TOLERANCE, GroupSpec, Policy
+from honk.config.spec import MIN_URLTEST_TOLERANCE, PICK_RANDOM, GroupSpec, Policy
 from honk.core.errors import HonkError
 from honk.core.net import IPAddress, Network
 from honk.group.score.keys import NodeId, ScoreTarget, target_family
@@ -113,20 +119,27 @@ class GroupPolicy(Protocol):
 
 
 class Selector:
-    """Runtime choice (per network) → ``default`` → first member; health never substitutes."""
+    """Runtime choice (per network) → ``default`` → the ``fixed(N)`` member (N = 0 without one);
+    health never substitutes. N past the last member chooses nothing (dae: an error, not a
+    sibling)."""
 
     kind = Policy.SELECTOR
-    __slots__ = ("name", "members", "default", "epoch", "_member_set", "_choice")
+    __slots__ = ("name", "members", "default", "fixed_index", "epoch", "_member_set", "_choice")
 
     def __init__(self, name: str, members: tuple[str, ...], default: str | None = None,
-                 epoch: Epoch | None = None) -> None:
+                 epoch: Epoch | None = None, fixed_index: int | None = None) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
         self._member_set = frozenset(members)
+        self.fixed_index = fixed_index
         if default is not None and default not in self._member_set:
-            log.warning("group %s: default %r is not a member; using the first member instead", name, default)
+            log.warning("group %s: default %r is not a member; using the %s instead", name, default,
+                        "first member" if fixed_index is None else f"fixed({fixed_index}) member")
             default = None
+        if default is None and fixed_index is not None and fixed_index >= len(members):
+            log.warning("group %s: fixed(%d) is past its %d members; it serves only its final until a "
+                        "member is chosen", name, fixed_index, len(members))
         self.default = default
         self._choice: dict[Network, str] = {}
 
@@ -137,7 +150,8 @@ class Selector:
             return choice
         if self.default is not None:
             return self.default
-        return self.members[0] if self.members else None
+        index = self.fixed_index or 0
+        return self.members[index] if index < len(self.members) else None
 
     def pick(self, candidates: Candidates, commit: bool) -> str | None:
         chosen = self.chosen(candidates.network)
@@ -212,13 +226,15 @@ class URLTest(Fixable):
     """Lowest moving average, with hysteresis and strikes; separate TCP and UDP winners."""
 
     kind = Policy.URLTEST
-    __slots__ = ("name", "members", "tolerance", "epoch", "moved", "_winner", "_fixed")
+    __slots__ = ("name", "members", "tolerance", "rank_by", "epoch", "moved", "_winner", "_fixed")
 
-    def __init__(self, name: str, members: tuple[str, ...], tolerance: float, epoch: Epoch | None = None) -> None:
+    def __init__(self, name: str, members: tuple[str, ...], tolerance: float, epoch: Epoch | None = None,
+                 rank_by: str = "") -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
         self.tolerance = max(tolerance, MIN_URLTEST_TOLERANCE)  # "max(configured, 1 ms)"
+        self.rank_by = rank_by  # the metric's statistic: "" moving average, "last", "avg10" (HealthFilter)
         self._winner: dict[Network, str] = {}
         self._fixed: dict[Network, str] = {}
         self.moved: Callable[[Network], None] | None = None  # a winner was replaced
@@ -312,6 +328,40 @@ class LoadBalance:
     def commit(self, network: Network, member: str) -> None:
         self._last[network] = self.members.index(member)
         self.epoch.bump()  # every served pick moves the cursor
+
+
+class Random:
+    """``policy: random``: each served selection draws uniformly among the members eligible then
+    (dae ``GetRand`` over the alive set); TCP and UDP draw apart. The draw a peek shows is kept
+    until a selection serves it (commit), so a peek and the selection after it agree; a drawn
+    member that is no longer eligible is drawn again. ``rng``: injectable for tests."""
+
+    kind = Policy.LOADBALANCE
+    __slots__ = ("name", "members", "epoch", "rng", "_drawn")
+
+    def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None,
+                 rng: random.Random | None = None) -> None:
+        self.name = name
+        self.epoch = epoch or Epoch()
+        self.members = members
+        self.rng = rng if rng is not None else random.Random()
+        self._drawn: dict[Network, str] = {}  # the next selection's member, per network
+
+    def pick(self, candidates: Candidates, commit: bool) -> str | None:
+        network = candidates.network
+        drawn = self._drawn.get(network)
+        if drawn is None or not candidates.evaluate(drawn).eligible:
+            eligible = [c.member for c in candidates.all() if c.eligible]
+            if not eligible:
+                return None
+            drawn = self._drawn[network] = eligible[self.rng.randrange(len(eligible))]
+        if commit:
+            self.commit(network, drawn)
+        return drawn
+
+    def commit(self, network: Network, member: str) -> None:
+        self._drawn.pop(network, None)  # served: the next selection draws again
+        self.epoch.bump()
 
 
 class Fallback(Fixable):
@@ -422,15 +472,19 @@ class Score:
 
 
 def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None,
-                score: ScoreState | None = None) -> GroupPolicy:
+                score: ScoreState | None = None, rng: random.Random | None = None) -> GroupPolicy:
     """The policy object of a group. A Score group ranks with ``score``; without one it serves as
-    URLTest (see ``GroupManager.build``'s ``score_ranking``)."""
+    URLTest (see ``GroupManager.build``'s ``score_ranking``). A random group draws from ``rng``."""
     if spec.policy is Policy.SELECTOR:
-        return Selector(spec.name, members, spec.default, epoch)
+        return Selector(spec.name, members, spec.default, epoch, spec.fixed_index)
     if spec.policy is Policy.SCORE and score is not None:
         return Score(spec.name, members, score, epoch)
-    if spec.policy in (Policy.URLTEST, Policy.SCORE):
+    if spec.policy is Policy.URLTEST:
+        return URLTest(spec.name, members, spec.tolerance, epoch, spec.strategy)
+    if spec.policy is Policy.SCORE:
         return URLTest(spec.name, members, spec.tolerance, epoch)
+    if spec.policy is Policy.LOADBALANCE and spec.strategy == PICK_RANDOM:
+        return Random(spec.name, members, epoch, rng)
     if spec.policy is Policy.LOADBALANCE:
         return LoadBalance(spec.name, members, epoch)
     return Fallback(spec.name, members, epoch)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 
 import pytest
@@ -38,7 +39,8 @@ def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> Gr
 class World:
     """Nodes with real health state, and a manager built over them."""
 
-    def __init__(self, *groups: GroupSpec, nodes=("a", "b", "c"), tcp_only: tuple[str, ...] = ()) -> None:
+    def __init__(self, *groups: GroupSpec, nodes=("a", "b", "c"), tcp_only: tuple[str, ...] = (),
+                 rng: random.Random | None = None) -> None:
         self.clock = FakeClock()
         self.alive = AliveDialerSet(self.clock, on_emergency=self.emergencies.append)
         self.checks = GroupChecks(self.clock)
@@ -50,7 +52,7 @@ class World:
             self.alive.register_node(n.id, n.name)
         self.clock.advance(REGISTRATION_GRACE + 1)
         self.manager = GroupManager.build(self.spec, self.outbounds, health=HealthFilter(self.alive, self.checks),
-                                          clock=self.clock)
+                                          clock=self.clock, rng=rng)
 
     emergencies: list = []
 
