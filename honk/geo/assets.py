@@ -1,9 +1,9 @@
 """Finding and loading geodata, and answering a rule's code.
 
-Files are looked up where dae and upstream honk look, first match wins:
-``$DAE_LOCATION_ASSET``, ``global.data_dir``, the working directory, ``$XDG_DATA_HOME/dae``
-(``~/.local/share/dae``), ``/usr/local/share/dae``, ``/usr/share/dae``, ``/etc/dae``, and
-honk's own ``/usr/share/honk``. A file is read once per content (path, mtime, size) for the
+Files are looked up in upstream honk's order, first match wins: ``$DAE_LOCATION_ASSET``,
+``global.data_dir``, the working directory, ``/usr/local/share/honk``, ``/usr/share/honk``,
+then where dae looks: ``$XDG_DATA_HOME/dae`` (``~/.local/share/dae``), ``/usr/local/share/dae``,
+``/usr/share/dae``, ``/etc/dae``. A file is read once per content (path, mtime, size) for the
 whole process: routing, DNS and every reload share it.
 
 Codes, as rules write them (case-insensitive):
@@ -34,7 +34,8 @@ from honk.geo.dat import DOMAIN, FULL, PLAIN, REGEX, GeoDataError, read_geoip, r
 ASSET_ENV = "DAE_LOCATION_ASSET"  # dae's variable: a directory searched before any other
 GEOSITE_FILE = "geosite.dat"
 GEOIP_FILE = "geoip.dat"
-SYSTEM_ASSET_DIRS = ("/usr/local/share/dae", "/usr/share/dae", "/etc/dae", "/usr/share/honk")
+HONK_ASSET_DIRS = ("/usr/local/share/honk", "/usr/share/honk")  # where the package puts its data
+SYSTEM_ASSET_DIRS = ("/usr/local/share/dae", "/usr/share/dae", "/etc/dae")  # dae's own places
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -60,8 +61,8 @@ class NetworkList:
 def asset_dirs(data_dir: str | None = None) -> tuple[str, ...]:
     """The directories searched, in order, without repeats."""
     xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    candidates = [os.environ.get(ASSET_ENV, ""), data_dir or "", os.getcwd(), os.path.join(xdg, "dae"),
-                  *SYSTEM_ASSET_DIRS]
+    candidates = [os.environ.get(ASSET_ENV, ""), data_dir or "", os.getcwd(), *HONK_ASSET_DIRS,
+                  os.path.join(xdg, "dae"), *SYSTEM_ASSET_DIRS]
     out: list[str] = []
     for d in candidates:
         if d and os.path.abspath(d) not in out:

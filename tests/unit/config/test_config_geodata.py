@@ -36,6 +36,7 @@ routing {{
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No geodata in the system directories, the working directory or the environment."""
+    monkeypatch.setattr(assets, "HONK_ASSET_DIRS", (str(tmp_path / "honk-share"),))
     monkeypatch.setattr(assets, "SYSTEM_ASSET_DIRS", (str(tmp_path / "system"),))
     monkeypatch.delenv(ASSET_ENV, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))

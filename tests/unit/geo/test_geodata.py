@@ -18,6 +18,7 @@ from honk.geo.dat import GeoDataError
 def no_assets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """No geodata anywhere but where a test puts it: the system directories and the working
     directory are swapped for empty ones."""
+    monkeypatch.setattr(assets, "HONK_ASSET_DIRS", (str(tmp_path / "honk-share"),))
     monkeypatch.setattr(assets, "SYSTEM_ASSET_DIRS", (str(tmp_path / "system"),))
     monkeypatch.delenv(ASSET_ENV, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
@@ -73,7 +74,7 @@ def test_a_missing_file_names_every_place_searched_in_order(no_assets: Path, mon
     assert info.value.code == "geodata-missing"
     searched = str(info.value).split("looked in ", 1)[1].split(", ")
     assert searched == [str(no_assets / "env"), str(no_assets / "data"), str(no_assets),
-                        str(no_assets / "xdg" / "dae"), str(no_assets / "system")]
+                        str(no_assets / "honk-share"), str(no_assets / "xdg" / "dae"), str(no_assets / "system")]
 
 
 def test_the_first_directory_that_holds_the_file_wins(no_assets: Path, monkeypatch) -> None:
