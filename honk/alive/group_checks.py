@@ -12,6 +12,12 @@ network change primes it. There is no registration grace and no traffic source.
 Selector groups pick by hand, so a ``check_url`` on one is ignored with a
 warning.
 
+A group may carry its own ``interval`` (dae's per-group ``check_interval``): its pairs
+then leave the periodic cycle (which runs at the global ``check_interval``) and are
+handed out by :meth:`GroupChecks.own_interval_due` once that interval has passed since
+their last result; the runner asks at every recovery tick (at most 5 s apart). A pair
+that a group without its own interval also uses stays in the periodic cycle too.
+
 Nothing here does I/O; time comes from the injected clock.
 """
 
@@ -39,6 +45,7 @@ class GroupCheck:
     policy: Policy
     url: str
     members: MemberResolver
+    interval: float | None = None  # seconds; None: the periodic cycle's (global) interval
 
 
 class GroupChecks:
@@ -48,6 +55,7 @@ class GroupChecks:
         self.clock = clock
         self._groups: dict[str, GroupCheck] = {}
         self._states: dict[tuple[str, str], LinkState] = {}
+        self._results_at: dict[tuple[str, str], float] = {}  # monotonic time of the pair's last result
         self.version = 0  # bumped by every change that can change a group's selection
 
     def sync_group_check_urls(self, checks: Iterable[GroupCheck]) -> None:
@@ -64,6 +72,7 @@ class GroupChecks:
         self.version += 1
         keep = {(member, check.url) for check in groups.values() for member, _ in check.members()}
         self._states = {key: state for key, state in self._states.items() if key in keep}
+        self._results_at = {key: at for key, at in self._results_at.items() if key in keep}
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -74,14 +83,56 @@ class GroupChecks:
         or (``due_only``) the dead pairs whose cooldown is over, once per pair."""
         now = self.clock.now()
         out: dict[tuple[str, str], uuid.UUID] = {}
+        own = set() if due_only else self._own_interval_pairs()
         for check in self._groups.values():
             for member, leaf in check.members():
                 key = (member, check.url)
-                if key in out:
+                if key in out or key in own:
                     continue
                 state = self._states.get(key)
                 dead = state is not None and state.dead
                 if (due_only and dead and state.due_at <= now) or (not due_only and not dead):
+                    out[key] = leaf
+        return [(member, url, leaf) for (member, url), leaf in out.items()]
+
+    def _intervals(self) -> dict[tuple[str, str], float | None]:
+        """Each pair's own interval: the shortest of its groups', None when a group using it
+        has none (the periodic cycle probes it)."""
+        out: dict[tuple[str, str], float | None] = {}
+        for check in self._groups.values():
+            for member, _ in check.members():
+                key = (member, check.url)
+                if key not in out:
+                    out[key] = check.interval
+                else:
+                    known = out[key]
+                    out[key] = None if known is None or check.interval is None else min(known, check.interval)
+        return out
+
+    def _own_interval_pairs(self) -> set[tuple[str, str]]:
+        if all(check.interval is None for check in self._groups.values()):
+            return set()
+        return {key for key, interval in self._intervals().items() if interval is not None}
+
+    def own_interval_due(self) -> list[tuple[str, str, uuid.UUID]]:
+        """(member tag, URL, current leaf) of the not-dead pairs on their groups' own interval
+        whose interval has passed since their last result (or that have none yet)."""
+        if all(check.interval is None for check in self._groups.values()):
+            return []
+        now = self.clock.now()
+        intervals = self._intervals()
+        out: dict[tuple[str, str], uuid.UUID] = {}
+        for check in self._groups.values():
+            for member, leaf in check.members():
+                key = (member, check.url)
+                interval = intervals.get(key)
+                if key in out or interval is None:
+                    continue
+                state = self._states.get(key)
+                if state is not None and state.dead:
+                    continue  # the recovery schedule owns it
+                last = self._results_at.get(key)
+                if last is None or now - last >= interval:
                     out[key] = leaf
         return [(member, url, leaf) for (member, url), leaf in out.items()]
 
@@ -92,6 +143,7 @@ class GroupChecks:
             state = self._states[(member, url)] = LinkState()
         now = self.clock.now()
         self.version += 1
+        self._results_at[(member, url)] = now
         state.record(self.clock.wall(), rtt)
         if rtt is not None:
             state.average.update(rtt)

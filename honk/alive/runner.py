@@ -13,7 +13,8 @@ a cycle over thousands of nodes costs one queue entry per job, not one task.
   per wanted node and family, skipping dead states (the recovery scheduler owns
   those, so their cooldown holds) and jobs already queued or running.
 * The recovery loop wakes every ``min(5 s, check_interval)`` and queues a job for
-  each dead state whose cooldown is due.
+  each dead state whose cooldown is due, and for each group-check pair on its group's
+  own ``check_interval`` that is due again.
 * :meth:`HealthRunner.emergency` queues TCP jobs at once (the URLTest
   degradation detector calls it); :meth:`HealthRunner.network_changed` clears
   cooldowns, primes dead states and queues their probes at once.
@@ -236,6 +237,9 @@ class HealthRunner:
             kind = JobKind.TCP if domain is Domain.TCP else JobKind.UDP
             jobs.append(Job(kind, node_id, family))
         for member, url, leaf in self.group_checks.members_to_probe(due_only=True):
+            jobs.append(Job(JobKind.GROUP_URL, leaf, member=member, url=url))
+        # pairs of groups with their own check_interval, due again (checked every recovery tick)
+        for member, url, leaf in self.group_checks.own_interval_due():
             jobs.append(Job(JobKind.GROUP_URL, leaf, member=member, url=url))
         return jobs
 

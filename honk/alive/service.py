@@ -265,7 +265,8 @@ class HealthService:
     def _group_checks(self, plane: Plane) -> Iterable[GroupCheck]:
         for group in plane.spec.groups:
             if group.check_url and group.name in plane.groups:
-                yield GroupCheck(group.name, group.policy, group.check_url, self._member_leaves(plane, group.name))
+                yield GroupCheck(group.name, group.policy, group.check_url, self._member_leaves(plane, group.name),
+                                 group.check_interval)
 
     @staticmethod
     def _member_leaves(plane: Plane, group: str):  # noqa: ANN205 - MemberResolver

@@ -76,7 +76,18 @@ UNHONOURED_GLOBAL_KEYS: dict[str, tuple[str | None, str]] = {
 # dae's eBPF and kernel tuning keys: honk's datapath has no such setting (warned, ignored).
 DAE_KERNEL_TUNING_KEYS = frozenset({"enable_local_tcp_fast_redirect", "disable_thp", "bpf_conn_state_map_size"})
 
-DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url", "interrupt_connections"})
+# dae's per-group overrides of the global check settings (config.Group; control_plane.go
+# ParseGroupOverrideOption): tcp_check_url becomes the group's check URL, check_interval the
+# interval of its probes, check_tolerance its URLTest tolerance; the others are warned about
+# (``not-honoured``) with what honk does instead.
+DAE_GROUP_CHECK_KEYS = frozenset({"tcp_check_url", "tcp_check_http_method", "udp_check_dns", "check_interval",
+                                  "check_tolerance"})
+UNHONOURED_GROUP_KEYS: dict[str, str] = {
+    "tcp_check_http_method": "the group's check URL is probed with the global tcp_check_http_method",
+    "udp_check_dns": "honk's group checks are TCP only; members' UDP health comes from the global udp_check_dns",
+}
+DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url", "interrupt_connections"}
+                           | DAE_GROUP_CHECK_KEYS)
 STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
 CLASH_API_KEYS = frozenset({"external_controller", "external_ui", "secret", "default_mode"})
 CLASH_API_ACCEPTED = frozenset({"external_ui_download_url", "external_ui_download_detour"})
@@ -309,6 +320,7 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
     parts_final: Entry | None = None
     sub_entries: list[tuple[str, Entry]] = []
     check_url_entry: Entry | None = None
+    interval_entry: Entry | None = None
     for e in decl.entries:
         key = e.key or ""
         if key not in allowed:
@@ -366,10 +378,35 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
                 parts_final = e
             else:
                 check_url_entry = e
-        elif key == "tolerance":
+        elif key == "tcp_check_url":  # dae: the group's own check URL (the first entry)
+            items = V.get_list(e, sink, aggregates=True)
+            if items is None:
+                continue
+            if not items or not items[0].strip():
+                sink.error("invalid-value", e.path, "must not be empty", e.loc)
+                continue
+            if len(items) > 1:
+                sink.warning("not-honoured", e.path, "only the first tcp_check_url entry is used: it is the "
+                             "group's check URL, probed at the address its host resolves to", e.loc)
+            values["check_url"] = items[0].strip()
+            check_url_entry = e
+        elif key in ("tolerance", "check_tolerance"):
             seconds = V.get_millis(e, sink, tolerance)
-            if seconds is not None:
-                values[key] = seconds
+            if seconds is None or (key == "check_tolerance" and seconds == 0):
+                continue  # dae: a group's check_tolerance of 0 keeps the global one
+            values["tolerance"] = seconds
+        elif key == "check_interval":
+            seconds = V.get_seconds(e, sink)
+            if seconds is None or seconds == 0:
+                continue  # dae: a group's check_interval of 0 keeps the global one
+            if seconds < 0:
+                sink.error("invalid-value", e.path, "duration must be positive", e.loc)
+                continue
+            values[key] = seconds
+            interval_entry = e
+        elif key in UNHONOURED_GROUP_KEYS:
+            if e.value not in ("", None):
+                sink.warning("not-honoured", e.path, f"{key} is ignored: {UNHONOURED_GROUP_KEYS[key]}", e.loc)
         elif key == "idle_timeout":
             seconds = V.get_seconds(e, sink)
             if seconds is not None:
@@ -392,9 +429,21 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
         sink.warning(
             "ineffective-option",
             check_url_entry.path,
-            "a selector group ignores check_url",
+            f"a selector group ignores {check_url_entry.key}",
             check_url_entry.loc,
         )
+    if interval_entry is not None and check_url_entry is None:
+        sink.warning(
+            "not-honoured",
+            interval_entry.path,
+            "check_interval is ignored: the group has no check URL (tcp_check_url), so its members are "
+            "checked by the global checks at the global check_interval",
+            interval_entry.loc,
+        )
+        values.pop("check_interval")
+    elif interval_entry is not None and policy is Policy.SELECTOR:
+        sink.warning("ineffective-option", interval_entry.path, "a selector group ignores check_interval",
+                     interval_entry.loc)
     spec = GroupSpec(
         name=decl.name,
         policy=policy,
@@ -404,6 +453,7 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
         default=values.get("default"),  # type: ignore[arg-type]
         final=values.get("final"),  # type: ignore[arg-type]
         check_url=values.get("check_url"),  # type: ignore[arg-type]
+        check_interval=values.get("check_interval"),  # type: ignore[arg-type]
         tolerance=values.get("tolerance", tolerance),  # type: ignore[arg-type]
         idle_timeout=values.get("idle_timeout"),  # type: ignore[arg-type]
         interrupt_connections=bool(values.get("interrupt_connections", False)),

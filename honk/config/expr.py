@@ -2,7 +2,8 @@
 
 Filter line::
 
-    term [&& term ...]          term = [!]name(args) | [!]subtag(args)
+    term [&& term ...] [[annotation]]   term = [!]name(args) | [!]subtag(args)
+                                        annotation = add_latency: <Go duration>
     group(tag, tag|tag)         standalone: nested groups (split on ',' and '|')
 
 Routing rule::
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from honk.config.diagnostics import SourceLoc
@@ -139,10 +141,96 @@ class FilterLine:
     groups: tuple[str, ...] = ()
 
 
+# dae's filter annotation keys (component/outbound/dialer/annotation.go, NewAnnotation)
+ANNOTATION_KEYS = ("add_latency",)
+_GO_DURATION = re.compile(r"^([+-]?)((?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+)$")
+_GO_PIECE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Go's ``time.ParseDuration`` (a sign, then number+unit pieces; ``0`` alone), in seconds."""
+    s = text.strip()
+    if s in ("0", "+0", "-0"):
+        return 0.0
+    m = _GO_DURATION.match(s) if len(s) <= 64 else None
+    if m is None:
+        return None
+    value = sum(float(n) * _GO_UNIT_SECONDS[u] for n, u in _GO_PIECE.findall(m.group(2)))
+    return -value if m.group(1) == "-" else value
+
+
+def _split_annotation(text: str) -> tuple[str, str | None]:
+    """``body [annotation]`` -> (body, annotation text); (text, None) without a trailing one. The
+    ``[`` is the first unquoted one outside parentheses, so a regex's ``[a-z]`` stays in its call."""
+    stripped = text.rstrip()
+    mask, _ = quote_mask(stripped)
+    if not stripped.endswith("]") or mask[len(stripped) - 1]:
+        return text, None
+    for i, ch in _top_level(stripped):
+        if ch == "[":
+            return stripped[:i], stripped[i + 1 : -1]
+    return text, None
+
+
+def _top_level(text: str) -> Iterator[tuple[int, str]]:
+    """Each unquoted character of ``text`` outside any parentheses, with its index."""
+    mask, _ = quote_mask(text)
+    depth = 0
+    for i, c in enumerate(text):
+        if mask[i]:
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            yield i, c
+
+
+def _parse_annotation(inner: str, path: str, loc: SourceLoc, sink: Sink) -> float | None:
+    """dae's filter annotation ``key: value, ...``: the ``add_latency`` offset in seconds (the
+    first one counts, as in dae), or None after a located error."""
+    params = [p.strip() for p in split_unquoted(inner, ",")]
+    if not any(params):
+        sink.error("invalid-annotation", path, "a filter annotation [...] needs a key: value", loc)
+        return None
+    offset: float | None = None
+    for param in params:
+        key, colon, value = param.partition(":")
+        key = key.strip()
+        if not colon or not key:
+            sink.error("invalid-annotation", path, "a filter annotation's entries are key: value", loc)
+            return None
+        if key not in ANNOTATION_KEYS:
+            sink.error("unknown-annotation", path,
+                       f"unknown filter annotation key {key!r}; known: {', '.join(ANNOTATION_KEYS)}", loc)
+            return None
+        seconds = parse_go_duration(unquote(value.strip()))
+        if seconds is None:
+            sink.error("invalid-value", path, "add_latency takes a duration such as -500ms", loc)
+            return None
+        if not offset:  # dae: "Only the first setting is valid" (the first non-zero one)
+            offset = seconds
+    return offset or 0.0
+
+
 def parse_filter_line(text: str, path: str, loc: SourceLoc, sink: Sink) -> FilterLine:
+    """One ``filter:`` line. A trailing dae annotation ``[add_latency: -500ms]`` gives the
+    line's nodes a ranking latency offset (:attr:`NodeFilter.add_latency`)."""
     if not text.strip():
         sink.warning("empty-filter", path, "empty filter selects no node", loc)
         return FilterLine("filter", None)
+    text, annotation = _split_annotation(text)
+    add_latency = 0.0
+    if annotation is not None:
+        parsed = _parse_annotation(annotation, path, loc, sink)
+        if parsed is None:
+            return FilterLine("ignored")
+        add_latency = parsed
+        if not text.strip():
+            sink.error("invalid-annotation", path, "a filter annotation needs a filter before it", loc)
+            return FilterLine("ignored")
     calls: list[Call] = []
     try:
         for term in split_unquoted(text, "&&"):
@@ -162,6 +250,10 @@ def parse_filter_line(text: str, path: str, loc: SourceLoc, sink: Sink) -> Filte
                 piece = unquote(piece)
                 if piece:
                     tags.append(piece)
+        if annotation is not None:
+            sink.error("invalid-annotation", path,
+                       "a filter annotation applies to nodes; group(...) members are not annotated", loc)
+            return FilterLine("ignored")
         if not tags:
             sink.warning("empty-subgroup", path, "explicit group() adds no member", loc)
         return FilterLine("groups", groups=tuple(tags))
@@ -181,7 +273,7 @@ def parse_filter_line(text: str, path: str, loc: SourceLoc, sink: Sink) -> Filte
                 return FilterLine("ignored")
             args.append(arg)
         terms.append(FilterTerm(call.name, tuple(args), call.negated))
-    return FilterLine("filter", NodeFilter(tuple(terms)))
+    return FilterLine("filter", NodeFilter(tuple(terms), add_latency))
 
 
 # --- routing rules ---------------------------------------------------------------------
@@ -238,16 +330,8 @@ def parse_rule(text: str, path: str, loc: SourceLoc, sink: Sink) -> RuleSpec | N
 
 
 def _find_arrow(text: str) -> int:
-    mask, _ = quote_mask(text)
-    depth = 0
-    for i, c in enumerate(text):
-        if mask[i]:
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")" and depth > 0:
-            depth -= 1
-        elif depth == 0 and text.startswith("->", i):
+    for i, _c in _top_level(text):
+        if text.startswith("->", i):
             return i
     return -1
 

@@ -251,6 +251,9 @@ class NodeFilter:
     """One ``filter:`` line of node predicates joined by ``&&`` (AND); lines are OR-ed."""
 
     terms: tuple[FilterTerm, ...]
+    # dae's ``[add_latency: d]`` annotation: seconds added to the ranking latency of the nodes
+    # this line selects (negative favours them); a node takes the first line that selects it
+    add_latency: float = 0.0
 
 
 def name_filter(*names: str) -> NodeFilter:
@@ -268,6 +271,7 @@ class GroupSpec:
     default: str | None = None
     final: str | None = None
     check_url: str | None = None
+    check_interval: float | None = None  # seconds; the check_url probes' own interval (None: global)
     tolerance: float = DEFAULT_CHECK_TOLERANCE  # seconds; URLTest switch threshold
     idle_timeout: float | None = None  # seconds; None -> DEFAULT_URLTEST_IDLE_TIMEOUT
     interrupt_connections: bool = False  # a selection change closes the flows it served

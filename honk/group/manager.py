@@ -145,7 +145,7 @@ def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> di
     for name in memberships:
         if name not in finished:
             visit(name)
-    return {name: Membership(m.nodes, tuple(kept[name])) for name, m in memberships.items()}
+    return {name: Membership(m.nodes, tuple(kept[name]), m.latency_offsets) for name, m in memberships.items()}
 
 
 class _View:
@@ -622,10 +622,15 @@ class GroupManager:
         eligible = health.eligible(leaf, network, name, member)
         if eligible and isinstance(group.policy, URLTest):  # only URLTest ranks
             rank_by = group.policy.rank_by
+            # dae's add_latency: the member's sorting latency is its measured one plus the offset
+            # of its filter line, unclamped (AliveDialerSet: rawLatency + dialerToLatencyOffset)
+            offset = group.membership.latency_offset(member)
+            metric = health.tcp_metric(leaf, name, member, rank_by)
+            udp_metric = health.udp_metric(leaf, rank_by) if network is Network.UDP else None
             return Candidate(
                 member, index, True,
-                metric=health.tcp_metric(leaf, name, member, rank_by),
-                udp_metric=health.udp_metric(leaf, rank_by) if network is Network.UDP else None,
+                metric=metric + offset if metric is not None else None,
+                udp_metric=udp_metric + offset if udp_metric is not None else None,
                 demoted=health.demoted(leaf),
             )
         if eligible and isinstance(group.policy, Fallback):  # a Fallback leaves a struck pin

@@ -39,10 +39,20 @@ class Membership:
 
     nodes: tuple[str, ...]
     subgroups: tuple[str, ...]
+    # (node, seconds): the ``[add_latency: ...]`` of the first filter line selecting the node,
+    # for the nodes whose offset is not zero
+    latency_offsets: tuple[tuple[str, float], ...] = ()
 
     @property
     def members(self) -> tuple[str, ...]:
         return self.nodes + self.subgroups
+
+    def latency_offset(self, member: str) -> float:
+        """Seconds a URLTest adds to ``member``'s ranking latency (0 for most)."""
+        for name, offset in self.latency_offsets:
+            if name == member:
+                return offset
+        return 0.0
 
 
 # (name, is_builtin) -> bool
@@ -146,4 +156,21 @@ def resolve_membership(
     admits = compile_filters(group.name, group.filters)
     picked = [name for name in node_names if admits(name, False, origin[name])]
     picked += [name for name in BUILTIN_OUTBOUNDS if admits(name, True)]
-    return Membership(tuple(picked), tuple(subgroups))
+    return Membership(tuple(picked), tuple(subgroups), _latency_offsets(group, picked, origin))
+
+
+def _latency_offsets(group: GroupSpec, picked: list[str], origin: dict[str, str]) -> tuple[tuple[str, float], ...]:
+    """Each picked node's offset from the first filter line that selects it, as dae's
+    FilterAndAnnotate annotates a node with the first filter it hits."""
+    if not any(line.add_latency for line in group.filters):
+        return ()
+    lines = [(compile_filters(group.name, (line,)), line.add_latency) for line in group.filters]
+    out: list[tuple[str, float]] = []
+    for name in picked:
+        builtin = name in BUILTIN_OUTBOUNDS
+        for admits, offset in lines:
+            if admits(name, builtin, "" if builtin else origin.get(name, "")):
+                if offset:
+                    out.append((name, offset))
+                break
+    return tuple(out)
