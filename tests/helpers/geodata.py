@@ -21,11 +21,22 @@ SITES: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {
                          (dat.FULL, "pixel.cn-shop.example", ("ads", "cn"))],
     "CATEGORY-ADS": [(dat.DOMAIN, "ads.example", ())],
     "GEOLOCATION-!CN": [(dat.DOMAIN, "example.org", ())],
+    # more codes the corpus cases name, as users' configurations do
+    "CATEGORY-AI-!CN": [(dat.DOMAIN, "ai.example", ())],
+    "GOOGLE": [(dat.DOMAIN, "google.example", ())],
+    "GITHUB": [(dat.DOMAIN, "git.example", ())],
+    "CATEGORY-DOH": [(dat.FULL, "doh.example", ())],
+    "YOUTUBE": [(dat.DOMAIN, "video.example", ())],
+    "TELEGRAM": [(dat.DOMAIN, "chat.example", ())],
+    "PRIVATE": [(dat.DOMAIN, "lan", ()), (dat.DOMAIN, "local", ())],
+    "CATEGORY-RU": [(dat.DOMAIN, "example.ru", ())],
+    "NETFLIX": [(dat.DOMAIN, "films.example", ())],
 }
 IPS: dict[str, tuple[list[str], bool]] = {
     "CN": (["198.51.100.0/24", "2001:db8:cc::/48"], False),
     "PRIVATE": (["10.0.0.0/8"], False),  # a file's own "private" never replaces the built-in set
     "NOT-CN": (["198.51.100.0/24"], True),  # reverse_match: everything outside
+    "TELEGRAM": (["203.0.113.0/26"], False),
 }
 
 
