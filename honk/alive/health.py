@@ -69,6 +69,7 @@ from honk.alive.thresholds import (
     STRIKE_PROBATION_MIN,
     TRAFFIC_DEATH_THRESHOLD,
 )
+from honk.config.spec import RANK_AVG10, RANK_LAST
 from honk.core.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,10 @@ class LinkState:
     def ranking(self, rank_by: str = "") -> float | None:
         """The ranking latency of the real probe samples (None before the first): the halving
         moving average (""), the newest sample ("last") or the mean of the newest 10 ("avg10")."""
-        if rank_by == "last":
+        if rank_by == RANK_LAST:
             sample = self.recent.last_real_sample()
             return None if sample is None else sample[1]
-        if rank_by == "avg10":
+        if rank_by == RANK_AVG10:
             return self.recent.real_average()
         return self.average.value
 

@@ -30,8 +30,9 @@ import re
 from dataclasses import dataclass, field
 
 from honk.config.diagnostics import SourceLoc
+from honk.config.expr import matching_paren
 from honk.config.tree import Doc, Entry, GroupDecl, Sink, SubscriptionDecl, join_path
-from honk.config.values import QUOTE_OPENERS, QUOTES, quote_mask, unquote
+from honk.config.values import QUOTE_OPENERS, QUOTES, unquote
 
 
 @dataclass(slots=True)
@@ -586,7 +587,7 @@ def _url_suffix(tail: str, path: str, loc: SourceLoc, sink: Sink) -> str | None 
     if not t.startswith("("):
         sink.warning("trailing-entry-text", path, "text after the quoted URL; entry skipped", loc)
         return _SKIP
-    close = _close_paren(t)
+    close = matching_paren(t, 0)
     if close < 0:
         sink.warning("trailing-entry-text", path, "the User-Agent suffix is not closed; entry skipped", loc)
         return _SKIP
@@ -597,22 +598,6 @@ def _url_suffix(tail: str, path: str, loc: SourceLoc, sink: Sink) -> str | None 
         sink.warning("legacy-ua-boundary", path, "text after the User-Agent suffix; entry skipped", loc)
         return _SKIP
     return unquote(t[1:close]) or None
-
-
-def _close_paren(text: str) -> int:
-    """Index of the ``)`` closing the ``(`` at 0, skipping quoted spans; -1 if it never closes."""
-    mask, _ = quote_mask(text)
-    depth = 0
-    for i, c in enumerate(text):
-        if mask[i]:
-            continue
-        if c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
 
 
 # --- groups ------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ MUST_RULES = "must_rules"
 # AliasOptimizer: dport -> port, dip -> ip, contains -> keyword; honk's names are dip, dport)
 PREDICATE_ALIASES = {"ip": "dip", "port": "dport"}
 _CONTAINS_ARG = re.compile(r"^contains\s*:")
-DSCP_MAX = 63
+DSCP_BITS = 8  # dae reads dscp with strconv.ParseUint(value, 0, 8)
+DSCP_MAX = 63  # six DSCP bits of the ToS byte
 MARK_BITS = 32  # dae reads a mark with strconv.ParseUint(value, 0, 32)
 
 
@@ -66,7 +67,7 @@ class ExprError(Exception):
         self.message = message
 
 
-def _matching_paren(text: str, open_index: int) -> int:
+def matching_paren(text: str, open_index: int) -> int:
     """Index of the ')' closing the '(' at ``open_index`` (quotes respected), or -1."""
     mask, _ = quote_mask(text)
     depth = 0
@@ -97,7 +98,7 @@ def parse_call(term: str, *, bare_prefixes: bool) -> Call:
     name = m.group()
     rest = t[m.end() :]
     if rest.startswith("("):
-        close = _matching_paren(rest, 0)
+        close = matching_paren(rest, 0)
         if close < 0:
             raise ExprError("unterminated-matcher", "the matcher's argument list is not closed")
         if rest[close + 1 :].strip():
@@ -377,7 +378,7 @@ def _outbound_params(target: str) -> tuple[str, list[str]] | None:
         return None
     mask, _ = quote_mask(target)
     open_index = next((i for i, c in enumerate(target) if c == "(" and not mask[i]), -1)
-    if open_index <= 0 or _matching_paren(target, open_index) != len(target) - 1:
+    if open_index <= 0 or matching_paren(target, open_index) != len(target) - 1:
         return None
     items = [p.strip() for p in split_unquoted(target[open_index + 1 : -1], ",")]
     if not all(_OUTBOUND_PARAM.fullmatch(p) for p in items):
@@ -498,7 +499,7 @@ def _check(pred: str, arg: MatchArg) -> MatchArg:
         return MatchArg("", ":".join(p.lower().zfill(2) for p in parts))
     if pred == "dscp":
         try:
-            number = parse_go_uint(value.strip(), 8)
+            number = parse_go_uint(value.strip(), DSCP_BITS)
         except ValueError:
             number = -1
         if not 0 <= number <= DSCP_MAX:

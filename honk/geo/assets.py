@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from honk.geo.dat import DOMAIN, FULL, PLAIN, REGEX, GeoDataError, read_geoip, read_geosite
@@ -70,8 +70,17 @@ def asset_dirs(data_dir: str | None = None) -> tuple[str, ...]:
     return tuple(out)
 
 
-# path -> ((mtime_ns, size), {code: entry}); one parse per file content for the process
-_LOADED: dict[tuple[str, str], tuple[tuple[int, int], dict[str, Any]]] = {}
+@dataclass(slots=True)
+class _Loaded:
+    """One file content: its lists by code, and the codes already answered (``honk check`` and
+    the router's compile ask for the same ones; a list of 100,000 domains is split once)."""
+
+    entries: dict[str, Any]
+    answered: dict[str, DomainList | NetworkList] = field(default_factory=dict)
+
+
+# (kind, path) -> ((mtime_ns, size), its content); one parse per file content for the process
+_LOADED: dict[tuple[str, str], tuple[tuple[int, int], _Loaded]] = {}
 
 
 class GeoAssets:
@@ -95,9 +104,13 @@ class GeoAssets:
     def domains(self, code: str, *, ext: bool = False) -> DomainList:
         """A ``geosite:`` code (``ext``: an ``ext:`` code ``file:tag``) as a :class:`DomainList`."""
         name, code = _split_ext(code) if ext else (GEOSITE_FILE, code)
-        entries = self._load(name, "geosite")
-        code, *selectors = code.strip().lower().split("@")
-        site = entries.get(code)
+        loaded = self._load(name, "geosite")
+        asked = code.strip().lower()
+        answered = loaded.answered.get(asked)
+        if isinstance(answered, DomainList):
+            return answered
+        code, *selectors = asked.split("@")
+        site = loaded.entries.get(code)
         if site is None:
             raise GeoDataError("geodata-unknown-code", f"{self._where(name)} has no list {code!r}")
         suffixes: list[str] = []
@@ -127,13 +140,18 @@ class GeoAssets:
             raise GeoDataError("geodata-unknown-code",
                                f"no entry of {code!r} in {self._where(name)} has the attribute "
                                f"{'@'.join(selectors)!r}")
+        loaded.answered[asked] = found
         return found
 
     def networks(self, code: str, *, ext: bool = False) -> NetworkList:
         """A ``geoip:`` code (``ext``: an ``ext:`` code ``file:tag``) as a :class:`NetworkList`."""
         name, code = _split_ext(code) if ext else (GEOIP_FILE, code)
-        entries = self._load(name, "geoip")
-        geoip = entries.get(code.strip().lower())
+        loaded = self._load(name, "geoip")
+        asked = code.strip().lower()
+        answered = loaded.answered.get(asked)
+        if isinstance(answered, NetworkList):
+            return answered
+        geoip = loaded.entries.get(asked)
         if geoip is None:
             raise GeoDataError("geodata-unknown-code", f"{self._where(name)} has no list {code.strip()!r}")
         networks = []
@@ -143,7 +161,9 @@ class GeoAssets:
             except ValueError:
                 raise GeoDataError("geodata-unreadable",
                                    f"{self._where(name)}: list {code.strip()!r} holds a malformed CIDR") from None
-        return NetworkList(tuple(networks), bool(geoip.reverse_match))
+        found = NetworkList(tuple(networks), bool(geoip.reverse_match))
+        loaded.answered[asked] = found
+        return found
 
     def stamp(self, names: tuple[str, ...]) -> tuple[tuple[str, str, int, int], ...]:
         """(name, path, mtime_ns, size) of each file in ``names`` that exists: what a reload
@@ -160,7 +180,7 @@ class GeoAssets:
     def _where(self, name: str) -> str:
         return self.find(name) or name
 
-    def _load(self, name: str, kind: str) -> dict[str, Any]:
+    def _load(self, name: str, kind: str) -> _Loaded:
         path = self.find(name)
         if path is None:
             raise GeoDataError("geodata-missing",
@@ -179,8 +199,9 @@ class GeoAssets:
             entries = read_geosite(data) if kind == "geosite" else read_geoip(data)
         except GeoDataError as exc:
             raise GeoDataError(exc.code, f"{path}: {exc}") from None
-        _LOADED[(kind, path)] = (key, entries)
-        return entries
+        loaded = _Loaded(entries)
+        _LOADED[(kind, path)] = (key, loaded)
+        return loaded
 
 
 def _split_ext(code: str) -> tuple[str, str]:

@@ -13,8 +13,8 @@ from helpers.geodata import geoip_bytes, geosite_bytes, write_geodata
 
 from honk.control.desired import lower
 from honk.core.net import Address, FlowMeta, Network
-from honk.geo import assets, dat
-from honk.geo.assets import ASSET_ENV, GeoAssets
+from honk.geo import dat
+from honk.geo.assets import GeoAssets
 from honk.route.router import NeedsResolution, Router
 
 RULES = """global {{
@@ -34,14 +34,8 @@ routing {{
 
 
 @pytest.fixture
-def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No geodata in the system directories, the working directory or the environment."""
-    monkeypatch.setattr(assets, "HONK_ASSET_DIRS", (str(tmp_path / "honk-share"),))
-    monkeypatch.setattr(assets, "SYSTEM_ASSET_DIRS", (str(tmp_path / "system"),))
-    monkeypatch.delenv(ASSET_ENV, raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def isolated(no_geodata: Path) -> Path:
+    return no_geodata
 
 
 def _route(spec, host: str) -> str:

@@ -15,15 +15,8 @@ from honk.geo.dat import GeoDataError
 
 
 @pytest.fixture
-def no_assets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """No geodata anywhere but where a test puts it: the system directories and the working
-    directory are swapped for empty ones."""
-    monkeypatch.setattr(assets, "HONK_ASSET_DIRS", (str(tmp_path / "honk-share"),))
-    monkeypatch.setattr(assets, "SYSTEM_ASSET_DIRS", (str(tmp_path / "system"),))
-    monkeypatch.delenv(ASSET_ENV, raising=False)
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def no_assets(no_geodata: Path) -> Path:
+    return no_geodata
 
 
 def test_a_hand_encoded_geosite_list_decodes_by_the_v2ray_field_numbers() -> None:
@@ -136,3 +129,15 @@ def test_a_file_is_parsed_once_per_content_and_again_after_it_changes(no_assets:
     os.utime(path, ns=(1, 1))  # a new mtime even on a coarse clock
     assert geo.domains("cn").full == ("new.example",)
     assert len(parsed) == 2
+
+
+def test_a_code_is_split_into_its_list_once_per_file_content(no_assets: Path) -> None:
+    """honk check and the router's compile ask for the same codes: the second answer is the
+    first one, until the file changes."""
+    data = write_geodata(no_assets / "data")
+    first = GeoAssets(str(data)).domains("CN")
+    assert GeoAssets(str(data)).domains("cn") is first
+    assert GeoAssets(str(data)).networks("cn") is GeoAssets(str(data)).networks("CN")
+    (data / "geosite.dat").write_bytes(geosite_bytes({"CN": [(dat.FULL, "new.example", ())]}))
+    os.utime(data / "geosite.dat", ns=(3, 3))
+    assert GeoAssets(str(data)).domains("cn") is not first
