@@ -372,8 +372,9 @@ def proxy_json(ctx: ProxyContext, name: str) -> str:
 
 
 def listed(ctx: ProxyContext) -> list[str]:
-    """The honk names ``GET /proxies`` lists: every leaf, every group, then GLOBAL."""
-    names = [*ctx.plane.outbounds, *ctx.groups.names]
+    """The honk names ``GET /proxies`` lists: every leaf, every group, then GLOBAL; a name a
+    group shares with a node once (the entry is the group's, which answers to that name)."""
+    names = list(dict.fromkeys([*ctx.plane.outbounds, *ctx.groups.names]))
     return [*names, GLOBAL] if ctx.has_synthetic_global() else names
 
 

@@ -89,6 +89,10 @@ class Control(Protocol):
     async def refresh_subscription(self, name: str) -> bool:
         """Fetch subscription ``name`` now; whether its new body was accepted. KeyError if unknown."""
 
+    async def update_geodata(self, names: Any = None) -> Any:
+        """Download, check and swap the configured geodata (None: every asset), reloading when a
+        file changed: a :class:`honk.geo.update.UpdateReport`; UpdateBusy while one runs."""
+
 
 def running_plane(control: Control) -> Plane:
     """The published plane; a 503 while the daemon has none (starting or stopped)."""

@@ -40,6 +40,7 @@ DEFAULT_CONFIG_FORMAT = "dae"
 CLOSE_WAIT = 5.0  # seconds a close request waits for its flows to end before answering anyway
 TRUE_WORDS = ("true", "1")
 FALSE_WORDS = ("false", "0")
+GEODATA_FAILED_STATUS = 422  # a geodata update with a file not updated, or whose reload was refused
 
 
 # --- request helpers -------------------------------------------------------------------------
@@ -302,6 +303,26 @@ def routes(control: Control) -> list[web.RouteDef]:
         base_dir = Path(control.config_path).resolve().parent  # relative includes: as the running file's
         return reply(*await check_text(text, fmt, str(base_dir)))
 
+    # --- geodata ------------------------------------------------------------------------------
+
+    async def update_geodata(request: web.Request) -> web.StreamResponse:
+        from honk.geo.update import ASSETS, UpdateBusy
+
+        names = request.query.getall("name", [])
+        unknown = [n for n in names if n not in ASSETS]
+        if unknown or set(request.query) - {"name"}:
+            raise invalid(f"name must be one of {', '.join(ASSETS)}")
+        try:
+            report = await control.update_geodata(list(dict.fromkeys(names)) or None)
+        except UpdateBusy as exc:
+            raise ApiError(409, "geodata_update_running", str(exc)) from None
+        if report.ok:
+            return reply(report.to_json())
+        failed = [a.name for a in report.assets if a.status == "failed"]
+        message = f"{', '.join(failed)}: not updated" if failed else f"reload refused: {report.reload_error}"
+        return reply({"error": {"code": "geodata_update_failed", "message": message}, **report.to_json()},
+                     status=GEODATA_FAILED_STATUS)
+
     # --- users ----------------------------------------------------------------------------------
 
     def user_of(name: str, body: dict[str, Any]) -> InboundUser:
@@ -370,6 +391,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.delete(f"{PREFIX}/connections", close_many),
         web.delete(f"{PREFIX}/connections/{{id}}", close_one),
         web.post(f"{PREFIX}/reload", reload),
+        web.post(f"{PREFIX}/geodata/update", update_geodata),
         web.put(f"{PREFIX}/users/{{set}}", put_users),
         web.put(f"{PREFIX}/users/{{set}}/{{user}}", put_user),
         web.delete(f"{PREFIX}/users/{{set}}/{{user}}", delete_user),

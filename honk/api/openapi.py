@@ -38,6 +38,8 @@ ERROR_CODES: dict[str, int] = {
     "filter_required": 400,
     "internal": 500,
     "config_invalid": 422,
+    "geodata_update_failed": 422,
+    "geodata_update_running": 409,
     # a refused apply: "reload_" + the ApplyError's variant, with its status
     **{f"reload_{variant}": status for variant, status in refusal_kinds().items()},
 }
@@ -161,6 +163,22 @@ def schemas() -> dict[str, Schema]:
             "user": {"type": "string", "description": "the inbound user, empty without one"},
         }),
         "Diag": diag,
+        "GeodataUpdate": _obj({
+            "ok": {"type": "boolean"},
+            "assets": {"type": "array", "items": _obj({
+                "name": {"type": "string", "enum": ["geosite", "geoip"]},
+                "status": {"type": "string", "enum": ["updated", "unchanged", "failed"]},
+                "file": {**NULLABLE_STRING, "description": "the file replaced, compared with, or kept"},
+                "bytes": {"type": ["integer", "null"], "description": "the downloaded size"},
+                "codes": {"type": ["integer", "null"], "description": "lists the downloaded file holds"},
+                "sha256": NULLABLE_STRING,
+                "verified": {"type": "boolean", "description": "a published .sha256sum matched"},
+                "reason": {**NULLABLE_STRING, "description": "why a file failed; never the URL"},
+            })},
+            "reloaded": {"type": "boolean"},
+            "generation": {"type": ["integer", "null"]},
+            "reload_error": NULLABLE_STRING,
+        }, required=["ok", "assets", "reloaded", "generation", "reload_error"]),
         "ScoreStats": _obj({
             "groups": {"type": "array", "description": "one entry per (Score group, network) that has "
                                                        "counted anything, by group then network",
@@ -324,6 +342,16 @@ def paths() -> dict[str, dict[str, Schema]]:
             parameters=[_query("allow_disruptive", BOOLEAN_WORD,
                                "apply even a change that ends live connections (a transparent "
                                "inbound's interception)")])},
+        f"{PREFIX}/geodata/update": {"post": _op(
+            "postGeodataUpdate", "Download the configured geodata (assets.geodata), check it against the "
+            "running rules, swap it in atomically and reload when a file changed",
+            {"200": _ok("every asked file updated or unchanged", _ref("GeodataUpdate")),
+             "422": {"description": "error code: geodata_update_failed; the body also holds the per-file "
+                                    "report (a failed file kept its old content)",
+                     **_json(_ref("GeodataUpdate"))},
+             **_errors("invalid_request", "geodata_update_running")},
+            parameters=[_query("name", {"type": "string", "enum": ["geosite", "geoip"]},
+                               "only this asset (repeatable); default: both")])},
         f"{PREFIX}/users/{{set}}": {"put": _op(
             "putUsers", "Replace every user of an inbound's user set (the set is named like the inbound)",
             {"200": _ok("the set's users now", _obj({"user_set": STRING, "users": {"type": "array", "items": STRING}})),

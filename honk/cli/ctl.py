@@ -45,6 +45,12 @@ SPINNER_FRAMES = "|/-\\"
 SPINNER_INTERVAL = 0.1  # seconds between spinner frames
 LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "silent")  # what /v1/logs accepts
 NETWORKS = ("tcp", "udp", "both")
+GEODATA_NAMES = ("geosite", "geoip")  # what the API's geodata update takes
+# seconds the daemon allows one geodata file and its checksum (honk.geo.update's DOWNLOAD_TIMEOUT
+# and CHECKSUM_TIMEOUT; not imported: honkctl starts without the daemon's modules)
+GEODATA_FILE_BUDGET = 600.0 + 10.0
+GEODATA_UPDATE_TIMEOUT = len(GEODATA_NAMES) * GEODATA_FILE_BUDGET + RELOAD_TIMEOUT  # then the reload
+GEODATA_FAILED_STATUS = 422  # the API's answer when a file was not updated (its body is the report)
 
 # Exit codes (documented in `honkctl --help`).
 EXIT_OK = 0
@@ -746,6 +752,63 @@ def check(ctl: Ctl, file: str) -> None:
         sys.exit(EXIT_CONFIG_INVALID)
     if not ctl.json:
         click.echo(f"{file}: ok: {d.get('summary', '')}".rstrip())
+
+
+# --- geodata -----------------------------------------------------------------------------------
+
+
+@cli.group(cls=CtlGroup)
+def geodata() -> None:
+    """`geodata update`: download the configured geodata and reload.
+
+    The files are geosite.dat and geoip.dat, which routing rules read; their
+    URLs and route are the configuration's assets.geodata.
+    """
+
+
+def _geodata_line(asset: dict[str, Any]) -> str:
+    status = asset.get("status")
+    if status == "updated":
+        verified = ", checksum verified" if asset.get("verified") else ""
+        detail = f"({asset.get('bytes')} bytes, {asset.get('codes')} codes{verified}) {asset.get('file')}"
+    elif status == "unchanged":
+        detail = str(asset.get("file"))
+    else:
+        detail = f"({asset.get('reason')})"
+    return f"{asset.get('name')}: {status} {detail}"
+
+
+@geodata.command("update")
+@click.option("--name", type=click.Choice(GEODATA_NAMES), default=None,
+              help="Only this file [default: both].")
+@json_flag
+@pass_ctl
+def geodata_update(ctl: Ctl, name: str | None) -> None:
+    """Download the files assets.geodata names, check and swap them in.
+
+    Each file is downloaded the way assets.geodata.route says (routing, direct,
+    or through a node or group), checked (it must parse and hold every code the
+    running rules use) and swapped in atomically; the daemon then reloads so
+    routing uses it. Prints, per file, updated (bytes, codes), unchanged, or
+    failed (reason); a failed file keeps its old content. Exits 1 when a file
+    failed or the reload was refused.
+    """
+    with Spinner("updating geodata"):
+        reply = ctl.client.request("POST", "/v1/geodata/update", query={"name": name},
+                                   timeout=max(ctl.timeout, GEODATA_UPDATE_TIMEOUT),
+                                   accept=(GEODATA_FAILED_STATUS,))
+    d = reply.data or {}
+    if ctl.json:
+        ctl.show(reply, str)
+    else:
+        for asset in d.get("assets") or []:
+            click.echo(_geodata_line(asset), err=asset.get("status") == "failed")
+        if d.get("reload_error"):
+            click.echo(f"reload refused: {d['reload_error']}", err=True)
+        elif d.get("reloaded"):
+            click.echo(f"reloaded: generation {d.get('generation')}")
+    if reply.status == GEODATA_FAILED_STATUS or not d.get("ok", False):
+        sys.exit(EXIT_REFUSED)
 
 
 # --- logs --------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
-from honk.config.expr import MUST_PREFIX, MUST_RULES, parse_filter_line, parse_rule
+from honk.config.expr import MUST_PREFIX, MUST_RULES, ExprError, parse_filter_line, parse_outbound, parse_rule
 from honk.config.links import LinkError, parse_inbound_url, parse_node_link
 from honk.config.spec import (
     DEFAULT_CHECK_TOLERANCE,
@@ -71,6 +71,14 @@ UNHONOURED_GLOBAL_KEYS: dict[str, tuple[str | None, str]] = {
     "tls_fragment_interval": (None, "honk does not fragment its TLS ClientHello"),
     "mptcp": ("false", "honk dials plain TCP"),
     "fallback_resolver": (None, "honk resolves node names with the system resolver"),
+}
+# dae reads these only when another key switches their feature on (utls_imitate with
+# tls_implementation: utls, the fragment sizes with tls_fragment: true); otherwise dae ignores
+# them as honk does, and a warning would be a false alarm.
+UNHONOURED_ONLY_WITH: dict[str, tuple[str, str]] = {
+    "utls_imitate": ("tls_implementation", "utls"),
+    "tls_fragment_length": ("tls_fragment", "true"),
+    "tls_fragment_interval": ("tls_fragment", "true"),
 }
 
 # dae's eBPF and kernel tuning keys: honk's datapath has no such setting (warned, ignored).
@@ -178,9 +186,6 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             items = V.get_list(e, sink)
             if items is not None:
                 g[key] = tuple(i for i in (x.strip() for x in items) if i)
-                if key == "wan_interface" and g[key]:
-                    sink.warning("not-yet-supported", e.path, "the router's own traffic is not intercepted yet; "
-                                 "wan_interface is ignored", e.loc)
                 for name in g[key]:
                     if len(name) > MAX_INTERFACE_NAME or "/" in name or name in (".", ".."):
                         sink.error("invalid-value", e.path, f"{name!r} is not an interface name", e.loc)
@@ -221,6 +226,11 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
         elif key in UNHONOURED_GLOBAL_KEYS:
             default, instead = UNHONOURED_GLOBAL_KEYS[key]
             value = V.get_str(e, sink)
+            switch = UNHONOURED_ONLY_WITH.get(key)
+            if switch is not None and not any(
+                    o.key == switch[0] and isinstance(o.value, str) and V.unquote(o.value).strip().lower() == switch[1]
+                    for o in entries):
+                continue  # its feature is off: dae ignores the key too
             if value is not None and (default is None or value.strip().lower() != default):
                 sink.warning("not-honoured", e.path, f"{key} is ignored: {instead}", e.loc)
         elif key in DAE_KERNEL_TUNING_KEYS:
@@ -492,12 +502,19 @@ def build_routing(
     return out, fallback, fallback_entry
 
 
-def split_fallback_must(fallback: str) -> tuple[str, bool]:
-    """dae's ``fallback: must_<name>`` (config/patch.go strips the prefix there too): the
-    outbound ``<name>`` and whether the fallback is a must decision."""
-    if fallback.startswith(MUST_PREFIX) and fallback != MUST_RULES and len(fallback) > len(MUST_PREFIX):
-        return fallback[len(MUST_PREFIX):], True
-    return fallback, False
+def split_fallback_must(fallback: str, entry: Entry | None, sink: Sink) -> tuple[str, bool, int | None]:
+    """The fallback target as a rule's is read: dae's ``fallback: must_<name>`` (config/patch.go
+    strips the prefix there too), ``<name>(must)`` and ``direct(mark: N)`` (upstream honk's
+    fallback takes both): the outbound, whether it is a must decision, and its socket mark."""
+    if fallback == MUST_PREFIX or fallback == MUST_RULES:
+        return fallback, False, None
+    try:
+        target = parse_outbound(fallback)
+    except ExprError as exc:
+        if entry is not None:
+            sink.error("invalid-value", entry.path, str(exc), entry.loc)
+        return fallback, False, None
+    return target.name, target.must, target.mark
 
 
 # --- experimental -------------------------------------------------------------------------
@@ -564,4 +581,5 @@ def merge(docs: list[Doc]) -> Doc:
             merged.cache_file = (merged.cache_file or []) + d.cache_file
         if d.dns is not None:
             merged.dns = (merged.dns or []) + d.dns
+        merged.assets.extend(d.assets)
     return merged

@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from honk.config.assets import dae_entries as assets_entries
 from honk.config.diagnostics import SourceLoc
 from honk.config.expr import matching_paren
 from honk.config.tree import Doc, Entry, GroupDecl, Sink, SubscriptionDecl, join_path
@@ -265,6 +266,7 @@ ROOT_SECTIONS = (
     "dns",
     "include",
     "experimental",
+    "assets",
 )
 
 
@@ -473,6 +475,8 @@ def to_doc(root: Block, file: str, sink: Sink) -> Doc:
             doc.includes.extend(_include_paths(item, file, sink, len(doc.includes)))
         elif name == "experimental":
             _experimental(item, file, sink, doc)
+        elif name == "assets":
+            doc.assets.extend(assets_entries(item, file, sink))
         elif name:
             sink.warning("unknown-section", name, "unknown section is skipped", loc)
     return doc

@@ -297,7 +297,7 @@ def parse_rule(text: str, path: str, loc: SourceLoc, sink: Sink) -> RuleSpec | N
     prefix is stripped whatever follows it, as dae does, so ``-> must_x`` names ``x`` even
     when a group is literally called ``must_x``), ``must_rules`` (the :data:`MUST_RULES`
     marker, kept as the outbound) or ``x(mark: 0x800)``: the mark is kept in
-    ``RuleSpec.mark`` and the loader rejects it, since honk sets no per-rule mark yet.
+    ``RuleSpec.mark``: the direct dial's socket mark (the loader refuses it on other outbounds).
     """
     arrow = _find_arrow(text)
     if arrow < 0:

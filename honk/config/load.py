@@ -27,6 +27,7 @@ import os
 
 from honk.config import dae, structured
 from honk.config import values as V
+from honk.config.assets import build_assets
 from honk.config.build import (
     build_clash_api,
     build_global,
@@ -42,7 +43,7 @@ from honk.config.diagnostics import ConfigError, Severity, SourceLoc
 from honk.config.dns import build_dns
 from honk.config.expr import MUST_RULES
 from honk.config.geodata import check_geodata
-from honk.config.spec import BUILTIN_OUTBOUNDS, RoutingSpec, Spec
+from honk.config.spec import BUILTIN_OUTBOUNDS, DIRECT_OUTBOUND, RoutingSpec, Spec
 from honk.config.tree import Doc, Sink
 from honk.config.validate import (
     check_groups,
@@ -177,29 +178,36 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink, subscriptions=bool(subscriptions)
     )
     rules, fallback, fallback_entry = build_routing(doc.rules, doc.fallbacks, sink)
-    fallback, fallback_must = split_fallback_must(fallback)
+    fallback, fallback_must, fallback_mark = split_fallback_must(fallback, fallback_entry, sink)
     check_geodata(rules, global_.data_dir, sink)
     outbounds = set(BUILTIN_OUTBOUNDS) | {n.name for n in nodes} | {g.name for g in groups}
     targets = [(r.outbound, e) for r, e in rules if r.outbound != MUST_RULES]
     for r, e in rules:
-        if r.mark is not None:  # dae's `-> direct(mark: 0x800)`: refused, never silently ignored
-            sink.error("unsupported-mark", e.path,
-                       f"the per-rule mark (mark: {r.mark:#x}) is not supported yet; remove it", e.loc)
+        # dae's `-> direct(mark: 0x800)` marks the direct dial's socket; on another outbound the
+        # mark would reach only the flows its pick sends direct: refused, never half honoured
+        if r.mark is not None and r.outbound != DIRECT_OUTBOUND:
+            sink.error("unsupported-mark", e.path, f"a per-rule mark (mark: {r.mark:#x}) is honoured on "
+                       f"direct only, not on {r.outbound!r}", e.loc)
     if fallback_entry is not None:
         targets.append((fallback, fallback_entry))
+        if fallback_mark is not None and fallback != DIRECT_OUTBOUND:
+            sink.error("unsupported-mark", fallback_entry.path, f"a fallback mark (mark: {fallback_mark:#x}) "
+                       f"is honoured on direct only, not on {fallback!r}", fallback_entry.loc)
     dns, dns_targets = build_dns(doc.dns, sink)
     check_targets(targets + detour_targets(doc.subscriptions) + dns_targets, outbounds, sink)
     clash_api = build_clash_api(doc.clash_api, sink)
+    assets = build_assets(doc.assets, outbounds, sink)
     check_cache_file(doc.cache_file, sink)
     return Spec(
         global_=global_,
         inbounds=tuple(inbounds),
         nodes=tuple(nodes),
         groups=tuple(groups),
-        routing=RoutingSpec(tuple(r for r, _ in rules), fallback, fallback_must),
+        routing=RoutingSpec(tuple(r for r, _ in rules), fallback, fallback_must, fallback_mark),
         clash_api=clash_api,
         subscriptions=tuple(subscriptions),
         dns=dns,
+        assets=assets,
         source=source,
         diagnostics=tuple(d for d in sink.items if d.severity is not Severity.ERROR),
     )

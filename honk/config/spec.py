@@ -56,7 +56,8 @@ DEFAULT_DIAL_MODE = "domain"  # global dial_mode "domain"
 DIAL_MODES = ("ip", "domain", "domain+", "domain++")
 DEFAULT_SNIFFING_TIMEOUT = 0.030  # seconds; global sniffing_timeout "30ms"
 
-BUILTIN_OUTBOUNDS = ("direct", "block")
+DIRECT_OUTBOUND = "direct"  # the built-in direct outbound's name
+BUILTIN_OUTBOUNDS = (DIRECT_OUTBOUND, "block")
 
 LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "silent")
 
@@ -314,7 +315,8 @@ class RuleSpec:
     ``outbound`` ``"must_rules"`` (dae's ``-> must_rules``) names no outbound: it means "do
     not hijack this traffic's DNS and continue matching the following rules", so the router
     never ends its search at such a rule; every later decision for that flow is ``must``.
-    ``mark`` is dae's per-rule ``-> x(mark: 0x800)``; the loader rejects it (not supported yet).
+    ``mark`` is dae's per-rule ``-> direct(mark: 0x800)``: the direct dial's socket mark (the
+    loader refuses it on any other outbound).
     """
 
     predicates: tuple[Predicate, ...]
@@ -329,6 +331,7 @@ class RoutingSpec:
     rules: tuple[RuleSpec, ...] = ()
     fallback: str = "direct"
     fallback_must: bool = False  # dae's ``fallback: must_<name>``: the fallback decision is a must one
+    fallback_mark: int | None = None  # ``fallback: direct(mark: N)``: the direct dial's socket mark
 
 
 # --- dns -------------------------------------------------------------------------
@@ -419,6 +422,38 @@ class ClashApiSpec:
     default_mode: str = "Rule"
 
 
+# --- assets ----------------------------------------------------------------------
+
+ASSET_ROUTE_ROUTING = "routing"  # assets route: follow the routing rules (upstream's default)
+ASSET_ROUTE_DIRECT = "direct"  # assets route: connect directly
+
+
+@dataclass(frozen=True, slots=True)
+class GeodataSpec:
+    """``assets { geodata { ... } }``: where ``honkctl geodata update`` downloads the files.
+
+    A URL (None: not configured) may hold a token, so it is kept out of ``repr``. ``route`` is
+    the effective route: ``geodata.route``, else ``assets.route``, else ``routing``; otherwise the
+    name of a node or group declared in the file.
+    """
+
+    geosite: str | None = field(default=None, repr=False)
+    geoip: str | None = field(default=None, repr=False)
+    route: str = ASSET_ROUTE_ROUTING
+
+    def url(self, name: str) -> str | None:
+        """The configured URL of asset ``name`` (``geosite`` or ``geoip``)."""
+        return self.geosite if name == "geosite" else self.geoip if name == "geoip" else None
+
+
+@dataclass(frozen=True, slots=True)
+class AssetsSpec:
+    """The ``assets`` section (upstream honk's assets reference)."""
+
+    route: str = ASSET_ROUTE_ROUTING  # the default route of the downloads the section configures
+    geodata: GeodataSpec = GeodataSpec()
+
+
 # --- the whole -------------------------------------------------------------------
 
 
@@ -435,6 +470,7 @@ class Spec:
     clash_api: ClashApiSpec | None = None
     subscriptions: tuple[SubscriptionSpec, ...] = ()
     dns: DnsSpec | None = None  # None: no dns section
+    assets: AssetsSpec = AssetsSpec()
     source: str = field(default="", compare=False)
     diagnostics: tuple[Diagnostic, ...] = field(default=(), compare=False, repr=False)
 

@@ -78,6 +78,7 @@ import re
 import tomllib
 from typing import Any
 
+from honk.config.assets import structured_entries as assets_entries
 from honk.config.diagnostics import SourceLoc
 from honk.config.tree import Doc, Entry, GroupDecl, Sink, SubscriptionDecl, join_path
 
@@ -401,6 +402,8 @@ class _Reader:
                 self.read_subscriptions(value)
             elif name == "dns":
                 self.read_dns(value)
+            elif name == "assets":
+                self.doc.assets.extend(assets_entries(value, self.entry, self.table))
             else:
                 self.sink.warning("unknown-section", name, "unknown section is skipped", self.loc(name))
         return doc

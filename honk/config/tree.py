@@ -71,6 +71,7 @@ class Doc:
     # rule, "request.fallback"/"response.fallback", "fixed_domain_ttl.<domain>".
     dns: list[Entry] | None = None
     includes: list[Entry] = field(default_factory=list)
+    assets: list[Entry] = field(default_factory=list)  # the assets section (honk.config.assets)
 
 
 class Sink:

@@ -75,7 +75,7 @@ def check_nodes(nodes: list[tuple[NodeSpec, Entry]], sink: Sink) -> list[NodeSpe
 
 
 RESERVED_INBOUND = "api"  # the Clash API listener's tag (its reload identity)
-TPROXY_INBOUND = "tproxy"  # the transparent listener's tag, made by global.lan_interface
+TPROXY_INBOUND = "tproxy"  # the transparent listener's tag, made by global.lan_interface/wan_interface
 DNS_INBOUND = "dns"  # the DNS listener's tag, made by dns.bind
 
 
@@ -90,7 +90,7 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
             sink.error("reserved-name", path, "the inbound name api is the Clash API listener's", inbound.loc)
         if inbound.name == TPROXY_INBOUND:
             sink.error("reserved-name", path, "the inbound name tproxy is the transparent listener's "
-                       "(global.lan_interface)", inbound.loc)
+                       "(global.lan_interface, global.wan_interface)", inbound.loc)
         if inbound.name == DNS_INBOUND:
             sink.error("reserved-name", path, "the inbound name dns is the DNS listener's (dns.bind)", inbound.loc)
         if inbound.port and (inbound.host, inbound.port) in listens:
@@ -234,11 +234,14 @@ def check_groups(
         if name in seen:
             sink.error("duplicate-group", p.decl.path, "another group has this name", p.decl.loc)
             continue
-        if name in BUILTIN_OUTBOUNDS or name in node_names:
+        # A group may share a node's name (upstream honk's own config.dae does: node and group
+        # `iris`); the group then answers to that name (routing, final, default, the API) and
+        # name(...) filters still select the node. Only the builtins stay reserved.
+        if name in BUILTIN_OUTBOUNDS:
             sink.error(
                 "name-collision",
                 p.decl.path,
-                "group name is already used by a node or a builtin outbound",
+                "group name is already used by a builtin outbound",
                 p.decl.loc,
             )
             continue

@@ -54,6 +54,7 @@ from honk.daemon.logs import kv
 from honk.group.score.attempt import ScoreFeedback, ScoreReporter
 from honk.outbound.base import DialedStream, EnginePlan, Outbound
 from honk.outbound.bridge import relay_end
+from honk.outbound.direct import DirectOutbound
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 from honk.route.router import RouteDecision
@@ -282,6 +283,12 @@ class Dispatcher:
         self._plane = plane
         self._plane_serial += 1
 
+    @property
+    def reads_process(self) -> bool:
+        """Whether the current rules name a process (``pname``): transparent flows of the host's
+        own then look their process up before routing."""
+        return bool(getattr(getattr(self._plane, "router", None), "reads_process", False))
+
     async def route(self, meta: FlowMeta) -> Routed:
         """Decide the rule and leaf for ``meta``; raises ``NoRoute`` (and whatever the plane raises)."""
         plane = self._plane
@@ -318,6 +325,9 @@ class Dispatcher:
     def _routed(self, meta: FlowMeta, decision: Any, plane: PlaneLike) -> Routed:
         chain = tuple(decision.selection.chain)
         leaf = decision.selection.leaf
+        mark = getattr(decision.route, "mark", None)
+        if mark is not None and type(leaf) is DirectOutbound:  # `-> direct(mark: N)`: dial with that mark
+            leaf = leaf.with_mark(mark)
         if self.on_selection is not None and len(chain) > 1:
             self.on_selection(chain)
         return Routed(

@@ -102,6 +102,7 @@ class _Route:
     chain: tuple[str, ...] = ()
     # Score: this target's reporter (a route through a Score group); settled when the route ends
     reporter: ScoreReporter | None = field(default=None, compare=False)
+    mark: int | None = None  # a direct route's socket mark (a rule's `direct(mark: N)`, else the bypass mark)
 
 
 class _EndpointHealth:
@@ -174,7 +175,8 @@ class UdpNat:
         self.bytes_up = 0
         self.bytes_down = 0
         self.last_activity = self._clock.now()
-        self._remotes: dict[int, asyncio.DatagramTransport] = {}  # family → socket
+        # direct sockets by (family, socket mark): a rule's `direct(mark: N)` gets its own
+        self._remotes: dict[tuple[int, int | None], asyncio.DatagramTransport] = {}
         # sub-links, keyed by the leaf's outbound version (tag@vN): two versions of one tag
         # coexist while one drains, and an object's id() may be reused
         self._endpoints: dict[str, PacketEndpoint] = {}  # outbound version → its endpoint
@@ -303,7 +305,7 @@ class UdpNat:
         if route.sockaddr is None:
             return
         family = socket.AF_INET6 if ":" in route.sockaddr[0] else socket.AF_INET
-        transport = self._remotes.get(family)
+        transport = self._remotes.get((family, route.mark))
         if transport is None or transport.is_closing():
             return
         self._sent.add(route.sockaddr)
@@ -376,7 +378,7 @@ class UdpNat:
             else:
                 ip = await self._resolve(dial)
                 family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-                await self._remote_socket(family)
+                await self._remote_socket(family, leaf)
         except BaseException as exc:
             scoring.report_setup(guard, self._clock, leaf, exc, episode=self._dial_episodes.get(version))
             raise
@@ -386,7 +388,7 @@ class UdpNat:
             return _Route(None, endpoint, dial, self._health.get(version), plane, version,
                           routed.rule, routed.chain, reporter)
         return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain,
-                      reporter=reporter)
+                      reporter=reporter, mark=getattr(leaf, "mark", None))
 
     def _has_endpoint(self, version: str) -> bool:
         """A sub-link of ``version`` is open or being dialled: a target through it is not cold."""
@@ -452,18 +454,29 @@ class UdpNat:
         self._resolved[target.host] = ip
         return ip
 
-    async def _remote_socket(self, family: int) -> None:
-        if family in self._remotes:
+    async def _remote_socket(self, family: int, leaf) -> None:  # noqa: ANN001 - the direct leaf
+        """The association's direct socket of ``family``, marked as the direct leaf marks its
+        dials: without the bypass mark, the host's own interception (wan_interface) would send
+        honk's datagrams back to its own listener."""
+        key = (family, getattr(leaf, "mark", None))
+        if key in self._remotes:
             return
         loop = asyncio.get_running_loop()
-        local = ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _RemoteSide(self), local_addr=local, family=family
-        )
-        if self._closed.is_set() or family in self._remotes:
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            mark = getattr(leaf, "mark_socket", None)
+            if mark is not None:
+                mark(sock)
+            sock.bind(("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
+            transport, _ = await loop.create_datagram_endpoint(lambda: _RemoteSide(self), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        if self._closed.is_set() or key in self._remotes:
             transport.close()
             return
-        self._remotes[family] = transport
+        self._remotes[key] = transport
 
     async def _endpoint(self, leaf) -> PacketEndpoint:  # noqa: ANN001 - an Outbound
         """The association's sub-link through ``leaf``'s version, dialled once and shared by its

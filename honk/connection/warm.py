@@ -146,7 +146,7 @@ def pin_targets(plane: Any) -> dict[Any, Any]:
         member = policy.chosen(Network.TCP)
         if member is None:
             continue
-        leaf = outbounds.get(member) if member not in groups else _pick(groups, member)
+        leaf = outbounds.get(member) if groups.member_is_leaf(name, member) else _pick(groups, member)
         if leaf is not None and _proxy(leaf):
             out.setdefault(leaf.runtime.node_id, leaf)
     return out

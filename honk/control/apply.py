@@ -346,8 +346,9 @@ class Applier:
             plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
                           outbounds=dict(prepared.targets), spec=spec, runtimes=prepared.runtimes,
                           admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock))
-            lan = prepared.interception.lan_interfaces if prepared.interception is not None else ()
-            await asyncio.to_thread(daemon.slots.use_interfaces, lan)
+            interception = prepared.interception  # its `auto` interfaces resolve by `ip`: in the thread
+            await asyncio.to_thread(lambda: daemon.slots.use_interfaces(
+                interception.lans() if interception is not None else ()))
             # fail-open: every slot alive, then the kernel rules and the plane, then the exact slots
             daemon.slots.reload(prepared.groups, spec.routing, lambda: daemon.publish(plane, prepared.resolver))
             plane.retire(old_plane)
@@ -512,6 +513,7 @@ def desired_interception(desired: DesiredState) -> KernelInterception | None:
                 tproxy_port=int(settings["tproxy_port"]),  # type: ignore[arg-type]
                 mark=int(settings["mark"]),  # type: ignore[arg-type]
                 auto_config_kernel_parameter=bool(settings["auto_config_kernel_parameter"]),
+                wan_interfaces=tuple(settings.get("wan_interface", ())),  # type: ignore[arg-type]
             )
     return None
 

@@ -202,11 +202,12 @@ def lower(spec: Spec) -> DesiredState:
         settings = transparent_settings(glob) if ispec.kind in TRANSPARENT_KINDS else ()
         inbounds.append(InboundDecl(ispec.name, ispec.kind, tcp_bind(ispec.host, ispec.port, ispec.name), users,
                                     settings=settings))
-    if glob.lan_interface:
+    if glob.lan_interface or glob.wan_interface:
         inbounds.append(InboundDecl(
             TPROXY_INBOUND, "tproxy", BindSpec("tproxy", TPROXY_LISTEN_HOST, glob.tproxy_port),
             interception=(("lan_interface", glob.lan_interface), ("tproxy_port", glob.tproxy_port),
-                          ("mark", TPROXY_MARK), ("auto_config_kernel_parameter", glob.auto_config_kernel_parameter)),
+                          ("mark", TPROXY_MARK), ("auto_config_kernel_parameter", glob.auto_config_kernel_parameter),
+                          ("wan_interface", glob.wan_interface)),
             settings=transparent_settings(glob)))
     if spec.dns is not None and spec.dns.bind is not None:
         bind = spec.dns.bind

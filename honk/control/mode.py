@@ -47,6 +47,7 @@ class RoutingMode:
 
 
 def global_members(plane: Plane) -> list[str]:
-    """GLOBAL's members (honk names): direct, block, the nodes, then the groups, in config order."""
+    """GLOBAL's members (honk names): direct, block, the nodes, then the groups, in config order;
+    a name a group shares with a node once (picking it picks the group, which answers to it)."""
     nodes = [name for name in plane.outbounds if name not in ("direct", "block")]
-    return ["direct", "block", *nodes, *plane.groups.names]
+    return list(dict.fromkeys(["direct", "block", *nodes, *plane.groups.names]))

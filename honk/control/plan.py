@@ -153,10 +153,9 @@ def validate(desired: DesiredState) -> None:
     _unique("group", [g.tag for g in desired.groups])
     _unique("inbound", [i.tag for i in desired.inbounds])
     _unique("user set", [u.tag for u in desired.user_sets])
+    # a group may share a node's tag (upstream honk's config.dae does): the group answers to
+    # it, the node stays the group member its name selects (honk.group.manager)
     outbound_tags = {o.tag for o in desired.outbounds}
-    for g in desired.groups:
-        if g.tag in outbound_tags:
-            raise DuplicateTag("outbound", g.tag)  # outbounds and groups share one namespace
     targets = outbound_tags | {g.tag for g in desired.groups}
     for g in desired.groups:
         # a default may name a subscription node not fetched yet: it is only a preference

@@ -89,6 +89,7 @@ class FlowMeta:
     # the inbound session (client connection) the flow belongs to: closing the session
     # (its user was revoked, its inbound removed) closes its flows; identity only
     session: object | None = field(default=None, compare=False, repr=False)
+    process: str | None = None  # the local process's name, for the host's own flows (pname rules)
 
     @property
     def destination_ip(self) -> IPAddress | None:

@@ -58,6 +58,7 @@ from honk.daemon.logs import LogBroker, kv, set_level
 from honk.daemon.loopguard import LoopGuard
 from honk.daemon.notify import Notifier
 from honk.ebpf.service import SlotService
+from honk.geo.update import GeodataUpdater, UpdateReport, dial_for_route
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
@@ -132,6 +133,8 @@ class Daemon:
         self.started_at = 0.0  # clock.now() at ready (uptime)
         self.warm = WarmUp(self.clock, lambda: self.plane)  # startup preconnect and Selector pins
         self.notify = Notifier()  # systemd's readiness protocol (a no-op outside a Type=notify unit)
+        self.geodata = GeodataUpdater(self.clock, spec=lambda: self.spec, dial=self._asset_dial,
+                                      reload=self.reload, generation=lambda: self.generation)
 
     # --- what runs (read-only views of the applier) -----------------------------------
 
@@ -495,6 +498,17 @@ class Daemon:
     def global_members(self) -> list[str]:
         """``GLOBAL``'s members: direct, block, every node, then every group, in config order."""
         return [] if self.plane is None else global_members(self.plane)
+
+    async def update_geodata(self, names: Sequence[str] | None = None) -> UpdateReport:
+        """``honkctl geodata update``: download, check and swap the configured geodata, then
+        reload when a file changed (:mod:`honk.geo.update`). UpdateBusy while one runs."""
+        return await self.geodata.update(names)
+
+    def _asset_dial(self, route: str) -> Dial:
+        """How an ``assets`` download connects for ``route`` (routing, direct, a node or group)."""
+        timeout = self.spec.global_.connect_timeout if self.spec is not None else GlobalSpec().connect_timeout
+        return dial_for_route(route, direct=DirectOutbound(self.clock, timeout).dial_tcp, via=self._dial_via,
+                              route_flow=self.dispatcher.route)
 
     async def refresh_subscription(self, name: str) -> bool:
         """Fetch subscription ``name`` now; whether a new body was accepted. KeyError if unknown."""

@@ -11,9 +11,13 @@ Codes, as rules write them (case-insensitive):
 * ``geosite: cn`` -- the list ``cn`` of ``geosite.dat``; ``geosite: category-ads-all@ads``
   keeps the entries that carry the attribute ``ads`` (several ``@attr``: all of them).
 * ``geoip: cn`` -- the list ``cn`` of ``geoip.dat``; ``geoip: private`` is built in and needs
-  no file. A list marked ``reverse_match`` matches the addresses outside it.
+  no file. A list marked ``reverse_match`` matches the addresses outside it. Where no
+  ``geoip.dat`` is found, the first MaxMind DB of :data:`GEOIP_MMDB_FILES` found answers
+  instead: ``cn`` is every network whose record's ``country.iso_code`` is CN
+  (:mod:`honk.geo.mmdb`).
 * ``ext: file.dat:tag`` -- the list ``tag`` of another file in the same format, looked up the
-  same way (an absolute path is taken as it is).
+  same way (an absolute path is taken as it is); ``ext: file.mmdb:cn`` -- a country code of a
+  MaxMind DB file (a name ending ``.mmdb``).
 
 A code the data cannot answer raises :class:`~honk.geo.dat.GeoDataError`: the file is missing
 (the message lists every place searched), unreadable, lacks the code, or the attribute selects
@@ -30,10 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from honk.geo.dat import DOMAIN, FULL, PLAIN, REGEX, GeoDataError, read_geoip, read_geosite
+from honk.geo.mmdb import read_mmdb
 
 ASSET_ENV = "DAE_LOCATION_ASSET"  # dae's variable: a directory searched before any other
 GEOSITE_FILE = "geosite.dat"
 GEOIP_FILE = "geoip.dat"
+# geoip: without a geoip.dat, the first of these found (in this order) answers: honk's own name,
+# then the names Clash/mihomo, MaxMind (GeoLite2) and DB-IP (IP-to-Country Lite) give theirs
+GEOIP_MMDB_FILES = ("geoip.mmdb", "Country.mmdb", "GeoLite2-Country.mmdb", "dbip-country-lite.mmdb")
+MMDB_SUFFIX = ".mmdb"  # an ext: file named so is a MaxMind DB
 HONK_ASSET_DIRS = ("/usr/local/share/honk", "/usr/share/honk")  # where the package puts its data
 SYSTEM_ASSET_DIRS = ("/usr/local/share/dae", "/usr/share/dae", "/etc/dae")  # dae's own places
 
@@ -75,7 +84,7 @@ class _Loaded:
     """One file content: its lists by code, and the codes already answered (``honk check`` and
     the router's compile ask for the same ones; a list of 100,000 domains is split once)."""
 
-    entries: dict[str, Any]
+    entries: Any  # a .dat's code -> message dict, or an .mmdb's MmdbCountries
     answered: dict[str, DomainList | NetworkList] = field(default_factory=dict)
 
 
@@ -104,6 +113,9 @@ class GeoAssets:
     def domains(self, code: str, *, ext: bool = False) -> DomainList:
         """A ``geosite:`` code (``ext``: an ``ext:`` code ``file:tag``) as a :class:`DomainList`."""
         name, code = _split_ext(code) if ext else (GEOSITE_FILE, code)
+        if _is_mmdb(name):
+            raise GeoDataError("geodata-invalid-code",
+                               f"{name} is a MaxMind DB: it holds IP networks, not domain lists")
         loaded = self._load(name, "geosite")
         asked = code.strip().lower()
         answered = loaded.answered.get(asked)
@@ -145,7 +157,9 @@ class GeoAssets:
 
     def networks(self, code: str, *, ext: bool = False) -> NetworkList:
         """A ``geoip:`` code (``ext``: an ``ext:`` code ``file:tag``) as a :class:`NetworkList`."""
-        name, code = _split_ext(code) if ext else (GEOIP_FILE, code)
+        name, code = _split_ext(code) if ext else (self._geoip_file(), code)
+        if _is_mmdb(name):
+            return self._mmdb_networks(name, code)
         loaded = self._load(name, "geoip")
         asked = code.strip().lower()
         answered = loaded.answered.get(asked)
@@ -162,6 +176,30 @@ class GeoAssets:
                 raise GeoDataError("geodata-unreadable",
                                    f"{self._where(name)}: list {code.strip()!r} holds a malformed CIDR") from None
         found = NetworkList(tuple(networks), bool(geoip.reverse_match))
+        loaded.answered[asked] = found
+        return found
+
+    def _geoip_file(self) -> str:
+        """``geoip.dat`` if there is one, else the first MaxMind DB of :data:`GEOIP_MMDB_FILES`
+        found (the error for none names geoip.dat and these)."""
+        if self.find(GEOIP_FILE) is not None:
+            return GEOIP_FILE
+        return next((n for n in GEOIP_MMDB_FILES if self.find(n) is not None), GEOIP_FILE)
+
+    def _mmdb_networks(self, name: str, code: str) -> NetworkList:
+        loaded = self._load(name, "mmdb")
+        asked = code.strip().lower()
+        answered = loaded.answered.get(asked)
+        if isinstance(answered, NetworkList):
+            return answered
+        try:
+            networks = loaded.entries.networks(asked)
+        except GeoDataError as exc:
+            raise GeoDataError(exc.code, f"{self._where(name)}: {exc}") from None
+        if networks is None:
+            raise GeoDataError("geodata-unknown-code",
+                               f"{self._where(name)} has no network with the country code {code.strip()!r}")
+        found = NetworkList(networks)
         loaded.answered[asked] = found
         return found
 
@@ -183,8 +221,9 @@ class GeoAssets:
     def _load(self, name: str, kind: str) -> _Loaded:
         path = self.find(name)
         if path is None:
-            raise GeoDataError("geodata-missing",
-                               f"{name} not found; looked in {', '.join(self.dirs) if not os.path.isabs(name) else name}")
+            also = f" (nor {', '.join(GEOIP_MMDB_FILES)})" if name == GEOIP_FILE else ""
+            raise GeoDataError("geodata-missing", f"{name} not found{also}; looked in "
+                                                  f"{', '.join(self.dirs) if not os.path.isabs(name) else name}")
         try:
             st = os.stat(path)
             key = (st.st_mtime_ns, st.st_size)
@@ -196,12 +235,17 @@ class GeoAssets:
         except OSError as exc:
             raise GeoDataError("geodata-unreadable", f"{path}: {exc.strerror}") from None
         try:
-            entries = read_geosite(data) if kind == "geosite" else read_geoip(data)
+            entries = (read_geosite(data) if kind == "geosite" else read_geoip(data) if kind == "geoip"
+                       else read_mmdb(data, path))
         except GeoDataError as exc:
             raise GeoDataError(exc.code, f"{path}: {exc}") from None
         loaded = _Loaded(entries)
         _LOADED[(kind, path)] = (key, loaded)
         return loaded
+
+
+def _is_mmdb(name: str) -> bool:
+    return name.lower().endswith(MMDB_SUFFIX)
 
 
 def _split_ext(code: str) -> tuple[str, str]:

@@ -119,8 +119,12 @@ class _Group:
     # members judged again per flow: its sub-groups) (_View.score_members)
     score_members: dict[tuple, tuple] = field(default_factory=dict)
 
+    # the members that are nodes (or builtins): a group sharing one's name does not shadow it here
+    leaves: frozenset[str] = field(default_factory=frozenset)
+
     def __post_init__(self) -> None:
         self.positions = {m: i for i, m in enumerate(self.policy.members)}
+        self.leaves = frozenset(self.membership.nodes)
 
 
 def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> dict[str, Membership]:
@@ -172,7 +176,7 @@ class _View:
         """The NodeId of the leaf ``member`` resolves to; a builtin leaf or an unresolved member
         gets a name-based identity (it has no evidence of its own)."""
         m = self.manager
-        if member not in m._groups:  # a leaf: its identity, without resolving a selection
+        if m._is_leaf(self.group, member):  # a leaf: its identity, without resolving a selection
             known = m._leaf_ids.get(member)
             if known is None and member in m._outbounds:
                 known = m._leaf_ids[member] = _leaf_node_id(m._outbounds[member])
@@ -185,7 +189,7 @@ class _View:
 
     def selection(self, member: str) -> Selection | None:
         candidate, selection = self._judge(member)
-        if selection is None and member in self.manager._outbounds and member not in self.manager._groups:
+        if selection is None and self.manager._is_leaf(self.group, member):
             selection = Selection(self.manager._outbounds[member], (*self.chain, member))  # a leaf, made on demand
         return selection
 
@@ -223,7 +227,7 @@ class _View:
         members = [Member(c.member, self.node_id(c.member), c.eligible) for c in self.all()]
         # the members judged per flow: sub-groups, and names that are no leaf (judged as a group)
         routed = tuple(i for i, name in enumerate(group.policy.members)
-                       if name in m._groups or name not in m._outbounds)
+                       if not m._is_leaf(group, name))
         group.score_members[key] = (stamp, members, routed)
         return members
 
@@ -233,7 +237,7 @@ class _View:
             return known
         m = self.manager
         group = self.group
-        if member not in m._groups and member in m._outbounds:
+        if m._is_leaf(group, member):
             # a leaf: judged from health alone, remembered until health changes
             judged = (m._leaf_candidate(group, member, self.network), None)
         else:
@@ -364,8 +368,21 @@ class GroupManager:
 
     # --- identity of members ---------------------------------------------------------
 
-    def identity(self, member: str) -> Identity:
-        if member in self._groups:
+    def _is_leaf(self, group: _Group, member: str) -> bool:
+        """Whether ``group``'s ``member`` is a leaf: a node member stays the node even when a
+        group has the same name (name(...) selects nodes); any other name is a group if one
+        exists."""
+        return member in self._outbounds and (member in group.leaves or member not in self._groups)
+
+    def member_is_leaf(self, group: str, member: str) -> bool:
+        """Whether ``group``'s member ``member`` is a node or builtin, not a group (a node member
+        stays the node when a group shares its name)."""
+        return self._is_leaf(self._get(group), member)
+
+    def identity(self, member: str, group: str | None = None) -> Identity:
+        """``member``'s identity, as ``group`` (when given) sees its member of that name."""
+        owner = self._groups.get(group) if group is not None else None
+        if member in self._groups and (owner is None or not self._is_leaf(owner, member)):
             return ("group", member)
         node_id = node_id_of(self._outbounds.get(member))
         return ("node", node_id) if node_id is not None else ("builtin", member)
@@ -377,7 +394,7 @@ class GroupManager:
             if isinstance(group.policy, Selector):
                 picked = group.policy.choices()
                 if picked:
-                    out[name] = {net: self.identity(member) for net, member in picked.items()}
+                    out[name] = {net: self.identity(member, name) for net, member in picked.items()}
         return out
 
     def restore_choices(self, carried: Mapping[str, Mapping[Network, Identity]]) -> None:
@@ -385,7 +402,7 @@ class GroupManager:
             group = self._groups.get(name)
             if group is None or not isinstance(group.policy, Selector):
                 continue
-            by_identity = {self.identity(m): m for m in group.policy.members}
+            by_identity = {self.identity(m, name): m for m in group.policy.members}
             for network, identity in choices.items():
                 member = by_identity.get(_normal_identity(identity))
                 if member is None:
@@ -495,13 +512,22 @@ class GroupManager:
         if name in seen or depth > MAX_NESTING_DEPTH:
             return
         seen.add(name)
-        for member in (*group.membership.members, *((group.spec.final,) if group.spec.final else ())):
-            self._leaves(member, out, seen, depth + 1)
+        for member in group.membership.members:
+            if self._is_leaf(group, member):
+                out.setdefault(member)
+            else:
+                self._leaves(member, out, seen, depth + 1)
+        if group.spec.final:
+            self._leaves(group.spec.final, out, seen, depth + 1)
 
     def delay_test_members(self, group: str, network: Network = Network.TCP) -> list[tuple[str, Outbound]]:
         """One (member tag, current leaf) pair per member that resolves, unchosen ones included."""
         out = []
+        owner = self._get(group)
         for member in self.members(group):
+            if self._is_leaf(owner, member):
+                out.append((member, self._outbounds[member]))
+                continue
             selection = self._walk(member, network, (group,), 1, True)
             if selection is not None:
                 out.append((member, selection.leaf))
@@ -582,7 +608,7 @@ class GroupManager:
             group = self._groups[name]
             known = isinstance(group.policy, Score) or any(
                 self._score_below(m) for m in (*group.policy.members, *([group.spec.final] if group.spec.final else ()))
-                if m in self._groups)
+                if m in self._groups and not (m in group.leaves and m != group.spec.final))
             self._reaches_score[name] = known
         return known
 
@@ -645,7 +671,7 @@ class GroupManager:
         view = _View(self, group, network, chain, depth, peek)
         member = group.policy.pick(view, commit=not peek)
         if member is not None:
-            if isinstance(group.policy, Selector) or peek:
+            if isinstance(group.policy, Selector) or peek or self._is_leaf(group, member):
                 selection = view.selection(member)
             else:
                 selection = self._walk(member, network, chain, depth + 1, False)  # apply the pick
@@ -692,7 +718,10 @@ class GroupManager:
         else:
             members = group.membership.members
         for member in members:
-            self._chosen_leaves(member, chain, out, depth + 1)
+            if self._is_leaf(group, member):
+                out.setdefault(member, (*chain, member))
+            else:
+                self._chosen_leaves(member, chain, out, depth + 1)
 
     def retry_candidates(self, group: str, network: Network, exclude: Outbound, *,
                          target: ScoreTarget | None = None,
@@ -789,7 +818,7 @@ class GroupManager:
         before = {net: policy.chosen(net) for net in NETWORKS}
         changed = policy.choose(member, NETWORKS if network is None else (network,))
         if self.on_choice is not None:
-            identity = self.identity(member)
+            identity = self.identity(member, group)
             for net in changed:
                 self.on_choice(group, net, identity)
         for net in changed:

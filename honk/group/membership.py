@@ -16,7 +16,10 @@ Rules, in the order they apply:
     all-nodes default never select them.
   * Node members keep node declaration order (builtins after the nodes);
     duplicate names bind the first declaration. Nested group tags follow, in
-    their declared order; unknown tags contribute nothing.
+    their declared order; unknown tags contribute nothing. A node member stays
+    the node even when a group has its name (a group may share a node's name,
+    as upstream honk's config.dae does); a nested tag naming a node the group
+    already selects is dropped.
 
 Nothing here does I/O.
 """
@@ -156,6 +159,13 @@ def resolve_membership(
     admits = compile_filters(group.name, group.filters)
     picked = [name for name in node_names if admits(name, False, origin[name])]
     picked += [name for name in BUILTIN_OUTBOUNDS if admits(name, True)]
+    # a member name is one member: a nested group named like a node this group already selects
+    # would be a second member under the same name (the node, selected by name(...), stays)
+    shadowed = [tag for tag in subgroups if tag in picked]
+    if shadowed:
+        log.warning("group %s: nested group %s has the name of a node it selects; the node is kept",
+                    group.name, ", ".join(shadowed))
+        subgroups = [tag for tag in subgroups if tag not in picked]
     return Membership(tuple(picked), tuple(subgroups), _latency_offsets(group, picked, origin))
 
 

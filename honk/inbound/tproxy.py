@@ -71,6 +71,7 @@ from honk.inbound.sniffing import (
     plan_flow,
     sniff_first_bytes,
 )
+from honk.netlink.owner import process_name
 from honk.netlink.sockopts import (
     ORIGDST_CMSG_SPACE,
     family_of,
@@ -407,7 +408,8 @@ class TransparentInbound(BindThenServe):
             original = target = self._original(conn, spec)
             if self._is_self(original):
                 raise NotSupported("a connection to the transparent port itself")
-            meta = FlowMeta(Network.TCP, source, original, spec.name, session=session)
+            meta = FlowMeta(Network.TCP, source, original, spec.name, session=session,
+                            process=await self._process_of(Network.TCP, source, original))
             data, sniffed = b"", None
             if spec.mode.sniffs:
                 data, sniffed = await sniff_first_bytes(conn, self._clock, spec.sniffing_timeout)
@@ -438,6 +440,17 @@ class TransparentInbound(BindThenServe):
         finally:
             conn.close()
             session.finish()
+
+    async def _process_of(self, network: Network, source: Address, target: Address) -> str | None:
+        """The local process behind a flow of the host's own, looked up only while the rules name
+        processes (``pname``); None for a LAN client's flow."""
+        if not self._dispatcher.reads_process:
+            return None
+        try:
+            return await asyncio.to_thread(process_name, network, source, target)
+        except Exception:  # noqa: BLE001 - an unreadable /proc leaves the flow without a process
+            log.debug("process lookup failed %s", kv(source=source, target=target), exc_info=True)
+            return None
 
     async def _plan(self, spec: TransparentSpec, meta: FlowMeta, sniffed: str | None) -> FlowPlan:
         dispatcher = self._dispatcher
@@ -583,7 +596,8 @@ class _UdpSession(UdpNat):
         self._sniffer = QuicSniffer() if spec.mode.sniffs else None
         self._timer: TimerHandle | None = None
         self._replies: dict[Address, socket.socket] = {}  # reply source → its connected socket
-        if not spec.mode.sniffs:  # nothing to learn from the datagrams: routed by the IP at once
+        if not spec.mode.sniffs and not inbound._dispatcher.reads_process:
+            # nothing to learn from the datagrams or the host: routed by the IP at once
             self._plan = FlowPlan(FlowMeta(Network.UDP, client, original, spec.name), original)
         self._open_flow(original)
         log.debug("UDP session %s", kv(inbound=spec.name, source=client, target=original, id=self.id))
@@ -631,7 +645,8 @@ class _UdpSession(UdpNat):
         task.add_done_callback(self._tasks.discard)
 
     async def _plan_and_flush(self, sniffed: str | None) -> None:
-        meta = FlowMeta(Network.UDP, self.client, self.original, self.inbound)
+        process = await self._inbound._process_of(Network.UDP, self.client, self.original)
+        meta = FlowMeta(Network.UDP, self.client, self.original, self.inbound, process=process)
         try:
             plan = await self._inbound._plan(self._spec, meta, sniffed)
         except asyncio.CancelledError:

@@ -28,6 +28,7 @@ from honk.netlink import nftables, routing
 log = logging.getLogger("honk.netlink")
 
 PROC_SYS = "/proc/sys"
+AUTO_INTERFACE = "auto"  # wan_interface: the interface of the lowest-metric IPv4 default route
 
 
 class InterceptionError(RuntimeError):
@@ -41,10 +42,29 @@ class KernelInterception:
     mark: int = nftables.TPROXY_MARK
     auto_config_kernel_parameter: bool = False
     netns: str | None = None  # tests: act inside this named namespace instead of the current one
+    wan_interfaces: tuple[str, ...] = ()  # the host's own traffic leaving these; ``auto``: see wans()
 
     @property
     def table(self) -> nftables.Interception:
-        return nftables.Interception(self.lan_interfaces, self.tproxy_port, mark=self.mark)
+        return nftables.Interception(self.lans(), self.tproxy_port, mark=self.mark, wan_interfaces=self.wans())
+
+    def lans(self) -> tuple[str, ...]:
+        """The LAN interfaces by name (``auto`` resolved as in :meth:`wans`)."""
+        return self._named(self.lan_interfaces, "lan_interface")
+
+    def wans(self) -> tuple[str, ...]:
+        """The WAN interfaces by name: ``auto`` is the interface of the lowest-metric IPv4 default
+        route at install time (left out, with a warning, while there is none)."""
+        return self._named(self.wan_interfaces, "wan_interface")
+
+    def _named(self, names: tuple[str, ...], key: str) -> tuple[str, ...]:
+        if AUTO_INTERFACE not in names:
+            return names
+        default = routing.default_route_interface(self.netns)
+        if default is None:
+            log.warning("%s auto: no IPv4 default route yet; its traffic is not intercepted", key)
+        resolved = (default if name == AUTO_INTERFACE else name for name in names)
+        return tuple(dict.fromkeys(name for name in resolved if name))
 
     @property
     def policy_routing(self) -> routing.PolicyRouting:
@@ -54,7 +74,7 @@ class KernelInterception:
         """The sysctls honk sets, by ``/proc/sys`` path."""
         wanted = {"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1",
                   "net/ipv4/conf/all/rp_filter": "0"}
-        for lan in self.lan_interfaces:
+        for lan in self.lans():
             wanted[f"net/ipv4/conf/{lan}/rp_filter"] = "0"
             wanted[f"net/ipv4/conf/{lan}/send_redirects"] = "0"
         return wanted
@@ -68,13 +88,18 @@ class KernelInterception:
         except routing.RoutingError as exc:
             self.remove()
             raise InterceptionError(f"policy routing: {exc}") from exc
+        table = self.table
+        if not table.lan_interfaces and not table.wan_interfaces:  # only `auto`, with no default route yet
+            log.warning("interception pending: no interface to intercept on until a restart finds one")
+            return
         try:
-            nftables.run_nft(nftables.install_script(self.table), netns=self.netns)
+            nftables.run_nft(nftables.install_script(table), netns=self.netns)
         except nftables.NftError as exc:
             self.remove()
             raise InterceptionError(f"nftables: {exc}") from exc
-        log.info("interception installed lan=%s tproxy_port=%d", ",".join(self.lan_interfaces),
-                 self.tproxy_port)
+        wans = f" wan={','.join(table.wan_interfaces)}" if self.wan_interfaces else ""
+        log.info("interception installed lan=%s tproxy_port=%d%s", ",".join(table.lan_interfaces),
+                 self.tproxy_port, wans)
 
     def remove(self) -> None:
         """Deletes the table, then the policy routing; what is already gone is no error."""
@@ -93,7 +118,7 @@ class KernelInterception:
                 write_sysctl(path, value, self.netns)
             except OSError as exc:
                 raise InterceptionError(f"kernel parameter {path.replace('/', '.')}: {exc.strerror or exc}") from exc
-        log.info("kernel parameters set: forwarding on, rp_filter off on %s", ",".join(self.lan_interfaces))
+        log.info("kernel parameters set: forwarding on, rp_filter off on %s", ",".join(self.lans()))
 
 
 def write_sysctl(path: str, value: str, netns: str | None = None) -> None:

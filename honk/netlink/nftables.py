@@ -1,4 +1,5 @@
-"""honk's own nftables table: the transparent interception of the LAN's TCP and UDP.
+"""honk's own nftables table: the transparent interception of the LAN's TCP and UDP, and of the
+host's own (``wan_interface``).
 
 The ruleset is text for ``nft -f``, built from an :class:`Interception` (pure, so the rules
 are tested as text and in check mode). Applying it is one atomic transaction that also
@@ -16,6 +17,17 @@ What the prerouting chain does, for packets entering a LAN interface:
    through) is dropped. nft's ``tproxy`` statement lets a packet continue when nothing
    listens, which would forward the LAN's traffic un-proxied while honk is down or
    restarting; a router that must not leak traffic around its proxy drops it instead.
+
+The host's own traffic (``wan_interfaces``) cannot be diverted where it is made: TPROXY works in
+prerouting only. The output chain (a ``route`` chain, so a changed mark re-routes the packet)
+therefore marks the host's new TCP and UDP leaving a WAN interface with the TPROXY mark,
+skipping packets that already carry a mark (honk's own sockets: the bypass mark or a rule's
+``direct(mark: N)``; programs routing by their own mark, such as WireGuard) and the host's own,
+private and multicast destinations. The policy routing (``routing.py``) sends marked packets to ``lo``; they come back
+through prerouting on ``lo`` still marked, and the divert chain hands them to honk's listener as
+it does the LAN's. Replies from honk's transparent sockets go to a local address, leave by ``lo``
+and are never marked. Only packets that were marked here are taken from ``lo``: local services
+talking to each other over ``lo`` are left alone.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ class NftError(RuntimeError):
 class Interception:
     lan_interfaces: tuple[str, ...]
     tproxy_port: int
+    wan_interfaces: tuple[str, ...] = ()  # the host's own traffic leaving these is intercepted too
     mark: int = TPROXY_MARK
     bypass_mark: int = BYPASS_MARK
     bypass_v4: tuple[str, ...] = BYPASS_V4
@@ -55,14 +68,38 @@ def _set(items: tuple[str, ...]) -> str:
 
 def ruleset(spec: Interception) -> str:
     """The ``table inet honk`` definition for ``spec``."""
-    if not spec.lan_interfaces:
-        raise ValueError("interception needs at least one LAN interface")
+    if not spec.lan_interfaces and not spec.wan_interfaces:
+        raise ValueError("interception needs a LAN or a WAN interface")
     if not 0 < spec.tproxy_port < 65536:
         raise ValueError(f"tproxy port {spec.tproxy_port} is out of range")
-    lans = _set(tuple(f'"{name}"' for name in spec.lan_interfaces))
     mark = f"0x{spec.mark:08x}"
     bypass = f"0x{spec.bypass_mark:x}"
     port = spec.tproxy_port
+    skip_destinations = """fib daddr type { local, broadcast, multicast } return
+        ip daddr @bypass4 return
+        ip6 daddr @bypass6 return"""
+    prerouting = [f"meta mark & {bypass} == {bypass} return"]
+    output = ""
+    if spec.wan_interfaces:
+        wans = _set(tuple(f'"{name}"' for name in spec.wan_interfaces))
+        # the host's own flows the output chain marked, back from lo: divert them
+        prerouting.append(f"iifname lo meta mark & {mark} == {mark} jump divert")
+        # a socket carrying any mark is left to its mark's routing: honk's own (the bypass mark,
+        # a rule's `direct(mark: N)`) and other programs' that route themselves (WireGuard's fwmark)
+        output = f"""
+    chain output {{
+        type route hook output priority mangle; policy accept;
+        meta mark != 0 return
+        oifname != {wans} return
+        {skip_destinations}
+        meta l4proto {{ tcp, udp }} meta mark set {mark}
+    }}"""
+    if spec.lan_interfaces:
+        lans = _set(tuple(f'"{name}"' for name in spec.lan_interfaces))
+        prerouting += [f"iifname != {lans} return", skip_destinations, "jump divert"]
+    else:
+        prerouting.append("return")
+    body = "\n        ".join(prerouting)
     return f"""table inet {TABLE} {{
     set bypass4 {{
         type ipv4_addr; flags interval;
@@ -72,13 +109,7 @@ def ruleset(spec: Interception) -> str:
         type ipv6_addr; flags interval;
         elements = {_set(spec.bypass_v6)}
     }}
-    chain prerouting {{
-        type filter hook prerouting priority mangle; policy accept;
-        meta mark & {bypass} == {bypass} return
-        iifname != {lans} return
-        fib daddr type {{ local, broadcast, multicast }} return
-        ip daddr @bypass4 return
-        ip6 daddr @bypass6 return
+    chain divert {{
         meta l4proto {{ tcp, udp }} socket transparent 1 meta mark set {mark} accept
         meta l4proto tcp tproxy ip to :{port} meta mark set {mark} accept
         meta l4proto udp tproxy ip to :{port} meta mark set {mark} accept
@@ -86,6 +117,10 @@ def ruleset(spec: Interception) -> str:
         meta l4proto udp tproxy ip6 to :{port} meta mark set {mark} accept
         meta l4proto {{ tcp, udp }} drop
     }}
+    chain prerouting {{
+        type filter hook prerouting priority mangle; policy accept;
+        {body}
+    }}{output}
 }}
 """
 

@@ -14,6 +14,7 @@ import-light.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -75,3 +76,15 @@ def remove(routing: PolicyRouting, netns: str | None = None) -> None:
             if _ip(delete, netns, check=False).returncode != 0:
                 break
         _ip([family, "route", "flush", "table", str(routing.table)], netns, check=False)
+
+
+def default_route_interface(netns: str | None = None) -> str | None:
+    """The interface of the lowest-metric IPv4 default route (the main table), or None."""
+    try:
+        done = _ip(["-4", "-j", "route", "show", "default"], netns, check=False)
+        routes = json.loads(done.stdout or "[]") if done.returncode == 0 else []
+    except (RoutingError, ValueError, OSError, subprocess.TimeoutExpired):
+        return None
+    best = min((r for r in routes if isinstance(r, dict) and r.get("dev")),
+               key=lambda r: int(r.get("metric", 0)), default=None)
+    return str(best["dev"]) if best is not None else None

@@ -107,8 +107,28 @@ class DirectOutbound:
             resolver if resolver is not None else SystemResolver(clock, connect_timeout)
         )
         self._connect = connect
-        self._mark = mark
+        self._mark = mark  # None once the kernel refused it (no CAP_NET_ADMIN)
+        self._configured_mark = mark
         self._attempt_delay = attempt_delay
+        self._marked: dict[int, DirectOutbound] = {}  # with_mark's twins, by mark
+
+    @property
+    def mark(self) -> int | None:
+        """The socket mark this outbound is configured with (its identity among its twins; the
+        kernel may still refuse it without CAP_NET_ADMIN)."""
+        return self._configured_mark
+
+    def with_mark(self, mark: int) -> DirectOutbound:
+        """This outbound dialling with socket mark ``mark`` instead of the bypass mark (a rule's
+        ``-> direct(mark: N)``): the same name, resolver and timeouts, one twin per mark."""
+        if mark == self._configured_mark:
+            return self
+        twin = self._marked.get(mark)
+        if twin is None:
+            twin = DirectOutbound(self._clock, self._connect_timeout, name=self.name, resolver=self._resolver,
+                                  connect=self._connect, mark=mark, attempt_delay=self._attempt_delay)
+            self._marked[mark] = twin
+        return twin
 
     @property
     def supports_udp(self) -> bool:

@@ -30,8 +30,9 @@ from typing import Protocol
 from honk.config.spec import MatchArg, Predicate, RuleSpec
 from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress, Network
-from honk.geo.assets import GEOIP_FILE, GEOSITE_FILE, GeoAssets
+from honk.geo.assets import GEOIP_FILE, GEOIP_MMDB_FILES, GEOSITE_FILE, GeoAssets
 from honk.geo.dat import GeoDataError
+from honk.netlink.owner import comm_name
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 DESTINATION_IP_PREDICATES = frozenset({"dip", "ipversion"})
 
 # Predicates about facts a mixed (SOCKS5/HTTP) port cannot observe.
-UNOBSERVABLE_PREDICATES = frozenset({"pname", "mac", "dscp"})
+UNOBSERVABLE_PREDICATES = frozenset({"mac", "dscp"})
+PROCESS_PREDICATES = frozenset({"pname"})  # need the flow's local process (FlowMeta.process)
 
 # `geoip: private`: private, loopback, link-local, CGNAT, documentation,
 # multicast and otherwise reserved ranges, for both families.
@@ -130,6 +132,7 @@ class FlowView:
     src_ip: IPAddress | None
     dport: int
     sport: int
+    process: str | None = None  # the local process's name (the host's own flows only)
 
     @classmethod
     def of(cls, meta: FlowMeta) -> FlowView:
@@ -145,6 +148,7 @@ class FlowView:
             src_ip=_host_ip(meta.source.host),
             dport=target.port,
             sport=meta.source.port,
+            process=meta.process,
         )
 
 
@@ -462,8 +466,32 @@ class IPVersionMatcher:
         return ip is not None and ip.version in self._versions
 
 
+class ProcessNameMatcher:
+    """``pname(name, ...)``: the host's own flow from a process of one of these names, compared
+    as the kernel keeps them (cut to ``COMM_MAX`` characters, case-sensitive, as dae does). A
+    flow without a local process (a LAN client, a proxy client elsewhere) never matches."""
+
+    kind = "pname"
+    needs_dst_ip = False
+    __slots__ = ("_names",)
+
+    def __init__(self, args: tuple[MatchArg, ...]) -> None:
+        names = set()
+        for arg in args:
+            if arg.key.strip():
+                raise RouteCompileError(f"pname(...): a process name takes no key, got {arg.key.strip()!r}")
+            name = arg.value.strip()
+            if not name:
+                raise RouteCompileError("pname(...): an empty process name")
+            names.add(comm_name(name))
+        self._names = frozenset(names)
+
+    def match(self, view: FlowView) -> bool:
+        return view.process is not None and view.process in self._names
+
+
 class UnobservableMatcher:
-    """``pname``/``mac``/``dscp``: a mixed port cannot observe these, so they never match.
+    """``mac``/``dscp``: honk's listeners cannot observe these, so they never match.
 
     A negated one therefore always holds.
     """
@@ -503,14 +531,16 @@ def compile_predicate(predicate: Predicate, geo: GeoAssets | None = None) -> Mat
         return L4ProtoMatcher(args)
     if name == "ipversion":
         return IPVersionMatcher(args)
+    if name in PROCESS_PREDICATES:
+        return ProcessNameMatcher(args)
     if name in UNOBSERVABLE_PREDICATES:
         return UnobservableMatcher(name)
     raise RouteCompileError(f"unknown traffic predicate {name!r}")
 
 
 def geodata_files(rules: Iterable[RuleSpec]) -> tuple[str, ...]:
-    """The geodata files ``rules`` read (``geosite.dat``, ``geoip.dat``, ``ext:`` files), once
-    each in first-use order; ``geoip: private`` reads none."""
+    """The geodata files ``rules`` read (``geosite.dat``, ``geoip.dat`` and the MaxMind DBs that
+    stand in for it, ``ext:`` files), once each in first-use order; ``geoip: private`` reads none."""
     names: dict[str, None] = {}
     for rule in rules:
         for predicate in rule.predicates:
@@ -520,6 +550,8 @@ def geodata_files(rules: Iterable[RuleSpec]) -> tuple[str, ...]:
                     names.setdefault(GEOSITE_FILE)
                 elif key == "geoip" and value.lower() != "private":
                     names.setdefault(GEOIP_FILE)
+                    for name in GEOIP_MMDB_FILES:  # one appearing or changing changes the answer too
+                        names.setdefault(name)
                 elif key == "ext":
                     names.setdefault(value.rpartition(":")[0] or value)
     return tuple(names)

@@ -37,7 +37,13 @@ from honk.config.expr import MUST_RULES
 from honk.config.spec import RoutingSpec, RuleSpec
 from honk.core.net import FlowMeta
 from honk.geo.assets import GeoAssets
-from honk.route.matchers import DESTINATION_IP_PREDICATES, FlowView, compile_predicate, describe_predicate
+from honk.route.matchers import (
+    DESTINATION_IP_PREDICATES,
+    PROCESS_PREDICATES,
+    FlowView,
+    compile_predicate,
+    describe_predicate,
+)
 
 FALLBACK_RULE_TEXT = "fallback"
 EMPTY_RULE_TEXT = "any"  # a rule without predicates matches every flow
@@ -57,6 +63,7 @@ class RouteDecision:
     rule: str
     must: bool
     rule_index: int | None
+    mark: int | None = None  # dae's ``-> direct(mark: 0x800)``: the direct dial's socket mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +98,15 @@ def describe_rule(rule: RuleSpec) -> str:
 class Router:
     """An immutable compiled rule list. Build with :meth:`compile`."""
 
-    __slots__ = ("_rules", "_fallback", "_must_rules")
+    __slots__ = ("_rules", "_fallback", "_must_rules", "reads_process")
 
-    def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision) -> None:
+    def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision,
+                 reads_process: bool = False) -> None:
         self._rules = rules
         self._fallback = fallback
         self._must_rules = tuple(r for r in rules if r.continues)
+        # a rule names a process: the host's own flows look their process up before routing
+        self.reads_process = reads_process
 
     @classmethod
     def compile(cls, routing: RoutingSpec, geo: GeoAssets | None = None) -> Router:
@@ -111,14 +121,16 @@ class Router:
                 target = ip_checks if predicate.name in DESTINATION_IP_PREDICATES else checks
                 target.append((matcher.match, predicate.negated))
             decision = RouteDecision(
-                outbound=rule.outbound, rule=describe_rule(rule), must=rule.must, rule_index=index
+                outbound=rule.outbound, rule=describe_rule(rule), must=rule.must, rule_index=index, mark=rule.mark
             )
             continues = rule.outbound == MUST_RULES
             compiled.append(CompiledRule(index, tuple(checks), tuple(ip_checks), decision, continues))
         fallback = RouteDecision(
-            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=routing.fallback_must, rule_index=None
+            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=routing.fallback_must, rule_index=None,
+            mark=routing.fallback_mark,
         )
-        return cls(tuple(compiled), fallback)
+        reads_process = any(p.name in PROCESS_PREDICATES for rule in routing.rules for p in rule.predicates)
+        return cls(tuple(compiled), fallback, reads_process)
 
     @property
     def rules(self) -> tuple[CompiledRule, ...]:

@@ -31,12 +31,22 @@ SITES: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {
     "PRIVATE": [(dat.DOMAIN, "lan", ()), (dat.DOMAIN, "local", ())],
     "CATEGORY-RU": [(dat.DOMAIN, "example.ru", ())],
     "NETFLIX": [(dat.DOMAIN, "films.example", ())],
+    "APPLE-CN": [(dat.DOMAIN, "apple.example.cn", ())],
+    "GEOLOCATION-CN": [(dat.DOMAIN, "example.cn", ())],
+    "CATEGORY-GAMES": [(dat.DOMAIN, "games.example", ()), (dat.DOMAIN, "games.example.cn", ("cn",))],
+    "STEAM": [(dat.DOMAIN, "steam.example", ()), (dat.DOMAIN, "steam.example.cn", ("cn",))],
+    "MICROSOFT": [(dat.DOMAIN, "ms.example", ()), (dat.DOMAIN, "ms.example.cn", ("cn",))],
+    "ONEDRIVE": [(dat.DOMAIN, "drive.example", ())],
+    "OPENAI": [(dat.DOMAIN, "chat-ai.example", ())],
+    "BILIBILI": [(dat.DOMAIN, "video.example.cn", ())],
 }
 IPS: dict[str, tuple[list[str], bool]] = {
     "CN": (["198.51.100.0/24", "2001:db8:cc::/48"], False),
     "PRIVATE": (["10.0.0.0/8"], False),  # a file's own "private" never replaces the built-in set
     "NOT-CN": (["198.51.100.0/24"], True),  # reverse_match: everything outside
     "TELEGRAM": (["203.0.113.0/26"], False),
+    "JP": (["203.0.113.64/26"], False),
+    "LAN": (["192.168.0.0/16"], False),
 }
 
 

@@ -71,3 +71,28 @@ def test_a_refused_install_names_the_part_and_leaves_nothing_behind(netns):
     with pytest.raises(InterceptionError, match="nftables"):
         bad.install()
     assert kernel_state(netns) == before
+
+
+def test_auto_is_the_interface_of_the_lowest_metric_default_route(netns):
+    ip = ["ip", "-n", netns]
+    subprocess.run([*ip, "link", "add", "hkw0", "type", "veth", "peer", "name", "hkw0p"], check=True)
+    subprocess.run([*ip, "link", "add", "hkw1", "type", "veth", "peer", "name", "hkw1p"], check=True)
+    spec = KernelInterception((), 7893, wan_interfaces=("auto",), netns=netns)
+    assert spec.wans() == ()  # no default route yet: pending, nothing intercepted
+    spec.install()  # no error: the daemon starts, with a warning
+    assert "table inet honk" not in kernel_state(netns)
+    spec.remove()
+    lan_auto = KernelInterception(("auto",), 7893, netns=netns)
+    for dev, metric in (("hkw0", "200"), ("hkw1", "50")):
+        for end in (dev, f"{dev}p"):
+            subprocess.run([*ip, "link", "set", end, "up"], check=True)
+        subprocess.run([*ip, "route", "add", "default", "dev", dev, "metric", metric], check=True)
+    assert spec.wans() == ("hkw1",) and lan_auto.lans() == ("hkw1",)
+    assert KernelInterception((), 7893, wan_interfaces=("hkw1", "auto"), netns=netns).wans() == ("hkw1",)
+    before = kernel_state(netns)
+    spec.install()
+    try:
+        assert 'oifname != "hkw1" return' in kernel_state(netns)
+    finally:
+        spec.remove()
+    assert kernel_state(netns) == before

@@ -70,3 +70,23 @@ def test_installing_replaces_a_stale_table_and_removing_restores_the_ruleset(net
 def test_a_refused_ruleset_raises_with_nfts_own_words(netns):
     with pytest.raises(NftError, match="Error"):
         run_nft("table inet honk { chain c { type filter hook nowhere priority 0; } }", netns=netns)
+
+
+def test_with_wan_interfaces_the_output_chain_marks_the_hosts_own_flows_for_the_divert_chain():
+    text = ruleset(Interception((), 7893, wan_interfaces=("wan0", "ppp0")))
+    lines = [line.strip() for line in text.splitlines()]
+    output = lines[lines.index("chain output {"):]
+    assert output[1] == "type route hook output priority mangle; policy accept;"  # a changed mark re-routes
+    assert output[2] == "meta mark != 0 return"  # honk's own sockets first, whatever their mark
+    assert output[3] == 'oifname != { "wan0", "ppp0" } return'
+    assert output.index("meta l4proto { tcp, udp } meta mark set 0x08000000") > output.index(
+        "ip6 daddr @bypass6 return")
+    prerouting = lines[lines.index("chain prerouting {"):lines.index("chain output {")]
+    # back from lo only what the output chain marked; without LAN interfaces nothing else
+    assert prerouting[3:5] == ["iifname lo meta mark & 0x08000000 == 0x08000000 jump divert", "return"]
+
+
+def test_the_kernel_accepts_lan_and_wan_rulesets_in_check_mode(netns):
+    for spec in (Interception((), 7893, wan_interfaces=("wan0",)),
+                 Interception(("hkc1",), 7893, wan_interfaces=("wan0",))):
+        run_nft(install_script(spec), check=True, netns=netns)

@@ -321,7 +321,8 @@ def test_a_lan_interface_makes_the_tproxy_listener_with_its_interception() -> No
     assert tproxy is not None and tproxy.kind == "tproxy"
     assert tproxy.bind == BindSpec("tproxy", "::", 7893)
     assert dict(tproxy.interception) == {"lan_interface": ("br-lan", "wlan0"), "tproxy_port": 7893,
-                                         "mark": 0x08000000, "auto_config_kernel_parameter": True}
+                                         "mark": 0x08000000, "auto_config_kernel_parameter": True,
+                                         "wan_interface": ()}
     assert dict(tproxy.settings) == {"dial_mode": "domain++", "sniffing_timeout": 0.030}
     plannable(desired)
 
@@ -362,6 +363,17 @@ def test_transparent_configuration_mistakes_are_located_errors(text: str, messag
         load_text(text, "toml")
 
 
-def test_wan_interface_is_accepted_with_a_warning_that_it_is_not_acted_on() -> None:
-    spec = load_text('[global]\nwan_interface = "eth0"\n', "toml")
-    assert any(d.code == "not-yet-supported" and "wan_interface" in d.message for d in spec.diagnostics)
+def test_wan_interface_alone_makes_the_transparent_listener_intercept_the_hosts_own_traffic() -> None:
+    spec = load_text('[global]\nwan_interface = "eth0, auto"\ntproxy_port = 7893\n', "toml")
+    assert [d for d in spec.diagnostics if "wan_interface" in d.key_path] == []
+    tproxy = lower(spec).inbound("tproxy")
+    assert tproxy is not None and tproxy.kind == "tproxy"
+    settings = dict(tproxy.interception)
+    assert settings["wan_interface"] == ("eth0", "auto") and settings["lan_interface"] == ()
+
+
+def test_a_wan_interface_change_is_a_disruption() -> None:
+    running = lowered(ROUTER)
+    changed = plan(RunningState(running, plan(EMPTY, running).versions),
+                   lowered(ROUTER.replace("[global]\n", '[global]\nwan_interface = "eth0"\n', 1)))
+    assert [tag for tag, _ in changed.disruptions()] == ["tproxy"]

@@ -131,6 +131,18 @@ def test_global_lists_direct_block_nodes_then_groups_in_config_order(world):
     assert views.global_proxy(world.ctx())["now"] == "Auto"
 
 
+def test_a_group_sharing_a_nodes_name_is_listed_once_as_the_group():
+    shared = World(CONFIG.replace("    Smart {{", "    us {{").replace("    Smart {", "    us {")
+                   .replace("group(Auto, Fall back, LB, Smart)", "group(Auto, Fall back, LB, us)"))
+    text = views.proxies_json(shared.ctx())
+    pairs = json.loads(text, object_pairs_hook=lambda items: items)  # every key, duplicates kept
+    names = [key for key, _ in dict(pairs)["proxies"]]
+    assert names.count("us") == 1
+    proxies = json.loads(text)["proxies"]
+    assert proxies["us"]["type"] == "URLTest" and proxies["us"]["all"] == ["us"]  # the group, its node inside
+    assert proxies["GLOBAL"]["all"].count("us") == 1
+
+
 def test_proxy_objects_carry_mihomos_keys_sorted(world):
     listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     for obj in listed.values():

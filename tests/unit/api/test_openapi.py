@@ -36,7 +36,7 @@ def refs(node: object) -> list[str]:
 def test_every_registered_route_is_described_and_nothing_else():
     doc = document()
     assert registered() == described(doc)
-    assert len(registered()) == 20  # 16, the three user edits, and the Score statistics
+    assert len(registered()) == 21  # 16, the three user edits, the Score statistics, and geodata update
 
 
 def test_the_document_is_openapi_3_1_and_serializes_to_json():

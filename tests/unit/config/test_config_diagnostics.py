@@ -223,12 +223,12 @@ CASES = [
         4,
     ),
     (
-        "group-name-collides-with-node",
+        "group-name-collides-with-a-builtin",
         "dae",
-        NODE + "group {\n    edge {\n    }\n}\n",
+        NODE + "group {\n    direct {\n    }\n}\n",
         E,
         "name-collision",
-        "group.edge",
+        "group.direct",
         5,
     ),
     (

@@ -209,12 +209,27 @@ def test_a_per_rule_mark_is_read_into_the_rule_in_any_base(outbound, name, must,
     assert (rule.outbound, rule.must, rule.mark) == (name, must, mark)
 
 
-def test_a_per_rule_mark_is_a_located_error_saying_it_is_not_supported_yet():
+def test_a_per_rule_mark_on_direct_is_accepted_into_the_routing():
+    outcome = run("routing {\n    dport(1) -> direct(mark: 0x800)\n    dport(2) -> must_direct(mark: 2048)\n}\n")
+    assert [(r.outbound, r.must, r.mark) for r in outcome.spec.routing.rules] == [
+        ("direct", False, 0x800), ("direct", True, 0x800)]
+
+
+def test_the_fallback_takes_must_and_a_mark_as_a_rule_does():
+    outcome = run("routing {\n    dport(1) -> block\n    fallback: direct(mark: 0x100, must)\n}\n")
+    routing = outcome.spec.routing
+    assert (routing.fallback, routing.fallback_must, routing.fallback_mark) == ("direct", True, 0x100)
+    outcome = run(NODE + "routing {\n    dport(1) -> block\n    fallback: n1(mark: 512)\n}\n")
+    [error] = outcome.find("unsupported-mark")
+    assert (error.key_path, error.loc.line) == ("routing.fallback", 6)
+
+
+def test_a_per_rule_mark_on_another_outbound_is_a_located_error():
     outcome = run(NODE + "routing {\n    dport(1) -> direct\n    dport(2) -> n1(mark: 0x800)\n}\n")
     assert outcome.spec is None
     [error] = outcome.find("unsupported-mark")
     assert (error.key_path, error.loc.line, error.severity) == ("routing.rules[1]", 6, Severity.ERROR)
-    assert "mark" in error.message and "not supported yet" in error.message
+    assert "direct only" in error.message and "'n1'" in error.message
 
 
 def test_a_mark_that_is_not_a_32_bit_number_is_an_invalid_value():
@@ -227,7 +242,7 @@ def test_the_same_dae_outbounds_read_alike_from_toml():
     outcome = run('[routing]\nrules = ["dport(1) -> must_direct", "dport(2) -> must_rules"]\n', "toml")
     assert [(r.outbound, r.must) for r in outcome.spec.routing.rules] == [("direct", True), (MUST_RULES, False)]
     outcome = run('[routing]\nrules = ["dport(3) -> direct(mark: 0x10)"]\n', "toml")
-    assert [d.code for d in outcome.diagnostics if d.severity is Severity.ERROR] == ["unsupported-mark"]
+    assert [r.mark for r in outcome.spec.routing.rules] == [0x10]
 
 
 # --- the router and must_rules --------------------------------------------------------------
@@ -333,7 +348,7 @@ def test_a_must_prefixed_fallback_names_its_outbound_and_makes_the_fallback_must
     assert (decision.outbound, decision.must) == ("direct", True)
 
 
-@pytest.mark.parametrize("line", ["allow_insecure: true", "tls_implementation: utls", "utls_imitate: chrome_auto",
+@pytest.mark.parametrize("line", ["allow_insecure: true", "tls_implementation: utls",
                                   "tls_fragment: true", "mptcp: true", "fallback_resolver: '8.8.8.8:53'",
                                   "disable_thp: true", "bpf_conn_state_map_size: 65536"])
 def test_a_dae_key_honk_does_not_honour_is_a_counted_warning_saying_what_honk_does(line):

@@ -154,6 +154,15 @@ def test_two_selectors_choosing_one_node_pin_it_once_and_a_sub_group_pins_its_pi
     assert [leaf.name for leaf in pin_targets(plane).values()] == ["c"]
 
 
+def test_a_selector_choosing_a_node_pins_that_node_even_when_a_group_shares_its_name(server):
+    clock = FakeClock()
+    nodes = [_socks(n, server) for n in ("a", "b")]
+    # upstream honk's own config: node `a` and a group `a` (here picking b); `one` picks the node
+    groups = [_selector("one", ("a",), default="a"), _selector("a", ("b",))]
+    plane = _plane(nodes, groups, clock)
+    assert [leaf.name for leaf in pin_targets(plane).values()] == ["a", "b"]
+
+
 def test_an_unhealthy_explicit_choice_is_still_pinned(server):
     clock = FakeClock()
     alive = AliveDialerSet(clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 import pytest
@@ -9,11 +10,12 @@ from helpers.geodata import geoip_bytes, geosite_bytes, write_geodata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from honk.config.spec import MatchArg, Predicate
+from honk.config.spec import MatchArg, Predicate, RoutingSpec, RuleSpec
 from honk.core.net import Address, FlowMeta, Network
 from honk.geo import dat
 from honk.geo.assets import GeoAssets
 from honk.route.matchers import FlowView, RouteCompileError, compile_predicate, describe_predicate
+from honk.route.router import Router
 
 KEYS = ("suffix", "full", "keyword", "regex", "geosite", "geoip")
 
@@ -313,11 +315,42 @@ def test_ipversion_of_an_ipv4_mapped_target_is_4() -> None:
     assert holds(pred("ipversion", "4"), flow("::ffff:1.2.3.4"))
 
 
-# --- not observable on a mixed port ---------------------------------------------------
+# --- the host's own process ------------------------------------------------------------
+
+
+def own_flow(process: str | None) -> FlowView:
+    return dataclasses.replace(flow(), process=process)
+
+
+def test_pname_matches_the_local_process_of_the_hosts_own_flow() -> None:
+    rule = pred("pname", "NetworkManager", "curl")
+    assert holds(rule, own_flow("curl"))
+    assert not holds(rule, own_flow("wget"))
+    assert not holds(rule, own_flow("Curl"))  # the kernel's name, compared exactly
+
+
+def test_pname_compares_names_as_the_kernel_cuts_them() -> None:
+    # the kernel keeps 15 characters: systemd-resolved runs as "systemd-resolve"
+    assert holds(pred("pname", "systemd-resolved"), own_flow("systemd-resolve"))
+
+
+def test_a_flow_without_a_local_process_never_matches_pname_so_its_negation_holds() -> None:
+    assert not holds(pred("pname", "curl"), own_flow(None))
+    assert holds(pred("pname", "curl", negated=True), own_flow(None))
+
+
+def test_a_router_reads_processes_only_when_a_rule_names_one() -> None:
+    def router(*predicates: Predicate) -> Router:
+        return Router.compile(RoutingSpec((RuleSpec(predicates, "direct", False),), "proxy"))
+    assert router(pred("dport", "53"), pred("pname", "curl", negated=True)).reads_process
+    assert not router(pred("dport", "443")).reads_process
+
+
+# --- not observable ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("pname", "NetworkManager"), ("mac", "aa:bb:cc:dd:ee:ff"), ("dscp", "46")]
+    ("name", "value"), [("mac", "aa:bb:cc:dd:ee:ff"), ("dscp", "46")]
 )
 def test_unobservable_predicates_never_match_so_their_negation_holds(name: str, value: str) -> None:
     assert not holds(Predicate(name, (MatchArg("", value),)), flow())
