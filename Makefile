@@ -51,7 +51,7 @@ build-deps:
 PEER_PACKAGES := curl:curl danted:dante-server ss-server:shadowsocks-libev microsocks:microsocks \
                  tinyproxy:tinyproxy haproxy:haproxy v2ray:v2ray chromium:chromium nft:nftables \
                  sysctl:procps tc:iproute2 mmdebstrap:mmdebstrap \
-                 systemd-nspawn:systemd-container
+                 systemd-nspawn:systemd-container dnsdist:dnsdist
 peers:
 	@missing=""; for pair in $(PEER_PACKAGES); do \
 	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \

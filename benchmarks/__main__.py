@@ -33,6 +33,11 @@
 * geodata: a full-size geosite.dat loaded and compiled (time, resident memory) and the
   router's domain matcher over its largest list (lookups/s) (``benchmarks/geodata.py``;
   ``--no-geodata`` skips it);
+* dns:   cached DNS answers per second, through the service's entry without sockets and through
+  the UDP listener on loopback (``benchmarks/dnscache.py``; ``--no-dns`` skips it);
+* dns upstream: a cache miss's latency per upstream transport (udp, tcp, DoT, DoH, DoQ, DoH3)
+  against loopback resolvers, and what each adds to a bare UDP query
+  (``benchmarks/dnsupstream.py``; ``--no-dns-upstream`` skips it);
 * flowcost: the loop thread's CPU per Shadowsocks flow on the SOCKS fast path, request to
   end, over a recording engine (``benchmarks/flowcost.py``): absolute figures with no
   baseline, so not part of the default run; ``python -m benchmarks.flowcost [--profile]``;
@@ -58,7 +63,21 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import api, geodata, groups, health, kernels, relay, reload, score, selection, tproxy, warm
+from benchmarks import (
+    api,
+    dnscache,
+    dnsupstream,
+    geodata,
+    groups,
+    health,
+    kernels,
+    relay,
+    reload,
+    score,
+    selection,
+    tproxy,
+    warm,
+)
 
 
 def _terminate(signum: int, _frame: object) -> None:
@@ -85,6 +104,9 @@ def main() -> None:
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up first-byte benchmark")
     parser.add_argument("--no-geodata", action="store_true", help="skip the geodata load and lookup benchmark")
+    parser.add_argument("--no-dns", action="store_true", help="skip the cached DNS answers benchmark")
+    parser.add_argument("--no-dns-upstream", action="store_true",
+                        help="skip the cache-miss latency per DNS upstream transport")
     parser.add_argument("--selection", action="store_true",
                         help="add the selection scenario table (issue 32; ~28 min, ~11 with --quick)")
     args = parser.parse_args()
@@ -111,6 +133,9 @@ def main() -> None:
     tproxy_rows: list[tuple[str, str, str, str]] = [] if args.no_tproxy else tproxy.run(quick=args.quick)
     warm_rows: list[tuple[str, ...]] = [] if args.no_warm else warm.run(quick=args.quick)
     geodata_rows: list[tuple[str, str, str, str]] = [] if args.no_geodata else geodata.run(quick=args.quick)
+    dns_rows: list[tuple[str, str, str, str]] = [] if args.no_dns else dnscache.run(quick=args.quick)
+    upstream_rows: list[tuple[str, str, str, str]] = (
+        [] if args.no_dns_upstream else dnsupstream.run(quick=args.quick))
     selection_results, selection_table = selection.run(quick=args.quick) if args.selection else ({}, "")
     print("relay benchmarks:", file=sys.stderr, flush=True)
     report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
@@ -145,6 +170,12 @@ def main() -> None:
         print()
     if geodata_rows:
         print(relay.format_table(["geodata", "honk", "target", "status"], [list(r) for r in geodata_rows]))
+        print()
+    if dns_rows:
+        print(relay.format_table(["dns cache", "honk", "target", "status"], [list(r) for r in dns_rows]))
+        print()
+    if upstream_rows:
+        print(relay.format_table(["dns upstream", "honk", "target", "status"], [list(r) for r in upstream_rows]))
         print()
     if selection_table:
         print(selection_table)
@@ -182,6 +213,7 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
         "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows, "geodata": geodata_rows,
+        "dns": dns_rows, "dns_upstream": upstream_rows,
         "selection": selection_results,
         **report.as_json(),
     }, indent=2))

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from honk.alive.group_checks import GroupCheck, GroupChecks
 from honk.alive.health import AliveDialerSet
@@ -106,6 +106,8 @@ class HealthService:
         self.alive.on_probe_rtt = self._probe_rtt
         self._score_groups: dict[uuid.UUID, tuple[str, ...]] = {}  # node → the Score groups it serves in
         self.stats: RuntimeStats | None = None  # probe durations go here once set
+        # told after the probes of each network change (the daemon's `auto` interfaces follow it)
+        self.network_listeners: list[Callable[[str], None]] = []
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -156,12 +158,18 @@ class HealthService:
         self.runner.start()
         self._writer = asyncio.get_running_loop().create_task(self._write_delays(), name="honk-delay-writer")
         if self._watch_network:
-            watcher = NetworkWatcher(self.runner.network_changed, self.clock)
+            watcher = NetworkWatcher(self._network_changed, self.clock)
             try:
                 await watcher.start()
                 self.watcher = watcher
             except HonkError as exc:
                 log.warning("network changes are not watched: %s", exc)
+
+    def _network_changed(self, reason: str) -> None:
+        if self.runner is not None:
+            self.runner.network_changed(reason)
+        for listener in self.network_listeners:
+            listener(reason)
 
     async def apply(self, plane: Plane) -> None:
         """A new plane was published: probe its nodes from now on. Probes started before it are

@@ -15,6 +15,13 @@ name twice still reaches it). ``DIRECT`` and ``REJECT`` are honk's ``direct`` an
 ``PATCH /configs`` applies ``mode`` and ``log-level``; like mihomo it ignores
 keys it does not apply (logged at debug). ``PUT /configs`` reloads honk's own
 configuration file and nothing else: it never writes a file.
+
+``GET /dns/query`` asks honk's own DNS service, the way a LAN client's query
+goes (request rules, cache, upstream; it is counted and cached like one), and
+answers in mihomo's JSON (hub/route/dns.go: miekg's message fields); ``POST
+/cache/dns/flush`` empties the answer cache. Without a dns section the query
+is mihomo's 500 "DNS section is disabled" and the flush is a 204 that drops
+nothing, as mihomo's is.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -54,6 +61,9 @@ from honk.daemon.logs import LEVELS
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.outbound.base import Outbound
 
+if TYPE_CHECKING:
+    import dns.message
+
 log = logging.getLogger("honk.api.clash")
 
 DELAY_FAILED = "An error occurred in the delay test"  # mihomo's 503 message
@@ -63,6 +73,10 @@ OWN_FILE_ONLY = "honk reloads only its own configuration file"
 # /logs levels: the Clash spellings (trace shows debug, as mihomo has no trace) and honk's "warn"
 LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warning": "warning", "warn": "warning",
               "error": "error", "silent": "silent"}
+DNS_DISABLED = "DNS section is disabled"  # mihomo's 500 message for /dns/query without a dns section
+INVALID_QTYPE = "invalid query type"  # mihomo's 400 message for a type it does not know
+INVALID_QNAME = "invalid query name"
+DEFAULT_QTYPE = "A"  # /dns/query without ?type=
 
 
 
@@ -90,6 +104,68 @@ def path_names(request: web.Request, key: str = "name") -> tuple[str, ...]:
     raw = request.match_info[key]
     again = unquote(raw)
     return (raw,) if again == raw else (raw, again)
+
+
+# --- /dns/query -------------------------------------------------------------------------------
+
+
+def dns_question(name: str, qtype: str) -> dns.message.Message:
+    """The recursive query ``/dns/query?name=&type=`` asks (an empty name is the root, as in
+    mihomo), with the EDNS payload a LAN client's resolver typically offers; 400 for a type
+    that is no record type (mihomo's message) or a name that is no DNS name. Types are read
+    case-insensitively, where mihomo wants them upper case."""
+    import dns.exception
+    import dns.message
+    import dns.name
+    import dns.rdatatype
+
+    from honk.dns.wire import UDP_MAX_PAYLOAD
+
+    try:
+        rdtype = dns.rdatatype.from_text(qtype)
+    except (dns.rdatatype.UnknownRdatatype, ValueError):
+        raise bad_request(INVALID_QTYPE) from None
+    if dns.rdatatype.is_metatype(rdtype):  # OPT, AXFR, ANY...: not a question a resolver forwards
+        raise bad_request(INVALID_QTYPE)
+    try:
+        qname = dns.name.from_text(name or ".")
+    except dns.exception.DNSException:
+        raise bad_request(INVALID_QNAME) from None
+    return dns.message.make_query(qname, rdtype, use_edns=0, payload=UDP_MAX_PAYLOAD)
+
+
+def dns_record_json(name: Any, rdtype: int, ttl: int, rdata: Any) -> dict[str, Any]:
+    """One record as mihomo renders it: owner with its final dot, numeric type, TTL, and the
+    record's data in presentation format (what follows the header in the zone-file line)."""
+    return {"name": name.to_text(), "type": int(rdtype), "TTL": ttl, "data": rdata.to_text()}
+
+
+def dns_section_json(section: list[Any]) -> list[dict[str, Any]]:
+    return [dns_record_json(rrset.name, rrset.rdtype, rrset.ttl, rdata) for rrset in section for rdata in rrset]
+
+
+def dns_query_json(message: dns.message.Message) -> dict[str, Any]:
+    """``message`` in mihomo's ``/dns/query`` shape: the header bits, the question as miekg's
+    struct (``Name``, ``Qtype``, ``Qclass``), and Answer, Authority, Additional only when not
+    empty. Keys sorted, as Go encodes a map."""
+    import dns.flags
+
+    flags = message.flags
+    body: dict[str, Any] = {
+        "Status": message.rcode(),
+        "Question": [{"Name": rrset.name.to_text(), "Qtype": int(rrset.rdtype), "Qclass": int(rrset.rdclass)}
+                     for rrset in message.question],
+        "TC": bool(flags & dns.flags.TC),
+        "RD": bool(flags & dns.flags.RD),
+        "RA": bool(flags & dns.flags.RA),
+        "AD": bool(flags & dns.flags.AD),
+        "CD": bool(flags & dns.flags.CD),
+    }
+    for key, section in (("Answer", message.answer), ("Authority", message.authority),
+                         ("Additional", message.additional)):
+        if section:
+            body[key] = dns_section_json(section)
+    return dict(sorted(body.items()))
 
 
 def clash_log_level(levelno: int) -> str:
@@ -433,6 +509,34 @@ def routes(control: Control) -> list[web.RouteDef]:
             raise refused(exc) from None
         return no_content()
 
+    # --- DNS -------------------------------------------------------------------------------------
+
+    async def dns_query(request: web.Request) -> web.StreamResponse:
+        service = control.dns_service
+        if service is None:
+            raise ApiError(500, "dns_disabled", DNS_DISABLED)
+        import dns.flags
+        import dns.message
+
+        question = dns_question(request.query.get("name", ""), request.query.get("type") or DEFAULT_QTYPE).to_wire()
+        # as a client of the standalone listener: over UDP, again over TCP when the answer came
+        # truncated; no intercepted destination, so an asis rule fails there as it does here
+        answer = await service.handle(question, None, None)
+        message = dns.message.from_wire(answer) if answer is not None else None
+        if message is not None and message.flags & dns.flags.TC:
+            answer = await service.handle(question, None, None, tcp=True)
+            message = dns.message.from_wire(answer) if answer is not None else None
+        if message is None:
+            raise ApiError(500, "internal", "the DNS service dropped the query")
+        return reply(dns_query_json(message))
+
+    async def flush_dns_cache(request: web.Request) -> web.StreamResponse:
+        service = control.dns_service
+        if service is not None:
+            dropped = service.cache.flush()
+            log.info("dns cache flushed through the API (%d entries)", dropped)
+        return no_content()
+
     # --- streams ---------------------------------------------------------------------------------
 
     async def traffic(request: web.Request) -> web.StreamResponse:
@@ -478,6 +582,8 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.get("/traffic", traffic, allow_head=False),
         web.get("/memory", memory, allow_head=False),
         web.get("/logs", logs, allow_head=False),
+        web.get("/dns/query", dns_query, allow_head=False),
+        web.post("/cache/dns/flush", flush_dns_cache),
     ]
 
 

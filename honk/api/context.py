@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from honk.core.clock import Clock
     from honk.core.stats import RuntimeStats
     from honk.daemon.logs import LogBroker
+    from honk.dns.service import DnsService
     from honk.inbound.mixed import MixedInbound
     from honk.subscription.manager import SubscriptionManager
 
@@ -49,6 +50,11 @@ class Control(Protocol):
     @property
     def plane(self) -> Plane | None:
         """The published plane: groups, outbounds and the spec that runs."""
+
+    @property
+    def dns_service(self) -> DnsService | None:
+        """The running DNS service (None: no dns section): ``/dns/query``, ``/cache/dns/flush``,
+        the DNS metrics. Read it per request: a reload may replace it."""
 
     @property
     def generation(self) -> int:

@@ -4,13 +4,16 @@ One :class:`HonkCollector` per API server, in the server's own
 ``CollectorRegistry`` (never the process-global one, so two daemons in one
 process, as tests run them, do not mix). Nothing is sampled in the background:
 each scrape reads the tracker, the health state, the admission gates, the
-runtime counters (:class:`~honk.core.stats.RuntimeStats`) and ``/proc/self``.
+runtime counters (:class:`~honk.core.stats.RuntimeStats`), the DNS service's
+cache and counters, and ``/proc/self``.
 
 Label sets are bounded by the configuration, never by traffic: inbound,
 group and outbound tags, node names (``honk_node_alive`` has at most six
 series a node, one per health domain and family that has a known state), and
 small fixed sets (networks, results, error and probe kinds, apply error
-variants, drain policies, Score reasons and cache layers). Score series are
+variants, drain policies, Score reasons and cache layers, DNS query results).
+DNS series are labelled by the request rule's action (an upstream's name,
+``asis`` or ``reject``), never by the name asked. Score series are
 labelled by group and network only, read from ``ScoreState.stats()``
 (GH-K-130). No target, client address, credential, URL, Score cell or
 scorer-private node identity appears in a label or a value.
@@ -82,6 +85,7 @@ class HonkCollector:
                        "left service, by drain policy.", stats.drained_flows, DRAIN_CLOSING_POLICIES,
                        label="policy")
         yield from _score(plane)
+        yield from _dns(getattr(control, "dns_service", None))
         yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
                        stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
         yield _results("honk_loop_errors", "Errors the event loop reported that no task retrieved "
@@ -312,6 +316,42 @@ def _score(plane: Any) -> Iterator[Metric]:
             capacity.add_metric([layer], cache[f"{layer}Capacity"])
             evictions.add_metric([layer], cache[f"{layer}Evictions"])
     yield from (reasons, candidates, switches, flaps, allowance, spent, entries, capacity, evictions)
+
+
+def _dns(service: Any) -> Iterator[Metric]:
+    """The DNS service's queries, cache and upstream round trips; nothing without a dns section.
+    Every configured upstream shows at zero (each result, an empty histogram) before its first
+    query."""
+    if service is None:
+        return
+    from honk.dns.cache import DNS_QUERY_RESULTS, LatencyHistogram
+
+    stats, cache = service.stats, service.cache
+    upstreams = [upstream.name for upstream in service.spec.upstreams]
+    queries = CounterMetricFamily("honk_dns_queries", "DNS queries answered, by the request rule's action "
+                                  "(an upstream's name, asis or reject) and result (cached, answered, negative, "
+                                  "error, failed, rejected).", labels=["upstream", "result"])
+    counts = dict.fromkeys([(name, result) for name in upstreams for result in DNS_QUERY_RESULTS], 0)
+    counts.update(stats.queries)
+    for labels, n in counts.items():
+        queries.add_metric(list(labels), n)
+    yield queries
+    yield CounterMetricFamily("honk_dns_cache_hits", "DNS cache lookups that found a live answer.",
+                              value=cache.hits)
+    yield CounterMetricFamily("honk_dns_cache_misses", "DNS cache lookups that found no live answer.",
+                              value=cache.misses)
+    yield CounterMetricFamily("honk_dns_cache_evictions", "Live DNS answers evicted to keep the cache "
+                              "within its entry or byte bound.", value=cache.evictions)
+    yield GaugeMetricFamily("honk_dns_cache_entries", "DNS answers cached now.", value=len(cache))
+    yield GaugeMetricFamily("honk_dns_cache_bytes", "Estimated memory the cached DNS answers hold.",
+                            value=cache.bytes)
+    latency = HistogramMetricFamily("honk_dns_upstream_latency_seconds", "Round trips of DNS exchanges "
+                                    "that an upstream answered, by upstream.", labels=["upstream"])
+    histograms = {name: LatencyHistogram() for name in upstreams}
+    histograms.update(stats.latency)
+    for name, histogram in histograms.items():
+        latency.add_metric([name], histogram.cumulative(), histogram.total)
+    yield latency
 
 
 def _process(stats: Any) -> Iterator[Metric]:

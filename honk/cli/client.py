@@ -1,4 +1,5 @@
-"""A small synchronous client for honk's native API (``/v1/...``).
+"""A small synchronous client for honk's native API (``/v1/...``), and the two Clash API
+routes ``honkctl dns`` uses (``/dns/query``, ``/cache/dns/flush``), which have no native twin.
 
 Standard library only (``http.client``): ``honkctl`` starts in a few tens of
 milliseconds and never imports aiohttp. One connection per request; the API is
@@ -164,7 +165,7 @@ class ApiClient:
         if isinstance(err, dict):
             code = str(err.get("code") or code)
             message = str(err.get("message") or message)
-        elif isinstance(data, dict) and "message" in data:  # a Clash-shaped body from an older honk
+        elif isinstance(data, dict) and "message" in data:  # a Clash route's body, or an older honk
             message = str(data["message"])
         elif text.strip():
             message = text.strip()[:ERROR_SNIPPET]

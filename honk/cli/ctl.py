@@ -1,4 +1,5 @@
-"""``honkctl``: inspect and steer a running honk daemon through its native API (``/v1``).
+"""``honkctl``: inspect and steer a running honk daemon through its native API (``/v1``);
+``dns`` uses the Clash API's ``/dns/query`` and ``/cache/dns/flush``, which have no native twin.
 
 The address and secret come from ``--api``/``--secret``, the environment
 (``HONK_API``, ``HONK_API_SECRET``), or the ``experimental.clash_api`` block of a
@@ -51,6 +52,12 @@ GEODATA_NAMES = ("geosite", "geoip")  # what the API's geodata update takes
 GEODATA_FILE_BUDGET = 600.0 + 10.0
 GEODATA_UPDATE_TIMEOUT = len(GEODATA_NAMES) * GEODATA_FILE_BUDGET + RELOAD_TIMEOUT  # then the reload
 GEODATA_FAILED_STATUS = 422  # the API's answer when a file was not updated (its body is the report)
+# `dns query`'s names for the numbers mihomo's JSON carries (RFC 1035, 3596, 2782, 9460, 8659, 6895);
+# not dnspython's tables: honkctl starts without it
+DNS_TYPE_NAMES = {1: "A", 2: "NS", 5: "CNAME", 6: "SOA", 12: "PTR", 15: "MX", 16: "TXT", 28: "AAAA",
+                  33: "SRV", 64: "SVCB", 65: "HTTPS", 257: "CAA"}
+DNS_RCODE_NAMES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
+DNS_SECTIONS = ("Answer", "Authority", "Additional")
 
 # Exit codes (documented in `honkctl --help`).
 EXIT_OK = 0
@@ -809,6 +816,64 @@ def geodata_update(ctl: Ctl, name: str | None) -> None:
             click.echo(f"reloaded: generation {d.get('generation')}")
     if reply.status == GEODATA_FAILED_STATUS or not d.get("ok", False):
         sys.exit(EXIT_REFUSED)
+
+
+# --- dns ---------------------------------------------------------------------------------------
+
+
+@cli.group(cls=CtlGroup)
+def dns() -> None:
+    """`dns query`, `dns flush`: ask honk's DNS service, empty its cache.
+
+    They use the Clash API's /dns/query and /cache/dns/flush (mihomo's), so a
+    daemon without a dns section answers `dns query` with an error.
+    """
+
+
+def _dns_type(number: Any) -> str:
+    return DNS_TYPE_NAMES.get(number, f"TYPE{number}") if isinstance(number, int) else str(number)
+
+
+def _dns_answer(d: Any) -> str:
+    """mihomo's /dns/query JSON as a status line and one zone-file line per record."""
+    if not isinstance(d, dict):
+        return str(d)
+    status = d.get("Status")
+    head = [DNS_RCODE_NAMES.get(status, f"RCODE{status}") if isinstance(status, int) else str(status)]
+    head += [f"{q.get('Name')} {_dns_type(q.get('Qtype'))}" for q in d.get("Question") or [] if isinstance(q, dict)]
+    head += [flag for flag in ("TC", "AD", "CD") if d.get(flag)]
+    rows = [[record.get("name"), record.get("TTL"), _dns_type(record.get("type")), record.get("data")]
+            for section in DNS_SECTIONS for record in d.get(section) or [] if isinstance(record, dict)]
+    lines = [" ".join(head)]
+    if rows:
+        lines.append(tables.table(["name", "ttl", "type", "data"], rows, right=(1,)))
+    return "\n".join(lines)
+
+
+@dns.command("query")
+@click.argument("name")
+@click.option("--type", "qtype", default="A", show_default=True, metavar="TYPE",
+              help="The record type: A, AAAA, CNAME, MX, TXT, PTR, ...")
+@json_flag
+@pass_ctl
+def dns_query(ctl: Ctl, name: str, qtype: str) -> None:
+    """Ask honk's DNS service for NAME as a LAN client would (request rules, cache, upstream).
+
+    Prints the response code and the records with the TTLs a client would get
+    (a cached answer shows the time it has left). With --json, mihomo's JSON.
+    """
+    reply = ctl.client.request("GET", "/dns/query", query={"name": name, "type": qtype.upper()})
+    ctl.show(reply, _dns_answer)
+
+
+@dns.command("flush")
+@json_flag
+@pass_ctl
+def dns_flush(ctl: Ctl) -> None:
+    """Empty the DNS answer cache: the next query for each name asks its upstream again."""
+    ctl.client.request("POST", "/cache/dns/flush")
+    if not ctl.json:
+        click.echo("dns cache flushed")
 
 
 # --- logs --------------------------------------------------------------------------------------

@@ -130,10 +130,17 @@ _ROUTING_JOINERS = ("&&", "->")  # a routing rule goes on after (or before) eith
 _FILTER_JOINERS = ("&&",)
 
 
+_DNS_RULE_BLOCKS = ("dns", "routing")  # dns { routing { request|response { rules } } }
+_DNS_RULE_PHASES = ("request", "response")
+
+
 def _continuation(stack: list[Block]) -> str | None:
-    """Where statements may continue over lines: the root ``routing`` block, or a group's
-    block (only its ``filter:`` statements)."""
-    if len(stack) == 2 and stack[1].header.strip() == "routing":
+    """Where statements may continue over lines: the root ``routing`` block, the ``request``
+    and ``response`` blocks of ``dns { routing { } }`` (dae's grammar is the same for both),
+    or a group's block (only its ``filter:`` statements)."""
+    headers = tuple(b.header.strip() for b in stack[1:])
+    dns_rules = len(headers) == 3 and headers[:2] == _DNS_RULE_BLOCKS and headers[2] in _DNS_RULE_PHASES
+    if headers == ("routing",) or dns_rules:
         return "routing"
     if len(stack) == 3 and stack[1].header.strip() == "group":
         return "filter"
@@ -152,7 +159,8 @@ def parse_blocks(text: str, file: str, sink: Sink) -> Block:
     """Lex and parse a dae document into a block tree (the root has header '').
 
     dae's grammar skips newlines, so a statement may continue over lines, and these do
-    (nothing else is joined): in the root ``routing`` block a rule whose parentheses are
+    (nothing else is joined): in the root ``routing`` block (and in ``dns``'s ``request`` and
+    ``response`` blocks) a rule whose parentheses are
     open at the end of a line, whose text ends with ``&&`` or ``->``, or that the next
     non-blank, non-comment line continues by starting with ``&&`` or ``->``; in a group's
     block a ``filter:`` that ends with ``&&`` or that the next such line continues by

@@ -1,10 +1,23 @@
 """The ``dns`` section's entries -> :class:`~honk.config.spec.DnsSpec`.
 
-The keys, spellings and defaults are upstream honk's DNS reference. What honk
-does not do yet (encrypted upstreams, ``use_host``, ``ipversion_prefer``,
-response rules other than the fallback, ``sip``/``ip``/``upstream``
-conditions, ``regex:``/``geosite:`` names) is a located ``not-yet-supported``
-error, so a configuration never loads with DNS behaving other than written.
+The keys, spellings and defaults are upstream honk's DNS reference; the
+routing grammar is dae's (docs/en/configuration/dns.md): ``request`` rules
+test ``qname``/``qtype``/``sip`` and pick ``reject``, ``asis`` or an upstream;
+``response`` rules test ``qname``/``qtype``/``upstream``/``ip`` on an
+upstream's answer and ``accept`` it, ``reject`` it or ask another upstream.
+A rule continues over lines as a routing rule does (the dae reader joins
+them). ``qname``, ``ip`` and ``sip`` arguments are read by the routing grammar
+(:func:`honk.config.expr.parse_rule`) as ``domain``/``dip``/``sip`` arguments,
+so every spelling routing accepts (``geosite:cn@ads``, ``ext:``, ``regex:``,
+``contains:``) means the same here, and the geodata they name is checked as
+routing's is: a code the data lacks refuses the file.
+
+dae's ``sub()``/``node()``/``subnode()`` select dae's own lookups of
+subscription and node host names; honk makes those through the system
+resolver, so such a rule is checked and then ignored with a counted
+``not-honoured`` warning. What honk does not do yet (``use_host``) is a
+located ``not-yet-supported`` error, so a configuration never loads with DNS
+behaving other than written.
 
 Entries arrive as described on :attr:`honk.config.tree.Doc.dns`; scalar
 settings follow the usual rule (the last occurrence wins), upstreams and rules
@@ -16,26 +29,35 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 
 from honk.config import values as V
-from honk.config.expr import ExprError, parse_call, split_arg
+from honk.config.expr import Call, ExprError, parse_call, parse_rule
+from honk.config.geodata import check_geodata
 from honk.config.spec import (
-    DNS_PORT,
     DNS_QTYPE_ANY,
     DNS_REQUEST_BUILTINS,
+    DNS_REQUEST_CONDITIONS,
     DNS_RESPONSE_ACTIONS,
+    DNS_RESPONSE_CONDITIONS,
     DnsBindSpec,
     DnsCondition,
     DnsRequestRule,
+    DnsResponseRule,
     DnsSpec,
     DnsUpstreamSpec,
     MatchArg,
+    Predicate,
+    RuleSpec,
 )
 from honk.config.tree import Entry, Sink
+from honk.dns import endpoint
 
-__all__ = ["QTYPE_NAMES", "build_dns", "parse_bind", "parse_upstream_uri"]
+__all__ = ["QTYPE_NAMES", "build_dns", "dns_geodata_rules", "geodata_rules", "parse_bind", "parse_upstream_uri"]
 
 NOT_YET = "not-yet-supported"
+RESERVED_ACTIONS = (*DNS_REQUEST_BUILTINS, *DNS_RESPONSE_ACTIONS)  # no upstream may take these names
+IP_VERSIONS = ("4", "6")  # what ipversion_prefer accepts
 MAX_TTL = 2**31 - 1  # RFC 2181 §8: a TTL is at most 2^31 - 1 seconds
 MAX_QTYPE = 0xFFFF
 
@@ -46,8 +68,15 @@ QTYPE_NAMES = {
 }
 
 BIND_SCHEMES = {"udp": (True, False), "tcp": (False, True), "tcp+udp": (True, True)}
-UPSTREAM_SCHEMES = {"udp": "udp", "tcp+udp": "udp", "tcp": "tcp"}  # tcp+udp behaves as udp (reference)
-ENCRYPTED_SCHEMES = frozenset({"tls", "https", "h3", "http3", "quic"})
+# an upstream URI's scheme -> the transport (honk.dns.endpoint); tcp+udp behaves as udp (reference);
+# udp+tcp is its other spelling (dae's upstream.go alias, upstream honk's parser)
+UPSTREAM_SCHEMES = {
+    "udp": endpoint.UDP, "tcp+udp": endpoint.UDP, "udp+tcp": endpoint.UDP, "tcp": endpoint.TCP, "tls": endpoint.TLS,
+    "https": endpoint.HTTPS, "h3": endpoint.H3, "http3": endpoint.H3, "quic": endpoint.QUIC,
+}
+ENCRYPTED_SCHEMES = frozenset(s for s, kind in UPSTREAM_SCHEMES.items() if kind in endpoint.ENCRYPTED)
+SERVER_NAME_PARAM = "tls_server_name"  # the query parameter naming the certificate's name (reference)
+_DOH_PATH = re.compile(r"^/(?:(?![#;\\])[!-~])*$")  # a DoH request path: printable ASCII but #, ; and \
 _HOSTNAME = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
 _FORBIDDEN = ("@", "/", "?", "#", "\\")
@@ -138,19 +167,30 @@ def parse_bind(text: str) -> DnsBindSpec:
 
 def parse_upstream_uri(text: str) -> tuple[str, str, int]:
     """An upstream URI as ``(protocol, host, port)``: bare ``host[:port]``, ``udp://``,
-    ``tcp://`` or ``tcp+udp://`` (as udp), port 53 by default.
+    ``tcp://``, ``tcp+udp://`` (as udp), ``tls://`` (DoT), ``https://host[:port][/path]``
+    (DoH), ``h3://`` or ``http3://`` (DoH over HTTP/3, with a path as https) and ``quic://``
+    (DoQ). The encrypted forms take ``?tls_server_name=NAME``, the name their certificate is
+    checked against (default: the host; an IP literal is checked as an IP address). Ports
+    and the DoH path default per :data:`honk.dns.endpoint.DEFAULT_PORTS` and ``DOH_PATH``;
+    the protocol carries the path and server name (:func:`honk.dns.endpoint.encode`).
 
-    Raises :class:`NotYetSupported` for the encrypted schemes, ValueError otherwise."""
+    Raises ValueError naming what is wrong."""
     scheme, sep, rest = text.partition("://")
     if sep:
-        key = scheme.lower()
-        if key in ENCRYPTED_SCHEMES:
-            raise NotYetSupported(f"{key}:// upstreams are not supported yet (udp, tcp and tcp+udp are)")
-        protocol = UPSTREAM_SCHEMES.get(key)
-        if protocol is None:
-            raise ValueError("unknown upstream scheme")
+        kind = UPSTREAM_SCHEMES.get(scheme.lower())
+        if kind is None:
+            raise ValueError(f"unknown upstream scheme (one of {', '.join(UPSTREAM_SCHEMES)})")
     else:
-        protocol, rest = "udp", text
+        kind, rest = endpoint.UDP, text
+    path: str | None = None
+    server_name: str | None = None
+    if kind in endpoint.ENCRYPTED:
+        rest, server_name = _server_name_query(rest)
+        if kind in endpoint.HTTP_KINDS and "/" in rest:
+            slash = rest.index("/")
+            rest, path = rest[:slash], rest[slash:]
+            if not _DOH_PATH.match(path):
+                raise ValueError("the DoH path must be printable ASCII without spaces, '?', '#', ';' or '\\'")
     if not rest.startswith("[") and rest.count(":") > 1 and _is_ip(rest):
         host, port = rest, None  # a bare IPv6 literal without a port
     else:
@@ -159,42 +199,109 @@ def parse_upstream_uri(text: str) -> tuple[str, str, int]:
         raise ValueError("the upstream needs a host")
     if not _valid_host(host):
         raise ValueError("the host is neither an IP address nor a hostname")
-    return protocol, host.rstrip(".").lower() if not _is_ip(host) else host, DNS_PORT if port is None else port
+    host = host.rstrip(".").lower() if not _is_ip(host) else host
+    if port is None:
+        port = endpoint.DEFAULT_PORTS[kind]
+    if port == 0:
+        raise ValueError("an upstream's port cannot be 0")
+    return endpoint.encode(kind, path, server_name), host, port
+
+
+def _server_name_query(rest: str) -> tuple[str, str | None]:
+    """``rest`` without its ``?tls_server_name=NAME`` query, and the name (None: none given)."""
+    rest, sep, query = rest.partition("?")
+    if not sep:
+        return rest, None
+    key, eq, value = query.partition("=")
+    if key != SERVER_NAME_PARAM or not eq or "&" in value:
+        raise ValueError(f"the only query parameter an upstream takes is {SERVER_NAME_PARAM}=NAME")
+    if "#" in value or not _HOSTNAME.match(value) or _is_ip(value):
+        raise ValueError(f"{SERVER_NAME_PARAM} must be a hostname")
+    return rest, value.rstrip(".").lower()
 
 
 # --- rules -------------------------------------------------------------------------------
 
+# dae's selectors of its own lookups (subscription fetches, node server names): they take a
+# rule of their own, never mixed with qname/qtype, and name a declared upstream
+INTERNAL_SELECTORS = ("sub", "node", "subnode")
+_FALLBACK_KEYS = re.compile(r"^(fallback|default)\s*:")  # dae: "fallback is also called default"
+_ROUTING_PREDICATE = {"qname": "domain", "ip": "dip", "sip": "sip"}  # the routing matcher each reads as
+_PLACEHOLDER_TARGET = "direct"  # the outbound of the routing rule a condition's arguments are checked in
 
-def _condition(term: str) -> DnsCondition:
-    call = parse_call(term, bare_prefixes=False)
-    if call.args is None:  # parse_call never answers this without bare prefixes
-        raise ExprError("invalid-rule", "expected qname(...) or qtype(...)")
-    if call.name == "qname":
-        names = []
-        for raw in call.args:
-            arg = split_arg(raw)
-            key = arg.key or "suffix"  # a bare argument is a suffix (reference)
-            if key in ("regex", "geosite"):
-                raise ExprError(NOT_YET, f"qname({key}: ...) is not supported yet (suffix, keyword and full are)")
-            if key not in ("suffix", "keyword", "full"):
-                raise ExprError("invalid-value", "qname(...) accepts suffix:, keyword: and full: arguments")
-            value = arg.value.strip().lower().rstrip(".")
-            if not value:
-                raise ExprError("invalid-value", "empty qname argument")
-            names.append(MatchArg(key, value))
-        if not names:
-            raise ExprError("invalid-value", "qname() needs an argument")
-        return DnsCondition("qname", names=tuple(names), negated=call.negated)
-    if call.name == "qtype":
-        qtypes = [_qtype(V.unquote(raw)) for raw in call.args]
-        if not qtypes:
-            raise ExprError("invalid-value", "qtype() needs an argument")
-        return DnsCondition("qtype", qtypes=tuple(qtypes), negated=call.negated)
-    if call.name == "sip":
-        raise ExprError(NOT_YET, "sip(...) request conditions are not supported yet")
-    if call.name in ("ip", "upstream"):
-        raise ExprError("invalid-value", f"{call.name}(...) is a response condition")
-    raise ExprError("unknown-dns-condition", "a DNS request condition is qname(...) or qtype(...)")
+
+class _Internal:
+    """A rule of dae's internal selectors: read and checked, then set aside (see build_dns)."""
+
+    __slots__ = ("action",)
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+
+def _routing_args(name: str, call: Call, e: Entry, sink: Sink) -> tuple[MatchArg, ...] | None:
+    """The arguments of ``qname``/``ip``/``sip``, validated and normalised exactly as routing's
+    ``domain``/``dip``/``sip`` arguments are (the routing grammar reads them; its complaints are
+    reported at this entry, named after the DNS condition)."""
+    if not call.args:
+        sink.error("invalid-value", e.path, f"{name}() needs an argument", e.loc)
+        return None
+    predicate = _ROUTING_PREDICATE[name]
+    scratch = Sink()
+    parsed = parse_rule(f"{predicate}({', '.join(call.args)}) -> {_PLACEHOLDER_TARGET}", e.path, e.loc, scratch)
+    for d in scratch.items:
+        sink.add(d.severity, d.code, e.path, f"{name}(...): {d.message}", e.loc)
+    if parsed is None or scratch.has_errors:
+        return None
+    args = parsed.predicates[0].args
+    if name == "qname":  # a bare name is a suffix, as the reference writes it
+        args = tuple(MatchArg("suffix", a.value) if a.key == "" else a for a in args)
+    return args
+
+
+def _condition(term: str, phase: str, e: Entry, sink: Sink) -> DnsCondition | str | None:
+    """One term of a ``phase`` rule: a condition, the name of an internal selector, or None
+    after a located error."""
+    try:
+        call = parse_call(term, bare_prefixes=False)
+    except ExprError as exc:
+        sink.error(exc.code, e.path, exc.message, e.loc)
+        return None
+    allowed = DNS_REQUEST_CONDITIONS if phase == "request" else DNS_RESPONSE_CONDITIONS
+    name = call.name
+    if name in INTERNAL_SELECTORS and phase == "request":
+        return name
+    if name not in allowed:
+        other = DNS_RESPONSE_CONDITIONS if phase == "request" else (*DNS_REQUEST_CONDITIONS, *INTERNAL_SELECTORS)
+        if name in other:
+            sink.error("invalid-value", e.path, f"{name}(...) is not a {phase} condition "
+                                                f"(a {phase} rule tests {', '.join(allowed)})", e.loc)
+        else:
+            sink.error("unknown-dns-condition", e.path, f"a DNS {phase} condition is one of "
+                                                        f"{', '.join(allowed)}", e.loc)
+        return None
+    if name == "qtype":
+        if not call.args:
+            sink.error("invalid-value", e.path, "qtype() needs an argument", e.loc)
+            return None
+        try:
+            qtypes = tuple(_qtype(V.unquote(raw)) for raw in call.args)
+        except ExprError as exc:
+            sink.error(exc.code, e.path, exc.message, e.loc)
+            return None
+        return DnsCondition("qtype", qtypes=qtypes, negated=call.negated)
+    if name == "upstream":
+        upstreams = tuple(V.unquote(raw) for raw in call.args or ())
+        if not upstreams or not all(upstreams):
+            sink.error("invalid-value", e.path, "upstream(...) names one or more upstreams", e.loc)
+            return None
+        return DnsCondition("upstream", upstreams=upstreams, negated=call.negated)
+    args = _routing_args(name, call, e, sink)
+    if args is None:
+        return None
+    if name == "qname":
+        return DnsCondition("qname", names=args, negated=call.negated)
+    return DnsCondition(name, ips=args, negated=call.negated)
 
 
 def _qtype(text: str) -> int:
@@ -216,7 +323,9 @@ def _rule_text(e: Entry, sink: Sink) -> str | None:
     return None
 
 
-def parse_request_rule(e: Entry, sink: Sink) -> DnsRequestRule | None:
+def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResponseRule | _Internal | None:
+    """One ``request`` or ``response`` rule (its lines already joined as dae joins them); None
+    after located errors. A rule of dae's internal selectors comes back as :class:`_Internal`."""
     text = _rule_text(e, sink)
     if text is None:
         return None
@@ -227,19 +336,50 @@ def parse_request_rule(e: Entry, sink: Sink) -> DnsRequestRule | None:
         else:
             sink.error("missing-arrow", e.path, "a DNS rule needs '-> action'", e.loc)
         return None
-    conditions = []
+    conditions: list[DnsCondition] = []
+    selectors: list[str] = []
     ok = True
     for term in V.split_unquoted(text[:arrow], "&&"):
-        try:
-            conditions.append(_condition(term))
-        except ExprError as exc:
-            sink.error(exc.code, e.path, exc.message, e.loc)
+        found = _condition(term, phase, e, sink)
+        if found is None:
             ok = False
-    action = V.unquote(text[arrow + 2 :])
+        elif isinstance(found, str):
+            selectors.append(found)
+        else:
+            conditions.append(found)
+    action = V.unquote(text[arrow + 2 :].strip())
     if not action:
         sink.error("invalid-rule", e.path, "rule has no action after '->'", e.loc)
         ok = False
-    return DnsRequestRule(tuple(conditions), action, e.loc) if ok else None
+    if selectors and conditions:
+        sink.error("invalid-rule", e.path, f"{selectors[0]}(...) selects honk's own lookups and cannot be "
+                                           "mixed with qname/qtype/sip in one rule", e.loc)
+        ok = False
+    if not ok:
+        return None
+    if selectors:
+        return _Internal(action)
+    if phase == "request":
+        return DnsRequestRule(tuple(conditions), action, e.loc)
+    return DnsResponseRule(tuple(conditions), action, e.loc)
+
+
+def geodata_rules(rules: Iterable[DnsRequestRule | DnsResponseRule]) -> tuple[RuleSpec, ...]:
+    """The conditions of ``rules`` that name geodata (``qname``, ``ip``, ``sip``) as routing rules,
+    one per DNS rule: what routing's geodata check and the reload's file stamps read."""
+    out = []
+    for rule in rules:
+        # qname keeps its own name (the check reads any name but dip/sip as a domain matcher)
+        predicates = tuple(Predicate("qname" if c.kind == "qname" else _ROUTING_PREDICATE[c.kind],
+                                     c.names or c.ips, c.negated)
+                           for c in rule.conditions if c.kind in _ROUTING_PREDICATE)
+        out.append(RuleSpec(predicates, _PLACEHOLDER_TARGET, loc=rule.loc))
+    return tuple(out)
+
+
+def dns_geodata_rules(spec: DnsSpec | None) -> tuple[RuleSpec, ...]:
+    """:func:`geodata_rules` of a whole section's request and response rules (none without one)."""
+    return geodata_rules((*spec.request_rules, *spec.response_rules)) if spec is not None else ()
 
 
 # --- the section ---------------------------------------------------------------------------
@@ -301,9 +441,11 @@ def _upstream(name: str, e: Entry, sink: Sink) -> DnsUpstreamSpec | None:
     return DnsUpstreamSpec(name, protocol, host, port, tag, e.loc)
 
 
-def build_dns(entries: list[Entry] | None, sink: Sink) -> tuple[DnsSpec | None, list[tuple[str, Entry]]]:
+def build_dns(entries: list[Entry] | None, sink: Sink,
+              data_dir: str | None = None) -> tuple[DnsSpec | None, list[tuple[str, Entry]]]:
     """The section's spec (None when there is no ``dns`` section) and the ``-> tag`` targets
-    of its upstreams, for the loader's cross-reference check against nodes and groups."""
+    of its upstreams, for the loader's cross-reference check against nodes and groups.
+    ``data_dir``: where the geodata the conditions name is looked up (``global.data_dir``)."""
     if entries is None:
         return None, []
     base = DnsSpec()
@@ -314,8 +456,9 @@ def build_dns(entries: list[Entry] | None, sink: Sink) -> tuple[DnsSpec | None, 
     upstreams: list[DnsUpstreamSpec] = []
     upstream_entries: dict[str, Entry] = {}
     targets: list[tuple[str, Entry]] = []
-    rules: list[tuple[DnsRequestRule, Entry]] = []
-    request_fallback: tuple[str, Entry] | None = None
+    rules: dict[str, list[tuple[DnsRequestRule | DnsResponseRule, Entry]]] = {"request": [], "response": []}
+    internal: list[tuple[str, Entry]] = []  # rules of dae's internal selectors: (action, entry)
+    fallbacks: dict[str, tuple[str, Entry]] = {}
     fixed: dict[str, int] = {}
     for e in entries:
         key = e.key
@@ -329,8 +472,9 @@ def build_dns(entries: list[Entry] | None, sink: Sink) -> tuple[DnsSpec | None, 
             if rest in upstream_entries:
                 sink.error("duplicate-upstream", e.path, f"upstream '{rest}' is declared twice", e.loc)
                 continue
-            if rest in DNS_REQUEST_BUILTINS or not rest:
-                sink.error("invalid-value", e.path, "an upstream name must not be empty, reject or asis", e.loc)
+            if rest in RESERVED_ACTIONS or not rest:
+                sink.error("invalid-value", e.path, "an upstream name must not be empty nor one of "
+                                                    f"{', '.join(RESERVED_ACTIONS)}", e.loc)
                 continue
             upstream_entries[rest] = e
             spec = _upstream(rest, e, sink)
@@ -345,54 +489,75 @@ def build_dns(entries: list[Entry] | None, sink: Sink) -> tuple[DnsSpec | None, 
                 sink.error("invalid-value", e.path, "empty domain", e.loc)
             elif seconds is not None:
                 fixed[domain] = seconds
-        elif key == "request":
-            rule = parse_request_rule(e, sink)
-            if rule is not None:
-                rules.append((rule, e))
-        elif key == "request.fallback":
-            action = V.get_str(e, sink)
-            if action is not None:
-                if action:
-                    request_fallback = (action, e)
-                else:
-                    sink.error("invalid-value", e.path, "the fallback must name reject, asis or an upstream", e.loc)
-        elif key == "response":
-            sink.error(NOT_YET, e.path, "response rules are not supported yet (only 'fallback: accept|reject')",
-                       e.loc)
-        elif key == "response.fallback":
-            action = V.get_str(e, sink)
-            if action is None:
+        elif key in rules:
+            # dae spells a fallback 'default:' too; the reader keys only 'fallback:' as one
+            alias = _FALLBACK_KEYS.match(e.value) if isinstance(e.value, str) else None
+            if alias is not None:
+                _fallback(key, Entry(f"{key}.fallback", e.value[alias.end() :].strip(), e.path, e.loc, raw=True),
+                          fallbacks, sink)
                 continue
-            if action in DNS_RESPONSE_ACTIONS:
-                values["response_fallback"] = action
-            else:
-                sink.error(NOT_YET, e.path, "a response fallback other than accept or reject (a re-query) "
-                                            "is not supported yet", e.loc)
+            rule = parse_dns_rule(e, key, sink)
+            if isinstance(rule, _Internal):
+                internal.append((rule.action, e))
+            elif rule is not None:
+                rules[key].append((rule, e))
+        elif key in ("request.fallback", "response.fallback"):
+            _fallback(head, e, fallbacks, sink)
         else:
             _setting(key, e, values, sink)
     if explicit_upstreams or upstreams:
         values["upstreams"] = tuple(upstreams)
     declared = {u.name for u in values.get("upstreams", base.upstreams)}  # type: ignore[attr-defined]
     known = declared | set(upstream_entries)  # a refused upstream is reported once, not at every use
-    for rule, e in rules:
-        if rule.action not in DNS_REQUEST_BUILTINS and rule.action not in known:
-            sink.error("unknown-dns-upstream", e.path, f"action '{rule.action}' names no upstream "
-                                                       "(nor reject or asis)", e.loc)
-    if request_fallback is not None:
-        values["request_fallback"], fallback_entry = request_fallback
-        if request_fallback[0] not in DNS_REQUEST_BUILTINS and request_fallback[0] not in known:
-            sink.error("unknown-dns-upstream", fallback_entry.path, f"the request fallback "
-                       f"'{request_fallback[0]}' names no upstream (nor reject or asis)", fallback_entry.loc)
-    elif base.request_fallback not in known and block_entry is not None:
+    builtins = {"request": DNS_REQUEST_BUILTINS, "response": DNS_RESPONSE_ACTIONS}
+    for phase, phase_rules in rules.items():
+        for rule, e in phase_rules:
+            if rule.action not in builtins[phase] and rule.action not in known:
+                sink.error("unknown-dns-upstream", e.path, f"action '{rule.action}' names no upstream "
+                                                           f"(nor {' or '.join(builtins[phase])})", e.loc)
+            for condition in rule.conditions:
+                for name in condition.upstreams:
+                    if name not in known:
+                        sink.error("unknown-dns-upstream", e.path, f"upstream({name}) names no upstream", e.loc)
+    for action, e in internal:
+        if action not in known:
+            sink.error("unknown-dns-upstream", e.path, f"action '{action}' names no upstream (dae's "
+                                                       "sub()/node()/subnode() rules name a declared one)", e.loc)
+        else:
+            sink.warning("not-honoured", e.path, "sub()/node()/subnode() route the daemon's own lookups of "
+                         "subscription and node host names; honk resolves those through the system resolver, "
+                         "so this rule is ignored", e.loc)
+    for phase, (action, e) in fallbacks.items():
+        values[f"{phase}_fallback"] = action
+        if action not in builtins[phase] and action not in known:
+            sink.error("unknown-dns-upstream", e.path, f"the {phase} fallback '{action}' names no upstream "
+                                                       f"(nor {' or '.join(builtins[phase])})", e.loc)
+    if "request" not in fallbacks and base.request_fallback not in known and block_entry is not None:
         sink.error("unknown-dns-upstream", block_entry.path, f"the upstream block replaces the built-in "
                    f"'{base.request_fallback}' upstream the request fallback uses: declare it or set "
                    "routing.request.fallback", block_entry.loc)
+    checked = rules["request"] + rules["response"]
+    check_geodata(list(zip(geodata_rules(r for r, _ in checked), (e for _, e in checked), strict=True)),
+                  data_dir, sink)
     return DnsSpec(
-        request_rules=tuple(r for r, _ in rules),
+        request_rules=tuple(r for r, _ in rules["request"]),  # type: ignore[misc]
+        response_rules=tuple(r for r, _ in rules["response"]),  # type: ignore[misc]
         fixed_domain_ttl=tuple(sorted(fixed.items())),
         loc=section.loc if section is not None else base.loc,
         **values,  # type: ignore[arg-type]
     ), targets
+
+
+def _fallback(phase: str, e: Entry, fallbacks: dict[str, tuple[str, Entry]], sink: Sink) -> None:
+    """A ``fallback:`` of ``phase`` (the last one counts); its target is checked with the rules'."""
+    action = V.get_str(e, sink)
+    if action is None:
+        return
+    if not action:
+        allowed = "reject, asis" if phase == "request" else "accept, reject"
+        sink.error("invalid-value", e.path, f"the fallback must name {allowed} or an upstream", e.loc)
+        return
+    fallbacks[phase] = (action, e)
 
 
 def _setting(key: str, e: Entry, values: dict[str, object], sink: Sink) -> None:
@@ -414,12 +579,11 @@ def _setting(key: str, e: Entry, values: dict[str, object], sink: Sink) -> None:
         if flag:
             sink.error(NOT_YET, e.path, "use_host is not supported yet", e.loc)
     elif key == "ipversion_prefer":
-        text = V.get_str(e, sink) if not isinstance(e.value, int) else str(e.value)
+        text = str(e.value) if isinstance(e.value, int) and not isinstance(e.value, bool) else V.get_str(e, sink)
         if text is None:
             return
-        if text.strip() in ("4", "6"):
-            sink.error(NOT_YET, e.path, "ipversion_prefer is not supported yet (both families are answered "
-                                        "as asked)", e.loc)
+        if text.strip() in IP_VERSIONS:
+            values[key] = int(text.strip())
         else:
             sink.error("invalid-value", e.path, "ipversion_prefer accepts 4 or 6", e.loc)
     elif key == "optimistic_cache":

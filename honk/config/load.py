@@ -193,7 +193,7 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         if fallback_mark is not None and fallback != DIRECT_OUTBOUND:
             sink.error("unsupported-mark", fallback_entry.path, f"a fallback mark (mark: {fallback_mark:#x}) "
                        f"is honoured on direct only, not on {fallback!r}", fallback_entry.loc)
-    dns, dns_targets = build_dns(doc.dns, sink)
+    dns, dns_targets = build_dns(doc.dns, sink, global_.data_dir)
     check_targets(targets + detour_targets(doc.subscriptions) + dns_targets, outbounds, sink)
     clash_api = build_clash_api(doc.clash_api, sink)
     assets = build_assets(doc.assets, outbounds, sink)

@@ -343,8 +343,12 @@ DNS_PORT = 53  # an upstream URI's default port
 DEFAULT_DNS_CACHE_TTL = 600  # seconds; optimistic_cache_ttl
 DEFAULT_DNS_CACHE_SIZE = 10000  # entries; max_cache_size
 DNS_REQUEST_BUILTINS = ("reject", "asis")  # request actions that are not upstream names
-DNS_RESPONSE_ACTIONS = ("accept", "reject")
+DNS_RESPONSE_ACTIONS = ("accept", "reject")  # response actions that are not upstream names
 DNS_QTYPE_ANY = -1  # qtype(*): every QTYPE
+# dae's DNS conditions: what each side of dns.routing may test (request: the query and its
+# client; response: the query, the upstream that answered and the answer's addresses)
+DNS_REQUEST_CONDITIONS = ("qname", "qtype", "sip")
+DNS_RESPONSE_CONDITIONS = ("qname", "qtype", "upstream", "ip")
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,17 +376,36 @@ class DnsUpstreamSpec:
 
 @dataclass(frozen=True, slots=True)
 class DnsCondition:
-    """``[!]qname(...)`` or ``[!]qtype(...)``; its arguments are alternatives."""
+    """``[!]kind(...)``; its arguments are alternatives.
 
-    kind: str  # "qname" | "qtype"
-    names: tuple[MatchArg, ...] = ()  # qname: key "suffix" (also for bare arguments), "keyword" or "full"
-    qtypes: tuple[int, ...] = ()  # qtype: numeric QTYPEs; DNS_QTYPE_ANY for '*'
+    ``qname``: ``names`` keyed as routing's ``domain(...)`` keys them ('' or ``suffix`` for a
+    suffix, ``full``, ``keyword``, ``regex``, ``geosite``, ``ext``). ``qtype``: ``qtypes``.
+    ``sip`` (request) and ``ip`` (response, any answer address): ``ips`` keyed as routing's
+    ``dip(...)`` ('' for an address or CIDR, ``geoip``, ``ext``). ``upstream`` (response):
+    ``upstreams``, the names of the upstreams whose answer it matches.
+    """
+
+    kind: str  # "qname" | "qtype" | "sip" | "ip" | "upstream"
+    names: tuple[MatchArg, ...] = ()
+    qtypes: tuple[int, ...] = ()  # numeric QTYPEs; DNS_QTYPE_ANY for '*'
     negated: bool = False
+    ips: tuple[MatchArg, ...] = ()
+    upstreams: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class DnsRequestRule:
     """``cond && cond -> action``: all conditions must hold; the action is reject, asis or an upstream."""
+
+    conditions: tuple[DnsCondition, ...]
+    action: str
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DnsResponseRule:
+    """``cond && cond -> action`` run on an upstream's answer: ``accept`` it, ``reject`` it (an
+    empty NOERROR reply), or an upstream name: ask that upstream and run the rules on its answer."""
 
     conditions: tuple[DnsCondition, ...]
     action: str
@@ -399,7 +422,11 @@ class DnsSpec:
     )
     request_rules: tuple[DnsRequestRule, ...] = ()
     request_fallback: str = DEFAULT_DNS_UPSTREAM  # reject, asis or an upstream name
-    response_fallback: str = "accept"  # accept or reject
+    response_rules: tuple[DnsResponseRule, ...] = ()
+    response_fallback: str = "accept"  # accept, reject or an upstream name (ask it instead)
+    # dae's ipversion_prefer: 4 or 6; the other family's A/AAAA answer is emptied when the
+    # name is known to have addresses of this one. None: both families answered as asked
+    ipversion_prefer: int | None = None
     optimistic_cache: bool = True
     optimistic_cache_ttl: int = DEFAULT_DNS_CACHE_TTL  # seconds; 0 keeps the answer's own TTL
     max_cache_size: int = DEFAULT_DNS_CACHE_SIZE  # entries, >= 1

@@ -110,6 +110,7 @@ class Prepared:
     interception: KernelInterception | None = None
     replaced_interception: KernelInterception | None = None
     installed_interception: bool = False
+    installed_table: Any = None  # the nftables table install() put in (its `auto` names resolved)
 
     def release(self) -> None:
         for _bind, _tag, listener in self.to_start:
@@ -134,6 +135,7 @@ class Applier:
         self.listener_tags: dict[BindSpec, str] = {}
         self.admissions: dict[str, dict[str, Principal]] = {}
         self.interception: KernelInterception | None = None  # installed kernel state (one owner)
+        self._table: Any = None  # its nftables table as installed (what `auto` resolved to then)
         self.dns = DnsFront()  # the DNS listener's and the transparent inbound's way to the DNS service
 
     # --- reading -------------------------------------------------------------------
@@ -169,13 +171,15 @@ class Applier:
             except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
                 raise BuildFailed("dns", exc) from exc
 
-        # 1b. the DNS module: a changed section rebuilds the service over the running cache and learning
+        # 1b. the DNS module: a changed section rebuilds the service over the running cache and
+        # learning; so does a rebuilt route (its geodata may have changed): both read one GeoAssets
+        geo = desired.route.geo()
         dns_service = self.dns.service
         if spec.dns is None:
             dns_service = None
-        elif dns_service is None or running is None or running.spec.dns != spec.dns:
+        elif dns_service is None or running is None or running.spec.dns != spec.dns or "route" in builds:
             try:
-                dns_service = _dns_service(spec.dns, dns_service, daemon)
+                dns_service = _dns_service(spec.dns, dns_service, daemon, geo)
             except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
                 raise BuildFailed("dns", exc) from exc
 
@@ -218,7 +222,7 @@ class Applier:
                 raise BuildFailed("group", exc) from exc
         if "route" in builds or router is None:
             try:
-                router = Router.compile(desired.route.routing, desired.route.geo())
+                router = Router.compile(desired.route.routing, geo)
             except Exception as exc:  # noqa: BLE001 - a rule that does not compile refuses the apply
                 raise BuildFailed("route", exc) from exc
 
@@ -272,7 +276,7 @@ class Applier:
             prepared.replaced_interception = self.interception
             if bind and prepared.interception is not None and prepared.interception != self.interception:
                 try:
-                    await asyncio.to_thread(prepared.interception.install)
+                    prepared.installed_table = await asyncio.to_thread(prepared.interception.install)
                 except InterceptionError as exc:
                     raise BuildFailed("inbound tproxy", f"interception: {exc}") from exc
                 prepared.installed_interception = True
@@ -414,6 +418,7 @@ class Applier:
             await asyncio.to_thread(self.interception.remove)  # the transparent listener is gone
         if prepared.interception is None or prepared.installed_interception:
             self.interception = prepared.interception
+            self._table = prepared.installed_table
         prepared.installed_interception = False
         self.admissions = prepared.admissions
         self.running = RunningState(desired, plan.versions)
@@ -459,12 +464,30 @@ class Applier:
         if new is None and old is not None:
             await old.aclose()  # a rebuilt service shares its state, and its queries finish
 
+    async def follow_default_route(self) -> bool:
+        """The network changed (a reconciler command): when an interface list says ``auto`` and
+        the default route's interface is another now, swap the nftables table for the new one
+        (one transaction; the listener, policy routing and flows stay). Whether it changed."""
+        interception = self.interception
+        if interception is None or not interception.follows_default_route:
+            return False
+        table = await asyncio.to_thread(lambda: interception.table)
+        if table == self._table:
+            return False
+        try:
+            self._table = await asyncio.to_thread(interception.install_table, table)
+        except InterceptionError as exc:  # the old table stays in: it still fails closed
+            log.warning("interception not moved to the new default route: %s", exc)
+            return False
+        return True
+
     async def stop_listeners(self) -> None:
         """Shutdown: the kernel interception first (the LAN is routed as if honk were not
         there), then every listener."""
         if self.interception is not None:
             await asyncio.to_thread(self.interception.remove)
             self.interception = None
+            self._table = None
         await asyncio.to_thread(self.daemon.slots.close)  # the classifier off the LAN interfaces
         for listener in self.listeners.values():
             await listener.stop_accepting()
@@ -494,13 +517,14 @@ class DnsFront:
         return await service.handle(query, client, original, tcp=tcp)
 
 
-def _dns_service(spec: Any, running: Any, daemon: Daemon) -> Any:
-    """The service for ``spec``: the running one rebuilt (its cache and learning carried), or new."""
+def _dns_service(spec: Any, running: Any, daemon: Daemon, geo: Any) -> Any:
+    """The service for ``spec``: the running one rebuilt (its cache and learning carried), or new;
+    its rules read the geodata through ``geo``, the router's GeoAssets."""
     if running is not None:
-        return running.rebuilt(spec)
+        return running.rebuilt(spec, geo)
     from honk.dns.service import DnsService  # dnspython loads only for a config with a dns section
 
-    return DnsService(spec, daemon.dispatcher, daemon.clock)
+    return DnsService(spec, daemon.dispatcher, daemon.clock, geo=geo)
 
 
 def desired_interception(desired: DesiredState) -> KernelInterception | None:

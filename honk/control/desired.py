@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from honk.config.dns import dns_geodata_rules
 from honk.config.spec import (
     BUILTIN_OUTBOUNDS,
     DEFAULT_CLASH_API_CONTROLLER,
@@ -35,6 +36,7 @@ from honk.config.spec import (
     InboundUser,
     NodeSpec,
     RoutingSpec,
+    RuleSpec,
     Spec,
 )
 from honk.config.validate import DNS_INBOUND, TPROXY_INBOUND
@@ -114,8 +116,9 @@ class RouteDecl:
     geodata: tuple[tuple[str, str, int, int], ...] = ()
 
     @classmethod
-    def of(cls, routing: RoutingSpec, data_dir: str | None) -> RouteDecl:
-        return cls(routing, data_dir, GeoAssets(data_dir).stamp(geodata_files(routing.rules)))
+    def of(cls, routing: RoutingSpec, data_dir: str | None, also: tuple[RuleSpec, ...] = ()) -> RouteDecl:
+        """``also``: other rules reading the same geodata (the DNS rules'), stamped with routing's."""
+        return cls(routing, data_dir, GeoAssets(data_dir).stamp(geodata_files((*routing.rules, *also))))
 
     def geo(self) -> GeoAssets:
         return GeoAssets(self.data_dir)
@@ -227,7 +230,7 @@ def lower(spec: Spec) -> DesiredState:
         dns=DnsDecl(glob.connect_timeout),
         outbounds=tuple(outbounds.values()),
         groups=groups,
-        route=RouteDecl.of(spec.routing, glob.data_dir),
+        route=RouteDecl.of(spec.routing, glob.data_dir, dns_geodata_rules(spec.dns)),
         user_sets=tuple(user_sets),
         inbounds=tuple(inbounds),
         policies=Policies(glob.drain, glob.user_removal),

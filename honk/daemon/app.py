@@ -98,7 +98,7 @@ class Daemon:
         self.config: Spec | None = None  # the file's spec as loaded
         self.subscriptions: SubscriptionManager | None = None
         self._closing = False
-        self._subscription_tasks: set[asyncio.Task[None]] = set()  # node sets waiting for the reconciler
+        self._queued_commands: set[asyncio.Task[None]] = set()  # node sets and interface moves waiting for the reconciler
         self._fetch_plane: Plane | None = None  # only while start() waits for detoured first fetches
         self.tracker = ConnectionTracker(self.clock)
         self.sessions = SessionRegistry()  # inbound sessions by tag
@@ -119,6 +119,7 @@ class Daemon:
         self.health.stats = self.stats
         self.loop_guard = LoopGuard(self.stats, self.clock)  # unretrieved task exceptions: logged and counted
         self.dispatcher.on_selection = self.health.note_selection
+        self.health.network_listeners.append(self._network_changed)
         # group connectivity for the datapath (the BPF map with a LAN, else memory)
         self.slots = SlotService(self.health.alive)
         self.health.alive.subscribe(self.slots.on_transition)
@@ -156,6 +157,11 @@ class Daemon:
     @property
     def api(self) -> ApiServer | None:
         return self.applier.listener(API_TAG)  # type: ignore[return-value]
+
+    @property
+    def dns_service(self) -> Any:
+        """The running DnsService (None without a dns section): the API's DNS tools and metrics."""
+        return self.applier.dns.service
 
     @property
     def generation(self) -> int:
@@ -287,13 +293,28 @@ class Daemon:
             return config
         return dataclasses.replace(config, nodes=merge_nodes(config.nodes, nodes, (g.name for g in config.groups)))
 
+    def _network_changed(self, reason: str) -> None:
+        """Links, addresses or routes changed: an ``auto`` interception follows the default
+        route (a reconciler command, so it never races an apply)."""
+        interception = self.applier.interception
+        if self._closing or self.reconciler.stopped or interception is None \
+                or not interception.follows_default_route:
+            return
+        task = asyncio.get_running_loop().create_task(self._follow_default_route(), name="honk-follow-route")
+        self._queued_commands.add(task)
+        task.add_done_callback(self._queued_commands.discard)
+
+    async def _follow_default_route(self) -> None:
+        with contextlib.suppress(Stopped):
+            await self.reconciler.call("interfaces", self.applier.follow_default_route)
+
     def _on_subscription_nodes(self, nodes: NodesBySubscription) -> None:
         """The manager's publish callback: apply the new node set as a reconciler command."""
         if self._closing or self.reconciler.stopped:
             return
         task = asyncio.get_running_loop().create_task(self._apply_subscriptions(), name="honk-subscription-apply")
-        self._subscription_tasks.add(task)
-        task.add_done_callback(self._subscription_tasks.discard)
+        self._queued_commands.add(task)
+        task.add_done_callback(self._queued_commands.discard)
 
     async def _apply_subscriptions(self) -> None:
         async def apply() -> None:
@@ -555,7 +576,7 @@ class Daemon:
         """Stop accepting, wait up to ``grace`` seconds for live flows, then close the rest.
         Runs as the reconciler's last command; later commands fail with Stopped."""
         self._closing = True
-        for task in list(self._subscription_tasks):
+        for task in list(self._queued_commands):
             task.cancel()
         await self.reconciler.stop(lambda: self._shutdown(grace))
 

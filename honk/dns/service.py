@@ -4,15 +4,21 @@
 
     query bytes ─► wire.parse_query        malformed: FORMERR / NOTIMP from the raw header, or dropped
                 ─► RequestRouter.decide     reject → empty NOERROR; asis → the intercepted destination
+                ─► ipversion_prefer         the other family's A/AAAA emptied when the name is known
+                                            to have preferred-family addresses (cached, or landing
+                                            within 50 ms)
                 ─► DnsCache.get             key (qname, qtype, qclass, upstream or asis destination)
                 ─► Exchanger.exchange       (a miss; identical misses in flight share one exchange)
-                ─► response fallback        accept, or reject → empty NOERROR
+                ─► ResponseRouter.decide    accept; reject → empty NOERROR; an upstream → ask it and
+                                            decide again (at most MAX_LOOKUP_DEPTH upstreams)
                 ─► cache, learn, render     the client's id and question, TTLs = lifetime left
 
 The standalone listener (``listener.py``) and the transparent inbound both
 call :meth:`DnsService.handle`. Nothing raises out of it: a failed exchange is
 SERVFAIL, an unexpected error is logged with its traceback and answered
-SERVFAIL too.
+SERVFAIL too. Each query answered there is counted once in ``stats`` (by its
+rule's action and how it ended) for ``/metrics``; the Clash API's ``/dns/query``
+asks through the same entry, as a client of the standalone listener would.
 
 Cache lifetimes: a positive answer lives ``fixed_domain_ttl`` of its name if
 set (0: never cached), else ``optimistic_cache_ttl`` (0: the answer's lowest
@@ -35,6 +41,8 @@ from collections.abc import Hashable, Mapping
 
 import dns.message
 import dns.rcode
+import dns.rdataclass
+import dns.rdatatype
 
 from honk.config.spec import DnsSpec, DnsUpstreamSpec
 from honk.connection.dispatch import Dispatcher
@@ -42,18 +50,29 @@ from honk.core.clock import Clock
 from honk.core.net import Address, IPAddress
 from honk.daemon.logs import kv
 from honk.dns import wire
-from honk.dns.cache import CacheKey, DnsCache
+from honk.dns.cache import CacheKey, DnsCache, DnsStats
 from honk.dns.learning import DomainLearning
-from honk.dns.rules import RequestRouter
+from honk.dns.rules import DnsQuestion, RequestRouter, ResponseRouter
 from honk.dns.upstream import EXCHANGE_TIMEOUT, Destination, ExchangeFailed, Exchanger
+from honk.geo.assets import GeoAssets
 
-__all__ = ["MAX_QUERIES_IN_FLIGHT", "DnsService"]
+__all__ = ["MAX_LOOKUP_DEPTH", "MAX_QUERIES_IN_FLIGHT", "PREFERRED_FAMILY_WAIT", "DnsService"]
 
 log = logging.getLogger("honk.dns")
 
 # Queries answered at once; beyond this a query is REFUSED at once rather than queued
 # behind a stalled upstream (upstream honk's 2,048-query permit).
 MAX_QUERIES_IN_FLIGHT = 2048
+# Upstreams one query may be asked of: the request rule's, then those response rules send it to
+# (dae's MaxDnsLookupDepth); a response rule asking for one more fails the query (SERVFAIL)
+MAX_LOOKUP_DEPTH = 3
+# ipversion_prefer: how long a non-preferred answer waits for the preferred family's exchange
+# already in flight for the same name (dae: RFC 8305's 50 ms resolution delay)
+PREFERRED_FAMILY_WAIT = 0.050  # seconds
+# ipversion_prefer -> (the preferred QTYPE, the QTYPE whose answer it empties)
+PREFERRED_QTYPES = {4: (dns.rdatatype.A, dns.rdatatype.AAAA), 6: (dns.rdatatype.AAAA, dns.rdatatype.A)}
+# honk_dns_queries_total's result for an upstream's reply, by its verdict
+_RESULTS = {wire.Verdict.POSITIVE: "answered", wire.Verdict.NEGATIVE: "negative", wire.Verdict.OTHER: "error"}
 
 
 class _Outcome:
@@ -69,10 +88,13 @@ class _Outcome:
 class DnsService:
     def __init__(self, spec: DnsSpec, dispatcher: Dispatcher, clock: Clock, *, cache: DnsCache | None = None,
                  learning: DomainLearning | None = None, exchange_timeout: float = EXCHANGE_TIMEOUT,
-                 exchanger: Exchanger | None = None) -> None:
-        """``cache`` and ``learning``: carried over from the previous service (see :meth:`rebuilt`);
-        new ones by default. The cache is resized to ``spec.max_cache_size``. ``exchanger``:
-        what talks to upstreams (tests pass a fake); default one over ``dispatcher``."""
+                 exchanger: Exchanger | None = None, stats: DnsStats | None = None,
+                 geo: GeoAssets | None = None) -> None:
+        """``cache``, ``learning`` and ``stats`` (the counters /metrics reads): carried over from the
+        previous service (see :meth:`rebuilt`); new ones by default. The cache is resized to ``spec.max_cache_size``. ``exchanger``:
+        what talks to upstreams (tests pass a fake); default one over ``dispatcher``. ``geo``: the
+        geodata the rules' ``geosite:``/``geoip:``/``ext:`` codes read, the router's own (None: the
+        default asset directories); a code it cannot answer raises RouteCompileError."""
         self.spec = spec
         self._dispatcher = dispatcher
         self._clock = clock
@@ -82,7 +104,10 @@ class DnsService:
             cache.resize(spec.max_cache_size)
         self.cache = cache
         self.learning = learning if learning is not None else DomainLearning(clock)
-        self._router = RequestRouter(spec.request_rules, spec.request_fallback)
+        self.stats = stats if stats is not None else DnsStats()
+        self._geo = geo
+        self._router = RequestRouter(spec.request_rules, spec.request_fallback, geo)
+        self._responses = ResponseRouter(spec.response_rules, spec.response_fallback, geo)
         self._upstreams: Mapping[str, DnsUpstreamSpec] = {u.name: u for u in spec.upstreams}
         self._fixed = dict(spec.fixed_domain_ttl)
         self._exchanger = exchanger if exchanger is not None else Exchanger(dispatcher, clock, exchange_timeout)
@@ -90,13 +115,15 @@ class DnsService:
         self._failing: set[str] = set()  # upstreams in a failure streak (told at info once per streak)
         self._in_flight = 0
 
-    def rebuilt(self, spec: DnsSpec) -> DnsService:
+    def rebuilt(self, spec: DnsSpec, geo: GeoAssets | None = None) -> DnsService:
         """The service for ``spec`` over this one's learning and cache; cached answers of an
-        upstream whose definition changed or went away are dropped (asis answers stay)."""
+        upstream whose definition changed or went away are dropped (asis answers stay). ``geo``:
+        the router's geodata for the new rules (None: this service's)."""
         same = {name for name, u in self._upstreams.items() if spec.upstream(name) == u}
         self.cache.retain(lambda scope: not isinstance(scope, str) or scope in same)
         return DnsService(spec, self._dispatcher, self._clock, cache=self.cache, learning=self.learning,
-                          exchanger=self._exchanger)
+                          exchanger=self._exchanger, stats=self.stats,
+                          geo=geo if geo is not None else self._geo)
 
     def learned_names(self, ip: IPAddress | str) -> tuple[str, ...]:
         """The live names ``ip`` was given out for (see :class:`DomainLearning`)."""
@@ -130,27 +157,88 @@ class DnsService:
                                                   answer="dropped" if parsed is None else "error"))
             return parsed
         query = parsed
-        action = self._router.decide(query.qname, query.qtype)
+        question = DnsQuestion(query.qname, query.qtype, client.ip if client is not None else None)
+        action = self._router.decide(question)
         if action == "reject":
             log.debug("dns query rejected %s", kv(name=query.qname, qtype=query.qtype, client=client))
+            self.stats.query(action, "rejected")
             return wire.reply_to(query)
         destination = self._destination(action, original, tcp)
         if destination is None:
             log.debug("dns query failed %s", kv(name=query.qname, upstream=action, reason="no-destination"))
+            self.stats.query(action, "failed")
             return wire.reply_to(query, dns.rcode.SERVFAIL)
-        scope: Hashable = action if action != "asis" else ("asis", original)
-        key: CacheKey = (query.qname, query.qtype, query.qclass, scope)
+        key = self._key(query.qname, query.qtype, query.qclass, action, original)
+        sibling = self._preferred_sibling(query, client, original)
+        if sibling is not None and await self._has_addresses(sibling, wait=False):
+            return self._emptied(query, action)
         if self.spec.optimistic_cache:
             hit = self.cache.get(key)
             if hit is not None:
+                if sibling is not None and await self._has_addresses(sibling, wait=True):
+                    return self._emptied(query, action)
+                self.stats.query(action, "cached")
                 return self._send(dns.message.from_wire(hit.wire), query, hit.ttl, tcp)
         try:
-            outcome = await self._shared(key, destination, query, raw, client, tcp)
+            outcome = await self._shared(key, destination, query, question, raw, client, original, tcp)
         except ExchangeFailed:
+            self.stats.query(action, "failed")
             return wire.reply_to(query, dns.rcode.SERVFAIL)
         if outcome.wire is None:
+            self.stats.query(action, "rejected")
             return wire.reply_to(query)
-        return self._send(dns.message.from_wire(outcome.wire), query, None, tcp)
+        if sibling is not None and await self._has_addresses(sibling, wait=True):
+            return self._emptied(query, action)
+        reply = dns.message.from_wire(outcome.wire)
+        self.stats.query(action, _RESULTS[wire.classify(reply)])
+        return self._send(reply, query, None, tcp)
+
+    @staticmethod
+    def _key(qname: str, qtype: int, qclass: int, action: str, original: Address | None) -> CacheKey:
+        """The cache and in-flight key: the question and the request rule's exchange scope."""
+        scope: Hashable = action if action != "asis" else ("asis", original)
+        return (qname, qtype, qclass, scope)
+
+    # --- ipversion_prefer ---------------------------------------------------------------
+
+    def _preferred_sibling(self, query: wire.DnsQuery, client: Address | None,
+                           original: Address | None) -> tuple[CacheKey, int] | None:
+        """With ``ipversion_prefer``, for a query of the other address family: the key the same
+        name's preferred-family query is cached and exchanged under (the request rules choose its
+        upstream as they would for it), and that family's QTYPE. None otherwise."""
+        prefer = self.spec.ipversion_prefer
+        if prefer is None or query.qclass != dns.rdataclass.IN:
+            return None
+        preferred, emptied = PREFERRED_QTYPES[prefer]
+        if query.qtype != emptied:
+            return None
+        action = self._router.decide(DnsQuestion(query.qname, preferred, client.ip if client is not None else None))
+        if action == "reject":
+            return None
+        return self._key(query.qname, preferred, query.qclass, action, original), preferred
+
+    async def _has_addresses(self, sibling: tuple[CacheKey, int], *, wait: bool) -> bool:
+        """dae's rule: the name is known to have preferred-family addresses when a live cached
+        answer holds one, or (``wait``) when the exchange in flight for it brings one within
+        :data:`PREFERRED_FAMILY_WAIT`. honk never asks for the preferred family itself."""
+        key, preferred = sibling
+        if self.spec.optimistic_cache:
+            hit = self.cache.get(key)
+            if hit is not None and _holds_family(hit.wire, preferred):
+                return True
+        flight = self._flights.get(key) if wait else None
+        if flight is None:
+            return False
+        done, _ = await asyncio.wait({flight}, timeout=PREFERRED_FAMILY_WAIT)  # never cancels it
+        if not done or flight.cancelled() or flight.exception() is not None:
+            return False
+        outcome = flight.result()
+        return outcome.wire is not None and _holds_family(outcome.wire, preferred)
+
+    def _emptied(self, query: wire.DnsQuery, action: str) -> bytes:
+        log.debug("dns answer emptied %s", kv(name=query.qname, qtype=query.qtype, reason="ipversion_prefer"))
+        self.stats.query(action, "rejected")
+        return wire.reply_to(query)
 
     def _destination(self, action: str, original: Address | None, tcp: bool) -> Destination | None:
         if action == "asis":
@@ -163,14 +251,15 @@ class DnsService:
         return Destination(upstream.name, upstream.protocol, Address(upstream.host, upstream.port),
                            upstream.outbound)
 
-    async def _shared(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, raw: bytes,
-                      client: Address | None, tcp: bool) -> _Outcome:
+    async def _shared(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, question: DnsQuestion,
+                      raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> _Outcome:
         """The outcome of one exchange for ``key``; a query that finds one in flight waits for it
         (shielded: a client giving up does not cancel the others' answer)."""
         flight = self._flights.get(key)
         if flight is None:
             flight = asyncio.get_running_loop().create_task(
-                self._exchange(key, destination, query, raw, client, tcp), name="honk-dns-exchange")
+                self._exchange(key, destination, query, question, raw, client, original, tcp),
+                name="honk-dns-exchange")
             self._flights[key] = flight
             flight.add_done_callback(lambda done: self._landed(key, done))
         return await asyncio.shield(flight)
@@ -182,25 +271,38 @@ class DnsService:
             flight.exception()  # retrieved: every waiter may have given up already
 
     async def aclose(self) -> None:
-        """Cancel the exchanges in flight (their waiters get SERVFAIL-free cancellation)."""
+        """Cancel the exchanges in flight (their waiters get SERVFAIL-free cancellation), then
+        close the encrypted upstreams' connections. Called only for the last service of a chain
+        of rebuilds (the DNS section removed, or shutdown): a rebuilt one shares the exchanger."""
         flights = list(self._flights.values())
         for flight in flights:
             flight.cancel()
         await asyncio.gather(*flights, return_exceptions=True)
+        await self._exchanger.aclose()
 
-    async def _exchange(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, raw: bytes,
-                        client: Address | None, tcp: bool) -> _Outcome:
-        try:
-            reply = await self._exchanger.exchange(destination, query.message, raw, client, tcp=tcp)
-        except ExchangeFailed as exc:
-            self._failed(destination, query, exc)
-            raise
-        if destination.label in self._failing:
-            self._failing.discard(destination.label)
-            log.info("dns upstream answering again %s", kv(upstream=destination.label))
-        if self.spec.response_fallback == "reject":
-            log.debug("dns reply rejected %s", kv(name=query.qname, upstream=destination.label))
-            return _Outcome(None, None)
+    async def _exchange(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, question: DnsQuestion,
+                        raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> _Outcome:
+        """Ask ``destination``, then run the response rules on its answer: ``accept`` keeps it,
+        ``reject`` empties it, an upstream's name asks that one instead and runs the rules again
+        on its answer, at most :data:`MAX_LOOKUP_DEPTH` upstreams in all."""
+        asked = 1
+        while True:
+            reply = await self._ask(destination, query, raw, client, tcp)
+            addresses = [ip for ip, _owner, _ttl in wire.address_records(reply)]
+            verdict = self._responses.decide(question, destination.label, addresses)
+            if verdict == "accept":
+                break
+            if verdict == "reject":
+                log.debug("dns reply rejected %s", kv(name=query.qname, upstream=destination.label))
+                return _Outcome(None, None)
+            following = self._destination(verdict, original, tcp)
+            if following is None or asked >= MAX_LOOKUP_DEPTH:
+                reason = "no-destination" if following is None else "lookup-too-deep"
+                log.debug("dns response rule failed %s", kv(name=query.qname, upstream=destination.label,
+                                                            next=verdict, reason=reason, depth=asked))
+                raise ExchangeFailed(reason, f"the response rules sent the query on to {verdict!r}")
+            log.debug("dns reply sent on %s", kv(name=query.qname, upstream=destination.label, next=verdict))
+            destination, asked = following, asked + 1
         lifetime = self._lifetime(query.qname, reply) if self.spec.optimistic_cache else None
         if lifetime is not None:
             wire.set_ttls(reply, lifetime)
@@ -208,6 +310,21 @@ class DnsService:
         if lifetime:
             self.cache.put(key, data, lifetime)
         return _Outcome(data, lifetime)
+
+    async def _ask(self, destination: Destination, query: wire.DnsQuery, raw: bytes, client: Address | None,
+                   tcp: bool) -> dns.message.Message:
+        """One exchange with one upstream, counted and its failure streaks told."""
+        started = self._clock.now()
+        try:
+            reply = await self._exchanger.exchange(destination, query.message, raw, client, tcp=tcp)
+        except ExchangeFailed as exc:
+            self._failed(destination, query, exc)
+            raise
+        self.stats.exchanged(destination.label, self._clock.now() - started)
+        if destination.label in self._failing:
+            self._failing.discard(destination.label)
+            log.info("dns upstream answering again %s", kv(upstream=destination.label))
+        return reply
 
     def _failed(self, destination: Destination, query: wire.DnsQuery, exc: ExchangeFailed) -> None:
         log.debug("dns exchange failed %s", kv(name=query.qname, upstream=destination.label,
@@ -238,3 +355,9 @@ class DnsService:
             self.learning.record(ip, (query.qname, owner) if owner != query.qname else (query.qname,),
                                  record_ttl)
         return wire.render(reply, query, tcp=tcp)
+
+
+def _holds_family(data: bytes, qtype: int) -> bool:
+    """Whether the reply ``data`` answers with at least one address of ``qtype``'s family."""
+    version = 4 if qtype == dns.rdatatype.A else 6
+    return any(ip.version == version for ip, _owner, _ttl in wire.address_records(dns.message.from_wire(data)))

@@ -79,8 +79,14 @@ class KernelInterception:
             wanted[f"net/ipv4/conf/{lan}/send_redirects"] = "0"
         return wanted
 
-    def install(self) -> None:
-        """Raises :class:`InterceptionError`; a failure leaves nothing of honk's behind."""
+    @property
+    def follows_default_route(self) -> bool:
+        """Whether an interface list says ``auto``: a default route change may change the table."""
+        return AUTO_INTERFACE in self.lan_interfaces or AUTO_INTERFACE in self.wan_interfaces
+
+    def install(self) -> nftables.Interception | None:
+        """Raises :class:`InterceptionError`; a failure leaves nothing of honk's behind. Returns
+        the table installed (None: pending, only ``auto`` and no default route yet)."""
         if self.auto_config_kernel_parameter:
             self._set_kernel_parameters()
         try:
@@ -88,18 +94,29 @@ class KernelInterception:
         except routing.RoutingError as exc:
             self.remove()
             raise InterceptionError(f"policy routing: {exc}") from exc
-        table = self.table
-        if not table.lan_interfaces and not table.wan_interfaces:  # only `auto`, with no default route yet
-            log.warning("interception pending: no interface to intercept on until a restart finds one")
-            return
         try:
-            nftables.run_nft(nftables.install_script(table), netns=self.netns)
-        except nftables.NftError as exc:
+            return self.install_table(self.table)
+        except InterceptionError:
             self.remove()
+            raise
+
+    def install_table(self, table: nftables.Interception) -> nftables.Interception | None:
+        """Replace honk's nftables table by ``table`` in one transaction (the policy routing
+        stays); with no interface at all (``auto`` without a default route) the table is taken
+        out, so nothing is diverted. Raises :class:`InterceptionError`."""
+        pending = not table.lan_interfaces and not table.wan_interfaces
+        try:
+            nftables.run_nft(nftables.remove_script() if pending else nftables.install_script(table),
+                             netns=self.netns)
+        except nftables.NftError as exc:
             raise InterceptionError(f"nftables: {exc}") from exc
+        if pending:
+            log.warning("interception pending: no interface yet (auto follows the default route)")
+            return None
         wans = f" wan={','.join(table.wan_interfaces)}" if self.wan_interfaces else ""
         log.info("interception installed lan=%s tproxy_port=%d%s", ",".join(table.lan_interfaces),
                  self.tproxy_port, wans)
+        return table
 
     def remove(self) -> None:
         """Deletes the table, then the policy routing; what is already gone is no error."""

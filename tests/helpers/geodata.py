@@ -23,7 +23,7 @@ SITES: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {
     "GEOLOCATION-!CN": [(dat.DOMAIN, "example.org", ())],
     # more codes the corpus cases name, as users' configurations do
     "CATEGORY-AI-!CN": [(dat.DOMAIN, "ai.example", ())],
-    "GOOGLE": [(dat.DOMAIN, "google.example", ())],
+    "GOOGLE": [(dat.DOMAIN, "google.example", ()), (dat.DOMAIN, "google.example.cn", ("cn",))],
     "GITHUB": [(dat.DOMAIN, "git.example", ())],
     "CATEGORY-DOH": [(dat.FULL, "doh.example", ())],
     "YOUTUBE": [(dat.DOMAIN, "video.example", ())],

@@ -132,3 +132,22 @@ def test_the_hosts_own_traffic_goes_through_honk_and_nothing_of_honks_stays_afte
 
     assert kernel_state(bed) == before
     assert router_curl(bed, url("v4", BLOCKED_PORT)).stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+
+
+def test_wan_auto_follows_the_default_route_as_it_comes_and_goes(bed, tmp_path):
+    path = tmp_path / "router.dae"
+    path.write_text(wan_config("auto", tmp_path))
+    with HonkProcess(path, netns=bed.router) as honk:
+        honk.wait_for(r"interception pending: no interface yet")  # the bed's router has no default route
+        honk.wait_for(r"honk ready")
+        assert router_curl(bed, url("v4", BLOCKED_PORT)).stdout.startswith("hello from server")  # not diverted
+        mark = honk.mark()
+        bed.exec(bed.router, "ip", "route", "add", "default", "via", SERVER.v4, "dev", bed.wan)
+        honk.wait_for(rf"interception installed lan= tproxy_port={TPROXY_PORT} wan={bed.wan}", after=mark)
+        refused = router_curl(bed, url("v4", BLOCKED_PORT))
+        assert refused.returncode != 0 and "hello" not in refused.stdout  # now through honk
+        mark = honk.mark()
+        bed.exec(bed.router, "ip", "route", "del", "default")
+        honk.wait_for(r"interception pending: no interface yet", after=mark)
+        assert router_curl(bed, url("v4", BLOCKED_PORT)).stdout.startswith("hello from server")
+        assert honk.stop(STOP_TIMEOUT) == 0

@@ -52,7 +52,8 @@ def test_the_corpus_has_a_case_for_every_form():
             "upstream_honk_config.dae", "upstream_routing_reference.dae", "upstream_groups_reference.dae",
             "node_named_group.dae", "nix_desktop_ip_mode.dae", "nix_include_must_list.dae",
             "commented_upstreams.dae", "split_by_service.dae", "glued_blocks_must_groups.dae",
-            "expiry_filter.dae", "tab_subscription_url_tag.dae", "stray_group_comments.dae"} <= names
+            "expiry_filter.dae", "tab_subscription_url_tag.dae", "stray_group_comments.dae",
+            "dns_routing_reference.dae"} <= names
     for path in CORPUS_FILES:
         text = path.read_text(encoding="utf-8")
         assert sources(path), path.name  # names the source it models

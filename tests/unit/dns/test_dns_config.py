@@ -261,11 +261,20 @@ def test_arrow_and_legacy_outbound_forms_force_a_node_or_group():
     assert [u.outbound for u in spec.dns.upstreams] == ["direct", "block"]
 
 
-@pytest.mark.parametrize("scheme", ["tls", "https", "h3", "http3", "quic"])
-def test_encrypted_upstreams_are_refused_as_not_yet_supported(scheme):
-    d = only_error(dns(f"    upstream {{\n        default: '{scheme}://dns.example'\n    }}\n"))
-    assert (d.code, d.key_path, d.loc.line) == ("not-yet-supported", "dns.upstream.default", 3)
-    assert scheme in d.message
+@pytest.mark.parametrize("scheme", ["tcp+udp", "udp+tcp"])
+def test_both_spellings_of_tcp_and_udp_read_as_udp_with_tcp_on_truncation(scheme):
+    spec, diags = load(dns(f"    upstream {{\n        default: '{scheme}://192.0.2.53:53'\n    }}\n"))
+    assert spec is not None, diags
+    assert [(u.protocol, u.port) for u in spec.dns.upstreams] == [("udp", 53)]
+
+
+@pytest.mark.parametrize(("scheme", "expected"), [("tls", ("tls", 853)), ("https", ("https", 443)),
+                                                  ("h3", ("h3", 443)), ("http3", ("h3", 443)), ("quic", ("quic", 853))])
+def test_encrypted_upstreams_load_with_their_default_ports(scheme, expected):
+    spec, diags = load(dns(f"    upstream {{\n        default: '{scheme}://dns.example' -> direct\n    }}\n"))
+    assert spec is not None, diags
+    (upstream,) = spec.dns.upstreams
+    assert (upstream.protocol, upstream.port) == expected
 
 
 @pytest.mark.parametrize("uri", ["ftp://1.1.1.1", "udp://", "udp://1.1.1.1:99999", "udp://1.1.1.1/dns", "a b"])
@@ -311,18 +320,16 @@ def rules(*lines: str, response: str = "") -> str:
 @pytest.mark.parametrize(
     ("rule", "code"),
     [
-        ("qname(regex: '^ads') -> reject", "not-yet-supported"),
-        ("qname(geosite: cn) -> reject", "not-yet-supported"),
-        ("sip(192.168.1.0/24) -> reject", "not-yet-supported"),
+        ("qname(regex: '(') -> reject", "invalid-regex"),
+        ("qname(ext: nolist) -> reject", "invalid-value"),
+        ("sip(not-an-address) -> reject", "invalid-value"),
         ("ip(10.0.0.0/8) -> reject", "invalid-value"),
         ("upstream(default) -> reject", "invalid-value"),
         ("domain(example.com) -> reject", "unknown-dns-condition"),
         ("qtype(bogus) -> reject", "invalid-value"),
         ("qtype(70000) -> reject", "invalid-value"),
-        ("qname(domain: x) -> reject", "invalid-value"),
         ("qname(example.com) reject", "missing-arrow"),
         ("qname(example.com) -> nowhere", "unknown-dns-upstream"),
-        ("qname(example.com -> reject", "unterminated-matcher"),
     ],
 )
 def test_request_rules_honk_cannot_follow_are_refused_at_their_line(rule, code):
@@ -338,13 +345,20 @@ def test_request_fallback_accepts_reject_asis_or_an_upstream():
     assert (d.code, d.key_path, d.loc.line) == ("unknown-dns-upstream", "dns.routing.request.fallback", 4)
 
 
-def test_response_rules_are_refused_but_the_fallback_is_read():
-    d = only_error(rules(response="upstream(default) -> accept"))
-    assert (d.code, d.key_path, d.loc.line) == ("not-yet-supported", "dns.routing.response[0]", 6)
-    spec, _ = load(rules(response="fallback: reject"))
-    assert spec.dns.response_fallback == "reject"
-    d = only_error(rules(response="fallback: default"))
-    assert (d.code, d.key_path) == ("not-yet-supported", "dns.routing.response.fallback")
+def test_an_unclosed_condition_is_refused_at_its_line_as_an_unclosed_routing_matcher_is():
+    _, diags = load(rules("qtype(a) -> default", "qname(example.com -> reject"))
+    errors = {(d.code, d.key_path, d.loc.line) for d in diags if d.severity is E}
+    assert errors == {("unterminated-matcher", "document", 5), ("unterminated-matcher", "dns.routing.request[1]", 5)}
+
+
+def test_response_rules_and_every_response_fallback_are_read():
+    spec, _ = load(rules(response="upstream(default) -> accept"))
+    assert [r.action for r in spec.dns.response_rules] == ["accept"]
+    for action in ("accept", "reject", "default"):
+        spec, _ = load(rules(response=f"fallback: {action}"))
+        assert spec.dns.response_fallback == action
+    d = only_error(rules(response="fallback: nowhere"))
+    assert (d.code, d.key_path) == ("unknown-dns-upstream", "dns.routing.response.fallback")
 
 
 # --- the other keys -------------------------------------------------------------------------
@@ -354,8 +368,6 @@ def test_response_rules_are_refused_but_the_fallback_is_read():
     ("line", "code"),
     [
         ("use_host: true", "not-yet-supported"),
-        ("ipversion_prefer: 4", "not-yet-supported"),
-        ("ipversion_prefer: 6", "not-yet-supported"),
         ("ipversion_prefer: 5", "invalid-value"),
         ("optimistic_cache_ttl: soon", "invalid-value"),
         ("optimistic_cache_ttl: 1.5", "invalid-value"),
@@ -388,6 +400,6 @@ def test_unknown_dns_keys_warn_and_the_file_loads():
 
 
 def test_toml_errors_are_located_too():
-    text = '[dns.upstream]\ndefault = "1.1.1.1"\nsecure = "tls://1.1.1.1"\n'
+    text = '[dns.upstream]\ndefault = "1.1.1.1"\nsecure = "tls://1.1.1.1?sni=x"\n'
     d = only_error(text, "toml")
-    assert (d.code, d.key_path, d.loc.line) == ("not-yet-supported", "dns.upstream.secure", 3)
+    assert (d.code, d.key_path, d.loc.line) == ("invalid-value", "dns.upstream.secure", 3)

@@ -1,4 +1,5 @@
-"""DNS request routing: first match wins; qname suffix/keyword/full, qtype, negation, AND."""
+"""DNS request routing: first match wins; qname suffix/keyword/full (routing's domain matcher), qtype,
+negation, AND."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from honk.config.spec import DNS_QTYPE_ANY, DnsCondition, DnsRequestRule, MatchArg
-from honk.dns.rules import RequestRouter, condition_holds, qname_matches
+from honk.dns.rules import RequestRouter, condition_holds
 
 A, AAAA, HTTPS = 1, 28, 65
 
@@ -17,6 +18,10 @@ def qname(*args: tuple[str, str], negated: bool = False) -> DnsCondition:
 
 def qtype(*types: int, negated: bool = False) -> DnsCondition:
     return DnsCondition("qtype", qtypes=types, negated=negated)
+
+
+def qname_matches(key: str, value: str, name: str) -> bool:
+    return condition_holds(qname((key, value)), name, A)
 
 
 def test_a_suffix_matches_on_label_boundaries_only():
