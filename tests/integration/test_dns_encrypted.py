@@ -183,6 +183,27 @@ def test_an_untrusted_certificate_is_servfail_from_the_service(run, monkeypatch)
         assert responder.queries == 0
 
 
+# --- plain UDP and TCP against the same real server ----------------------------------------------
+
+
+@pytest.mark.parametrize("scheme", ["udp", "tcp", "udp+tcp"])
+def test_plain_upstreams_answer_from_dnsdist_through_direct_and_through_a_node(run, front, scheme):
+    responder, peer = front
+
+    async def body(proxy_port: int) -> None:
+        uri = f"{scheme}://127.0.0.1:{peer.plain_port}"
+        async with exchanger_for(node_spec(proxy_port)) as exchanger:
+            assert await ask(exchanger, destination(uri), NAME) == [ADDRESS]
+            # through the node: a proxy leaf carries DNS over TCP (its stream), whatever the scheme
+            assert await ask(exchanger, destination(uri, outbound="edge"), "host2.example.test") == [
+                RECORDS["host2.example.test"]]
+            assert await ask(exchanger, destination(uri), "nowhere.example.test") == []
+        assert responder.queries == 3
+
+    with microsocks() as proxy:
+        run(body(proxy.port))
+
+
 # --- DoT and DoH through a node -----------------------------------------------------------------
 
 
