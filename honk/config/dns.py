@@ -12,12 +12,16 @@ so every spelling routing accepts (``geosite:cn@ads``, ``ext:``, ``regex:``,
 ``contains:``) means the same here, and the geodata they name is checked as
 routing's is: a code the data lacks refuses the file.
 
-dae's ``sub()``/``node()``/``subnode()`` select dae's own lookups of
-subscription and node host names; honk makes those through the system
-resolver, so such a rule is checked and then ignored with a counted
-``not-honoured`` warning. What honk does not do yet (``use_host``) is a
-located ``not-yet-supported`` error, so a configuration never loads with DNS
-behaving other than written.
+dae's ``sub()``/``node()``/``subnode()`` select the upstream the daemon's own
+lookups of subscription and node host names go to; they are kept as
+:class:`~honk.config.spec.DnsOwnRule` (arguments keyed as dae's
+component/daedns/router.go keys them) for :mod:`honk.dns.own`. A key dae does
+not know, a regex that does not compile, a mix of selectors (or with
+``qname``/``qtype``/``sip``) in one rule and a target that is no declared
+upstream are located errors, as dae refuses them. ``link_keyword``/``link_regex``
+of ``node``/``subnode`` test a node's share link, which honk does not keep: a
+located ``not-yet-supported`` error, as is ``use_host``, so a configuration
+never loads with DNS behaving other than written.
 
 Entries arrive as described on :attr:`honk.config.tree.Doc.dns`; scalar
 settings follow the usual rule (the last occurrence wins), upstreams and rules
@@ -35,6 +39,7 @@ from honk.config import values as V
 from honk.config.expr import Call, ExprError, parse_call, parse_rule
 from honk.config.geodata import check_geodata
 from honk.config.spec import (
+    DNS_OWN_KEYS,
     DNS_QTYPE_ANY,
     DNS_REQUEST_BUILTINS,
     DNS_REQUEST_CONDITIONS,
@@ -42,6 +47,8 @@ from honk.config.spec import (
     DNS_RESPONSE_CONDITIONS,
     DnsBindSpec,
     DnsCondition,
+    DnsOwnCall,
+    DnsOwnRule,
     DnsRequestRule,
     DnsResponseRule,
     DnsSpec,
@@ -51,6 +58,7 @@ from honk.config.spec import (
     RuleSpec,
 )
 from honk.config.tree import Entry, Sink
+from honk.core.net import is_ip_literal
 from honk.dns import endpoint
 
 __all__ = ["QTYPE_NAMES", "build_dns", "dns_geodata_rules", "geodata_rules", "parse_bind", "parse_upstream_uri"]
@@ -137,14 +145,6 @@ def _valid_host(host: str) -> bool:
     return True
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 def parse_bind(text: str) -> DnsBindSpec:
     """A ``bind`` value (not empty): ``IP:port`` (UDP) or ``udp|tcp|tcp+udp://host:port``.
 
@@ -152,7 +152,7 @@ def parse_bind(text: str) -> DnsBindSpec:
     scheme, sep, rest = text.partition("://")
     if not sep:
         host, port = _host_port(text, port_required=True)
-        if not _is_ip(host):
+        if not is_ip_literal(host):
             raise ValueError("without a scheme the address must be a numeric IP:port (a hostname needs "
                              "udp://, tcp:// or tcp+udp://)")
         return DnsBindSpec(host, port or 0)
@@ -191,7 +191,7 @@ def parse_upstream_uri(text: str) -> tuple[str, str, int]:
             rest, path = rest[:slash], rest[slash:]
             if not _DOH_PATH.match(path):
                 raise ValueError("the DoH path must be printable ASCII without spaces, '?', '#', ';' or '\\'")
-    if not rest.startswith("[") and rest.count(":") > 1 and _is_ip(rest):
+    if not rest.startswith("[") and rest.count(":") > 1 and is_ip_literal(rest):
         host, port = rest, None  # a bare IPv6 literal without a port
     else:
         host, port = _host_port(rest, port_required=False)
@@ -199,7 +199,7 @@ def parse_upstream_uri(text: str) -> tuple[str, str, int]:
         raise ValueError("the upstream needs a host")
     if not _valid_host(host):
         raise ValueError("the host is neither an IP address nor a hostname")
-    host = host.rstrip(".").lower() if not _is_ip(host) else host
+    host = host.rstrip(".").lower() if not is_ip_literal(host) else host
     if port is None:
         port = endpoint.DEFAULT_PORTS[kind]
     if port == 0:
@@ -215,7 +215,7 @@ def _server_name_query(rest: str) -> tuple[str, str | None]:
     key, eq, value = query.partition("=")
     if key != SERVER_NAME_PARAM or not eq or "&" in value:
         raise ValueError(f"the only query parameter an upstream takes is {SERVER_NAME_PARAM}=NAME")
-    if "#" in value or not _HOSTNAME.match(value) or _is_ip(value):
+    if "#" in value or not _HOSTNAME.match(value) or is_ip_literal(value):
         raise ValueError(f"{SERVER_NAME_PARAM} must be a hostname")
     return rest, value.rstrip(".").lower()
 
@@ -224,19 +224,41 @@ def _server_name_query(rest: str) -> tuple[str, str | None]:
 
 # dae's selectors of its own lookups (subscription fetches, node server names): they take a
 # rule of their own, never mixed with qname/qtype, and name a declared upstream
-INTERNAL_SELECTORS = ("sub", "node", "subnode")
+INTERNAL_SELECTORS = tuple(DNS_OWN_KEYS)
+_OWN_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")  # a selector argument's ``key:``
+_OWN_REGEX_KEYS = ("tag_regex", "subtag_regex", "name_regex", "link_regex")
+# node()/subnode() keys that test the node's share link, which honk's NodeSpec does not keep
+_OWN_LINK_KEYS = ("link_keyword", "link_regex")
 _FALLBACK_KEYS = re.compile(r"^(fallback|default)\s*:")  # dae: "fallback is also called default"
 _ROUTING_PREDICATE = {"qname": "domain", "ip": "dip", "sip": "sip"}  # the routing matcher each reads as
 _PLACEHOLDER_TARGET = "direct"  # the outbound of the routing rule a condition's arguments are checked in
 
 
-class _Internal:
-    """A rule of dae's internal selectors: read and checked, then set aside (see build_dns)."""
-
-    __slots__ = ("action",)
-
-    def __init__(self, action: str) -> None:
-        self.action = action
+def _own_call(call: Call, e: Entry, sink: Sink) -> DnsOwnCall | None:
+    """A ``sub``/``node``/``subnode`` term's arguments keyed as dae keys them; None after a
+    located error (a key dae does not know, a regex that does not compile, a link key)."""
+    keys = DNS_OWN_KEYS[call.name]
+    args: list[MatchArg] = []
+    for raw in call.args or ():
+        m = _OWN_KEY.match(raw) if raw[:1] not in ("'", '"') else None
+        key, value = (m.group(1), V.unquote(raw[m.end() :].strip())) if m else ("", V.unquote(raw))
+        if key not in keys:
+            sink.error("invalid-value", e.path, f"{call.name}(...) takes the keys "
+                                                f"{', '.join(k for k in keys if k)} (or a bare {keys['']})", e.loc)
+            return None
+        key = keys[key]
+        if call.name != "sub" and key in _OWN_LINK_KEYS:
+            sink.error(NOT_YET, e.path, f"{call.name}({key}: ...) tests a node's share link, which honk "
+                                        "does not keep", e.loc)
+            return None
+        if key in _OWN_REGEX_KEYS:
+            try:
+                re.compile(value)
+            except (re.error, RecursionError, OverflowError, ValueError):
+                sink.error("invalid-regex", e.path, f"{call.name}({key}: ...) does not compile", e.loc)
+                return None
+        args.append(MatchArg(key, value))
+    return DnsOwnCall(tuple(args), call.negated)
 
 
 def _routing_args(name: str, call: Call, e: Entry, sink: Sink) -> tuple[MatchArg, ...] | None:
@@ -259,8 +281,8 @@ def _routing_args(name: str, call: Call, e: Entry, sink: Sink) -> tuple[MatchArg
     return args
 
 
-def _condition(term: str, phase: str, e: Entry, sink: Sink) -> DnsCondition | str | None:
-    """One term of a ``phase`` rule: a condition, the name of an internal selector, or None
+def _condition(term: str, phase: str, e: Entry, sink: Sink) -> DnsCondition | Call | None:
+    """One term of a ``phase`` rule: a condition, the call of an internal selector, or None
     after a located error."""
     try:
         call = parse_call(term, bare_prefixes=False)
@@ -270,7 +292,7 @@ def _condition(term: str, phase: str, e: Entry, sink: Sink) -> DnsCondition | st
     allowed = DNS_REQUEST_CONDITIONS if phase == "request" else DNS_RESPONSE_CONDITIONS
     name = call.name
     if name in INTERNAL_SELECTORS and phase == "request":
-        return name
+        return call
     if name not in allowed:
         other = DNS_RESPONSE_CONDITIONS if phase == "request" else (*DNS_REQUEST_CONDITIONS, *INTERNAL_SELECTORS)
         if name in other:
@@ -323,9 +345,9 @@ def _rule_text(e: Entry, sink: Sink) -> str | None:
     return None
 
 
-def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResponseRule | _Internal | None:
+def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResponseRule | DnsOwnRule | None:
     """One ``request`` or ``response`` rule (its lines already joined as dae joins them); None
-    after located errors. A rule of dae's internal selectors comes back as :class:`_Internal`."""
+    after located errors. A rule of dae's internal selectors comes back as :class:`DnsOwnRule`."""
     text = _rule_text(e, sink)
     if text is None:
         return None
@@ -337,13 +359,13 @@ def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResp
             sink.error("missing-arrow", e.path, "a DNS rule needs '-> action'", e.loc)
         return None
     conditions: list[DnsCondition] = []
-    selectors: list[str] = []
+    selectors: list[Call] = []
     ok = True
     for term in V.split_unquoted(text[:arrow], "&&"):
         found = _condition(term, phase, e, sink)
         if found is None:
             ok = False
-        elif isinstance(found, str):
+        elif isinstance(found, Call):
             selectors.append(found)
         else:
             conditions.append(found)
@@ -352,13 +374,17 @@ def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResp
         sink.error("invalid-rule", e.path, "rule has no action after '->'", e.loc)
         ok = False
     if selectors and conditions:
-        sink.error("invalid-rule", e.path, f"{selectors[0]}(...) selects honk's own lookups and cannot be "
+        sink.error("invalid-rule", e.path, f"{selectors[0].name}(...) selects honk's own lookups and cannot be "
                                            "mixed with qname/qtype/sip in one rule", e.loc)
         ok = False
-    if not ok:
+    elif len({c.name for c in selectors}) > 1:
+        sink.error("invalid-rule", e.path, "sub(), node() and subnode() cannot be mixed in one rule", e.loc)
+        ok = False
+    calls = [_own_call(c, e, sink) for c in selectors] if ok else []
+    if not ok or None in calls:
         return None
     if selectors:
-        return _Internal(action)
+        return DnsOwnRule(selectors[0].name, tuple(calls), action, e.loc)  # type: ignore[arg-type]
     if phase == "request":
         return DnsRequestRule(tuple(conditions), action, e.loc)
     return DnsResponseRule(tuple(conditions), action, e.loc)
@@ -457,7 +483,7 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
     upstream_entries: dict[str, Entry] = {}
     targets: list[tuple[str, Entry]] = []
     rules: dict[str, list[tuple[DnsRequestRule | DnsResponseRule, Entry]]] = {"request": [], "response": []}
-    internal: list[tuple[str, Entry]] = []  # rules of dae's internal selectors: (action, entry)
+    internal: list[tuple[DnsOwnRule, Entry]] = []  # rules of dae's internal selectors
     fallbacks: dict[str, tuple[str, Entry]] = {}
     fixed: dict[str, int] = {}
     for e in entries:
@@ -497,8 +523,8 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
                           fallbacks, sink)
                 continue
             rule = parse_dns_rule(e, key, sink)
-            if isinstance(rule, _Internal):
-                internal.append((rule.action, e))
+            if isinstance(rule, DnsOwnRule):
+                internal.append((rule, e))
             elif rule is not None:
                 rules[key].append((rule, e))
         elif key in ("request.fallback", "response.fallback"):
@@ -519,14 +545,10 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
                 for name in condition.upstreams:
                     if name not in known:
                         sink.error("unknown-dns-upstream", e.path, f"upstream({name}) names no upstream", e.loc)
-    for action, e in internal:
-        if action not in known:
-            sink.error("unknown-dns-upstream", e.path, f"action '{action}' names no upstream (dae's "
+    for own, e in internal:
+        if own.upstream not in known:
+            sink.error("unknown-dns-upstream", e.path, f"action '{own.upstream}' names no upstream (dae's "
                                                        "sub()/node()/subnode() rules name a declared one)", e.loc)
-        else:
-            sink.warning("not-honoured", e.path, "sub()/node()/subnode() route the daemon's own lookups of "
-                         "subscription and node host names; honk resolves those through the system resolver, "
-                         "so this rule is ignored", e.loc)
     for phase, (action, e) in fallbacks.items():
         values[f"{phase}_fallback"] = action
         if action not in builtins[phase] and action not in known:
@@ -543,6 +565,7 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
         request_rules=tuple(r for r, _ in rules["request"]),  # type: ignore[misc]
         response_rules=tuple(r for r, _ in rules["response"]),  # type: ignore[misc]
         fixed_domain_ttl=tuple(sorted(fixed.items())),
+        own_rules=tuple(r for r, _ in internal),
         loc=section.loc if section is not None else base.loc,
         **values,  # type: ignore[arg-type]
     ), targets

@@ -412,6 +412,40 @@ class DnsResponseRule:
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 
 
+# dae's selectors of its own lookups (docs/en/configuration/dns.md; component/daedns/router.go):
+# the keys each takes ('' is the bare form), and the key a bare argument or an alias is stored as
+DNS_OWN_KEYS = {
+    "sub": {"": "tag", "tag": "tag", "tag_regex": "tag_regex", "regex": "tag_regex",
+            "link_keyword": "link_keyword", "link_regex": "link_regex"},
+    "node": {"": "name", "name": "name", "name_keyword": "name_keyword", "name_regex": "name_regex",
+             "link_keyword": "link_keyword", "link_regex": "link_regex"},
+    "subnode": {"": "subtag", "subtag": "subtag", "subtag_regex": "subtag_regex", "regex": "subtag_regex",
+                "name": "name", "name_keyword": "name_keyword", "name_regex": "name_regex",
+                "link_keyword": "link_keyword", "link_regex": "link_regex"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DnsOwnCall:
+    """One ``[!]sub(...)``/``node(...)``/``subnode(...)`` term. Its arguments are alternatives
+    (dae ORs them, across keys too); no argument matches every subscription or node (for
+    ``subnode``: every node that came from a subscription)."""
+
+    args: tuple[MatchArg, ...] = ()  # keyed by the canonical key of DNS_OWN_KEYS
+    negated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DnsOwnRule:
+    """``sub(...) [&& sub(...)] -> upstream`` (or ``node``/``subnode``): which upstream resolves
+    the daemon's own lookup of a subscription's or a node's host. All calls must match."""
+
+    selector: str  # "sub" | "node" | "subnode"
+    calls: tuple[DnsOwnCall, ...]
+    upstream: str  # a declared upstream's name
+    loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+
+
 @dataclass(frozen=True, slots=True)
 class DnsSpec:
     """The ``dns { ... }`` section. Present (even empty) means honk answers DNS."""
@@ -431,6 +465,8 @@ class DnsSpec:
     optimistic_cache_ttl: int = DEFAULT_DNS_CACHE_TTL  # seconds; 0 keeps the answer's own TTL
     max_cache_size: int = DEFAULT_DNS_CACHE_SIZE  # entries, >= 1
     fixed_domain_ttl: tuple[tuple[str, int], ...] = ()  # (exact name, seconds); 0: never cache it
+    # dae's sub()/node()/subnode() request rules, in source order (honk.dns.own reads them)
+    own_rules: tuple[DnsOwnRule, ...] = ()
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 
     def upstream(self, name: str) -> DnsUpstreamSpec | None:

@@ -47,6 +47,7 @@ from honk.control.plan import (
 from honk.control.policies import ClosePolicy
 from honk.control.report import ApplyReport
 from honk.core.errors import FlowClosed
+from honk.dns.own import own_lookups
 from honk.group.manager import GroupManager
 from honk.inbound.sessions import Principal, admit
 from honk.netlink.interception import InterceptionError, KernelInterception
@@ -183,7 +184,9 @@ class Applier:
             except Exception as exc:  # noqa: BLE001 - any failure refuses the apply
                 raise BuildFailed("dns", exc) from exc
 
-        # 2. outbounds, in plan order
+        # 2. outbounds, in plan order; a node whose server name dae's node()/subnode() rules send
+        # to an upstream resolves it through that upstream (the desired state chose it per node)
+        own = own_lookups(spec.dns, dns_service, daemon.clock, desired.dns.timeout)
         targets: dict[str, Outbound] = {}
         used: dict[uuid.UUID, NodeRuntime] = {}
         source = self.plane if self.plane is not None else carried
@@ -201,7 +204,8 @@ class Applier:
                     used[decl.node.id] = runtime
             else:
                 try:
-                    leaf = build_leaf(decl.node, glob, daemon.clock, previous_runtimes, used)
+                    resolver = own.resolver(decl.own_dns) if own is not None else None
+                    leaf = build_leaf(decl.node, glob, daemon.clock, previous_runtimes, used, resolver)
                 except Exception as exc:  # noqa: BLE001 - a leaf that cannot be built refuses the apply
                     raise BuildFailed(str(resource), exc) from exc
                 leaf.outbound_id = f"{resource.tag}@v{resource.version}"
@@ -456,10 +460,12 @@ class Applier:
             return
         self.dns.service = new
         daemon.dns_handler = self.dns.handle if new is not None else None
+        daemon.dns_answer_now = self.dns.answer_now if new is not None else None
         daemon.learned_names = new.learned_names if new is not None else None
         for listener in [*self.listeners.values(), *(entry[2] for entry in prepared.to_start)]:
             if hasattr(listener, "learned_names"):  # a transparent inbound
                 listener.dns_handler = daemon.dns_handler  # type: ignore[attr-defined]
+                listener.dns_answer_now = daemon.dns_answer_now  # type: ignore[attr-defined]
                 listener.learned_names = daemon.learned_names  # type: ignore[attr-defined]
         if new is None and old is not None:
             await old.aclose()  # a rebuilt service shares its state, and its queries finish
@@ -515,6 +521,11 @@ class DnsFront:
         if service is None:
             return None
         return await service.handle(query, client, original, tcp=tcp)
+
+    def answer_now(self, query: bytes, client: Any, original: Any, *, tcp: bool = False) -> bytes | None:
+        """A cache hit answered synchronously (``DnsService.answer_now``), or None: call handle()."""
+        service = self.service
+        return None if service is None else service.answer_now(query, client, original, tcp=tcp)
 
 
 def _dns_service(spec: Any, running: Any, daemon: Daemon, geo: Any) -> Any:

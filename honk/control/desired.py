@@ -6,7 +6,9 @@ resource's change is visible without looking at any other:
 
 * ``dns``: the resolver settings (every outbound but the reject kind holds the resolver);
 * ``outbounds``: ``direct``, ``block`` and each node (its first declaration), with an
-  optional drain override (the node link's ``drain`` parameter);
+  optional drain override (the node link's ``drain`` parameter) and the DNS upstream
+  dae's ``node()``/``subnode()`` rules pick for its server name (so a reload that
+  changes that choice, or the chosen upstream, rebuilds the node);
 * ``groups``: each group with its *resolved* members, so a node added to a filter's
   reach changes the group even though its declaration did not change;
 * ``route``: the rules and the fallback;
@@ -31,6 +33,7 @@ from honk.config.spec import (
     BUILTIN_OUTBOUNDS,
     DEFAULT_CLASH_API_CONTROLLER,
     TPROXY_MARK,
+    DnsUpstreamSpec,
     GlobalSpec,
     GroupSpec,
     InboundUser,
@@ -42,6 +45,7 @@ from honk.config.spec import (
 from honk.config.validate import DNS_INBOUND, TPROXY_INBOUND
 from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 from honk.core.net import parse_host_port
+from honk.dns.own import node_upstream
 from honk.geo.assets import GeoAssets
 from honk.group.manager import cut_cycles
 from honk.group.membership import resolve_membership
@@ -87,6 +91,7 @@ class OutboundDecl:
     tag: str
     node: NodeSpec
     drain: ClosePolicy | None = None  # None: the desired state's default
+    own_dns: DnsUpstreamSpec | None = None  # resolves the node's server (None: the system resolver)
 
     @property
     def uses_dns(self) -> bool:
@@ -193,7 +198,7 @@ def lower(spec: Spec) -> DesiredState:
     }
     for node in spec.nodes:
         if node.name not in outbounds:  # the first declaration of a name wins
-            outbounds[node.name] = OutboundDecl(node.name, node, node_drain(node))
+            outbounds[node.name] = OutboundDecl(node.name, node, node_drain(node), node_upstream(spec.dns, node))
     groups = _lower_groups(spec)
     user_sets: list[UserSetDecl] = []
     inbounds: list[InboundDecl] = []

@@ -19,6 +19,15 @@ class Network(enum.Enum):
     __hash__ = object.__hash__
 
 
+def is_ip_literal(host: str) -> bool:
+    """Whether ``host`` is an IPv4 or IPv6 address as written (no brackets, no port)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_host(host: str) -> tuple[str, IPAddress | None]:
     """Normalise a host once: an IP literal to its canonical text and value, a name

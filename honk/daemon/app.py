@@ -36,7 +36,7 @@ from honk.alive.service import HealthService
 from honk.api.server import ApiServer
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
-from honk.config.spec import GlobalSpec, InboundUser, Spec
+from honk.config.spec import GlobalSpec, InboundUser, Spec, SubscriptionSpec
 from honk.connection.descriptors import DescriptorBudget, raise_descriptor_limit
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import Plane, SystemResolver, build_plane
@@ -57,6 +57,7 @@ from honk.core.stats import RuntimeStats
 from honk.daemon.logs import LogBroker, kv, set_level
 from honk.daemon.loopguard import LoopGuard
 from honk.daemon.notify import Notifier
+from honk.dns.own import OwnLookups, own_lookups, subscription_upstream
 from honk.ebpf.service import SlotService
 from honk.geo.update import GeodataUpdater, UpdateReport, dial_for_route
 from honk.group.manager import SharedGroupManager
@@ -100,6 +101,10 @@ class Daemon:
         self._closing = False
         self._queued_commands: set[asyncio.Task[None]] = set()  # node sets and interface moves waiting for the reconciler
         self._fetch_plane: Plane | None = None  # only while start() waits for detoured first fetches
+        # only while start() waits for the first fetches: the resolvers of dae's sub() DNS rules
+        # (there is no DNS service before the first apply) and the exchanger they ask through
+        self._start_own: OwnLookups | None = None
+        self._start_exchanger: Any = None
         self.tracker = ConnectionTracker(self.clock)
         self.sessions = SessionRegistry()  # inbound sessions by tag
         self.stats = RuntimeStats()  # event counters the API exports
@@ -112,6 +117,7 @@ class Daemon:
         # what the transparent inbound hands intercepted port-53 queries to, and the DNS-learned
         # names of an address (None: no DNS module configured)
         self.dns_handler: Callable[..., Awaitable[bytes | None]] | None = None
+        self.dns_answer_now: Callable[..., bytes | None] | None = None  # its cache hits, without a task
         self.learned_names: Callable[[Any], tuple[str, ...]] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -186,9 +192,13 @@ class Daemon:
             self.mode.set(spec.clash_api.default_mode)
         Path(spec.global_.data_dir).mkdir(parents=True, exist_ok=True)
         config, subscriptions = spec, self._subscription_manager(spec)
-        if any(s.detour for s in config.subscriptions):
+        own_fetches = any(not s.detour and subscription_upstream(config.dns, s) is not None
+                          for s in config.subscriptions)
+        if any(s.detour for s in config.subscriptions) or own_fetches:
             # first downloads through a node of the file, before the real plane exists
             self._fetch_plane = build_plane(config, self.clock, 0)
+        if own_fetches:
+            self._start_own_lookups(config)
         try:
             await subscriptions.start()
             await subscriptions.wait_settled(FIRST_FETCH_WAIT)
@@ -199,7 +209,9 @@ class Daemon:
             prepared = await self.applier.prepare(first, desired, saved_choices=saved, carried=self._fetch_plane)
         except BaseException:
             await subscriptions.stop()
+            await self._end_start_own_lookups()
             raise
+        await self._end_start_own_lookups()
         previous_fetch, self._fetch_plane = self._fetch_plane, None
         self.config, self.subscriptions = config, subscriptions
         report = await self.applier.commit(prepared)
@@ -270,9 +282,42 @@ class Daemon:
             DirectOutbound(self.clock, glob.connect_timeout).dial_tcp,
             self._on_subscription_nodes,
             dial_via=self._dial_via,
+            dial_for=self._own_dial,
         )
         manager.stats = self.stats  # before the first fetch
         return manager
+
+    def _own_dial(self, subscription: SubscriptionSpec) -> Dial | None:
+        """A direct dial resolving ``subscription``'s URL host through the upstream dae's ``sub()``
+        DNS rules of the running configuration pick (at start, before the first apply: of the
+        file, asked through the fetch plane); None: no rule picks one."""
+        spec = self.spec
+        if spec is not None:
+            own = own_lookups(spec.dns, self.applier.dns.service, self.clock, spec.global_.connect_timeout)
+        else:
+            own = self._start_own
+        resolver = own.for_subscription(subscription) if own is not None else None
+        if resolver is None or own is None:
+            return None
+        return DirectOutbound(self.clock, own.timeout, resolver=resolver).dial_tcp
+
+    def _start_own_lookups(self, config: Spec) -> None:
+        """The sub() rules' resolvers for the first downloads: their upstream exchanges route
+        through the fetch plane (the file's nodes and rules), as the DNS service's will through
+        the first real plane."""
+        from honk.dns.upstream import Exchanger  # dnspython: the file has a dns section
+
+        assert config.dns is not None and self._fetch_plane is not None
+        glob = config.global_
+        dispatcher = Dispatcher(self._fetch_plane, self.tracker, self.clock, glob,
+                                SystemResolver(self.clock, glob.connect_timeout))
+        self._start_exchanger = Exchanger(dispatcher, self.clock)
+        self._start_own = OwnLookups(config.dns, self._start_exchanger, self.clock, glob.connect_timeout)
+
+    async def _end_start_own_lookups(self) -> None:
+        exchanger, self._start_own, self._start_exchanger = self._start_exchanger, None, None
+        if exchanger is not None:
+            await exchanger.aclose()
 
     def _dial_via(self, name: str) -> Dial:
         """Dial through the node or group ``name`` of the plane current at each download."""

@@ -275,8 +275,15 @@ class _UdpProtocol(asyncio.DatagramProtocol):
         self._transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: tuple) -> None:
-        if self._transport is not None:
-            self._listener._spawn(self._listener._udp_query(self._transport, data, addr))
+        transport = self._transport
+        if transport is None:
+            return
+        answer_now = getattr(self._listener.service, "answer_now", None)
+        answer = answer_now(data, _peer(addr), None) if answer_now is not None else None
+        if answer is not None:  # a cache hit, answered from bytes in this callback: no task
+            transport.sendto(answer, addr)
+            return
+        self._listener._spawn(self._listener._udp_query(transport, data, addr))
 
     def error_received(self, exc: Exception) -> None:
         log.debug("dns listener socket error %s", kv(error=exc))

@@ -13,6 +13,12 @@
                                             decide again (at most MAX_LOOKUP_DEPTH upstreams)
                 ─► cache, learn, render     the client's id and question, TTLs = lifetime left
 
+A cache hit in the plain case (see :mod:`honk.dns.fastwire`) is answered from
+the cached bytes before any of that is parsed with dnspython: the same request
+rules, cache key, counters and learning, the same answer; anything else (a
+miss, a query or reply outside the plain case, the family ``ipversion_prefer``
+may empty, an answer a UDP client would get truncated) goes the way above.
+
 The standalone listener (``listener.py``) and the transparent inbound both
 call :meth:`DnsService.handle`. Nothing raises out of it: a failed exchange is
 SERVFAIL, an unexpected error is logged with its traceback and answered
@@ -49,7 +55,7 @@ from honk.connection.dispatch import Dispatcher
 from honk.core.clock import Clock
 from honk.core.net import Address, IPAddress
 from honk.daemon.logs import kv
-from honk.dns import wire
+from honk.dns import fastwire, wire
 from honk.dns.cache import CacheKey, DnsCache, DnsStats
 from honk.dns.learning import DomainLearning
 from honk.dns.rules import DnsQuestion, RequestRouter, ResponseRouter
@@ -125,6 +131,12 @@ class DnsService:
                           exchanger=self._exchanger, stats=self.stats,
                           geo=geo if geo is not None else self._geo)
 
+    @property
+    def exchanger(self) -> Exchanger:
+        """The upstream exchanges, shared by every rebuild of this service (and by the daemon's
+        own lookups, honk.dns.own): one set of encrypted connections."""
+        return self._exchanger
+
     def learned_names(self, ip: IPAddress | str) -> tuple[str, ...]:
         """The live names ``ip`` was given out for (see :class:`DomainLearning`)."""
         return self.learning.learned_names(ip)
@@ -149,8 +161,25 @@ class DnsService:
         finally:
             self._in_flight -= 1
 
+    def answer_now(self, query: bytes, client: Address | None, original: Address | None, *,
+                   tcp: bool = False) -> bytes | None:
+        """The answer to ``query`` when it is a cache hit the bytes path serves (see
+        :meth:`_fast_hit`), without a task or an await: what a listener tries first, from its
+        datagram callback. None, having changed nothing: call :meth:`handle`."""
+        if not self.spec.optimistic_cache or self._in_flight >= MAX_QUERIES_IN_FLIGHT:
+            return None
+        try:
+            return self._fast_hit(query, client, original, tcp)
+        except Exception:  # noqa: BLE001 - the full path answers (or logs) it instead
+            log.debug("dns fast answer failed %s", kv(client=client), exc_info=True)
+            return None
+
     async def _handle(self, raw: bytes, client: Address | None, original: Address | None,
                       tcp: bool) -> bytes | None:
+        if self.spec.optimistic_cache:
+            answer = self._fast_hit(raw, client, original, tcp)
+            if answer is not None:
+                return answer
         parsed = wire.parse_query(raw)
         if not isinstance(parsed, wire.DnsQuery):
             log.debug("dns query malformed %s", kv(client=client, size=len(raw),
@@ -192,6 +221,34 @@ class DnsService:
         reply = dns.message.from_wire(outcome.wire)
         self.stats.query(action, _RESULTS[wire.classify(reply)])
         return self._send(reply, query, None, tcp)
+
+    def _fast_hit(self, raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> bytes | None:
+        """A cache hit answered from bytes, as the path below would answer it (request rules, key,
+        hit and ``cached`` counted, addresses learned at the time left); None, having changed
+        nothing, for whatever that path must handle: not a plain query, reject, no destination,
+        the family ``ipversion_prefer`` may empty, no live prepared entry, too big for UDP."""
+        query = fastwire.read_query(raw)
+        if query is None:
+            return None
+        prefer = self.spec.ipversion_prefer
+        if prefer is not None and query.qclass == dns.rdataclass.IN and query.qtype == PREFERRED_QTYPES[prefer][1]:
+            return None
+        action = self._router.decide(DnsQuestion(query.qname, query.qtype, client.ip if client is not None else None))
+        if action == "reject" or (original is None if action == "asis" else action not in self._upstreams):
+            return None
+        key = self._key(query.qname, query.qtype, query.qclass, action, original)
+        hit = self.cache.peek(key)
+        if hit is None:
+            return None
+        reply, ttl = hit
+        answer = reply.answer(query, ttl, tcp)
+        if answer is None:
+            return None
+        self.cache.touch(key)
+        self.stats.query(action, "cached")
+        for ip, names in reply.learned:
+            self.learning.record(ip, names, ttl)
+        return answer
 
     @staticmethod
     def _key(qname: str, qtype: int, qclass: int, action: str, original: Address | None) -> CacheKey:

@@ -215,6 +215,7 @@ class TransparentInbound(BindThenServe):
         self.spec = spec
         self.name = spec.name
         self.dns_handler = dns_handler
+        self.dns_answer_now: Callable[..., bytes | None] | None = None  # cache hits answered in the callback
         self.learned_names = learned_names
         self._dispatcher = dispatcher
         self._clock = clock
@@ -518,6 +519,11 @@ class TransparentInbound(BindThenServe):
             del self._udp_sessions[key]
 
     def _dns(self, query: bytes, client: Address, original: Address) -> None:
+        now = self.dns_answer_now
+        answer = now(query, client, original) if now is not None else None
+        if answer is not None:  # a cache hit: no task
+            self.send_from(original, client, answer)
+            return
         if len(self._dns_tasks) >= MAX_DNS_INFLIGHT:
             log.debug("dns query dropped %s", kv(inbound=self.name, source=client, reason="too many in flight"))
             return

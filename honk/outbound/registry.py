@@ -8,6 +8,11 @@ Every proxy leaf gets the :class:`~honk.outbound.runtime.NodeRuntime` of its
 NodeId: the one passed in ``runtimes`` (from the plane being replaced) when
 the node is unchanged, else a new one. Identity is the NodeId alone, which
 covers everything that decides how the node is dialled; a rename keeps it.
+
+A proxy leaf reaches its server through its ``connector`` (a DirectOutbound); when
+dae's ``node()``/``subnode()`` DNS rules pick an upstream for the node, the applier
+passes that upstream's resolver (:mod:`honk.dns.own`) and the connector resolves the
+server name through it instead of the system resolver.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from honk.outbound.block import BlockOutbound
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.runtime import NodeRuntime
 from honk.outbound.unsupported import UnsupportedOutbound
+from honk.route.resolve import Resolver
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +103,18 @@ def build_outbounds(
 
 
 def build_leaf(node: NodeSpec, glob: GlobalSpec, clock: Clock, previous: Mapping[uuid.UUID, NodeRuntime],
-               used: dict[uuid.UUID, NodeRuntime]) -> Outbound:
+               used: dict[uuid.UUID, NodeRuntime], resolver: Resolver | None = None) -> Outbound:
     """One leaf for ``node``. A proxy leaf gets the runtime of its NodeId: one already in
     ``used`` (this build), else the open one in ``previous``, else a new one; it is
-    recorded in ``used``. Raises what the protocol's constructor raises."""
+    recorded in ``used``. ``resolver``: what resolves a proxy leaf's server name (None: the
+    system resolver). Raises what the protocol's constructor raises."""
     factory = _FACTORIES.get(node.protocol)
     if factory is None:
         return UnsupportedOutbound(node.name, node.protocol)
     leaf = factory(node, glob, clock)
+    if resolver is not None and isinstance(getattr(leaf, "connector", None), DirectOutbound):
+        leaf.connector = DirectOutbound(clock, glob.connect_timeout, name=node.name,  # type: ignore[attr-defined]
+                                        resolver=resolver)
     if node.protocol not in BUILTIN_OUTBOUNDS:
         runtime = used.get(node.id) or previous.get(node.id)
         if runtime is None or runtime.closed:

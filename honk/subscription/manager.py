@@ -112,6 +112,9 @@ class SubscriptionManager:
     ``dial`` opens the connections downloads use (``DirectOutbound.dial_tcp``);
     a subscription with a ``detour`` downloads through ``dial_via(detour)``
     instead (the daemon resolves the name in its current plane at each fetch);
+    ``dial_for(spec)``, asked at each download without a detour, may give another
+    dial (the daemon's: one resolving the URL host through the upstream dae's
+    ``sub()`` DNS rules pick); None keeps ``dial``;
     ``publish`` receives ``{tag: nodes}`` whenever the node set changes.
     """
 
@@ -126,12 +129,14 @@ class SubscriptionManager:
         ssl_context: ssl.SSLContext | None = None,
         fetch_timeout: float = FETCH_TIMEOUT,
         dial_via: Callable[[str], Dial] | None = None,
+        dial_for: Callable[[SubscriptionSpec], Dial | None] | None = None,
     ) -> None:
         self._specs = tuple(specs)
         self._data_dir = data_dir
         self._clock = clock
         self._dial = dial
         self._dial_via = dial_via
+        self._dial_for = dial_for
         self._publish = publish
         self._ssl_context = ssl_context
         self._fetch_timeout = fetch_timeout
@@ -320,9 +325,13 @@ class SubscriptionManager:
     async def _download(self, spec: SubscriptionSpec) -> FetchResult:
         if spec.url.startswith(FILE_SCHEME):  # dae's local node list
             return await asyncio.to_thread(read_local, spec.url)
+        if spec.detour and self._dial_via:
+            dial = self._dial_via(spec.detour)
+        else:
+            dial = (self._dial_for(spec) if self._dial_for is not None else None) or self._dial
         return await fetch(
             spec.url,
-            dial=self._dial_via(spec.detour) if spec.detour and self._dial_via else self._dial,
+            dial=dial,
             clock=self._clock,
             deadline=self._clock.now() + self._fetch_timeout,
             user_agent=spec.user_agent,

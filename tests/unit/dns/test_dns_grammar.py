@@ -12,7 +12,16 @@ import pytest
 
 from honk.config.diagnostics import ConfigError, Diagnostic, Severity
 from honk.config.load import load_text
-from honk.config.spec import DNS_QTYPE_ANY, DnsCondition, DnsRequestRule, DnsResponseRule, MatchArg, Spec
+from honk.config.spec import (
+    DNS_QTYPE_ANY,
+    DnsCondition,
+    DnsOwnCall,
+    DnsOwnRule,
+    DnsRequestRule,
+    DnsResponseRule,
+    MatchArg,
+    Spec,
+)
 
 A, AAAA, CNAME, HTTPS = 1, 28, 5, 65
 E = Severity.ERROR
@@ -244,15 +253,42 @@ def test_ipversion_prefer_refuses_anything_but_4_or_6_at_its_line():
 # --- dae's internal selectors ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rule", ["sub(my_sub) -> googledns", "node(name_keyword: hk) -> googledns",
-                                  "subnode(subtag: my_sub) -> alidns"])
-def test_dae_s_own_lookup_selectors_are_checked_then_ignored_with_a_counted_warning(rule):
-    """dae docs/en/configuration/dns.md: sub()/node()/subnode() select dae's own lookups of
-    subscription and node hosts; honk makes those through the system resolver."""
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("sub(my_sub) -> googledns", DnsOwnRule("sub", (DnsOwnCall((MatchArg("tag", "my_sub"),)),), "googledns")),
+    ("sub() -> googledns", DnsOwnRule("sub", (DnsOwnCall(),), "googledns")),
+    ("sub(regex: '^paid', link_keyword: provider) -> alidns",
+     DnsOwnRule("sub", (DnsOwnCall((MatchArg("tag_regex", "^paid"), MatchArg("link_keyword", "provider"))),),
+                "alidns")),
+    ("node(name_keyword: hk) -> googledns",
+     DnsOwnRule("node", (DnsOwnCall((MatchArg("name_keyword", "hk"),)),), "googledns")),
+    ("node(hk-01, name_regex: '^jp') -> googledns",
+     DnsOwnRule("node", (DnsOwnCall((MatchArg("name", "hk-01"), MatchArg("name_regex", "^jp"))),), "googledns")),
+    ("subnode(subtag: my_sub, name_keyword: hk) -> alidns",
+     DnsOwnRule("subnode", (DnsOwnCall((MatchArg("subtag", "my_sub"), MatchArg("name_keyword", "hk"))),), "alidns")),
+    ("subnode(my_sub) && !subnode(regex: 'x$') -> alidns",
+     DnsOwnRule("subnode", (DnsOwnCall((MatchArg("subtag", "my_sub"),)),
+                            DnsOwnCall((MatchArg("subtag_regex", "x$"),), negated=True)), "alidns")),
+])
+def test_dae_s_own_lookup_selectors_are_kept_with_their_arguments_keyed_as_dae_keys_them(rule, expected):
+    """dae docs/en/configuration/dns.md and example.dae: sub()/node()/subnode() pick the upstream of
+    dae's own lookups; component/daedns/router.go names their keys (a bare argument is the tag,
+    the name or the subtag; ``regex`` is ``tag_regex``/``subtag_regex``)."""
     spec, diags = load(dns(f"            {rule}\n            fallback: alidns\n"))
-    assert spec is not None and spec.dns.request_rules == ()
-    assert [(d.severity, d.code, d.key_path, d.loc.line) for d in diags] == [
-        (Severity.WARNING, "not-honoured", "dns.routing.request[0]", 8)]
+    assert spec is not None and spec.dns.request_rules == () and diags == ()
+    assert spec.dns.own_rules == (expected,)
+    assert spec.dns.own_rules[0].loc.line == 8
+
+
+@pytest.mark.parametrize(("rule", "code"), [
+    ("node(subtag: my_sub) -> alidns", "invalid-value"),  # a subnode key
+    ("sub(name: x) -> alidns", "invalid-value"),
+    ("node(name_regex: '(') -> alidns", "invalid-regex"),
+    ("node(link_keyword: trojan) -> alidns", "not-yet-supported"),  # honk keeps no share link
+    ("sub(my_sub) && node(hk) -> alidns", "invalid-rule"),
+    ("node(hk) -> asis", "unknown-dns-upstream"),  # plain upstream targets only
+])
+def test_an_own_lookup_selector_dae_would_refuse_is_refused_at_its_line(rule, code):
+    assert errors(dns(f"            {rule}\n")) == [(code, "dns.routing.request[0]", 8)]
 
 
 def test_an_own_lookup_selector_mixed_with_qname_or_naming_no_upstream_is_refused():
