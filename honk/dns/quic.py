@@ -29,6 +29,7 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from honk.alive.traffic import traffic_of
 from honk.connection import scoring
 from honk.core.clock import Clock, TimerHandle, timeout_at
 from honk.core.errors import DialError, HonkError, NotSupported
@@ -171,6 +172,7 @@ class QuicDnsConnection(Connection):
         self._route: _Path | None = None
         self._timer: TimerHandle | None = None
         self._queries: dict[int, _Query] = {}
+        self.heard = False  # a datagram came back from the server through a node's path
         self.handshake: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.handshake.add_done_callback(_retrieve)
         if kind == endpoint.H3:
@@ -197,6 +199,7 @@ class QuicDnsConnection(Connection):
 
     def datagram_from(self, data: bytes, source: Address) -> None:
         if source == self._server:
+            self.heard = True  # the node carried something back (its health: see _node_health)
             self.datagram(data)
 
     def path_lost(self, error: HonkError | None) -> None:
@@ -380,6 +383,8 @@ async def connect_quic(dispatcher: Any, clock: Clock, routed: Any, server: Addre
         route = await _open_path(leaf, pinned, connection, deadline)
     except BaseException as exc:
         scoring.report_setup(guard, clock, leaf, exc)
+        if isinstance(exc, DialError):  # the node's UDP association failed: its health hears it
+            _node_health(leaf, answered=False)
         raise
     connection._reporter = scoring.report_setup(guard, clock, leaf, None)
     try:
@@ -391,13 +396,31 @@ async def connect_quic(dispatcher: Any, clock: Clock, routed: Any, server: Addre
     except BaseException as exc:
         failure = exc if isinstance(exc, ExchangeFailed) else ExchangeFailed(
             "dial-timeout" if isinstance(exc, TimeoutError) else "dial-quic", str(exc))
+        if isinstance(exc, TimeoutError) and not connection.heard:
+            _node_health(leaf, answered=False)  # nothing came back through the node at all
         connection._fail(failure)
         if isinstance(exc, asyncio.CancelledError):
             raise
         raise failure from None
+    _node_health(leaf, answered=True)
     connection.leaf = leaf  # type: ignore[attr-defined]
     connection._arm_idle()
     return connection
+
+
+def _node_health(leaf: Any, *, answered: bool) -> None:
+    """A QUIC dial through a proxy node, told to the node's health as its UDP relaying is judged
+    elsewhere (honk.connection.udp): packets answered once the handshake came back through it;
+    failed when its association could not open, or nothing at all came back before the
+    deadline. A handshake the server refused (datagrams came back) says nothing of the node."""
+    traffic = traffic_of(leaf)
+    if traffic is None:  # direct: no node
+        return
+    family = getattr(leaf, "health_family", 4)
+    if answered:
+        traffic.packets_answered(family)
+    else:
+        traffic.packets_failed(family)
 
 
 async def _resolve(dispatcher: Any, clock: Clock, leaf: Any, server: Address, deadline: float) -> Any:

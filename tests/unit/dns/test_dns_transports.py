@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from types import SimpleNamespace
 
 import dns.message
 import h2.config
@@ -18,6 +19,8 @@ from honk.config.diagnostics import ConfigError, Severity
 from honk.config.dns import parse_upstream_uri
 from honk.config.load import load_text
 from honk.core.clock import FakeClock
+from honk.core.errors import DialError
+from honk.core.net import Address
 from honk.dns import endpoint
 from honk.dns.encrypted import (
     ALT_SVC_CLEAR,
@@ -33,8 +36,11 @@ from honk.dns.encrypted import (
     with_id,
 )
 from honk.dns.failure import ExchangeFailed
-from honk.dns.quic import doq_query
+from honk.dns.quic import connect_quic, doq_query
 from honk.group.score.attempt import Result
+
+QUIC_SILENT_TIMEOUT = 3.0  # seconds (fake clock) a QUIC dial through a silent node may take in the test
+SETTLE_TURNS = 20  # loop turns for a dial to reach its first await on the network
 
 LENGTH = struct.Struct("!H")
 SMALL_WINDOW = 16  # bytes: a server flow-control window smaller than one query
@@ -461,3 +467,58 @@ def test_an_alt_svc_header_offers_http3_only_on_the_same_host(header, offer):
 def test_with_id_replaces_only_the_id():
     wire = query(qid=1)
     assert with_id(wire, 0xABCD)[:2] == b"\xab\xcd" and with_id(wire, 0xABCD)[2:] == wire[2:]
+
+
+# --- QUIC through a node: what its health hears --------------------------------------------------
+
+
+class _Traffic:
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+
+    def packets_failed(self, family: int) -> None:
+        self.heard.append(f"failed/{family}")
+
+    def packets_answered(self, family: int) -> None:
+        self.heard.append(f"answered/{family}")
+
+
+class _Node:
+    """A proxy leaf whose UDP association cannot open (or hears nothing back)."""
+
+    protocol = "socks5"
+    name = "edge"
+    health_family = 4
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.runtime = SimpleNamespace(traffic=_Traffic())
+        self._error = error
+
+    async def dial_udp(self, receive, deadline, on_lost):  # noqa: ANN001, ANN201 - a leaf's dial_udp
+        if self._error is not None:
+            raise self._error
+        return SimpleNamespace(send=lambda data, target: None, close=lambda: None, closed=False)
+
+
+async def test_a_node_whose_udp_association_fails_a_quic_dial_is_told_to_its_health():
+    node = _Node(DialError("edge", "connect", "the relay refused the association"))
+    with pytest.raises(DialError):
+        await connect_quic(None, FakeClock(), SimpleNamespace(leaf=node, score=None), Address("192.0.2.53", 853),
+                           endpoint.Transport(endpoint.QUIC), "up", 1.0)
+    assert node.runtime.traffic.heard == ["failed/4"]
+
+
+async def test_a_quic_dial_through_a_node_that_hears_nothing_back_counts_against_it():
+    clock = FakeClock()
+    node = _Node(None)  # the association opens; nothing ever comes back through it
+    dial = asyncio.ensure_future(connect_quic(None, clock, SimpleNamespace(leaf=node, score=None),
+                                              Address("192.0.2.53", 853), endpoint.Transport(endpoint.QUIC), "up",
+                                              QUIC_SILENT_TIMEOUT))
+    for _ in range(SETTLE_TURNS):  # the dial reaches its wait for the handshake
+        await asyncio.sleep(0)
+    assert not dial.done() and node.runtime.traffic.heard == []
+    clock.advance(QUIC_SILENT_TIMEOUT)
+    with pytest.raises(ExchangeFailed) as failed:
+        await dial
+    assert failed.value.reason == "dial-timeout"
+    assert node.runtime.traffic.heard == ["failed/4"]
