@@ -19,9 +19,9 @@ component/daedns/router.go keys them) for :mod:`honk.dns.own`. A key dae does
 not know, a regex that does not compile, a mix of selectors (or with
 ``qname``/``qtype``/``sip``) in one rule and a target that is no declared
 upstream are located errors, as dae refuses them. ``link_keyword``/``link_regex``
-of ``node``/``subnode`` test a node's share link, which honk does not keep: a
-located ``not-yet-supported`` error, as is ``use_host``, so a configuration
-never loads with DNS behaving other than written.
+of ``node``/``subnode`` test the node's share link as written (``NodeSpec.link``).
+``use_host`` is a located ``not-yet-supported`` error, so a configuration never
+loads with DNS behaving other than written.
 
 Entries arrive as described on :attr:`honk.config.tree.Doc.dns`; scalar
 settings follow the usual rule (the last occurrence wins), upstreams and rules
@@ -227,8 +227,6 @@ def _server_name_query(rest: str) -> tuple[str, str | None]:
 INTERNAL_SELECTORS = tuple(DNS_OWN_KEYS)
 _OWN_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*:")  # a selector argument's ``key:``
 _OWN_REGEX_KEYS = ("tag_regex", "subtag_regex", "name_regex", "link_regex")
-# node()/subnode() keys that test the node's share link, which honk's NodeSpec does not keep
-_OWN_LINK_KEYS = ("link_keyword", "link_regex")
 _FALLBACK_KEYS = re.compile(r"^(fallback|default)\s*:")  # dae: "fallback is also called default"
 _ROUTING_PREDICATE = {"qname": "domain", "ip": "dip", "sip": "sip"}  # the routing matcher each reads as
 _PLACEHOLDER_TARGET = "direct"  # the outbound of the routing rule a condition's arguments are checked in
@@ -247,10 +245,6 @@ def _own_call(call: Call, e: Entry, sink: Sink) -> DnsOwnCall | None:
                                                 f"{', '.join(k for k in keys if k)} (or a bare {keys['']})", e.loc)
             return None
         key = keys[key]
-        if call.name != "sub" and key in _OWN_LINK_KEYS:
-            sink.error(NOT_YET, e.path, f"{call.name}({key}: ...) tests a node's share link, which honk "
-                                        "does not keep", e.loc)
-            return None
         if key in _OWN_REGEX_KEYS:
             try:
                 re.compile(value)

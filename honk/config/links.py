@@ -196,7 +196,12 @@ _CHAIN = re.compile(r"->\s*[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
-    """A share link as a node; ``tag`` (a dae tag or structured key) names it."""
+    """A share link as a node; ``tag`` (a dae tag or structured key) names it. The node keeps
+    its link (dae's DNS ``node(link_keyword: ...)`` tests it)."""
+    return dataclasses.replace(_parse_link(link, tag), link=link.strip())
+
+
+def _parse_link(link: str, tag: str | None) -> NodeSpec:
     if _CHAIN.search(link):
         raise LinkError("unsupported-node-chain", "node chains ('link -> link') are not supported yet: "
                                                   "honk dials each node directly")

@@ -196,6 +196,8 @@ class NodeSpec:
     # subtag(...) filters read it. Not part of the identity.
     subscription: str = field(default="", compare=False)
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
+    # the share link as written (credentials included: never shown); DNS node(link_keyword: ...)
+    link: str = field(default="", compare=False, repr=False)
 
 
 # --- subscriptions ----------------------------------------------------------------

@@ -90,7 +90,7 @@ def node_upstream_name(rules: Iterable[DnsOwnRule], node: NodeSpec) -> str | Non
     """The upstream the rules pick for ``node``'s server name: a ``subnode`` rule for a node from a
     subscription, else a ``node`` rule; None when none matches."""
     rules = tuple(rules)
-    fields = {"name": node.name, "subtag": node.subscription}
+    fields = {"name": node.name, "subtag": node.subscription, "link": node.link}
     if node.subscription:
         chosen = _first(rules, SUBNODE, fields)
         if chosen is not None:

@@ -283,7 +283,6 @@ def test_dae_s_own_lookup_selectors_are_kept_with_their_arguments_keyed_as_dae_k
     ("node(subtag: my_sub) -> alidns", "invalid-value"),  # a subnode key
     ("sub(name: x) -> alidns", "invalid-value"),
     ("node(name_regex: '(') -> alidns", "invalid-regex"),
-    ("node(link_keyword: trojan) -> alidns", "not-yet-supported"),  # honk keeps no share link
     ("sub(my_sub) && node(hk) -> alidns", "invalid-rule"),
     ("node(hk) -> asis", "unknown-dns-upstream"),  # plain upstream targets only
 ])

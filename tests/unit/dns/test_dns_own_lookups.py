@@ -11,6 +11,7 @@ request fallback).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 
 import dns.message
@@ -19,6 +20,7 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
+from honk.config.links import parse_node_link
 from honk.config.load import load_text
 from honk.config.spec import DnsSpec, DnsUpstreamSpec, NodeSpec, SubscriptionSpec
 from honk.core.clock import FakeClock
@@ -78,6 +80,19 @@ def chosen_for_sub(spec: DnsSpec, name: str, url: str = "https://sub.example.tes
 ])
 def test_a_node_rule_matches_each_argument_form_as_dae_does(rule, name, expected):
     assert chosen(dns_spec(rule), node(name)) == expected
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("node(link_keyword: 'edge.example.test') -> nodedns", "nodedns"),
+    ("node(link_keyword: vmess) -> nodedns", None),
+    ("node(link_regex: '^socks5://[^@]+@') -> nodedns", "nodedns"),
+    ("subnode(link_keyword: socks5) -> nodedns", "nodedns"),
+])
+def test_link_keys_test_the_nodes_share_link_as_written(rule, expected):
+    n = parse_node_link("socks5://user:pw@edge.example.test:1080#hk-1")
+    assert n.link == "socks5://user:pw@edge.example.test:1080#hk-1"
+    n = dataclasses.replace(n, subscription="paid") if rule.startswith("subnode") else n
+    assert chosen(dns_spec(rule), n) == expected
 
 
 def test_a_node_call_s_arguments_are_alternatives_even_across_keys():
