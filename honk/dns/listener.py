@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import socket
@@ -45,6 +46,7 @@ MAX_TCP_CONNECTIONS = 256  # open TCP connections; newcomers beyond are closed a
 BACKLOG = 128
 EPHEMERAL_ATTEMPTS = 8  # port 0 with both transports: tries to find a port free for UDP and TCP
 MAX_UDP_QUERY = 65535
+CLIENT_HOSTS_CACHED = 4096  # client addresses whose parsed form is remembered (a LAN has far fewer)
 
 
 class QueryHandler(Protocol):
@@ -55,12 +57,20 @@ class QueryHandler(Protocol):
 def _peer(addr: tuple) -> Address | None:
     """The client as an Address; an IPv4-mapped IPv6 peer (a dual-stack socket) as IPv4."""
     try:
-        ip = ipaddress.ip_address(addr[0])
+        host = _client_host(addr[0])
     except (ValueError, IndexError, TypeError):
         return None
+    return Address(host, addr[1])
+
+
+@functools.lru_cache(maxsize=CLIENT_HOSTS_CACHED)
+def _client_host(text: str) -> str:
+    """A peer's address text, unmapped and canonical; cached, since a LAN's few clients ask
+    again and again and parsing costs more than answering a cached query."""
+    ip = ipaddress.ip_address(text)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return Address(str(ip), addr[1])
+    return str(ip)
 
 
 class DnsListener(BindThenServe):
