@@ -31,7 +31,7 @@ import trustme
 from helpers.doq import answer
 from helpers.peers import require_binary
 from helpers.peerservers import LOOPBACK, TLS_NAMES, Probe, _serving, _workdir, tcp_accepts, udp_bound
-from helpers.servers import free_port
+from helpers.servers import SHUTDOWN_POLL, free_port
 
 DOH_PATH = "/dns-query"
 LENGTH = struct.Struct("!H")  # TCP DNS's length prefix (RFC 1035 §4.2.2)
@@ -65,8 +65,8 @@ class Backend:
         port = self._tcp.server_address[1]
         self._udp = socketserver.UDPServer((LOOPBACK, port), Udp)
         self.address = (LOOPBACK, port)
-        self._threads = [threading.Thread(target=server.serve_forever, daemon=True, name="dns-backend")
-                         for server in (self._tcp, self._udp)]
+        self._threads = [threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True,
+                                          name="dns-backend") for server in (self._tcp, self._udp)]
         for thread in self._threads:
             thread.start()
 

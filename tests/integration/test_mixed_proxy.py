@@ -22,7 +22,7 @@ import pytest
 import trustme
 from helpers.aio import close_writer, rule, socks5_open
 from helpers.peers import curl
-from helpers.servers import EchoServer
+from helpers.servers import SHUTDOWN_POLL, EchoServer
 
 from honk.config.spec import (
     GlobalSpec,
@@ -82,7 +82,7 @@ class Origin:
         if tls is not None:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:
