@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -436,14 +435,8 @@ async def _resolve(dispatcher: Any, clock: Clock, leaf: Any, server: Address, de
 
 async def _open_path(leaf: Any, server: Address, connection: QuicDnsConnection, deadline: float) -> _Path:
     if leaf.protocol == "direct":
-        ip = server.ip
-        sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM)
+        sock = leaf.connected_udp(str(server.ip), server.port)
         try:
-            sock.setblocking(False)
-            mark = getattr(leaf, "mark_socket", None)
-            if mark is not None:
-                mark(sock)
-            sock.connect((str(ip), server.port))
             route = _SocketPath(connection.datagram, connection.path_lost)
             await asyncio.get_running_loop().create_datagram_endpoint(lambda: route, sock=sock)
         except BaseException:

@@ -391,17 +391,7 @@ class Exchanger:
             if not addresses:
                 raise ExchangeFailed("resolve", "no address")
             ip = addresses[0]
-        sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            sock.setblocking(False)
-            mark = getattr(leaf, "mark_socket", None)
-            if mark is not None:
-                mark(sock)
-            sock.connect((str(ip), address.port))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+        return leaf.connected_udp(str(ip), address.port)
 
     async def _tcp(self, routed: Routed, out: bytes, qid: int, question: dns.rrset.RRset,
                    reporters: list[ScoreReporter]) -> dns.message.Message:

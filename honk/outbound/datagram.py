@@ -15,7 +15,6 @@ endpoint, reported once through ``on_lost``.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from honk.core.errors import HonkError, UpstreamFailed
 from honk.core.net import Address
@@ -56,11 +55,8 @@ class ProxyDatagramEndpoint:
     async def open(self, host: str, port: int, connector: DirectOutbound) -> None:
         """The socket: marked like the node's TCP dials, connected to ``host:port``."""
         loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        sock = connector.connected_udp(host, port)
         try:
-            sock.setblocking(False)
-            connector.mark_socket(sock)
-            sock.connect((host, port))
             self._transport, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), sock=sock)
         except BaseException:
             sock.close()

@@ -294,6 +294,20 @@ class DirectOutbound:
             raise
         return sock
 
+    def connected_udp(self, host: str, port: int) -> socket.socket:
+        """A non-blocking UDP socket marked as this outbound's dials are, connected to the IP
+        literal ``host`` and ``port`` (a leaf's own datagrams: DNS, DoQ, a node's relay).
+        Raises OSError with nothing left open."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
+            self._apply_mark(sock)
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
     def mark_socket(self, sock: socket.socket) -> None:
         """Put the bypass mark on ``sock`` (a leaf's own UDP socket, for example)."""
         self._apply_mark(sock)
