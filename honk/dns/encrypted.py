@@ -166,6 +166,16 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 class Connection:
     """One multiplexed connection to one upstream; subclasses speak its protocol."""
 
+    def _query_id(self, query: bytes) -> int:
+        """The id of ``query`` to send on this connection; ExchangeFailed once it ended, or for
+        bytes too short to hold an id."""
+        if self.closed:
+            raise self.failure or ExchangeFailed("closed")
+        own = message_id(query)
+        if own is None:
+            raise ExchangeFailed("bad-query", "shorter than a message id")
+        return own
+
     def __init__(self, clock: Clock, reporter: ScoreReporter | None) -> None:
         self._clock = clock
         self._reporter = reporter
@@ -268,11 +278,7 @@ class DotConnection(Connection):
         return len(self._waiting)
 
     async def exchange(self, query: bytes) -> bytes:
-        if self.closed:
-            raise self.failure or ExchangeFailed("closed")
-        own = message_id(query)
-        if own is None:
-            raise ExchangeFailed("bad-query", "shorter than a message id")
+        own = self._query_id(query)
         wire_id = own
         while wire_id in self._waiting:
             wire_id = secrets.randbits(16)

@@ -43,7 +43,6 @@ from honk.dns.encrypted import (
     authority_of,
     doh_request_headers,
     length_prefixed,
-    message_id,
     with_id,
 )
 from honk.dns.failure import ExchangeFailed
@@ -264,11 +263,7 @@ class QuicDnsConnection(Connection):
     # queries
 
     async def exchange(self, query: bytes) -> bytes:
-        if self.closed:
-            raise self.failure or ExchangeFailed("closed")
-        own = message_id(query)
-        if own is None:
-            raise ExchangeFailed("bad-query", "shorter than a message id")
+        own = self._query_id(query)
         reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         reply.add_done_callback(_retrieve)
         stream_id = self._quic.get_next_available_stream_id()
