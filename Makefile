@@ -81,7 +81,7 @@ TWIN_TESTS = tests/unit tests/sim \
 	tests/integration/test_shadowsocks_relay.py tests/integration/test_shadowsocks_outbound.py \
 	tests/integration/test_v2_outbounds.py tests/integration/test_v2_udp.py \
 	tests/integration/test_score_escape.py tests/integration/test_score_reporters.py \
-	tests/integration/test_ebpf_datapath.py
+	tests/integration/test_ebpf_datapath.py tests/integration/test_counter_cadence.py
 
 test: build peers
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
@@ -102,7 +102,8 @@ DEBIAN_LIBS_TESTS := tests/unit \
 	tests/integration/test_clash_streams.py tests/integration/test_native_api.py \
 	tests/integration/test_metrics.py tests/integration/test_dns_loopback.py \
 	tests/integration/test_health_http_probe.py tests/integration/test_health_udp_probe.py \
-	tests/integration/test_daemon_process.py tests/integration/test_mixed_proxy.py
+	tests/integration/test_daemon_process.py tests/integration/test_mixed_proxy.py \
+	tests/integration/test_browser_cors.py tests/integration/test_flow_log_streams.py
 test-debian-libs: build
 	packaging/deb/libs-venv.sh $(DEBIAN_LIBS_VENV)
 	HONK_REQUIRE_EXTENSIONS=1 PYTHONPATH=$(CURDIR) $(DEBIAN_LIBS_VENV)/bin/python -m pytest -q -p no:cacheprovider $(DEBIAN_LIBS_TESTS)

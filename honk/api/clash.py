@@ -57,7 +57,7 @@ from honk.connection.warm import pool_stats, warm_stats
 from honk.control.errors import ApplyError
 from honk.control.mode import MODES
 from honk.core.clock import timeout_at
-from honk.daemon.logs import LEVELS
+from honk.daemon.logs import LEVELS, daemon_level
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.outbound.base import Outbound
 
@@ -402,7 +402,23 @@ def routes(control: Control) -> list[web.RouteDef]:
     # --- rules -----------------------------------------------------------------------------------
 
     async def get_rules(request: web.Request) -> web.StreamResponse:
-        return reply(views.rules(running_plane(control).spec))
+        plane = running_plane(control)
+        return reply(views.rules(plane.spec, plane.router.stats.rows()))
+
+    async def patch_rules_disable(request: web.Request) -> web.StreamResponse:
+        # {"3": true} disables rule 3 until re-enabled or a reload recompiles the rules; all or nothing
+        body = await json_body(request)
+        stats = running_plane(control).router.stats
+        try:
+            changes = views.rule_changes(body, stats.size)
+            stats.set_disabled(changes)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from None
+        for verb, flag in (("disabled", True), ("enabled", False)):
+            indexes = sorted(index for index, value in changes.items() if value is flag)
+            if indexes:
+                log.info("rules %s through the API: %s", verb, ", ".join(map(str, indexes)))
+        return no_content()
 
     async def get_rule_providers(request: web.Request) -> web.StreamResponse:
         return reply({"providers": {}})
@@ -464,7 +480,7 @@ def routes(control: Control) -> list[web.RouteDef]:
 
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)
-        level = clash_log_level(logging.getLogger("honk").getEffectiveLevel())
+        level = clash_log_level(daemon_level())  # not the logger's: a debug /logs reader lowers that
         return reply(views.configs(plane.spec, control.mode.mode, level, mixed_port(plane)))
 
     async def patch_configs(request: web.Request) -> web.StreamResponse:
@@ -550,10 +566,13 @@ def routes(control: Control) -> list[web.RouteDef]:
         if level is None:
             raise bad_request("level must be one of debug, info, warning, error, silent")
         structured = request.query.get("format", "").lower() == "structured"
-        formatter = ((lambda e: views.log_structured(e.wall, e.level, e.message)) if structured
-                     else (lambda e: views.log_plain(e.level, e.message)))
+        formatter = ((lambda e: views.log_structured(e.wall, e.level, views.log_message(e))) if structured
+                     else (lambda e: views.log_plain(e.level, views.log_message(e))))
         subscription = control.logs.subscribe(level)
-        return await streams.serve_log_lines(request, control, subscription, formatter)
+        try:
+            return await streams.serve_log_lines(request, control, subscription, formatter)
+        finally:
+            subscription.close()  # idempotent; a debug reader must not outlive its stream
 
     return [
         web.get("/version", version, allow_head=False),
@@ -571,6 +590,7 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.get("/providers/proxies/{provider}/healthcheck", provider_healthcheck, allow_head=False),
         web.get("/providers/proxies/{provider}/{name}/healthcheck", provider_node_healthcheck, allow_head=False),
         web.get("/rules", get_rules, allow_head=False),
+        web.patch("/rules/disable", patch_rules_disable),
         web.get("/providers/rules", get_rule_providers, allow_head=False),
         web.get("/connections", get_connections, allow_head=False),
         web.delete("/connections", delete_connections),

@@ -25,20 +25,23 @@ from typing import Any
 
 from honk.alive.checkurl import DEFAULT_DELAY_URL
 from honk.alive.group_checks import GroupChecks
-from honk.alive.health import AliveDialerSet
+from honk.alive.health import AliveDialerSet, Status
 from honk.alive.outcome import Domain, Family
 from honk.api.jsonio import dumps
 from honk.config.spec import GroupSpec, NodeSpec, Policy, Predicate, RuleSpec, Spec
+from honk.connection.flowlog import FlowOpened
 from honk.connection.plane import Plane
 from honk.connection.tracker import ConnectionInfo
-from honk.control.mode import global_members
+from honk.control.mode import global_members, mode_rule
 from honk.core.net import Network
 from honk.core.stats import OutboundCounts, StaggerCounts
+from honk.daemon.logs import LogEvent
 from honk.group.filter import health_family_of, node_id_of
 from honk.group.manager import GroupManager
 from honk.group.policy import Selector
 from honk.outbound.base import Outbound
 from honk.route.router import EMPTY_RULE_TEXT, FALLBACK_RULE_TEXT, describe_rule
+from honk.route.rulestats import NEVER, RuleRow
 
 GLOBAL = "GLOBAL"
 CLASH_NAMES = {"direct": "DIRECT", "block": "REJECT"}  # honk builtin -> Clash spelling
@@ -214,12 +217,25 @@ def leaf_type(leaf: Outbound) -> str:
 
 
 def _node_alive(alive: AliveDialerSet | None, node_id: uuid.UUID | None, family: Family) -> bool:
-    """TCP not dead in the node's health family ``family``, the family its server is reached on
-    and the only one it is probed and judged in (GH-D-07, GH-K-01): the state of the other
-    family, never recorded, cannot mask a dead one. An unknown state counts as alive."""
+    """A node's ``alive`` as a dashboard counts it (``alive === true`` members of a group).
+
+    The TCP health verdict in the node's health family ``family``, the family its server is
+    reached on and the only one it is probed and judged in (GH-D-07, GH-K-01): the state of
+    the other family, never recorded, cannot mask a dead one. While there is no verdict (a
+    failure in the registration grace or below the death threshold is only history), the
+    newest observation decides, as mihomo's ``alive`` follows its last URL test: a probe of
+    that family or a delay test of any URL. With none, the node counts as alive. This is
+    the view only: a delay test is never health evidence (GH-L-11)."""
     if alive is None or node_id is None:
         return True
-    return alive.tcp_alive(node_id, family)
+    status = alive.status(node_id, Domain.TCP, family)
+    if status is not Status.UNKNOWN:
+        return status is not Status.DEAD
+    newest: tuple[float, float, bool] | None = None
+    for entries in (alive.history(node_id, Domain.TCP, family), *alive.url_histories(node_id).values()):
+        if entries and (newest is None or entries[-1][0] >= newest[0]):
+            newest = entries[-1]
+    return newest is None or not newest[2]
 
 
 def _merged(*histories: Sequence[tuple[float, float, bool]]) -> list[tuple[float, float, bool]]:
@@ -542,16 +558,58 @@ def rule_type(rule: RuleSpec) -> tuple[str, str]:
     return ("AND", _logic([predicate_view(p) for p in rule.predicates]))
 
 
-def rules(spec: Spec) -> dict[str, Any]:
-    """``GET /rules``: the routing rules in order, then the fallback as a Match rule."""
+# Go's zero time.Time as mihomo marshals it: the hitAt or missAt of a rule never hit or missed
+ZERO_TIME = "0001-01-01T00:00:00Z"
+_NO_COUNTS = RuleRow(disabled=False, hits=0, hit_at=NEVER, misses=0, miss_at=NEVER)
+
+
+def rule_time(wall: float) -> str:
+    return rfc3339(wall) if wall > NEVER else ZERO_TIME
+
+
+def rule_extra(row: RuleRow) -> dict[str, Any]:
+    """mihomo's per-rule ``extra`` (since v1.19.19): the disabled flag, hits and misses."""
+    return {"disabled": row.disabled, "hitCount": row.hits, "hitAt": rule_time(row.hit_at),
+            "missCount": row.misses, "missAt": rule_time(row.miss_at)}
+
+
+def rules(spec: Spec, counters: Sequence[RuleRow] = ()) -> dict[str, Any]:
+    """``GET /rules``: the routing rules in order, then the fallback as a Match rule, each
+    with its ``extra`` from ``counters`` (one row per rule, then the fallback's; zeros when the
+    rows do not fit the spec's rules)."""
+    routing = spec.routing
+    if len(counters) != len(routing.rules) + 1:
+        counters = [_NO_COUNTS] * (len(routing.rules) + 1)
     out = []
-    for index, rule in enumerate(spec.routing.rules):
+    for index, rule in enumerate(routing.rules):
         kind, payload = rule_type(rule)
         out.append({"index": index, "type": kind, "payload": payload, "proxy": clash_name(rule.outbound),
-                    "size": -1})
-    out.append({"index": len(out), "type": MATCH, "payload": "", "proxy": clash_name(spec.routing.fallback),
-                "size": -1})
+                    "size": -1, "extra": rule_extra(counters[index])})
+    out.append({"index": len(out), "type": MATCH, "payload": "", "proxy": clash_name(routing.fallback),
+                "size": -1, "extra": rule_extra(counters[-1])})
     return {"rules": out}
+
+
+def rule_changes(body: Any, rules: int) -> dict[int, bool]:
+    """``PATCH /rules/disable``'s body (``{"3": true}``: disable rule 3; ``false`` enables it)
+    as index -> disabled, for a list of ``rules`` rules; ValueError naming what is wrong: not
+    an object, a key that is no decimal index, a value that is not a bool, the fallback's
+    index (``rules``, which cannot be disabled) or one past it."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object of rule index to true (disable) or false (enable)")
+    changes: dict[int, bool] = {}
+    for key, value in body.items():
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"rule index {key!r} is not a whole number")
+        index = int(key)
+        if type(value) is not bool:
+            raise ValueError(f"rule {index}: the value must be true (disable) or false (enable)")
+        if index == rules:
+            raise ValueError(f"rule {index} is the fallback (Match) rule, which cannot be disabled")
+        if index > rules:
+            raise ValueError(f"no rule {index}: the rules are 0..{rules} (the last is the fallback)")
+        changes[index] = value
+    return changes
 
 
 def rule_index(spec: Spec) -> dict[str, tuple[str, str]]:
@@ -657,6 +715,58 @@ def rss_from_statm(text: str, page_size: int) -> int:
 
 def memory(inuse: int) -> dict[str, int]:
     return {"inuse": inuse, "oslimit": 0}
+
+
+# A flow routed by a mode, bypassing the rules: mihomo writes the mode's outbound alone.
+_MODE_USING = {mode_rule("global"): GLOBAL, mode_rule("direct"): CLASH_NAMES["direct"]}
+
+
+class _FlowRules:
+    """The rule index (:func:`rule_index`) of the spec the last flow line named: one spec
+    routes every flow until a reload, so it is built once per spec, not per line."""
+
+    spec: Spec | None = None
+    index: Mapping[str, tuple[str, str]] = {}
+
+
+def _flow_rules(spec: Spec | None) -> Mapping[str, tuple[str, str]]:
+    if spec is None:
+        return {FALLBACK_RULE_TEXT: (MATCH, ""), EMPTY_RULE_TEXT: (MATCH, "")}
+    if _FlowRules.spec is not spec:
+        _FlowRules.index = rule_index(spec)
+        _FlowRules.spec = spec
+    return _FlowRules.index
+
+
+def clash_chain(chain: Sequence[str]) -> str:
+    """mihomo's ``Chain.String()``: the rule's target, with the leaf in brackets when they differ
+    (honk's chain runs from the rule's target to the leaf)."""
+    if not chain:
+        return ""
+    if len(chain) == 1:
+        return clash_name(chain[0])
+    return f"{clash_name(chain[0])}[{clash_name(chain[-1])}]"
+
+
+def flow_log_text(flow: FlowOpened) -> str:
+    """A ``flow opened`` line as mihomo writes a connection's (``tunnel.logMetadata``):
+    ``[TCP] src --> target match Type(payload) using Group[leaf]``; a mode's flow
+    ``… using GLOBAL`` or ``… using DIRECT``."""
+    head = f"[{flow.network.value.upper()}] {flow.source} --> {flow.target}"
+    using = _MODE_USING.get(flow.rule)
+    if using is not None:
+        return f"{head} using {using}"
+    kind, payload = _flow_rules(flow.spec).get(flow.rule, (flow.rule, ""))
+    matched = f"{kind}({payload})" if payload else kind
+    return f"{head} match {matched} using {clash_chain(flow.chain)}"
+
+
+def log_message(event: LogEvent) -> str:
+    """An event's payload in a Clash log stream: a flow line in mihomo's shape (the record's
+    facts), any other line as honk wrote it."""
+    if isinstance(event.flow, FlowOpened):
+        return flow_log_text(event.flow)
+    return event.message
 
 
 def log_plain(level: str, message: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ CLASH_MESSAGES = {
     401: "Unauthorized",
     404: "Resource not found",
     413: "Body too large",
+    429: "Too many failed authentications",
     504: "Timeout",
 }
 

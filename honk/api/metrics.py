@@ -37,6 +37,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from honk import __version__
 from honk.alive.health import Status
+from honk.api.authguard import RESULTS as AUTH_RESULTS
 from honk.api.context import Control
 from honk.config.spec import Policy
 from honk.connection.admission import process_gates
@@ -91,6 +92,8 @@ class HonkCollector:
         yield _results("honk_loop_errors", "Errors the event loop reported that no task retrieved "
                        "(each is logged with its traceback), by exception type.", stats.loop_errors, (),
                        label="exception")
+        yield _results("honk_api_auth_failures", "Failed API authentications by result: rejected (401) "
+                       "or throttled (429: the source ran out of tries).", stats.api_auth_failures, AUTH_RESULTS)
         yield _results("honk_accept_rests", "Times a listener's accept found no descriptor or memory "
                        "left and rested before accepting again, by listening address.", stats.accept_rests, (),
                        label="listener")

@@ -154,8 +154,6 @@ async def _serve_websocket(request: web.Request, frames: Frames) -> web.StreamRe
 
 async def _serve_chunked(request: web.Request, frames: Frames, clock: Clock) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache"})
-    if "Origin" in request.headers:  # the CORS middleware cannot add it once the head is sent
-        response.headers["Access-Control-Allow-Origin"] = "*"
     response.enable_chunked_encoding()
     await response.prepare(request)
 
@@ -185,10 +183,11 @@ def read_rss() -> int:
 
 
 async def traffic_frames(control: Control, tick: float = TICK) -> Frames:
-    """Bytes per second relayed, from the tracker's cumulative totals."""
+    """Bytes per second relayed, from the tracker's cumulative totals. The first frame comes a
+    tick after the stream opens, as mihomo's does: a rate needs an interval, and an immediate
+    frame would read 0 B/s while flows are moving."""
     clock = control.clock
     previous, at = control.tracker.totals(), clock.now()
-    yield views.traffic(previous, previous, tick)
     while True:
         await clock.sleep(tick)
         current, now = control.tracker.totals(), clock.now()

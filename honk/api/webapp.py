@@ -9,12 +9,17 @@ Request path, outermost first (the connection guard in :mod:`honk.api.server` ru
    the handler runs and on again after the response.
 2. **CORS** runs before authentication (clash-api.md §1): a preflight is
    answered without a token, with ``Access-Control-Allow-Private-Network`` when
-   the browser asks, and every other response carries the allow-origin header
-   so a dashboard can read a 401.
+   the browser asks. Every other response of a request with an ``Origin`` gets the
+   allow-origin header from the application's ``on_response_prepare`` signal, which
+   aiohttp fires for every response as its head is sent: JSON, streamed and chunked
+   bodies, WebSocket upgrades, files, errors (a dashboard can read a 401). A handler
+   that prepares its own response cannot skip it.
 3. **Errors**: :class:`~honk.api.errors.ApiError` and aiohttp's own HTTP errors
    become the surface's JSON error body; anything else is logged and a 500.
 4. **Authentication**: ``Authorization: Bearer <secret>`` compared in constant
    time; ``?token=`` is accepted only on a WebSocket upgrade. ``/ui`` is public.
+   A source that keeps failing is answered 429 for a while (:mod:`honk.api.authguard`);
+   every failure is logged at info and counted (``honk_api_auth_failures_total``).
 5. **Body limit**: a declared body over :data:`~honk.api.server.MAX_BODY` is refused with
    413 before it is read; aiohttp enforces the same limit on chunked bodies.
 """
@@ -22,6 +27,7 @@ Request path, outermost first (the connection guard in :mod:`honk.api.server` ru
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import inspect
 import logging
@@ -31,6 +37,7 @@ from pathlib import Path
 from aiohttp import web
 
 from honk.api import clash, metrics, native
+from honk.api.authguard import REJECTED, SOURCES_MAX, THROTTLED, AuthThrottle
 from honk.api.context import Control
 from honk.api.errors import ApiError, render, unauthorized
 from honk.api.server import MAX_BODY, ConnectionGuard
@@ -52,19 +59,20 @@ SURFACES: tuple[RouteSource, ...] = (clash.routes, native.routes, metrics.routes
 # --- middlewares ---------------------------------------------------------------------------
 
 
-def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    origin = request.headers.get("Origin")
-    if origin and not response.prepared:
+async def _cors_on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response's head, as it is sent: allow any origin to read it (the API's secret,
+    not the origin, guards it; clash-api.md §1)."""
+    if "Origin" in request.headers:
         response.headers["Access-Control-Allow-Origin"] = "*"
         response.headers.setdefault("Vary", "Origin")
 
 
 @web.middleware
 async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A preflight is answered here, before authentication (it carries no token)."""
     if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
         response = web.Response(status=204)
         response.headers.update({
-            "Access-Control-Allow-Origin": "*",
             "Access-Control-Allow-Methods": CORS_METHODS,
             "Access-Control-Allow-Headers": CORS_HEADERS,
             "Access-Control-Max-Age": CORS_MAX_AGE,
@@ -72,13 +80,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
             response.headers["Access-Control-Allow-Private-Network"] = "true"
         return response
-    try:
-        response = await handler(request)
-    except web.HTTPException as exc:  # raised past the error middleware (redirects)
-        _cors_headers(request, exc)
-        raise
-    _cors_headers(request, response)
-    return response
+    return await handler(request)
 
 
 @web.middleware
@@ -100,14 +102,33 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return render(request, 500, "internal", "internal error")
 
 
-def auth_middleware(secret: str) -> Callable[..., Awaitable[web.StreamResponse]]:
+def auth_middleware(secret: str, control: Control) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Bearer authentication, with failed attempts limited per source (:mod:`honk.api.authguard`,
+    on the daemon's clock) and counted in the daemon's ``stats.api_auth_failures``."""
     expected = f"Bearer {secret}".encode()
     token_bytes = secret.encode()
+    throttle = AuthThrottle(control.clock)
+    counts = control.stats.api_auth_failures
+
+    def count(result: str) -> None:
+        counts[result] += 1
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if secret and not _public(request.path) and not _authorized(request, expected, token_bytes):
-            raise unauthorized()
+        if secret and not _public(request.path):
+            source = request.remote or ""
+            if throttle.throttled(source):
+                count(THROTTLED)
+                response = render(request, 429, "too_many_failures", "Too many failed authentications")
+                response.headers["Retry-After"] = str(throttle.retry_after(source))
+                return response
+            if not _authorized(request, expected, token_bytes):
+                throttle.failed(source)
+                count(REJECTED)
+                if len(throttle) >= SOURCES_MAX // 2:
+                    throttle.sweep()
+                log.info("API authentication failed %s", kv(source=source, path=request.path))
+                raise unauthorized()
         return await handler(request)
 
     return middleware
@@ -117,14 +138,19 @@ def _public(path: str) -> bool:
     return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
 
 
+def _same(given: str, expected: bytes) -> bool:
+    """Constant time in the secret: both sides hashed to one length first, so neither the
+    secret's bytes nor its length show in the time a wrong guess takes."""
+    return hmac.compare_digest(hashlib.sha256(given.encode()).digest(), hashlib.sha256(expected).digest())
+
+
 def _authorized(request: web.Request, expected: bytes, token: bytes) -> bool:
     """Bearer header (the scheme exactly ``Bearer``), or ``?token=`` on a WebSocket upgrade only."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
         given = request.query.get("token", "")
         if given:
-            return hmac.compare_digest(given.encode(), token)
-    header = request.headers.get("Authorization", "")
-    return hmac.compare_digest(header.encode(), expected)
+            return _same(given, token)
+    return _same(request.headers.get("Authorization", ""), expected)
 
 
 @web.middleware
@@ -152,10 +178,11 @@ def guard_middleware(guard: ConnectionGuard) -> Callable[..., Awaitable[web.Stre
 
 def build_app(control: Control, secret: str, sources: Iterable[RouteSource],
               guard: ConnectionGuard | None = None, ui_dir: Path | None = None) -> web.Application:
-    middlewares = [cors_middleware, error_middleware, auth_middleware(secret), body_limit_middleware]
+    middlewares = [cors_middleware, error_middleware, auth_middleware(secret, control), body_limit_middleware]
     if guard is not None:
         middlewares.insert(0, guard_middleware(guard))
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
+    app.on_response_prepare.append(_cors_on_prepare)
     for source in sources:
         app.add_routes(list(source(control)))
     if ui_dir is not None:

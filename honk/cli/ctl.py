@@ -1,5 +1,6 @@
 """``honkctl``: inspect and steer a running honk daemon through its native API (``/v1``);
-``dns`` uses the Clash API's ``/dns/query`` and ``/cache/dns/flush``, which have no native twin.
+``dns`` uses the Clash API's ``/dns/query`` and ``/cache/dns/flush``, and ``rules`` its
+``/rules`` and ``/rules/disable``, which have no native twin.
 
 The address and secret come from ``--api``/``--secret``, the environment
 (``HONK_API``, ``HONK_API_SECRET``), or the ``experimental.clash_api`` block of a
@@ -58,6 +59,7 @@ DNS_TYPE_NAMES = {1: "A", 2: "NS", 5: "CNAME", 6: "SOA", 12: "PTR", 15: "MX", 16
                   33: "SRV", 64: "SVCB", 65: "HTTPS", 257: "CAA"}
 DNS_RCODE_NAMES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 DNS_SECTIONS = ("Answer", "Authority", "Additional")
+ZERO_TIME_YEAR = 1  # mihomo's hitAt/missAt of a rule never hit or missed: Go's zero time, year 1
 
 # Exit codes (documented in `honkctl --help`).
 EXIT_OK = 0
@@ -313,8 +315,8 @@ def cli(ctx: click.Context, api: str | None, secret: str | None, config: str | N
         timeout: float) -> None:
     """Inspect and steer a running honk daemon.
 
-    Talks to the daemon's native API (/v1) on the listener of its
-    experimental.clash_api block.
+    Talks to the daemon's native API (/v1), and for `dns` and `rules` to its
+    Clash API, on the listener of its experimental.clash_api block.
     """
     ctx.obj = Ctl(api, secret, config, as_json, timeout)
 
@@ -874,6 +876,78 @@ def dns_flush(ctl: Ctl) -> None:
     ctl.client.request("POST", "/cache/dns/flush")
     if not ctl.json:
         click.echo("dns cache flushed")
+
+
+# --- rules -------------------------------------------------------------------------------------
+
+
+def _ago(text: Any) -> str:
+    """An API time as how long ago it was; ``-`` for the zero time (never) or none."""
+    when = tables.parse_time(text) if isinstance(text, str) else None
+    if when is None or when.year == ZERO_TIME_YEAR:
+        return tables.EMPTY
+    return f"{tables.age(text)} ago"
+
+
+def _rules_text(d: dict[str, Any]) -> str:
+    rules = [r for r in d.get("rules") or [] if isinstance(r, dict)]
+    rows = []
+    for r in rules:
+        extra = r.get("extra") or {}
+        rows.append((r.get("index"), r.get("type"), r.get("payload"), r.get("proxy"),
+                     "disabled" if extra.get("disabled") else "enabled",
+                     extra.get("hitCount", 0), _ago(extra.get("hitAt")),
+                     extra.get("missCount", 0), _ago(extra.get("missAt"))))
+    table = tables.table(("#", "TYPE", "PAYLOAD", "PROXY", "STATE", "HITS", "LAST HIT", "MISSES", "LAST MISS"),
+                         rows, right=(0, 5, 6, 7, 8))
+    disabled = sum(1 for r in rules if (r.get("extra") or {}).get("disabled"))
+    return f"{table}\n\n{len(rules)} rule(s), the last the fallback; {disabled} disabled"
+
+
+@cli.group(cls=CtlGroup, invoke_without_command=True)
+@json_flag
+@click.pass_context
+def rules(ctx: click.Context) -> None:
+    """Routing rules: hits, misses, state; `rules disable`/`enable`.
+
+    Lists the rules in order, the fallback last, each with its state, how many
+    flows it matched (hits) and how many evaluated it and went on (misses), and
+    when it last did. The counts run since the rules were last compiled: a reload
+    that changes them starts again. A disabled rule is skipped until enabled
+    again or until such a reload. Uses the Clash API's /rules and /rules/disable.
+    """
+    if ctx.invoked_subcommand is None:
+        ctl = ctx.find_object(Ctl)
+        assert ctl is not None
+        ctl.show(ctl.client.request("GET", "/rules"), _rules_text)
+
+
+def _switch_rules(ctl: Ctl, indexes: tuple[int, ...], disabled: bool) -> None:
+    ctl.client.request("PATCH", "/rules/disable", json_body={str(i): disabled for i in indexes})
+    if not ctl.json:
+        verb = "disabled" if disabled else "enabled"
+        click.echo(f"{verb} rule(s) {', '.join(str(i) for i in sorted(set(indexes)))}")
+
+
+@rules.command("disable")
+@click.argument("indexes", metavar="INDEX...", nargs=-1, required=True, type=click.IntRange(min=0))
+@json_flag
+@pass_ctl
+def rules_disable(ctl: Ctl, indexes: tuple[int, ...]) -> None:
+    """Skip rules by index until enabled again.
+
+    INDEX is the rule's number in `honkctl rules` (the fallback cannot be disabled).
+    """
+    _switch_rules(ctl, indexes, True)
+
+
+@rules.command("enable")
+@click.argument("indexes", metavar="INDEX...", nargs=-1, required=True, type=click.IntRange(min=0))
+@json_flag
+@pass_ctl
+def rules_enable(ctl: Ctl, indexes: tuple[int, ...]) -> None:
+    """Route by disabled rules again, by index."""
+    _switch_rules(ctl, indexes, False)
 
 
 # --- logs --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
 from honk.config.expr import MUST_PREFIX, MUST_RULES, ExprError, parse_filter_line, parse_outbound, parse_rule
-from honk.config.links import LinkError, parse_inbound_url, parse_node_link
+from honk.config.links import INBOUND_OPEN_PARAM, LinkError, parse_inbound_url, parse_node_link
 from honk.config.spec import (
     DEFAULT_CHECK_TOLERANCE,
     DEFAULT_CONNECT_TIMEOUT,
@@ -39,7 +39,7 @@ from honk.config.spec import (
 )
 from honk.config.tree import Doc, Entry, GroupDecl, Sink
 from honk.control.policies import parse_policy as parse_close_policy
-from honk.core.net import parse_host_port
+from honk.core.net import is_loopback_listen, parse_host_port
 
 # Durations that must be positive; the other global durations take 0 as "off".
 _POSITIVE_DURATIONS = frozenset({"check_interval", "relay_idle_timeout", "udp_idle_timeout"})
@@ -98,6 +98,7 @@ DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url",
                            | DAE_GROUP_CHECK_KEYS)
 STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
 CLASH_API_KEYS = frozenset({"external_controller", "external_ui", "secret", "default_mode"})
+CLASH_API_BOOLS = frozenset({"allow_unauthenticated"})  # honk's own: see build_clash_api
 CLASH_API_ACCEPTED = frozenset({"external_ui_download_url", "external_ui_download_detour"})
 CLASH_MODES = {"rule": "Rule", "global": "Global", "direct": "Direct"}
 CACHE_FILE_BOOLS = frozenset({"enabled", "store_fakeip", "store_dns"})
@@ -284,7 +285,20 @@ def _parse_entries(entries: list[Entry], parse, sink: Sink) -> list[tuple[object
 
 
 def build_inbounds(entries: list[Entry], sink: Sink) -> list[InboundSpec]:
-    return [spec for spec, _ in _parse_entries(entries, parse_inbound_url, sink)]
+    out = []
+    for spec, e in _parse_entries(entries, parse_inbound_url, sink):
+        out.append(spec)
+        if spec.kind != "mixed" or spec.users or is_loopback_listen(spec.host):
+            continue
+        if spec.allow_unauthenticated:
+            sink.warning("open-proxy", e.path, f"{spec.host} is not loopback and the inbound has no users: "
+                         "anyone who reaches it may proxy through this router (allowed by "
+                         f"{INBOUND_OPEN_PARAM})", e.loc)
+        else:
+            sink.error("open-proxy", e.path, f"{spec.host} is not loopback and the inbound has no users: an open "
+                       "proxy; add user:password@ to the URL, listen on 127.0.0.1, or, on a network you "
+                       f"trust, append ?{INBOUND_OPEN_PARAM}=true", e.loc)
+    return out
 
 
 def build_nodes(entries: list[Entry], sink: Sink) -> list[tuple[NodeSpec, Entry]]:
@@ -523,11 +537,18 @@ def split_fallback_must(fallback: str, entry: Entry | None, sink: Sink) -> tuple
 def build_clash_api(entries: list[Entry] | None, sink: Sink) -> ClashApiSpec | None:
     if entries is None:
         return None
-    v: dict[str, str] = {}
+    v: dict[str, str | bool] = {}
+    found: dict[str, Entry] = {}
     for e in entries:
         key = e.key or ""
         if key in CLASH_API_ACCEPTED:
             V.get_str(e, sink)
+            continue
+        if key in CLASH_API_BOOLS:
+            flag = V.get_bool(e, sink)
+            if flag is not None:
+                v[key] = flag
+                found[key] = e
             continue
         if key not in CLASH_API_KEYS:
             _unknown(sink, e)
@@ -550,7 +571,27 @@ def build_clash_api(entries: list[Entry] | None, sink: Sink) -> ClashApiSpec | N
                 sink.error("invalid-value", e.path, f"external_controller: {exc}", e.loc)
                 continue
         v[key] = s
-    return ClashApiSpec(**v)
+        found[key] = e
+    spec = ClashApiSpec(**v)
+    _check_open_api(spec, found, sink)
+    return spec
+
+
+def _check_open_api(spec: ClashApiSpec, found: dict[str, Entry], sink: Sink) -> None:
+    """A controller every host on the network reaches, without a secret, lets any of them switch
+    nodes, read every connection and reload the router: an error unless the file allows it."""
+    host, _ = parse_host_port(spec.external_controller)
+    if spec.secret or is_loopback_listen(host):
+        return
+    at = found["external_controller"]  # the default controller is loopback
+    if spec.allow_unauthenticated:
+        allowed = found["allow_unauthenticated"]
+        sink.warning("open-api", allowed.path, f"the API on {spec.external_controller} has no secret: anyone "
+                     "who reaches it controls this router (allowed by allow_unauthenticated)", allowed.loc)
+        return
+    sink.error("open-api", at.path, f"the API on {spec.external_controller} is not loopback and has no secret: "
+               "set a secret, listen on 127.0.0.1, or, on a network you trust, set allow_unauthenticated: true",
+               at.loc)
 
 
 def check_cache_file(entries: list[Entry] | None, sink: Sink) -> None:

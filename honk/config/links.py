@@ -63,6 +63,7 @@ from urllib.parse import unquote as pct_decode
 
 from honk._fast.nodeid import node_id
 from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
+from honk.config.values import parse_bool
 from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
 
 NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
@@ -551,8 +552,12 @@ def with_node_id(node: NodeSpec) -> NodeSpec:
     return dataclasses.replace(node, id=derive_node_id(node))
 
 
+INBOUND_OPEN_PARAM = "allow_unauthenticated"  # the one inbound URL parameter (see InboundSpec)
+
+
 def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
-    """``mixed://[user:pass@]host:port``; an unnamed inbound is ``{scheme}-{port}``.
+    """``mixed://[user:pass@]host:port[?allow_unauthenticated=true]``; an unnamed inbound is
+    ``{scheme}-{port}``.
 
     Port 0 asks the OS for a free port (the daemon reports the bound address);
     the integration tests rely on it. Otherwise the port is 1..65535.
@@ -573,12 +578,21 @@ def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
         if scheme == "redirect":
             raise LinkError("invalid-user", "a redirect inbound takes no users (its clients are intercepted)")
         users = (InboundUser(url.username, url.password or ""),)
+    allow_unauthenticated = False
+    for key, value in url.params:
+        if key != INBOUND_OPEN_PARAM:
+            raise LinkError("unknown-param", f"inbound parameter {key!r} is not supported "
+                                             f"(the only one is {INBOUND_OPEN_PARAM})")
+        allow_unauthenticated, problem = parse_bool(value)
+        if problem == "invalid-bool":
+            raise LinkError("invalid-bool", f"{INBOUND_OPEN_PARAM} must be true or false")
     return InboundSpec(
         name=name or url.fragment or f"{scheme}-{url.port}",
         kind=INBOUND_KINDS[scheme],
         host=url.host,
         port=url.port,
         users=users,
+        allow_unauthenticated=allow_unauthenticated,
     )
 
 

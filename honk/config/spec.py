@@ -165,6 +165,9 @@ class InboundSpec:
     host: str  # listen address, unbracketed
     port: int
     users: tuple[InboundUser, ...] = ()
+    # ``?allow_unauthenticated=true``: a listener without users on a non-loopback address is an
+    # open proxy, refused unless the URL says so
+    allow_unauthenticated: bool = False
     loc: SourceLoc = field(default=SourceLoc(), compare=False, repr=False)
 
 
@@ -485,6 +488,8 @@ class ClashApiSpec:
     external_ui: str = ""
     secret: str = field(default="", repr=False)
     default_mode: str = "Rule"
+    # a controller on a non-loopback address may run without a secret only when the file says so
+    allow_unauthenticated: bool = False
 
 
 # --- assets ----------------------------------------------------------------------

@@ -34,10 +34,11 @@ from honk.alive.traffic import traffic_of
 from honk.config.spec import GlobalSpec, Policy
 from honk.connection import scoring
 from honk.connection.descriptors import DescriptorBudget
+from honk.connection.flowlog import format_chain, log_flow_opened
 from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.connection.verdict import observe_flow
-from honk.control.mode import RoutingMode
+from honk.control.mode import RoutingMode, mode_rule
 from honk.core.clock import Clock
 from honk.core.errors import (
     ClientGone,
@@ -173,10 +174,6 @@ def log_failed_end(routed: Routed, error: HonkError | None, bridged: bool = Fals
                                   reason=getattr(error, "reason", "") or str(error)))
 
 
-def format_chain(chain: Sequence[str]) -> str:
-    return ">".join(chain) if chain else "-"
-
-
 def outbound_version(leaf: Any) -> str:
     """The leaf's ``outbound_id`` (``tag@vN``, set by the reconciler on every build), or its
     name for a leaf built without one. Flows, drains and UDP sub-links key on this, never on
@@ -304,7 +301,7 @@ class Dispatcher:
             return None
         selection = plane.groups.resolve(outbound, meta.network, target=score_target(meta),
                                          destination=meta.resolved)
-        return self._routed(meta, Decision(RouteDecision(outbound, f"mode({self.mode.mode})", False, None),
+        return self._routed(meta, Decision(RouteDecision(outbound, mode_rule(self.mode.mode), False, None),
                                            selection), plane)
 
     def route_now(self, meta: FlowMeta) -> Routed | None:
@@ -531,9 +528,10 @@ class Dispatcher:
             self.stats.dial("tcp", exc, leaf.name)
 
     def track(self, routed: Routed, handle: FlowHandle, network: Network = Network.TCP) -> TrackedFlow:
-        """Register a flow the caller relays itself (HTTP forwarding, UDP)."""
+        """Register an established flow (every TCP path: the relay here, the SOCKS fast path,
+        HTTP forwarding) and write its ``flow opened`` line."""
         meta = routed.meta
-        return self.tracker.open(
+        flow = self.tracker.open(
             handle,
             network=network,
             inbound=meta.inbound,
@@ -546,24 +544,18 @@ class Dispatcher:
             user=meta.user,
             session=meta.session,
         )
+        log_flow_opened(network, meta.inbound, meta.source, meta.target, routed.rule, routed.chain,
+                        getattr(self._plane, "spec", None))
+        return flow
 
     async def relay(self, upstream: Upstream, client: StreamConn) -> HonkError | None:
         """Relay until the flow ends; returns how it ended (``None`` = both sides finished)."""
         routed = upstream.routed
-        meta = routed.meta
         engine = relay_engine(self.clock)
         reporter = routed.reporter
         verdict = observe_flow(self.clock, routed.leaf, reporter, self.global_spec.response_timeout)
         engine.observer = verdict
         flow = self.track(routed, engine)
-        log.debug(
-            "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
-            meta.inbound,
-            meta.source,
-            meta.target,
-            routed.rule,
-            format_chain(routed.chain),
-        )
         try:
             await engine.run(client, upstream.sock, upstream.framing)
         except HonkError as exc:

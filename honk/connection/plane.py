@@ -33,6 +33,7 @@ from honk.outbound.registry import build_outbounds, retire_runtimes
 from honk.outbound.runtime import NodeRuntime
 from honk.route.resolve import Resolver, SystemResolver
 from honk.route.router import NeedsResolution, RouteDecision, Router
+from honk.route.rulestats import NEVER
 
 __all__ = ["Decision", "Plane", "SystemResolver", "build_plane", "score_target"]
 
@@ -82,6 +83,9 @@ class Plane:
     runtimes: dict[uuid.UUID, NodeRuntime] = dataclasses.field(default_factory=dict)
     # this generation's physical dial budget (max_concurrent_dials, under the process gate)
     admission: DialBudget | None = None
+    # the clock whose wall time the router's rule counters record (None: hits and misses are
+    # counted, their times stay unset)
+    clock: Clock | None = None
 
     def retire(self, previous: Plane | None) -> int:
         """Retire the runtimes of ``previous`` this plane does not use (call after publishing);
@@ -94,8 +98,9 @@ class Plane:
         """:meth:`decide` without awaiting: ``None`` when a rule needs the destination IP of
         a domain target (then call :meth:`decide`, which starts over). Raises what
         :meth:`decide` raises. Nothing is cached: every flow is routed afresh."""
-        result = self.router.route(meta)
-        if isinstance(result, NeedsResolution):
+        clock = self.clock
+        result = self.router.route(meta, now=clock.wall() if clock is not None else NEVER)
+        if isinstance(result, NeedsResolution):  # counted nothing: decide() starts over
             return None
         return Decision(result, self.groups.resolve(result.outbound, meta.network,
                                                     target=_flow_target(self.groups, result.outbound, meta),
@@ -110,21 +115,23 @@ class Plane:
         makes destination-IP rules not match. Raises
         :class:`~honk.core.errors.NoRoute` when no dialable leaf results.
         """
-        result = self.router.route(meta)
+        clock = self.clock
+        result = self.router.route(meta, now=clock.wall() if clock is not None else NEVER)
         resolved: IPAddress | None = None
-        if isinstance(result, NeedsResolution):
+        if isinstance(result, NeedsResolution):  # nothing counted yet: the resumed search counts the flow
             host = meta.target.host
             try:
                 addresses = await resolver(host)
             except (HonkError, OSError) as exc:
                 log.debug("routing lookup of %s failed: %s", host, exc)
                 addresses = []
+            now = clock.wall() if clock is not None else NEVER
             if addresses:
                 resolved = addresses[0]
                 meta = dataclasses.replace(meta, resolved=resolved)
-                result = self.router.route(meta, start=result.rule_index)
+                result = self.router.route(meta, start=result.rule_index, now=now)
             else:
-                result = self.router.route(meta, start=result.rule_index, resolution_failed=True)
+                result = self.router.route(meta, start=result.rule_index, resolution_failed=True, now=now)
             if isinstance(result, NeedsResolution):  # the router contract rules this out
                 raise RuntimeError("router asked for resolution twice")
         selection = self.groups.resolve(result.outbound, meta.network,
@@ -162,4 +169,4 @@ def build_plane(
             log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)
     admission = DialBudget(spec.global_.max_concurrent_dials, clock)
     return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec,
-                 runtimes=runtimes, admission=admission)
+                 runtimes=runtimes, admission=admission, clock=clock)

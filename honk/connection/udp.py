@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 
 from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed, format_chain, outbound_version
+from honk.connection.flowlog import log_flow_opened
 from honk.connection.stagger import preparation_deadline, prepare_first
 from honk.connection.tracker import TrackedFlow
 from honk.core.clock import timeout_at
@@ -384,6 +385,9 @@ class UdpNat:
             raise
         reporter = scoring.report_setup(guard, self._clock, leaf, None)
         self._note_route(meta.target, routed)
+        # a target's route is the UDP flow a line is written for (mihomo: one per NAT entry)
+        log_flow_opened(Network.UDP, self.inbound, self.client, meta.target, routed.rule, routed.chain,
+                        getattr(self._dispatcher.plane, "spec", None))
         if leaf.protocol != "direct":
             return _Route(None, endpoint, dial, self._health.get(version), plane, version,
                           routed.rule, routed.chain, reporter)

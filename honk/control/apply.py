@@ -87,7 +87,8 @@ def empty_plane(clock: Any) -> Plane:
     outbounds: dict[str, Outbound] = {"block": block}
     spec = Spec(routing=RoutingSpec(fallback="block"))
     groups = GroupManager.build(spec, outbounds, clock=clock)
-    return Plane(generation=0, router=Router.compile(spec.routing), groups=groups, outbounds=outbounds, spec=spec)
+    return Plane(generation=0, router=Router.compile(spec.routing), groups=groups, outbounds=outbounds, spec=spec,
+                 clock=clock)
 
 
 @dataclass(slots=True)
@@ -353,7 +354,8 @@ class Applier:
             self.epoch += 1
             plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
                           outbounds=dict(prepared.targets), spec=spec, runtimes=prepared.runtimes,
-                          admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock))
+                          admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock),
+                          clock=daemon.clock)
             interception = prepared.interception  # its `auto` interfaces resolve by `ip`: in the thread
             await asyncio.to_thread(lambda: daemon.slots.use_interfaces(
                 interception.lans() if interception is not None else ()))

@@ -46,6 +46,11 @@ class RoutingMode:
         return None
 
 
+def mode_rule(mode: str) -> str:
+    """The rule text of a flow a mode routed, bypassing the rules: ``mode(global)``, ``mode(direct)``."""
+    return f"mode({mode})"
+
+
 def global_members(plane: Plane) -> list[str]:
     """GLOBAL's members (honk names): direct, block, the nodes, then the groups, in config order;
     a name a group shares with a node once (picking it picks the group, which answers to it)."""

@@ -105,6 +105,17 @@ class FlowMeta:
         return self.resolved if self.resolved is not None else self.target.ip
 
 
+def is_loopback_listen(host: str) -> bool:
+    """Whether a listen address reaches this host only: a loopback IP or ``localhost``.
+    The wildcard (``0.0.0.0``, ``::``, empty), LAN addresses and other names do not."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_host_port(text: str) -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` (a listen address) as (unbracketed host, port);
     ValueError names what is wrong."""

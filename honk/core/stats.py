@@ -142,6 +142,8 @@ class RuntimeStats:
         # times a listener's accept found no descriptor or memory and rested, by listening address
         self.accept_rests: Counter[str] = Counter()
         self.descriptor_limit = 0
+        # failed API authentications by result: rejected (401) | throttled (429, honk.api.authguard)
+        self.api_auth_failures: Counter[str] = Counter()
 
     def dial(self, network: str, error: BaseException | None, outbound: str = "") -> None:
         """A dial through ``outbound`` (a leaf name) ended with ``error`` (None: connected)."""

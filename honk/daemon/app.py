@@ -472,6 +472,8 @@ class Daemon:
             report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
                                            signal=signal)
             self.config = spec
+            if self.plane is not None:  # rules disabled at run time last until a reload, as API edits do
+                self.plane.router.stats.enable_all()
             await self.subscriptions.reload(spec.subscriptions)  # refreshes them in the background
             outcome = f"serving generation {self.generation}"
             return report

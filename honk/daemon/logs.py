@@ -2,6 +2,10 @@
 
 One line per event: ``<ISO-8601 local time> <LEVEL> <logger> <message> key=value …``.
 Values containing spaces or quotes are quoted so a line splits unambiguously.
+
+A live reader (the API's ``/logs``, ``/v1/logs``) may ask for a level below the daemon's: while
+it is open the ``honk`` logger runs at the lowest level anyone wants and the stderr handler
+keeps the configured one (:func:`set_level`), so the reader gets its lines and stderr does not.
 """
 
 from __future__ import annotations
@@ -48,12 +52,20 @@ class _Formatter(logging.Formatter):
 
 
 _HANDLER: logging.Handler | None = None
+HONK_LOGGER = "honk"  # the logger every honk module logs under
+FLOW_FIELD = "honk_flow"  # LogRecord attribute: a flow line's facts, which a Clash log stream renders its own way
+
+# The configured level: what stderr (journald) gets. The honk logger itself may run lower while
+# a live reader asks for more (see _apply_level); the stderr handler keeps to this one.
+_daemon_level = logging.INFO
+_brokers: list[LogBroker] = []  # installed brokers: their readers' levels count
+_brokers_lock = threading.Lock()
 
 
 def setup_logging(level: str = "info", stream=None) -> None:
     """Send honk's logs to ``stream`` (stderr) at ``level``; safe to call again on reload."""
     global _HANDLER
-    root = logging.getLogger("honk")
+    root = logging.getLogger(HONK_LOGGER)
     if _HANDLER is None:
         _HANDLER = logging.StreamHandler(stream or sys.stderr)
         _HANDLER.setFormatter(_Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
@@ -63,12 +75,33 @@ def setup_logging(level: str = "info", stream=None) -> None:
 
 
 def set_level(level: str) -> None:
-    logging.getLogger("honk").setLevel(LEVELS.get(level.lower(), logging.INFO))
+    """The daemon's level (start, reload, ``PATCH /configs``): stderr writes from it on; live
+    readers asking for lower levels keep getting theirs."""
+    global _daemon_level
+    _daemon_level = LEVELS.get(level.lower(), logging.INFO)
+    if _HANDLER is not None:
+        _HANDLER.setLevel(_daemon_level)
+    _apply_level()
+
+
+def daemon_level() -> int:
+    """The configured level (what stderr gets), whatever live readers lowered the logger to."""
+    return _daemon_level
+
+
+def _apply_level() -> None:
+    """The honk logger lets through the lowest level anyone wants: the daemon's, or an open
+    reader's. Without a reader below the daemon's level a record under it is dropped at the
+    ``isEnabledFor`` check, before it is formatted."""
+    with _brokers_lock:
+        wanted = [broker.lowest_threshold() for broker in _brokers]
+    logging.getLogger(HONK_LOGGER).setLevel(min([_daemon_level, *wanted]))
 
 
 # --- live log streams (the API's /logs, `honkctl logs -f`) ----------------------------------
 
 LOG_STREAM_QUEUE = 1024  # events a slow stream reader may fall behind before events are dropped
+NO_READER = LEVELS["silent"]  # a broker without readers asks for nothing below any level
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +110,7 @@ class LogEvent:
     level: str  # "debug", "info", "warning" or "error" (trace shows as debug)
     logger: str
     message: str  # the formatted message, key=value fields included
+    flow: object = None  # a flow line's facts (the record's FLOW_FIELD), for a view with a shape of its own
 
 
 def _level_name(levelno: int) -> str:
@@ -127,22 +161,39 @@ class LogBroker(logging.Handler):
         self._lock_subs = threading.Lock()
 
     def install(self) -> None:
-        logging.getLogger("honk").addHandler(self)
+        logging.getLogger(HONK_LOGGER).addHandler(self)
+        with _brokers_lock:
+            if self not in _brokers:
+                _brokers.append(self)
+        _apply_level()
 
     def uninstall(self) -> None:
-        logging.getLogger("honk").removeHandler(self)
+        logging.getLogger(HONK_LOGGER).removeHandler(self)
+        with _brokers_lock:
+            if self in _brokers:
+                _brokers.remove(self)
+        _apply_level()
 
     def subscribe(self, level: str) -> LogSubscription:
-        """A reader for events at ``level`` or above (a LEVELS spelling; ``silent`` gets none)."""
+        """A reader for events at ``level`` or above (a LEVELS spelling; ``silent`` gets none).
+        A level below the daemon's lowers the honk logger while the reader is open."""
         sub = LogSubscription(self, LEVELS[level.lower()], asyncio.get_running_loop())
         with self._lock_subs:
             self._subs.append(sub)
+        _apply_level()
         return sub
 
     def unsubscribe(self, sub: LogSubscription) -> None:
         with self._lock_subs:
-            if sub in self._subs:
-                self._subs.remove(sub)
+            if sub not in self._subs:
+                return
+            self._subs.remove(sub)
+        _apply_level()
+
+    def lowest_threshold(self) -> int:
+        """The lowest level an open reader wants (above every level when none is open)."""
+        with self._lock_subs:
+            return min((sub.threshold for sub in self._subs), default=NO_READER)
 
     @property
     def readers(self) -> int:
@@ -157,7 +208,8 @@ class LogBroker(logging.Handler):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string must not break logging
             message = str(record.msg)
-        event = LogEvent(record.created, _level_name(record.levelno), record.name, message)
+        event = LogEvent(record.created, _level_name(record.levelno), record.name, message,
+                         getattr(record, FLOW_FIELD, None))
         for sub in subs:
             if sub.loop.is_closed():
                 continue

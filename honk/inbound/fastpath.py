@@ -29,8 +29,8 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
    :class:`~honk.core.clock.Deadlines`, one timer for all): when it passes first,
    the flow is cancelled with reply ``0x06`` and logged as ``DialTimeout``;
 4. ``EV_OPEN`` (connected, reply queued) registers the flow in the tracker with
-   its rule and chain and logs the same ``TCP connection …`` debug line as
-   ``Dispatcher.relay``; the tracker handle is a :class:`FastFlow`, a
+   its rule and chain through ``Dispatcher.track``, which writes the flow's
+   ``flow opened …`` line as for every path; the tracker handle is a :class:`FastFlow`, a
    :class:`~honk.relay.native.NativeRelay` reading the engine's counters, so
    close by id, the idle sweeper and shutdown drain work unchanged.
 
@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from honk._fast import relay as _relay
 from honk.connection import scoring
-from honk.connection.dispatch import EngineDial, Routed, format_chain, log_failed_end
+from honk.connection.dispatch import EngineDial, Routed, log_failed_end
 from honk.connection.verdict import FlowVerdict, observe_flow
 from honk.core.clock import Deadlines
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
@@ -465,17 +465,13 @@ class SocksFastPath:
             flow.timer.cancel()
             flow.timer = None
         routed = flow.routed
-        meta = routed.meta
         flow.last_activity = self.clock.now()
         if flow.dial is not None:
             flow.reporter = flow.dial.opened(facts)
             flow.dial = None
             if flow.reporter is not None:
                 flow._listen(flow.reporter)
-        flow.tracked = self._dispatcher.track(routed, flow)
-        if conn_log.isEnabledFor(logging.DEBUG):  # the chain is formatted only for a line that is written
-            conn_log.debug("TCP connection inbound=%s source=%s target=%s rule=%s chain=%s", meta.inbound,
-                           meta.source, meta.target, routed.rule, format_chain(routed.chain))
+        flow.tracked = self._dispatcher.track(routed, flow)  # and its `flow opened` line
         if flow._error is not None and flow._id is not None:  # closed while it connected
             self.engine.cancel(flow._id)
 

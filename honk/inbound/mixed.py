@@ -61,7 +61,7 @@ import h11
 from honk.config.spec import InboundSpec
 from honk.connection import scoring
 from honk.connection.descriptors import DescriptorsExhausted
-from honk.connection.dispatch import Dispatcher, Upstream, format_chain
+from honk.connection.dispatch import Dispatcher, Upstream
 from honk.connection.udp import UdpAssociation
 from honk.core.clock import Clock, TimerHandle
 from honk.core.errors import (
@@ -854,16 +854,7 @@ class _HttpClient(_Client):
             self._send_error(error)
             raise error from None
         handle = _ForwardHandle(self, conn)
-        flow = self.dispatcher.track(upstream.routed, handle)
-        routed = upstream.routed
-        log.debug(
-            "TCP connection inbound=%s source=%s target=%s rule=%s chain=%s",
-            self.tag,
-            self.source,
-            request.target,
-            routed.rule,
-            format_chain(routed.chain),
-        )
+        flow = self.dispatcher.track(upstream.routed, handle)  # and its `flow opened` line
         self.upstream = _HttpUpstream(upstream, conn, handle, flow)
         return self.upstream
 

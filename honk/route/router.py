@@ -18,6 +18,14 @@ Theory of operation:
     :class:`NeedsResolution` naming that rule. The caller resolves and calls
     ``route(replace(meta, resolved=ip), start=rule_index)``; if resolution
     failed it calls ``route(meta, start=rule_index, resolution_failed=True)``.
+  * Each router owns a :class:`~honk.route.rulestats.RuleStats`: per-rule hit and
+    miss counters and the disabled flags (``PATCH /rules/disable``). A disabled
+    rule is skipped, as if it were not in the list. A search is counted once,
+    by the call that returns a decision, with the ``now`` it was given: a call
+    that returns :class:`NeedsResolution` counts nothing, and the resumed call
+    counts the rules before ``start`` too (the first call read them), so a
+    caller that gives up after ``NeedsResolution`` and starts over counts no
+    rule twice.
 
 Invariants:
   * Nothing here performs I/O, reads a clock or compiles a regex per call.
@@ -30,8 +38,11 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from honk.config.expr import MUST_RULES
 from honk.config.spec import RoutingSpec, RuleSpec
@@ -44,9 +55,11 @@ from honk.route.matchers import (
     compile_predicate,
     describe_predicate,
 )
+from honk.route.rulestats import NEVER, RuleStats
 
 FALLBACK_RULE_TEXT = "fallback"
 EMPTY_RULE_TEXT = "any"  # a rule without predicates matches every flow
+_INDEX = attrgetter("index")  # a compiled rule's position: the key of a resumed search's bisection
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +109,16 @@ def describe_rule(rule: RuleSpec) -> str:
 
 
 class Router:
-    """An immutable compiled rule list. Build with :meth:`compile`."""
+    """An immutable compiled rule list (with its mutable :attr:`stats`). Build with :meth:`compile`."""
 
-    __slots__ = ("_rules", "_fallback", "_must_rules", "reads_process")
+    __slots__ = ("_rules", "_fallback", "_must_rules", "_stats", "reads_process")
 
     def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision,
                  reads_process: bool = False) -> None:
         self._rules = rules
         self._fallback = fallback
         self._must_rules = tuple(r for r in rules if r.continues)
+        self._stats = RuleStats(rules)  # this rule list's counters and flags: a new list starts afresh
         # a rule names a process: the host's own flows look their process up before routing
         self.reads_process = reads_process
 
@@ -140,56 +154,94 @@ class Router:
     def fallback(self) -> RouteDecision:
         return self._fallback
 
+    @property
+    def stats(self) -> RuleStats:
+        """The rules' hit and miss counters and disabled flags (position ``len(rules)``: the fallback)."""
+        return self._stats
+
     def route(
-        self, meta: FlowMeta, *, start: int = 0, resolution_failed: bool = False
+        self, meta: FlowMeta, *, start: int = 0, resolution_failed: bool = False, now: float = NEVER
     ) -> RouteDecision | NeedsResolution:
         """Decide ``meta`` from rule ``start`` on; see the module docstring.
 
         ``resolution_failed`` says the caller tried to resolve the domain target
-        and could not; destination-IP rules then do not match.
+        and could not; destination-IP rules then do not match. ``now`` is the
+        wall-clock time the counters record for this flow (the caller's clock).
         """
         rules = self._rules
-        if not 0 <= start <= len(rules):
-            raise ValueError(f"start {start} outside 0..{len(rules)}")
-        if start == len(rules):  # nothing to match (a config of one fallback): no view to build
+        last = len(rules)  # the fallback's position
+        if not 0 <= start <= last:
+            raise ValueError(f"start {start} outside 0..{last}")
+        stats = self._stats
+        if start == last:  # nothing to match (a config of one fallback): no view to build
+            if stats.first_disabled >= last:
+                stats.plain[last] += 1
+                stats.plain_at[last] = now
+            else:
+                stats.record_exact(last, now, None)
             return self._fallback
         view = FlowView.of(meta)
         ip_known = view.dst_ip is not None
-        must = bool(start and self._must_rules) and self._must_before(start, view, ip_known)
-        for i in range(start, len(rules)):
-            rule = rules[i]
+        # the must_rules rules that held: None (the common case) until one does
+        held = self._held_before(start, view, ip_known) if start and self._must_rules else None
+        active = stats.active
+        if start:  # a resumed search: the enabled rules from ``start`` on
+            active = active[bisect.bisect_left(active, start, key=_INDEX):]
+        for rule in active:
             if not _all_hold(rule.checks, view):
                 continue
             if rule.ip_checks:
                 if not ip_known:
                     if resolution_failed:
                         continue
-                    return NeedsResolution(i)
+                    return NeedsResolution(rule.index)
                 if not _all_hold(rule.ip_checks, view):
                     continue
-            if rule.continues:
-                must = True
+            index = rule.index
+            if rule.continues:  # must_rules: a hit that does not end the search
+                if held is None:
+                    held = [index]
+                else:
+                    held.append(index)
                 continue
-            return _as_must(rule.decision) if must else rule.decision
-        return _as_must(self._fallback) if must else self._fallback
+            if held is None and stats.first_disabled >= index:  # every rule before it evaluated and missed
+                stats.plain[index] += 1
+                stats.plain_at[index] = now
+                return rule.decision
+            stats.record_exact(index, now, held)
+            return _as_must(rule.decision) if held else rule.decision
+        if held is None and stats.first_disabled >= last:
+            stats.plain[last] += 1
+            stats.plain_at[last] = now
+            return self._fallback
+        stats.record_exact(last, now, held)
+        return _as_must(self._fallback) if held else self._fallback
 
-    def _must_before(self, start: int, view: FlowView, ip_known: bool) -> bool:
-        """Whether a ``must_rules`` rule before ``start`` holds: a search resumed at ``start``
-        after :class:`NeedsResolution` must carry the ``must`` the first call had found."""
+    def _held_before(self, start: int, view: FlowView, ip_known: bool) -> list[int] | None:
+        """The enabled ``must_rules`` rules before ``start`` that hold (None: none): a search
+        resumed at ``start`` after :class:`NeedsResolution` carries the ``must`` the first
+        call had found, and counts those rules' hits."""
+        disabled = self._stats.disabled
+        held: list[int] | None = None
         for rule in self._must_rules:
             if rule.index >= start:
                 break
+            if disabled[rule.index]:
+                continue
             if _all_hold(rule.checks, view) and (
                 not rule.ip_checks or (ip_known and _all_hold(rule.ip_checks, view))
             ):
-                return True
-        return False
+                if held is None:
+                    held = [rule.index]
+                else:
+                    held.append(rule.index)
+        return held
 
 
 def _as_must(decision: RouteDecision) -> RouteDecision:
     if decision.must:
         return decision
-    return RouteDecision(decision.outbound, decision.rule, True, decision.rule_index)
+    return dataclasses.replace(decision, must=True)  # keeps the rule's own mark
 
 
 def _all_hold(checks: tuple[_Check, ...], view: FlowView) -> bool:

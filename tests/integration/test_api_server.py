@@ -16,6 +16,7 @@ from helpers.apidaemon import LAN_INBOUND, api_base, api_block, bearer, quiet_gl
 from helpers.engines import poll
 from helpers.servers import EchoServer
 
+from honk.api.authguard import FAILURE_BURST, FAILURE_REFILL
 from honk.api.server import HEAD_TIMEOUT, MAX_API_CONNECTIONS, MAX_BODY
 from honk.control.errors import BindFailed
 from honk.core.clock import FakeClock
@@ -52,7 +53,8 @@ def concrete(path: str) -> str:
 
 
 async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
-    async with started(tmp_path) as daemon:
+    clock = FakeClock()
+    async with started(tmp_path, clock) as daemon:
         app = await daemon.api.load()
         routes = [(r.method, r.resource.canonical) for r in app.router.routes()
                   if r.method not in ("HEAD", "OPTIONS", "*")]
@@ -62,6 +64,7 @@ async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
                 url = api_base(daemon) + concrete(path)
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {SECRET}"},
                                 {"Authorization": SECRET}):
+                    clock.advance(FAILURE_REFILL)  # each failure's try given back: 401s, never 429
                     async with session.request(method, url, headers=headers) as response:
                         assert response.status == 401, (method, path, headers)
                         assert await response.json() in ({"message": "Unauthorized"},
@@ -308,3 +311,45 @@ async def test_a_listener_that_cannot_bind_fails_the_start_and_leaves_nothing_ru
         with pytest.raises(BindFailed, match=f"^inbound api: binding 127.0.0.1:{port} failed: "):
             await daemon.start()
         assert daemon.api is None and not daemon.inbounds
+
+
+async def test_a_source_that_keeps_failing_authentication_is_slowed_and_counted(tmp_path):
+    """Ten wrong secrets get 401; the eleventh request gets 429 with Retry-After even with the right
+    secret (it is not compared), and so does a WebSocket upgrade; after the refill time one more
+    try is back. Every failure is in honk_api_auth_failures_total."""
+    clock = FakeClock()
+    async with started(tmp_path, clock) as daemon, aiohttp.ClientSession() as session:
+        base = api_base(daemon)
+        for _ in range(FAILURE_BURST):
+            async with session.get(f"{base}/version", headers=bearer("guess")) as response:
+                assert response.status == 401
+        async with session.get(f"{base}/version", headers=bearer(SECRET)) as response:
+            assert response.status == 429
+            assert int(response.headers["Retry-After"]) == int(FAILURE_REFILL)
+            assert await response.json() == {"message": "Too many failed authentications"}
+        async with session.get(f"{base}/v1/status", headers=bearer(SECRET)) as response:
+            assert response.status == 429
+            assert (await response.json())["error"]["code"] == "too_many_failures"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            async with session.ws_connect(f"{base}/traffic?token={SECRET}"):
+                pytest.fail("upgraded while out of tries")
+        assert refused.value.status == 429
+
+        clock.advance(FAILURE_REFILL)  # one try back: the right secret passes
+        async with session.get(f"{base}/version", headers=bearer(SECRET)) as response:
+            assert response.status == 200
+        async with session.get(f"{base}/version", headers=bearer("guess")) as response:
+            assert response.status == 401  # that try, spent
+        async with session.get(f"{base}/version", headers=bearer(SECRET)) as response:
+            assert response.status == 429
+
+        # the CORS preflight and the public UI path are never throttled
+        async with session.options(f"{base}/version", headers={
+                "Origin": "https://metacubex.github.io", "Access-Control-Request-Method": "GET"}) as response:
+            assert response.status == 204
+
+        clock.advance(FAILURE_REFILL)
+        async with session.get(f"{base}/metrics", headers=bearer(SECRET)) as response:
+            text = await response.text()
+        assert f'honk_api_auth_failures_total{{result="rejected"}} {float(FAILURE_BURST + 1)}' in text
+        assert 'honk_api_auth_failures_total{result="throttled"} 4.0' in text

@@ -447,9 +447,11 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
 async def test_rules_and_rule_providers(api):
     status, body = await api.get("/rules")
     assert status == 200
+    never = {"disabled": False, "hitCount": 0, "hitAt": "0001-01-01T00:00:00Z", "missCount": 0,
+             "missAt": "0001-01-01T00:00:00Z"}  # no flow yet (counters: test_clash_rules.py)
     assert body["rules"] == [
-        {"index": 0, "type": "DstPort", "payload": "22", "proxy": "DIRECT", "size": -1},
-        {"index": 1, "type": "Match", "payload": "", "proxy": "Proxy", "size": -1},
+        {"index": 0, "type": "DstPort", "payload": "22", "proxy": "DIRECT", "size": -1, "extra": never},
+        {"index": 1, "type": "Match", "payload": "", "proxy": "Proxy", "size": -1, "extra": never},
     ]
     assert await api.get("/providers/rules") == (200, {"providers": {}})
 

@@ -220,3 +220,38 @@ def test_start_with_an_invalid_file_exits_with_located_errors_and_code_1(tmp_pat
     out = run_cli("run", "-c", str(cfg))
     assert out.returncode == 1
     assert "honk.dae:10" in out.stderr and "unknown-outbound" in out.stderr and "did not start" in out.stderr
+
+
+OPEN_ROUTER = """global {
+    data_dir: ./var
+}
+inbound {
+    lan: 'mixed://0.0.0.0:7890'
+}
+routing {
+    fallback: direct
+}
+experimental {
+    clash_api {
+        external_controller: '0.0.0.0:9090'
+    }
+}
+"""
+
+
+def test_honk_check_refuses_an_api_and_a_proxy_anyone_on_the_network_can_use(tmp_path):
+    cfg = tmp_path / "open.dae"
+    cfg.write_text(OPEN_ROUTER)
+    out = run_cli("check", "-c", str(cfg))
+    assert out.returncode == 1
+    assert "open.dae:5: error: inbound.lan:" in out.stderr and "[open-proxy]" in out.stderr
+    assert "open.dae:12: error: experimental.clash_api.external_controller:" in out.stderr
+    assert "[open-api]" in out.stderr
+
+    # said explicitly, both load, and check still reports them
+    cfg.write_text(OPEN_ROUTER.replace("0.0.0.0:7890'", "0.0.0.0:7890?allow_unauthenticated=true'")
+                   .replace("'0.0.0.0:9090'\n", "'0.0.0.0:9090'\n        allow_unauthenticated: true\n"))
+    out = run_cli("check", "-c", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert "2 warning(s)" in out.stdout
+    assert out.stderr.count("warning:") == 2 and "[open-api]" in out.stderr and "[open-proxy]" in out.stderr

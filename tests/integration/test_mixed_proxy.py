@@ -647,7 +647,7 @@ def test_mixed_user_password_inbound_accepts_right_and_refuses_wrong_credentials
 def test_mixed_swap_plane_routes_new_flows_while_established_flows_keep_their_sockets(
     run, echo: EchoServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="honk.connection")
+    caplog.set_level(logging.INFO, logger="honk.connection")  # a flow's line is at info
 
     async def main() -> None:
         async with honk() as env:
@@ -671,8 +671,8 @@ def test_mixed_swap_plane_routes_new_flows_while_established_flows_keep_their_so
             assert answer == b"still here"
 
     run(main())
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TCP connection ")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("flow opened ")]
     assert lines == [
-        f"TCP connection inbound=lan source={lines[0].split('source=')[1].split()[0]} "
+        f"flow opened network=tcp inbound=lan source={lines[0].split('source=')[1].split()[0]} "
         f"target=127.0.0.1:{echo.port} rule=fallback chain=direct"
     ]

@@ -134,7 +134,7 @@ class Echo6:
 
 
 def test_fastpath_connects_ipv4_and_domain_targets_and_relays(run, engine_name, caplog) -> None:
-    caplog.set_level(logging.DEBUG, logger="honk.connection")
+    caplog.set_level(logging.INFO, logger="honk.connection")  # a flow's line is at info
 
     async def main() -> None:
         with EchoServer() as echo:
@@ -153,9 +153,9 @@ def test_fastpath_connects_ipv4_and_domain_targets_and_relays(run, engine_name, 
                     await close_writer(writer)
 
     run(main())
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TCP connection ")]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("flow opened ")]
     assert len(lines) == 2
-    assert lines[0].startswith("TCP connection inbound=lan source=127.0.0.1:")
+    assert lines[0].startswith("flow opened network=tcp inbound=lan source=127.0.0.1:")
     assert lines[0].endswith("rule=fallback chain=direct")
 
 

@@ -558,7 +558,7 @@ def test_daemon_routes_through_a_node_from_a_subscription_selected_by_subtag(tmp
                 assert rep == 0
                 assert roundtrip(sock, b"via the subscription") == b"via the subscription"
                 sock.close()
-                line = honk.wait_for(r"TCP connection .*target=127\.0\.0\.1:\d+ .*chain=(\S+)")
+                line = honk.wait_for(r"flow opened network=tcp .*target=127\.0\.0\.1:\d+ .*chain=(\S+)")
                 assert line.group(1) == "proxy>socks-hk"
         finally:
             origin.close()
@@ -603,7 +603,7 @@ def test_daemon_applies_a_changed_subscription_after_sighup_as_a_new_generation(
                 sock, rep = socks5_connect(proxy, "127.0.0.1", echo.port)
                 assert rep == 0 and roundtrip(sock, b"two") == b"two"
                 sock.close()
-                assert honk.wait_for(r"TCP connection .*chain=(\S+)", after=mark).group(1) == "proxy>socks-two"
+                assert honk.wait_for(r"flow opened network=tcp .*chain=(\S+)", after=mark).group(1) == "proxy>socks-two"
         finally:
             origin.close()
 

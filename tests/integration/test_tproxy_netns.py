@@ -152,7 +152,7 @@ def test_tproxy_tcp_is_proxied_for_ipv4_and_ipv6(bed, loop):
     for server, router in ((SERVER.v4, ROUTER_WAN.v4), (SERVER.v6, ROUTER_WAN.v6)):
         done = bed.curl(url(server, HTTP_PORT))
         assert done.stdout == f"hello from server, peer={router}", (done.stderr, honk.output())
-    honk.wait_for(r"TCP connection inbound=lan source=\[2001:db8:1::2\]:\d+ target=\[2001:db8:2::2\]:80",
+    honk.wait_for(r"flow opened network=tcp inbound=lan source=\[2001:db8:1::2\]:\d+ target=\[2001:db8:2::2\]:80",
                   stream="stderr")
 
 
@@ -219,7 +219,7 @@ def test_redirect_serves_tcp_for_ipv4_and_ipv6(bed, loop):
     for server, router in ((SERVER.v4, ROUTER_WAN.v4), (SERVER.v6, ROUTER_WAN.v6)):
         done = bed.curl(url(server, REDIRECTED_PORT))
         assert done.stdout == f"hello from server, peer={router}", (done.stderr, honk.output())
-    honk.wait_for(r"TCP connection inbound=redir source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8080", stream="stderr")
+    honk.wait_for(r"flow opened network=tcp inbound=redir source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8080", stream="stderr")
 
 
 def test_a_connection_to_the_listener_itself_is_refused(bed):

@@ -100,7 +100,7 @@ def test_the_hosts_own_traffic_goes_through_honk_and_nothing_of_honks_stays_afte
             mark = honk.mark()
             # honk dials the server itself; its own socket is not diverted back to it (no loop)
             assert router_curl(bed, url(family, HTTP_PORT)).stdout == f"hello from server, peer={peer}"
-            honk.wait_for(r"TCP connection inbound=tproxy .*rule=fallback chain=direct", after=mark)
+            honk.wait_for(r"flow opened network=tcp inbound=tproxy .*rule=fallback chain=direct", after=mark)
             refused = router_curl(bed, url(family, BLOCKED_PORT))
             assert refused.returncode != 0 and "hello" not in refused.stdout
             honk.wait_for(rf"flow refused inbound=tproxy .*:{BLOCKED_PORT} error=Blocked", after=mark)

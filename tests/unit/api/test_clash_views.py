@@ -35,7 +35,7 @@ global {{
     check_interval: 3600s
 }}
 inbound {{
-    lan: 'mixed://0.0.0.0:7890'
+    lan: 'mixed://0.0.0.0:7890?allow_unauthenticated=true'
 }}
 node {{
     hk: 'socks5://user:{SOCKS_SECRET}@127.0.0.1:9'
@@ -218,6 +218,25 @@ def test_leaf_alive_is_false_for_a_dead_ipv4_node_even_with_its_ipv6_state_unkno
     assert world.alive.tcp_alive(node_id, Family.V6)  # IPv6: unknown, read as alive
     assert views._node_alive(world.alive, node_id, Family.V4) is False
     assert views.leaf_proxy(ctx, "hk", world.plane.outbounds["hk"])["alive"] is False
+
+
+def test_leaf_alive_with_no_health_verdict_follows_the_newest_delay_test(world):
+    """A dashboard counts a group's ``alive === true`` members: a node whose health was never
+    probed, but whose delay test just failed, is not counted; a later success counts it again;
+    a health verdict outranks any delay test."""
+    ctx = world.ctx()
+    node_id = world.ids["hk"]
+    hk = world.plane.outbounds["hk"]
+    world.alive.record_delay_test(node_id, Family.V4, None, "https://t.example/204")
+    assert views.leaf_proxy(ctx, "hk", hk)["alive"] is False
+    world.clock.advance(1.0)
+    world.alive.record_delay_test(node_id, Family.V4, 0.05, "https://other.example/")
+    assert views.leaf_proxy(ctx, "hk", hk)["alive"] is True
+    world.clock.advance(1.0)
+    world.alive.record_delay_test(node_id, Family.V4, None, "https://t.example/204")
+    assert views.leaf_proxy(ctx, "hk", hk)["alive"] is False
+    world.alive.notify_check_success(node_id, Domain.TCP, Family.V4, 0.02)  # a probe's verdict decides
+    assert views.leaf_proxy(ctx, "hk", hk)["alive"] is True
 
 
 def test_leaf_alive_of_an_ipv6_reached_node_follows_its_ipv6_state_and_its_probes_fill_extra():
