@@ -81,7 +81,7 @@ TWIN_TESTS = tests/unit tests/sim \
 	tests/integration/test_shadowsocks_relay.py tests/integration/test_shadowsocks_outbound.py \
 	tests/integration/test_v2_outbounds.py tests/integration/test_v2_udp.py \
 	tests/integration/test_score_escape.py tests/integration/test_score_reporters.py \
-	tests/integration/test_ebpf_datapath.py tests/integration/test_counter_cadence.py
+	tests/integration/test_ebpf_datapath.py
 
 test: build peers
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider

@@ -26,10 +26,10 @@ from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family, ProbeSample
 from honk.alive.prober import NodeProber
 from honk.alive.runner import HealthRunner, UdpOutcome
-from honk.alive.service import node_leaves
 from honk.alive.thresholds import PROBE_CONCURRENCY, REGISTRATION_GRACE
 from honk.config.spec import DEFAULT_CHECK_INTERVAL, GlobalSpec, NodeSpec, Spec
 from honk.connection.plane import build_plane
+from honk.control.health import node_leaves
 from honk.core.clock import MonotonicClock
 
 SCHEDULER_TARGET_US = 50.0  # "under 50 µs of scheduler time per node per cycle, excluding I/O"

@@ -6,6 +6,9 @@ Layout per kernel ``<name>``:
 * ``<name>_c.pxd``: C types for the compiled build of that same file;
 * ``<name>.py``: the selector the rest of honk imports.
 
+Cython is needed to build only: a twin that reads ``cython.compiled`` falls back to
+``_cython.py`` when the ``cython`` module is not installed.
+
 ``HONK_NO_EXTENSIONS=1`` forces the twins; :data:`NO_EXTENSIONS` records it.
 """
 

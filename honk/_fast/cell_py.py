@@ -15,7 +15,10 @@ Time is always an argument. This file is plain Python and also the Cython source
 (types in ``cell_c.pxd``); keep the two in step.
 """
 
-import cython
+try:
+    import cython
+except ModuleNotFoundError:  # an install without Cython: the twin's stand-in
+    from honk._fast import _cython as cython
 
 from honk._fast.beta_py import DEFAULT_PRIOR
 from honk._fast.decay_py import EVIDENCE_HALF_LIFE

@@ -16,7 +16,10 @@ This file is plain Python and also the Cython source of ``rank_c`` (types in ``r
 keep the two in step.
 """
 
-import cython
+try:
+    import cython
+except ModuleNotFoundError:  # an install without Cython: the twin's stand-in
+    from honk._fast import _cython as cython
 
 if not cython.compiled:  # the compiled build cimports the compiled cell kernel (rank_c.pxd)
     from honk._fast.cell_py import blend, qualified  # read a cell of either build

@@ -172,7 +172,7 @@ Listener mode (the SOCKS5 CONNECT fast path, :mod:`honk.inbound.fastpath`):
     reads each client's first bytes into its ``Hs`` record (epoll tag 3).
   * Only the common case is served in C: a complete greeting offering no-auth
     (answered ``05 00``), then a complete CONNECT with a valid IPv4, IPv6 or
-    domain target (the same checks as ``honk.inbound.socks5``). The worker then
+    domain target (the same checks as ``honk.proto.socks5``). The worker then
     emits ONE ``EV_REQUEST`` and keeps the client, unread, until the asyncio
     side answers with ONE command: CONNECT (dial this sockaddr with TCP_NODELAY
     and SO_MARK; once connected -- at once when the kernel finished the handshake
@@ -250,7 +250,7 @@ cdef extern from *:
         struct epoll_event ev; ev.events = events; ev.data.u64 = data;
         return epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
     }
-    /* the SOCKS5 reply code for a failed connect: honk.inbound.socks5._ERRNO_REPLIES */
+    /* the SOCKS5 reply code for a failed connect: honk.proto.socks5._ERRNO_REPLIES */
     static inline int honk_reply_code(int err) {
         switch (err) {
         case ECONNREFUSED: return 5;

@@ -1109,7 +1109,7 @@ _ERRNO_CODES = {
 
 
 def _reply_code(err: int) -> int:
-    """The SOCKS5 reply code for a failed connect (honk.inbound.socks5._ERRNO_REPLIES)."""
+    """The SOCKS5 reply code for a failed connect (honk.proto.socks5._ERRNO_REPLIES)."""
     return _ERRNO_CODES.get(err, 1)
 
 

@@ -15,7 +15,10 @@ in place and which define the behaviour both builds must share.
 This file is plain Python and also the Cython source of ``valuetype_c``; keep the two in step.
 """
 
-import cython
+try:
+    import cython
+except ModuleNotFoundError:  # an install without Cython: the twin's stand-in
+    from honk._fast import _cython as cython
 
 
 def install(cls: type) -> type:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from honk.alive.dnstarget import DEFAULT_DNS_TARGET, dns_check_target
 from honk.alive.outcome import ProbeError, ProbeSample
+from honk.config.dnstarget import DEFAULT_DNS_TARGET, dns_check_target
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import CapacityRefused, ConfigRefused, DialError, DialTimeout, HonkError, NotSupported
 from honk.core.net import Address

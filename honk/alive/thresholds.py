@@ -1,4 +1,4 @@
-"""Every number of the health design, in one place (seed 001, "Health state and probes").
+"""Every number of the health design, in one place (areas E and F of ``docs/design/groups-health.md``).
 
 Each constant quotes the design's wording. Where the design left a choice open,
 the comment says which reading honk takes.

@@ -52,12 +52,12 @@ from honk.api.delay import (
 from honk.api.errors import ApiError, bad_request, not_found, refused
 from honk.api.jsonio import encode_each, reply, stream_json, text_reply
 from honk.config.spec import InboundSpec, Policy, Spec
+from honk.connection.mode import MODES
 from honk.connection.plane import Plane
 from honk.connection.warm import pool_stats, warm_stats
 from honk.control.errors import ApplyError
-from honk.control.mode import MODES
 from honk.core.clock import timeout_at
-from honk.daemon.logs import LEVELS, daemon_level
+from honk.core.logs import LEVELS, daemon_level
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.outbound.base import Outbound
 

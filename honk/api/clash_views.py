@@ -30,12 +30,12 @@ from honk.alive.outcome import Domain, Family
 from honk.api.jsonio import dumps
 from honk.config.spec import GroupSpec, NodeSpec, Policy, Predicate, RuleSpec, Spec
 from honk.connection.flowlog import FlowOpened
+from honk.connection.mode import global_members, mode_rule
 from honk.connection.plane import Plane
 from honk.connection.tracker import ConnectionInfo
-from honk.control.mode import global_members, mode_rule
+from honk.core.logs import LogEvent
 from honk.core.net import Network
 from honk.core.stats import OutboundCounts, StaggerCounts
-from honk.daemon.logs import LogEvent
 from honk.group.filter import health_family_of, node_id_of
 from honk.group.manager import GroupManager
 from honk.group.policy import Selector

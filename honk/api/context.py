@@ -10,21 +10,23 @@ cannot be acknowledged against a manager a reload has replaced.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from honk.core.net import Network
 
 if TYPE_CHECKING:
-    from honk.alive.service import HealthService
     from honk.api.server import ApiServer
+    from honk.config.spec import Spec
+    from honk.connection.mode import RoutingMode
     from honk.connection.plane import Plane
     from honk.connection.tracker import ConnectionTracker
     from honk.connection.warm import WarmUp
-    from honk.control.mode import RoutingMode
+    from honk.control.health import HealthService
     from honk.core.clock import Clock
+    from honk.core.logs import LogBroker
     from honk.core.stats import RuntimeStats
-    from honk.daemon.logs import LogBroker
     from honk.dns.service import DnsService
     from honk.inbound.mixed import MixedInbound
     from honk.subscription.manager import SubscriptionManager
@@ -59,6 +61,10 @@ class Control(Protocol):
     @property
     def generation(self) -> int:
         """The published plane's generation (1 at start, +1 per applied change)."""
+
+    async def check_spec(self, spec: Spec, path: str | os.PathLike[str]) -> Any:
+        """The dry run of ``spec`` (``honk check``: everything a start would build, nothing bound);
+        raises ApplyError."""
 
     async def select(self, group: str, member: str, network: Network | None = None) -> list[Network]:
         """A Selector write (``None``: both networks, all or nothing); the networks that changed."""
@@ -97,7 +103,7 @@ class Control(Protocol):
 
     async def update_geodata(self, names: Any = None) -> Any:
         """Download, check and swap the configured geodata (None: every asset), reloading when a
-        file changed: a :class:`honk.geo.update.UpdateReport`; UpdateBusy while one runs."""
+        file changed: a :class:`honk.control.geoupdate.UpdateReport`; UpdateBusy while one runs."""
 
 
 def running_plane(control: Control) -> Plane:

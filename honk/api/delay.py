@@ -4,7 +4,7 @@ A test is the health subsystem's HTTP measurement (HEAD for both rounds, the
 second round's RTT) through one leaf. For a node it goes through
 :meth:`~honk.alive.runner.HealthRunner.delay_test`, so the node's history shows
 it (a failure as delay 0) while liveness, strikes and Score evidence stay
-untouched (seed 001, GH-L-11). ``direct`` is measured the same way and recorded
+untouched (GH-L-11). ``direct`` is measured the same way and recorded
 nowhere; ``block`` always fails.
 
 Every test answers within its ``timeout``: the measurement runs under that

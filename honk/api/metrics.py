@@ -40,7 +40,6 @@ from honk.alive.health import Status
 from honk.api.authguard import RESULTS as AUTH_RESULTS
 from honk.api.context import Control
 from honk.config.spec import Policy
-from honk.connection.admission import process_gates
 from honk.control.errors import ApplyError
 from honk.core.stats import (
     DIAL_ERROR_KINDS,
@@ -53,6 +52,7 @@ from honk.core.stats import (
     Histogram,
 )
 from honk.group.score.ranker import CANDIDATE_COUNTERS, FINAL_REASONS
+from honk.outbound.admission import process_gates
 
 __all__ = ["METRICS_PATH", "HonkCollector", "routes"]
 

@@ -30,8 +30,8 @@ from honk.api.streams import serve_log_lines
 from honk.config.diagnostics import ConfigError
 from honk.config.spec import InboundUser, Policy
 from honk.control.errors import ApplyError
+from honk.core.logs import LEVELS, LogEvent
 from honk.core.net import Network
-from honk.daemon.logs import LEVELS, LogEvent
 from honk.group.policy import UnknownGroup, UnknownMember
 
 PREFIX = "/v1"
@@ -301,12 +301,12 @@ def routes(control: Control) -> list[web.RouteDef]:
         except UnicodeDecodeError:
             raise invalid("the body is not UTF-8 text") from None
         base_dir = Path(control.config_path).resolve().parent  # relative includes: as the running file's
-        return reply(*await check_text(text, fmt, str(base_dir)))
+        return reply(*await check_text(control, text, fmt, str(base_dir)))
 
     # --- geodata ------------------------------------------------------------------------------
 
     async def update_geodata(request: web.Request) -> web.StreamResponse:
-        from honk.geo.update import ASSETS, UpdateBusy
+        from honk.control.geoupdate import ASSETS, UpdateBusy
 
         names = request.query.getall("name", [])
         unknown = [n for n in names if n not in ASSETS]
@@ -401,17 +401,15 @@ def routes(control: Control) -> list[web.RouteDef]:
     ]
 
 
-async def check_text(text: str, fmt: str, base_dir: str) -> tuple[dict[str, Any], int]:
-    """Validate a configuration text as ``honk check`` does: load it, then the dry run (plan
-    from empty, prepare binding nothing). (body, status): 200 or 422 config_invalid."""
-    from honk.cli.daemon import _summary
-    from honk.config.load import load_text
-    from honk.daemon.app import check_spec
+async def check_text(control: Control, text: str, fmt: str, base_dir: str) -> tuple[dict[str, Any], int]:
+    """Validate a configuration text as ``honk check`` does: load it, then the daemon's dry run
+    (plan from empty, prepare binding nothing). (body, status): 200 or 422 config_invalid."""
+    from honk.config.load import load_text, summary
 
     try:
         # parsing is pure work on the text (and any included files): off the event loop
         spec = await asyncio.to_thread(load_text, text, fmt, source="<posted>", base_dir=base_dir)
-        await check_spec(spec, Path(base_dir) / "posted")
+        await control.check_spec(spec, Path(base_dir) / "posted")
     except ConfigError as exc:
         errors = len(exc.errors)
         return ({"error": {"code": "config_invalid", "message": f"the configuration has {errors} error(s)"},
@@ -420,7 +418,7 @@ async def check_text(text: str, fmt: str, base_dir: str) -> tuple[dict[str, Any]
         return ({"error": {"code": "config_invalid", "message": str(exc)},
                  "diagnostics": [{"severity": "error", "code": exc.variant, "key_path": "",
                                   "line": None, "column": None, "message": str(exc)}]}, 422)
-    return ({"ok": True, "summary": _summary(spec), "diagnostics": [views.diag_view(d) for d in spec.diagnostics]},
+    return ({"ok": True, "summary": summary(spec), "diagnostics": [views.diag_view(d) for d in spec.diagnostics]},
             200)
 
 

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 API_VERSION = 1  # the /v1 contract's version, reported by GET /v1/version
 HISTORY_ENTRIES = 10  # Link history entries shown: the Clash API's last-10 (mihomo defaultHistoriesNum)
 DELAY_DECIMALS = 3  # delays in ms keep microseconds: "delays in ms (float, 3 decimals)"
-# configured policies that take a runtime pin (a Score group runs as URLTest today, but its
-# selection is Score's to make: it takes no pin, as in the Clash API)
+# configured policies that take a runtime pin (a Score group shows as URLTest in the Clash API,
+# but its selection is its ranker's to make, per target: it takes no pin there either)
 FIXABLE_POLICIES = (Policy.URLTEST, Policy.FALLBACK)
 FAMILY_KEYS = {Family.V4: "v4", Family.V6: "v6"}
 STATE_KEYS = tuple((d, f) for d in Domain for f in Family)  # a node's six states, in display order

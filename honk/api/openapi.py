@@ -15,7 +15,7 @@ from honk.api.native import CONFIG_FORMATS, DEFAULT_CONFIG_FORMAT, FALSE_WORDS, 
 from honk.api.native_views import API_VERSION, HISTORY_ENTRIES
 from honk.api.streams import NDJSON as LINES_TYPE
 from honk.control.errors import refusal_kinds
-from honk.daemon.logs import LEVELS
+from honk.core.logs import LEVELS
 from honk.group.score.ranker import CANDIDATE_COUNTERS, FINAL_REASONS
 
 OPENAPI_VERSION = "3.1.0"

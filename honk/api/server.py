@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from honk.api.context import Control
 from honk.config.spec import DEFAULT_CLASH_API_CONTROLLER, ClashApiSpec
 from honk.core.clock import Clock, TimerHandle
+from honk.core.logs import kv
 from honk.core.net import parse_host_port
-from honk.daemon.logs import kv
 
 if TYPE_CHECKING:
     from aiohttp import web

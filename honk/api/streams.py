@@ -14,7 +14,7 @@ response the transport is checked every :data:`LIVENESS_CHECK` seconds, since a
 quiet /logs stream writes nothing that could fail), and when the server stops:
 the server aborts every connection, and :func:`stop_streams` cancels what is
 still running at once. Log frames come from a
-:class:`~honk.daemon.logs.LogSubscription` and a formatter, so the native API can
+:class:`~honk.core.logs.LogSubscription` and a formatter, so the native API can
 serve its own log lines through :func:`serve_log_lines`.
 """
 
@@ -33,7 +33,7 @@ from aiohttp import web
 from honk.api import clash_views as views
 from honk.api.context import Control
 from honk.core.clock import Clock
-from honk.daemon.logs import LogEvent, LogSubscription
+from honk.core.logs import LogEvent, LogSubscription
 
 TICK = 1.0  # seconds between periodic frames (mihomo's 1 Hz)
 MIN_INTERVAL = 0.1  # seconds; the smallest /connections `interval` honoured (no busy loop)

@@ -41,7 +41,7 @@ from honk.api.authguard import REJECTED, SOURCES_MAX, THROTTLED, AuthThrottle
 from honk.api.context import Control
 from honk.api.errors import ApiError, render, unauthorized
 from honk.api.server import MAX_BODY, ConnectionGuard
-from honk.daemon.logs import kv
+from honk.core.logs import kv
 
 log = logging.getLogger("honk.api")
 

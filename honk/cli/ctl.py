@@ -48,7 +48,7 @@ SPINNER_INTERVAL = 0.1  # seconds between spinner frames
 LOG_LEVELS = ("trace", "debug", "info", "warn", "warning", "error", "silent")  # what /v1/logs accepts
 NETWORKS = ("tcp", "udp", "both")
 GEODATA_NAMES = ("geosite", "geoip")  # what the API's geodata update takes
-# seconds the daemon allows one geodata file and its checksum (honk.geo.update's DOWNLOAD_TIMEOUT
+# seconds the daemon allows one geodata file and its checksum (honk.control.geoupdate's DOWNLOAD_TIMEOUT
 # and CHECKSUM_TIMEOUT; not imported: honkctl starts without the daemon's modules)
 GEODATA_FILE_BUDGET = 600.0 + 10.0
 GEODATA_UPDATE_TIMEOUT = len(GEODATA_NAMES) * GEODATA_FILE_BUDGET + RELOAD_TIMEOUT  # then the reload

@@ -14,14 +14,6 @@ EXIT_RUNTIME = 2  # honk could not start (bind failure, permissions, another ins
 EXIT_NOT_RUNNING = 3  # honk reload: no daemon holds the PID lock
 
 
-def _summary(spec) -> str:
-    warnings = sum(1 for d in spec.diagnostics if d.severity.value == "warning")
-    return (
-        f"{len(spec.inbounds)} inbound(s), {len(spec.nodes)} node(s), {len(spec.groups)} group(s), "
-        f"{len(spec.routing.rules)} rule(s), fallback {spec.routing.fallback}; {warnings} warning(s)"
-    )
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="honk")
 def cli() -> None:
@@ -44,6 +36,7 @@ def check(file: str | None, config: str | None) -> None:
     nothing is bound."""
 
     from honk.config.diagnostics import ConfigError
+    from honk.config.load import summary
     from honk.control.errors import ApplyError
     from honk.daemon.app import check_file
 
@@ -66,7 +59,7 @@ def check(file: str | None, config: str | None) -> None:
     spec = desired.spec
     for d in spec.diagnostics:
         click.echo(str(d), err=True)
-    click.echo(f"{config}: ok: {_summary(spec)}")
+    click.echo(f"{config}: ok: {summary(spec)}")
 
 
 pid_file_option = click.option(
@@ -98,8 +91,8 @@ def run(config: str, debug: bool, pid_file: str | None) -> None:
 
     from honk.config.diagnostics import ConfigError
     from honk.control.errors import ApplyError
+    from honk.core.logs import setup_logging
     from honk.daemon.app import Daemon, log_diagnostics
-    from honk.daemon.logs import setup_logging
     from honk.daemon.pidlock import AlreadyRunning, PidLock
 
     setup_logging("debug" if debug else "info")

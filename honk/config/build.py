@@ -13,10 +13,11 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from honk.alive.dnstarget import parse_dns_target
 from honk.config import values as V
+from honk.config.dnstarget import parse_dns_target
 from honk.config.expr import MUST_PREFIX, MUST_RULES, ExprError, parse_filter_line, parse_outbound, parse_rule
 from honk.config.links import INBOUND_OPEN_PARAM, LinkError, parse_inbound_url, parse_node_link
+from honk.config.policies import parse_policy as parse_close_policy
 from honk.config.spec import (
     DEFAULT_CHECK_TOLERANCE,
     DEFAULT_CONNECT_TIMEOUT,
@@ -38,7 +39,6 @@ from honk.config.spec import (
     RuleSpec,
 )
 from honk.config.tree import Doc, Entry, GroupDecl, Sink
-from honk.control.policies import parse_policy as parse_close_policy
 from honk.core.net import is_loopback_listen, parse_host_port
 
 # Durations that must be positive; the other global durations take 0 as "off".
@@ -84,6 +84,20 @@ UNHONOURED_ONLY_WITH: dict[str, tuple[str, str]] = {
 # dae's eBPF and kernel tuning keys: honk's datapath has no such setting (warned, ignored).
 DAE_KERNEL_TUNING_KEYS = frozenset({"enable_local_tcp_fast_redirect", "disable_thp", "bpf_conn_state_map_size"})
 
+# The global keys build_global reads into GlobalSpec (each has its branch there).
+GLOBAL_SPEC_KEYS = frozenset(
+    {
+        "log_level", "tcp_check_url", "tcp_check_http_method", "udp_check_dns", "check_interval",
+        "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace", "response_timeout", "half_close_timeout",
+        "check_tolerance", "connect_timeout", "max_concurrent_dials", "preconnect_node_count",
+        "udp_warm_node_count", "data_dir", "lan_interface", "wan_interface", "tproxy_port", "so_mark_from_dae",
+        "dial_mode", "sniffing_timeout", "drain", "user_removal", "store_subscribe", "auto_config_kernel_parameter",
+    }
+)
+# Every key the global section accepts (read, accepted and unused, or warned about as not honoured);
+# any other is an unknown-key warning. docs/configuration.md lists each (its drift test reads this).
+GLOBAL_KEYS = GLOBAL_SPEC_KEYS | ACCEPTED_GLOBAL_KEYS | frozenset(UNHONOURED_GLOBAL_KEYS) | DAE_KERNEL_TUNING_KEYS
+
 # dae's per-group overrides of the global check settings (config.Group; control_plane.go
 # ParseGroupOverrideOption): tcp_check_url becomes the group's check URL, check_interval the
 # interval of its probes, check_tolerance its URLTest tolerance; the others are warned about
@@ -128,6 +142,9 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
     g: dict[str, object] = {}
     for e in entries:
         key = e.key or ""
+        if key not in GLOBAL_KEYS:
+            _unknown(sink, e)
+            continue
         if key == "log_level":
             s = V.get_str(e, sink)
             if s is not None:

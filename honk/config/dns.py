@@ -35,6 +35,7 @@ import ipaddress
 import re
 from collections.abc import Iterable
 
+from honk.config import dns_endpoint as endpoint
 from honk.config import values as V
 from honk.config.expr import Call, ExprError, parse_call, parse_rule
 from honk.config.geodata import check_geodata
@@ -59,7 +60,6 @@ from honk.config.spec import (
 )
 from honk.config.tree import Entry, Sink
 from honk.core.net import is_ip_literal
-from honk.dns import endpoint
 
 __all__ = ["QTYPE_NAMES", "build_dns", "dns_geodata_rules", "geodata_rules", "parse_bind", "parse_upstream_uri"]
 
@@ -76,7 +76,7 @@ QTYPE_NAMES = {
 }
 
 BIND_SCHEMES = {"udp": (True, False), "tcp": (False, True), "tcp+udp": (True, True)}
-# an upstream URI's scheme -> the transport (honk.dns.endpoint); tcp+udp behaves as udp (reference);
+# an upstream URI's scheme -> the transport (honk.config.dns_endpoint); tcp+udp behaves as udp (reference);
 # udp+tcp is its other spelling (dae's upstream.go alias, upstream honk's parser)
 UPSTREAM_SCHEMES = {
     "udp": endpoint.UDP, "tcp+udp": endpoint.UDP, "udp+tcp": endpoint.UDP, "tcp": endpoint.TCP, "tls": endpoint.TLS,
@@ -88,6 +88,12 @@ _DOH_PATH = re.compile(r"^/(?:(?![#;\\])[!-~])*$")  # a DoH request path: printa
 _HOSTNAME = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
                        r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
 _FORBIDDEN = ("@", "/", "?", "#", "\\")
+# The dns section's settings (each has its branch in _setting); its blocks are DNS_BLOCKS. Any other
+# key is an unknown-key warning. docs/configuration.md lists each (its drift test reads these).
+DNS_SETTING_KEYS = frozenset({"bind", "use_host", "ipversion_prefer", "optimistic_cache", "optimistic_cache_ttl",
+                              "max_cache_size"})
+DNS_BLOCKS = ("upstream", "routing", "fixed_domain_ttl")  # read by the dae and structured readers
+UPSTREAM_TABLE_KEYS = frozenset({"url", "outbound"})  # TOML/JSON: an upstream as a table
 
 
 class NotYetSupported(ValueError):
@@ -171,8 +177,8 @@ def parse_upstream_uri(text: str) -> tuple[str, str, int]:
     (DoH), ``h3://`` or ``http3://`` (DoH over HTTP/3, with a path as https) and ``quic://``
     (DoQ). The encrypted forms take ``?tls_server_name=NAME``, the name their certificate is
     checked against (default: the host; an IP literal is checked as an IP address). Ports
-    and the DoH path default per :data:`honk.dns.endpoint.DEFAULT_PORTS` and ``DOH_PATH``;
-    the protocol carries the path and server name (:func:`honk.dns.endpoint.encode`).
+    and the DoH path default per :data:`honk.config.dns_endpoint.DEFAULT_PORTS` and ``DOH_PATH``;
+    the protocol carries the path and server name (:func:`honk.config.dns_endpoint.encode`).
 
     Raises ValueError naming what is wrong."""
     scheme, sep, rest = text.partition("://")
@@ -428,7 +434,7 @@ def _upstream(name: str, e: Entry, sink: Sink) -> DnsUpstreamSpec | None:
     tag: str | None = None
     if isinstance(value, dict) and not e.raw:
         uri, tag = value.get("url"), value.get("outbound")
-        for extra in set(value) - {"url", "outbound"}:
+        for extra in set(value) - UPSTREAM_TABLE_KEYS:
             sink.warning("unknown-key", f"{e.path}.{extra}", "unknown key is ignored", e.loc)
         if not isinstance(uri, str) or not (tag is None or isinstance(tag, str)):
             sink.error("invalid-type", e.path, "expected a 'url' string and an optional 'outbound' string", e.loc)
@@ -578,6 +584,9 @@ def _fallback(phase: str, e: Entry, fallbacks: dict[str, tuple[str, Entry]], sin
 
 
 def _setting(key: str, e: Entry, values: dict[str, object], sink: Sink) -> None:
+    if key not in DNS_SETTING_KEYS:
+        sink.warning("unknown-key", e.path, "unknown key is ignored", e.loc)
+        return
     if key == "bind":
         text = V.get_str(e, sink)
         if text is None:

@@ -407,6 +407,10 @@ def parse_go_uint(text: str, bits: int) -> int:
 
 def _predicate(call: Call) -> Predicate:
     if call.args is None:
+        if call.name not in _BARE_MATCHERS:  # `ext:` names a file of domains or of IPs: say which
+            raise ExprError("unknown-traffic-predicate",
+                            f"'{call.name}:' is not a matcher on its own; write domain({call.name}: …) "
+                            f"or dip({call.name}: …)")
         pred, key = _BARE_MATCHERS[call.name]
         return Predicate(pred, (_check(pred, MatchArg(key, call.value)),), call.negated)
     name = PREDICATE_ALIASES.get(call.name, call.name)

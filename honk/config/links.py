@@ -62,9 +62,11 @@ from dataclasses import dataclass
 from urllib.parse import unquote as pct_decode
 
 from honk._fast.nodeid import node_id
+from honk.config.policies import parse_policy
 from honk.config.spec import NODE_ID_NAMESPACE, InboundSpec, InboundUser, NodeSpec
-from honk.config.values import parse_bool
+from honk.config.values import parse_bool, parse_seconds
 from honk.proto.ss_methods import CIPHERS as SS_CIPHERS
+from honk.proto.vmess import SECURITIES as VMESS_SECURITIES
 
 NODE_SCHEMES = {"socks5": "socks5", "socks5h": "socks5", "http": "http", "https": "https"}
 DEFAULT_PORTS = {"http": 443, "https": 443}  # socks5: an explicit port is required
@@ -78,9 +80,9 @@ KNOWN_UNSUPPORTED = (
     "juicity",
 )
 V2_SCHEMES = ("vmess", "vless", "trojan")
-# VMess body ciphers honk dials, as v2ray names them ("auto": the client picks; the
-# legacy "zero" and the pre-AEAD ciphers are refused).
-VMESS_CIPHERS = ("aes-128-gcm", "chacha20-poly1305", "none", "auto")
+# VMess body ciphers honk dials, as v2ray names them: the codec's (``auto``: the client picks;
+# the legacy "zero" and the pre-AEAD ciphers are refused).
+VMESS_CIPHERS = tuple(VMESS_SECURITIES)
 VMESS_DEFAULT_CIPHER = "auto"  # v2rayN: an absent or empty `scy` means auto
 V2_TRANSPORTS = ("tcp", "ws")  # stream transports honk dials ("" means tcp)
 V2_SECURITIES = ("none", "tls")
@@ -542,9 +544,6 @@ def with_node_id(node: NodeSpec) -> NodeSpec:
     Raises LinkError for a ``drain`` parameter that names no policy."""
     for key, value in node.params:
         if key == DRAIN_PARAM:
-            from honk.config.values import parse_seconds
-            from honk.control.policies import parse_policy
-
             try:
                 parse_policy(value, parse_seconds)
             except ValueError as exc:

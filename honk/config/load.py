@@ -211,3 +211,12 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         source=source,
         diagnostics=tuple(d for d in sink.items if d.severity is not Severity.ERROR),
     )
+
+
+def summary(spec: Spec) -> str:
+    """One line of what a loaded configuration holds (``honk check``, ``POST /v1/config/check``)."""
+    warnings = sum(1 for d in spec.diagnostics if d.severity.value == "warning")
+    return (
+        f"{len(spec.inbounds)} inbound(s), {len(spec.nodes)} node(s), {len(spec.groups)} group(s), "
+        f"{len(spec.routing.rules)} rule(s), fallback {spec.routing.fallback}; {warnings} warning(s)"
+    )

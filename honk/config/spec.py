@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from honk.config.diagnostics import Diagnostic, SourceLoc
-from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
+from honk.config.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 
 # --- defaults (upstream honk's global reference) -----------------------------
 

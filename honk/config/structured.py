@@ -350,6 +350,14 @@ SUBSCRIPTION_KEYS = {
 }
 
 
+# The keys of the tables whose keys are fixed (any other is an unknown-key warning); the
+# subscription table's are SUBSCRIPTION_KEYS. docs/configuration.md lists each (its drift test reads these).
+ENTRY_TABLE_FIELDS = {"inbound": "url", "node": "link"}  # [inbound.NAME] url = ..., [node.NAME] link = ...
+ROUTING_KEYS = frozenset({"rules", "fallback", "default"})  # [routing]; default is fallback's other name
+DNS_PHASE_KEYS = frozenset({"rules", "fallback"})  # [dns.routing.request] and [dns.routing.response]
+EXPERIMENTAL_BLOCKS = ("clash_api", "cache_file")
+
+
 class _Reader:
     def __init__(self, fmt: str, file: str, locator: Locator, sink: Sink) -> None:
         self.doc = Doc(file=file, fmt=fmt)
@@ -409,7 +417,7 @@ class _Reader:
         return doc
 
     def read_entries(self, section: str, value: object) -> None:
-        field = "url" if section == "inbound" else "link"
+        field = ENTRY_TABLE_FIELDS[section]
         target = self.doc.inbounds if section == "inbound" else self.doc.nodes
         if isinstance(value, list):
             for i, item in enumerate(value):
@@ -512,7 +520,7 @@ class _Reader:
                     continue
                 for i, item in enumerate(items):
                     self.doc.rules.append(self.entry(None, item, "routing", "rules", i))
-            elif key in ("fallback", "default"):
+            elif key in ROUTING_KEYS:  # fallback or default
                 self.doc.fallbacks.append(
                     self.entry("fallback", v, "routing", key, shown=("routing", "fallback"))
                 )
@@ -544,7 +552,9 @@ class _Reader:
     def read_dns_phase(self, phase: str, body: object) -> list[Entry]:
         out: list[Entry] = []
         for key, v in (self.table(body, "dns", "routing", phase) or {}).items():
-            if key == "fallback":
+            if key not in DNS_PHASE_KEYS:
+                self.unknown("dns", "routing", phase, key)
+            elif key == "fallback":
                 out.append(self.entry(f"{phase}.fallback", v, "dns", "routing", phase, key))
             elif key == "rules":
                 items = [v] if isinstance(v, str) else v
@@ -561,7 +571,7 @@ class _Reader:
     def read_experimental(self, value: object) -> None:
         tbl = self.table(value, "experimental")
         for key, v in (tbl or {}).items():
-            if key not in ("clash_api", "cache_file"):
+            if key not in EXPERIMENTAL_BLOCKS:
                 self.sink.error(
                     "unknown-block",
                     join_path("experimental", key),

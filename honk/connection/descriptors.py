@@ -8,7 +8,7 @@ the flows. So honk treats descriptors as a budget with two shares:
 
 * at start the soft ``RLIMIT_NOFILE`` is raised to the hard limit (:func:`raise_descriptor_limit`):
   the soft limit is a default for ordinary programs, not what a router daemon needs;
-* :data:`~honk.connection.admission.RESERVED_DESCRIPTORS` of them are the control plane's
+* :data:`~honk.outbound.admission.RESERVED_DESCRIPTORS` of them are the control plane's
   reserve, which flows never take: a new flow is admitted only while the descriptors in use
   plus the flow's own (:data:`FLOW_DESCRIPTORS`) stay below the limit minus the reserve;
 * a refused flow is refused at once and cleanly by its inbound (SOCKS5 ``0x01``, HTTP 503, a
@@ -33,11 +33,11 @@ import os
 import resource
 from collections.abc import Callable
 
-from honk.connection.admission import DESCRIPTORS_IF_UNLIMITED, RESERVED_DESCRIPTORS
 from honk.core.clock import Clock
 from honk.core.errors import CapacityRefused
+from honk.core.logs import kv
 from honk.core.stats import RuntimeStats
-from honk.daemon.logs import kv
+from honk.outbound.admission import DESCRIPTORS_IF_UNLIMITED, RESERVED_DESCRIPTORS
 
 __all__ = [
     "FLOW_DESCRIPTORS",

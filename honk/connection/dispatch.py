@@ -35,10 +35,10 @@ from honk.config.spec import GlobalSpec, Policy
 from honk.connection import scoring
 from honk.connection.descriptors import DescriptorBudget
 from honk.connection.flowlog import format_chain, log_flow_opened
+from honk.connection.mode import RoutingMode, mode_rule
 from honk.connection.plane import Decision, score_target
 from honk.connection.tracker import ConnectionTracker, FlowHandle, TrackedFlow
 from honk.connection.verdict import observe_flow
-from honk.control.mode import RoutingMode, mode_rule
 from honk.core.clock import Clock
 from honk.core.errors import (
     ClientGone,
@@ -49,9 +49,9 @@ from honk.core.errors import (
     IdleTimeout,
     TargetRefused,
 )
+from honk.core.logs import kv
 from honk.core.net import FlowMeta, Network
 from honk.core.stats import RuntimeStats
-from honk.daemon.logs import kv
 from honk.group.score.attempt import ScoreFeedback, ScoreReporter
 from honk.outbound.base import DialedStream, EnginePlan, Outbound
 from honk.outbound.bridge import relay_end

@@ -2,7 +2,7 @@
 
 The record carries two renderings of one event. Its message is honk's own
 ``flow opened network=tcp inbound=… source=… target=… rule=… chain=…`` (stderr,
-journald, the native ``/v1/logs``); its :data:`~honk.daemon.logs.FLOW_FIELD` attribute
+journald, the native ``/v1/logs``); its :data:`~honk.core.logs.FLOW_FIELD` attribute
 holds the facts as a :class:`FlowOpened`, which the Clash ``/logs`` stream renders in
 mihomo's shape (``[TCP] src --> target match Type(payload) using Group[leaf]``, see
 :func:`honk.api.clash_views.flow_log_text`) only when a dashboard reads it.
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from honk.core.logs import FLOW_FIELD, kv
 from honk.core.net import Address, Network
-from honk.daemon.logs import FLOW_FIELD, kv
 
 __all__ = ["FlowOpened", "format_chain", "log_flow_opened"]
 

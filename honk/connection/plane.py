@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from honk.config.expr import MUST_RULES
 from honk.config.spec import Spec
-from honk.connection.admission import DialBudget
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import FlowMeta, IPAddress, Network
@@ -28,6 +27,7 @@ from honk.geo.assets import GeoAssets
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager, Identity, Selection
 from honk.group.score.keys import ScoreTarget
+from honk.outbound.admission import DialBudget
 from honk.outbound.base import Outbound
 from honk.outbound.registry import build_outbounds, retire_runtimes
 from honk.outbound.runtime import NodeRuntime

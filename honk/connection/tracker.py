@@ -32,8 +32,8 @@ from typing import Protocol
 from honk.config.spec import DEFAULT_HALF_CLOSE_TIMEOUT, DEFAULT_RELAY_IDLE_TIMEOUT, DEFAULT_UDP_IDLE_TIMEOUT
 from honk.core.clock import Clock
 from honk.core.errors import FlowClosed, HalfCloseTimeout, HonkError, IdleTimeout, OutboundDrained
+from honk.core.logs import kv
 from honk.core.net import Address, Network
-from honk.daemon.logs import kv
 
 __all__ = ["ConnectionInfo", "ConnectionTracker", "FlowHandle", "MultiVersionHandle", "TrackedFlow"]
 

@@ -76,11 +76,11 @@ from honk.core.errors import (
     NotSupported,
     OutboundDrained,
 )
+from honk.core.logs import kv
 from honk.core.net import Address, FlowMeta, Network
-from honk.daemon.logs import kv
 from honk.group.score.attempt import Episode, Result, ScoreReporter
-from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import PacketEndpoint
+from honk.proto.socks5 import build_udp_datagram, parse_udp_datagram
 
 __all__ = ["MAX_PENDING_DATAGRAMS", "UdpAssociation", "UdpNat"]
 

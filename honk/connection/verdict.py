@@ -36,7 +36,7 @@ from typing import Any
 from honk.alive.traffic import NodeTraffic, traffic_of
 from honk.core.clock import Clock, Deadlines, TimerHandle
 from honk.core.errors import CodecError, UpstreamFailed
-from honk.daemon.logs import kv
+from honk.core.logs import kv
 from honk.group.score.attempt import Result, ScoreReporter
 
 __all__ = ["FlowVerdict", "observe_flow"]

@@ -51,8 +51,8 @@ from honk.alive.outcome import Family
 from honk.config.spec import PRECONNECT_AUTO
 from honk.core.clock import Clock
 from honk.core.errors import HonkError, NoRoute
+from honk.core.logs import kv
 from honk.core.net import Network
-from honk.daemon.logs import kv
 from honk.group.policy import Selector
 from honk.outbound.mux import pool_for
 from honk.outbound.runtime import NodeRuntime, WarmOwner

@@ -27,8 +27,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from honk.config.policies import ClosePolicy
 from honk.config.spec import InboundSpec, RoutingSpec, Spec
-from honk.connection.admission import DialBudget
 from honk.connection.plane import Plane
 from honk.control.desired import API_TAG, TRANSPARENT_KINDS, BindSpec, DesiredState, InboundDecl
 from honk.control.errors import BindFailed, BuildFailed
@@ -44,13 +44,13 @@ from honk.control.plan import (
     StopAccepting,
     SwapHandler,
 )
-from honk.control.policies import ClosePolicy
 from honk.control.report import ApplyReport
 from honk.core.errors import FlowClosed
 from honk.dns.own import own_lookups
 from honk.group.manager import GroupManager
 from honk.inbound.sessions import Principal, admit
 from honk.netlink.interception import InterceptionError, KernelInterception
+from honk.outbound.admission import DialBudget
 from honk.outbound.base import Outbound
 from honk.outbound.block import BlockOutbound
 from honk.outbound.registry import build_leaf
@@ -59,7 +59,41 @@ from honk.route.resolve import SystemResolver
 from honk.route.router import Router
 
 if TYPE_CHECKING:
-    from honk.daemon.app import Daemon
+    from pathlib import Path
+
+    from honk.config.spec import ClashApiSpec
+    from honk.connection.dispatch import Dispatcher
+    from honk.connection.tracker import ConnectionTracker
+    from honk.control.drain import Drainer
+    from honk.control.health import HealthService
+    from honk.core.clock import Clock
+    from honk.ebpf.service import SlotService
+    from honk.inbound.sessions import SessionRegistry
+
+
+class ApplyHost(Protocol):
+    """What the :class:`Applier` works on: the daemon that composes it (it implements this). The
+    applier stores the plane through :meth:`publish`, builds listeners, and swaps the DNS handler;
+    the API's listener comes from :meth:`api_listener`, so this layer never imports the API."""
+
+    clock: Clock
+    config_path: Path
+    dispatcher: Dispatcher
+    tracker: ConnectionTracker
+    sessions: SessionRegistry
+    drainer: Drainer
+    health: HealthService
+    slots: SlotService
+    learned_names: Any
+    dns_handler: Any
+    dns_answer_now: Any
+
+    def publish(self, plane: Plane, resolver: object, *, republish: bool = False) -> None: ...
+
+    async def health_sync(self, plane: Plane, *, first: bool) -> None: ...
+
+    def api_listener(self, spec: ClashApiSpec) -> Any:
+        """A listener serving the API block ``spec`` (not yet bound)."""
 
 log = logging.getLogger("honk.reload")
 
@@ -126,7 +160,7 @@ class Prepared:
 class Applier:
     """The running set of resources; driven by the reconciler only."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: ApplyHost) -> None:
         self.daemon = daemon
         self.running = RunningState()
         self.plane: Plane | None = None  # the last published plane (None before the first commit)
@@ -317,10 +351,8 @@ class Applier:
         daemon = self.daemon
         try:
             if inbound.kind == "api":
-                from honk.api.server import ApiServer
-
                 assert spec.clash_api is not None
-                return ApiServer(daemon, spec.clash_api, daemon.config_path.parent)
+                return daemon.api_listener(spec.clash_api)
             if inbound.kind == "dns":
                 from honk.dns.listener import DnsListener
 
@@ -530,7 +562,7 @@ class DnsFront:
         return None if service is None else service.answer_now(query, client, original, tcp=tcp)
 
 
-def _dns_service(spec: Any, running: Any, daemon: Daemon, geo: Any) -> Any:
+def _dns_service(spec: Any, running: Any, daemon: ApplyHost, geo: Any) -> Any:
     """The service for ``spec``: the running one rebuilt (its cache and learning carried), or new;
     its rules read the geodata through ``geo``, the router's GeoAssets."""
     if running is not None:

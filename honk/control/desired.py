@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from honk.config.dns import dns_geodata_rules
+from honk.config.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 from honk.config.spec import (
     BUILTIN_OUTBOUNDS,
     DEFAULT_CLASH_API_CONTROLLER,
@@ -43,7 +44,6 @@ from honk.config.spec import (
     Spec,
 )
 from honk.config.validate import DNS_INBOUND, TPROXY_INBOUND
-from honk.control.policies import DEFAULT_DRAIN, DEFAULT_USER_REMOVAL, ClosePolicy
 from honk.core.net import parse_host_port
 from honk.dns.own import node_upstream
 from honk.geo.assets import GeoAssets
@@ -263,8 +263,8 @@ def _lower_groups(spec: Spec) -> tuple[GroupDecl, ...]:
 
 def node_drain(node: NodeSpec) -> ClosePolicy | None:
     """The node link's own drain policy, if it names one (validated by the loader)."""
+    from honk.config.policies import parse_policy
     from honk.config.values import parse_seconds
-    from honk.control.policies import parse_policy
 
     for key, value in node.params:
         if key == DRAIN_PARAM:

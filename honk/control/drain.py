@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import logging
 
+from honk.config.policies import CLOSE_AFTER_KIND, CLOSE_KIND, ClosePolicy
 from honk.connection.tracker import ConnectionTracker
-from honk.control.policies import CLOSE_AFTER_KIND, CLOSE_KIND, ClosePolicy
 from honk.core.clock import Clock
 from honk.core.errors import OutboundDrained
+from honk.core.logs import kv
 from honk.core.stats import RuntimeStats
-from honk.daemon.logs import kv
 
 __all__ = ["Drainer", "outbound_tag"]
 

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from honk.config.expr import MUST_RULES
+from honk.config.policies import ClosePolicy
 from honk.control.desired import TRANSPARENT_KINDS, DesiredState, InboundDecl
 from honk.control.errors import ApplyError, DuplicateTag, Invalid, UnknownReference
-from honk.control.policies import ClosePolicy
 
 TUN_SETTINGS_CHANGED = "the tun inbound's settings changed; its runtime restarts and its flows end"
 TUN_DEVICE_CHANGED = "the tun device changed; the old device and its flows end"

@@ -32,13 +32,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from honk.alive.service import HealthService
 from honk.api.server import ApiServer
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.load import load_file
-from honk.config.spec import GlobalSpec, InboundUser, Spec, SubscriptionSpec
+from honk.config.spec import ClashApiSpec, GlobalSpec, InboundUser, Spec, SubscriptionSpec
 from honk.connection.descriptors import DescriptorBudget, raise_descriptor_limit
 from honk.connection.dispatch import Dispatcher
+from honk.connection.mode import GLOBAL_DEFAULT, GLOBAL_GROUP, RoutingMode, global_members
 from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.connection.warm import WarmUp
@@ -46,20 +46,20 @@ from honk.control.apply import Applier, empty_plane
 from honk.control.desired import API_TAG, DesiredState, lower
 from honk.control.drain import Drainer
 from honk.control.errors import ApplyError, Disruptive, FileRefused, Invalid, Stopped
-from honk.control.mode import GLOBAL_DEFAULT, GLOBAL_GROUP, RoutingMode, global_members
+from honk.control.geoupdate import GeodataUpdater, UpdateReport, dial_for_route
+from honk.control.health import HealthService
 from honk.control.plan import Plan, RunningState, plan
 from honk.control.reconciler import Reconciler
 from honk.control.report import ApplyReport
 from honk.core.clock import Clock, MonotonicClock, timeout_at
 from honk.core.errors import FlowClosed, NoRoute
+from honk.core.logs import LogBroker, kv, set_level
 from honk.core.net import Address, Network
 from honk.core.stats import RuntimeStats
-from honk.daemon.logs import LogBroker, kv, set_level
 from honk.daemon.loopguard import LoopGuard
 from honk.daemon.notify import Notifier
 from honk.dns.own import OwnLookups, own_lookups, subscription_upstream
 from honk.ebpf.service import SlotService
-from honk.geo.update import GeodataUpdater, UpdateReport, dial_for_route
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
@@ -380,6 +380,14 @@ class Daemon:
 
     # --- reload --------------------------------------------------------------
 
+    def api_listener(self, spec: ClashApiSpec) -> ApiServer:
+        """The applier's factory for the API listener of ``spec`` (this daemon serves it)."""
+        return ApiServer(self, spec, self.config_path.parent)
+
+    async def check_spec(self, spec: Spec, path: str | os.PathLike[str]) -> DesiredState:
+        """The dry run the API's ``/v1/config/check`` asks for (module :func:`check_spec`)."""
+        return await check_spec(spec, path)
+
     async def reload(self, allow_disruptive: bool = False) -> ApplyReport:
         """Apply the file as it is now (``honkctl reload``, the API). Returns the report;
         raises ApplyError (FileRefused for a file that does not load) with nothing changed."""
@@ -569,7 +577,7 @@ class Daemon:
 
     async def update_geodata(self, names: Sequence[str] | None = None) -> UpdateReport:
         """``honkctl geodata update``: download, check and swap the configured geodata, then
-        reload when a file changed (:mod:`honk.geo.update`). UpdateBusy while one runs."""
+        reload when a file changed (:mod:`honk.control.geoupdate`). UpdateBusy while one runs."""
         return await self.geodata.update(names)
 
     def _asset_dial(self, route: str) -> Dial:

@@ -24,8 +24,8 @@ import logging
 from typing import Any
 
 from honk.core.clock import Clock, MonotonicClock
+from honk.core.logs import kv
 from honk.core.stats import ACCEPT_EXHAUSTED, RuntimeStats
-from honk.daemon.logs import kv
 
 log = logging.getLogger("honk.daemon")
 

@@ -31,8 +31,8 @@ from typing import Protocol
 
 from honk.config.spec import DnsBindSpec
 from honk.core.clock import Clock, timeout_at
+from honk.core.logs import kv
 from honk.core.net import Address
-from honk.daemon.logs import kv
 from honk.dns.wire import TCP_LENGTH
 from honk.inbound.lifecycle import BindThenServe
 

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from honk.alive.traffic import traffic_of
+from honk.config import dns_endpoint as endpoint
 from honk.connection import scoring
 from honk.core.clock import Clock, TimerHandle, timeout_at
 from honk.core.errors import DialError, HonkError, NotSupported
 from honk.core.net import Address
-from honk.dns import endpoint
 from honk.dns.encrypted import (
     HTTP_OK,
     MAX_MESSAGE,

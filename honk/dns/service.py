@@ -53,8 +53,8 @@ import dns.rdatatype
 from honk.config.spec import DnsSpec, DnsUpstreamSpec
 from honk.connection.dispatch import Dispatcher
 from honk.core.clock import Clock
+from honk.core.logs import kv
 from honk.core.net import Address, IPAddress
-from honk.daemon.logs import kv
 from honk.dns import fastwire, wire
 from honk.dns.cache import CacheKey, DnsCache, DnsStats
 from honk.dns.learning import DomainLearning

@@ -15,7 +15,7 @@ Clash modes do. Then by the leaf:
   carries a UDP upstream's query this way too: every proxy protocol carries
   TCP, and one stream per query needs no UDP association.
 
-The encrypted upstreams (``honk.dns.endpoint`` says which, from the
+The encrypted upstreams (``honk.config.dns_endpoint`` says which, from the
 protocol string) keep one connection per upstream, reused and multiplexed
 (``encrypted.py``, ``quic.py``):
 
@@ -61,15 +61,15 @@ import dns.opcode
 import dns.rcode
 import dns.rrset
 
+from honk.config import dns_endpoint as endpoint
 from honk.config.validate import DNS_INBOUND  # honk's own exchanges route as the DNS listener's tag
 from honk.connection import scoring
 from honk.connection.dispatch import Dispatcher, Routed
 from honk.connection.plane import score_target
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import HonkError
+from honk.core.logs import kv
 from honk.core.net import Address, FlowMeta, Network
-from honk.daemon.logs import kv
-from honk.dns import endpoint
 from honk.dns.encrypted import (
     ALPN_H2,
     ALT_SVC_CLEAR,
@@ -108,7 +108,7 @@ class Destination:
     """Where one exchange goes: a configured upstream, or an intercepted destination (asis)."""
 
     label: str  # the upstream name, or "asis" (logs)
-    protocol: str  # "udp" (TCP retry when TC is set), "tcp", or an encrypted one (honk.dns.endpoint)
+    protocol: str  # "udp" (TCP retry when TC is set), "tcp", or an encrypted one (honk.config.dns_endpoint)
     address: Address
     outbound: str | None = None  # the forced node or group; None: routed
 

@@ -23,7 +23,7 @@ then a complete CONNECT to an IPv4, IPv6 or domain target):
    node's framing), ``hs_relay`` (Python dialled: a domain target through Happy
    Eyeballs, WebSocket or mux nodes, a pick a group would retry, a ready connection, a
    dial waiting for its permit) or ``hs_reject`` (Blocked,
-   NoRoute, dial errors: the same :func:`~honk.inbound.socks5.reply_for` codes and
+   NoRoute, dial errors: the same :func:`~honk.proto.socks5.reply_for` codes and
    ``flow refused`` line);
 3. the connect deadline is on the injected clock (a heap entry of the path's
    :class:`~honk.core.clock.Deadlines`, one timer for all): when it passes first,
@@ -71,14 +71,14 @@ from honk.connection.dispatch import EngineDial, Routed, log_failed_end
 from honk.connection.verdict import FlowVerdict, observe_flow
 from honk.core.clock import Deadlines
 from honk.core.errors import AuthenticationFailed, Blocked, ClientGone, DialTimeout, FlowClosed, HonkError
+from honk.core.logs import kv
 from honk.core.net import Address, FlowMeta, Network
 from honk.core.stats import ACCEPT_EXHAUSTED
-from honk.daemon.logs import kv
-from honk.inbound.socks5 import reply_for
 from honk.outbound.block import BlockOutbound
 from honk.outbound.bridge import relay_end
 from honk.outbound.direct import ConnectFailed
 from honk.outbound.tls import handshake_failed
+from honk.proto.socks5 import reply_for
 from honk.proto.tls_framing import TlsFraming
 from honk.relay.native import NativeRelay, native_available, shared_engine, shared_engines
 

@@ -30,7 +30,7 @@ Failure policy (one flow never hurts another):
     only its own flow, with a typed error and one log line on ``honk.inbound``:
     ``flow ended during handshake inbound=… source=… error=… reason=…``.
   * Routing and dialing failures are answered in the client's protocol
-    (:func:`honk.inbound.socks5.reply_for`, :func:`honk.inbound.http.status_for`):
+    (:func:`honk.proto.socks5.reply_for`, :func:`honk.inbound.http.status_for`):
     Blocked → SOCKS5 ``0x02`` / HTTP 403; NoRoute → ``0x02`` / 502;
     DialTimeout → ``0x06`` / 504; other DialErrors → ``0x01``/``0x03``/
     ``0x04``/``0x05`` by errno / 502. One log line:
@@ -77,14 +77,14 @@ from honk.core.errors import (
     OutboundDrained,
     UpstreamFailed,
 )
+from honk.core.logs import kv
 from honk.core.net import Address, FlowMeta, Network
-from honk.daemon.logs import kv
 from honk.inbound import http as http_proto
-from honk.inbound import socks5
 from honk.inbound.http import MAX_HEAD_SIZE, HttpProxyServerConnection, ProxyRequest
 from honk.inbound.lifecycle import BindThenServe
 from honk.inbound.sessions import USER_REMOVED_TEXT, Principal, Session, SessionRegistry, admit, authenticate
 from honk.outbound.bridge import relay_end
+from honk.proto import socks5
 from honk.relay.native import framed_socket
 from honk.relay.stream import StreamConn
 

@@ -25,11 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from honk.config.policies import CLOSE_AFTER_KIND, CLOSE_KIND, KEEP_KIND, ClosePolicy
 from honk.config.spec import InboundUser
-from honk.control.policies import CLOSE_AFTER_KIND, CLOSE_KIND, KEEP_KIND, ClosePolicy
 from honk.core.clock import Clock, TimerHandle
 from honk.core.errors import FlowClosed, HonkError
-from honk.daemon.logs import kv
+from honk.core.logs import kv
 
 __all__ = [
     "USER_REMOVED_TEXT",

@@ -59,8 +59,8 @@ from honk.connection.dispatch import Dispatcher, Routed, Upstream
 from honk.connection.udp import MAX_PENDING_DATAGRAMS, UdpNat
 from honk.core.clock import Clock, TimerHandle
 from honk.core.errors import Blocked, ClientGone, FlowClosed, HonkError, NotSupported
+from honk.core.logs import kv
 from honk.core.net import Address, FlowMeta, Network
-from honk.daemon.logs import kv
 from honk.inbound.lifecycle import BindThenServe
 from honk.inbound.sessions import Principal, Session, SessionRegistry
 from honk.inbound.sniffing import (

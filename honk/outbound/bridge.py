@@ -35,7 +35,7 @@ import logging
 import socket
 
 from honk.core.errors import CapacityRefused, HonkError, UpstreamFailed
-from honk.daemon.logs import kv
+from honk.core.logs import kv
 from honk.outbound.base import DialedStream
 from honk.outbound.channel import Channel
 from honk.outbound.direct import NO_CAPACITY

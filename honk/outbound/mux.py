@@ -9,7 +9,7 @@ JSON (:mod:`honk.config.links`). Such a node dials each TCP flow as a logical st
   whichever leaf generation asks), opens a carrier when none has room and
   counts them (:attr:`MuxPool.carrier_count`). A node has no carrier cap of its
   own: every carrier holds a permit of the process carrier gate
-  (:mod:`honk.connection.admission`), and that gate alone bounds them (GH-J-06:
+  (:mod:`honk.outbound.admission`), and that gate alone bounds them (GH-J-06:
   "This global gate is authoritative; Mux.Cool does not impose a second per-node
   two-carrier limit").
 * :class:`MuxCarrier` is one physical stream: the protocol's stream to
@@ -42,11 +42,11 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from honk.connection.admission import AdmissionWatch, CarrierPermit, process_gates
 from honk.core.clock import Clock, TimerHandle, timeout_at
 from honk.core.errors import CapacityRefused, CodecError, DialTimeout, FlowClosed
+from honk.core.logs import kv
 from honk.core.net import Address, Network
-from honk.daemon.logs import kv
+from honk.outbound.admission import AdmissionWatch, CarrierPermit, process_gates
 from honk.outbound.base import DialedStream
 from honk.outbound.bridge import bridged
 from honk.outbound.channel import Channel

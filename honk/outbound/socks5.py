@@ -23,11 +23,11 @@ from honk.config.spec import GlobalSpec, NodeSpec
 from honk.core.clock import Clock
 from honk.core.errors import ClientProtocolError, HonkError, UpstreamFailed
 from honk.core.net import Address
-from honk.inbound.socks5 import Command, build_udp_datagram, parse_udp_datagram
 from honk.outbound.base import Capabilities, DatagramSink, DialedStream, EndpointLost
 from honk.outbound.datagram import ProxyDatagramEndpoint
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.proxy import ProxyLeaf, handshake_scope, recv_some
+from honk.proto.socks5 import Command, build_udp_datagram, parse_udp_datagram
 from honk.proto.socks5_client import Socks5ClientHandshake
 
 __all__ = ["Socks5Outbound", "Socks5UdpEndpoint"]

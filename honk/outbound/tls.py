@@ -1,7 +1,7 @@
 """TLS from a node to its server: stdlib ``ssl`` over asyncio, failures typed by cause.
 
-Shared by every leaf that speaks TLS to its server (``https://`` proxies today;
-Trojan, VLESS and TLS transports next). The handshake runs under the dial
+Shared by every leaf that speaks TLS to its server: ``https://`` proxies and the TLS transport
+of VMess, VLESS and Trojan nodes. The handshake runs under the dial
 deadline; its failures are :class:`TlsFailed` (a ``DialError`` of phase
 ``tls``) with a stable ``reason``:
 

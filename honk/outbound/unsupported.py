@@ -1,4 +1,8 @@
-"""A leaf for nodes this version parses but cannot dial yet (socks5, http, ...)."""
+"""A leaf for a node whose protocol has no factory in the registry: every dial is refused.
+
+Every protocol the link parser produces has one today (schemes honk cannot dial are refused
+when a configuration or a subscription is read), so this stands in only for a spec built
+some other way."""
 
 from __future__ import annotations
 

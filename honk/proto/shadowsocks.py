@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from honk.core.errors import ClientProtocolError, CodecError, HonkError
 from honk.core.net import Address
-from honk.inbound.socks5 import encode_address, parse_address
+from honk.proto.socks5 import encode_address, parse_address
 from honk.proto.ss_methods import CIPHERS, LENGTH_SIZE, MAX_PAYLOAD, SUBKEY_INFO, Cipher
 
 __all__ = [

@@ -19,7 +19,7 @@ import enum
 
 from honk.core.errors import DialError, HonkError, ProxyAuthFailed, TargetRefused
 from honk.core.net import Address
-from honk.inbound.socks5 import (
+from honk.proto.socks5 import (
     ATYP_DOMAIN,
     ATYP_IPV4,
     ATYP_IPV6,

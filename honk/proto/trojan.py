@@ -30,7 +30,7 @@ import struct
 
 from honk.core.errors import ClientProtocolError, CodecError
 from honk.core.net import Address
-from honk.inbound.socks5 import encode_address, parse_address
+from honk.proto.socks5 import encode_address, parse_address
 from honk.proto.splitter import StreamSplitter
 
 __all__ = [

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 
 from honk.config.spec import BUILTIN_OUTBOUNDS, NodeSpec, SubscriptionSpec
 from honk.core.clock import Clock, timeout_at
+from honk.core.logs import kv
 from honk.core.stats import RuntimeStats
-from honk.daemon.logs import kv
 from honk.subscription.fetch import FILE_SCHEME, Dial, FetchResult, SubscriptionFetchError, fetch, read_local
 from honk.subscription.formats import EntryDiagnostic, ParsedBody, SubscriptionError, parse_body
 from honk.subscription.store import StoreError, SubscriptionStore, body_key

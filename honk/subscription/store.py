@@ -27,8 +27,8 @@ import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from honk.control.statedb import create_private_file, state_db_path
 from honk.core.errors import HonkError
+from honk.core.statedb import create_private_file, state_db_path
 from honk.subscription.formats import MAX_BODY_BYTES
 
 __all__ = ["MAX_STORED_BODY", "MAX_STORED_TOTAL", "StoreError", "SubscriptionStore", "body_key", "store_path"]

@@ -35,6 +35,7 @@ from aiohttp import web
 from helpers.aio import STEP, close_writer, socks5_open
 from helpers.apidaemon import LAN_INBOUND, api_base, api_block, api_port, quiet_global, running_daemon
 from helpers.browser import Browser, Page, leftovers
+from helpers.dns import DnsResponder
 from helpers.origins import generate_204
 from helpers.peers import require_binary
 from helpers.peerservers import ss_server
@@ -317,7 +318,13 @@ routing {{
     dport(22) -> direct
     fallback: Proxy
 }}
+dns {{
+    upstream {{
+        default: 'udp://127.0.0.1:{dns_port}'
+    }}
+}}
 """
+DNS_NAME, DNS_ADDRESS = "router.example.test", "10.9.8.7"
 
 # What metacubexd and zashboard call, from their sources (api client and WebSocket composables):
 # the reads of the Overview, Proxies, Rules and Connections pages, their actions, and the four
@@ -335,8 +342,10 @@ async def test_a_hosted_dashboard_reads_and_drives_everything_from_another_origi
         async with contextlib.AsyncExitStack() as stack:
             check = await stack.enter_async_context(generate_204())
             target = await stack.enter_async_context(echo_server())
+            responder = stack.enter_context(DnsResponder({DNS_NAME: DNS_ADDRESS}))
             config = quiet_global() + LAN_INBOUND + DASHBOARD_CONFIG.format(
-                userinfo=userinfo, ss_port=peer.port, ss_port2=peer2.port, closed_port=free_port(), japan=JAPAN) + api_block(SECRET)
+                userinfo=userinfo, ss_port=peer.port, ss_port2=peer2.port, closed_port=free_port(), japan=JAPAN,
+                dns_port=responder.port) + api_block(SECRET)
             daemon = await stack.enter_async_context(running_daemon(tmp_path, config))
             page_port = await stack.enter_async_context(dashboard_origin(api_port(daemon)))
             browser = await stack.enter_async_context(Browser.launch(browser_dir))
@@ -390,6 +399,13 @@ async def test_a_hosted_dashboard_reads_and_drives_everything_from_another_origi
             rules = (await call("GET", "/rules"))["body"]["rules"]
             assert rules[0]["extra"]["disabled"] is True
             assert (await call("PATCH", "/rules/disable", {"0": False}))["status"] == 204
+
+            # zashboard's further tools: the DNS query and cache flush, a provider refresh, a reload
+            answer = await call("GET", f"/dns/query?name={DNS_NAME}&type=A")
+            assert answer["status"] == 200 and answer["body"]["Answer"][0]["data"] == DNS_ADDRESS, answer
+            assert (await call("POST", "/cache/dns/flush"))["status"] == 204
+            assert (await call("PUT", "/providers/proxies/default"))["status"] in (200, 204)
+            assert (await call("PUT", "/configs?reload=true", {"path": "", "payload": ""}))["status"] == 204
 
             # live streams, both ways a dashboard opens them
             for path in STREAMS:

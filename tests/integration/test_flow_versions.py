@@ -18,19 +18,19 @@ from helpers.apidaemon import api_base, bearer, quiet_global, running_daemon
 from helpers.engines import poll
 from helpers.servers import echo_server, free_port
 
+from honk.config.policies import CLOSE
 from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.connection.udp import UdpAssociation
 from honk.control.drain import Drainer
-from honk.control.policies import CLOSE
 from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.errors import OUTBOUND_DRAINED_TEXT, OutboundDrained
 from honk.core.net import Address
 from honk.core.stats import RuntimeStats
 from honk.inbound.mixed import MixedInbound
-from honk.inbound.socks5 import build_udp_datagram
+from honk.proto.socks5 import build_udp_datagram
 
 SECRET = "versions-secret"
 STEP = 5.0  # seconds: the most one step may take

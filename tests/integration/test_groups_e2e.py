@@ -27,7 +27,6 @@ from honk.alive.health import AliveDialerSet, Status
 from honk.alive.outcome import Domain, Family
 from honk.alive.prober import NodeProber
 from honk.alive.runner import HealthRunner
-from honk.alive.service import node_leaves
 from honk.alive.thresholds import PROBE_COOLDOWN_MIN, PROBE_DEATH_THRESHOLD, REGISTRATION_GRACE
 from honk.alive.traffic import NodeTraffic
 from honk.config.links import with_node_id
@@ -46,6 +45,7 @@ from honk.config.spec import (
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionInfo, ConnectionTracker
+from honk.control.health import node_leaves
 from honk.core.clock import FakeClock, MonotonicClock
 from honk.core.net import Network
 from honk.group.filter import HealthFilter

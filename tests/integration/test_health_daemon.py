@@ -16,7 +16,7 @@ from helpers.peerservers import danted, ss_server
 
 from honk.alive.health import Status
 from honk.alive.outcome import Domain, Family
-from honk.control.statedb import StateDB, state_db_path
+from honk.core.statedb import StateDB, state_db_path
 from honk.daemon.app import Daemon
 
 

@@ -22,10 +22,10 @@ from honk.alive.health import AliveDialerSet, Status
 from honk.alive.outcome import Domain, Family, ProbeError, ProbeSample
 from honk.alive.prober import NodeProber
 from honk.alive.runner import HealthRunner
-from honk.alive.service import node_leaves
 from honk.alive.thresholds import PROBE_DEATH_THRESHOLD, REGISTRATION_GRACE
 from honk.config.spec import GlobalSpec, Spec
 from honk.connection.plane import build_plane
+from honk.control.health import node_leaves
 from honk.core.clock import MonotonicClock
 
 V4 = Family.V4

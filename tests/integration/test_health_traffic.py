@@ -19,13 +19,13 @@ from helpers.socks import encode_address
 from honk.alive.health import AliveDialerSet
 from honk.alive.outcome import Domain, Family
 from honk.alive.prober import NodeProber
-from honk.alive.service import node_leaves
 from honk.alive.thresholds import REGISTRATION_GRACE
 from honk.alive.traffic import NodeTraffic
 from honk.config.spec import GlobalSpec, InboundSpec, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
+from honk.control.health import node_leaves
 from honk.core.clock import MonotonicClock
 from honk.core.errors import CapacityRefused, DialError, TargetRefused
 from honk.core.net import Address, FlowMeta, Network

@@ -22,11 +22,11 @@ from helpers.engines import FASTPATH_ENGINES, fastpath_engine
 from helpers.servers import EchoServer, HttpOrigin
 from helpers.socks import encode_address
 
+from honk.config.policies import CLOSE, KEEP, close_after
 from honk.config.spec import GlobalSpec, InboundSpec, InboundUser, RoutingSpec, Spec
 from honk.connection.dispatch import Dispatcher
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
-from honk.control.policies import CLOSE, KEEP, close_after
 from honk.core.clock import FakeClock
 from honk.inbound.mixed import MixedInbound
 from honk.inbound.sessions import USER_REMOVED_TEXT, SessionRegistry, admit

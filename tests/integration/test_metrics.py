@@ -31,7 +31,7 @@ from honk.alive.thresholds import PROBE_DEATH_THRESHOLD
 from honk.control.errors import ApplyError
 from honk.core.net import Address, Network
 from honk.daemon.app import Daemon
-from honk.inbound.socks5 import build_udp_datagram
+from honk.proto.socks5 import build_udp_datagram
 
 SECRET = "metrics-s3cret"
 LINK_PASSWORD = "LinkPassw0rd"  # in every node link; must never reach the exposition

@@ -40,7 +40,7 @@ from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import Clock, FakeClock, MonotonicClock
 from honk.core.net import Address, Network
 from honk.inbound.mixed import HANDSHAKE_TIMEOUT, MixedInbound
-from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
+from honk.proto.socks5 import build_udp_datagram, parse_udp_datagram
 
 STEP = 2.0  # seconds: the most any single wait in these tests may take
 

@@ -20,11 +20,11 @@ from helpers.peerservers import v2ray_server
 from helpers.servers import EchoServer
 
 import honk.outbound.mux as mux
-from honk.connection import admission
-from honk.connection.admission import ProcessGates
 from honk.core.clock import FakeClock
 from honk.core.errors import CapacityRefused
 from honk.core.net import Address
+from honk.outbound import admission
+from honk.outbound.admission import ProcessGates
 from honk.outbound.mux import MUX_IDLE_TIMEOUT, MuxPool, pool_for
 
 STEP = 10.0  # seconds: the bound on any one exchange or poll (real time)

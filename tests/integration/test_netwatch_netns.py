@@ -50,7 +50,7 @@ else:
     asyncio.run(main())
 """
 
-# The health service's wiring (honk/alive/service.py): the watcher calls HealthRunner.network_changed,
+# The health service's wiring (honk/control/health.py): the watcher calls HealthRunner.network_changed,
 # which calls AliveDialerSet.notify_network_change. One node is dead deep in its cooldown; the prober
 # answers every probe at once. A network change must prime it and its probe must revive it.
 HEALTH = """

@@ -16,12 +16,12 @@ from helpers.reloading import Flow, listening_inode
 from helpers.servers import EchoServer, free_port
 from helpers.socks import UDP_HEADER_PREFIX, encode_address
 
+from honk.config.policies import CLOSE
 from honk.config.spec import InboundUser
 from honk.control import apply as apply_module
 from honk.control.desired import lower
 from honk.control.errors import ApplyError, BindFailed, BuildFailed, Invalid
 from honk.control.plan import Drain, OutboundId, Plan, plan
-from honk.control.policies import CLOSE
 from honk.route import router as router_module
 
 QUIET = 0.4  # seconds in which an expected non-event must not happen ("QUIET = 400 ms")

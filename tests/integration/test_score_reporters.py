@@ -28,7 +28,7 @@ from honk.daemon.app import Daemon
 from honk.dns.upstream import Destination, Exchanger
 from honk.group.score.attempt import Traversal
 from honk.group.score.keys import ScoreTarget
-from honk.inbound.socks5 import build_udp_datagram, parse_udp_datagram
+from honk.proto.socks5 import build_udp_datagram, parse_udp_datagram
 
 STEP = 5.0  # seconds: the most one exchange may take
 LOOPBACK = "127.0.0.1"

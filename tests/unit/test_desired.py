@@ -14,6 +14,7 @@ import pytest
 from honk.config.diagnostics import ConfigError
 from honk.config.links import derive_node_id, parse_node_link
 from honk.config.load import load_file, load_text
+from honk.config.policies import CLOSE, KEEP, close_after
 from honk.config.spec import InboundUser
 from honk.control.desired import (
     API_TAG,
@@ -27,7 +28,6 @@ from honk.control.desired import (
 )
 from honk.control.errors import ApplyError
 from honk.control.plan import EMPTY, Build, Resource, Reuse, RunningState, plan
-from honk.control.policies import CLOSE, KEEP, close_after
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.toml"
 GRACE = 5.0  # seconds, the "5s" below

@@ -12,9 +12,9 @@ from helpers.tracking import FakeHandle
 from prometheus_client.exposition import generate_latest
 
 from honk.api import clash_views, metrics, native_views
+from honk.config.policies import CLOSE, KEEP, close_after
 from honk.connection.tracker import ConnectionTracker, TrackedFlow
 from honk.control.drain import Drainer, outbound_tag
-from honk.control.policies import CLOSE, KEEP, close_after
 from honk.core.clock import FakeClock
 from honk.core.errors import OUTBOUND_DRAINED_TEXT, FlowClosed, HonkError, OutboundDrained
 from honk.core.net import Address, Network

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from honk.config.policies import CLOSE, KEEP, close_after
 from honk.config.spec import GroupSpec, InboundUser, NodeSpec, Policy, RoutingSpec, RuleSpec
 from honk.control.desired import (
     BindSpec,
@@ -45,7 +46,6 @@ from honk.control.plan import (
     SwapHandler,
     plan,
 )
-from honk.control.policies import CLOSE, KEEP, close_after
 from honk.control.report import ApplyReport
 
 MIXED_PORT = 7890

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from honk.config.policies import CLOSE, KEEP, close_after
 from honk.config.spec import InboundUser
-from honk.control.policies import CLOSE, KEEP, close_after
 from honk.core.clock import FakeClock
 from honk.core.errors import FlowClosed, HonkError
 from honk.inbound.sessions import Principal, SessionRegistry, admit, authenticate

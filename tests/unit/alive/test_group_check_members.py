@@ -4,9 +4,9 @@ used to record a Score pick, move a URLTest winner and advance a LoadBalance cur
 
 from __future__ import annotations
 
-from honk.alive.service import HealthService
 from honk.config.load import load_text
 from honk.connection.plane import build_plane
+from honk.control.health import HealthService
 from honk.core.clock import FakeClock
 from honk.core.net import Network
 

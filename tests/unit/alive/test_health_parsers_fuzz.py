@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from honk.alive.checkurl import parse_check_url
-from honk.alive.dnstarget import dns_check_target, parse_dns_target
+from honk.config.dnstarget import dns_check_target, parse_dns_target
 
 URLISH = st.text(alphabet=st.sampled_from("htps:/[]@?#.%-_ :aA1\\\t\x00é80"), max_size=40)
 

@@ -11,12 +11,12 @@ from helpers.engines import poll
 
 from honk.alive.health import Status
 from honk.alive.outcome import Domain, Family
-from honk.alive.service import HealthService
 from honk.alive.thresholds import DELAY_PERSIST_INTERVAL
 from honk.config.spec import GlobalSpec, NodeSpec, Spec
 from honk.connection.plane import build_plane
-from honk.control.statedb import StateDB, state_db_path
+from honk.control.health import HealthService
 from honk.core.clock import FakeClock
+from honk.core.statedb import StateDB, state_db_path
 
 DAY = 24 * 3600.0
 

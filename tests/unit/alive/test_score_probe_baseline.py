@@ -10,9 +10,9 @@ import uuid
 from types import SimpleNamespace
 
 from honk.alive.outcome import Domain, Family
-from honk.alive.service import HealthService
 from honk.config.spec import GlobalSpec, GroupSpec, NodeSpec, Policy, Spec
 from honk.connection.plane import build_plane
+from honk.control.health import HealthService
 from honk.core.clock import FakeClock
 from honk.core.net import Network
 

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from honk.alive.outcome import Domain, Family
-from honk.alive.service import HealthService
 from honk.api import native_views as views
 from honk.config.diagnostics import Diagnostic, Severity, SourceLoc
 from honk.config.load import load_text
 from honk.connection.plane import Plane, build_plane
 from honk.connection.tracker import ConnectionInfo
+from honk.control.health import HealthService
 from honk.core.clock import FakeClock
 from honk.core.net import Address, Network
 from honk.group.filter import node_id_of

@@ -372,3 +372,10 @@ def test_a_node_chain_is_refused_for_what_it_is_not_for_a_bracket():
     [error] = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]
     assert (error.code, error.key_path, error.loc.line) == ("unsupported-node-chain", "node.chained", 2)
     assert "bracketed" not in error.message
+
+
+def test_a_bare_ext_matcher_is_a_located_error_not_a_crash():
+    outcome = run('routing {\n    ext:"a.dat:cn" -> direct\n    fallback: direct\n}\n')
+    assert outcome.error is not None
+    [found] = outcome.find("unknown-traffic-predicate")
+    assert found.loc.line == 2 and "domain(ext: …) or dip(ext: …)" in found.message

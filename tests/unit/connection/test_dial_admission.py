@@ -1,4 +1,4 @@
-"""The dial admission budget and the process gates (honk.connection.admission, design section J).
+"""The dial admission budget and the process gates (honk.outbound.admission, design section J).
 
 Every schedule runs on a FakeClock: waiters park on the gates, the test moves time
 past their deadlines by hand, and each check reads the counters the dispatcher will read.
@@ -12,8 +12,10 @@ import resource
 import pytest
 
 from honk.config.spec import DEFAULT_MAX_CONCURRENT_DIALS
-from honk.connection import admission
-from honk.connection.admission import (
+from honk.core.clock import FakeClock, timeout_at
+from honk.core.errors import CapacityRefused
+from honk.outbound import admission
+from honk.outbound.admission import (
     MAX_CARRIER_GATE,
     MIN_CARRIER_GATE,
     MIN_DIAL_GATE,
@@ -23,8 +25,6 @@ from honk.connection.admission import (
     gate_sizes,
     process_gates,
 )
-from honk.core.clock import FakeClock, timeout_at
-from honk.core.errors import CapacityRefused
 
 LATER = 60.0  # seconds: a deadline no test reaches unless it advances the clock on purpose
 BOUND = 1000  # loop iterations a polled condition may take

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from honk.config.spec import GlobalSpec
-from honk.connection.admission import DialBudget, ProcessGates
 from honk.connection.dispatch import Dispatcher, Routed
 from honk.connection.tracker import ConnectionTracker
 from honk.core.clock import FakeClock
 from honk.core.errors import Blocked, CapacityRefused
 from honk.core.net import Address, FlowMeta, Network
+from honk.outbound.admission import DialBudget, ProcessGates
 from honk.outbound.base import DialedStream
 from honk.outbound.mux import pool_for
 

@@ -14,12 +14,12 @@ from honk.config.load import load_text
 from honk.connection import flowlog
 from honk.connection.dispatch import Dispatcher
 from honk.connection.flowlog import FlowOpened, log_flow_opened
+from honk.connection.mode import RoutingMode
 from honk.connection.plane import build_plane
 from honk.connection.tracker import ConnectionTracker
-from honk.control.mode import RoutingMode
 from honk.core.clock import FakeClock
+from honk.core.logs import FLOW_FIELD, LogBroker, set_level
 from honk.core.net import Address, FlowMeta, Network
-from honk.daemon.logs import FLOW_FIELD, LogBroker, set_level
 
 SOCKS_SECRET = "s0cksPW-flowlog"
 SS_SECRET = "ssPW-flowlog"

@@ -15,13 +15,13 @@ import h2.events
 import h2.settings
 import pytest
 
+from honk.config import dns_endpoint as endpoint
 from honk.config.diagnostics import ConfigError, Severity
 from honk.config.dns import parse_upstream_uri
 from honk.config.load import load_text
 from honk.core.clock import FakeClock
 from honk.core.errors import DialError
 from honk.core.net import Address
-from honk.dns import endpoint
 from honk.dns.encrypted import (
     ALT_SVC_CLEAR,
     ALT_SVC_MAX_AGE,

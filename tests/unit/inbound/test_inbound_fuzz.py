@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from honk.config.spec import InboundUser
 from honk.core.errors import AuthenticationFailed, ClientGone, ClientProtocolError
 from honk.inbound.http import HttpProxyServerConnection, ProxyRequest
-from honk.inbound.socks5 import (
+from honk.proto.socks5 import (
     NEED_DATA,
     Credentials,
     Greeting,

@@ -12,11 +12,11 @@ import asyncio
 import pytest
 
 import honk.outbound.mux as mux
-from honk.connection import admission
-from honk.connection.admission import ProcessGates
 from honk.core.clock import FakeClock
 from honk.core.errors import CapacityRefused
 from honk.core.net import Address
+from honk.outbound import admission
+from honk.outbound.admission import ProcessGates
 from honk.outbound.mux import MuxPool
 
 TARGET = Address("192.0.2.80", 80)

@@ -15,16 +15,16 @@ import pytest
 
 import honk.outbound.mux as mux
 from honk.config.links import parse_node_link
+from honk.config.policies import CLOSE, close_after
 from honk.config.spec import Spec
-from honk.connection import admission
-from honk.connection.admission import ProcessGates
 from honk.connection.plane import Plane, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.control.drain import Drainer
-from honk.control.policies import CLOSE, close_after
 from honk.core.clock import FakeClock
 from honk.core.errors import HonkError
 from honk.core.net import Address, Network
+from honk.outbound import admission
+from honk.outbound.admission import ProcessGates
 from honk.outbound.mux import MuxStream, pool_for
 from honk.proto.mux import MuxDecoder, MuxFrame, SessionStatus, encode_frame
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from honk.core.errors import DialError, HonkError, ProxyAuthFailed, TargetRefused
 from honk.core.net import Address
-from honk.inbound.socks5 import Command
+from honk.proto.socks5 import Command
 from honk.proto.socks5_client import Socks5ClientHandshake, encode_userpass
 
 TARGET = Address("example.com", 443)

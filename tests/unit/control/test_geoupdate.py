@@ -1,4 +1,4 @@
-"""honk.geo.update without a network: which codes a download must hold, which file it replaces,
+"""honk.control.geoupdate without a network: which codes a download must hold, which file it replaces,
 the atomic swap that keeps the old file on any failure, the checksum rules, and the updater's
 per-file outcomes with downloads answered by a stand-in for the fetcher."""
 
@@ -14,11 +14,8 @@ from helpers.geodata import geoip_bytes, geosite_bytes
 
 from honk.config.load import load_text
 from honk.config.spec import Spec
-from honk.core.clock import FakeClock
-from honk.geo import dat, update
-from honk.geo.assets import ASSET_ENV
-from honk.geo.dat import GeoDataError
-from honk.geo.update import (
+from honk.control import geoupdate as update
+from honk.control.geoupdate import (
     FAILED,
     UNCHANGED,
     UPDATED,
@@ -31,6 +28,10 @@ from honk.geo.update import (
     required_codes,
     target_path,
 )
+from honk.core.clock import FakeClock
+from honk.geo import dat
+from honk.geo.assets import ASSET_ENV
+from honk.geo.dat import GeoDataError
 from honk.subscription.fetch import FetchResult, SubscriptionFetchError
 
 SITE_URL = "https://mirror.example/geosite.dat"

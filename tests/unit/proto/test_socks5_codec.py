@@ -20,8 +20,8 @@ from honk.core.errors import (
     NotSupported,
 )
 from honk.core.net import Address
-from honk.inbound import socks5
-from honk.inbound.socks5 import (
+from honk.proto import socks5
+from honk.proto.socks5 import (
     NEED_DATA,
     Command,
     Credentials,

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from honk.control.statedb import DELAY_MAX_AGE, SCHEMA_VERSION, StateDB, corrupt_path
+from honk.core.statedb import DELAY_MAX_AGE, SCHEMA_VERSION, StateDB, corrupt_path
 
 NOW = 1_700_000_000.0
 A, B, C = (uuid.UUID(int=n) for n in (1, 2, 3))
@@ -91,7 +91,7 @@ def test_garbage_file_is_moved_aside_with_a_warning_and_an_empty_database_replac
     path.parent.mkdir(parents=True)
     garbage = b"this is not an SQLite database\n" * 200
     path.write_bytes(garbage)
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db = StateDB(path)
     assert _moved_aside_warning(caplog)
     assert corrupt_path(path) == path.with_name("state.db.corrupt")
@@ -111,7 +111,7 @@ def test_a_damaged_page_fails_the_integrity_check_and_the_file_is_moved_aside(pa
     with open(path, "r+b") as f:  # keep the header (page 1) valid, wreck the next pages
         f.seek(page_size)
         f.write(b"\xa5" * page_size * 3)
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db = StateDB(path)
     with db:
         assert _moved_aside_warning(caplog)
@@ -145,7 +145,7 @@ def test_a_stale_wal_moves_aside_with_the_unusable_file_and_is_not_replayed(path
 def test_a_directory_in_place_of_the_file_is_moved_aside(path, caplog):
     path.mkdir(parents=True)
     (path / "leftover").write_text("x")
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db = StateDB(path)
     with db:
         assert _moved_aside_warning(caplog)
@@ -157,7 +157,7 @@ def test_an_unknown_schema_version_is_moved_aside(path, caplog):
     StateDB(path).close()
     with sqlite3.connect(path) as raw:
         raw.execute("PRAGMA user_version = 99")
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db = StateDB(path)
     with db:
         assert _moved_aside_warning(caplog)
@@ -169,7 +169,7 @@ def test_an_unknown_schema_version_is_moved_aside(path, caplog):
 def test_an_uncreatable_location_keeps_state_in_memory_with_a_warning(tmp_path, caplog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the data directory should be")
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db = StateDB(blocker / "state.db")
     with db:
         assert not db.persistent
@@ -201,7 +201,7 @@ def test_corruption_found_mid_run_moves_the_file_aside_and_retries_the_save(path
     db = StateDB(path)
     db.save_delays({A: (0.1, NOW)})
     db._conn = _CorruptingConnection(db._conn)
-    with caplog.at_level(logging.WARNING, logger="honk.control.statedb"):
+    with caplog.at_level(logging.WARNING, logger="honk.core.statedb"):
         db.save_delays({B: (0.2, NOW)})
     assert _moved_aside_warning(caplog)
     assert db.load_delays(NOW) == {B: (0.2, NOW)}  # A went with the corrupt file

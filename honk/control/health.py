@@ -32,10 +32,10 @@ from honk.alive.traffic import NodeTraffic
 from honk.config.expr import MUST_RULES
 from honk.config.spec import GroupSpec, Policy
 from honk.connection.plane import Plane
-from honk.control.statedb import StateDB, state_db_path
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
 from honk.core.net import Network
+from honk.core.statedb import StateDB, state_db_path
 from honk.core.stats import RuntimeStats
 from honk.group.filter import HealthFilter
 from honk.group.manager import Identity, identity_from_text, identity_text

@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from honk.daemon import logs
-from honk.daemon.logs import LOG_STREAM_QUEUE, LogBroker, daemon_level, set_level
+from honk.core import logs
+from honk.core.logs import LOG_STREAM_QUEUE, LogBroker, daemon_level, set_level
 
 log = logging.getLogger("honk.test.broker")
 

@@ -7,9 +7,9 @@ import pytest
 
 from honk.config.load import load_text
 from honk.connection.dispatch import Dispatcher
+from honk.connection.mode import RoutingMode
 from honk.connection.plane import SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
-from honk.control.mode import RoutingMode
 from honk.core.clock import FakeClock
 from honk.core.net import Address, FlowMeta, Network
 
