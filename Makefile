@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/demo.toml
 
-.PHONY: venv build build-deps peers run test test-twins test-debian-libs bench bench-peers lint clean deb
+.PHONY: venv build build-deps peers run test test-twins test-debian-libs bench bench-peers lint typecheck clean deb
 
 venv: $(STAMP)
 
@@ -83,7 +83,7 @@ TWIN_TESTS = tests/unit tests/sim \
 	tests/integration/test_score_escape.py tests/integration/test_score_reporters.py \
 	tests/integration/test_ebpf_datapath.py
 
-test: build peers
+test: build peers lint typecheck
 	HONK_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 	$(MAKE) --no-print-directory test-twins
 	$(MAKE) --no-print-directory test-debian-libs
@@ -157,6 +157,13 @@ deb:
 
 lint: venv
 	$(BIN)/ruff check honk tests benchmarks
+
+# The sans-I/O cores, type-checked strictly (settings in pyproject.toml [tool.mypy]): the shared
+# types, the router, the wire codecs, the health state machine and the reload plan.
+TYPED_CORES := honk/core honk/route honk/proto honk/alive/health.py honk/alive/outcome.py \
+               honk/alive/thresholds.py honk/control/plan.py
+typecheck: venv
+	$(BIN)/mypy --strict $(TYPED_CORES)
 
 clean:
 	rm -rf build dist $(VENV) benchmarks/.build benchmarks/.peers-venv *.egg-info honk/_fast/*.c honk/_fast/*.so var

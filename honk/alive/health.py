@@ -123,11 +123,13 @@ class LinkState:
         """The ranking latency of the real probe samples (None before the first): the halving
         moving average (""), the newest sample ("last") or the mean of the newest 10 ("avg10")."""
         if rank_by == RANK_LAST:
-            sample = self.recent.last_real_sample()
+            sample: tuple[float, float] | None = self.recent.last_real_sample()
             return None if sample is None else sample[1]
         if rank_by == RANK_AVG10:
-            return self.recent.real_average()
-        return self.average.value
+            mean: float | None = self.recent.real_average()
+            return mean
+        value: float | None = self.average.value
+        return value
 
     @property
     def dead(self) -> bool:

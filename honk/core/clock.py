@@ -19,7 +19,8 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol
+from types import TracebackType
+from typing import Any, Literal, Protocol
 
 
 class TimerHandle(Protocol):
@@ -93,7 +94,11 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_later(seconds, lambda: fut.done() or fut.set_result(None))
+        def wake() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        timer = self.call_later(seconds, wake)
         try:
             await fut
         finally:
@@ -232,7 +237,7 @@ class timeout_at:  # noqa: N801 - used like asyncio.timeout_at
     def __init__(self, clock: Clock, deadline: float) -> None:
         self._clock = clock
         self._deadline = deadline
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[Any] | None = None
         self._handle: TimerHandle | None = None
         self._expired = False
 
@@ -253,7 +258,8 @@ class timeout_at:  # noqa: N801 - used like asyncio.timeout_at
             self._expired = True
             self._task.cancel()
 
-    async def __aexit__(self, exc_type, exc, tb) -> bool:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> Literal[False]:
         if self._handle is not None:
             self._handle.cancel()
         if self._expired and self._task is not None:

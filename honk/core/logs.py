@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TextIO
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
@@ -62,7 +63,7 @@ _brokers: list[LogBroker] = []  # installed brokers: their readers' levels count
 _brokers_lock = threading.Lock()
 
 
-def setup_logging(level: str = "info", stream=None) -> None:
+def setup_logging(level: str = "info", stream: TextIO | None = None) -> None:
     """Send honk's logs to ``stream`` (stderr) at ``level``; safe to call again on reload."""
     global _HANDLER
     root = logging.getLogger(HONK_LOGGER)

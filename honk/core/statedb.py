@@ -133,7 +133,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], None]) -> None:
+def _transaction(conn: sqlite3.Connection, work: Callable[[sqlite3.Connection], object]) -> None:
     conn.execute("BEGIN IMMEDIATE")
     try:
         work(conn)

@@ -85,7 +85,7 @@ class _SaltSource:
 fresh_salt = _SaltSource().take
 
 
-_AEADS = {
+_AEADS: dict[str, type[AESGCM] | type[ChaCha20Poly1305]] = {
     "aes-128-gcm": AESGCM,
     "aes-256-gcm": AESGCM,
     "chacha20-ietf-poly1305": ChaCha20Poly1305,
@@ -280,6 +280,7 @@ class StreamDecryptor:
             self._aead = _AEADS[spec.name](self.subkey)
             pos = spec.salt_size
         aead = self._aead
+        assert aead is not None  # made from the salt above
         tag = spec.tag_size
         end = len(buf)
         out: list[bytes] = []
@@ -404,6 +405,7 @@ def open_packet(cipher: str, master: bytes, packet: bytes) -> bytes:
     view = memoryview(packet)
     aead = _AEADS[cipher](derive_subkey(cipher, master, bytes(view[: spec.salt_size])))
     try:
-        return aead.decrypt(bytes(spec.nonce_size), view[spec.salt_size :], None)
+        plain: bytes = aead.decrypt(bytes(spec.nonce_size), view[spec.salt_size :], None)
+        return plain
     except InvalidTag:
         raise ShadowsocksAuthError("bad-tag") from None

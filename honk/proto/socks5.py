@@ -297,6 +297,7 @@ class Socks5ServerConnection:
 
     def _next_event(self) -> Event | _NeedData:
         state = self._state
+        event: Event | _NeedData
         if state is _State.FAILED:
             raise ClientProtocolError(PROTOCOL, "failed")
         if state is _State.GREETING:

@@ -326,4 +326,5 @@ class TlsFraming:
             return TlsStreamError("bad-record", "the relay reported a broken record")
         if isinstance(response, VlessResponseDecoder):
             return response.error_for(err, self._bad_version)
-        return response.error_for(err)
+        error: HonkError = response.error_for(err)
+        return error

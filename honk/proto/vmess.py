@@ -166,7 +166,7 @@ def cmd_key(user_id: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=KEY_CACHE)
-def _auth_id_aes(key: bytes) -> Cipher:
+def _auth_id_aes(key: bytes) -> Cipher[modes.ECB]:
     """AES-128-ECB under the auth-id key derived from ``key`` (cmd_key) alone."""
     return Cipher(algorithms.AES(kdf(key, SALT_AUTH_ID)[:16]), modes.ECB())
 
@@ -184,7 +184,8 @@ def auth_id(key: bytes, timestamp: int, rand: bytes) -> bytes:
         raise ValueError("auth id randomness is 4 bytes")
     plain = struct.pack("!q", timestamp) + rand
     plain += struct.pack("!I", zlib.crc32(plain))
-    return _auth_id_cipher(key).update(plain)
+    sealed: bytes = _auth_id_cipher(key).update(plain)
+    return sealed
 
 
 def seal_aead_header(key: bytes, header: bytes, timestamp: int, rand: bytes, nonce: bytes) -> bytes:
@@ -530,7 +531,7 @@ class VmessResponseDecoder:
             raw = self._len_aead.decrypt(self._len_nonce, sealed, None)
         except InvalidTag:
             raise VmessAuthError("bad-response-length-tag") from None
-        (length,) = struct.unpack("!H", raw)
+        length: int = struct.unpack("!H", raw)[0]
         if not 4 <= length <= _MAX_RESPONSE_HEADER:
             raise VmessProtocolError("bad-response-header-length", f"{length} bytes")
         return length

@@ -11,7 +11,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import HonkError
@@ -71,7 +71,7 @@ class SystemResolver:
         return addresses_from_infos(host, infos)
 
 
-def addresses_from_infos(host: str, infos: list[tuple]) -> list[IPAddress]:
+def addresses_from_infos(host: str, infos: list[tuple[Any, ...]]) -> list[IPAddress]:
     """The distinct IPs of ``getaddrinfo`` results, in the order returned."""
     seen: dict[IPAddress, None] = {}
     for family, _type, _proto, _canon, sockaddr in infos:

@@ -184,7 +184,7 @@ class Router:
         ip_known = view.dst_ip is not None
         # the must_rules rules that held: None (the common case) until one does
         held = self._held_before(start, view, ip_known) if start and self._must_rules else None
-        active = stats.active
+        active: tuple[CompiledRule, ...] = stats.active
         if start:  # a resumed search: the enabled rules from ``start`` on
             active = active[bisect.bisect_left(active, start, key=_INDEX):]
         for rule in active:
