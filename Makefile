@@ -157,6 +157,7 @@ deb:
 
 lint: venv
 	$(BIN)/ruff check honk tests benchmarks
+	$(BIN)/ruff format --check honk tests benchmarks
 
 # The sans-I/O cores, type-checked strictly (settings in pyproject.toml [tool.mypy]): the shared
 # types, the router, the wire codecs, the health state machine and the reload plan.

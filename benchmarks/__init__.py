@@ -17,7 +17,9 @@ def twin_figures(module: str, quick: bool, timeout: float) -> Any:
     argv = [sys.executable, "-m", module, "--json", "--no-twin"] + (["--quick"] if quick else [])
     env = dict(os.environ, HONK_NO_EXTENSIONS="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(argv, env=env, cwd=root, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(
+        argv, env=env, cwd=root, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if done.returncode != 0:
         return None
     out = json.loads(done.stdout)

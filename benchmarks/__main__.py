@@ -87,14 +87,22 @@ def _terminate(signum: int, _frame: object) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="one repetition of short runs (~2 minutes)")
-    parser.add_argument("--only", help="comma-separated subjects to measure (e.g. direct,honk, "
-                                       "ss-local,honk[ss] or v2ray,honk[v2ray]; a paired subject also "
-                                       "by name:tag, e.g. honk[v2ray]:vmess)")
+    parser.add_argument(
+        "--only",
+        help="comma-separated subjects to measure (e.g. direct,honk, "
+        "ss-local,honk[ss] or v2ray,honk[v2ray]; a paired subject also "
+        "by name:tag, e.g. honk[v2ray]:vmess)",
+    )
     parser.add_argument("--no-ss", action="store_true", help="skip the Shadowsocks rows (ss-local, honk[ss])")
-    parser.add_argument("--no-v2ray", action="store_true",
-                        help="skip the VMess, Trojan and VLESS rows (v2ray, honk[v2ray])")
-    parser.add_argument("--loadgen-threads", type=int, default=None,
-                        help="client threads of the load tool (default: one per CPU)")
+    parser.add_argument(
+        "--no-v2ray", action="store_true", help="skip the VMess, Trojan and VLESS rows (v2ray, honk[v2ray])"
+    )
+    parser.add_argument(
+        "--loadgen-threads",
+        type=int,
+        default=None,
+        help="client threads of the load tool (default: one per CPU)",
+    )
     parser.add_argument("--no-kernels", action="store_true", help="skip the kernel benchmarks")
     parser.add_argument("--no-health", action="store_true", help="skip the probe-scheduler benchmark")
     parser.add_argument("--no-groups", action="store_true", help="skip the group plan benchmark")
@@ -103,12 +111,20 @@ def main() -> None:
     parser.add_argument("--no-reload", action="store_true", help="skip the reload benchmark")
     parser.add_argument("--no-tproxy", action="store_true", help="skip the transparent throughput benchmark")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up first-byte benchmark")
-    parser.add_argument("--no-geodata", action="store_true", help="skip the geodata load and lookup benchmark")
+    parser.add_argument(
+        "--no-geodata", action="store_true", help="skip the geodata load and lookup benchmark"
+    )
     parser.add_argument("--no-dns", action="store_true", help="skip the cached DNS answers benchmark")
-    parser.add_argument("--no-dns-upstream", action="store_true",
-                        help="skip the cache-miss latency per DNS upstream transport")
-    parser.add_argument("--selection", action="store_true",
-                        help="add the selection scenario table (issue 32; ~28 min, ~11 with --quick)")
+    parser.add_argument(
+        "--no-dns-upstream",
+        action="store_true",
+        help="skip the cache-miss latency per DNS upstream transport",
+    )
+    parser.add_argument(
+        "--selection",
+        action="store_true",
+        help="add the selection scenario table (issue 32; ~28 min, ~11 with --quick)",
+    )
     args = parser.parse_args()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _terminate)
@@ -135,11 +151,16 @@ def main() -> None:
     geodata_rows: list[tuple[str, str, str, str]] = [] if args.no_geodata else geodata.run(quick=args.quick)
     dns_rows: list[tuple[str, str, str, str]] = [] if args.no_dns else dnscache.run(quick=args.quick)
     upstream_rows: list[tuple[str, str, str, str]] = (
-        [] if args.no_dns_upstream else dnsupstream.run(quick=args.quick))
+        [] if args.no_dns_upstream else dnsupstream.run(quick=args.quick)
+    )
     selection_results, selection_table = selection.run(quick=args.quick) if args.selection else ({}, "")
     print("relay benchmarks:", file=sys.stderr, flush=True)
-    report = relay.run(plan, only=set(args.only.split(",")) if args.only else None,
-                       shadowsocks=not args.no_ss, v2ray_rows=not args.no_v2ray)
+    report = relay.run(
+        plan,
+        only=set(args.only.split(",")) if args.only else None,
+        shadowsocks=not args.no_ss,
+        v2ray_rows=not args.no_v2ray,
+    )
     if busy:
         report.problems.insert(0, busy)
     elapsed = time.monotonic() - started
@@ -148,7 +169,9 @@ def main() -> None:
         print(relay.format_table(["kernel", "honk", "baseline", "ratio"], [list(r) for r in kernel_rows]))
         print()
     if health_rows:
-        print(relay.format_table(["health probes", "honk", "target", "status"], [list(r) for r in health_rows]))
+        print(
+            relay.format_table(["health probes", "honk", "target", "status"], [list(r) for r in health_rows])
+        )
         print()
     if group_rows:
         print(relay.format_table(["group plans", "honk", "target", "status"], [list(r) for r in group_rows]))
@@ -163,7 +186,9 @@ def main() -> None:
         print(relay.format_table(["reload", "honk", "against", "status"], [list(r) for r in reload_rows]))
         print()
     if tproxy_rows:
-        print(relay.format_table(["router path", "honk", "against", "status"], [list(r) for r in tproxy_rows]))
+        print(
+            relay.format_table(["router path", "honk", "against", "status"], [list(r) for r in tproxy_rows])
+        )
         print()
     if warm_rows:
         print(relay.format_table(warm.HEADER, [list(r) for r in warm_rows]))
@@ -175,7 +200,9 @@ def main() -> None:
         print(relay.format_table(["dns cache", "honk", "target", "status"], [list(r) for r in dns_rows]))
         print()
     if upstream_rows:
-        print(relay.format_table(["dns upstream", "honk", "target", "status"], [list(r) for r in upstream_rows]))
+        print(
+            relay.format_table(["dns upstream", "honk", "target", "status"], [list(r) for r in upstream_rows])
+        )
         print()
     if selection_table:
         print(selection_table)
@@ -186,8 +213,10 @@ def main() -> None:
         if s.sink is not None and s.name in subjects:
             paired.setdefault(s.sink.heading, []).append(s.name)
     plain = [name for name in subjects if not any(name in names for names in paired.values())]
-    print(f"relay figures ({'quick' if args.quick else 'full'} run, median of {plan.reps}; "
-          f"{os.cpu_count()} CPUs; MB = 10^6 bytes)")
+    print(
+        f"relay figures ({'quick' if args.quick else 'full'} run, median of {plan.reps}; "
+        f"{os.cpu_count()} CPUs; MB = 10^6 bytes)"
+    )
     if plain:
         print(relay.figures_table(plan, plain, report.metrics))
         print()
@@ -209,15 +238,37 @@ def main() -> None:
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
     out = results / time.strftime("relay-%Y%m%d-%H%M%S.json")
-    out.write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-        "kernels": kernel_rows, "health": health_rows, "groups": group_rows, "score": score_rows, "api": api_rows, "reload": reload_rows, "tproxy": tproxy_rows, "warm": warm_rows, "geodata": geodata_rows,
-        "dns": dns_rows, "dns_upstream": upstream_rows,
-        "selection": selection_results,
-        **report.as_json(),
-    }, indent=2))
-    print(f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+    out.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "quick": args.quick,
+                "seconds": round(elapsed, 1),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "kernel": platform.release(),
+                    "python": platform.python_version(),
+                },
+                "kernels": kernel_rows,
+                "health": health_rows,
+                "groups": group_rows,
+                "score": score_rows,
+                "api": api_rows,
+                "reload": reload_rows,
+                "tproxy": tproxy_rows,
+                "warm": warm_rows,
+                "geodata": geodata_rows,
+                "dns": dns_rows,
+                "dns_upstream": upstream_rows,
+                "selection": selection_results,
+                **report.as_json(),
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"\n{len(subjects)} subjects in {elapsed:.0f}s; raw figures in {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}"
+    )
 
 
 if __name__ == "__main__":

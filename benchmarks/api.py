@@ -56,7 +56,9 @@ from pathlib import Path
 STALL_TARGET_MS = 100.0  # "worst loop stall of GET /proxies at 2,000 nodes <= 100 ms"
 NODES = 2000  # the issue's router scale ("the label sets stay bounded with 2,000 nodes")
 SECRET = "s"
-FIRST_NODE_PORT = 20000  # node i names 127.0.0.1:FIRST_NODE_PORT+i: below the ephemeral range, nothing listens
+FIRST_NODE_PORT = (
+    20000  # node i names 127.0.0.1:FIRST_NODE_PORT+i: below the ephemeral range, nothing listens
+)
 PROBES_PER_NODE = 10  # TCP probe successes seeded per node: mihomo shows the last 10 tests
 DELAY_URLS = ("https://www.gstatic.com/generate_204", "https://cp.cloudflare.com/generate_204")
 DELAY_TESTS_PER_URL = 2  # delay tests seeded per node and URL: the `extra` map has two URLs
@@ -89,8 +91,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # --- pure helpers ------------------------------------------------------------------------------
 
 
-def config_text(nodes: int, data_dir: str | os.PathLike, secret: str = SECRET,
-                first_port: int = FIRST_NODE_PORT) -> str:
+def config_text(
+    nodes: int, data_dir: str | os.PathLike, secret: str = SECRET, first_port: int = FIRST_NODE_PORT
+) -> str:
     """The .dae config: ``nodes`` SOCKS5 nodes, a Selector and a URLTest group over all of
     them (a group without a filter takes every node), routing fallback direct, nothing probed,
     the API on a free loopback port."""
@@ -204,30 +207,52 @@ def rows(figures: Figures) -> list[tuple[str, str, str, str]]:
     """Rows (what, honk, target, status) for the benchmark table."""
     out = []
     for e in figures.endpoints:
-        honk = (f"median {statistics.median(e.times_ms):.1f} ms, p99 {percentile(e.times_ms, 99):.1f} ms; "
-                f"stall median {statistics.median(e.stalls_ms):.1f} ms, worst {max(e.stalls_ms):.1f} ms")
+        honk = (
+            f"median {statistics.median(e.times_ms):.1f} ms, p99 {percentile(e.times_ms, 99):.1f} ms; "
+            f"stall median {statistics.median(e.stalls_ms):.1f} ms, worst {max(e.stalls_ms):.1f} ms"
+        )
         what = f"GET {e.path} ({figures.nodes} nodes, {size_text(e.size)}, {len(e.times_ms)} requests)"
         if e.path == TARGET_ENDPOINT:
             worst = max(e.stalls_ms)
-            out.append((what, honk, f"worst stall <= {STALL_TARGET_MS:.0f} ms",
-                        "met" if worst <= STALL_TARGET_MS else "NOT met"))
+            out.append(
+                (
+                    what,
+                    honk,
+                    f"worst stall <= {STALL_TARGET_MS:.0f} ms",
+                    "met" if worst <= STALL_TARGET_MS else "NOT met",
+                )
+            )
         else:
             out.append((what, honk, "", "reference"))
     idle, busy = figures.idle, figures.busy
-    kinds = ((f"echo {ECHO_BYTES} B, one tunnel ({figures.engine} relay)", "echo", len(idle.echo.us)),
-             (f"new tunnel (CONNECT + {ECHO_BYTES} B echo)", "setup", len(idle.setup.us)))
+    kinds = (
+        (f"echo {ECHO_BYTES} B, one tunnel ({figures.engine} relay)", "echo", len(idle.echo.us)),
+        (f"new tunnel (CONNECT + {ECHO_BYTES} B echo)", "setup", len(idle.setup.us)),
+    )
     for label, key, count in kinds:
         a, b = getattr(idle, key), getattr(busy, key)
         out.append((f"{label}, API idle ({count})", a.text(), "", "reference"))
         out.append((f"{label}, dashboard polling ({count})", b.text(), "", "reference"))
-        out.append(("  ratio dashboard/idle", f"p50 {ratio_text(b.p50, a.p50)}, p99 {ratio_text(b.p99, a.p99)}",
-                    "", "reference"))
+        out.append(
+            (
+                "  ratio dashboard/idle",
+                f"p50 {ratio_text(b.p50, a.p50)}, p99 {ratio_text(b.p99, a.p99)}",
+                "",
+                "reference",
+            )
+        )
     d = figures.dashboard
     if d:
         frames = ", ".join(f"{path.lstrip('/')} {n}" for path, n in dict(d.get("frames", {})).items())
-        out.append(("  dashboard during (b)", f"{d.get('polls', 0)} polls of /proxies "
-                    f"(median {float(d.get('poll_ms', 0.0)):.0f} ms); frames: {frames}", "",
-                    "errors: " + str(d.get("errors", 0))))
+        out.append(
+            (
+                "  dashboard during (b)",
+                f"{d.get('polls', 0)} polls of /proxies "
+                f"(median {float(d.get('poll_ms', 0.0)):.0f} ms); frames: {frames}",
+                "",
+                "errors: " + str(d.get("errors", 0)),
+            )
+        )
     return out
 
 
@@ -315,8 +340,11 @@ async def serve(config: Path) -> None:
         commands = asyncio.StreamReader()
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
         monitor = StallMonitor()
-        print(f"ready api={host}:{port} lan={daemon.inbounds['lan'].bound.port} seeded={seeded} "
-              f"select={members['select']} fastest={members['fastest']}", flush=True)
+        print(
+            f"ready api={host}:{port} lan={daemon.inbounds['lan'].bound.port} seeded={seeded} "
+            f"select={members['select']} fastest={members['fastest']}",
+            flush=True,
+        )
         while line := (await commands.readline()).decode().strip():
             if line == "watch":
                 monitor.start()
@@ -399,10 +427,18 @@ async def dashboard(base: str, secret: str) -> None:
                 await task
             if task.done() and not task.cancelled() and task.exception() is not None:
                 errors += 1
-    during = polls[counted_from[0]:]
-    print(json.dumps({"polls": len(during), "poll_ms": statistics.median(during) if during else 0.0,
-                      "frames": {p: frames[p] - counted_from[1][p] for p in STREAMS}, "errors": errors}),
-          flush=True)
+    during = polls[counted_from[0] :]
+    print(
+        json.dumps(
+            {
+                "polls": len(during),
+                "poll_ms": statistics.median(during) if during else 0.0,
+                "frames": {p: frames[p] - counted_from[1][p] for p in STREAMS},
+                "errors": errors,
+            }
+        ),
+        flush=True,
+    )
 
 
 # --- the measuring side ------------------------------------------------------------------------
@@ -412,8 +448,14 @@ class Child:
     """A subprocess of this module spoken to by lines on its stdin and stdout."""
 
     def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.api", *argv], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.api", *argv],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -568,7 +610,9 @@ def tunnel_engine(base: str, echo_port: int) -> str:
     return "/".join(sorted(str(e) for e in engines)) or "?"
 
 
-def data_path(lan_port: int, base: str, quick: bool) -> tuple[PathFigures, PathFigures, str, dict[str, object]]:
+def data_path(
+    lan_port: int, base: str, quick: bool
+) -> tuple[PathFigures, PathFigures, str, dict[str, object]]:
     round_trips = QUICK_ROUND_TRIPS if quick else ROUND_TRIPS
     tunnels = QUICK_TUNNELS if quick else TUNNELS
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -597,7 +641,11 @@ def measure(quick: bool = False, nodes: int = NODES) -> Figures:
         daemon = Child(["--serve", str(config)])
         try:
             ready = parse_kv(daemon.line(START_TIMEOUT))
-            if int(ready["seeded"]) != nodes or int(ready["select"]) != nodes or int(ready["fastest"]) != nodes:
+            if (
+                int(ready["seeded"]) != nodes
+                or int(ready["select"]) != nodes
+                or int(ready["fastest"]) != nodes
+            ):
                 raise RuntimeError(f"the daemon came up with the wrong world: {ready}")
             base = f"http://{ready['api']}"
             endpoints = asyncio.run(endpoint_figures(daemon, base, QUICK_REQUESTS if quick else REQUESTS))
@@ -633,8 +681,9 @@ async def _profile(nodes: int, calls: int) -> None:
 
             def body() -> str:  # get_proxies' work, as in honk.api.clash.routes, without the loop turns
                 plane = daemon.plane
-                ctx = clash_views.ProxyContext(plane, daemon.health.alive, daemon.health.group_checks,
-                                               daemon.mode.global_choice)
+                ctx = clash_views.ProxyContext(
+                    plane, daemon.health.alive, daemon.health.group_checks, daemon.mode.global_choice
+                )
                 return clash_views.proxies_json(ctx)
 
             body()
@@ -643,9 +692,11 @@ async def _profile(nodes: int, calls: int) -> None:
                 started = time.perf_counter()
                 size = len(body())
                 built_ms.append((time.perf_counter() - started) * 1000)
-            print(f"--- GET /proxies body, {nodes} nodes, {size / 1e6:.2f} MB: built and encoded in a median "
-                  f"{statistics.median(built_ms):.1f} ms (of {calls}, no profiler; the server spreads it "
-                  f"over loop turns of {ENCODE_SLICE} objects)")
+            print(
+                f"--- GET /proxies body, {nodes} nodes, {size / 1e6:.2f} MB: built and encoded in a median "
+                f"{statistics.median(built_ms):.1f} ms (of {calls}, no profiler; the server spreads it "
+                f"over loop turns of {ENCODE_SLICE} objects)"
+            )
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(calls):
@@ -661,8 +712,11 @@ async def _profile(nodes: int, calls: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.api")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_REQUESTS} requests per endpoint, "
-                                                             f"{QUICK_ROUND_TRIPS} echo round trips")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_REQUESTS} requests per endpoint, {QUICK_ROUND_TRIPS} echo round trips",
+    )
     parser.add_argument("--nodes", type=int, default=NODES)
     parser.add_argument("--profile", action="store_true", help="cProfile the GET /proxies views instead")
     parser.add_argument("--serve", metavar="CONFIG", help=argparse.SUPPRESS)  # the daemon subprocess

@@ -137,8 +137,22 @@ async def _entry(seconds: float, *, from_bytes: bool = True) -> tuple[float, int
 
 def _client(host: str, port: int, seconds: float) -> float:
     """Answers/s the UDP client process got from ``host:port`` over ``seconds``."""
-    out = subprocess.run([sys.executable, "-c", CLIENT, host, str(port), str(NAMES), str(seconds), str(UDP_WINDOW),
-                          str(UDP_RECV_TIMEOUT)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CLIENT,
+            host,
+            str(port),
+            str(NAMES),
+            str(seconds),
+            str(UDP_WINDOW),
+            str(UDP_RECV_TIMEOUT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return float(out.strip())
 
 
@@ -157,7 +171,9 @@ async def _udp(seconds: float) -> tuple[float, int]:
         assert listener.bound is not None
         hits = service.cache.hits
         bound = listener.bound
-        rate = await asyncio.get_running_loop().run_in_executor(None, _client, bound.host, bound.port, seconds)
+        rate = await asyncio.get_running_loop().run_in_executor(
+            None, _client, bound.host, bound.port, seconds
+        )
         return rate, service.cache.hits - hits
     finally:
         await listener.aclose()
@@ -214,9 +230,15 @@ def _dnsdist_cache() -> Iterator[tuple[str, int]]:
                 f'setLocal("{LOOPBACK}:{port}")\n'
                 f'newServer({{address="{backend.address[0]}:{backend.address[1]}"}})\n'
                 "getServer(0):setUp()\n"
-                f"getPool(''):setCache(newPacketCache({NAMES * 2}, {{maxTTL={DNSDIST_MAX_TTL}}}))\n")
-            return [shutil.which("dnsdist") or "dnsdist", "--supervised", "--disable-syslog", "-C", str(conf)], \
-                [udp_bound(port)]
+                f"getPool(''):setCache(newPacketCache({NAMES * 2}, {{maxTTL={DNSDIST_MAX_TTL}}}))\n"
+            )
+            return [
+                shutil.which("dnsdist") or "dnsdist",
+                "--supervised",
+                "--disable-syslog",
+                "-C",
+                str(conf),
+            ], [udp_bound(port)]
 
         with _serving("dnsdist", Path(tmp), launch) as port:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -249,9 +271,15 @@ def figures(quick: bool = False) -> dict[str, float | None]:
     dnspython, _ = asyncio.run(_entry(seconds, from_bytes=False))
     udp_seconds = UDP_SECONDS / 2 if quick else UDP_SECONDS
     udp, hits = asyncio.run(_udp(udp_seconds))
-    return {"entry_per_s": entry, "entry_dnspython_per_s": dnspython, "exchanges": exchanges,
-            "udp_per_s": udp, "udp_hits": hits, "dnsdist_per_s": _dnsdist(udp_seconds),
-            "trivial_per_s": asyncio.run(_trivial(udp_seconds))}
+    return {
+        "entry_per_s": entry,
+        "entry_dnspython_per_s": dnspython,
+        "exchanges": exchanges,
+        "udp_per_s": udp,
+        "udp_hits": hits,
+        "dnsdist_per_s": _dnsdist(udp_seconds),
+        "trivial_per_s": asyncio.run(_trivial(udp_seconds)),
+    }
 
 
 def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
@@ -260,14 +288,24 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
     entry, udp, dnsdist, trivial = f["entry_per_s"], f["udp_per_s"], f["dnsdist_per_s"], f["trivial_per_s"]
     assert entry is not None and udp is not None and trivial is not None and f["entry_dnspython_per_s"]
     return [
-        (f"cached answers through DnsService.handle ({NAMES:,} names, no sockets)",
-         f"{entry:,.0f}/s", f"dnspython path {f['entry_dnspython_per_s']:,.0f}/s",
-         f"{entry / f['entry_dnspython_per_s']:.1f}x it"),
-        (f"cached answers through the UDP listener on loopback ({UDP_WINDOW} in flight)",
-         f"{udp:,.0f}/s", "dnsdist unavailable" if dnsdist is None else f"dnsdist packet cache {dnsdist:,.0f}/s",
-         "" if dnsdist is None else f"{udp / dnsdist:.2f} of it"),
-        ("the same client against a trivial asyncio responder (canned answers)",
-         f"{udp:,.0f}/s", f"ceiling {trivial:,.0f}/s", f"{udp / trivial:.2f} of it"),
+        (
+            f"cached answers through DnsService.handle ({NAMES:,} names, no sockets)",
+            f"{entry:,.0f}/s",
+            f"dnspython path {f['entry_dnspython_per_s']:,.0f}/s",
+            f"{entry / f['entry_dnspython_per_s']:.1f}x it",
+        ),
+        (
+            f"cached answers through the UDP listener on loopback ({UDP_WINDOW} in flight)",
+            f"{udp:,.0f}/s",
+            "dnsdist unavailable" if dnsdist is None else f"dnsdist packet cache {dnsdist:,.0f}/s",
+            "" if dnsdist is None else f"{udp / dnsdist:.2f} of it",
+        ),
+        (
+            "the same client against a trivial asyncio responder (canned answers)",
+            f"{udp:,.0f}/s",
+            f"ceiling {trivial:,.0f}/s",
+            f"{udp / trivial:.2f} of it",
+        ),
     ]
 
 
@@ -275,7 +313,11 @@ def main() -> None:
     from benchmarks import relay
 
     rows = run(quick="--quick" in sys.argv)
-    print(relay.format_table(["dns cache", "honk", "baseline (same run)", "honk / baseline"], [list(r) for r in rows]))
+    print(
+        relay.format_table(
+            ["dns cache", "honk", "baseline (same run)", "honk / baseline"], [list(r) for r in rows]
+        )
+    )
 
 
 if __name__ == "__main__":

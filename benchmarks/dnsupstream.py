@@ -106,8 +106,13 @@ async def _through_honk(uri: str, names: list[str]) -> tuple[float, list[float]]
 
     clock = MonotonicClock()
     spec = Spec()
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                            SystemResolver(clock, STEP))
+    dispatcher = Dispatcher(
+        build_plane(spec, clock, 1),
+        ConnectionTracker(clock),
+        clock,
+        spec.global_,
+        SystemResolver(clock, STEP),
+    )
     exchanger = Exchanger(dispatcher, clock)
     protocol, host, port = parse_upstream_uri(uri)
     target = Destination("bench", protocol, Address(host, port))
@@ -137,11 +142,16 @@ def figures(quick: bool = False) -> dict[str, dict[str, float]]:
     ca = trustme.CA()
     results: dict[str, dict[str, float]] = {}
     saved = os.environ.get("SSL_CERT_FILE")
-    with Backend(records) as backend, dnsdist(backend.address, ca=ca) as front, \
-            _quic_server(records, ca.issue_cert("127.0.0.1")) as quic_port:
+    with (
+        Backend(records) as backend,
+        dnsdist(backend.address, ca=ca) as front,
+        _quic_server(records, ca.issue_cert("127.0.0.1")) as quic_port,
+    ):
         os.environ["SSL_CERT_FILE"] = str(front.ca_path)  # honk trusts the system store; this is it here
         try:
-            baseline = statistics.median(_bare_udp((front.host, front.plain_port), [next(names) for _ in range(count)]))
+            baseline = statistics.median(
+                _bare_udp((front.host, front.plain_port), [next(names) for _ in range(count)])
+            )
             results["bare udp"] = {"first": 0.0, "warm": baseline, "added": 0.0}
             uris = {
                 "udp": f"udp://{front.host}:{front.plain_port}",
@@ -163,8 +173,14 @@ def figures(quick: bool = False) -> dict[str, dict[str, float]]:
     return results
 
 
-LABELS = {"udp": "udp (dnsdist)", "tcp": "tcp (dnsdist)", "tls": "DoT (dnsdist)", "https": "DoH h2 (dnsdist)",
-          "quic": "DoQ (aioquic server)", "h3": "DoH3 (aioquic server)"}
+LABELS = {
+    "udp": "udp (dnsdist)",
+    "tcp": "tcp (dnsdist)",
+    "tls": "DoT (dnsdist)",
+    "https": "DoH h2 (dnsdist)",
+    "quic": "DoQ (aioquic server)",
+    "h3": "DoH3 (aioquic server)",
+}
 
 
 def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
@@ -176,10 +192,14 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
         r = f[kind]
         encrypted = kind in ("tls", "https", "quic", "h3")
         ok = r["added"] * 1e3 <= TARGET_ADDED_MS
-        rows.append((f"cache miss via {LABELS[kind]}: warm (first {r['first'] * 1e3:.1f} ms)",
-                     f"{r['warm'] * 1e3:.3f} ms (+{r['added'] * 1e3:.3f})",
-                     f"+<= {TARGET_ADDED_MS:.1f} ms" if encrypted else "",
-                     ("met" if ok else "NOT met") if encrypted else ""))
+        rows.append(
+            (
+                f"cache miss via {LABELS[kind]}: warm (first {r['first'] * 1e3:.1f} ms)",
+                f"{r['warm'] * 1e3:.3f} ms (+{r['added'] * 1e3:.3f})",
+                f"+<= {TARGET_ADDED_MS:.1f} ms" if encrypted else "",
+                ("met" if ok else "NOT met") if encrypted else "",
+            )
+        )
     return rows
 
 

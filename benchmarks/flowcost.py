@@ -72,8 +72,9 @@ class RecordingEngine:
     def accepted(self, lid: int) -> int:
         return 0
 
-    def hs_connect(self, token: int, ip: str, port: int, mark: int, listener: Any,
-                   framing: Any = None, head: bytes = b"") -> int:
+    def hs_connect(
+        self, token: int, ip: str, port: int, mark: int, listener: Any, framing: Any = None, head: bytes = b""
+    ) -> int:
         self.last_id += 1
         self.listeners[self.last_id] = listener
         return self.last_id
@@ -92,9 +93,12 @@ def _spec() -> Spec:
     userinfo = base64.urlsafe_b64encode(b"aes-256-gcm:benchmark").decode().rstrip("=")
     from helpers.inprocess import node_from_link  # tests/helpers: the link parsed as honk reads it
 
-    return Spec(global_=GlobalSpec(), inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),),
-                nodes=(node_from_link(f"ss://{userinfo}@127.0.0.1:9#node"),),
-                routing=RoutingSpec(rules=(), fallback="node"))
+    return Spec(
+        global_=GlobalSpec(),
+        inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),),
+        nodes=(node_from_link(f"ss://{userinfo}@127.0.0.1:9#node"),),
+        routing=RoutingSpec(rules=(), fallback="node"),
+    )
 
 
 def _batches(step: Callable[[int], object], flows: int) -> float:

@@ -61,7 +61,10 @@ def build(path: Path, seed: int = 34) -> int:
     out = dat.GeoSiteList()
     cn = out.entry.add(country_code="CN")
     for _ in range(CN_DOMAINS):
-        cn.domain.add(type=dat.DOMAIN, value=f"{_label(rng, rng.randint(4, 12))}.{rng.choice(['cn', 'com.cn', 'com', 'net'])}")
+        cn.domain.add(
+            type=dat.DOMAIN,
+            value=f"{_label(rng, rng.randint(4, 12))}.{rng.choice(['cn', 'com.cn', 'com', 'net'])}",
+        )
     ads = out.entry.add(country_code="CATEGORY-ADS-ALL")
     for _ in range(3_000):
         ads.domain.add(type=dat.DOMAIN, value=f"{_label(rng, 8)}.ads{rng.randint(0, 99)}.example")
@@ -75,8 +78,13 @@ def build(path: Path, seed: int = 34) -> int:
         site = out.entry.add(country_code=f"LIST-{i}")
         for _ in range(per_list):
             kind = rng.choice(kinds)
-            value = (rf"^{_label(rng, 5)}\.example$" if kind == dat.REGEX else
-                     _label(rng, 7) if kind == dat.PLAIN else f"{_label(rng, 9)}.example")
+            value = (
+                rf"^{_label(rng, 5)}\.example$"
+                if kind == dat.REGEX
+                else _label(rng, 7)
+                if kind == dat.PLAIN
+                else f"{_label(rng, 9)}.example"
+            )
             domain = site.domain.add(type=kind, value=value)
             if rng.random() < 0.05:
                 domain.attribute.add(key=rng.choice(["cn", "ads", "!cn"]), bool_value=True)
@@ -94,13 +102,24 @@ def build_mmdb(path: Path, seed: int = 34) -> int:
 
     rng = random.Random(seed)
     letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    codes = list(MMDB_WEIGHTS) + [c for c in (a + b for a in letters for b in letters)
-                                  if c not in MMDB_WEIGHTS][:MMDB_OTHER_COUNTRIES]
+    codes = (
+        list(MMDB_WEIGHTS)
+        + [c for c in (a + b for a in letters for b in letters) if c not in MMDB_WEIGHTS][
+            :MMDB_OTHER_COUNTRIES
+        ]
+    )
     weights = list(MMDB_WEIGHTS.values()) + [0.15] * MMDB_OTHER_COUNTRIES
     networks: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = []
 
-    def fill(cursor: int, end: int, count: int, bits: int, shortest: int, longest: int,
-             make: type[ipaddress.IPv4Network] | type[ipaddress.IPv6Network]) -> None:
+    def fill(
+        cursor: int,
+        end: int,
+        count: int,
+        bits: int,
+        shortest: int,
+        longest: int,
+        make: type[ipaddress.IPv4Network] | type[ipaddress.IPv6Network],
+    ) -> None:
         previous = "US"
         made = 0
         while cursor < end and made < count:
@@ -139,19 +158,30 @@ def _child(directory: str, lookups: int) -> None:
     before = _rss_mb()
     start = time.perf_counter()
     geo = GeoAssets(directory)
-    matcher = compile_predicate(Predicate("domain", (MatchArg("geosite", "cn"), MatchArg("geosite", "category-ads-all"))), geo)
+    matcher = compile_predicate(
+        Predicate("domain", (MatchArg("geosite", "cn"), MatchArg("geosite", "category-ads-all"))), geo
+    )
     loaded = time.perf_counter() - start
     grown = _rss_mb() - before
     listed = list(geo.domains("cn").suffixes[:2000])
     rng = random.Random(7)
-    names = [f"www.{rng.choice(listed)}" if i % 2 else f"{_label(rng, 10)}.unlisted.example" for i in range(2000)]
-    views = [FlowView.of(FlowMeta(Network.TCP, Address("192.168.1.2", 40000), Address(n, 443), "lan")) for n in names]
+    names = [
+        f"www.{rng.choice(listed)}" if i % 2 else f"{_label(rng, 10)}.unlisted.example" for i in range(2000)
+    ]
+    views = [
+        FlowView.of(FlowMeta(Network.TCP, Address("192.168.1.2", 40000), Address(n, 443), "lan"))
+        for n in names
+    ]
     hits = 0
     start = time.perf_counter()
     for i in range(lookups):
         hits += matcher.match(views[i % 2000])
     rate = lookups / (time.perf_counter() - start)
-    print(json.dumps({"load_s": loaded, "rss_mb": grown, "lookups_per_s": rate, "hits": hits, "lookups": lookups}))
+    print(
+        json.dumps(
+            {"load_s": loaded, "rss_mb": grown, "lookups_per_s": rate, "hits": hits, "lookups": lookups}
+        )
+    )
 
 
 def _child_mmdb(directory: str, lookups: int) -> None:
@@ -180,8 +210,10 @@ def _child_mmdb(directory: str, lookups: int) -> None:
             addresses.append(str(net.network_address + rng.randrange(net.num_addresses)))
         else:
             addresses.append(str(ipaddress.IPv4Address(rng.randrange(1 << 24, 224 << 24))))
-    views = [FlowView.of(FlowMeta(Network.TCP, Address("192.168.1.2", 40000), Address(a, 443), "lan"))
-             for a in addresses]
+    views = [
+        FlowView.of(FlowMeta(Network.TCP, Address("192.168.1.2", 40000), Address(a, 443), "lan"))
+        for a in addresses
+    ]
     hits = 0
     start = time.perf_counter()
     for i in range(lookups):
@@ -195,19 +227,37 @@ def _child_mmdb(directory: str, lookups: int) -> None:
             hits -= record is not None and record["country"]["iso_code"] == "CN"
         reader_rate = lookups / (time.perf_counter() - start)
         reader_kind = type(reader).__module__
-    print(json.dumps({"load_s": loaded, "rss_mb": grown, "lookups_per_s": rate, "networks": len(cn),
-                      "reader_per_s": reader_rate, "reader": reader_kind, "disagree": hits}))
+    print(
+        json.dumps(
+            {
+                "load_s": loaded,
+                "rss_mb": grown,
+                "lookups_per_s": rate,
+                "networks": len(cn),
+                "reader_per_s": reader_rate,
+                "reader": reader_kind,
+                "disagree": hits,
+            }
+        )
+    )
 
 
-def _measured(build_file: Callable[[Path], int], name: str, child_flag: str, lookups: int) -> dict[str, float]:
+def _measured(
+    build_file: Callable[[Path], int], name: str, child_flag: str, lookups: int
+) -> dict[str, float]:
     """Build ``name`` in a temporary directory, measure it in a fresh interpreter (its RSS is
     the data's alone) with ``child_flag``, and add the file's size."""
     with tempfile.TemporaryDirectory(prefix="honk-geodata-") as directory:
         size = build_file(Path(directory) / name)
         root = str(Path(__file__).resolve().parent.parent)
-        out = subprocess.run([sys.executable, "-m", "benchmarks.geodata", child_flag, directory, str(lookups)],
-                             capture_output=True, text=True, check=True, cwd=root,
-                             env=dict(os.environ, PYTHONPATH=root))
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.geodata", child_flag, directory, str(lookups)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+            env=dict(os.environ, PYTHONPATH=root),
+        )
         got = json.loads(out.stdout.strip().splitlines()[-1])
         got["file_mb"] = size / 1e6
         return got
@@ -226,22 +276,49 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
     f = figures(quick)
     m = mmdb_figures(quick)
     return [
-        (f"load + compile a {f['file_mb']:.1f} MB geosite.dat", f"{f['load_s']:.2f} s", f"<= {LOAD_TARGET_S:.0f} s",
-         "met" if f["load_s"] <= LOAD_TARGET_S else "NOT met"),
-        ("resident memory it adds", f"{f['rss_mb']:.0f} MB", f"<= {MEMORY_TARGET_MB:.0f} MB",
-         "met" if f["rss_mb"] <= MEMORY_TARGET_MB else "NOT met"),
-        ("domain lookups (geosite:cn + category-ads-all)", f"{f['lookups_per_s']:,.0f}/s",
-         f">= {LOOKUP_TARGET:,.0f}/s", "met" if f["lookups_per_s"] >= LOOKUP_TARGET else "NOT met"),
-        (f"load + walk + compile geoip:cn of a {m['file_mb']:.1f} MB Country.mmdb "
-         f"({MMDB_V4_NETWORKS + MMDB_V6_NETWORKS:,} networks; cn {m['networks']:,})",
-         f"{m['load_s']:.2f} s", f"<= {MMDB_LOAD_TARGET_S:.0f} s",
-         "met" if m["load_s"] <= MMDB_LOAD_TARGET_S else "NOT met"),
-        ("resident memory it adds", f"{m['rss_mb']:.0f} MB", f"<= {MMDB_MEMORY_TARGET_MB:.0f} MB",
-         "met" if m["rss_mb"] <= MMDB_MEMORY_TARGET_MB else "NOT met"),
-        ("IP lookups (geoip:cn from the mmdb, compiled)", f"{m['lookups_per_s']:,.0f}/s",
-         f">= {MMDB_LOOKUP_TARGET:,.0f}/s", "met" if m["lookups_per_s"] >= MMDB_LOOKUP_TARGET else "NOT met"),
-        (f"  per-flow Reader.get instead ({m['reader']}; not used)", f"{m['reader_per_s']:,.0f}/s", "-",
-         "agrees" if m["disagree"] == 0 else f"DISAGREES on {m['disagree']}"),
+        (
+            f"load + compile a {f['file_mb']:.1f} MB geosite.dat",
+            f"{f['load_s']:.2f} s",
+            f"<= {LOAD_TARGET_S:.0f} s",
+            "met" if f["load_s"] <= LOAD_TARGET_S else "NOT met",
+        ),
+        (
+            "resident memory it adds",
+            f"{f['rss_mb']:.0f} MB",
+            f"<= {MEMORY_TARGET_MB:.0f} MB",
+            "met" if f["rss_mb"] <= MEMORY_TARGET_MB else "NOT met",
+        ),
+        (
+            "domain lookups (geosite:cn + category-ads-all)",
+            f"{f['lookups_per_s']:,.0f}/s",
+            f">= {LOOKUP_TARGET:,.0f}/s",
+            "met" if f["lookups_per_s"] >= LOOKUP_TARGET else "NOT met",
+        ),
+        (
+            f"load + walk + compile geoip:cn of a {m['file_mb']:.1f} MB Country.mmdb "
+            f"({MMDB_V4_NETWORKS + MMDB_V6_NETWORKS:,} networks; cn {m['networks']:,})",
+            f"{m['load_s']:.2f} s",
+            f"<= {MMDB_LOAD_TARGET_S:.0f} s",
+            "met" if m["load_s"] <= MMDB_LOAD_TARGET_S else "NOT met",
+        ),
+        (
+            "resident memory it adds",
+            f"{m['rss_mb']:.0f} MB",
+            f"<= {MMDB_MEMORY_TARGET_MB:.0f} MB",
+            "met" if m["rss_mb"] <= MMDB_MEMORY_TARGET_MB else "NOT met",
+        ),
+        (
+            "IP lookups (geoip:cn from the mmdb, compiled)",
+            f"{m['lookups_per_s']:,.0f}/s",
+            f">= {MMDB_LOOKUP_TARGET:,.0f}/s",
+            "met" if m["lookups_per_s"] >= MMDB_LOOKUP_TARGET else "NOT met",
+        ),
+        (
+            f"  per-flow Reader.get instead ({m['reader']}; not used)",
+            f"{m['reader_per_s']:,.0f}/s",
+            "-",
+            "agrees" if m["disagree"] == 0 else f"DISAGREES on {m['disagree']}",
+        ),
     ]
 
 

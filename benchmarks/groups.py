@@ -100,7 +100,9 @@ def build(policy: Policy, *, deep: bool = False) -> Bench:
         own = GROUP_SIZE - 1 if level < len(NESTED) - 1 else GROUP_SIZE
         members[name] = [f"{name}-{i}" for i in range(own)]
     names = [n for group in NESTED for n in members[group]]
-    nodes = tuple(with_node_id(NodeSpec(n, "socks5", "127.0.0.1", FIRST_PORT + i)) for i, n in enumerate(names))
+    nodes = tuple(
+        with_node_id(NodeSpec(n, "socks5", "127.0.0.1", FIRST_PORT + i)) for i, n in enumerate(names)
+    )
     groups = tuple(
         _group(name, policy, members[name], NESTED[level + 1] if level + 1 < len(NESTED) else None)
         for level, name in enumerate(NESTED)
@@ -133,12 +135,18 @@ def build(policy: Policy, *, deep: bool = False) -> Bench:
 # (scenario, label, builder)
 SCENARIOS: tuple[tuple[str, str, Callable[[], Bench]], ...] = (
     ("urltest", "URLTest x3, all nodes sampled, fastest in bottom", lambda: build(Policy.URLTEST)),
-    ("urltest-churn", "URLTest x3, health changed before every plan (nothing cached)",
-     lambda: dataclasses.replace(build(Policy.URLTEST), churn=True)),
+    (
+        "urltest-churn",
+        "URLTest x3, health changed before every plan (nothing cached)",
+        lambda: dataclasses.replace(build(Policy.URLTEST), churn=True),
+    ),
     ("selector", "Selector x3, top->middle->bottom", lambda: build(Policy.SELECTOR)),
     ("loadbalance", "LoadBalance x3, all alive (round-robin mix)", lambda: build(Policy.LOADBALANCE)),
-    ("loadbalance-deep", "LoadBalance x3, only bottom alive (always 3 deep)",
-     lambda: build(Policy.LOADBALANCE, deep=True)),
+    (
+        "loadbalance-deep",
+        "LoadBalance x3, only bottom alive (always 3 deep)",
+        lambda: build(Policy.LOADBALANCE, deep=True),
+    ),
 )
 
 
@@ -167,8 +175,12 @@ def measure(bench: Bench, calls: int) -> dict[str, float]:
         ):
             raise AssertionError(f"unexpected plan {selection.chain}")
     p99 = statistics.quantiles(samples, n=100)[98]
-    return {"median_us": statistics.median(samples) / 1000, "p99_us": p99 / 1000, "via_middle": via_middle / calls,
-            "deep": deep / calls}
+    return {
+        "median_us": statistics.median(samples) / 1000,
+        "p99_us": p99 / 1000,
+        "via_middle": via_middle / calls,
+        "deep": deep / calls,
+    }
 
 
 def figures(quick: bool) -> dict[str, dict[str, float]]:
@@ -198,8 +210,14 @@ def run(quick: bool = False, twin: bool = True) -> list[tuple[str, str, str, str
         rows.append((f"plan: {label}", honk, f"<= {PLAN_TARGET_US:.0f} µs median", status))
         if twins is not None:
             t = twins[key]
-            rows.append((f"  twin (HONK_NO_EXTENSIONS=1): {key}",
-                         f"median {t['median_us']:.1f} µs, p99 {t['p99_us']:.1f} µs", "", "reference"))
+            rows.append(
+                (
+                    f"  twin (HONK_NO_EXTENSIONS=1): {key}",
+                    f"median {t['median_us']:.1f} µs, p99 {t['p99_us']:.1f} µs",
+                    "",
+                    "reference",
+                )
+            )
     if twin and twins is None:
         rows.append(("twin (HONK_NO_EXTENSIONS=1)", "not measured", "", "subprocess failed"))
     return rows
@@ -225,8 +243,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-twin", action="store_true", help="skip the HONK_NO_EXTENSIONS=1 rerun")
     parser.add_argument("--json", action="store_true", help="print this process's figures as JSON")
-    parser.add_argument("--profile", choices=[key for key, _, _ in SCENARIOS],
-                        help="cProfile one scenario instead of measuring")
+    parser.add_argument(
+        "--profile",
+        choices=[key for key, _, _ in SCENARIOS],
+        help="cProfile one scenario instead of measuring",
+    )
     args = parser.parse_args()
     if args.profile:
         profile(args.profile)

@@ -110,13 +110,24 @@ def run(quick: bool = False, nodes: int = NODES) -> list[tuple[str, str, str, st
     real = asyncio.run(real_cycle(nodes))
     grace_note = f"(grace {REGISTRATION_GRACE:.0f} s not waited: results count, deaths do not)"
     return [
-        (f"scheduler CPU per node per cycle ({nodes} nodes, median of {cycles})", f"{median_us:.1f} µs",
-         f"< {SCHEDULER_TARGET_US:.0f} µs", "met" if median_us < SCHEDULER_TARGET_US else "NOT met"),
-        (f"real cycle: {real['nodes']} SOCKS5 leaves, raw TCP check, loopback",
-         f"{real['wall_s']:.2f} s wall, {real['cpu_s'] * 1e6 / real['nodes']:.0f} µs CPU/node",
-         f"{real['ok']}/{real['nodes']} ok", "completed" if real["ok"] == real["nodes"] else "INCOMPLETE"),
-        ("peak probes in flight", str(real["peak"]), f"<= {PROBE_CONCURRENCY}",
-         "met" if real["peak"] <= PROBE_CONCURRENCY else "NOT met"),
+        (
+            f"scheduler CPU per node per cycle ({nodes} nodes, median of {cycles})",
+            f"{median_us:.1f} µs",
+            f"< {SCHEDULER_TARGET_US:.0f} µs",
+            "met" if median_us < SCHEDULER_TARGET_US else "NOT met",
+        ),
+        (
+            f"real cycle: {real['nodes']} SOCKS5 leaves, raw TCP check, loopback",
+            f"{real['wall_s']:.2f} s wall, {real['cpu_s'] * 1e6 / real['nodes']:.0f} µs CPU/node",
+            f"{real['ok']}/{real['nodes']} ok",
+            "completed" if real["ok"] == real["nodes"] else "INCOMPLETE",
+        ),
+        (
+            "peak probes in flight",
+            str(real["peak"]),
+            f"<= {PROBE_CONCURRENCY}",
+            "met" if real["peak"] <= PROBE_CONCURRENCY else "NOT met",
+        ),
         ("", "", "", grace_note),
     ]
 

@@ -85,8 +85,9 @@ def _rank_read_order(mod, n: int) -> None:
     utilities = [None, 0.5, 0.7, None, 0.9, 0.2, None, 0.4]
     for _ in range(n):  # the standings are reused, so this is the read and the order, not the bounds
         nodes = [member[1] for _, member in members]
-        out = mod.candidates(members, utilities, *(mod.aligned(nodes, row) for row in rows), None, None, None,
-                             100.0, 120.0)
+        out = mod.candidates(
+            members, utilities, *(mod.aligned(nodes, row) for row in rows), None, None, None, 100.0, 120.0
+        )
         mod.order(out, 0.05)
 
 
@@ -149,21 +150,36 @@ def _tls_key_rows(quick: bool) -> list[tuple[str, str, str, str]]:
     import sys
     from pathlib import Path
 
-    decodes, handshakes = (TLS_DECODES // 10, TLS_HANDSHAKES // 10) if quick else (TLS_DECODES, TLS_HANDSHAKES)
+    decodes, handshakes = (
+        (TLS_DECODES // 10, TLS_HANDSHAKES // 10) if quick else (TLS_DECODES, TLS_HANDSHAKES)
+    )
     rates = {}
     for side in ("builtin", "providers"):
-        done = subprocess.run([sys.executable, "-c", _TLS_KEYS, side, str(decodes), str(handshakes)],
-                              capture_output=True, text=True, timeout=600, check=False,
-                              cwd=Path(__file__).resolve().parent.parent)  # the repository: tests/helpers
+        done = subprocess.run(
+            [sys.executable, "-c", _TLS_KEYS, side, str(decodes), str(handshakes)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+            cwd=Path(__file__).resolve().parent.parent,
+        )  # the repository: tests/helpers
         if done.returncode != 0:
             return [("tlsverify: EC certificate keys (ops/s)", "failed", done.stderr.strip()[-60:], "-")]
         rates[side] = [float(x) for x in done.stdout.split()]
     (decode, shake), (decode0, shake0) = rates["builtin"], rates["providers"]
     return [
-        ("tlsverify: decode an EC server certificate (ops/s), built-in key vs providers",
-         f"{decode:,.0f}", f"{decode0:,.0f}", f"{decode / decode0:.2f}x"),
-        ("tlsverify: full TLS 1.3 handshake, EC certificate, both ends (ops/s), built-in vs providers",
-         f"{shake:,.0f}", f"{shake0:,.0f}", f"{shake / shake0:.2f}x"),
+        (
+            "tlsverify: decode an EC server certificate (ops/s), built-in key vs providers",
+            f"{decode:,.0f}",
+            f"{decode0:,.0f}",
+            f"{decode / decode0:.2f}x",
+        ),
+        (
+            "tlsverify: full TLS 1.3 handshake, EC certificate, both ends (ops/s), built-in vs providers",
+            f"{shake:,.0f}",
+            f"{shake0:,.0f}",
+            f"{shake / shake0:.2f}x",
+        ),
     ]
 
 
@@ -186,7 +202,9 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
             continue
         compiled = _rate(loop, compiled_mod, n)
         python = _rate(loop, twin, n)
-        rows.append((f"{label} (ops/s), vs twin", f"{compiled:,.0f}", f"{python:,.0f}", f"{compiled / python:.2f}x"))
+        rows.append(
+            (f"{label} (ops/s), vs twin", f"{compiled:,.0f}", f"{python:,.0f}", f"{compiled / python:.2f}x")
+        )
     try:
         importlib.import_module("honk._fast.tlsverify_c")
     except ImportError:

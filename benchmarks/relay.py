@@ -116,10 +116,25 @@ class Plan:
     pair_rate_reps: int = 5
 
 
-FULL = Plan(reps=3, bulk_warmup=0.3, bulk_seconds=2.0, rate_warmup=0.5, rate_seconds=3.0,
-            latency_count=20_000, idle_count=1_000)
-QUICK = Plan(reps=1, bulk_warmup=0.2, bulk_seconds=0.8, rate_warmup=0.3, rate_seconds=1.0,
-             latency_count=5_000, idle_count=1_000, pair_rate_reps=1)
+FULL = Plan(
+    reps=3,
+    bulk_warmup=0.3,
+    bulk_seconds=2.0,
+    rate_warmup=0.5,
+    rate_seconds=3.0,
+    latency_count=20_000,
+    idle_count=1_000,
+)
+QUICK = Plan(
+    reps=1,
+    bulk_warmup=0.2,
+    bulk_seconds=0.8,
+    rate_warmup=0.3,
+    rate_seconds=1.0,
+    latency_count=5_000,
+    idle_count=1_000,
+    pair_rate_reps=1,
+)
 
 
 # ---------------------------------------------------------------- parsing and statistics
@@ -141,9 +156,16 @@ def median(values: list[float]) -> float | None:
 
 def parse_stat(text: str) -> dict[str, int | str]:
     """The fields of ``/proc/PID/stat`` the harness uses (``comm`` may hold spaces and parentheses)."""
-    rest = text[text.rindex(")") + 2:].split()
-    return {"state": rest[0], "ppid": int(rest[1]), "pgrp": int(rest[2]),
-            "utime": int(rest[11]), "stime": int(rest[12]), "cutime": int(rest[13]), "cstime": int(rest[14])}
+    rest = text[text.rindex(")") + 2 :].split()
+    return {
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "pgrp": int(rest[2]),
+        "utime": int(rest[11]),
+        "stime": int(rest[12]),
+        "cutime": int(rest[13]),
+        "cstime": int(rest[14]),
+    }
 
 
 def parse_vmrss_kb(status: str) -> int:
@@ -166,8 +188,10 @@ def _group_members(pgid: int) -> Iterator[tuple[int, dict[str, int | str]]]:
 
 def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds of a process group: each member's own time plus that of the children it reaped."""
-    ticks = sum(int(s["utime"]) + int(s["stime"]) + int(s["cutime"]) + int(s["cstime"])
-                for _, s in _group_members(pgid))
+    ticks = sum(
+        int(s["utime"]) + int(s["stime"]) + int(s["cutime"]) + int(s["cstime"])
+        for _, s in _group_members(pgid)
+    )
     return ticks / CLK_TCK
 
 
@@ -197,8 +221,15 @@ class Target:
 def evaluate(target: Target, subject: str, metrics: dict[str, dict[str, float]]) -> dict[str, object]:
     value = metrics.get(subject, {}).get(target.metric)
     ref = metrics.get(target.peer, {}).get(target.peer_metric or target.metric)
-    out: dict[str, object] = {"label": target.label, "subject": subject, "peer": target.peer,
-                              "value": value, "reference": ref, "op": target.op, "factor": target.factor}
+    out: dict[str, object] = {
+        "label": target.label,
+        "subject": subject,
+        "peer": target.peer,
+        "value": value,
+        "reference": ref,
+        "op": target.op,
+        "factor": target.factor,
+    }
     if value is None or ref is None:
         return {**out, "ratio": None, "status": "n/a"}
     bound = target.factor * ref
@@ -220,11 +251,26 @@ def targets(plan: Plan) -> list[Target]:
     out.append(Target("added p50 latency <= 1.5 x haproxy", "added_p50_us", "<=", 1.5, "haproxy"))
     for n in plan.streams:
         for d in ("up", "down"):
-            out.append(Target(f"CPU/GiB bulk {d}, {n} stream{'s' if n > 1 else ''} <= 1.5 x haproxy",
-                              f"cpu_{d}_{n}", "<=", 1.5, "haproxy"))
+            out.append(
+                Target(
+                    f"CPU/GiB bulk {d}, {n} stream{'s' if n > 1 else ''} <= 1.5 x haproxy",
+                    f"cpu_{d}_{n}",
+                    "<=",
+                    1.5,
+                    "haproxy",
+                )
+            )
     out.append(Target("RSS per idle connection <= pproxy", "idle_kb_per_conn", "<=", 1.0, "pproxy"))
-    out.append(Target("idle RSS, demo config <= 1.5 x pproxy idle RSS", "demo_rss_mb", "<=", 1.5, "pproxy",
-                      "start_rss_mb"))
+    out.append(
+        Target(
+            "idle RSS, demo config <= 1.5 x pproxy idle RSS",
+            "demo_rss_mb",
+            "<=",
+            1.5,
+            "pproxy",
+            "start_rss_mb",
+        )
+    )
     return out
 
 
@@ -243,7 +289,9 @@ def ss_targets(plan: Plan, tag: str) -> list[Target]:
             out.append(Target(f"{what} >= 1.0 x {peer}", f"bulk_{d}_{n}", ">=", 1.0, peer))
             out.append(Target(f"client CPU/GiB {what} <= 1.0 x {peer}", f"cpu_{d}_{n}", "<=", 1.0, peer))
     for c in plan.concurrency:
-        out.append(Target(f"conn/s c={c} >= {SS_RATE_RATIO} x {peer}", f"rate_{c}", ">=", SS_RATE_RATIO, peer))
+        out.append(
+            Target(f"conn/s c={c} >= {SS_RATE_RATIO} x {peer}", f"rate_{c}", ">=", SS_RATE_RATIO, peer)
+        )
     return out
 
 
@@ -255,8 +303,15 @@ def v2ray_targets(plan: Plan, tag: str) -> list[Target]:
     ratio = TLS_BULK_RATIO if v2ray.uses_tls(tag) else 1.0  # TLS records move with no Python in the byte path
     for n in plan.sink_streams:
         for d in ("up", "down"):
-            out.append(Target(f"bulk {d}, {n} stream{'s' if n > 1 else ''} >= {ratio} x {peer}", f"bulk_{d}_{n}",
-                              ">=", ratio, peer))
+            out.append(
+                Target(
+                    f"bulk {d}, {n} stream{'s' if n > 1 else ''} >= {ratio} x {peer}",
+                    f"bulk_{d}_{n}",
+                    ">=",
+                    ratio,
+                    peer,
+                )
+            )
     for c in plan.concurrency:
         out.append(Target(f"conn/s c={c} >= 1.0 x {peer}", f"rate_{c}", ">=", 1.0, peer))
     return out
@@ -301,8 +356,9 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
     width = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, width, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, width, strict=True))
+        ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in width]), *(line(r) for r in rows)])
 
@@ -326,8 +382,15 @@ def targets_table(results: list[dict[str, object]]) -> str:
     rows = []
     for r in results:
         ratio = r["ratio"]
-        rows.append([f"{r['subject']}: {r['label']}", num(r["value"]), num(r["reference"]),
-                     "-" if not isinstance(ratio, float) else f"{ratio:.2f}x", str(r["status"])])
+        rows.append(
+            [
+                f"{r['subject']}: {r['label']}",
+                num(r["value"]),
+                num(r["reference"]),
+                "-" if not isinstance(ratio, float) else f"{ratio:.2f}x",
+                str(r["status"]),
+            ]
+        )
     return format_table(["target", "honk", "peer", "ratio", "status"], rows)
 
 
@@ -360,7 +423,14 @@ class SubjectFailed(RuntimeError):
 
 # what ends one subject's measurement (recorded as a problem) while the others go on: it failed
 # to start, the load tool failed or timed out, or its output lacked a figure
-MEASURE_FAILURES = (SubjectFailed, RuntimeError, subprocess.TimeoutExpired, KeyError, ValueError, ZeroDivisionError)
+MEASURE_FAILURES = (
+    SubjectFailed,
+    RuntimeError,
+    subprocess.TimeoutExpired,
+    KeyError,
+    ValueError,
+    ZeroDivisionError,
+)
 
 
 class Running:
@@ -369,8 +439,16 @@ class Running:
     def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         self.pgid = self.proc.pid
 
     def log_text(self) -> str:
@@ -474,20 +552,43 @@ class SsSink(Sink):
     family: ClassVar[str] = "ss"
     peer: ClassVar[str] = "ss-local"
     server: ClassVar[str] = "ss-server"
-    heading: ClassVar[str] = ("Shadowsocks (each pair into the same ss-server sink; "
-                              "CPU = the client's, sink CPU = ss-server's)")
+    heading: ClassVar[str] = (
+        "Shadowsocks (each pair into the same ss-server sink; CPU = the client's, sink CPU = ss-server's)"
+    )
 
     rate: ClassVar[bool] = True  # ss-local's connection rate is a target too
 
     method: str = ""
 
     def command(self, wd: Path) -> list[str]:
-        return [_which("ss-server") or "ss-server", "-s", LOOPBACK, "-p", str(self.port), "-k", SS_PASSWORD,
-                "-m", self.method]
+        return [
+            _which("ss-server") or "ss-server",
+            "-s",
+            LOOPBACK,
+            "-p",
+            str(self.port),
+            "-k",
+            SS_PASSWORD,
+            "-m",
+            self.method,
+        ]
 
     def client_command(self, port: int, wd: Path) -> list[str]:
-        return [_which("ss-local") or "ss-local", "-s", LOOPBACK, "-p", str(self.port), "-b", LOOPBACK,
-                "-l", str(port), "-k", SS_PASSWORD, "-m", self.method]
+        return [
+            _which("ss-local") or "ss-local",
+            "-s",
+            LOOPBACK,
+            "-p",
+            str(self.port),
+            "-b",
+            LOOPBACK,
+            "-l",
+            str(port),
+            "-k",
+            SS_PASSWORD,
+            "-m",
+            self.method,
+        ]
 
     def link(self) -> str:
         """SIP002: the userinfo is ``method:password`` in URL-safe base64."""
@@ -509,8 +610,10 @@ class V2raySink(Sink):
     family: ClassVar[str] = "v2ray"
     peer: ClassVar[str] = "v2ray"
     server: ClassVar[str] = "v2ray server"
-    heading: ClassVar[str] = ("VMess, Trojan and VLESS (each pair into the same v2ray server sink; "
-                              "CPU = the client's, sink CPU = the v2ray server's)")
+    heading: ClassVar[str] = (
+        "VMess, Trojan and VLESS (each pair into the same v2ray server sink; "
+        "CPU = the client's, sink CPU = the v2ray server's)"
+    )
     rate: ClassVar[bool] = True
 
     secret: str = ""  # the user id for VMess and VLESS, the password for Trojan
@@ -531,8 +634,9 @@ class V2raySink(Sink):
         return self._argv(wd / "server.json", config)
 
     def client_command(self, port: int, wd: Path) -> list[str]:
-        return self._argv(wd / "client.json", v2ray.client_config(self.tag, port, self.port, self.secret,
-                                                                  self.ca_file))
+        return self._argv(
+            wd / "client.json", v2ray.client_config(self.tag, port, self.port, self.secret, self.ca_file)
+        )
 
     @staticmethod
     def _argv(path: Path, config: dict[str, object]) -> list[str]:
@@ -578,24 +682,30 @@ backend be
 
 
 def honk_config(port: int) -> str:
-    return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
-            f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
-            "routing {\n    fallback: direct\n}\n")
+    return (
+        "global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
+        f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
+        "routing {\n    fallback: direct\n}\n"
+    )
 
 
 def honk_node_config(port: int, link: str) -> str:
     """honk's mixed port routing everything to one node given by its share ``link``."""
-    return ("global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
-            f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
-            f"node {{\n    sink: '{link}'\n}}\n\n"
-            "routing {\n    fallback: sink\n}\n")
+    return (
+        "global {\n    log_level: warn\n    data_dir: ./var\n}\n\n"
+        f"inbound {{\n    lan: 'mixed://{LOOPBACK}:{port}'\n}}\n\n"
+        f"node {{\n    sink: '{link}'\n}}\n\n"
+        "routing {\n    fallback: sink\n}\n"
+    )
 
 
 def demo_config(text: str, lan_port: int, api_port: int) -> str:
     """``configs/demo.toml`` on free ports, with its state in the working directory."""
-    subs = [(r'mixed://127\.0\.0\.1:\d+', f"mixed://{LOOPBACK}:{lan_port}"),
-            (r'(external_controller\s*=\s*")[^"]*(")', rf"\g<1>{LOOPBACK}:{api_port}\g<2>"),
-            (r'(data_dir\s*=\s*")[^"]*(")', r"\g<1>./var\g<2>")]
+    subs = [
+        (r"mixed://127\.0\.0\.1:\d+", f"mixed://{LOOPBACK}:{lan_port}"),
+        (r'(external_controller\s*=\s*")[^"]*(")', rf"\g<1>{LOOPBACK}:{api_port}\g<2>"),
+        (r'(data_dir\s*=\s*")[^"]*(")', r"\g<1>./var\g<2>"),
+    ]
     for rx, repl in subs:
         text, n = re.subn(rx, repl, text)
         if n != 1:
@@ -629,53 +739,102 @@ def subjects() -> list[Subject]:
     out = [Subject("direct", "direct", note="no proxy: the load tool's own ceiling")]
 
     haproxy = _which("haproxy")
-    out.append(Subject(
-        "haproxy", "forward", version=_first_line([haproxy, "-v"]) if haproxy else "",
-        note="mode tcp, forced splice-request/-response/-auto, forwards to the origin port (no SOCKS): "
-             "the forwarder limit",
-        skip="" if haproxy else "haproxy not installed (make bench-peers)",
-        build=lambda port, origin, wd: [haproxy or "haproxy", "-db", "-f", _write(wd / "haproxy.cfg",
-                                                                                    haproxy_config(port, origin))]))
+    out.append(
+        Subject(
+            "haproxy",
+            "forward",
+            version=_first_line([haproxy, "-v"]) if haproxy else "",
+            note="mode tcp, forced splice-request/-response/-auto, forwards to the origin port (no SOCKS): "
+            "the forwarder limit",
+            skip="" if haproxy else "haproxy not installed (make bench-peers)",
+            build=lambda port, origin, wd: [
+                haproxy or "haproxy",
+                "-db",
+                "-f",
+                _write(wd / "haproxy.cfg", haproxy_config(port, origin)),
+            ],
+        )
+    )
 
     socat = _which("socat")
-    out.append(Subject(
-        "socat", "forward", version=_first_line(["dpkg-query", "-W", "-f=${Version}", "socat"]),
-        note="fork per connection, -b 131072, forwards to the origin port (no SOCKS)",
-        skip="" if socat else "socat not installed (make bench-peers)",
-        build=lambda port, origin, wd: [socat or "socat", "-b", "131072",
-                                        f"TCP-LISTEN:{port},bind={LOOPBACK},reuseaddr,fork,backlog=1024",
-                                        f"TCP:{LOOPBACK}:{origin}"]))
+    out.append(
+        Subject(
+            "socat",
+            "forward",
+            version=_first_line(["dpkg-query", "-W", "-f=${Version}", "socat"]),
+            note="fork per connection, -b 131072, forwards to the origin port (no SOCKS)",
+            skip="" if socat else "socat not installed (make bench-peers)",
+            build=lambda port, origin, wd: [
+                socat or "socat",
+                "-b",
+                "131072",
+                f"TCP-LISTEN:{port},bind={LOOPBACK},reuseaddr,fork,backlog=1024",
+                f"TCP:{LOOPBACK}:{origin}",
+            ],
+        )
+    )
 
     pproxy = PEERS_VENV / "bin" / "pproxy"
     peers_python = PEERS_VENV / "bin" / "python"
     version = ""
     if peers_python.exists():
-        version = _first_line([str(peers_python), "-c",
-                               "import asyncio, uvloop, importlib.metadata as m; "
-                               "uvloop.install(); asyncio.get_event_loop(); "  # what pproxy's main() does
-                               "print('pproxy', m.version('pproxy'), 'uvloop', uvloop.__version__)"])
+        version = _first_line(
+            [
+                str(peers_python),
+                "-c",
+                "import asyncio, uvloop, importlib.metadata as m; "
+                "uvloop.install(); asyncio.get_event_loop(); "  # what pproxy's main() does
+                "print('pproxy', m.version('pproxy'), 'uvloop', uvloop.__version__)",
+            ]
+        )
     ok = pproxy.exists() and version.startswith("pproxy")
-    out.append(Subject(
-        "pproxy", "socks", version=version, env={"PYTHONUNBUFFERED": "1"},
-        note="SOCKS5 on uvloop (pproxy installs it itself when importable)",
-        skip="" if ok else f"pproxy on uvloop does not start from {PEERS_VENV} (make bench-peers)",
-        build=lambda port, origin, wd: [str(pproxy), "-l", f"socks5://{LOOPBACK}:{port}"]))
+    out.append(
+        Subject(
+            "pproxy",
+            "socks",
+            version=version,
+            env={"PYTHONUNBUFFERED": "1"},
+            note="SOCKS5 on uvloop (pproxy installs it itself when importable)",
+            skip="" if ok else f"pproxy on uvloop does not start from {PEERS_VENV} (make bench-peers)",
+            build=lambda port, origin, wd: [str(pproxy), "-l", f"socks5://{LOOPBACK}:{port}"],
+        )
+    )
 
     microsocks = _which("microsocks")
-    out.append(Subject(
-        "microsocks", "socks", version=_first_line(["dpkg-query", "-W", "-f=${Version}", "microsocks"]),
-        note="SOCKS5, thread per connection",
-        skip="" if microsocks else "microsocks not installed (make bench-peers)",
-        build=lambda port, origin, wd: [microsocks or "microsocks", "-i", LOOPBACK, "-p", str(port)]))
+    out.append(
+        Subject(
+            "microsocks",
+            "socks",
+            version=_first_line(["dpkg-query", "-W", "-f=${Version}", "microsocks"]),
+            note="SOCKS5, thread per connection",
+            skip="" if microsocks else "microsocks not installed (make bench-peers)",
+            build=lambda port, origin, wd: [microsocks or "microsocks", "-i", LOOPBACK, "-p", str(port)],
+        )
+    )
 
     def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
-        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c", _write(wd / "bench.dae", honk_config(port)),
-                "--pid-file", str(wd / "honk.pid")]
+        return [
+            sys.executable,
+            "-m",
+            "honk.cli.daemon",
+            "run",
+            "-c",
+            _write(wd / "bench.dae", honk_config(port)),
+            "--pid-file",
+            str(wd / "honk.pid"),
+        ]
 
     out.append(Subject("honk", "socks", note="mixed port -> direct, HONK_RELAY unset", build=honk_cmd))
     for engine in honk_engines():
-        out.append(Subject(f"honk[{engine}]", "socks", note=f"HONK_RELAY={engine}",
-                           env={"HONK_RELAY": engine}, build=honk_cmd))
+        out.append(
+            Subject(
+                f"honk[{engine}]",
+                "socks",
+                note=f"HONK_RELAY={engine}",
+                env={"HONK_RELAY": engine},
+                build=honk_cmd,
+            )
+        )
     out += ss_subjects() + v2ray_subjects()
     return out
 
@@ -687,26 +846,56 @@ def sink_subjects(sink: Sink, skip: str, version: str, peer_note: str, honk_note
         return sink.client_command(port, wd)
 
     def honk_cmd(port: int, origin: int, wd: Path) -> list[str]:
-        return [sys.executable, "-m", "honk.cli.daemon", "run", "-c",
-                _write(wd / "bench.dae", honk_node_config(port, sink.link())), "--pid-file", str(wd / "honk.pid")]
+        return [
+            sys.executable,
+            "-m",
+            "honk.cli.daemon",
+            "run",
+            "-c",
+            _write(wd / "bench.dae", honk_node_config(port, sink.link())),
+            "--pid-file",
+            str(wd / "honk.pid"),
+        ]
 
-    return [Subject(f"{sink.peer}:{sink.tag}", "socks", version=version, skip=skip, sink=sink, build=peer_cmd,
-                    note=peer_note),
-            Subject(f"honk[{sink.family}]:{sink.tag}", "socks", skip=skip, sink=sink, build=honk_cmd,
-                    note=f"{honk_note}, HONK_RELAY unset")]
+    return [
+        Subject(
+            f"{sink.peer}:{sink.tag}",
+            "socks",
+            version=version,
+            skip=skip,
+            sink=sink,
+            build=peer_cmd,
+            note=peer_note,
+        ),
+        Subject(
+            f"honk[{sink.family}]:{sink.tag}",
+            "socks",
+            skip=skip,
+            sink=sink,
+            build=honk_cmd,
+            note=f"{honk_note}, HONK_RELAY unset",
+        ),
+    ]
 
 
 def ss_subjects() -> list[Subject]:
     """``ss-local:<tag>`` and ``honk[ss]:<tag>`` per cipher, each pair sharing one sink."""
     version = _first_line(["dpkg-query", "-W", "-f=${Version}", "shadowsocks-libev"])
-    missing = ("" if _which("ss-local") and _which("ss-server")
-               else "shadowsocks-libev not installed (make bench-peers)")
+    missing = (
+        ""
+        if _which("ss-local") and _which("ss-server")
+        else "shadowsocks-libev not installed (make bench-peers)"
+    )
     out: list[Subject] = []
     for tag, method in SS_CIPHERS.items():
         sink = SsSink(tag, free_port(), method=method)
-        out += sink_subjects(sink, missing, version,
-                             f"shadowsocks-libev ss-local ({method}) -> the {tag} ss-server sink",
-                             f"mixed port -> ss:// node ({method}) -> the {tag} ss-server sink")
+        out += sink_subjects(
+            sink,
+            missing,
+            version,
+            f"shadowsocks-libev ss-local ({method}) -> the {tag} ss-server sink",
+            f"mixed port -> ss:// node ({method}) -> the {tag} ss-server sink",
+        )
     return out
 
 
@@ -721,16 +910,30 @@ def v2ray_subjects() -> list[Subject]:
         secret = uuid.uuid4().hex if v2ray.protocol(tag) == "trojan" else str(uuid.uuid4())
         sink = V2raySink(tag, free_port(), secret=secret)
         what = v2ray.describe(tag)
-        skip = missing or ("" if has_trustme or not v2ray.uses_tls(tag)
-                           else "trustme (for the TLS certificate) not importable; make venv")
-        out += sink_subjects(sink, skip, version,
-                             f"v2ray client, SOCKS5 -> {what} -> the {tag} v2ray server sink",
-                             f"mixed port -> {v2ray.protocol(tag)}:// node ({what}) -> the {tag} v2ray server sink")
+        skip = missing or (
+            ""
+            if has_trustme or not v2ray.uses_tls(tag)
+            else "trustme (for the TLS certificate) not importable; make venv"
+        )
+        out += sink_subjects(
+            sink,
+            skip,
+            version,
+            f"v2ray client, SOCKS5 -> {what} -> the {tag} v2ray server sink",
+            f"mixed port -> {v2ray.protocol(tag)}:// node ({what}) -> the {tag} v2ray server sink",
+        )
         if tag == "trojan":
-            out.append(Subject(f"{FLOOR_PEER}:{tag}", "floor", skip=skip, sink=sink,
-                               version=_first_line(["openssl", "version"]),
-                               note=f"the load tool itself as a Trojan client on OpenSSL, straight into the {tag} "
-                                    "sink (no proxy): the floor of TLS connection cost on this machine"))
+            out.append(
+                Subject(
+                    f"{FLOOR_PEER}:{tag}",
+                    "floor",
+                    skip=skip,
+                    sink=sink,
+                    version=_first_line(["openssl", "version"]),
+                    note=f"the load tool itself as a Trojan client on OpenSSL, straight into the {tag} "
+                    "sink (no proxy): the floor of TLS connection cost on this machine",
+                )
+            )
     return out
 
 
@@ -757,8 +960,21 @@ def build_loadgen() -> Path:
         return LOADGEN
     cc = os.environ.get("CC", "cc")
     BUILD.mkdir(exist_ok=True)
-    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(LOADGEN), str(LOADGEN_SRC),
-                    "-lssl", "-lcrypto"], check=True)  # OpenSSL for the Trojan floor (libssl-dev: make build)
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-pthread",
+            "-o",
+            str(LOADGEN),
+            str(LOADGEN_SRC),
+            "-lssl",
+            "-lcrypto",
+        ],
+        check=True,
+    )  # OpenSSL for the Trojan floor (libssl-dev: make build)
     return LOADGEN
 
 
@@ -771,8 +987,17 @@ class LoadGen:
         if subject.kind == "floor":  # the load tool is the Trojan client, straight into the sink
             sink = subject.sink
             assert isinstance(sink, V2raySink)
-            return argv + ["--target", f"{LOOPBACK}:{sink.port}", "--trojan", sink.secret,
-                           "--tls-ca", sink.ca_file, "--sni", v2ray.SERVER_NAME, *extra]
+            return argv + [
+                "--target",
+                f"{LOOPBACK}:{sink.port}",
+                "--trojan",
+                sink.secret,
+                "--tls-ca",
+                sink.ca_file,
+                "--sni",
+                v2ray.SERVER_NAME,
+                *extra,
+            ]
         if subject.kind != "direct":
             argv += ["--target", f"{LOOPBACK}:{port}"]
         if subject.kind == "socks":
@@ -784,21 +1009,45 @@ class LoadGen:
         lines = out.stdout.strip().splitlines()
         kv = parse_kv(lines[-1]) if lines else {}
         if out.returncode != 0 or "error" in kv or not kv:
-            raise RuntimeError(f"loadgen {argv[1]} failed ({out.returncode}): {out.stdout.strip()} "
-                               f"{out.stderr.strip()}")
+            raise RuntimeError(
+                f"loadgen {argv[1]} failed ({out.returncode}): {out.stdout.strip()} {out.stderr.strip()}"
+            )
         return kv
 
     def bulk(self, subject: Subject, port: int | None, streams: int, direction: str) -> dict[str, str]:
         p = self.plan
-        argv = self.argv("bulk", subject, port, "--streams", str(streams), "--dir", direction,
-                         "--warmup", str(p.bulk_warmup), "--duration", str(p.bulk_seconds),
-                         "--threads", str(p.loadgen_threads))
+        argv = self.argv(
+            "bulk",
+            subject,
+            port,
+            "--streams",
+            str(streams),
+            "--dir",
+            direction,
+            "--warmup",
+            str(p.bulk_warmup),
+            "--duration",
+            str(p.bulk_seconds),
+            "--threads",
+            str(p.loadgen_threads),
+        )
         return self.run(argv, timeout=p.bulk_warmup + p.bulk_seconds + 30)
 
     def rate(self, subject: Subject, port: int | None, concurrency: int) -> dict[str, str]:
         p = self.plan
-        argv = self.argv("rate", subject, port, "--concurrency", str(concurrency), "--warmup", str(p.rate_warmup),
-                         "--duration", str(p.rate_seconds), "--threads", str(p.loadgen_threads))
+        argv = self.argv(
+            "rate",
+            subject,
+            port,
+            "--concurrency",
+            str(concurrency),
+            "--warmup",
+            str(p.rate_warmup),
+            "--duration",
+            str(p.rate_seconds),
+            "--threads",
+            str(p.loadgen_threads),
+        )
         return self.run(argv, timeout=p.rate_warmup + p.rate_seconds + 30)
 
     def latency(self, subject: Subject, port: int | None) -> dict[str, str]:
@@ -809,14 +1058,18 @@ class LoadGen:
     def idle(self, subject: Subject, port: int | None) -> Iterator[dict[str, str]]:
         """Hold ``idle_count`` open connections through the subject for the body of the ``with``."""
         argv = self.argv("idle", subject, port, "--count", str(self.plan.idle_count))
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdin is not None
         try:
             ready, _, _ = select.select([proc.stdout], [], [], 60)
             line = proc.stdout.readline() if ready else ""
             kv = parse_kv(line)
             if not line.startswith("ready") or "error" in kv:
-                raise RuntimeError(f"loadgen idle failed: {line.strip()} {proc.stderr.read() if proc.poll() else ''}")
+                raise RuntimeError(
+                    f"loadgen idle failed: {line.strip()} {proc.stderr.read() if proc.poll() else ''}"
+                )
             yield kv
             proc.stdin.write("\n")
             proc.stdin.flush()
@@ -845,9 +1098,21 @@ class Report:
     def as_json(self) -> dict[str, object]:
         return {
             "plan": asdict(self.plan),
-            "subjects": [{"name": s.name, "kind": s.kind, "note": s.note, "skip": s.skip, "version": s.version,
-                          "env": s.env} for s in self.subjects],
-            "metrics": self.metrics, "runs": self.runs, "problems": self.problems, "targets": self.targets,
+            "subjects": [
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "note": s.note,
+                    "skip": s.skip,
+                    "version": s.version,
+                    "env": s.env,
+                }
+                for s in self.subjects
+            ],
+            "metrics": self.metrics,
+            "runs": self.runs,
+            "problems": self.problems,
+            "targets": self.targets,
         }
 
 
@@ -855,8 +1120,10 @@ def busy_warning(loadavg: str, cpus: int) -> str:
     """A warning when ``/proc/loadavg`` shows other work competing for the CPUs, else ''."""
     one_minute = float(loadavg.split()[0])
     if one_minute > 0.5 * cpus:
-        return (f"load average {one_minute:.2f} on {cpus} CPUs before the run: other work competes "
-                "with the subjects, figures are noisy")
+        return (
+            f"load average {one_minute:.2f} on {cpus} CPUs before the run: other work competes "
+            "with the subjects, figures are noisy"
+        )
     return ""
 
 
@@ -876,7 +1143,9 @@ def measure_subject(lg: LoadGen, subject: Subject, report: Report, workdir: Path
             m["start_rss_mb"] = group_rss_kb(running.pgid) / 1024
             if subject.name == "pproxy":
                 uvloop = "Using uvloop" in running.log_text()
-                subject.note += "; it printed 'Using uvloop'" if uvloop else "; WARNING: it did not print 'Using uvloop'"
+                subject.note += (
+                    "; it printed 'Using uvloop'" if uvloop else "; WARNING: it did not print 'Using uvloop'"
+                )
         pgid = running.pgid if running else None
 
         def record(kind: str, **data: object) -> None:
@@ -947,8 +1216,14 @@ def settle_time_wait(report: Report, subject: Subject) -> None:
     while left > TIME_WAIT_SETTLED and time.monotonic() - start < TIME_WAIT_PATIENCE:
         time.sleep(1.0)
         left = time_wait_sockets()
-    report.runs.append({"subject": subject.name, "kind": "settle", "seconds": time.monotonic() - start,
-                        "time_wait_left": left})
+    report.runs.append(
+        {
+            "subject": subject.name,
+            "kind": "settle",
+            "seconds": time.monotonic() - start,
+            "time_wait_left": left,
+        }
+    )
 
 
 @dataclass
@@ -992,8 +1267,9 @@ class RateSeries:
             m[f"rate_{c}_{name}_ms"] = median(ms)
 
 
-def measure_rates(lg: LoadGen, subject: Subject, port: int | None, report: Report,
-                  pgids: dict[str, int] | None = None) -> list[float]:
+def measure_rates(
+    lg: LoadGen, subject: Subject, port: int | None, report: Report, pgids: dict[str, int] | None = None
+) -> list[float]:
     """connect+echo+close per second at each of the plan's concurrencies (see :class:`RateSeries`);
     the load tool's busy cores."""
     lg_rate: list[float] = []
@@ -1074,15 +1350,23 @@ def measure_sink_bulk(lg: LoadGen, client: Client, report: Report) -> None:
                 mbps.append(float(kv["mbps"]))
                 cpu.append(cpu_s / gib)
                 sink_cpu.append(sink_s / gib)
-                report.runs.append({"subject": client.subject.name, "kind": "bulk", "subject_cpu_s": cpu_s,
-                                    "sink_cpu_s": sink_s, **kv})
+                report.runs.append(
+                    {
+                        "subject": client.subject.name,
+                        "kind": "bulk",
+                        "subject_cpu_s": cpu_s,
+                        "sink_cpu_s": sink_s,
+                        **kv,
+                    }
+                )
             m[f"bulk_{direction}_{streams}"] = median(mbps)
             m[f"cpu_{direction}_{streams}"] = median(cpu)
             m[f"sink_cpu_{direction}_{streams}"] = median(sink_cpu)
 
 
-def measure_sink_rates(lg: LoadGen, clients: list[Client], report: Report,
-                       failed: Callable[[Client, Exception], None]) -> None:
+def measure_sink_rates(
+    lg: LoadGen, clients: list[Client], report: Report, failed: Callable[[Client, Exception], None]
+) -> None:
     """The connection rates of a sink's clients, interleaved run by run (:func:`interleaved`) at
     each concurrency, with TIME-WAIT capped (:func:`time_wait_capped`) so that no run inherits the
     last one's sockets; a sink that must be fresh (:attr:`Sink.fresh_for_rates`) is restarted
@@ -1092,11 +1376,15 @@ def measure_sink_rates(lg: LoadGen, clients: list[Client], report: Report,
     settle_time_wait(report, clients[0].subject)
     with time_wait_capped(TIME_WAIT_SETTLED) as capped:
         if not capped and len(clients) > 1:
-            report.problems.append(f"{sink.server} sink {sink.tag}: TIME-WAIT not capped (needs root): "
-                                   "each rate run starts with the sockets of the runs before it")
+            report.problems.append(
+                f"{sink.server} sink {sink.tag}: TIME-WAIT not capped (needs root): "
+                "each rate run starts with the sockets of the runs before it"
+            )
         for c in report.plan.concurrency:
-            series = {cl.subject.name: (cl, RateSeries(cl.subject, cl.port, c, {"cpu": cl.running.pgid}))
-                      for cl in clients}
+            series = {
+                cl.subject.name: (cl, RateSeries(cl.subject, cl.port, c, {"cpu": cl.running.pgid}))
+                for cl in clients
+            }
             for order in interleaved(list(series), report.plan.pair_rate_reps):
                 for name in order:
                     client, s = series[name]
@@ -1154,7 +1442,9 @@ def measure_sink_subjects(lg: LoadGen, subjects: list[Subject], report: Report, 
             client.running.stop()
     for subject in subjects:
         if subject.name in report.metrics:
-            report.metrics[subject.name] = {k: v for k, v in report.metrics[subject.name].items() if v is not None}
+            report.metrics[subject.name] = {
+                k: v for k, v in report.metrics[subject.name].items() if v is not None
+            }
 
 
 def sink_pair(subjects: list[Subject], subject: Subject) -> list[Subject]:
@@ -1182,8 +1472,9 @@ def measure_floor_subject(lg: LoadGen, subject: Subject, report: Report) -> None
 def start_sink(sink: Sink) -> None:
     """Run ``sink.argv`` in ``sink.workdir`` until its port accepts (SubjectFailed otherwise)."""
     assert sink.workdir is not None
-    running = Running(sink.argv, subject_env(Subject(sink.server, "forward")), sink.workdir,
-                      sink.workdir / "log.txt")
+    running = Running(
+        sink.argv, subject_env(Subject(sink.server, "forward")), sink.workdir, sink.workdir / "log.txt"
+    )
     try:
         running.wait_port(sink.port)
     except SubjectFailed:
@@ -1237,8 +1528,12 @@ def measure_demo_rss(report: Report, workdir: Path) -> None:
     except (OSError, ValueError) as exc:
         report.problems.append(f"honk demo config: {exc}")
         return
-    running = Running([sys.executable, "-m", "honk.cli.daemon", "run", "-c", cfg, "--pid-file", str(wd / "honk.pid")],
-                      subject_env(Subject("honk", "socks")), wd, wd / "log.txt")
+    running = Running(
+        [sys.executable, "-m", "honk.cli.daemon", "run", "-c", cfg, "--pid-file", str(wd / "honk.pid")],
+        subject_env(Subject("honk", "socks")),
+        wd,
+        wd / "log.txt",
+    )
     try:
         running.wait_port(lan)
         time.sleep(1.0)
@@ -1249,8 +1544,9 @@ def measure_demo_rss(report: Report, workdir: Path) -> None:
         running.stop()
 
 
-def run(plan: Plan, only: set[str] | None = None, shadowsocks: bool = True,
-        v2ray_rows: bool = True) -> Report:
+def run(
+    plan: Plan, only: set[str] | None = None, shadowsocks: bool = True, v2ray_rows: bool = True
+) -> Report:
     """Measure every subject (less the Shadowsocks or v2ray pairs when switched off) and judge the targets."""
     raise_fd_limit()
     lg = LoadGen(build_loadgen(), free_port(), plan)

@@ -37,11 +37,13 @@ def config(data_dir: Path, *, moved: bool = False, added: bool = False) -> str:
         nodes[0] = f"    n0: 'socks5://127.0.0.1:{FIRST_NODE_PORT - 1}'"
     if added:
         nodes.append(f"    extra: 'socks5://127.0.0.1:{FIRST_NODE_PORT - 2}'")
-    return (f"global {{\n    data_dir: {data_dir}\n    tcp_check_url: ''\n    check_interval: 3600s\n}}\n"
-            "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-            "node {\n" + "\n".join(nodes) + "\n}\n"
-            "group {\n    pick {\n        policy: select\n    }\n    auto {\n        policy: min_moving_avg\n    }\n}\n"
-            "routing {\n    fallback: pick\n}\n")
+    return (
+        f"global {{\n    data_dir: {data_dir}\n    tcp_check_url: ''\n    check_interval: 3600s\n}}\n"
+        "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
+        "node {\n" + "\n".join(nodes) + "\n}\n"
+        "group {\n    pick {\n        policy: select\n    }\n    auto {\n        policy: min_moving_avg\n    }\n}\n"
+        "routing {\n    fallback: pick\n}\n"
+    )
 
 
 class StallMeter:
@@ -98,8 +100,14 @@ async def measure(reps: int) -> dict[str, tuple[float, float]]:
         try:
             for name, texts in (
                 ("reload, unchanged", [config(Path(tmp) / "var")] * 2),
-                ("reload, one node moved", [config(Path(tmp) / "var", moved=True), config(Path(tmp) / "var")]),
-                ("reload, one node added", [config(Path(tmp) / "var", added=True), config(Path(tmp) / "var")]),
+                (
+                    "reload, one node moved",
+                    [config(Path(tmp) / "var", moved=True), config(Path(tmp) / "var")],
+                ),
+                (
+                    "reload, one node added",
+                    [config(Path(tmp) / "var", added=True), config(Path(tmp) / "var")],
+                ),
             ):
                 times, stalls = [], []
                 for _ in range(reps):
@@ -125,8 +133,14 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
     rows = [("full build (plan from empty + prepare)", f"{full * 1000:.0f} ms", "baseline", "")]
     for name, (seconds, stall) in figures.items():
         if name.startswith("reload"):
-            rows.append((name, f"{seconds * 1000:.0f} ms, worst stall {stall * 1000:.0f} ms",
-                         f"{seconds / full:.2f}x of the full build", "reference"))
+            rows.append(
+                (
+                    name,
+                    f"{seconds * 1000:.0f} ms, worst stall {stall * 1000:.0f} ms",
+                    f"{seconds / full:.2f}x of the full build",
+                    "reference",
+                )
+            )
     return rows
 
 

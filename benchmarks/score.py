@@ -99,34 +99,62 @@ NS_PER_US = 1000
 # A flow's script: (offset in seconds from its start, event, sample name). "start" is the plan,
 # the feedback and begin; the RX throttle publishes the first RX and then once per second.
 SHORT: tuple[tuple[float, str, str], ...] = (
-    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.030, "setup", "setup"),
-    (0.032, "tx", "tx first (announces)"), (0.080, "rx", "rx first response (published)"),
-    (0.120, "rx", "rx throttled"), (0.150, "success", "settle success (flushes held RX)"),
+    (0.0, "start", ""),
+    (0.0, "into", "into_reporter"),
+    (0.030, "setup", "setup"),
+    (0.032, "tx", "tx first (announces)"),
+    (0.080, "rx", "rx first response (published)"),
+    (0.120, "rx", "rx throttled"),
+    (0.150, "success", "settle success (flushes held RX)"),
 )
 LONG: tuple[tuple[float, str, str], ...] = (
-    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.040, "setup", "setup"),
-    (0.045, "tx", "tx first (announces)"), (0.090, "rx", "rx first response (published)"),
-    (0.300, "rx", "rx throttled"), (0.500, "tx", "tx repeat"), (0.700, "rx", "rx throttled"),
-    (1.200, "rx", "rx published (after 1 s)"), (1.500, "rx", "rx throttled"),
+    (0.0, "start", ""),
+    (0.0, "into", "into_reporter"),
+    (0.040, "setup", "setup"),
+    (0.045, "tx", "tx first (announces)"),
+    (0.090, "rx", "rx first response (published)"),
+    (0.300, "rx", "rx throttled"),
+    (0.500, "tx", "tx repeat"),
+    (0.700, "rx", "rx throttled"),
+    (1.200, "rx", "rx published (after 1 s)"),
+    (1.500, "rx", "rx throttled"),
     (1.600, "success", "settle success (flushes held RX)"),
 )
 FAIL: tuple[tuple[float, str, str], ...] = (  # the target path failed: set up, sent, no answer
-    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.050, "setup", "setup"),
-    (0.060, "tx", "tx first (announces)"), (2.000, "failure", "settle failure"),
+    (0.0, "start", ""),
+    (0.0, "into", "into_reporter"),
+    (0.050, "setup", "setup"),
+    (0.060, "tx", "tx first (announces)"),
+    (2.000, "failure", "settle failure"),
 )
 SETUP_FAIL: tuple[tuple[float, str, str], ...] = (  # the node failed before setup
-    (0.0, "start", ""), (0.0, "into", "into_reporter"), (0.500, "failure", "settle failure"),
+    (0.0, "start", ""),
+    (0.0, "into", "into_reporter"),
+    (0.500, "failure", "settle failure"),
 )
 # per 100 flows
 MIX = ((SHORT, 60), (LONG, 34), (FAIL, 5), (SETUP_FAIL, 1))
 SCRIPT_NAMES = {SHORT: "short flow", LONG: "long flow", FAIL: "failed flow", SETUP_FAIL: "setup failure"}
 # the reporter calls a flow makes, one row each (the plan and the lifecycles are not events)
-EVENT_ROWS = ("feedback + start", "begin", "into_reporter", "setup", "tx first (announces)", "tx repeat",
-              "rx first response (published)", "rx published (after 1 s)", "rx throttled",
-              "settle success (flushes held RX)", "settle failure")
+EVENT_ROWS = (
+    "feedback + start",
+    "begin",
+    "into_reporter",
+    "setup",
+    "tx first (announces)",
+    "tx repeat",
+    "rx first response (published)",
+    "rx published (after 1 s)",
+    "rx throttled",
+    "settle success (flushes held RX)",
+    "settle failure",
+)
 # the printed order of a world's rows (a lifecycle's name ends with its event count)
-ROW_ORDER = ("plan", *EVENT_ROWS,
-             *(f"lifecycle: {name} ({len(script)} events)" for script, name in SCRIPT_NAMES.items()))
+ROW_ORDER = (
+    "plan",
+    *EVENT_ROWS,
+    *(f"lifecycle: {name} ({len(script)} events)" for script, name in SCRIPT_NAMES.items()),
+)
 
 
 @dataclass
@@ -153,8 +181,10 @@ class Samples:
 
 
 def _nodes(prefix: str, count: int, first: int) -> list[NodeSpec]:
-    return [with_node_id(NodeSpec(f"{prefix}-{i}", "socks5", "127.0.0.1", FIRST_PORT + first + i))
-            for i in range(count)]
+    return [
+        with_node_id(NodeSpec(f"{prefix}-{i}", "socks5", "127.0.0.1", FIRST_PORT + first + i))
+        for i in range(count)
+    ]
 
 
 def build(name: str) -> World:
@@ -168,9 +198,14 @@ def build(name: str) -> World:
     if name == "score" or name in SIZED:
         nodes, groups, root, depth = inner, (_group("score", Policy.SCORE, inner_names, None),), "score", 1
     else:
-        top_policy = {"selector>score": Policy.SELECTOR, "urltest>score": Policy.URLTEST}.get(name, Policy.SCORE)
+        top_policy = {"selector>score": Policy.SELECTOR, "urltest>score": Policy.URLTEST}.get(
+            name, Policy.SCORE
+        )
         nodes = inner + outer
-        groups = (_group("top", top_policy, outer_names, "score"), _group("score", Policy.SCORE, inner_names, None))
+        groups = (
+            _group("top", top_policy, outer_names, "score"),
+            _group("score", Policy.SCORE, inner_names, None),
+        )
         root = "top"
         depth = {"selector>score": 1, "score>score-deep": 2}.get(name)
     spec = Spec(nodes=tuple(nodes), groups=groups)
@@ -190,8 +225,9 @@ def build(name: str) -> World:
             for family in (Family.V4, Family.V6):
                 for _ in range(DEAD_AFTER):
                     alive.notify_check_failure(n.id, Domain.TCP, family)
-    manager = GroupManager.build(spec, outbounds, health=HealthFilter(alive, GroupChecks(clock)), clock=clock,
-                                 score_ranking=True)
+    manager = GroupManager.build(
+        spec, outbounds, health=HealthFilter(alive, GroupChecks(clock)), clock=clock, score_ranking=True
+    )
     # the daemon feeds each ranked probe RTT of a Score group's node to the heuristic, so every
     # plan also reads the group's probe rows (one per health family, holding every member)
     observe = manager.score.performance.observe_probe
@@ -227,7 +263,10 @@ EVERY_PLAN = "every Score plan() of the flow mix"  # each Score group's ranks, p
 EVERY_EVENT = "every reporter event of the flow mix"  # each call of the event rows, pooled
 GROUP_SIZES = {name: {"score": "50 nodes", "top": "49 nodes + the inner group"} for name in RANK_WORLDS}
 GROUP_SIZES["score>score-deep"]["top"] = "49 dead nodes + the inner group"
-EVENT_WORLDS = {"score": 1, "score>score-deep": 2}  # worlds whose reporter events are rows, by groups traversed
+EVENT_WORLDS = {
+    "score": 1,
+    "score>score-deep": 2,
+}  # worlds whose reporter events are rows, by groups traversed
 
 
 def targets(count: int = TARGETS) -> list[tuple[ScoreTarget, IPAddress]]:
@@ -256,8 +295,15 @@ class _Flow:
         self.depth = 0
 
 
-def drive(world: World, flows: int, warmup: int, samples: Samples | None = None, *,
-          plans: cProfile.Profile | None = None, events: cProfile.Profile | None = None) -> Samples:
+def drive(
+    world: World,
+    flows: int,
+    warmup: int,
+    samples: Samples | None = None,
+    *,
+    plans: cProfile.Profile | None = None,
+    events: cProfile.Profile | None = None,
+) -> Samples:
     """Run ``warmup`` + ``flows`` flows in event-time order; time the calls of the last ``flows``.
 
     ``plans`` / ``events``: profilers enabled around each plan / each reporter call (begin
@@ -359,7 +405,9 @@ def drive(world: World, flows: int, warmup: int, samples: Samples | None = None,
                 samples.add(name, t1 - t0)
                 flow.total += t1 - t0
         if step + 1 < len(flow.script):
-            heapq.heappush(heap, (at - flow.script[step][0] + flow.script[step + 1][0], number, step + 1, flow))
+            heapq.heappush(
+                heap, (at - flow.script[step][0] + flow.script[step + 1][0], number, step + 1, flow)
+            )
         elif flow.timed:
             samples.add(f"lifecycle: {SCRIPT_NAMES[flow.script]} ({len(flow.script)} events)", flow.total)
     return samples
@@ -414,8 +462,10 @@ def figures(quick: bool) -> dict[str, dict]:
             ranks = time_ranks(build(name), flows, warmup)
             for group, timed in sorted(ranks.items()):
                 rows[f"{RANK_ROW}{group}"] = {**_summary(timed), "target_us": PLAN_TARGET_US}
-            rows[EVERY_PLAN] = {**_summary([ns for timed in ranks.values() for ns in timed]),
-                                "target_us": PLAN_TARGET_US}
+            rows[EVERY_PLAN] = {
+                **_summary([ns for timed in ranks.values() for ns in timed]),
+                "target_us": PLAN_TARGET_US,
+            }
         if name in EVENT_WORLDS:
             for row in ROW_ORDER[1:]:
                 if samples.calls.get(row):
@@ -427,8 +477,13 @@ def figures(quick: bool) -> dict[str, dict]:
 
 
 def _implementation() -> str:
-    kinds = {beta.IMPLEMENTATION, cell.IMPLEMENTATION, decay.IMPLEMENTATION, movavg.IMPLEMENTATION,
-             rank.IMPLEMENTATION}
+    kinds = {
+        beta.IMPLEMENTATION,
+        cell.IMPLEMENTATION,
+        decay.IMPLEMENTATION,
+        movavg.IMPLEMENTATION,
+        rank.IMPLEMENTATION,
+    }
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
@@ -453,8 +508,16 @@ def _rows(figs: dict[str, dict], prefix: str, built: bool) -> list[tuple[str, ..
                 what = f"  {name} ({EVENT_WORLDS[name]} grp): {row}"
             ratio = f["median_us"] / f["target_us"]
             status = ("met" if ratio <= 1.0 else "NOT met") + ("" if built else " (extensions not built)")
-            rows.append((prefix + what, f"{f['median_us']:.1f}", f"{f['p99_us']:.1f}", f"{f['target_us']:.0f}",
-                         f"{ratio:.2f}", status))
+            rows.append(
+                (
+                    prefix + what,
+                    f"{f['median_us']:.1f}",
+                    f"{f['p99_us']:.1f}",
+                    f"{f['target_us']:.0f}",
+                    f"{ratio:.2f}",
+                    status,
+                )
+            )
     return rows
 
 

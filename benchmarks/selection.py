@@ -150,7 +150,9 @@ def _base_behaviour(scenario: str, index: int):  # noqa: ANN202 - helpers.chaos.
     from helpers.chaos import ChaosBehaviour
 
     if scenario == "jittery":
-        return ChaosBehaviour(connect_delay=JITTERY_LATENCY, connect_jitter=JITTER, chunk_delay=JITTERY_LATENCY / 2)
+        return ChaosBehaviour(
+            connect_delay=JITTERY_LATENCY, connect_jitter=JITTER, chunk_delay=JITTERY_LATENCY / 2
+        )
     return ChaosBehaviour(connect_delay=LATENCIES[index], chunk_delay=LATENCIES[index] / 2)
 
 
@@ -295,8 +297,13 @@ async def _run(scenario: str, policy: str, timing: Timing) -> Run:
             nodes = {}
             for index, name in enumerate(NODES):
                 nodes[name] = await stack.enter_async_context(
-                    chaos_node(name, seed=index + 1, behaviour=_base_behaviour(scenario, index), clock=loop.time))
-            text = _config(Path(tmp) / "var", check.port, [(n, node.link) for n, node in nodes.items()], policy)
+                    chaos_node(
+                        name, seed=index + 1, behaviour=_base_behaviour(scenario, index), clock=loop.time
+                    )
+                )
+            text = _config(
+                Path(tmp) / "var", check.port, [(n, node.link) for n, node in nodes.items()], policy
+            )
             clock = LeapClock()
             daemon = await stack.enter_async_context(running_daemon(Path(tmp), text, clock=clock))
             clock.leap(REGISTRATION_GRACE + 1)  # a honk that has run a while: failures count at once
@@ -305,8 +312,15 @@ async def _run(scenario: str, policy: str, timing: Timing) -> Run:
             stop = asyncio.Event()
             limit = int((timing.warmup + timing.window + timing.flow_timeout) / MONITOR_EVERY) + 10
             monitor = asyncio.create_task(_monitor(api_base(daemon), since, stop, limit))
-            drive = asyncio.create_task(_drive(daemon.inbounds["lan"].bound.port, echo_port, since,
-                                               timing.warmup + timing.window, timing.flow_timeout))
+            drive = asyncio.create_task(
+                _drive(
+                    daemon.inbounds["lan"].bound.port,
+                    echo_port,
+                    since,
+                    timing.warmup + timing.window,
+                    timing.flow_timeout,
+                )
+            )
             try:
                 await asyncio.sleep(max(0.0, since + t0 - loop.time()))
                 _strike(scenario, nodes[BAD])
@@ -329,10 +343,14 @@ def _attribute(flows: list[Flow], nodes: dict, echo_port: int) -> None:
     by_id = {flow.id: flow for flow in flows}
     for name, node in nodes.items():
         for record in node.records:
-            if record.target is None or record.target[1] != echo_port or not record.first_up.startswith(FLOW_TAG):
+            if (
+                record.target is None
+                or record.target[1] != echo_port
+                or not record.first_up.startswith(FLOW_TAG)
+            ):
                 continue
             with contextlib.suppress(ValueError, IndexError):
-                flow = by_id.get(int(record.first_up[len(FLOW_TAG):].split()[0]))
+                flow = by_id.get(int(record.first_up[len(FLOW_TAG) :].split()[0]))
                 if flow is not None:
                     flow.node = name
 
@@ -359,12 +377,20 @@ def figures(run: Run) -> dict[str, object]:
     }
     escape = None
     if bad is not None:
-        escape = _escape([f for f in window if recovery is None or f.started < recovery], bad, t0,
-                         recovery if recovery is not None else end)
+        escape = _escape(
+            [f for f in window if recovery is None or f.started < recovery],
+            bad,
+            t0,
+            recovery if recovery is not None else end,
+        )
         out["escape_s"] = escape
     best = BEST_REMAINING if bad is not None else ("n1" if run.scenario == "steady" else None)
     if best is not None and (bad is None or escape is not None):
-        after = [f for f in window if f.started >= t0 + (escape or 0.0) and (recovery is None or f.started < recovery)]
+        after = [
+            f
+            for f in window
+            if f.started >= t0 + (escape or 0.0) and (recovery is None or f.started < recovery)
+        ]
         out["best_share"] = sum(f.ok and f.node == best for f in after) / len(after) if after else None
     carriers = [f.node for f in window if f.ok and f.node is not None]
     switches = sum(1 for a, b in zip(carriers, carriers[1:], strict=False) if a != b)
@@ -402,7 +428,9 @@ def _now_share(run: Run, start: float, end: float) -> float | None:
     for sample in run.samples:
         if sample.now is None or not start <= sample.at < end:
             continue
-        carried = _counts(f.node for f in run.flows if f.ok and f.node and sample.at - 1.0 <= f.started < sample.at)
+        carried = _counts(
+            f.node for f in run.flows if f.ok and f.node and sample.at - 1.0 <= f.started < sample.at
+        )
         if carried:
             reads += 1
             hits += sample.now == max(carried, key=carried.__getitem__)
@@ -418,8 +446,16 @@ def _counts(items) -> dict[str, int]:  # noqa: ANN001
 
 # --- the table -----------------------------------------------------------------------------------
 
-COLUMNS = (("fail", "failed_after_visible"), ("slow", "slow"), ("esc s", "escape_s"), ("best", "best_share"),
-           ("sw/m", "switches_per_min"), ("dead", "healthy_dead"), ("back s", "back_s"), ("now", "now_share"))
+COLUMNS = (
+    ("fail", "failed_after_visible"),
+    ("slow", "slow"),
+    ("esc s", "escape_s"),
+    ("best", "best_share"),
+    ("sw/m", "switches_per_min"),
+    ("dead", "healthy_dead"),
+    ("back s", "back_s"),
+    ("now", "now_share"),
+)
 
 
 def _cell(key: str, figures_: dict[str, object]) -> str:
@@ -440,20 +476,24 @@ def _cell(key: str, figures_: dict[str, object]) -> str:
 def format_table(results: dict[str, dict[str, dict[str, object]]], policies: Sequence[str]) -> str:
     """One row per scenario; per policy a group of columns, its name above the group."""
     header = ["scenario"] + [name for _ in policies for name, _ in COLUMNS]
-    rows = [[s] + [_cell(key, results[s].get(p, {})) for p in policies for _, key in COLUMNS]
-            for s in results]
+    rows = [
+        [s] + [_cell(key, results[s].get(p, {})) for p in policies for _, key in COLUMNS] for s in results
+    ]
     width = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, width, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, width, strict=True))
+        ).rstrip()
 
     groups, at = [" " * width[0]], 1
     for policy in policies:
-        span = sum(width[at:at + len(COLUMNS)]) + 2 * (len(COLUMNS) - 1)
+        span = sum(width[at : at + len(COLUMNS)]) + 2 * (len(COLUMNS) - 1)
         groups.append(f" {policy} ".center(span, "-"))
         at += len(COLUMNS)
-    return "\n".join(["  ".join(groups), line(header), line(["-" * w for w in width]), *(line(r) for r in rows)])
+    return "\n".join(
+        ["  ".join(groups), line(header), line(["-" * w for w in width]), *(line(r) for r in rows)]
+    )
 
 
 LEGEND = """fail: window flows started after its first failure was visible that failed; slow: window flows
@@ -467,8 +507,9 @@ flow; now: reads of the Clash `now` naming the node that carried the last second
 # --- entry points --------------------------------------------------------------------------------
 
 
-def measure(timing: Timing, policies: Sequence[str], scenarios: Sequence[str],
-            progress=None) -> dict[str, dict[str, dict[str, object]]]:  # noqa: ANN001
+def measure(
+    timing: Timing, policies: Sequence[str], scenarios: Sequence[str], progress=None
+) -> dict[str, dict[str, dict[str, object]]]:  # noqa: ANN001
     """scenario -> policy -> figures, one fresh daemon per pair."""
     results: dict[str, dict[str, dict[str, object]]] = {s: {} for s in scenarios}
     total, done = len(scenarios) * len(policies), 0
@@ -486,8 +527,12 @@ def measure(timing: Timing, policies: Sequence[str], scenarios: Sequence[str],
 
 def run(quick: bool = False) -> tuple[dict, str]:
     """For ``python -m benchmarks --selection``: every scenario and policy; (results, table)."""
-    results = measure(QUICK if quick else FULL, tuple(POLICIES), tuple(SCENARIOS),
-                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+    results = measure(
+        QUICK if quick else FULL,
+        tuple(POLICIES),
+        tuple(SCENARIOS),
+        progress=lambda text: print(text, file=sys.stderr, flush=True),
+    )
     return results, format_table(results, tuple(POLICIES))
 
 
@@ -509,8 +554,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, help="seconds of flows before t0")
     parser.add_argument("--window", type=float, help="seconds of flows from t0")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to this path")
-    parser.add_argument("--log", type=Path, help="honk's warnings and errors go to this file "
-                                                  "(default: only errors, to stderr)")
+    parser.add_argument(
+        "--log",
+        type=Path,
+        help="honk's warnings and errors go to this file (default: only errors, to stderr)",
+    )
     args = parser.parse_args(argv)
     policies = _names(args.policies, tuple(POLICIES), "policies")
     scenarios = _names(args.scenarios, tuple(SCENARIOS), "scenarios")
@@ -518,27 +566,40 @@ def main(argv: list[str] | None = None) -> None:
     if args.warmup is not None:
         timing = dataclasses.replace(timing, warmup=args.warmup)
     if args.window is not None:
-        timing = dataclasses.replace(timing, window=args.window, recover_after=min(timing.recover_after,
-                                                                                     args.window / 2))
+        timing = dataclasses.replace(
+            timing, window=args.window, recover_after=min(timing.recover_after, args.window / 2)
+        )
     handler = logging.FileHandler(args.log) if args.log else logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING if args.log else logging.ERROR)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
 
     started = time.monotonic()
-    results = measure(timing, policies, scenarios, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    results = measure(
+        timing, policies, scenarios, progress=lambda text: print(text, file=sys.stderr, flush=True)
+    )
     elapsed = time.monotonic() - started
-    print(f"selection under misbehaving nodes ({'quick' if args.quick else 'full'} run: "
-          f"{timing.warmup:g} s warm-up, {timing.window:g} s window, {FLOW_RATE:g} flows/s; {elapsed:.0f} s)")
+    print(
+        f"selection under misbehaving nodes ({'quick' if args.quick else 'full'} run: "
+        f"{timing.warmup:g} s warm-up, {timing.window:g} s window, {FLOW_RATE:g} flows/s; {elapsed:.0f} s)"
+    )
     print(format_table(results, policies))
     print(LEGEND)
     if args.json:
-        args.json.write_text(json.dumps({
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": args.quick, "seconds": round(elapsed, 1),
-            "timing": dataclasses.asdict(timing), "rate": FLOW_RATE,
-            "latencies_ms": dict(zip(NODES, (round(x * 1000) for x in LATENCIES), strict=True)),
-            "results": results,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "quick": args.quick,
+                    "seconds": round(elapsed, 1),
+                    "timing": dataclasses.asdict(timing),
+                    "rate": FLOW_RATE,
+                    "latencies_ms": dict(zip(NODES, (round(x * 1000) for x in LATENCIES), strict=True)),
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -46,15 +46,27 @@ def _helpers() -> None:
 
 
 def honk_config(lan: str, data_dir: str) -> str:
-    return (f"global {{\n    data_dir: {data_dir}\n    lan_interface: {lan}\n    tproxy_port: {TPROXY_PORT}\n"
-            "    tcp_check_url: ''\n    check_interval: 3600s\n    dial_mode: ip\n}\n"
-            "routing {\n    fallback: direct\n}\n")
+    return (
+        f"global {{\n    data_dir: {data_dir}\n    lan_interface: {lan}\n    tproxy_port: {TPROXY_PORT}\n"
+        "    tcp_check_url: ''\n    check_interval: 3600s\n    dial_mode: ip\n}\n"
+        "routing {\n    fallback: direct\n}\n"
+    )
 
 
 def iperf(bed, seconds: float, server_log: Path, peer: str) -> float:  # noqa: ANN001 - a Testbed
     """Bits per second the server received from one stream, which ``peer`` must have sent."""
-    done = bed.exec(bed.client, "iperf3", "-c", bed.server_ip.v4, "-p", str(IPERF_PORT), "-t", f"{seconds:g}",
-                    "-J", timeout=seconds + IPERF_SLACK)
+    done = bed.exec(
+        bed.client,
+        "iperf3",
+        "-c",
+        bed.server_ip.v4,
+        "-p",
+        str(IPERF_PORT),
+        "-t",
+        f"{seconds:g}",
+        "-J",
+        timeout=seconds + IPERF_SLACK,
+    )
     seen = re.findall(r"Accepted connection from (\S+), port", server_log.read_text())
     if not seen or seen[-1] != peer:
         raise RuntimeError(f"the server saw {seen[-1] if seen else 'nobody'}, not {peer}")
@@ -67,12 +79,28 @@ def measure(reps: int, seconds: float) -> dict[str, list[float]]:
     from helpers.testbed import testbed
 
     figures: dict[str, list[float]] = {"forwarding": [], "honk": []}
-    with testbed("the transparent throughput benchmark", "iperf3", "nft") as bed, \
-            tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp:
+    with (
+        testbed("the transparent throughput benchmark", "iperf3", "nft") as bed,
+        tempfile.TemporaryDirectory(prefix="honk-bench-") as tmp,
+    ):
         log = Path(tmp) / "iperf3.log"
-        server = subprocess.Popen(["ip", "netns", "exec", bed.server, "iperf3", "-s", "-p", str(IPERF_PORT),
-                                   "--logfile", str(log), "--forceflush"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                bed.server,
+                "iperf3",
+                "-s",
+                "-p",
+                str(IPERF_PORT),
+                "--logfile",
+                str(log),
+                "--forceflush",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client, router = bed.client_ip.v4, bed.router_wan_ip.v4
         try:
             config = Path(tmp) / "router.dae"
@@ -92,7 +120,9 @@ def measure(reps: int, seconds: float) -> dict[str, list[float]]:
 def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
     missing = [tool for tool in ("iperf3", "nft", "ip") if shutil.which(tool) is None]
     if missing:
-        return [("transparent TCP throughput", "skipped", f"missing {', '.join(missing)} (make bench-peers)", "")]
+        return [
+            ("transparent TCP throughput", "skipped", f"missing {', '.join(missing)} (make bench-peers)", "")
+        ]
     try:
         figures = measure(2 if quick else 5, 2.0 if quick else 5.0)
     except BaseException as exc:  # noqa: BLE001 - pytest's skip (no root) and a failed run alike
@@ -104,8 +134,12 @@ def run(quick: bool = False) -> list[tuple[str, str, str, str]]:
     ratio = honk / plain
     return [
         ("forwarding only (client → router → server)", f"{plain / 1e9:.2f} Gbit/s", "baseline", ""),
-        ("through honk (TPROXY, direct)", f"{honk / 1e9:.2f} Gbit/s", f"{ratio:.2f}x of forwarding",
-         "met" if ratio >= TARGET_RATIO else f"missed (target ≥ {TARGET_RATIO}x)"),
+        (
+            "through honk (TPROXY, direct)",
+            f"{honk / 1e9:.2f} Gbit/s",
+            f"{ratio:.2f}x of forwarding",
+            "met" if ratio >= TARGET_RATIO else f"missed (target ≥ {TARGET_RATIO}x)",
+        ),
     ]
 
 

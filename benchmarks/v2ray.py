@@ -27,8 +27,14 @@ SERVER_NAME = "localhost"
 TLS_NAMES = (SERVER_NAME, LOOPBACK)
 VMESS_SECURITY = "aes-128-gcm"
 TAGS = ("vmess", "trojan", "vless", "trojan_ws", "vmess_tls", "vmess_ws")
-_PROTOCOL = {"vmess": "vmess", "trojan": "trojan", "vless": "vless", "trojan_ws": "trojan",
-             "vmess_tls": "vmess", "vmess_ws": "vmess"}  # v2ray's name
+_PROTOCOL = {
+    "vmess": "vmess",
+    "trojan": "trojan",
+    "vless": "vless",
+    "trojan_ws": "trojan",
+    "vmess_tls": "vmess",
+    "vmess_ws": "vmess",
+}  # v2ray's name
 _TLS_TAGS = frozenset({"trojan", "vless", "trojan_ws", "vmess_tls", "vmess_ws"})
 _WS_TAGS = frozenset({"trojan_ws", "vmess_ws"})
 WS_PATH = "/bench-ws"
@@ -46,14 +52,21 @@ def protocol(tag: str) -> str:
 
 def describe(tag: str) -> str:
     """How the tag's protocol is carried, for the subject notes."""
-    return {"vmess": f"VMess/TCP {VMESS_SECURITY}", "trojan": "Trojan/TLS", "vless": "VLESS/TLS",
-            "trojan_ws": "Trojan/WebSocket/TLS", "vmess_tls": f"VMess/TLS {VMESS_SECURITY}",
-            "vmess_ws": f"VMess/WebSocket/TLS {VMESS_SECURITY}"}[_check(tag)]
+    return {
+        "vmess": f"VMess/TCP {VMESS_SECURITY}",
+        "trojan": "Trojan/TLS",
+        "vless": "VLESS/TLS",
+        "trojan_ws": "Trojan/WebSocket/TLS",
+        "vmess_tls": f"VMess/TLS {VMESS_SECURITY}",
+        "vmess_ws": f"VMess/WebSocket/TLS {VMESS_SECURITY}",
+    }[_check(tag)]
 
 
 def _stream(tag: str, tls: bool, tls_settings: dict[str, object]) -> dict[str, object]:
-    stream: dict[str, object] = {"network": "ws" if tag in _WS_TAGS else "tcp",
-                                 "security": "tls" if tls else "none"}
+    stream: dict[str, object] = {
+        "network": "ws" if tag in _WS_TAGS else "tcp",
+        "security": "tls" if tls else "none",
+    }
     if tag in _WS_TAGS:
         stream["wsSettings"] = {"path": WS_PATH}
     if tls:
@@ -61,12 +74,16 @@ def _stream(tag: str, tls: bool, tls_settings: dict[str, object]) -> dict[str, o
     return stream
 
 
-def server_config(tag: str, port: int, secret: str, cert_file: str = "",
-                  key_file: str = "", *, tls: bool | None = None) -> dict[str, object]:
+def server_config(
+    tag: str, port: int, secret: str, cert_file: str = "", key_file: str = "", *, tls: bool | None = None
+) -> dict[str, object]:
     """The sink: ``tag``'s inbound on loopback ``port``, everything out through ``freedom``;
     ``tls`` puts it over TLS (default: only the tags that always run over it)."""
-    clients = {"vmess": [{"id": secret, "alterId": 0}], "trojan": [{"password": secret}],
-               "vless": [{"id": secret}]}
+    clients = {
+        "vmess": [{"id": secret, "alterId": 0}],
+        "trojan": [{"password": secret}],
+        "vless": [{"id": secret}],
+    }
     settings: dict[str, object] = {"clients": clients[protocol(tag)]}
     if tag == "vless":
         settings["decryption"] = "none"
@@ -76,14 +93,29 @@ def server_config(tag: str, port: int, secret: str, cert_file: str = "",
     stream = _stream(tag, over_tls, {"certificates": [{"certificateFile": cert_file, "keyFile": key_file}]})
     return {
         "log": _LOG,
-        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": protocol(tag), "settings": settings,
-                      "streamSettings": stream}],
+        "inbounds": [
+            {
+                "listen": LOOPBACK,
+                "port": port,
+                "protocol": protocol(tag),
+                "settings": settings,
+                "streamSettings": stream,
+            }
+        ],
         "outbounds": [{"protocol": "freedom", "settings": {}}],
     }
 
 
-def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: str = "", *,
-                  tls: bool | None = None, mux: bool = False) -> dict[str, object]:
+def client_config(
+    tag: str,
+    port: int,
+    server_port: int,
+    secret: str,
+    ca_file: str = "",
+    *,
+    tls: bool | None = None,
+    mux: bool = False,
+) -> dict[str, object]:
     """The reference client: a SOCKS5 inbound (no auth) on ``port``, ``tag``'s outbound to the sink
     (with Mux.Cool when ``mux``).
 
@@ -94,20 +126,42 @@ def client_config(tag: str, port: int, server_port: int, secret: str, ca_file: s
         server = {"address": LOOPBACK, "port": server_port, "password": secret}
         settings: dict[str, object] = {"servers": [server]}
     else:
-        user: dict[str, object] = ({"id": secret, "alterId": 0, "security": VMESS_SECURITY}
-                                   if protocol(tag) == "vmess" else {"id": secret, "encryption": "none"})
+        user: dict[str, object] = (
+            {"id": secret, "alterId": 0, "security": VMESS_SECURITY}
+            if protocol(tag) == "vmess"
+            else {"id": secret, "encryption": "none"}
+        )
         settings = {"vnext": [{"address": LOOPBACK, "port": server_port, "users": [user]}]}
     over_tls = uses_tls(tag) if tls is None else tls
     if over_tls and not ca_file:
         raise ValueError(f"{tag} runs over TLS: give the CA file the client trusts")
-    stream = _stream(tag, over_tls, {"serverName": SERVER_NAME, "allowInsecure": False,
-                                     "certificates": [{"usage": "verify", "certificateFile": ca_file}]})
+    stream = _stream(
+        tag,
+        over_tls,
+        {
+            "serverName": SERVER_NAME,
+            "allowInsecure": False,
+            "certificates": [{"usage": "verify", "certificateFile": ca_file}],
+        },
+    )
     return {
         "log": _LOG,
-        "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
-                      "settings": {"auth": "noauth", "udp": False}}],
-        "outbounds": [{"protocol": protocol(tag), "settings": settings, "streamSettings": stream,
-                       "mux": {"enabled": mux}}],
+        "inbounds": [
+            {
+                "listen": LOOPBACK,
+                "port": port,
+                "protocol": "socks",
+                "settings": {"auth": "noauth", "udp": False},
+            }
+        ],
+        "outbounds": [
+            {
+                "protocol": protocol(tag),
+                "settings": settings,
+                "streamSettings": stream,
+                "mux": {"enabled": mux},
+            }
+        ],
     }
 
 
@@ -116,13 +170,25 @@ def share_link(tag: str, server_port: int, secret: str, *, tls: bool = False) ->
     ``tls`` or the tag always is), URLs for the others."""
     if protocol(tag) == "vmess":
         tls = tls or uses_tls(tag)
-        fields = {"v": "2", "ps": "sink", "add": LOOPBACK, "port": str(server_port), "id": secret, "aid": "0",
-                  "scy": VMESS_SECURITY, "net": "ws" if tag in _WS_TAGS else "tcp", "type": "none",
-                  "tls": "tls" if tls else "", "sni": SERVER_NAME if tls else ""}
+        fields = {
+            "v": "2",
+            "ps": "sink",
+            "add": LOOPBACK,
+            "port": str(server_port),
+            "id": secret,
+            "aid": "0",
+            "scy": VMESS_SECURITY,
+            "net": "ws" if tag in _WS_TAGS else "tcp",
+            "type": "none",
+            "tls": "tls" if tls else "",
+            "sni": SERVER_NAME if tls else "",
+        }
         if tag in _WS_TAGS:
             fields["path"] = WS_PATH
         return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
-    params = f"security=tls&sni={SERVER_NAME}&" + (f"type=ws&path={WS_PATH}" if tag in _WS_TAGS else "type=tcp")
+    params = f"security=tls&sni={SERVER_NAME}&" + (
+        f"type=ws&path={WS_PATH}" if tag in _WS_TAGS else "type=tcp"
+    )
     if protocol(tag) == "trojan":
         return f"trojan://{secret}@{LOOPBACK}:{server_port}?{params}#sink"
     return f"vless://{secret}@{LOOPBACK}:{server_port}?{params}&encryption=none#sink"

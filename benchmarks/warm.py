@@ -60,9 +60,13 @@ from honk.outbound.runtime import WarmOwner
 
 TARGET_RATIO = 0.5  # "warm <= 0.5 x cold on loopback"
 # the rows, in order: three baselines measured in the same run, then the subject
-KINDS = {"loopback": "straight to the origin (no honk)", "direct": "honk, direct (no node)",
-         "reference": "v2ray client, its mux carrier warm", "cold": "honk, cold VMess mux carrier",
-         "warm": "honk, warm VMess mux carrier"}
+KINDS = {
+    "loopback": "straight to the origin (no honk)",
+    "direct": "honk, direct (no node)",
+    "reference": "v2ray client, its mux carrier warm",
+    "cold": "honk, cold VMess mux carrier",
+    "warm": "honk, warm VMess mux carrier",
+}
 TRANSPORTS = {"tcp": "VMess/TCP", "tls": "VMess/TLS"}
 SAMPLES = 60  # per kind; they alternate
 QUICK_SAMPLES = 15
@@ -77,8 +81,14 @@ async def _first_byte(loadgen: Path, port: int | None) -> float:
     origin = free_port()
     through = ["--target", f"127.0.0.1:{port}", "--socks"] if port is not None else []
     proc = await asyncio.create_subprocess_exec(
-        str(loadgen), "first", "--origin-port", str(origin), *through,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        str(loadgen),
+        "first",
+        "--origin-port",
+        str(origin),
+        *through,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), STEP)
     fields = dict(item.split("=", 1) for item in out.decode().split())
     if proc.returncode != 0 or "first_byte_us" not in fields:
@@ -89,20 +99,33 @@ async def _first_byte(loadgen: Path, port: int | None) -> float:
 async def _measure(link: str, loadgen: Path, samples: int, reference_port: int) -> dict[str, list[float]]:
     node = parse_node_link(link, "vmess-mux")
     node = with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
-    group = GroupSpec("pick", policy=Policy.SELECTOR, has_filter_lines=True,
-                      filters=(name_filter(node.name),))
+    group = GroupSpec(
+        "pick", policy=Policy.SELECTOR, has_filter_lines=True, filters=(name_filter(node.name),)
+    )
     inbound = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0), inbounds=(inbound,),
-                nodes=(node,), groups=(group,), routing=RoutingSpec(rules=(), fallback="pick"))
+    spec = Spec(
+        global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0),
+        inbounds=(inbound,),
+        nodes=(node,),
+        groups=(group,),
+        routing=RoutingSpec(rules=(), fallback="pick"),
+    )
     clock = MonotonicClock()
     plane = build_plane(spec, clock, 1)
     tracker = ConnectionTracker(clock)
     dispatcher = Dispatcher(plane, tracker, clock, spec.global_, SystemResolver(clock, STEP))
     mixed = MixedInbound(inbound, dispatcher, clock)
     # the baseline in the same loop: honk's mixed port routing to direct (no node at all)
-    direct_spec = dataclasses.replace(spec, nodes=(), groups=(), routing=RoutingSpec(rules=(), fallback="direct"))
-    direct = MixedInbound(inbound, Dispatcher(build_plane(direct_spec, clock, 1), tracker, clock, spec.global_,
-                                              SystemResolver(clock, STEP)), clock)
+    direct_spec = dataclasses.replace(
+        spec, nodes=(), groups=(), routing=RoutingSpec(rules=(), fallback="direct")
+    )
+    direct = MixedInbound(
+        inbound,
+        Dispatcher(
+            build_plane(direct_spec, clock, 1), tracker, clock, spec.global_, SystemResolver(clock, STEP)
+        ),
+        clock,
+    )
     warm = WarmUp(clock, lambda: plane)
     leaf = plane.outbounds[node.name]
     pool, runtime = pool_for(leaf), leaf.runtime
@@ -163,8 +186,16 @@ def run(quick: bool = False, transports: tuple[str, ...] = tuple(TRANSPORTS)) ->
             p90 = values[int(0.9 * (len(values) - 1))]
             ratio = median / cold
             status = ("met" if ratio <= TARGET_RATIO else "NOT met") if kind == "warm" else "-"
-            rows.append((f"{TRANSPORTS[transport]}: first byte, new flow, {KINDS[kind]}", f"{median * US:.0f}",
-                         f"{p90 * US:.0f}", str(len(values)), f"{ratio:.2f}", status))
+            rows.append(
+                (
+                    f"{TRANSPORTS[transport]}: first byte, new flow, {KINDS[kind]}",
+                    f"{median * US:.0f}",
+                    f"{p90 * US:.0f}",
+                    str(len(values)),
+                    f"{ratio:.2f}",
+                    status,
+                )
+            )
     return rows
 
 
@@ -184,11 +215,34 @@ def _run_transport(binary: str, loadgen: Path, samples: int, *, tls: bool) -> di
             issued.private_key_pem.write_to_path(key)
             authority.cert_pem.write_to_path(ca)
         server_port, client_port = free_port(), free_port()
-        server = Running([binary, "-config", _write(wd / "server.json", json.dumps(
-            v2ray.server_config("vmess", server_port, secret, cert, key, tls=tls)))], {}, wd, wd / "server.log")
-        client = Running([binary, "-config", _write(wd / "client.json", json.dumps(
-            v2ray.client_config("vmess", client_port, server_port, secret, ca, tls=tls, mux=True)))], {},
-            wd, wd / "client.log")
+        server = Running(
+            [
+                binary,
+                "-config",
+                _write(
+                    wd / "server.json",
+                    json.dumps(v2ray.server_config("vmess", server_port, secret, cert, key, tls=tls)),
+                ),
+            ],
+            {},
+            wd,
+            wd / "server.log",
+        )
+        client = Running(
+            [
+                binary,
+                "-config",
+                _write(
+                    wd / "client.json",
+                    json.dumps(
+                        v2ray.client_config("vmess", client_port, server_port, secret, ca, tls=tls, mux=True)
+                    ),
+                ),
+            ],
+            {},
+            wd,
+            wd / "client.log",
+        )
         trust = os.environ.get("SSL_CERT_FILE")
         try:
             server.wait_port(server_port)
@@ -214,8 +268,12 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.warm")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--transport", choices=tuple(TRANSPORTS), action="append",
-                        help="measure only this transport (repeatable; default: all)")
+    parser.add_argument(
+        "--transport",
+        choices=tuple(TRANSPORTS),
+        action="append",
+        help="measure only this transport (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
     print("warm-up benchmark:", file=sys.stderr, flush=True)
     rows = run(args.quick, tuple(args.transport or TRANSPORTS))

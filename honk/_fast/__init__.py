@@ -19,9 +19,24 @@ from types import ModuleType
 
 NO_EXTENSIONS = bool(os.environ.get("HONK_NO_EXTENSIONS")) or sys.implementation.name != "cpython"
 # Every selector module honk/_fast/<name>.py; each exposes IMPLEMENTATION.
-KERNELS = tuple(k for k in ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid", "valuetype", "relay", "bpfmap",
-                                  "tlsverify", "vmesskdf")
-                if os.path.exists(os.path.join(os.path.dirname(__file__), f"{k}.py")))
+KERNELS = tuple(
+    k
+    for k in (
+        "movavg",
+        "ring",
+        "decay",
+        "beta",
+        "cell",
+        "rank",
+        "nodeid",
+        "valuetype",
+        "relay",
+        "bpfmap",
+        "tlsverify",
+        "vmesskdf",
+    )
+    if os.path.exists(os.path.join(os.path.dirname(__file__), f"{k}.py"))
+)
 
 
 def load(kernel: str) -> tuple[ModuleType, str]:

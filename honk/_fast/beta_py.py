@@ -31,7 +31,9 @@ This file is plain Python and also the Cython source of ``beta_c`` (types in
 import math
 
 DEFAULT_PRIOR = 1.0  # the seed leaves "the prior" open (GH-K-26); Beta(1, 1) is the uniform prior
-DEFAULT_FAILURE_WEIGHT = 1.0  # "Setup failures carry extra weight in the Beta confidence bounds"; the caller picks it
+DEFAULT_FAILURE_WEIGHT = (
+    1.0  # "Setup failures carry extra weight in the Beta confidence bounds"; the caller picks it
+)
 
 LOG_SQRT_2PI = 0.9189385332046728  # log(sqrt(2 * pi))
 STIRLING_MIN = 10.0  # Stirling's series is used from here up; smaller arguments are shifted
@@ -51,8 +53,18 @@ def _stirling_correction(x: float) -> float:
     """
     r = 1.0 / x
     r2 = r * r
-    return r * (1.0 / 12.0 + r2 * (-1.0 / 360.0 + r2 * (1.0 / 1260.0 + r2 * (
-        -1.0 / 1680.0 + r2 * (1.0 / 1188.0 + r2 * (-691.0 / 360360.0 + r2 * (1.0 / 156.0)))))))
+    return r * (
+        1.0 / 12.0
+        + r2
+        * (
+            -1.0 / 360.0
+            + r2
+            * (
+                1.0 / 1260.0
+                + r2 * (-1.0 / 1680.0 + r2 * (1.0 / 1188.0 + r2 * (-691.0 / 360360.0 + r2 * (1.0 / 156.0))))
+            )
+        )
+    )
 
 
 def _log_gamma(x: float) -> float:
@@ -77,8 +89,13 @@ def _log_beta(a: float, b: float) -> float:
         q = a
     if p >= STIRLING_MIN:
         corr = _stirling_correction(p) + _stirling_correction(q) - _stirling_correction(p + q)
-        return (-0.5 * math.log(q) + LOG_SQRT_2PI + corr
-                + (p - 0.5) * math.log(p / (p + q)) + q * math.log1p(-p / (p + q)))
+        return (
+            -0.5 * math.log(q)
+            + LOG_SQRT_2PI
+            + corr
+            + (p - 0.5) * math.log(p / (p + q))
+            + q * math.log1p(-p / (p + q))
+        )
     if q >= STIRLING_MIN:
         corr = _stirling_correction(q) - _stirling_correction(p + q)
         return _log_gamma(p) + corr + p - p * math.log(p + q) + (q - 0.5) * math.log1p(-p / (p + q))
@@ -246,8 +263,14 @@ def _lower_quantile(p: float, a: float, b: float) -> float:
     return x
 
 
-def _check_evidence(successes: float, failures: float, confidence: float, prior_a: float,
-                    prior_b: float, failure_weight: float) -> None:
+def _check_evidence(
+    successes: float,
+    failures: float,
+    confidence: float,
+    prior_a: float,
+    prior_b: float,
+    failure_weight: float,
+) -> None:
     if not (successes >= 0.0 and math.isfinite(successes)):
         raise ValueError(f"successes must be finite and non-negative, got {successes}")
     if not (failures >= 0.0 and math.isfinite(failures)):
@@ -259,9 +282,14 @@ def _check_evidence(successes: float, failures: float, confidence: float, prior_
     _check_shape(prior_a, prior_b)
 
 
-def beta_lower_bound(successes: float, failures: float, confidence: float,
-                     prior_a: float = DEFAULT_PRIOR, prior_b: float = DEFAULT_PRIOR,
-                     failure_weight: float = DEFAULT_FAILURE_WEIGHT) -> float:
+def beta_lower_bound(
+    successes: float,
+    failures: float,
+    confidence: float,
+    prior_a: float = DEFAULT_PRIOR,
+    prior_b: float = DEFAULT_PRIOR,
+    failure_weight: float = DEFAULT_FAILURE_WEIGHT,
+) -> float:
     """The success rate that the posterior exceeds with probability ``confidence``.
 
     The ``1 - confidence`` quantile of
@@ -272,9 +300,14 @@ def beta_lower_bound(successes: float, failures: float, confidence: float,
     return beta_quantile(1.0 - confidence, successes + prior_a, failures * failure_weight + prior_b)
 
 
-def beta_upper_bound(successes: float, failures: float, confidence: float,
-                     prior_a: float = DEFAULT_PRIOR, prior_b: float = DEFAULT_PRIOR,
-                     failure_weight: float = DEFAULT_FAILURE_WEIGHT) -> float:
+def beta_upper_bound(
+    successes: float,
+    failures: float,
+    confidence: float,
+    prior_a: float = DEFAULT_PRIOR,
+    prior_b: float = DEFAULT_PRIOR,
+    failure_weight: float = DEFAULT_FAILURE_WEIGHT,
+) -> float:
     """The success rate that the posterior stays below with probability ``confidence``.
 
     The ``confidence`` quantile of the same posterior as :func:`beta_lower_bound`.

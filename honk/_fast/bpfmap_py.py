@@ -42,8 +42,20 @@ ATTR_SIZE = 128  # bytes of union bpf_attr passed; the kernel wants the unused t
 MAP_INFO_SIZE = 40  # the head of struct bpf_map_info honk reads (type ... name)
 
 # SYS_bpf per machine (the compiled module takes it from <sys/syscall.h>)
-_SYS_BPF = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "armv7l": 386, "armv6l": 386,
-            "i686": 357, "i386": 357, "ppc64le": 361, "ppc64": 361, "s390x": 351, "loongarch64": 280}
+_SYS_BPF = {
+    "x86_64": 321,
+    "aarch64": 280,
+    "arm64": 280,
+    "riscv64": 280,
+    "armv7l": 386,
+    "armv6l": 386,
+    "i686": 357,
+    "i386": 357,
+    "ppc64le": 361,
+    "ppc64": 361,
+    "s390x": 351,
+    "loongarch64": 280,
+}
 SYS_BPF = _SYS_BPF.get(platform.machine(), -1)
 
 _COMMAND_NAMES = {
@@ -95,12 +107,15 @@ def _path(path: str | bytes) -> ctypes.Array:
     return ctypes.create_string_buffer(os.fsencode(path))
 
 
-def map_create(map_type: int, key_size: int, value_size: int, max_entries: int, name: str | bytes = b"",
-               flags: int = 0) -> int:
+def map_create(
+    map_type: int, key_size: int, value_size: int, max_entries: int, name: str | bytes = b"", flags: int = 0
+) -> int:
     """A new map's fd (``BPF_MAP_CREATE``); ``name`` is cut to 15 bytes."""
     raw = os.fsencode(name)[: BPF_OBJ_NAME_LEN - 1]
-    return _call(BPF_MAP_CREATE, _attr(struct.pack("=7I16s", map_type, key_size, value_size, max_entries,
-                                                   flags, 0, 0, raw)))
+    return _call(
+        BPF_MAP_CREATE,
+        _attr(struct.pack("=7I16s", map_type, key_size, value_size, max_entries, flags, 0, 0, raw)),
+    )
 
 
 def obj_pin(fd: int, path: str | bytes) -> None:
@@ -119,8 +134,15 @@ def map_info(fd: int) -> MapInfo:
     info = ctypes.create_string_buffer(MAP_INFO_SIZE)
     _call(BPF_OBJ_GET_INFO_BY_FD, _attr(struct.pack("=iIQ", fd, MAP_INFO_SIZE, ctypes.addressof(info))))
     kind, ident, key_size, value_size, max_entries, flags, name = struct.unpack("=6I16s", info.raw)
-    return MapInfo(kind, ident, key_size, value_size, max_entries, flags,
-                   name.split(b"\0", 1)[0].decode("ascii", "replace"))
+    return MapInfo(
+        kind,
+        ident,
+        key_size,
+        value_size,
+        max_entries,
+        flags,
+        name.split(b"\0", 1)[0].decode("ascii", "replace"),
+    )
 
 
 def _elem(cmd: int, fd: int, key: ctypes.Array, value: ctypes.Array | None, flags: int) -> None:
@@ -130,8 +152,13 @@ def _elem(cmd: int, fd: int, key: ctypes.Array, value: ctypes.Array | None, flag
 
 def map_update(fd: int, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
     """Write one element; ``key`` and ``value`` are the map's raw key and value bytes."""
-    _elem(BPF_MAP_UPDATE_ELEM, fd, ctypes.create_string_buffer(key, len(key)),
-          ctypes.create_string_buffer(value, len(value)), flags)
+    _elem(
+        BPF_MAP_UPDATE_ELEM,
+        fd,
+        ctypes.create_string_buffer(key, len(key)),
+        ctypes.create_string_buffer(value, len(value)),
+        flags,
+    )
 
 
 def map_lookup(fd: int, key: bytes, value_size: int) -> bytes:
@@ -160,10 +187,12 @@ class SlotMap:
         self.fd = fd
         self._key = ctypes.c_uint32()
         self._value = ctypes.c_uint64()
-        self._update = _attr(struct.pack("=iIQQQ", fd, 0, ctypes.addressof(self._key),
-                                         ctypes.addressof(self._value), BPF_ANY))
-        self._lookup = _attr(struct.pack("=iIQQQ", fd, 0, ctypes.addressof(self._key),
-                                         ctypes.addressof(self._value), 0))
+        self._update = _attr(
+            struct.pack("=iIQQQ", fd, 0, ctypes.addressof(self._key), ctypes.addressof(self._value), BPF_ANY)
+        )
+        self._lookup = _attr(
+            struct.pack("=iIQQQ", fd, 0, ctypes.addressof(self._key), ctypes.addressof(self._value), 0)
+        )
 
     def set(self, slot: int, value: int) -> None:
         if not 0 <= slot <= U32_MAX or not 0 <= value <= U64_MAX:

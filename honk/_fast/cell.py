@@ -24,5 +24,14 @@ else:
     reliability_bound = _impl.reliability_bound
     standing = _impl.standing
 
-__all__ = ["EvidenceCell", "IMPLEMENTATION", "Outcome", "PRIOR_BOUND", "Standing", "layer_weight", "read_cells",
-           "reliability_bound", "standing"]
+__all__ = [
+    "EvidenceCell",
+    "IMPLEMENTATION",
+    "Outcome",
+    "PRIOR_BOUND",
+    "Standing",
+    "layer_weight",
+    "read_cells",
+    "reliability_bound",
+    "standing",
+]

@@ -96,8 +96,9 @@ class EvidenceCell:
     def bound(self, now: float) -> float:
         """The reliability lower bound at ``now``, computed afresh (GH-K-26)."""
         failures = self.failures.value(now) + SETUP_FAILURE_WEIGHT * self.setup_failures.value(now)
-        return beta_lower_bound(self.successes.value(now), failures, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR,
-                                RELIABILITY_PRIOR)
+        return beta_lower_bound(
+            self.successes.value(now), failures, RELIABILITY_CONFIDENCE, RELIABILITY_PRIOR, RELIABILITY_PRIOR
+        )
 
     def weight(self, now: float) -> float:
         """How much of the estimate this layer takes over from its parents (GH-K-04), afresh."""
@@ -141,7 +142,9 @@ def standing(cell: EvidenceCell, now: float) -> Standing:
     return Standing(cell.bound(now), cell.weight(now), cell.useful.value(now))
 
 
-def blend(glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None, now: float) -> float:
+def blend(
+    glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None, now: float
+) -> float:
     """The hierarchical blend's reliability of a member's (global, family, exact) cells at ``now``
     (None: no cell, GH-K-04): each present layer takes over from its parents by its weight, from
     the prior's bound when there is no global cell. Each cell's standing is reused."""
@@ -161,13 +164,16 @@ def blend(glob: EvidenceCell | None, family: EvidenceCell | None, exact: Evidenc
     return estimate
 
 
-def qualified(glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None,
-              now: float) -> bool:
+def qualified(
+    glob: EvidenceCell | None, family: EvidenceCell | None, exact: EvidenceCell | None, now: float
+) -> bool:
     """Whether a member with these cells is qualified at ``now``: earned completions in a layer,
     or the global cell's running lease (GH-K-27/28)."""
     if glob is not None:
         glob._refresh(now)
-        if glob._useful >= QUALIFYING_COMPLETIONS or (glob.lease_until is not None and now < glob.lease_until):
+        if glob._useful >= QUALIFYING_COMPLETIONS or (
+            glob.lease_until is not None and now < glob.lease_until
+        ):
             return True
     if family is not None:
         family._refresh(now)

@@ -47,6 +47,24 @@ else:
     scope_add = _impl.scope_add
     scope_utilities = _impl.scope_utilities
 
-__all__ = ["Candidate", "IMPLEMENTATION", "aligned", "candidates", "find", "first_cold", "first_sound", "forget_resolved", "leaders",
-           "live", "members_first", "normalized", "order", "placed", "positions", "scope_add", "scope_best", "scope_utilities",
-           "survey"]
+__all__ = [
+    "Candidate",
+    "IMPLEMENTATION",
+    "aligned",
+    "candidates",
+    "find",
+    "first_cold",
+    "first_sound",
+    "forget_resolved",
+    "leaders",
+    "live",
+    "members_first",
+    "normalized",
+    "order",
+    "placed",
+    "positions",
+    "scope_add",
+    "scope_best",
+    "scope_utilities",
+    "survey",
+]

@@ -31,9 +31,20 @@ _MAX_BANDS = 1 << 30  # the order's band index saturates here (reliability spans
 class Candidate:
     """One live member as a rank sees it (built per member per rank)."""
 
-    def __init__(self, member: object, index: int, reliability: float, utility: object, qualified: bool,
-                 unresolved: bool = False, recent_failure: bool = False, node_failure: bool = False,
-                 episodes: object = (), last_failure: object = None, cleared: bool = False) -> None:
+    def __init__(
+        self,
+        member: object,
+        index: int,
+        reliability: float,
+        utility: object,
+        qualified: bool,
+        unresolved: bool = False,
+        recent_failure: bool = False,
+        node_failure: bool = False,
+        episodes: object = (),
+        last_failure: object = None,
+        cleared: bool = False,
+    ) -> None:
         self.member = member
         self.index = index  # configuration order
         self.reliability = reliability
@@ -118,8 +129,18 @@ def placed(row: dict, position: dict, aliases: list, count) -> object:  # count:
     return out
 
 
-def candidates(alive: list, utilities: object, globs, families, exacts, glob_opens, family_opens,  # lists or None:
-               exact_opens, now: float, recent_window: float) -> list:  # typed in rank_c.pxd
+def candidates(
+    alive: list,
+    utilities: object,
+    globs,
+    families,
+    exacts,
+    glob_opens,
+    family_opens,  # lists or None:
+    exact_opens,
+    now: float,
+    recent_window: float,
+) -> list:  # typed in rank_c.pxd
     """A :class:`Candidate` per ``(configuration index, member)`` of ``alive``, in its order.
 
     ``utilities`` are in ``alive``'s order, and so is each layer's list (:func:`aligned`,
@@ -134,19 +155,37 @@ def candidates(alive: list, utilities: object, globs, families, exacts, glob_ope
         glob = globs[position] if globs is not None else None
         family = families[position] if families is not None else None
         exact = exacts[position] if exacts is not None else None
-        c = _candidate(member, index, blend(glob, family, exact, now), utility, qualified(glob, family, exact, now))
+        c = _candidate(
+            member, index, blend(glob, family, exact, now), utility, qualified(glob, family, exact, now)
+        )
         if any_open:
-            _open_episodes(c, glob_opens[position] if glob_opens is not None else None,
-                           family_opens[position] if family_opens is not None else None,
-                           exact_opens[position] if exact_opens is not None else None, glob, family, exact, now,
-                           recent_window)
+            _open_episodes(
+                c,
+                glob_opens[position] if glob_opens is not None else None,
+                family_opens[position] if family_opens is not None else None,
+                exact_opens[position] if exact_opens is not None else None,
+                glob,
+                family,
+                exact,
+                now,
+                recent_window,
+            )
         position += 1
         out.append(c)
     return out
 
 
-def _open_episodes(c: Candidate, glob_episode: object, family_episode: object, exact_episode: object,
-                   glob: object, family: object, exact: object, now: float, recent_window: float) -> None:
+def _open_episodes(
+    c: Candidate,
+    glob_episode: object,
+    family_episode: object,
+    exact_episode: object,
+    glob: object,
+    family: object,
+    exact: object,
+    now: float,
+    recent_window: float,
+) -> None:
     """Mark ``c`` with its open episodes, one per layer or None, and their cells' failures."""
     if glob_episode is None and family_episode is None and exact_episode is None:
         return  # no cell of this node has an open episode
@@ -273,8 +312,17 @@ def scope_best(nodes: list, values: list, position: dict, higher: bool) -> tuple
     return count, best
 
 
-def scope_add(nodes: list, values: list, confidences: list, position: dict, higher: bool, best: float,
-              weight: float, latency_floor: float, gains: list) -> None:
+def scope_add(
+    nodes: list,
+    values: list,
+    confidences: list,
+    position: dict,
+    higher: bool,
+    best: float,
+    weight: float,
+    latency_floor: float,
+    gains: list,
+) -> None:
     """Add one comparable scope's weighted relative readings to ``gains`` (by position; None:
     nothing yet). Relative: value / best when ``higher``, else best / value with both raised to
     ``latency_floor``."""
@@ -293,8 +341,15 @@ def scope_add(nodes: list, values: list, confidences: list, position: dict, high
         k += 1
 
 
-def scope_utilities(scopes: list, position: dict, aliases: list, base_gains: list, base_weight: float,
-                    latency_floor: float, comparable_min) -> object:  # comparable_min: typed in rank_c.pxd
+def scope_utilities(
+    scopes: list,
+    position: dict,
+    aliases: list,
+    base_gains: list,
+    base_weight: float,
+    latency_floor: float,
+    comparable_min,
+) -> object:  # comparable_min: typed in rank_c.pxd
     """Each candidate's utility from ``base_gains`` (weighing ``base_weight`` in all) and the
     comparable ``scopes``, each ``(scope, higher, nodes, values, confidences, weight)``: a scope
     counts when at least ``comparable_min`` candidates read it and, when higher is better, its

@@ -561,8 +561,9 @@ class Engine:
             raise ValueError("unknown or already answered handshake token")
         return hs
 
-    def hs_connect(self, token: int, ip: str, port: int, mark: int, listener: Any,
-                   framing: Any = None, head: bytes = b"") -> int:
+    def hs_connect(
+        self, token: int, ip: str, port: int, mark: int, listener: Any, framing: Any = None, head: bytes = b""
+    ) -> int:
         import ipaddress
 
         if self._closed:
@@ -608,8 +609,9 @@ class Engine:
         os.close(hs.fd)
         hs.fd = -1
 
-    def _start_fast(self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int, framing: Any = None,
-                    head: bytes = b"") -> int:
+    def _start_fast(
+        self, hs: _Hs, listener: Any, dial: Any, upstream_fd: int, framing: Any = None, head: bytes = b""
+    ) -> int:
         flow_id = self._next_id
         self._next_id += 1
         flow = _Flow(flow_id, (hs.fd, upstream_fd), listener, False)
@@ -649,7 +651,9 @@ class Engine:
             if err not in (0, _errno.EINPROGRESS):
                 self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | err)
                 return
-            if _connect_done(flow.fds[1]):  # as the compiled worker: opened now, not after a readiness callback
+            if _connect_done(
+                flow.fds[1]
+            ):  # as the compiled worker: opened now, not after a readiness callback
                 self.connects_at_once += 1
                 self._connected(flow)
                 return
@@ -719,14 +723,18 @@ class Engine:
             self._end(flow, END_ERROR, (SIDE_UPSTREAM << 16) | (exc.errno or _errno.EIO))
             return
         except Exception as exc:  # a bug: this flow only, and said
-            self._loop.call_exception_handler({"message": "TLS handshake of a relay flow failed", "exception": exc})
+            self._loop.call_exception_handler(
+                {"message": "TLS handshake of a relay flow failed", "exception": exc}
+            )
             self._end(flow, END_ERROR, (SIDE_LOCAL << 16) | _errno.EIO)
             return
         finally:
             sock.close()
         if flow.ended:
             return
-        shake.facts = (TLS_RESUMED if sslobj.session_reused else 0) | (TLS_13 if sslobj.version() == "TLSv1.3" else 0)
+        shake.facts = (TLS_RESUMED if sslobj.session_reused else 0) | (
+            TLS_13 if sslobj.version() == "TLSv1.3" else 0
+        )
         if shake.raw:
             sslobj.write(shake.raw)  # a memory BIO takes it all; encrypt() reads it out with the rest
         flow.dirs[0].buf = framing.encryptor.encrypt(shake.plain)
@@ -896,7 +904,11 @@ class Engine:
                 continue
             if d.src_eof:
                 # WebSocket inside TLS has no half-close: the upstream keeps its write side
-                if d.src == SIDE_UPSTREAM or flow.framing is None or getattr(flow.framing, "half_close", True):
+                if (
+                    d.src == SIDE_UPSTREAM
+                    or flow.framing is None
+                    or getattr(flow.framing, "half_close", True)
+                ):
                     try:
                         _shutdown_wr(dst)
                     except OSError as exc:
@@ -949,7 +961,11 @@ class Engine:
             moved += n
             if flow.framing is None:
                 flow.counts[d.src] += n
-            if d.src == SIDE_UPSTREAM and not flow.first_down and (flow.framing is None or flow.framing.kind != "tls"):
+            if (
+                d.src == SIDE_UPSTREAM
+                and not flow.first_down
+                and (flow.framing is None or flow.framing.kind != "tls")
+            ):
                 flow.first_down = True
                 self._emit(flow, EV_FIRST_BYTE, flow.counts[0], flow.counts[1])
 
@@ -1129,7 +1145,11 @@ def _build_reply(code: int, fd: int) -> bytes:
             sock.detach()
         if local is not None:
             if family == socket.AF_INET6:
-                return bytes((5, code, 0, 4)) + socket.inet_pton(socket.AF_INET6, local[0]) + struct.pack("!H", local[1])
+                return (
+                    bytes((5, code, 0, 4))
+                    + socket.inet_pton(socket.AF_INET6, local[0])
+                    + struct.pack("!H", local[1])
+                )
             if family == socket.AF_INET:
                 return bytes((5, code, 0, 1)) + socket.inet_aton(local[0]) + struct.pack("!H", local[1])
     return bytes((5, code, 0, 1, 0, 0, 0, 0, 0, 0))

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 __all__ = ["DEFAULT_DELAY_URL", "DEFAULT_PORTS", "CheckUrl", "parse_check_url"]
 
-DEFAULT_DELAY_URL = "https://www.gstatic.com/generate_204"  # "An empty delay URL uses https://www.gstatic.com/generate_204"
+DEFAULT_DELAY_URL = (
+    "https://www.gstatic.com/generate_204"  # "An empty delay URL uses https://www.gstatic.com/generate_204"
+)
 DEFAULT_PORTS = {"http": 80, "https": 443}  # "Explicit HTTP/HTTPS default to 80/443"
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -84,7 +86,7 @@ def _split_scheme(text: str, default_scheme: str) -> tuple[str, str]:
     m = _SCHEME.match(text)
     if m is not None:
         scheme = m.group(1).lower()
-        after = text[m.end():]
+        after = text[m.end() :]
         if after.startswith("//"):
             if scheme not in DEFAULT_PORTS:
                 raise ValueError("check URL scheme must be http or https")
@@ -101,7 +103,7 @@ def _split_authority(hostport: str) -> tuple[str, bool, str]:
         close = hostport.find("]")
         if close == -1:
             raise ValueError("check URL has an unclosed IPv6 bracket")
-        host, after = hostport[1:close], hostport[close + 1:]
+        host, after = hostport[1:close], hostport[close + 1 :]
         if after and not after.startswith(":"):
             raise ValueError("check URL has text after its IPv6 literal")
         try:
@@ -134,6 +136,8 @@ def _request_target(tail: str) -> str:
     if path_query.isascii():
         return path_query
     try:
-        return "".join(c if c.isascii() else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in path_query)
+        return "".join(
+            c if c.isascii() else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in path_query
+        )
     except UnicodeEncodeError:  # a lone surrogate
         raise ValueError("check URL path is not valid text") from None

@@ -220,7 +220,8 @@ class NodeHealth:
     healing: int = -1  # probe successes since the detector's emergency probe; -1: not healing
     # the last real TCP flows' outcomes (clock time, failed), for the flow-failure share
     outcomes: collections.deque[tuple[float, bool]] = field(
-        default_factory=lambda: collections.deque(maxlen=FLOW_OUTCOME_WINDOW))
+        default_factory=lambda: collections.deque(maxlen=FLOW_OUTCOME_WINDOW)
+    )
     # delay tests by URL (the Clash `extra` histories), at most DELAY_TEST_URLS URLs, oldest dropped
     url_history: dict[str, LatencyRing] = field(default_factory=dict)
     # seconds a strike demotes for (STRIKE_PROBATION_*), kept after the strikes clear: a relapse
@@ -265,7 +266,10 @@ class AliveDialerSet:
     """Node health keyed by NodeId. Owned by the event loop's thread; not thread-safe."""
 
     def __init__(
-        self, clock: Clock, on_dead: DeathCallback | None = None, on_emergency: EmergencyCallback | None = None
+        self,
+        clock: Clock,
+        on_dead: DeathCallback | None = None,
+        on_emergency: EmergencyCallback | None = None,
     ) -> None:
         self.clock = clock
         self.on_dead = on_dead
@@ -421,8 +425,11 @@ class AliveDialerSet:
                 node.lapsed = True
                 self._changed(node)
                 ended.append(node.node_id)
-                log.info("node %s: its %.0f s strike probation is over; it competes again", node.name,
-                         node.probation)
+                log.info(
+                    "node %s: its %.0f s strike probation is over; it competes again",
+                    node.name,
+                    node.probation,
+                )
         return ended
 
     def notify_check_failure(
@@ -483,7 +490,9 @@ class AliveDialerSet:
     def _detect(self, node: NodeHealth, latency: float) -> None:
         ema = node.ema
         if ema.warm:
-            threshold = max(min(DETECTOR_EMA_FACTOR * ema.value, ema.value + DETECTOR_EMA_MARGIN), DETECTOR_FLOOR)
+            threshold = max(
+                min(DETECTOR_EMA_FACTOR * ema.value, ema.value + DETECTOR_EMA_MARGIN), DETECTOR_FLOOR
+            )
             node.slow_dials = node.slow_dials + 1 if latency > threshold else 0
             if node.slow_dials >= DETECTOR_SLOW_DIALS:
                 node.slow_dials = 0
@@ -492,8 +501,11 @@ class AliveDialerSet:
                 self._changed(node)
                 node.clearing = 0
                 node.healing = 0
-                log.info("node %s: %d slow dials in a row; one strike and an emergency probe",
-                         node.name, DETECTOR_SLOW_DIALS)
+                log.info(
+                    "node %s: %d slow dials in a row; one strike and an emergency probe",
+                    node.name,
+                    DETECTOR_SLOW_DIALS,
+                )
                 if self.on_emergency is not None:
                     self.on_emergency(node.node_id)
         ema.update(latency)  # self-referential: slow dials move it too
@@ -548,8 +560,12 @@ class AliveDialerSet:
         failures = sum(1 for _at, bad in window if bad)
         if failures < FLOW_FAILURE_MIN or failures < FLOW_FAILURE_SHARE * len(window):
             return
-        log.info("node %s: %d of its last %d flows failed; one strike and an emergency probe",
-                 node.name, failures, len(window))
+        log.info(
+            "node %s: %d of its last %d flows failed; one strike and an emergency probe",
+            node.name,
+            failures,
+            len(window),
+        )
         window.clear()
         node.strikes += 1
         self._on_probation(node)
@@ -632,7 +648,9 @@ class AliveDialerSet:
         """Whether any UDP outcome was recorded (for one family, or either)."""
         families = tuple(Family) if family is None else (family,)
         return any(
-            self.status(node_id, domain, fam) is not Status.UNKNOWN for domain in UDP_DOMAINS for fam in families
+            self.status(node_id, domain, fam) is not Status.UNKNOWN
+            for domain in UDP_DOMAINS
+            for fam in families
         )
 
     def udp_selectable(self, node_id: uuid.UUID, family: Family) -> bool:
@@ -713,7 +731,9 @@ class AliveDialerSet:
             if sibling is not None and sibling.status is Status.ALIVE:
                 log.info(
                     "node %s: %s/IPv%d still alive; UDP endpoints are kept",
-                    node.name, _SIBLING[domain].value, family.value,
+                    node.name,
+                    _SIBLING[domain].value,
+                    family.value,
                 )
                 return
         if self.on_dead is not None:

@@ -89,7 +89,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # GH-E-08 leaves "relevant" and any debounce open; this value is the brief's choice.
-NETWORK_CHANGE_SETTLE = 1.0  # seconds: coalesces a burst such as an interface coming up with its addresses and routes
+NETWORK_CHANGE_SETTLE = (
+    1.0  # seconds: coalesces a burst such as an interface coming up with its addresses and routes
+)
 BASELINE_TIMEOUT = 2.0  # seconds: start() waits at most this long for the link and address dump
 NETLINK_RCVBUF = 1024 * 1024  # bytes: room for a flap's 10-20 messages times many interfaces
 NETLINK_READ_SIZE = 64 * 1024  # bytes: larger than any rtnetlink datagram (dump parts are at most 32 KiB)
@@ -265,8 +267,9 @@ class NetworkWatcher:
                 async with timeout_at(self._clock, self._clock.now() + BASELINE_TIMEOUT):
                     await baseline.wait()
             except TimeoutError:
-                log.warning("network watch: no link/address baseline within %.1f s; watching anyway",
-                            BASELINE_TIMEOUT)
+                log.warning(
+                    "network watch: no link/address baseline within %.1f s; watching anyway", BASELINE_TIMEOUT
+                )
         except BaseException:
             self._close()
             raise
@@ -313,8 +316,10 @@ class NetworkWatcher:
                 if e.errno == errno.ENOBUFS:
                     self._overflowed()
                     continue
-                log.warning("network watch: netlink read failed (%s); no longer watching",
-                            errno.errorcode.get(e.errno or 0, "error"))
+                log.warning(
+                    "network watch: netlink read failed (%s); no longer watching",
+                    errno.errorcode.get(e.errno or 0, "error"),
+                )
                 self._close()
                 return
             try:
@@ -357,8 +362,10 @@ class NetworkWatcher:
         try:
             self._sock.send(dump_request(kind, self._dump_seq))
         except OSError as e:
-            log.warning("network watch: netlink dump request failed (%s); no longer watching",
-                        errno.errorcode.get(e.errno or 0, "error"))
+            log.warning(
+                "network watch: netlink dump request failed (%s); no longer watching",
+                errno.errorcode.get(e.errno or 0, "error"),
+            )
             self._close()
 
     def _dump_done(self) -> None:

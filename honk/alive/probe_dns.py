@@ -61,7 +61,11 @@ async def pin_address(host: str, port: int, clock: Clock, stage_timeout: float) 
 
 
 async def open_endpoint(
-    leaf, receive: DatagramSink, clock: Clock, stage_timeout: float, phase: str,  # noqa: ANN001 - an Outbound
+    leaf,
+    receive: DatagramSink,
+    clock: Clock,
+    stage_timeout: float,
+    phase: str,  # noqa: ANN001 - an Outbound
     on_lost: EndpointLost | None = None,
 ) -> PacketEndpoint:
     """``leaf.dial_udp`` within one stage; a failure is ``ProbeError(phase, <why>)``.

@@ -85,7 +85,9 @@ _SWITCHING_HEAD = re.compile(rb"HTTP/[0-9]\.[0-9] 101")
 _STATUS = re.compile(rb"[0-9]{3}")
 
 
-async def measure_tcp_connect(dial: Dial, target: Address, clock: Clock, *, stage_timeout: float) -> ProbeSample:
+async def measure_tcp_connect(
+    dial: Dial, target: Address, clock: Clock, *, stage_timeout: float
+) -> ProbeSample:
     """The raw TCP probe (no URL configured): the time a dial through the leaf takes to complete."""
     started = clock.now()
     sock = await _dial(dial, target, clock, stage_timeout)
@@ -178,7 +180,9 @@ async def _open(
     try:
         async with _phase(clock, phase, budget):
             return await asyncio.open_connection(
-                sock=sock, ssl=context if url.tls else None, server_hostname=url.host if url.tls else None,
+                sock=sock,
+                ssl=context if url.tls else None,
+                server_hostname=url.host if url.tls else None,
                 limit=READ_CHUNK,
             )
     except BaseException as exc:
@@ -203,7 +207,12 @@ class _Exchange:
     """The two rounds over one connection; each round has ``budget`` seconds."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, url: CheckUrl, clock: Clock, budget: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        url: CheckUrl,
+        clock: Clock,
+        budget: float,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -336,7 +345,9 @@ class _Http2(_Exchange):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
         self.events: deque[h2.events.Event] = deque()  # received, not yet looked at
 
     async def run(self, first: bytes, second: bytes) -> ProbeSample:
@@ -350,7 +361,9 @@ class _Http2(_Exchange):
 
     async def _start(self) -> None:
         self.conn.initiate_connection()
-        self.conn.update_settings({SettingCodes.ENABLE_PUSH: 0, SettingCodes.MAX_HEADER_LIST_SIZE: HEADER_LIST_CAP})
+        self.conn.update_settings(
+            {SettingCodes.ENABLE_PUSH: 0, SettingCodes.MAX_HEADER_LIST_SIZE: HEADER_LIST_CAP}
+        )
         self._send()
         server_settings = False
         async with _phase(self.clock, "h2", self.budget):
@@ -391,7 +404,10 @@ class _Http2(_Exchange):
                     await self._receive("request")
                 event = self.events.popleft()
                 outcome = self._settle(event, stream_id, final, started)
-                if isinstance(event, h2.events.InformationalResponseReceived) and event.stream_id == stream_id:
+                if (
+                    isinstance(event, h2.events.InformationalResponseReceived)
+                    and event.stream_id == stream_id
+                ):
                     informational += _header_list_size(event.headers)
                     if informational > INFORMATIONAL_HEAD_CAP:
                         raise ProbeError("request", "informational-too-large")
@@ -401,8 +417,9 @@ class _Http2(_Exchange):
                         self._send()
                     return outcome
 
-    def _settle(self, event: h2.events.Event, stream_id: int, final: bool,
-                started: float | None) -> tuple[float, int] | None:
+    def _settle(
+        self, event: h2.events.Event, stream_id: int, final: bool, started: float | None
+    ) -> tuple[float, int] | None:
         """Look at one event for the round on ``stream_id`` (``started`` None: not sent yet).
 
         Returns the round's (RTT, status) when ``event`` is its final head, None to go on; raises

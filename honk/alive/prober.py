@@ -88,8 +88,12 @@ class NodeProber:
         with _guarded(leaf):
             if self.check_url is not None:
                 return await measure_http(
-                    leaf.dial_tcp, self.check_url, self.method, self.clock,
-                    stage_timeout=self.stage_timeout, ssl_context=self.ssl_context,
+                    leaf.dial_tcp,
+                    self.check_url,
+                    self.method,
+                    self.clock,
+                    stage_timeout=self.stage_timeout,
+                    ssl_context=self.ssl_context,
                 )
             return await measure_tcp_connect(
                 self._connect, self._raw_target(leaf), self.clock, stage_timeout=self.stage_timeout
@@ -108,7 +112,11 @@ class NodeProber:
                 host, port = self.quic_target
                 try:
                     quic = await measure_quic_handshake(
-                        leaf, host, port, self.clock, stage_timeout=self.stage_timeout,
+                        leaf,
+                        host,
+                        port,
+                        self.clock,
+                        stage_timeout=self.stage_timeout,
                         ssl_context_or_cafile=self.ssl_context,
                     )
                 except ProbeError as exc:
@@ -124,8 +132,12 @@ class NodeProber:
         leaf = self._leaf(node_id)
         with _guarded(leaf):
             return await measure_http(
-                leaf.dial_tcp, parsed, method or self.method, self.clock,
-                stage_timeout=self.stage_timeout, ssl_context=self.ssl_context,
+                leaf.dial_tcp,
+                parsed,
+                method or self.method,
+                self.clock,
+                stage_timeout=self.stage_timeout,
+                ssl_context=self.ssl_context,
             )
 
     # --- internals ---------------------------------------------------------------------------
@@ -171,5 +183,5 @@ def _families_of(leaf: Outbound) -> tuple[Family, ...]:
 def _guarded(leaf: Outbound) -> Iterator[None]:
     """A probe through ``leaf``: not traffic, and a cold runtime is left as cold as it was."""
     runtime = getattr(leaf, "runtime", None)
-    with probing(), (runtime.cold_guard() if runtime is not None else contextlib.nullcontext()):
+    with probing(), runtime.cold_guard() if runtime is not None else contextlib.nullcontext():
         yield

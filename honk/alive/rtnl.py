@@ -45,7 +45,9 @@ _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence num
 _ATTR = struct.Struct("=HH")  # rtattr: length, type
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
 _IFADDR = struct.Struct("=BBBBI")  # ifaddrmsg: family, prefixlen, flags, scope, index
-_RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_RTMSG = struct.Struct(
+    "=BBBBBBBBI"
+)  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _ERROR = struct.Struct("=i")
 
 _OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DORMANT", "UP")  # IF_OPER_*
@@ -53,16 +55,28 @@ _OPERSTATES = ("UNKNOWN", "NOTPRESENT", "DOWN", "LOWERLAYERDOWN", "TESTING", "DO
 # (message types, fixed part, its field names, {attribute type: (name, decoder)})
 _IP = "ip"
 _U32, _NAME = "u32", "name"
-_LINK = (_IFINFO, ("family", "ifi_type", "index", "flags", "change"),
-         {3: ("IFLA_IFNAME", _NAME), 16: ("IFLA_OPERSTATE", "operstate")})
-_ADDR = (_IFADDR, ("family", "prefixlen", "flags", "scope", "index"),
-         {1: ("IFA_ADDRESS", _IP), 2: ("IFA_LOCAL", _IP), 8: ("IFA_FLAGS", _U32)})
-_ROUTE = (_RTMSG, ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
-          {15: ("RTA_TABLE", _U32)})
+_LINK = (
+    _IFINFO,
+    ("family", "ifi_type", "index", "flags", "change"),
+    {3: ("IFLA_IFNAME", _NAME), 16: ("IFLA_OPERSTATE", "operstate")},
+)
+_ADDR = (
+    _IFADDR,
+    ("family", "prefixlen", "flags", "scope", "index"),
+    {1: ("IFA_ADDRESS", _IP), 2: ("IFA_LOCAL", _IP), 8: ("IFA_FLAGS", _U32)},
+)
+_ROUTE = (
+    _RTMSG,
+    ("family", "dst_len", "src_len", "tos", "table", "proto", "scope", "type", "flags"),
+    {15: ("RTA_TABLE", _U32)},
+)
 _LAYOUTS = {
-    RTM_NEWLINK: _LINK, RTM_DELLINK: _LINK,
-    RTM_NEWADDR: _ADDR, RTM_DELADDR: _ADDR,
-    RTM_NEWROUTE: _ROUTE, RTM_DELROUTE: _ROUTE,
+    RTM_NEWLINK: _LINK,
+    RTM_DELLINK: _LINK,
+    RTM_NEWADDR: _ADDR,
+    RTM_DELADDR: _ADDR,
+    RTM_NEWROUTE: _ROUTE,
+    RTM_DELROUTE: _ROUTE,
 }
 
 

@@ -258,7 +258,12 @@ class HealthRunner:
 
     def emergency(self, node_ids: Iterable[uuid.UUID]) -> None:
         """Probe these nodes' TCP at once (the real-traffic degradation detector fired)."""
-        jobs = [Job(JobKind.TCP, nid, fam) for nid in node_ids if nid in self.alive for fam in self.prober.families(nid)]
+        jobs = [
+            Job(JobKind.TCP, nid, fam)
+            for nid in node_ids
+            if nid in self.alive
+            for fam in self.prober.families(nid)
+        ]
         self._submit(jobs, None)
 
     def network_changed(self, reason: str = "") -> None:
@@ -366,8 +371,9 @@ class HealthRunner:
         if self.stats is not None:
             self.stats.probe(_PROBE_KIND[job.kind], ok, self.clock.now() - started)
 
-    async def delay_test(self, node_id: uuid.UUID, url: str | None = None,
-                         expected: Container[int] | None = None) -> ProbeSample | ProbeError:
+    async def delay_test(
+        self, node_id: uuid.UUID, url: str | None = None, expected: Container[int] | None = None
+    ) -> ProbeSample | ProbeError:
         """An on-demand delay test (the API's): HEAD for both rounds to ``url`` (default
         :data:`~honk.alive.checkurl.DEFAULT_DELAY_URL`) through the node; with ``expected``,
         a final status outside it fails the test. The result goes to the node's history

@@ -71,14 +71,19 @@ MUST_BE_SELECTOR = "Must be a Selector"  # mihomo's 400 message for a group it c
 CLOSE_CONFIRM = 2.0  # seconds DELETE /connections/{id} waits for the flow to leave the table
 OWN_FILE_ONLY = "honk reloads only its own configuration file"
 # /logs levels: the Clash spellings (trace shows debug, as mihomo has no trace) and honk's "warn"
-LOG_LEVELS = {"trace": "debug", "debug": "debug", "info": "info", "warning": "warning", "warn": "warning",
-              "error": "error", "silent": "silent"}
+LOG_LEVELS = {
+    "trace": "debug",
+    "debug": "debug",
+    "info": "info",
+    "warning": "warning",
+    "warn": "warning",
+    "error": "error",
+    "silent": "silent",
+}
 DNS_DISABLED = "DNS section is disabled"  # mihomo's 500 message for /dns/query without a dns section
 INVALID_QTYPE = "invalid query type"  # mihomo's 400 message for a type it does not know
 INVALID_QNAME = "invalid query name"
 DEFAULT_QTYPE = "A"  # /dns/query without ?type=
-
-
 
 
 def no_content() -> web.Response:
@@ -141,7 +146,9 @@ def dns_record_json(name: Any, rdtype: int, ttl: int, rdata: Any) -> dict[str, A
 
 
 def dns_section_json(section: list[Any]) -> list[dict[str, Any]]:
-    return [dns_record_json(rrset.name, rrset.rdtype, rrset.ttl, rdata) for rrset in section for rdata in rrset]
+    return [
+        dns_record_json(rrset.name, rrset.rdtype, rrset.ttl, rdata) for rrset in section for rdata in rrset
+    ]
 
 
 def dns_query_json(message: dns.message.Message) -> dict[str, Any]:
@@ -153,16 +160,21 @@ def dns_query_json(message: dns.message.Message) -> dict[str, Any]:
     flags = message.flags
     body: dict[str, Any] = {
         "Status": message.rcode(),
-        "Question": [{"Name": rrset.name.to_text(), "Qtype": int(rrset.rdtype), "Qclass": int(rrset.rdclass)}
-                     for rrset in message.question],
+        "Question": [
+            {"Name": rrset.name.to_text(), "Qtype": int(rrset.rdtype), "Qclass": int(rrset.rdclass)}
+            for rrset in message.question
+        ],
         "TC": bool(flags & dns.flags.TC),
         "RD": bool(flags & dns.flags.RD),
         "RA": bool(flags & dns.flags.RA),
         "AD": bool(flags & dns.flags.AD),
         "CD": bool(flags & dns.flags.CD),
     }
-    for key, section in (("Answer", message.answer), ("Authority", message.authority),
-                         ("Additional", message.additional)):
+    for key, section in (
+        ("Answer", message.answer),
+        ("Authority", message.authority),
+        ("Additional", message.additional),
+    ):
         if section:
             body[key] = dns_section_json(section)
     return dict(sorted(body.items()))
@@ -219,7 +231,11 @@ def routes(control: Control) -> list[web.RouteDef]:
 
     def delay_query(request: web.Request) -> tuple[str | None, float, frozenset[int] | None]:
         query = request.query
-        return query.get("url") or None, parse_timeout(query.get("timeout")), parse_expected(query.get("expected"))
+        return (
+            query.get("url") or None,
+            parse_timeout(query.get("timeout")),
+            parse_expected(query.get("expected")),
+        )
 
     def leaf_pairs(names: Sequence[str]) -> list[tuple[str, Outbound]]:
         pairs = []
@@ -326,7 +342,9 @@ def routes(control: Control) -> list[web.RouteDef]:
         ctx = context()
         name = resolve(ctx, request)
         if name == views.GLOBAL and name not in ctx.groups:
-            results = await test_members(control, leaf_pairs(views.global_members(ctx.plane)), url, timeout, expected)
+            results = await test_members(
+                control, leaf_pairs(views.global_members(ctx.plane)), url, timeout, expected
+            )
         elif name in ctx.groups:
             if policy_of(ctx, name) in views.PINNABLE:
                 try:
@@ -336,8 +354,11 @@ def routes(control: Control) -> list[web.RouteDef]:
             results = await test_group(control, name, url, timeout, expected)
         else:
             raise not_found()
-        delays = {views.clash_name(member): views.delay_ms(result.delay)
-                  for member, result in results.items() if result.delay is not None}
+        delays = {
+            views.clash_name(member): views.delay_ms(result.delay)
+            for member, result in results.items()
+            if result.delay is not None
+        }
         if not delays:
             raise ApiError(504, "timeout", "Timeout")
         return reply(delays)
@@ -395,7 +416,9 @@ def routes(control: Control) -> list[web.RouteDef]:
     async def provider_node_healthcheck(request: web.Request) -> web.StreamResponse:
         ctx = context()
         subscriptions = [info.name for info in subscription_infos()]
-        if not any(views.provider_leaves(ctx, c, subscriptions) is not None for c in path_names(request, "provider")):
+        if not any(
+            views.provider_leaves(ctx, c, subscriptions) is not None for c in path_names(request, "provider")
+        ):
             raise not_found()
         return await proxy_delay(request)
 
@@ -432,8 +455,13 @@ def routes(control: Control) -> list[web.RouteDef]:
         for spec in plane.spec.inbounds:
             bound = getattr(live.get(spec.name), "bound", None)
             inbounds[spec.name] = views.InboundInfo(spec.kind, spec.host, bound.port if bound else spec.port)
-        return views.connections(control.tracker.snapshot(), control.tracker.totals(), streams.read_rss(),
-                                 views.rule_index(plane.spec), inbounds)
+        return views.connections(
+            control.tracker.snapshot(),
+            control.tracker.totals(),
+            streams.read_rss(),
+            views.rule_index(plane.spec),
+            inbounds,
+        )
 
     async def get_connections(request: web.Request) -> web.StreamResponse:
         try:
@@ -474,9 +502,18 @@ def routes(control: Control) -> list[web.RouteDef]:
         plane = running_plane(control)
         tracker = control.tracker
         warm = getattr(control, "warm", None)
-        return reply(views.stats(plane.outbounds, control.stats.outbounds, tracker.bytes_by_leaf(),
-                                 tracker.snapshot(), plane.groups.score.stats(), control.stats.udp_stagger.as_dict(),
-                                 pool_stats(plane), warm_stats(plane, warm) if warm is not None else None))
+        return reply(
+            views.stats(
+                plane.outbounds,
+                control.stats.outbounds,
+                tracker.bytes_by_leaf(),
+                tracker.snapshot(),
+                plane.groups.score.stats(),
+                control.stats.udp_stagger.as_dict(),
+                pool_stats(plane),
+                warm_stats(plane, warm) if warm is not None else None,
+            )
+        )
 
     async def get_configs(request: web.Request) -> web.StreamResponse:
         plane = running_plane(control)
@@ -493,7 +530,9 @@ def routes(control: Control) -> list[web.RouteDef]:
             raise bad_request("mode must be rule, global or direct")
         if level is not None and (not isinstance(level, str) or level.lower() not in LEVELS):
             raise bad_request(f"log-level must be one of {', '.join(LEVELS)}")
-        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535
+        ):
             raise bad_request("mixed-port must be a port number (0 removes the mixed inbound)")
 
         def runtime() -> None:  # the mode is no resource: it follows a successful apply, in the same command
@@ -534,7 +573,9 @@ def routes(control: Control) -> list[web.RouteDef]:
         import dns.flags
         import dns.message
 
-        question = dns_question(request.query.get("name", ""), request.query.get("type") or DEFAULT_QTYPE).to_wire()
+        question = dns_question(
+            request.query.get("name", ""), request.query.get("type") or DEFAULT_QTYPE
+        ).to_wire()
         # as a client of the standalone listener: over UDP, again over TCP when the answer came
         # truncated; no intercepted destination, so an asis rule fails there as it does here
         answer = await service.handle(question, None, None)
@@ -566,8 +607,11 @@ def routes(control: Control) -> list[web.RouteDef]:
         if level is None:
             raise bad_request("level must be one of debug, info, warning, error, silent")
         structured = request.query.get("format", "").lower() == "structured"
-        formatter = ((lambda e: views.log_structured(e.wall, e.level, views.log_message(e))) if structured
-                     else (lambda e: views.log_plain(e.level, views.log_message(e))))
+        formatter = (
+            (lambda e: views.log_structured(e.wall, e.level, views.log_message(e)))
+            if structured
+            else (lambda e: views.log_plain(e.level, views.log_message(e)))
+        )
         subscription = control.logs.subscribe(level)
         try:
             return await streams.serve_log_lines(request, control, subscription, formatter)
@@ -588,7 +632,9 @@ def routes(control: Control) -> list[web.RouteDef]:
         web.get("/providers/proxies/{provider}", get_provider, allow_head=False),
         web.put("/providers/proxies/{provider}", put_provider),
         web.get("/providers/proxies/{provider}/healthcheck", provider_healthcheck, allow_head=False),
-        web.get("/providers/proxies/{provider}/{name}/healthcheck", provider_node_healthcheck, allow_head=False),
+        web.get(
+            "/providers/proxies/{provider}/{name}/healthcheck", provider_node_healthcheck, allow_head=False
+        ),
         web.get("/rules", get_rules, allow_head=False),
         web.patch("/rules/disable", patch_rules_disable),
         web.get("/providers/rules", get_rule_providers, allow_head=False),

@@ -115,8 +115,10 @@ def delay_ms(seconds: float) -> int:
 
 def history_view(entries: Sequence[tuple[float, float, bool]]) -> list[dict[str, Any]]:
     """The last :data:`HISTORY_LENGTH` ``(wall, delay s, failed)`` entries; a failure is delay 0."""
-    return [{"time": rfc3339(at), "delay": 0 if failed else delay_ms(value)}
-            for at, value, failed in entries[-HISTORY_LENGTH:]]
+    return [
+        {"time": rfc3339(at), "delay": 0 if failed else delay_ms(value)}
+        for at, value, failed in entries[-HISTORY_LENGTH:]
+    ]
 
 
 def _sorted(obj: dict[str, Any]) -> dict[str, Any]:
@@ -242,8 +244,9 @@ def _merged(*histories: Sequence[tuple[float, float, bool]]) -> list[tuple[float
     return sorted((entry for history in histories for entry in history), key=lambda entry: entry[0])
 
 
-def leaf_extra(ctx: ProxyContext, name: str, node_id: uuid.UUID | None,
-               family: Family = Family.V4) -> dict[str, Any]:
+def leaf_extra(
+    ctx: ProxyContext, name: str, node_id: uuid.UUID | None, family: Family = Family.V4
+) -> dict[str, Any]:
     """Per-URL histories (what dashboards read first for a group's ``testUrl``): the node's
     delay tests by URL, the global TCP check's probes (in the node's health family ``family``,
     the one it is probed in), each group check_url it is a member for."""
@@ -275,8 +278,12 @@ def leaf_proxy(ctx: ProxyContext, name: str, leaf: Outbound) -> dict[str, Any]:
     """A leaf (node or builtin) as a Clash Proxy."""
     node_id = node_id_of(leaf)
     family = health_family_of(leaf)
-    obj = _base(clash_name(name), leaf_type(leaf), alive=_node_alive(ctx.alive, node_id, family),
-                udp=bool(leaf.supports_udp))
+    obj = _base(
+        clash_name(name),
+        leaf_type(leaf),
+        alive=_node_alive(ctx.alive, node_id, family),
+        udp=bool(leaf.supports_udp),
+    )
     obj["id"] = str(node_id) if node_id is not None else ""
     node = ctx.node_spec(name)
     obj["provider-name"] = node.subscription if node is not None and node.subscription else ""
@@ -312,8 +319,11 @@ def group_fixed(groups: GroupManager, group: str) -> str:
 
 def _group_udp(ctx: ProxyContext, group: str) -> bool:
     outbounds = ctx.plane.outbounds
-    return any(bool(outbounds[leaf].supports_udp) for leaf in ctx.groups.leaf_node_names_in_group(group)
-               if leaf in outbounds)
+    return any(
+        bool(outbounds[leaf].supports_udp)
+        for leaf in ctx.groups.leaf_node_names_in_group(group)
+        if leaf in outbounds
+    )
 
 
 def group_proxy(ctx: ProxyContext, name: str) -> dict[str, Any]:
@@ -428,11 +438,20 @@ class ProviderInfo:
     usage: Mapping[str, int] | None = None
 
 
-def _provider_json(ctx: ProxyContext, name: str, vehicle: str, members: Iterable[str], test_url: str,
-                   **extra: Any) -> str:
+def _provider_json(
+    ctx: ProxyContext, name: str, vehicle: str, members: Iterable[str], test_url: str, **extra: Any
+) -> str:
     """A ProxyProvider object, its ``proxies`` joined from the members' encoded texts."""
-    head = dumps({"expectedStatus": EXPECTED_ANY, "name": name, "testUrl": test_url, "type": "Proxy",
-                  "vehicleType": vehicle, **extra})
+    head = dumps(
+        {
+            "expectedStatus": EXPECTED_ANY,
+            "name": name,
+            "testUrl": test_url,
+            "type": "Proxy",
+            "vehicleType": vehicle,
+            **extra,
+        }
+    )
     items = ",".join(proxy_json(ctx, m) for m in members if proxy(ctx, m) is not None)
     return head[:-1] + ',"proxies":[' + items + "]}"
 
@@ -473,7 +492,9 @@ def provider_json(ctx: ProxyContext, subscriptions: Sequence[ProviderInfo], name
         return None
     info = next((i for i in subscriptions if i.name == name), None)
     if info is None:
-        return _provider_json(ctx, name, "Compatible", members, ctx.test_url(name if name in ctx.groups else None))
+        return _provider_json(
+            ctx, name, "Compatible", members, ctx.test_url(name if name in ctx.groups else None)
+        )
     extra: dict[str, Any] = {}
     if info.updated_at:
         extra["updatedAt"] = rfc3339(info.updated_at)
@@ -510,10 +531,23 @@ def provider_leaves(ctx: ProxyContext, provider: str, subscriptions: Sequence[st
 # --- rules ------------------------------------------------------------------------------------
 
 # honk predicate (and argument kind) -> mihomo rule type
-_DOMAIN_TYPES = {"": "DomainSuffix", "suffix": "DomainSuffix", "full": "Domain", "keyword": "DomainKeyword",
-                 "regex": "DomainRegex", "geosite": "GeoSite"}
-_PLAIN_TYPES = {"dport": "DstPort", "sport": "SrcPort", "l4proto": "Network", "pname": "ProcessName",
-                "dscp": "DSCP", "ipversion": "IPVersion", "mac": "SrcMAC"}
+_DOMAIN_TYPES = {
+    "": "DomainSuffix",
+    "suffix": "DomainSuffix",
+    "full": "Domain",
+    "keyword": "DomainKeyword",
+    "regex": "DomainRegex",
+    "geosite": "GeoSite",
+}
+_PLAIN_TYPES = {
+    "dport": "DstPort",
+    "sport": "SrcPort",
+    "l4proto": "Network",
+    "pname": "ProcessName",
+    "dscp": "DSCP",
+    "ipversion": "IPVersion",
+    "mac": "SrcMAC",
+}
 MATCH = "Match"
 
 
@@ -535,7 +569,7 @@ def predicate_view(predicate: Predicate) -> tuple[str, str]:
     for arg in predicate.args:
         parts.setdefault(_arg_type(predicate.name, arg.key), []).append(arg.value.strip())
     if len(parts) == 1:
-        (kind, values), = parts.items()
+        ((kind, values),) = parts.items()
         view = (kind, ",".join(values))
     else:
         view = ("OR", _logic([(kind, ",".join(values)) for kind, values in parts.items()]))
@@ -569,8 +603,13 @@ def rule_time(wall: float) -> str:
 
 def rule_extra(row: RuleRow) -> dict[str, Any]:
     """mihomo's per-rule ``extra`` (since v1.19.19): the disabled flag, hits and misses."""
-    return {"disabled": row.disabled, "hitCount": row.hits, "hitAt": rule_time(row.hit_at),
-            "missCount": row.misses, "missAt": rule_time(row.miss_at)}
+    return {
+        "disabled": row.disabled,
+        "hitCount": row.hits,
+        "hitAt": rule_time(row.hit_at),
+        "missCount": row.misses,
+        "missAt": rule_time(row.miss_at),
+    }
 
 
 def rules(spec: Spec, counters: Sequence[RuleRow] = ()) -> dict[str, Any]:
@@ -583,10 +622,26 @@ def rules(spec: Spec, counters: Sequence[RuleRow] = ()) -> dict[str, Any]:
     out = []
     for index, rule in enumerate(routing.rules):
         kind, payload = rule_type(rule)
-        out.append({"index": index, "type": kind, "payload": payload, "proxy": clash_name(rule.outbound),
-                    "size": -1, "extra": rule_extra(counters[index])})
-    out.append({"index": len(out), "type": MATCH, "payload": "", "proxy": clash_name(routing.fallback),
-                "size": -1, "extra": rule_extra(counters[-1])})
+        out.append(
+            {
+                "index": index,
+                "type": kind,
+                "payload": payload,
+                "proxy": clash_name(rule.outbound),
+                "size": -1,
+                "extra": rule_extra(counters[index]),
+            }
+        )
+    out.append(
+        {
+            "index": len(out),
+            "type": MATCH,
+            "payload": "",
+            "proxy": clash_name(routing.fallback),
+            "size": -1,
+            "extra": rule_extra(counters[-1]),
+        }
+    )
     return {"rules": out}
 
 
@@ -632,8 +687,9 @@ class InboundInfo:
     port: int
 
 
-def connection_view(info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str, str]],
-                    inbounds: Mapping[str, InboundInfo]) -> dict[str, Any]:
+def connection_view(
+    info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str, str]], inbounds: Mapping[str, InboundInfo]
+) -> dict[str, Any]:
     """One flow as mihomo's TrackerInfo: chains leaf first (honk's chain runs from the rule's
     target to the leaf), ports as strings, cumulative counters; plus honk's own
     ``outbound_version``, the leaf version (``tag@vN``) the flow was opened on."""
@@ -680,9 +736,13 @@ def connection_view(info: ConnectionInfo, rules_by_text: Mapping[str, tuple[str,
     }
 
 
-def connections(infos: Iterable[ConnectionInfo], totals: tuple[int, int], memory: int,
-                rules_by_text: Mapping[str, tuple[str, str]],
-                inbounds: Mapping[str, InboundInfo]) -> dict[str, Any]:
+def connections(
+    infos: Iterable[ConnectionInfo],
+    totals: tuple[int, int],
+    memory: int,
+    rules_by_text: Mapping[str, tuple[str, str]],
+    inbounds: Mapping[str, InboundInfo],
+) -> dict[str, Any]:
     """``GET /connections``: the complete snapshot (dashboards diff successive ones)."""
     up, down = totals
     return {
@@ -701,7 +761,12 @@ def traffic(previous: tuple[int, int], current: tuple[int, int], seconds: float)
     up = max(0, current[0] - previous[0])
     down = max(0, current[1] - previous[1])
     scale = 1.0 / seconds if seconds > 0 else 0.0
-    return {"up": round(up * scale), "down": round(down * scale), "upTotal": current[0], "downTotal": current[1]}
+    return {
+        "up": round(up * scale),
+        "down": round(down * scale),
+        "upTotal": current[0],
+        "downTotal": current[1],
+    }
 
 
 def rss_from_statm(text: str, page_size: int) -> int:
@@ -774,8 +839,12 @@ def log_plain(level: str, message: str) -> dict[str, str]:
 
 
 def log_structured(wall: float, level: str, message: str) -> dict[str, Any]:
-    return {"time": datetime.datetime.fromtimestamp(wall).strftime("%H:%M:%S"), "level": level,
-            "message": message, "fields": []}
+    return {
+        "time": datetime.datetime.fromtimestamp(wall).strftime("%H:%M:%S"),
+        "level": level,
+        "message": message,
+        "fields": [],
+    }
 
 
 # --- /configs ---------------------------------------------------------------------------------
@@ -818,10 +887,16 @@ def configs(spec: Spec, mode: str, log_level: str, mixed_port: int) -> dict[str,
 # --- /stats -------------------------------------------------------------------------------------
 
 
-def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
-          traffic: Mapping[str, tuple[int, int, int]], flows: Iterable[ConnectionInfo],
-          score: Mapping[str, Any], stagger: Mapping[str, int] | None = None,
-          pool: Mapping[str, int] | None = None, warm: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def stats(
+    outbounds: Iterable[str],
+    dials: Mapping[str, OutboundCounts],
+    traffic: Mapping[str, tuple[int, int, int]],
+    flows: Iterable[ConnectionInfo],
+    score: Mapping[str, Any],
+    stagger: Mapping[str, int] | None = None,
+    pool: Mapping[str, int] | None = None,
+    warm: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """``GET /stats``: upstream honk's userspace snapshot, with the parts honk has so far —
     one row per outbound (connections started and open, bytes each way, failed dials), the
     live flows per network, ``udp.stagger`` (cold UDP preparations, StaggerCounts), ``pool``
@@ -832,19 +907,24 @@ def stats(outbounds: Iterable[str], dials: Mapping[str, OutboundCounts],
     for name in outbounds:
         counts = dials.get(name)
         up, down, live = traffic.get(name, (0, 0, 0))
-        rows.append({
-            "name": clash_name(name),
-            "totalConns": counts.connections if counts is not None else 0,
-            "activeConns": live,
-            "upload": up,
-            "download": down,
-            "errors": counts.errors if counts is not None else 0,
-        })
+        rows.append(
+            {
+                "name": clash_name(name),
+                "totalConns": counts.connections if counts is not None else 0,
+                "activeConns": live,
+                "upload": up,
+                "download": down,
+                "errors": counts.errors if counts is not None else 0,
+            }
+        )
     active = {"tcp": 0, "udp": 0}
     for flow in flows:
         active[flow.network.value] += 1
-    return {"outbounds": rows, "tcp": {"activeFlows": active["tcp"]},
-            "udp": {"activeFlows": active["udp"], "stagger": dict(stagger or StaggerCounts().as_dict())},
-            "pool": dict(pool or {"readyHits": 0, "readyMisses": 0, "entries": 0}),
-            "warm": dict(warm or {"nodes": {"selector": 0, "udp": 0}, "sessions": {}, "preconnected": 0}),
-            "score": dict(score)}
+    return {
+        "outbounds": rows,
+        "tcp": {"activeFlows": active["tcp"]},
+        "udp": {"activeFlows": active["udp"], "stagger": dict(stagger or StaggerCounts().as_dict())},
+        "pool": dict(pool or {"readyHits": 0, "readyMisses": 0, "entries": 0}),
+        "warm": dict(warm or {"nodes": {"selector": 0, "udp": 0}, "sessions": {}, "preconnected": 0}),
+        "score": dict(score),
+    }

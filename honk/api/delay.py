@@ -65,7 +65,9 @@ def parse_expected(text: str | None) -> frozenset[int] | None:
         try:
             first, last = int(low), int(high if dash else low)
         except ValueError:
-            raise ApiError(400, "invalid_request", "expected must be statuses like 204, 200/204 or 200-299") from None
+            raise ApiError(
+                400, "invalid_request", "expected must be statuses like 204, 200/204 or 200-299"
+            ) from None
         if not 100 <= first <= last <= 599:
             raise ApiError(400, "invalid_request", "expected statuses must lie in 100-599")
         codes.update(range(first, last + 1))
@@ -87,12 +89,15 @@ def timeout_from_ms(ms: object, field: str) -> float:
     """A delay-test timeout given as whole milliseconds (1-32767), in seconds; ApiError(400)
     naming ``field`` otherwise."""
     if not isinstance(ms, int) or isinstance(ms, bool) or not 0 < ms <= MAX_DELAY_TIMEOUT * 1000:
-        raise ApiError(400, "invalid_request", f"{field} must be whole milliseconds, 1-{int(MAX_DELAY_TIMEOUT * 1000)}")
+        raise ApiError(
+            400, "invalid_request", f"{field} must be whole milliseconds, 1-{int(MAX_DELAY_TIMEOUT * 1000)}"
+        )
     return ms / 1000.0
 
 
-async def test_leaf(control: Control, leaf: Outbound, url: str | None, timeout: float,
-                    expected: frozenset[int] | None = None) -> DelayResult:
+async def test_leaf(
+    control: Control, leaf: Outbound, url: str | None, timeout: float, expected: frozenset[int] | None = None
+) -> DelayResult:
     """Measure ``url`` (default: the delay URL) through ``leaf`` within ``timeout`` seconds; a
     node's result goes to its history (a timeout as a failure)."""
     url = url or DEFAULT_DELAY_URL
@@ -135,8 +140,14 @@ async def _measure_unrecorded(control: Control, leaf: Outbound, url: str) -> Pro
         _ssl_context = ssl.create_default_context()
     plane = running_plane(control)
     try:
-        return await measure_http(leaf.dial_tcp, parsed, DELAY_METHOD, control.clock,
-                                  stage_timeout=plane.spec.global_.connect_timeout, ssl_context=_ssl_context)
+        return await measure_http(
+            leaf.dial_tcp,
+            parsed,
+            DELAY_METHOD,
+            control.clock,
+            stage_timeout=plane.spec.global_.connect_timeout,
+            ssl_context=_ssl_context,
+        )
     except ProbeError as exc:
         return exc
 
@@ -155,19 +166,26 @@ def leaf_of(control: Control, name: str) -> Outbound:
     raise ApiError(404, "resource_not_found", "Resource not found")
 
 
-async def test_group(control: Control, group: str, url: str | None, timeout: float,
-                     expected: frozenset[int] | None = None) -> dict[str, DelayResult]:
+async def test_group(
+    control: Control, group: str, url: str | None, timeout: float, expected: frozenset[int] | None = None
+) -> dict[str, DelayResult]:
     """Every member of ``group`` through its current leaf, at most 10 at a time, under one
     deadline; results keyed by member tag. ApiError(404) for an unknown group."""
     plane = running_plane(control)
     if group not in plane.groups:
         raise ApiError(404, "resource_not_found", "Resource not found")
-    return await test_members(control, plane.groups.delay_test_members(group, Network.TCP), url, timeout,
-                              expected)
+    return await test_members(
+        control, plane.groups.delay_test_members(group, Network.TCP), url, timeout, expected
+    )
 
 
-async def test_members(control: Control, pairs: list[tuple[str, Outbound]], url: str | None, timeout: float,
-                       expected: frozenset[int] | None = None) -> dict[str, DelayResult]:
+async def test_members(
+    control: Control,
+    pairs: list[tuple[str, Outbound]],
+    url: str | None,
+    timeout: float,
+    expected: frozenset[int] | None = None,
+) -> dict[str, DelayResult]:
     """Each ``(name, leaf)`` pair measured, at most 10 at a time, under one deadline of
     ``timeout`` seconds; results keyed by name (GLOBAL and provider health checks use it)."""
     gate = asyncio.Semaphore(GROUP_DELAY_CONCURRENCY)

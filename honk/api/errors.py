@@ -75,9 +75,14 @@ def is_native(request: web.Request) -> bool:
 def render(request: web.Request, status: int, code: str | None, message: str | None) -> web.Response:
     """The error response for ``request``'s surface."""
     if is_native(request):
-        body = {"error": {"code": code or NATIVE_CODES.get(status, "error"),
-                          "message": message or CLASH_MESSAGES.get(status, "error")}}
+        body = {
+            "error": {
+                "code": code or NATIVE_CODES.get(status, "error"),
+                "message": message or CLASH_MESSAGES.get(status, "error"),
+            }
+        }
     else:
         body = {"message": message or CLASH_MESSAGES.get(status, "error")}
-    return web.Response(status=status, text=json.dumps(body, ensure_ascii=False),
-                        content_type="application/json")
+    return web.Response(
+        status=status, text=json.dumps(body, ensure_ascii=False), content_type="application/json"
+    )

@@ -82,21 +82,44 @@ class HonkCollector:
         yield _reloads(stats)
         yield _plane_epoch(control, plane)
         yield _draining_versions(control)
-        yield _results("honk_drained_flows_closed", "Flows closed by drains of outbound versions that "
-                       "left service, by drain policy.", stats.drained_flows, DRAIN_CLOSING_POLICIES,
-                       label="policy")
+        yield _results(
+            "honk_drained_flows_closed",
+            "Flows closed by drains of outbound versions that left service, by drain policy.",
+            stats.drained_flows,
+            DRAIN_CLOSING_POLICIES,
+            label="policy",
+        )
         yield from _score(plane)
         yield from _dns(getattr(control, "dns_service", None))
-        yield _results("honk_subscription_refreshes", "Subscription refreshes by result.",
-                       stats.subscription_refreshes, SUBSCRIPTION_RESULTS)
-        yield _results("honk_loop_errors", "Errors the event loop reported that no task retrieved "
-                       "(each is logged with its traceback), by exception type.", stats.loop_errors, (),
-                       label="exception")
-        yield _results("honk_api_auth_failures", "Failed API authentications by result: rejected (401) "
-                       "or throttled (429: the source ran out of tries).", stats.api_auth_failures, AUTH_RESULTS)
-        yield _results("honk_accept_rests", "Times a listener's accept found no descriptor or memory "
-                       "left and rested before accepting again, by listening address.", stats.accept_rests, (),
-                       label="listener")
+        yield _results(
+            "honk_subscription_refreshes",
+            "Subscription refreshes by result.",
+            stats.subscription_refreshes,
+            SUBSCRIPTION_RESULTS,
+        )
+        yield _results(
+            "honk_loop_errors",
+            "Errors the event loop reported that no task retrieved "
+            "(each is logged with its traceback), by exception type.",
+            stats.loop_errors,
+            (),
+            label="exception",
+        )
+        yield _results(
+            "honk_api_auth_failures",
+            "Failed API authentications by result: rejected (401) "
+            "or throttled (429: the source ran out of tries).",
+            stats.api_auth_failures,
+            AUTH_RESULTS,
+        )
+        yield _results(
+            "honk_accept_rests",
+            "Times a listener's accept found no descriptor or memory "
+            "left and rested before accepting again, by listening address.",
+            stats.accept_rests,
+            (),
+            label="listener",
+        )
         yield from _process(stats)
 
 
@@ -124,14 +147,18 @@ def _connections(control: Control, plane: Any) -> Iterator[Metric]:
     for info in control.tracker.snapshot():
         key = (info.inbound, info.network.value)
         counts[key] = counts.get(key, 0) + 1
-    live = GaugeMetricFamily("honk_connections", "Live flows by inbound and network.",
-                             labels=["inbound", "network"])
+    live = GaugeMetricFamily(
+        "honk_connections", "Live flows by inbound and network.", labels=["inbound", "network"]
+    )
     for (inbound, network), n in counts.items():
         live.add_metric([inbound, network], n)
     yield live
     up, down = control.tracker.totals()
-    relayed = CounterMetricFamily("honk_relayed_bytes", "Bytes relayed since start, by direction "
-                                  "(up: client to upstream).", labels=["direction"])
+    relayed = CounterMetricFamily(
+        "honk_relayed_bytes",
+        "Bytes relayed since start, by direction (up: client to upstream).",
+        labels=["direction"],
+    )
     relayed.add_metric(["up"], up)
     relayed.add_metric(["down"], down)
     yield relayed
@@ -141,9 +168,14 @@ def _admission(plane: Any) -> Iterator[Metric]:
     """The process dial gate (shared by every generation) and the running plane's budget."""
     budget = getattr(plane, "admission", None) if plane is not None else None
     gates = budget.gates if budget is not None else process_gates()
-    in_use = GaugeMetricFamily("honk_dial_admission_in_use", "Dial permits held: the process gate and the "
-                               "running configuration's budget.", labels=["scope"])
-    waiting = GaugeMetricFamily("honk_dial_admission_waiting", "Dials waiting for a permit.", labels=["scope"])
+    in_use = GaugeMetricFamily(
+        "honk_dial_admission_in_use",
+        "Dial permits held: the process gate and the running configuration's budget.",
+        labels=["scope"],
+    )
+    waiting = GaugeMetricFamily(
+        "honk_dial_admission_waiting", "Dials waiting for a permit.", labels=["scope"]
+    )
     limit = GaugeMetricFamily("honk_dial_admission_limit", "Dial permits available in all.", labels=["scope"])
     in_use.add_metric(["process"], gates.dials_in_use)
     waiting.add_metric(["process"], gates.dials_waiting)
@@ -160,9 +192,12 @@ def _admission(plane: Any) -> Iterator[Metric]:
 def _node_alive(control: Control) -> Metric:
     """1 alive, 0 dead, per node name and state; unknown states are left out. Names may collide
     in a configuration: the first registered node of a name speaks for it (as Spec.node does)."""
-    family = GaugeMetricFamily("honk_node_alive", "Node liveness per health domain and address "
-                               "family (1 alive, 0 dead; unknown states are not exported).",
-                               labels=["node", "domain", "family"])
+    family = GaugeMetricFamily(
+        "honk_node_alive",
+        "Node liveness per health domain and address "
+        "family (1 alive, 0 dead; unknown states are not exported).",
+        labels=["node", "domain", "family"],
+    )
     seen: set[str] = set()
     for node in control.health.alive.nodes():
         if node.name in seen:
@@ -171,17 +206,23 @@ def _node_alive(control: Control) -> Metric:
         for (domain, fam), state in node.states.items():
             if state.status is Status.UNKNOWN:
                 continue
-            family.add_metric([node.name, domain.value, f"ipv{fam.value}"],
-                              1 if state.status is Status.ALIVE else 0)
+            family.add_metric(
+                [node.name, domain.value, f"ipv{fam.value}"], 1 if state.status is Status.ALIVE else 0
+            )
     return family
 
 
 def _dials(stats: Any) -> Metric:
-    family = CounterMetricFamily("honk_dials", "Upstream dials by network, result and error kind.",
-                                 labels=["network", "result", "kind"])
+    family = CounterMetricFamily(
+        "honk_dials",
+        "Upstream dials by network, result and error kind.",
+        labels=["network", "result", "kind"],
+    )
     counts = dict.fromkeys(
         [(net, "ok", "") for net in DIAL_NETWORKS]
-        + [(net, "error", kind) for net in DIAL_NETWORKS for kind in DIAL_ERROR_KINDS], 0)
+        + [(net, "error", kind) for net in DIAL_NETWORKS for kind in DIAL_ERROR_KINDS],
+        0,
+    )
     counts.update(stats.dials)
     for labels, n in counts.items():
         family.add_metric(list(labels), n)
@@ -189,8 +230,9 @@ def _dials(stats: Any) -> Metric:
 
 
 def _probes(stats: Any) -> Metric:
-    family = HistogramMetricFamily("honk_probe_duration_seconds", "Health probe durations by kind and result.",
-                                   labels=["kind", "result"])
+    family = HistogramMetricFamily(
+        "honk_probe_duration_seconds", "Health probe durations by kind and result.", labels=["kind", "result"]
+    )
     for kind in PROBE_KINDS:
         for result in PROBE_RESULTS:
             histogram = stats.probes.get((kind, result)) or Histogram()
@@ -199,8 +241,11 @@ def _probes(stats: Any) -> Metric:
 
 
 def _selection_changes(stats: Any, plane: Any) -> Metric:
-    family = CounterMetricFamily("honk_group_selection_changes", "Group selection changes by group and network.",
-                                 labels=["group", "network"])
+    family = CounterMetricFamily(
+        "honk_group_selection_changes",
+        "Group selection changes by group and network.",
+        labels=["group", "network"],
+    )
     counts: dict[tuple[str, str], int] = {}
     if plane is not None:  # every configured group shows, at 0 until its selection first moves
         for group in plane.spec.groups:
@@ -234,8 +279,11 @@ def _error_variants() -> list[str]:
 def _reloads(stats: Any) -> Metric:
     """Applies by result; a refusal by its ApplyError variant, ``error=""`` for an applied one."""
     applied, refused = RELOAD_RESULTS
-    family = CounterMetricFamily("honk_reloads", "Configuration applies (reloads, API edits) by result and, "
-                                 "for a refusal, its error variant.", labels=["result", "error"])
+    family = CounterMetricFamily(
+        "honk_reloads",
+        "Configuration applies (reloads, API edits) by result and, for a refusal, its error variant.",
+        labels=["result", "error"],
+    )
     counts = dict.fromkeys([(applied, ""), *((refused, variant) for variant in _error_variants())], 0)
     counts.update(stats.reloads)
     for labels, n in counts.items():
@@ -250,14 +298,20 @@ def _plane_epoch(control: Control, plane: Any) -> Metric:
         epoch = getattr(control, "generation", None)
     if epoch is None:
         epoch = getattr(plane, "generation", 0) if plane is not None else 0
-    return GaugeMetricFamily("honk_plane_epoch", "The published plane's epoch: 0 before the first, "
-                             "+1 per published plane.", value=epoch)
+    return GaugeMetricFamily(
+        "honk_plane_epoch",
+        "The published plane's epoch: 0 before the first, +1 per published plane.",
+        value=epoch,
+    )
 
 
 def _draining_versions(control: Control) -> Metric:
     """Per tag, outbound versions that left service and still hold flows (none without a drainer)."""
-    family = GaugeMetricFamily("honk_outbound_draining_versions", "Outbound versions that left service "
-                               "and still hold flows, by outbound tag.", labels=["tag"])
+    family = GaugeMetricFamily(
+        "honk_outbound_draining_versions",
+        "Outbound versions that left service and still hold flows, by outbound tag.",
+        labels=["tag"],
+    )
     drainer = getattr(control, "drainer", None)
     if drainer is not None:
         for tag, n in sorted(drainer.draining().items()):
@@ -272,10 +326,20 @@ def _score_rows(plane: Any, score: dict) -> dict[tuple[str, str], dict]:
     """``/stats.score`` entries by (group, network): every configured Score group at zero on both
     networks first (a rate over a series that appears late misses its first counts), then what
     the ScoreState has counted."""
-    zero = {"reasons": dict.fromkeys(FINAL_REASONS, 0), "candidates": dict.fromkeys(CANDIDATE_COUNTERS, 0),
-            "ordinarySwitch": 0, "switchFlap": 0, "coldAllowance": 0, "coldSpent": 0}
-    rows = {(group.name, network): zero for group in plane.spec.groups if group.policy is Policy.SCORE
-            for network in _NETWORKS}
+    zero = {
+        "reasons": dict.fromkeys(FINAL_REASONS, 0),
+        "candidates": dict.fromkeys(CANDIDATE_COUNTERS, 0),
+        "ordinarySwitch": 0,
+        "switchFlap": 0,
+        "coldAllowance": 0,
+        "coldSpent": 0,
+    }
+    rows = {
+        (group.name, network): zero
+        for group in plane.spec.groups
+        if group.policy is Policy.SCORE
+        for network in _NETWORKS
+    }
     rows.update({(entry["group"], entry["network"]): entry for entry in score["groups"]})
     return rows
 
@@ -283,25 +347,44 @@ def _score_rows(plane: Any, score: dict) -> dict[tuple[str, str], dict]:
 def _score(plane: Any) -> Iterator[Metric]:
     """Score's fixed counters per group and network, and its evidence cache totals (GH-K-130)."""
     group_labels = ["group", "network"]
-    reasons = CounterMetricFamily("honk_score_reason", "Applied multi-candidate Score ranks by final reason.",
-                                  labels=[*group_labels, "reason"])
-    candidates = CounterMetricFamily("honk_score_candidate", "Score candidates affected by a filter "
-                                     "(candidates, not flows).", labels=[*group_labels, "counter"])
-    switches = CounterMetricFamily("honk_score_ordinary_switch", "Committed ordinary Score winner changes "
-                                   "(first choices and trials excluded).", labels=group_labels)
-    flaps = CounterMetricFamily("honk_score_switch_flap", "Ordinary Score switches that returned to the "
-                                "previous winner soon after leaving it (a subset of the switches).",
-                                labels=group_labels)
-    allowance = GaugeMetricFamily("honk_score_cold_allowance", "Score trial budget: the cold allowance "
-                                  "frozen for the group's scopes.", labels=group_labels)
-    spent = CounterMetricFamily("honk_score_cold_spent", "Score optional trials spent (cold and recovery).",
-                                labels=group_labels)
-    entries = GaugeMetricFamily("honk_score_cache_entries", "Score evidence cells held, by cache layer.",
-                                labels=["layer"])
-    capacity = GaugeMetricFamily("honk_score_cache_capacity", "Score evidence cells a cache layer holds "
-                                 "at most.", labels=["layer"])
-    evictions = CounterMetricFamily("honk_score_cache_evictions", "Score evidence cells evicted, by cache "
-                                    "layer.", labels=["layer"])
+    reasons = CounterMetricFamily(
+        "honk_score_reason",
+        "Applied multi-candidate Score ranks by final reason.",
+        labels=[*group_labels, "reason"],
+    )
+    candidates = CounterMetricFamily(
+        "honk_score_candidate",
+        "Score candidates affected by a filter (candidates, not flows).",
+        labels=[*group_labels, "counter"],
+    )
+    switches = CounterMetricFamily(
+        "honk_score_ordinary_switch",
+        "Committed ordinary Score winner changes (first choices and trials excluded).",
+        labels=group_labels,
+    )
+    flaps = CounterMetricFamily(
+        "honk_score_switch_flap",
+        "Ordinary Score switches that returned to the "
+        "previous winner soon after leaving it (a subset of the switches).",
+        labels=group_labels,
+    )
+    allowance = GaugeMetricFamily(
+        "honk_score_cold_allowance",
+        "Score trial budget: the cold allowance frozen for the group's scopes.",
+        labels=group_labels,
+    )
+    spent = CounterMetricFamily(
+        "honk_score_cold_spent", "Score optional trials spent (cold and recovery).", labels=group_labels
+    )
+    entries = GaugeMetricFamily(
+        "honk_score_cache_entries", "Score evidence cells held, by cache layer.", labels=["layer"]
+    )
+    capacity = GaugeMetricFamily(
+        "honk_score_cache_capacity", "Score evidence cells a cache layer holds at most.", labels=["layer"]
+    )
+    evictions = CounterMetricFamily(
+        "honk_score_cache_evictions", "Score evidence cells evicted, by cache layer.", labels=["layer"]
+    )
     if plane is not None:
         score = plane.groups.score.stats()
         for (group, network), row in _score_rows(plane, score).items():
@@ -331,25 +414,38 @@ def _dns(service: Any) -> Iterator[Metric]:
 
     stats, cache = service.stats, service.cache
     upstreams = [upstream.name for upstream in service.spec.upstreams]
-    queries = CounterMetricFamily("honk_dns_queries", "DNS queries answered, by the request rule's action "
-                                  "(an upstream's name, asis or reject) and result (cached, answered, negative, "
-                                  "error, failed, rejected).", labels=["upstream", "result"])
+    queries = CounterMetricFamily(
+        "honk_dns_queries",
+        "DNS queries answered, by the request rule's action "
+        "(an upstream's name, asis or reject) and result (cached, answered, negative, "
+        "error, failed, rejected).",
+        labels=["upstream", "result"],
+    )
     counts = dict.fromkeys([(name, result) for name in upstreams for result in DNS_QUERY_RESULTS], 0)
     counts.update(stats.queries)
     for labels, n in counts.items():
         queries.add_metric(list(labels), n)
     yield queries
-    yield CounterMetricFamily("honk_dns_cache_hits", "DNS cache lookups that found a live answer.",
-                              value=cache.hits)
-    yield CounterMetricFamily("honk_dns_cache_misses", "DNS cache lookups that found no live answer.",
-                              value=cache.misses)
-    yield CounterMetricFamily("honk_dns_cache_evictions", "Live DNS answers evicted to keep the cache "
-                              "within its entry or byte bound.", value=cache.evictions)
+    yield CounterMetricFamily(
+        "honk_dns_cache_hits", "DNS cache lookups that found a live answer.", value=cache.hits
+    )
+    yield CounterMetricFamily(
+        "honk_dns_cache_misses", "DNS cache lookups that found no live answer.", value=cache.misses
+    )
+    yield CounterMetricFamily(
+        "honk_dns_cache_evictions",
+        "Live DNS answers evicted to keep the cache within its entry or byte bound.",
+        value=cache.evictions,
+    )
     yield GaugeMetricFamily("honk_dns_cache_entries", "DNS answers cached now.", value=len(cache))
-    yield GaugeMetricFamily("honk_dns_cache_bytes", "Estimated memory the cached DNS answers hold.",
-                            value=cache.bytes)
-    latency = HistogramMetricFamily("honk_dns_upstream_latency_seconds", "Round trips of DNS exchanges "
-                                    "that an upstream answered, by upstream.", labels=["upstream"])
+    yield GaugeMetricFamily(
+        "honk_dns_cache_bytes", "Estimated memory the cached DNS answers hold.", value=cache.bytes
+    )
+    latency = HistogramMetricFamily(
+        "honk_dns_upstream_latency_seconds",
+        "Round trips of DNS exchanges that an upstream answered, by upstream.",
+        labels=["upstream"],
+    )
     histograms = {name: LatencyHistogram() for name in upstreams}
     histograms.update(stats.latency)
     for name, histogram in histograms.items():
@@ -360,19 +456,29 @@ def _dns(service: Any) -> Iterator[Metric]:
 def _process(stats: Any) -> Iterator[Metric]:
     """Resident memory and open descriptors from /proc/self (Linux), the descriptor limit and the
     flows refused because the flows' share of it was spent."""
-    yield CounterMetricFamily("honk_descriptor_refusals", "New flows refused at once because the flows' "
-                              "share of the descriptor limit was spent.", value=stats.descriptor_refusals)
+    yield CounterMetricFamily(
+        "honk_descriptor_refusals",
+        "New flows refused at once because the flows' share of the descriptor limit was spent.",
+        value=stats.descriptor_refusals,
+    )
     if stats.descriptor_limit:
-        yield GaugeMetricFamily("honk_process_max_fds", "The descriptor limit honk runs with (its soft "
-                                "RLIMIT_NOFILE, raised to the hard limit at start).", value=stats.descriptor_limit)
+        yield GaugeMetricFamily(
+            "honk_process_max_fds",
+            "The descriptor limit honk runs with (its soft "
+            "RLIMIT_NOFILE, raised to the hard limit at start).",
+            value=stats.descriptor_limit,
+        )
     try:
         with open("/proc/self/statm", "rb") as f:
             resident_pages = int(f.read().split()[1])
     except (OSError, IndexError, ValueError):
         pass
     else:
-        yield GaugeMetricFamily("honk_process_resident_memory_bytes", "Resident set size of the honk process.",
-                                value=resident_pages * _PAGE_SIZE)
+        yield GaugeMetricFamily(
+            "honk_process_resident_memory_bytes",
+            "Resident set size of the honk process.",
+            value=resident_pages * _PAGE_SIZE,
+        )
     try:
         fds = len(os.listdir("/proc/self/fd"))
     except OSError:

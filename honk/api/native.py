@@ -46,8 +46,6 @@ GEODATA_FAILED_STATUS = 422  # a geodata update with a file not updated, or whos
 # --- request helpers -------------------------------------------------------------------------
 
 
-
-
 def invalid(message: str) -> ApiError:
     return ApiError(400, "invalid_request", message)
 
@@ -125,12 +123,19 @@ def routes(control: Control) -> list[web.RouteDef]:
         plane = running_plane(control)
         bound = control.api.bound if control.api is not None else None
         address = f"{bound[0]}:{bound[1]}" if bound else None
-        return reply(views.status_view(
-            version=__version__, uptime=control.clock.now() - control.started_at,
-            generation=control.generation, mode=control.mode.mode, plane=plane,
-            alive=control.health.alive, flows=control.tracker.snapshot(), totals=control.tracker.totals(),
-            address=address,
-        ))
+        return reply(
+            views.status_view(
+                version=__version__,
+                uptime=control.clock.now() - control.started_at,
+                generation=control.generation,
+                mode=control.mode.mode,
+                plane=plane,
+                alive=control.health.alive,
+                flows=control.tracker.snapshot(),
+                totals=control.tracker.totals(),
+                address=address,
+            )
+        )
 
     # --- groups --------------------------------------------------------------------------
 
@@ -175,15 +180,23 @@ def routes(control: Control) -> list[web.RouteDef]:
             raise ApiError(400, "member_not_found", f"{member!r} is not a member of group {name!r}") from None
         except UnknownGroup:
             raise refused(name) from None
-        return reply({"group": name, "member": member, "network": network_text(network),
-                      "changed": [net.value for net in changed]})
+        return reply(
+            {
+                "group": name,
+                "member": member,
+                "network": network_text(network),
+                "changed": [net.value for net in changed],
+            }
+        )
 
     async def delete_selection(request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         network = network_of(request.query.get("network"), "network")
         kind = policy_of(name)
         if kind not in views.FIXABLE_POLICIES:
-            raise not_a_selector(name, f"is a {kind.value} group; only urltest and fallback groups are pinned")
+            raise not_a_selector(
+                name, f"is a {kind.value} group; only urltest and fallback groups are pinned"
+            )
         try:
             cleared = await control.pin(name, None, network)
         except UnknownGroup:
@@ -201,7 +214,9 @@ def routes(control: Control) -> list[web.RouteDef]:
     async def list_nodes(request: web.Request) -> web.StreamResponse:
         plane, alive = running_plane(control), control.health.alive
         specs = views.node_specs(plane.spec)
-        nodes = await encode_each(plane.outbounds, lambda name: dumps(views.node_view(plane, alive, name, specs)))
+        nodes = await encode_each(
+            plane.outbounds, lambda name: dumps(views.node_view(plane, alive, name, specs))
+        )
         return await stream_json(request, '{"nodes":[', nodes, "]}")
 
     async def get_node(request: web.Request) -> web.StreamResponse:
@@ -231,17 +246,27 @@ def routes(control: Control) -> list[web.RouteDef]:
             results = await test_group(control, target, url, timeout)
         else:
             raise ApiError(404, "node_not_found", f"no node or group named {target!r}")
-        return reply({
-            "target": target, "url": url, "kind": kind,
-            "results": {name: {"delay_ms": views.millis(r.delay), "error": r.error} for name, r in results.items()},
-        })
+        return reply(
+            {
+                "target": target,
+                "url": url,
+                "kind": kind,
+                "results": {
+                    name: {"delay_ms": views.millis(r.delay), "error": r.error} for name, r in results.items()
+                },
+            }
+        )
 
     # --- connections -------------------------------------------------------------------------
 
     async def list_connections(request: web.Request) -> web.StreamResponse:
         up, down = control.tracker.totals()
-        return reply({"connections": [views.conn_view(info) for info in control.tracker.snapshot()],
-                      "totals": {"up": up, "down": down}})
+        return reply(
+            {
+                "connections": [views.conn_view(info) for info in control.tracker.snapshot()],
+                "totals": {"up": up, "down": down},
+            }
+        )
 
     async def close(ids: list[str]) -> int:
         """Ask each flow to end, then wait (bounded) until they have, so a list right after
@@ -262,8 +287,15 @@ def routes(control: Control) -> list[web.RouteDef]:
         group = request.query.get("group")
         node = request.query.get("node")
         everything = flag(request, "all")
-        given = [what for what, present in (("group", group is not None), ("node", node is not None),
-                                            ("all", everything)) if present]
+        given = [
+            what
+            for what, present in (
+                ("group", group is not None),
+                ("node", node is not None),
+                ("all", everything),
+            )
+            if present
+        ]
         if not given:
             raise ApiError(400, "filter_required", "give one of group=, node= or all=true")
         if len(given) > 1:
@@ -320,8 +352,10 @@ def routes(control: Control) -> list[web.RouteDef]:
             return reply(report.to_json())
         failed = [a.name for a in report.assets if a.status == "failed"]
         message = f"{', '.join(failed)}: not updated" if failed else f"reload refused: {report.reload_error}"
-        return reply({"error": {"code": "geodata_update_failed", "message": message}, **report.to_json()},
-                     status=GEODATA_FAILED_STATUS)
+        return reply(
+            {"error": {"code": "geodata_update_failed", "message": message}, **report.to_json()},
+            status=GEODATA_FAILED_STATUS,
+        )
 
     # --- users ----------------------------------------------------------------------------------
 
@@ -412,16 +446,40 @@ async def check_text(control: Control, text: str, fmt: str, base_dir: str) -> tu
         await control.check_spec(spec, Path(base_dir) / "posted")
     except ConfigError as exc:
         errors = len(exc.errors)
-        return ({"error": {"code": "config_invalid", "message": f"the configuration has {errors} error(s)"},
-                 "diagnostics": [views.diag_view(d) for d in exc.diagnostics]}, 422)
+        return (
+            {
+                "error": {"code": "config_invalid", "message": f"the configuration has {errors} error(s)"},
+                "diagnostics": [views.diag_view(d) for d in exc.diagnostics],
+            },
+            422,
+        )
     except ApplyError as exc:  # loads, but a start would refuse it (a rule, a handler, a reference)
-        return ({"error": {"code": "config_invalid", "message": str(exc)},
-                 "diagnostics": [{"severity": "error", "code": exc.variant, "key_path": "",
-                                  "line": None, "column": None, "message": str(exc)}]}, 422)
-    return ({"ok": True, "summary": summary(spec), "diagnostics": [views.diag_view(d) for d in spec.diagnostics]},
-            200)
+        return (
+            {
+                "error": {"code": "config_invalid", "message": str(exc)},
+                "diagnostics": [
+                    {
+                        "severity": "error",
+                        "code": exc.variant,
+                        "key_path": "",
+                        "line": None,
+                        "column": None,
+                        "message": str(exc),
+                    }
+                ],
+            },
+            422,
+        )
+    return (
+        {"ok": True, "summary": summary(spec), "diagnostics": [views.diag_view(d) for d in spec.diagnostics]},
+        200,
+    )
 
 
 def log_line(event: LogEvent) -> dict[str, Any]:
-    return {"time": views.rfc3339(event.wall), "level": event.level, "logger": event.logger,
-            "message": event.message}
+    return {
+        "time": views.rfc3339(event.wall),
+        "level": event.level,
+        "logger": event.logger,
+        "message": event.message,
+    }

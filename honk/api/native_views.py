@@ -123,7 +123,9 @@ def server_text(host: str, port: int) -> str:
 
 
 def _history(entries: Iterable[tuple[float, float, bool]]) -> list[JSON]:
-    return [{"time": rfc3339(at), "delay_ms": millis(delay), "failed": failed} for at, delay, failed in entries]
+    return [
+        {"time": rfc3339(at), "delay_ms": millis(delay), "failed": failed} for at, delay, failed in entries
+    ]
 
 
 def link_view(alive: AliveDialerSet, node_id: uuid.UUID, domain: Domain, family: Family) -> JSON:
@@ -150,21 +152,29 @@ def health_view(alive: AliveDialerSet, node_id: uuid.UUID | None) -> JSON:
 
 def latency_view(alive: AliveDialerSet, node_id: uuid.UUID | None) -> JSON:
     """The node's real latency samples (synthetic placeholders are display-excluded)."""
-    samples = [] if node_id is None else [(at, d) for at, d, synthetic in alive.latency_history(node_id)
-                                           if not synthetic]
+    samples = (
+        []
+        if node_id is None
+        else [(at, d) for at, d, synthetic in alive.latency_history(node_id) if not synthetic]
+    )
     return {
         "last_ms": millis(samples[-1][1]) if samples else None,
         "history": [{"time": rfc3339(at), "delay_ms": millis(delay)} for at, delay in samples],
     }
 
 
-def node_view(plane: Plane, alive: AliveDialerSet, name: str,
-              specs: Mapping[str, NodeSpec] | None = None) -> JSON:
+def node_view(
+    plane: Plane, alive: AliveDialerSet, name: str, specs: Mapping[str, NodeSpec] | None = None
+) -> JSON:
     """The Node object of outbound ``name`` (KeyError when there is none)."""
     leaf = plane.outbounds[name]
     node_id = node_id_of(leaf)
     # a node declared under a builtin's name is ignored by the registry: the builtin has no spec
-    nspec = None if name in BUILTIN_OUTBOUNDS else (specs if specs is not None else node_specs(plane.spec)).get(name)
+    nspec = (
+        None
+        if name in BUILTIN_OUTBOUNDS
+        else (specs if specs is not None else node_specs(plane.spec)).get(name)
+    )
     return {
         "name": name,
         "id": str(node_id) if node_id is not None else None,
@@ -189,10 +199,15 @@ def node_alive(alive: AliveDialerSet, node_id: uuid.UUID, family: Family) -> boo
 
 def node_counts(plane: Plane, alive: AliveDialerSet) -> JSON:
     """Proxy nodes (outbounds with a NodeId) in total and alive."""
-    families = {node_id: health_family_of(leaf) for leaf in plane.outbounds.values()
-                if (node_id := node_id_of(leaf)) is not None}
-    return {"total": len(families),
-            "alive": sum(1 for node_id, family in families.items() if node_alive(alive, node_id, family))}
+    families = {
+        node_id: health_family_of(leaf)
+        for leaf in plane.outbounds.values()
+        if (node_id := node_id_of(leaf)) is not None
+    }
+    return {
+        "total": len(families),
+        "alive": sum(1 for node_id, family in families.items() if node_alive(alive, node_id, family)),
+    }
 
 
 # --- connections, diagnostics ---------------------------------------------------------------
@@ -263,9 +278,18 @@ def version_view(version: str, pid: int, started_wall: float, uptime: float) -> 
     }
 
 
-def status_view(*, version: str, uptime: float, generation: int, mode: str, plane: Plane,
-                alive: AliveDialerSet, flows: Iterable[ConnectionInfo], totals: tuple[int, int],
-                address: str | None) -> JSON:
+def status_view(
+    *,
+    version: str,
+    uptime: float,
+    generation: int,
+    mode: str,
+    plane: Plane,
+    alive: AliveDialerSet,
+    flows: Iterable[ConnectionInfo],
+    totals: tuple[int, int],
+    address: str | None,
+) -> JSON:
     by_network = {net.value: 0 for net in NETWORKS}
     for info in flows:
         by_network[info.network.value] += 1

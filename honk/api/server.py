@@ -182,8 +182,10 @@ class ApiServer:
         assert self._sock is not None and self.bound is not None
         asyncio.get_running_loop().add_reader(self._sock.fileno(), self._first_connection)
         host = parse_host_port(self.spec.external_controller or DEFAULT_CLASH_API_CONTROLLER)[0]
-        log.info("API listening %s", kv(address=f"{host}:{self.bound[1]}",
-                                        auth="secret" if self.spec.secret else "none"))
+        log.info(
+            "API listening %s",
+            kv(address=f"{host}:{self.bound[1]}", auth="secret" if self.spec.secret else "none"),
+        )
 
     def close_unserved(self) -> None:
         """Release a socket bound for an apply that was refused."""
@@ -205,7 +207,9 @@ class ApiServer:
         runner = webapp.runner(app)
         await runner.setup()
         self.app, self._runner = app, runner
-        task = asyncio.get_running_loop().create_task(self._retire(old_app, old_runner), name="honk-api-retire")
+        task = asyncio.get_running_loop().create_task(
+            self._retire(old_app, old_runner), name="honk-api-retire"
+        )
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
@@ -229,8 +233,10 @@ class ApiServer:
         if task.cancelled() or (exc := task.exception()) is None or self._loading is not task:
             return
         self._loading = None
-        log.warning("API failed to load, retrying %s",
-                    kv(error=type(exc).__name__, reason=str(exc) or "-", retry_in=f"{LOAD_RETRY}s"))
+        log.warning(
+            "API failed to load, retrying %s",
+            kv(error=type(exc).__name__, reason=str(exc) or "-", retry_in=f"{LOAD_RETRY}s"),
+        )
         self._load_retry = self.control.clock.call_later(LOAD_RETRY, self._rearm)
 
     def _rearm(self) -> None:
@@ -258,7 +264,8 @@ class ApiServer:
         try:
             # the factory reads the current runner, so a swap serves new connections at once
             self._server = await asyncio.get_running_loop().create_server(
-                self.guard.wrap(lambda: self._runner.server()), sock=self._sock, backlog=BACKLOG)
+                self.guard.wrap(lambda: self._runner.server()), sock=self._sock, backlog=BACKLOG
+            )
         except BaseException:
             await runner.cleanup()
             self.app = self._runner = None
@@ -272,7 +279,9 @@ class ApiServer:
             await self.stop()
             return
         self._server.close()
-        task = asyncio.get_running_loop().create_task(self._retire(self.app, self._runner), name="honk-api-retire")
+        task = asyncio.get_running_loop().create_task(
+            self._retire(self.app, self._runner), name="honk-api-retire"
+        )
         self.app = self._runner = None
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

@@ -218,8 +218,9 @@ async def log_frames(subscription: LogSubscription, formatter: LogFormatter) -> 
         subscription.close()
 
 
-async def serve_log_lines(request: web.Request, control: Control, subscription: LogSubscription,
-                          formatter: LogFormatter) -> web.StreamResponse:
+async def serve_log_lines(
+    request: web.Request, control: Control, subscription: LogSubscription, formatter: LogFormatter
+) -> web.StreamResponse:
     """A log stream (WebSocket or chunked lines) of ``subscription`` in ``formatter``'s shape."""
     return await serve(request, log_frames(subscription, formatter), control)
 

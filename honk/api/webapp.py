@@ -72,11 +72,13 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """A preflight is answered here, before authentication (it carries no token)."""
     if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
         response = web.Response(status=204)
-        response.headers.update({
-            "Access-Control-Allow-Methods": CORS_METHODS,
-            "Access-Control-Allow-Headers": CORS_HEADERS,
-            "Access-Control-Max-Age": CORS_MAX_AGE,
-        })
+        response.headers.update(
+            {
+                "Access-Control-Allow-Methods": CORS_METHODS,
+                "Access-Control-Allow-Headers": CORS_HEADERS,
+                "Access-Control-Max-Age": CORS_MAX_AGE,
+            }
+        )
         if request.headers.get("Access-Control-Request-Private-Network", "").lower() == "true":
             response.headers["Access-Control-Allow-Private-Network"] = "true"
         return response
@@ -176,8 +178,13 @@ def guard_middleware(guard: ConnectionGuard) -> Callable[..., Awaitable[web.Stre
     return middleware
 
 
-def build_app(control: Control, secret: str, sources: Iterable[RouteSource],
-              guard: ConnectionGuard | None = None, ui_dir: Path | None = None) -> web.Application:
+def build_app(
+    control: Control,
+    secret: str,
+    sources: Iterable[RouteSource],
+    guard: ConnectionGuard | None = None,
+    ui_dir: Path | None = None,
+) -> web.Application:
     middlewares = [cors_middleware, error_middleware, auth_middleware(secret, control), body_limit_middleware]
     if guard is not None:
         middlewares.insert(0, guard_middleware(guard))

@@ -28,7 +28,9 @@ from urllib.parse import quote, urlencode, urlsplit
 from honk import __version__
 
 DEFAULT_TIMEOUT = 10.0  # seconds per request (connect, then each read)
-DELAY_SLACK = 5.0  # seconds past a delay test's own timeout: the daemon answers within timeout + a small slack
+DELAY_SLACK = (
+    5.0  # seconds past a delay test's own timeout: the daemon answers within timeout + a small slack
+)
 STREAM_READ = 65536  # bytes asked of a stream per read
 ERROR_SNIPPET = 200  # characters of a non-JSON error body quoted in the message
 USER_AGENT = f"honkctl/{__version__}"
@@ -113,8 +115,9 @@ class ApiClient:
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
         if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
-                                               context=ssl.create_default_context())
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=ssl.create_default_context()
+            )
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
@@ -131,9 +134,15 @@ class ApiClient:
             target += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         return target
 
-    def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: bytes | None,
-              content_type: str | None, timeout: float | None
-              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: bytes | None,
+        content_type: str | None,
+        timeout: float | None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send the request and read the response head; ConnectError on any transport failure."""
         conn = self._connection(timeout)
         try:
@@ -174,9 +183,18 @@ class ApiClient:
 
     # --- requests ------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None,
-                json_body: Any = None, text_body: str | None = None, content_type: str | None = None,
-                timeout: float | None = None, accept: tuple[int, ...] = ()) -> Reply:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        text_body: str | None = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+        accept: tuple[int, ...] = (),
+    ) -> Reply:
         """One request; the JSON reply for a 2xx status or one in ``accept``, else ApiCallError."""
         body: bytes | None = None
         if json_body is not None:
@@ -199,8 +217,9 @@ class ApiClient:
         except ValueError:
             data = None
             if 200 <= resp.status < 300 or resp.status in accept:
-                raise ApiCallError(resp.status, "bad_response",
-                                   f"the answer is not JSON: {text.strip()[:ERROR_SNIPPET]!r}") from None
+                raise ApiCallError(
+                    resp.status, "bad_response", f"the answer is not JSON: {text.strip()[:ERROR_SNIPPET]!r}"
+                ) from None
         if 200 <= resp.status < 300 or resp.status in accept:
             return Reply(resp.status, data, text)
         raise self._error(resp.status, resp.reason, text, data)
@@ -217,8 +236,9 @@ class ApiClient:
     def delete(self, path: str, **kw: Any) -> Any:
         return self.request("DELETE", path, **kw).data
 
-    def lines(self, path: str, *, query: Mapping[str, Any] | None = None,
-              idle: float | None = None) -> Iterator[str]:
+    def lines(
+        self, path: str, *, query: Mapping[str, Any] | None = None, idle: float | None = None
+    ) -> Iterator[str]:
         """The lines of a streamed (chunked NDJSON) body, without their newlines, as they arrive.
 
         ``idle``: stop quietly once no line arrived for that many seconds; None waits forever.

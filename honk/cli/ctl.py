@@ -55,8 +55,20 @@ GEODATA_UPDATE_TIMEOUT = len(GEODATA_NAMES) * GEODATA_FILE_BUDGET + RELOAD_TIMEO
 GEODATA_FAILED_STATUS = 422  # the API's answer when a file was not updated (its body is the report)
 # `dns query`'s names for the numbers mihomo's JSON carries (RFC 1035, 3596, 2782, 9460, 8659, 6895);
 # not dnspython's tables: honkctl starts without it
-DNS_TYPE_NAMES = {1: "A", 2: "NS", 5: "CNAME", 6: "SOA", 12: "PTR", 15: "MX", 16: "TXT", 28: "AAAA",
-                  33: "SRV", 64: "SVCB", 65: "HTTPS", 257: "CAA"}
+DNS_TYPE_NAMES = {
+    1: "A",
+    2: "NS",
+    5: "CNAME",
+    6: "SOA",
+    12: "PTR",
+    15: "MX",
+    16: "TXT",
+    28: "AAAA",
+    33: "SRV",
+    64: "SVCB",
+    65: "HTTPS",
+    257: "CAA",
+}
 DNS_RCODE_NAMES = {0: "NOERROR", 1: "FORMERR", 2: "SERVFAIL", 3: "NXDOMAIN", 4: "NOTIMP", 5: "REFUSED"}
 DNS_SECTIONS = ("Answer", "Authority", "Additional")
 ZERO_TIME_YEAR = 1  # mihomo's hitAt/missAt of a rule never hit or missed: Go's zero time, year 1
@@ -79,7 +91,11 @@ EXIT_CODES: dict[int, str] = {
 UNAUTHORIZED_MESSAGE = "error: unauthorized: the API secret was rejected (set --secret or HONK_API_SECRET)"
 
 CONFIG_FORMATS = {".dae": "dae", ".toml": "toml", ".json": "json"}
-ANY_HOST = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # a wildcard listener is reached on loopback
+ANY_HOST = {
+    "0.0.0.0": "127.0.0.1",
+    "": "127.0.0.1",
+    "::": "::1",
+}  # a wildcard listener is reached on loopback
 
 
 def _epilog() -> str:
@@ -171,8 +187,9 @@ def read_file_api(path: str) -> FileApi:
 class Ctl:
     """Per-invocation state: options as given, resolved into a client on first use."""
 
-    def __init__(self, api: str | None, secret: str | None, config: str | None, as_json: bool,
-                 timeout: float) -> None:
+    def __init__(
+        self, api: str | None, secret: str | None, config: str | None, as_json: bool, timeout: float
+    ) -> None:
         self.api = api
         self.secret = secret
         self.config = config
@@ -259,8 +276,14 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 
 def json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--json`` also after the command name (``honkctl groups --json``)."""
-    return click.option("--json", "as_json", is_flag=True, expose_value=False, callback=_set_json,
-                        help="Print the API's JSON as received.")(f)
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_json,
+        help="Print the API's JSON as received.",
+    )(f)
 
 
 class Spinner:
@@ -300,19 +323,42 @@ class Spinner:
 
 @click.group(cls=CtlGroup, epilog=_epilog(), context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="honkctl")
-@click.option("--api", envvar="HONK_API", default=None, metavar="URL",
-              help="Base URL of the daemon's API, e.g. http://127.0.0.1:9090 (HONK_API).")
-@click.option("--secret", envvar=["HONK_API_SECRET", "HONK_SECRET"], default=None, metavar="SECRET",
-              help="API secret (HONK_API_SECRET; HONK_SECRET is still read).")
-@click.option("-c", "--config", "config", type=click.Path(dir_okay=False), default=None,
-              help=f"honk configuration to read the API address and secret from [default: {DEFAULT_CONFIG} "
-                   "if it exists].")
+@click.option(
+    "--api",
+    envvar="HONK_API",
+    default=None,
+    metavar="URL",
+    help="Base URL of the daemon's API, e.g. http://127.0.0.1:9090 (HONK_API).",
+)
+@click.option(
+    "--secret",
+    envvar=["HONK_API_SECRET", "HONK_SECRET"],
+    default=None,
+    metavar="SECRET",
+    help="API secret (HONK_API_SECRET; HONK_SECRET is still read).",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help=f"honk configuration to read the API address and secret from [default: {DEFAULT_CONFIG} "
+    "if it exists].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the API's JSON as received (for scripts).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT,
-              show_default=True, metavar="SECONDS", help="Per-request timeout.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="Per-request timeout.",
+)
 @click.pass_context
-def cli(ctx: click.Context, api: str | None, secret: str | None, config: str | None, as_json: bool,
-        timeout: float) -> None:
+def cli(
+    ctx: click.Context, api: str | None, secret: str | None, config: str | None, as_json: bool, timeout: float
+) -> None:
     """Inspect and steer a running honk daemon.
 
     Talks to the daemon's native API (/v1), and for `dns` and `rules` to its
@@ -329,17 +375,19 @@ def _status_text(d: dict[str, Any]) -> str:
     traffic = d.get("traffic") or {}
     nodes = d.get("nodes") or {}
     api = d.get("api") or {}
-    return tables.pairs([
-        ("honk", d.get("version")),
-        ("uptime", tables.duration(d.get("uptime_s"))),
-        ("generation", d.get("generation")),
-        ("mode", d.get("mode")),
-        ("connections", f"tcp {conns.get('tcp', 0)}, udp {conns.get('udp', 0)}"),
-        ("traffic", f"up {tables.size(traffic.get('up'))}, down {tables.size(traffic.get('down'))}"),
-        ("nodes", f"{nodes.get('alive', 0)} alive of {nodes.get('total', 0)}"),
-        ("groups", d.get("groups")),
-        ("api", api.get("address")),
-    ])
+    return tables.pairs(
+        [
+            ("honk", d.get("version")),
+            ("uptime", tables.duration(d.get("uptime_s"))),
+            ("generation", d.get("generation")),
+            ("mode", d.get("mode")),
+            ("connections", f"tcp {conns.get('tcp', 0)}, udp {conns.get('udp', 0)}"),
+            ("traffic", f"up {tables.size(traffic.get('up'))}, down {tables.size(traffic.get('down'))}"),
+            ("nodes", f"{nodes.get('alive', 0)} alive of {nodes.get('total', 0)}"),
+            ("groups", d.get("groups")),
+            ("api", api.get("address")),
+        ]
+    )
 
 
 @cli.command()
@@ -361,8 +409,10 @@ def version(ctl: Ctl) -> None:
         return
     d = reply.data
     click.echo(f"honkctl {__version__}")
-    click.echo(f"honk {d.get('version')} (api {d.get('api')}, pid {d.get('pid')}, "
-               f"up {tables.duration(d.get('uptime_s'))})")
+    click.echo(
+        f"honk {d.get('version')} (api {d.get('api')}, pid {d.get('pid')}, "
+        f"up {tables.duration(d.get('uptime_s'))})"
+    )
 
 
 # --- groups ------------------------------------------------------------------------------------
@@ -383,8 +433,10 @@ def _served(group: dict[str, Any], net: str) -> str:
 
 
 def _groups_text(d: dict[str, Any]) -> str:
-    rows = [(g.get("name"), g.get("policy"), _served(g, "tcp"), _served(g, "udp"), len(g.get("members") or []))
-            for g in d.get("groups") or []]
+    rows = [
+        (g.get("name"), g.get("policy"), _served(g, "tcp"), _served(g, "udp"), len(g.get("members") or []))
+        for g in d.get("groups") or []
+    ]
     return tables.table(("NAME", "POLICY", "TCP", "UDP", "MEMBERS"), rows, right=(4,))
 
 
@@ -401,23 +453,27 @@ def _per_network(value: dict[str, Any] | None) -> str | None:
 
 def _group_text(g: dict[str, Any]) -> str:
     chain = g.get("chain") or {}
-    head = tables.pairs([
-        ("name", g.get("name")),
-        ("id", g.get("id")),
-        ("policy", g.get("policy")),
-        ("tcp", _served(g, "tcp")),
-        ("tcp chain", " -> ".join(chain.get("tcp") or []) or None),
-        ("udp", _served(g, "udp")),
-        ("udp chain", " -> ".join(chain.get("udp") or []) or None),
-        ("choice", _per_network(g.get("choice"))),
-        ("pinned", _per_network(g.get("pinned"))),
-        ("check url", g.get("check_url")),
-        ("interrupts", "yes" if g.get("interrupt_connections") else "no"),
-        ("leaves", len(g.get("leaves") or [])),
-    ])
+    head = tables.pairs(
+        [
+            ("name", g.get("name")),
+            ("id", g.get("id")),
+            ("policy", g.get("policy")),
+            ("tcp", _served(g, "tcp")),
+            ("tcp chain", " -> ".join(chain.get("tcp") or []) or None),
+            ("udp", _served(g, "udp")),
+            ("udp chain", " -> ".join(chain.get("udp") or []) or None),
+            ("choice", _per_network(g.get("choice"))),
+            ("pinned", _per_network(g.get("pinned"))),
+            ("check url", g.get("check_url")),
+            ("interrupts", "yes" if g.get("interrupt_connections") else "no"),
+            ("leaves", len(g.get("leaves") or [])),
+        ]
+    )
     selection = g.get("selection") or {}
-    rows = [(m, "*" if selection.get("tcp") == m else "", "*" if selection.get("udp") == m else "")
-            for m in g.get("members") or []]
+    rows = [
+        (m, "*" if selection.get("tcp") == m else "", "*" if selection.get("udp") == m else "")
+        for m in g.get("members") or []
+    ]
     return head + "\n\n" + tables.table(("MEMBER", "TCP", "UDP"), rows)
 
 
@@ -438,8 +494,13 @@ def group(ctl: Ctl, name: str) -> None:
     ctl.show(ctl.client.request("GET", f"/v1/groups/{segment(name)}"), _group_text)
 
 
-network_option = click.option("--network", type=click.Choice(NETWORKS), default="both", show_default=True,
-                              help="Which selection to change.")
+network_option = click.option(
+    "--network",
+    type=click.Choice(NETWORKS),
+    default="both",
+    show_default=True,
+    help="Which selection to change.",
+)
 
 
 @cli.command()
@@ -454,13 +515,16 @@ def select(ctl: Ctl, group_name: str, member: str, network: str) -> None:
     On a Selector this sets the choice; on a URLTest or Fallback group it pins
     MEMBER until `unpin`.
     """
-    reply = ctl.client.request("PUT", f"/v1/groups/{segment(group_name)}/selection",
-                               json_body={"member": member, "network": network})
+    reply = ctl.client.request(
+        "PUT", f"/v1/groups/{segment(group_name)}/selection", json_body={"member": member, "network": network}
+    )
 
     def text(d: dict[str, Any]) -> str:
         changed = d.get("changed") or []
         if changed:
-            return f"{d.get('group', group_name)}: {d.get('member', member)} selected for {', '.join(changed)}"
+            return (
+                f"{d.get('group', group_name)}: {d.get('member', member)} selected for {', '.join(changed)}"
+            )
         return f"{d.get('group', group_name)}: {d.get('member', member)} was already selected ({network})"
 
     ctl.show(reply, text)
@@ -476,8 +540,9 @@ def unpin(ctl: Ctl, group_name: str, network: str) -> None:
 
     The group's policy chooses again.
     """
-    reply = ctl.client.request("DELETE", f"/v1/groups/{segment(group_name)}/selection",
-                               query={"network": network})
+    reply = ctl.client.request(
+        "DELETE", f"/v1/groups/{segment(group_name)}/selection", query={"network": network}
+    )
 
     def text(d: dict[str, Any]) -> str:
         cleared = d.get("cleared") or []
@@ -520,8 +585,16 @@ def _nodes_text(d: dict[str, Any]) -> str:
     rows = []
     for n in d.get("nodes") or []:
         tcp = (n.get("health") or {}).get("tcp")
-        rows.append((_node_name(n), n.get("protocol"), _link_status(tcp, "v4"), _link_status(tcp, "v6"),
-                     _udp_status(n), tables.delay((n.get("latency") or {}).get("last_ms"))))
+        rows.append(
+            (
+                _node_name(n),
+                n.get("protocol"),
+                _link_status(tcp, "v4"),
+                _link_status(tcp, "v6"),
+                _udp_status(n),
+                tables.delay((n.get("latency") or {}).get("last_ms")),
+            )
+        )
     return tables.table(("NAME", "PROTOCOL", "TCP4", "TCP6", "UDP", "LAST"), rows, right=(5,))
 
 
@@ -529,31 +602,45 @@ HISTORY_SHOWN = 5  # recent probes listed per link in `node NAME`
 
 
 def _history(entries: Iterable[dict[str, Any]]) -> str:
-    shown = [("x" if e.get("failed") else tables.delay(e.get("delay_ms"))) for e in list(entries)[-HISTORY_SHOWN:]]
+    shown = [
+        ("x" if e.get("failed") else tables.delay(e.get("delay_ms"))) for e in list(entries)[-HISTORY_SHOWN:]
+    ]
     return ", ".join(shown)
 
 
 def _node_text(n: dict[str, Any]) -> str:
     latency = n.get("latency") or {}
-    head = tables.pairs([
-        ("name", n.get("name")),
-        ("id", n.get("id")),
-        ("protocol", n.get("protocol")),
-        ("server", n.get("server")),
-        ("subscription", n.get("subscription")),
-        ("udp", "yes" if n.get("udp") else "no"),
-        ("demoted", "yes" if n.get("demoted") else "no"),
-        ("last delay", tables.delay(latency.get("last_ms"))),
-    ])
+    head = tables.pairs(
+        [
+            ("name", n.get("name")),
+            ("id", n.get("id")),
+            ("protocol", n.get("protocol")),
+            ("server", n.get("server")),
+            ("subscription", n.get("subscription")),
+            ("udp", "yes" if n.get("udp") else "no"),
+            ("demoted", "yes" if n.get("demoted") else "no"),
+            ("last delay", tables.delay(latency.get("last_ms"))),
+        ]
+    )
     rows = []
     for domain, links in (n.get("health") or {}).items():
         for family, link in (links or {}).items():
-            rows.append((domain, family, link.get("status"), tables.delay(link.get("average_ms")),
-                         _history(link.get("history") or [])))
+            rows.append(
+                (
+                    domain,
+                    family,
+                    link.get("status"),
+                    tables.delay(link.get("average_ms")),
+                    _history(link.get("history") or []),
+                )
+            )
     if not rows:
         return head
-    return head + "\n\n" + tables.table(("CHECK", "FAMILY", "STATUS", "AVERAGE", "RECENT (x = failed)"), rows,
-                                        right=(3,))
+    return (
+        head
+        + "\n\n"
+        + tables.table(("CHECK", "FAMILY", "STATUS", "AVERAGE", "RECENT (x = failed)"), rows, right=(3,))
+    )
 
 
 @cli.command()
@@ -580,16 +667,24 @@ def _delay_text(d: dict[str, Any]) -> str:
     rows = []
     for name, result in (d.get("results") or {}).items():
         ms = result.get("delay_ms")
-        rows.append((name, tables.delay(ms) if ms is not None else f"failed: {result.get('error') or 'error'}"))
+        rows.append(
+            (name, tables.delay(ms) if ms is not None else f"failed: {result.get('error') or 'error'}")
+        )
     return tables.table(("NAME", "DELAY"), rows)
 
 
 @cli.command()
 @click.argument("target", metavar="NODE|GROUP")
 @click.option("--url", default=None, help="URL to measure [default: the daemon's delay URL].")
-@click.option("--timeout", "timeout_ms", type=click.IntRange(1, MAX_DELAY_TIMEOUT_MS),
-              default=DEFAULT_DELAY_TIMEOUT_MS, show_default=True, metavar="MS",
-              help="How long the test may take, in milliseconds.")
+@click.option(
+    "--timeout",
+    "timeout_ms",
+    type=click.IntRange(1, MAX_DELAY_TIMEOUT_MS),
+    default=DEFAULT_DELAY_TIMEOUT_MS,
+    show_default=True,
+    metavar="MS",
+    help="How long the test may take, in milliseconds.",
+)
 @json_flag
 @pass_ctl
 def delay(ctl: Ctl, target: str, url: str | None, timeout_ms: int) -> None:
@@ -611,14 +706,28 @@ def delay(ctl: Ctl, target: str, url: str | None, timeout_ms: int) -> None:
 
 def _connections_text(d: dict[str, Any]) -> str:
     conns = d.get("connections") or []
-    rows = [(c.get("id"), c.get("network"), c.get("inbound"), c.get("source"), c.get("target"),
-             " -> ".join(c.get("chain") or []), tables.size(c.get("upload")), tables.size(c.get("download")),
-             tables.age(c.get("start"))) for c in conns]
+    rows = [
+        (
+            c.get("id"),
+            c.get("network"),
+            c.get("inbound"),
+            c.get("source"),
+            c.get("target"),
+            " -> ".join(c.get("chain") or []),
+            tables.size(c.get("upload")),
+            tables.size(c.get("download")),
+            tables.age(c.get("start")),
+        )
+        for c in conns
+    ]
     totals = d.get("totals") or {}
-    table = tables.table(("ID", "NET", "INBOUND", "SOURCE", "TARGET", "CHAIN", "UP", "DOWN", "AGE"), rows,
-                         right=(6, 7, 8))
-    return (f"{table}\n\n{len(conns)} connection(s); since start: up {tables.size(totals.get('up'))}, "
-            f"down {tables.size(totals.get('down'))}")
+    table = tables.table(
+        ("ID", "NET", "INBOUND", "SOURCE", "TARGET", "CHAIN", "UP", "DOWN", "AGE"), rows, right=(6, 7, 8)
+    )
+    return (
+        f"{table}\n\n{len(conns)} connection(s); since start: up {tables.size(totals.get('up'))}, "
+        f"down {tables.size(totals.get('down'))}"
+    )
 
 
 @cli.group(cls=CtlGroup, invoke_without_command=True)
@@ -634,12 +743,16 @@ def connections(ctx: click.Context) -> None:
 
 @connections.command()
 @click.argument("conn_id", metavar="[ID]", required=False)
-@click.option("--group", "group_name", metavar="G", default=None, help="Close every connection through group G.")
+@click.option(
+    "--group", "group_name", metavar="G", default=None, help="Close every connection through group G."
+)
 @click.option("--node", "node_name", metavar="N", default=None, help="Close every connection through node N.")
 @click.option("--all", "close_all", is_flag=True, help="Close every connection.")
 @json_flag
 @pass_ctl
-def close(ctl: Ctl, conn_id: str | None, group_name: str | None, node_name: str | None, close_all: bool) -> None:
+def close(
+    ctl: Ctl, conn_id: str | None, group_name: str | None, node_name: str | None, close_all: bool
+) -> None:
     """Close the connection ID, or those through a group or node, or all."""
     given = sum(x for x in (conn_id is not None, group_name is not None, node_name is not None, close_all))
     if given != 1:
@@ -676,8 +789,9 @@ def users_put(ctl: Ctl, user_set: str, username: str, password_stdin: bool) -> N
         password = click.get_text_stream("stdin").readline().rstrip("\r\n")
     else:
         password = click.prompt("password", hide_input=True, confirmation_prompt=True)
-    reply = ctl.client.request("PUT", f"/v1/users/{segment(user_set)}/{segment(username)}",
-                               json_body={"password": password})
+    reply = ctl.client.request(
+        "PUT", f"/v1/users/{segment(user_set)}/{segment(username)}", json_body={"password": password}
+    )
     ctl.show(reply, lambda d: f"user {username} of {user_set} set")
 
 
@@ -689,16 +803,25 @@ def users_put(ctl: Ctl, user_set: str, username: str, password_stdin: bool) -> N
 def users_remove(ctl: Ctl, user_set: str, username: str) -> None:
     """Remove USER from SET (exit 1 if SET is unknown; a USER not there changes nothing)."""
     reply = ctl.client.request("DELETE", f"/v1/users/{segment(user_set)}/{segment(username)}")
-    ctl.show(reply, lambda d: f"user {username} removed from {user_set}" if d.get("removed")
-             else f"{user_set} has no user {username}; nothing changed")
+    ctl.show(
+        reply,
+        lambda d: (
+            f"user {username} removed from {user_set}"
+            if d.get("removed")
+            else f"{user_set} has no user {username}; nothing changed"
+        ),
+    )
 
 
 # --- reload, check -----------------------------------------------------------------------------
 
 
 @cli.command()
-@click.option("--allow-disruptive", is_flag=True,
-              help="Apply even a change that ends live connections (a transparent inbound's interception).")
+@click.option(
+    "--allow-disruptive",
+    is_flag=True,
+    help="Apply even a change that ends live connections (a transparent inbound's interception).",
+)
 @json_flag
 @pass_ctl
 def reload(ctl: Ctl, allow_disruptive: bool) -> None:
@@ -710,7 +833,9 @@ def reload(ctl: Ctl, allow_disruptive: bool) -> None:
     """
     query = {"allow_disruptive": "true"} if allow_disruptive else None
     with Spinner("reloading"):
-        reply = ctl.client.request("POST", "/v1/reload", query=query, timeout=max(ctl.timeout, RELOAD_TIMEOUT))
+        reply = ctl.client.request(
+            "POST", "/v1/reload", query=query, timeout=max(ctl.timeout, RELOAD_TIMEOUT)
+        )
     d = reply.data or {}
     if ctl.json:
         ctl.show(reply, str)
@@ -724,8 +849,10 @@ def _diag_line(file: str, diag: dict[str, Any]) -> str:
         where += f":{diag['line']}"
         if diag.get("column"):
             where += f":{diag['column']}"
-    return (f"{where}: {diag.get('severity')}: {diag.get('key_path') or 'document'}: "
-            f"{diag.get('message')} [{diag.get('code')}]")
+    return (
+        f"{where}: {diag.get('severity')}: {diag.get('key_path') or 'document'}: "
+        f"{diag.get('message')} [{diag.get('code')}]"
+    )
 
 
 @cli.command()
@@ -746,7 +873,9 @@ def check(ctl: Ctl, file: str) -> None:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise click.UsageError(f"{file}: cannot read ({exc})") from None
-    reply = ctl.client.request("POST", "/v1/config/check", query={"format": fmt}, text_body=text, accept=(422,))
+    reply = ctl.client.request(
+        "POST", "/v1/config/check", query={"format": fmt}, text_body=text, accept=(422,)
+    )
     d = reply.data or {}
     diagnostics = d.get("diagnostics") or []
     if ctl.json:
@@ -788,8 +917,9 @@ def _geodata_line(asset: dict[str, Any]) -> str:
 
 
 @geodata.command("update")
-@click.option("--name", type=click.Choice(GEODATA_NAMES), default=None,
-              help="Only this file [default: both].")
+@click.option(
+    "--name", type=click.Choice(GEODATA_NAMES), default=None, help="Only this file [default: both]."
+)
 @json_flag
 @pass_ctl
 def geodata_update(ctl: Ctl, name: str | None) -> None:
@@ -803,9 +933,13 @@ def geodata_update(ctl: Ctl, name: str | None) -> None:
     failed or the reload was refused.
     """
     with Spinner("updating geodata"):
-        reply = ctl.client.request("POST", "/v1/geodata/update", query={"name": name},
-                                   timeout=max(ctl.timeout, GEODATA_UPDATE_TIMEOUT),
-                                   accept=(GEODATA_FAILED_STATUS,))
+        reply = ctl.client.request(
+            "POST",
+            "/v1/geodata/update",
+            query={"name": name},
+            timeout=max(ctl.timeout, GEODATA_UPDATE_TIMEOUT),
+            accept=(GEODATA_FAILED_STATUS,),
+        )
     d = reply.data or {}
     if ctl.json:
         ctl.show(reply, str)
@@ -842,10 +976,16 @@ def _dns_answer(d: Any) -> str:
         return str(d)
     status = d.get("Status")
     head = [DNS_RCODE_NAMES.get(status, f"RCODE{status}") if isinstance(status, int) else str(status)]
-    head += [f"{q.get('Name')} {_dns_type(q.get('Qtype'))}" for q in d.get("Question") or [] if isinstance(q, dict)]
+    head += [
+        f"{q.get('Name')} {_dns_type(q.get('Qtype'))}" for q in d.get("Question") or [] if isinstance(q, dict)
+    ]
     head += [flag for flag in ("TC", "AD", "CD") if d.get(flag)]
-    rows = [[record.get("name"), record.get("TTL"), _dns_type(record.get("type")), record.get("data")]
-            for section in DNS_SECTIONS for record in d.get(section) or [] if isinstance(record, dict)]
+    rows = [
+        [record.get("name"), record.get("TTL"), _dns_type(record.get("type")), record.get("data")]
+        for section in DNS_SECTIONS
+        for record in d.get(section) or []
+        if isinstance(record, dict)
+    ]
     lines = [" ".join(head)]
     if rows:
         lines.append(tables.table(["name", "ttl", "type", "data"], rows, right=(1,)))
@@ -854,8 +994,14 @@ def _dns_answer(d: Any) -> str:
 
 @dns.command("query")
 @click.argument("name")
-@click.option("--type", "qtype", default="A", show_default=True, metavar="TYPE",
-              help="The record type: A, AAAA, CNAME, MX, TXT, PTR, ...")
+@click.option(
+    "--type",
+    "qtype",
+    default="A",
+    show_default=True,
+    metavar="TYPE",
+    help="The record type: A, AAAA, CNAME, MX, TXT, PTR, ...",
+)
 @json_flag
 @pass_ctl
 def dns_query(ctl: Ctl, name: str, qtype: str) -> None:
@@ -894,12 +1040,24 @@ def _rules_text(d: dict[str, Any]) -> str:
     rows = []
     for r in rules:
         extra = r.get("extra") or {}
-        rows.append((r.get("index"), r.get("type"), r.get("payload"), r.get("proxy"),
-                     "disabled" if extra.get("disabled") else "enabled",
-                     extra.get("hitCount", 0), _ago(extra.get("hitAt")),
-                     extra.get("missCount", 0), _ago(extra.get("missAt"))))
-    table = tables.table(("#", "TYPE", "PAYLOAD", "PROXY", "STATE", "HITS", "LAST HIT", "MISSES", "LAST MISS"),
-                         rows, right=(0, 5, 6, 7, 8))
+        rows.append(
+            (
+                r.get("index"),
+                r.get("type"),
+                r.get("payload"),
+                r.get("proxy"),
+                "disabled" if extra.get("disabled") else "enabled",
+                extra.get("hitCount", 0),
+                _ago(extra.get("hitAt")),
+                extra.get("missCount", 0),
+                _ago(extra.get("missAt")),
+            )
+        )
+    table = tables.table(
+        ("#", "TYPE", "PAYLOAD", "PROXY", "STATE", "HITS", "LAST HIT", "MISSES", "LAST MISS"),
+        rows,
+        right=(0, 5, 6, 7, 8),
+    )
     disabled = sum(1 for r in rules if (r.get("extra") or {}).get("disabled"))
     return f"{table}\n\n{len(rules)} rule(s), the last the fallback; {disabled} disabled"
 
@@ -960,14 +1118,21 @@ def _log_line(line: str) -> str:
         return line
     if not isinstance(event, dict):
         return line
-    return (f"{tables.clock_time(event.get('time'))} {str(event.get('level', '')).upper():5} "
-            f"{event.get('logger', '')}: {event.get('message', '')}")
+    return (
+        f"{tables.clock_time(event.get('time'))} {str(event.get('level', '')).upper():5} "
+        f"{event.get('logger', '')}: {event.get('message', '')}"
+    )
 
 
 @cli.command()
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until interrupted (Ctrl-C).")
-@click.option("--level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info", show_default=True,
-              help="The least severe level shown.")
+@click.option(
+    "--level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="The least severe level shown.",
+)
 @json_flag
 @pass_ctl
 def logs(ctl: Ctl, follow: bool, level: str) -> None:
@@ -978,8 +1143,9 @@ def logs(ctl: Ctl, follow: bool, level: str) -> None:
     quiet for 1 second. With --json, one JSON object per line as the daemon
     sent it.
     """
-    stream = ctl.client.lines("/v1/logs", query={"level": level.lower()},
-                              idle=None if follow else LOGS_IDLE_WINDOW)
+    stream = ctl.client.lines(
+        "/v1/logs", query={"level": level.lower()}, idle=None if follow else LOGS_IDLE_WINDOW
+    )
     try:
         for line in stream:
             click.echo(line if ctl.json else _log_line(line))

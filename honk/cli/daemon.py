@@ -26,8 +26,13 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
-@click.option("-c", "--config", "config", type=click.Path(dir_okay=False),
-              help="Configuration file (.dae, .toml or .json); the same as FILE.")
+@click.option(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    help="Configuration file (.dae, .toml or .json); the same as FILE.",
+)
 def check(file: str | None, config: str | None) -> None:
     """Dry-run FILE: everything a start would build (routes, outbounds, groups, listeners'
     handlers), binding nothing. Prints a one-line summary, or the errors.
@@ -63,7 +68,10 @@ def check(file: str | None, config: str | None) -> None:
 
 
 pid_file_option = click.option(
-    "--pid-file", "pid_file", type=click.Path(dir_okay=False), default=None,
+    "--pid-file",
+    "pid_file",
+    type=click.Path(dir_okay=False),
+    default=None,
     help="PID lock file [default: /run/honk/honk.pid as root, else <data_dir>/honk.pid].",
 )
 
@@ -77,8 +85,14 @@ def _pid_path_from_config(config: str) -> str:
 
 
 @cli.command()
-@click.option("-c", "--config", "config", required=True, type=click.Path(dir_okay=False),
-              help="Configuration file (.dae, .toml or .json).")
+@click.option(
+    "-c",
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Configuration file (.dae, .toml or .json).",
+)
 @click.option("--debug", is_flag=True, help="Log at debug level whatever the file says.")
 @pid_file_option
 def run(config: str, debug: bool, pid_file: str | None) -> None:
@@ -138,8 +152,14 @@ def run(config: str, debug: bool, pid_file: str | None) -> None:
 
 
 @cli.command()
-@click.option("-c", "--config", "config", type=click.Path(dir_okay=False), default=None,
-              help="The running daemon's configuration file (locates the PID lock through its data_dir).")
+@click.option(
+    "-c",
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The running daemon's configuration file (locates the PID lock through its data_dir).",
+)
 @pid_file_option
 def reload(config: str | None, pid_file: str | None) -> None:
     """Signal the running daemon to reload its configuration (SIGHUP).
@@ -163,8 +183,11 @@ def reload(config: str | None, pid_file: str | None) -> None:
             except ConfigError as exc:
                 for d in exc.diagnostics:
                     click.echo(str(d), err=True)
-                click.echo(f"{config}: does not load ({len(exc.errors)} error(s)), so its data_dir and PID "
-                           "file are unknown; pass --pid-file", err=True)
+                click.echo(
+                    f"{config}: does not load ({len(exc.errors)} error(s)), so its data_dir and PID "
+                    "file are unknown; pass --pid-file",
+                    err=True,
+                )
                 sys.exit(EXIT_CONFIG)
     try:
         pid = signal_running(pid_file, signal.SIGHUP)

@@ -62,8 +62,10 @@ ACCEPTED_GLOBAL_KEYS = frozenset(
 # warning (``not-honoured``) says what honk does instead, unless the value is dae's default,
 # which honk already behaves like. None: every value is warned about.
 UNHONOURED_GLOBAL_KEYS: dict[str, tuple[str | None, str]] = {
-    "allow_insecure": ("false", "honk verifies every node's certificate unless the node's own link "
-                                "says allowInsecure=1"),
+    "allow_insecure": (
+        "false",
+        "honk verifies every node's certificate unless the node's own link says allowInsecure=1",
+    ),
     "tls_implementation": ("tls", "honk's TLS is OpenSSL's; there is no uTLS"),
     "utls_imitate": (None, "honk does not imitate another client's TLS fingerprint"),
     "tls_fragment": ("false", "honk does not fragment its TLS ClientHello"),
@@ -82,34 +84,61 @@ UNHONOURED_ONLY_WITH: dict[str, tuple[str, str]] = {
 }
 
 # dae's eBPF and kernel tuning keys: honk's datapath has no such setting (warned, ignored).
-DAE_KERNEL_TUNING_KEYS = frozenset({"enable_local_tcp_fast_redirect", "disable_thp", "bpf_conn_state_map_size"})
+DAE_KERNEL_TUNING_KEYS = frozenset(
+    {"enable_local_tcp_fast_redirect", "disable_thp", "bpf_conn_state_map_size"}
+)
 
 # The global keys build_global reads into GlobalSpec (each has its branch there).
 GLOBAL_SPEC_KEYS = frozenset(
     {
-        "log_level", "tcp_check_url", "tcp_check_http_method", "udp_check_dns", "check_interval",
-        "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace", "response_timeout", "half_close_timeout",
-        "check_tolerance", "connect_timeout", "max_concurrent_dials", "preconnect_node_count",
-        "udp_warm_node_count", "data_dir", "lan_interface", "wan_interface", "tproxy_port", "so_mark_from_dae",
-        "dial_mode", "sniffing_timeout", "drain", "user_removal", "store_subscribe", "auto_config_kernel_parameter",
+        "log_level",
+        "tcp_check_url",
+        "tcp_check_http_method",
+        "udp_check_dns",
+        "check_interval",
+        "relay_idle_timeout",
+        "udp_idle_timeout",
+        "shutdown_grace",
+        "response_timeout",
+        "half_close_timeout",
+        "check_tolerance",
+        "connect_timeout",
+        "max_concurrent_dials",
+        "preconnect_node_count",
+        "udp_warm_node_count",
+        "data_dir",
+        "lan_interface",
+        "wan_interface",
+        "tproxy_port",
+        "so_mark_from_dae",
+        "dial_mode",
+        "sniffing_timeout",
+        "drain",
+        "user_removal",
+        "store_subscribe",
+        "auto_config_kernel_parameter",
     }
 )
 # Every key the global section accepts (read, accepted and unused, or warned about as not honoured);
 # any other is an unknown-key warning. docs/configuration.md lists each (its drift test reads this).
-GLOBAL_KEYS = GLOBAL_SPEC_KEYS | ACCEPTED_GLOBAL_KEYS | frozenset(UNHONOURED_GLOBAL_KEYS) | DAE_KERNEL_TUNING_KEYS
+GLOBAL_KEYS = (
+    GLOBAL_SPEC_KEYS | ACCEPTED_GLOBAL_KEYS | frozenset(UNHONOURED_GLOBAL_KEYS) | DAE_KERNEL_TUNING_KEYS
+)
 
 # dae's per-group overrides of the global check settings (config.Group; control_plane.go
 # ParseGroupOverrideOption): tcp_check_url becomes the group's check URL, check_interval the
 # interval of its probes, check_tolerance its URLTest tolerance; the others are warned about
 # (``not-honoured``) with what honk does instead.
-DAE_GROUP_CHECK_KEYS = frozenset({"tcp_check_url", "tcp_check_http_method", "udp_check_dns", "check_interval",
-                                  "check_tolerance"})
+DAE_GROUP_CHECK_KEYS = frozenset(
+    {"tcp_check_url", "tcp_check_http_method", "udp_check_dns", "check_interval", "check_tolerance"}
+)
 UNHONOURED_GROUP_KEYS: dict[str, str] = {
     "tcp_check_http_method": "the group's check URL is probed with the global tcp_check_http_method",
     "udp_check_dns": "honk's group checks are TCP only; members' UDP health comes from the global udp_check_dns",
 }
-DAE_GROUP_KEYS = frozenset({"filter", "policy", "default", "final", "check_url", "interrupt_connections"}
-                           | DAE_GROUP_CHECK_KEYS)
+DAE_GROUP_KEYS = frozenset(
+    {"filter", "policy", "default", "final", "check_url", "interrupt_connections"} | DAE_GROUP_CHECK_KEYS
+)
 STRUCTURED_GROUP_KEYS = DAE_GROUP_KEYS | {"tolerance", "idle_timeout", "id"}
 CLASH_API_KEYS = frozenset({"external_controller", "external_ui", "secret", "default_mode"})
 CLASH_API_BOOLS = frozenset({"allow_unauthenticated"})  # honk's own: see build_clash_api
@@ -166,8 +195,14 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             items = V.get_list(e, sink, aggregates=True)
             if items is not None and all(_check_dns_target(t, i, e, sink) for i, t in enumerate(items)):
                 g[key] = items
-        elif key in ("check_interval", "relay_idle_timeout", "udp_idle_timeout", "shutdown_grace",
-                     "response_timeout", "half_close_timeout"):
+        elif key in (
+            "check_interval",
+            "relay_idle_timeout",
+            "udp_idle_timeout",
+            "shutdown_grace",
+            "response_timeout",
+            "half_close_timeout",
+        ):
             seconds = V.get_seconds(e, sink)
             if seconds is None:
                 continue
@@ -214,7 +249,9 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             if key == "tproxy_port" and not 0 < n < 65536:
                 sink.error("invalid-value", e.path, "tproxy_port must be a port number (1-65535)", e.loc)
             elif key == "so_mark_from_dae" and (n < 0 or n & TPROXY_MARK):
-                sink.error("invalid-value", e.path, "so_mark_from_dae must not use the tproxy mark's bit", e.loc)
+                sink.error(
+                    "invalid-value", e.path, "so_mark_from_dae must not use the tproxy mark's bit", e.loc
+                )
             else:
                 g[key] = n
         elif key == "dial_mode":
@@ -223,7 +260,9 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
                 if s.strip().lower() in DIAL_MODES:
                     g[key] = s.strip().lower()
                 else:
-                    sink.error("invalid-value", e.path, f"dial_mode must be one of {', '.join(DIAL_MODES)}", e.loc)
+                    sink.error(
+                        "invalid-value", e.path, f"dial_mode must be one of {', '.join(DIAL_MODES)}", e.loc
+                    )
         elif key == "sniffing_timeout":
             seconds = V.get_millis(e, sink, DEFAULT_SNIFFING_TIMEOUT)
             if seconds is not None:
@@ -246,13 +285,18 @@ def build_global(entries: list[Entry], base_dir: str, sink: Sink) -> GlobalSpec:
             value = V.get_str(e, sink)
             switch = UNHONOURED_ONLY_WITH.get(key)
             if switch is not None and not any(
-                    o.key == switch[0] and isinstance(o.value, str) and V.unquote(o.value).strip().lower() == switch[1]
-                    for o in entries):
+                o.key == switch[0]
+                and isinstance(o.value, str)
+                and V.unquote(o.value).strip().lower() == switch[1]
+                for o in entries
+            ):
                 continue  # its feature is off: dae ignores the key too
             if value is not None and (default is None or value.strip().lower() != default):
                 sink.warning("not-honoured", e.path, f"{key} is ignored: {instead}", e.loc)
         elif key in DAE_KERNEL_TUNING_KEYS:
-            sink.warning("not-honoured", e.path, f"{key} is dae's eBPF tuning; honk has no such setting", e.loc)
+            sink.warning(
+                "not-honoured", e.path, f"{key} is dae's eBPF tuning; honk has no such setting", e.loc
+            )
         else:
             _unknown(sink, e)
     return GlobalSpec(**g)  # type: ignore[arg-type]
@@ -308,13 +352,23 @@ def build_inbounds(entries: list[Entry], sink: Sink) -> list[InboundSpec]:
         if spec.kind != "mixed" or spec.users or is_loopback_listen(spec.host):
             continue
         if spec.allow_unauthenticated:
-            sink.warning("open-proxy", e.path, f"{spec.host} is not loopback and the inbound has no users: "
-                         "anyone who reaches it may proxy through this router (allowed by "
-                         f"{INBOUND_OPEN_PARAM})", e.loc)
+            sink.warning(
+                "open-proxy",
+                e.path,
+                f"{spec.host} is not loopback and the inbound has no users: "
+                "anyone who reaches it may proxy through this router (allowed by "
+                f"{INBOUND_OPEN_PARAM})",
+                e.loc,
+            )
         else:
-            sink.error("open-proxy", e.path, f"{spec.host} is not loopback and the inbound has no users: an open "
-                       "proxy; add user:password@ to the URL, listen on 127.0.0.1, or, on a network you "
-                       f"trust, append ?{INBOUND_OPEN_PARAM}=true", e.loc)
+            sink.error(
+                "open-proxy",
+                e.path,
+                f"{spec.host} is not loopback and the inbound has no users: an open "
+                "proxy; add user:password@ to the URL, listen on 127.0.0.1, or, on a network you "
+                f"trust, append ?{INBOUND_OPEN_PARAM}=true",
+                e.loc,
+            )
     return out
 
 
@@ -401,8 +455,12 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
                 arg = arg[:-1].strip() if paren else ""
                 if head == "fixed" and arg:
                     if not (arg.isascii() and arg.isdigit()):
-                        sink.error("invalid-value", e.path, "fixed(N) takes a member index: a whole number from 0",
-                                   e.loc)
+                        sink.error(
+                            "invalid-value",
+                            e.path,
+                            "fixed(N) takes a member index: a whole number from 0",
+                            e.loc,
+                        )
                         continue
                     fixed_index = int(arg) or None  # fixed(0) is plain fixed: the first member
         elif key in ("default", "final", "check_url"):
@@ -427,8 +485,13 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
                 sink.error("invalid-value", e.path, "must not be empty", e.loc)
                 continue
             if len(items) > 1:
-                sink.warning("not-honoured", e.path, "only the first tcp_check_url entry is used: it is the "
-                             "group's check URL, probed at the address its host resolves to", e.loc)
+                sink.warning(
+                    "not-honoured",
+                    e.path,
+                    "only the first tcp_check_url entry is used: it is the "
+                    "group's check URL, probed at the address its host resolves to",
+                    e.loc,
+                )
             values["check_url"] = items[0].strip()
             check_url_entry = e
         elif key in ("tolerance", "check_tolerance"):
@@ -483,8 +546,12 @@ def _build_group(decl: GroupDecl, tolerance: float, sink: Sink) -> GroupParts:
         )
         values.pop("check_interval")
     elif interval_entry is not None and policy is Policy.SELECTOR:
-        sink.warning("ineffective-option", interval_entry.path, "a selector group ignores check_interval",
-                     interval_entry.loc)
+        sink.warning(
+            "ineffective-option",
+            interval_entry.path,
+            "a selector group ignores check_interval",
+            interval_entry.loc,
+        )
     spec = GroupSpec(
         name=decl.name,
         policy=policy,
@@ -603,12 +670,21 @@ def _check_open_api(spec: ClashApiSpec, found: dict[str, Entry], sink: Sink) -> 
     at = found["external_controller"]  # the default controller is loopback
     if spec.allow_unauthenticated:
         allowed = found["allow_unauthenticated"]
-        sink.warning("open-api", allowed.path, f"the API on {spec.external_controller} has no secret: anyone "
-                     "who reaches it controls this router (allowed by allow_unauthenticated)", allowed.loc)
+        sink.warning(
+            "open-api",
+            allowed.path,
+            f"the API on {spec.external_controller} has no secret: anyone "
+            "who reaches it controls this router (allowed by allow_unauthenticated)",
+            allowed.loc,
+        )
         return
-    sink.error("open-api", at.path, f"the API on {spec.external_controller} is not loopback and has no secret: "
-               "set a secret, listen on 127.0.0.1, or, on a network you trust, set allow_unauthenticated: true",
-               at.loc)
+    sink.error(
+        "open-api",
+        at.path,
+        f"the API on {spec.external_controller} is not loopback and has no secret: "
+        "set a secret, listen on 127.0.0.1, or, on a network you trust, set allow_unauthenticated: true",
+        at.loc,
+    )
 
 
 def check_cache_file(entries: list[Entry] | None, sink: Sink) -> None:

@@ -258,7 +258,10 @@ def _unterminated(stmt: Stmt, depth: int, where: str, file: str, sink: Sink) -> 
     if depth > 0:
         code, message = "unterminated-matcher", "a matcher's argument list is not closed" + where
     else:
-        code, message = "unterminated-statement", "a statement continued by '&&' or '->' is not finished" + where
+        code, message = (
+            "unterminated-statement",
+            "a statement continued by '&&' or '->' is not finished" + where,
+        )
     sink.error(code, "document", message, SourceLoc(file, stmt.line))
 
 
@@ -294,8 +297,12 @@ def _key_value(stmt: Stmt) -> tuple[str, str] | None:
 
 def _skip_unknown_block(block: Block, prefix: str, file: str, sink: Sink) -> None:
     """A nested block where only settings or entries belong: warn once and skip it whole."""
-    sink.warning("unknown-block", join_path(prefix, block.header), "unknown nested block is skipped",
-                 _loc(file, block.line))
+    sink.warning(
+        "unknown-block",
+        join_path(prefix, block.header),
+        "unknown nested block is skipped",
+        _loc(file, block.line),
+    )
 
 
 def _settings(block: Block, prefix: str, file: str, sink: Sink) -> list[Entry]:
@@ -690,8 +697,12 @@ def _dns_routing(block: Block, file: str, sink: Sink) -> list[Entry]:
             if isinstance(item, Block):
                 _skip_unknown_block(item, "dns.routing", file, sink)
             else:
-                sink.warning("invalid-statement", "dns.routing", "expected a request or response block; "
-                             "statement ignored", _loc(file, item.line))
+                sink.warning(
+                    "invalid-statement",
+                    "dns.routing",
+                    "expected a request or response block; statement ignored",
+                    _loc(file, item.line),
+                )
             continue
         phase = item.header
         index = 0
@@ -702,8 +713,15 @@ def _dns_routing(block: Block, file: str, sink: Sink) -> list[Entry]:
                 continue
             m = _DNS_FALLBACK.match(rule.text)
             if m:
-                out.append(Entry(f"{phase}.fallback", rule.text[m.end() :].strip(),
-                                 join_path("dns", "routing", phase, "fallback"), loc, raw=True))
+                out.append(
+                    Entry(
+                        f"{phase}.fallback",
+                        rule.text[m.end() :].strip(),
+                        join_path("dns", "routing", phase, "fallback"),
+                        loc,
+                        raw=True,
+                    )
+                )
                 continue
             out.append(Entry(phase, rule.text, join_path("dns", "routing", phase, index), loc))
             index += 1

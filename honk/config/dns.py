@@ -61,7 +61,14 @@ from honk.config.spec import (
 from honk.config.tree import Entry, Sink
 from honk.core.net import is_ip_literal
 
-__all__ = ["QTYPE_NAMES", "build_dns", "dns_geodata_rules", "geodata_rules", "parse_bind", "parse_upstream_uri"]
+__all__ = [
+    "QTYPE_NAMES",
+    "build_dns",
+    "dns_geodata_rules",
+    "geodata_rules",
+    "parse_bind",
+    "parse_upstream_uri",
+]
 
 NOT_YET = "not-yet-supported"
 RESERVED_ACTIONS = (*DNS_REQUEST_BUILTINS, *DNS_RESPONSE_ACTIONS)  # no upstream may take these names
@@ -71,27 +78,47 @@ MAX_QTYPE = 0xFFFF
 
 # The QTYPE names the reference recognises (RFC 1035 §3.2.2, RFC 3596, RFC 2782, RFC 9460).
 QTYPE_NAMES = {
-    "a": 1, "ns": 2, "cname": 5, "soa": 6, "ptr": 12, "mx": 15, "txt": 16,
-    "aaaa": 28, "srv": 33, "svcb": 64, "https": 65, "any": 255,
+    "a": 1,
+    "ns": 2,
+    "cname": 5,
+    "soa": 6,
+    "ptr": 12,
+    "mx": 15,
+    "txt": 16,
+    "aaaa": 28,
+    "srv": 33,
+    "svcb": 64,
+    "https": 65,
+    "any": 255,
 }
 
 BIND_SCHEMES = {"udp": (True, False), "tcp": (False, True), "tcp+udp": (True, True)}
 # an upstream URI's scheme -> the transport (honk.config.dns_endpoint); tcp+udp behaves as udp (reference);
 # udp+tcp is its other spelling (dae's upstream.go alias, upstream honk's parser)
 UPSTREAM_SCHEMES = {
-    "udp": endpoint.UDP, "tcp+udp": endpoint.UDP, "udp+tcp": endpoint.UDP, "tcp": endpoint.TCP, "tls": endpoint.TLS,
-    "https": endpoint.HTTPS, "h3": endpoint.H3, "http3": endpoint.H3, "quic": endpoint.QUIC,
+    "udp": endpoint.UDP,
+    "tcp+udp": endpoint.UDP,
+    "udp+tcp": endpoint.UDP,
+    "tcp": endpoint.TCP,
+    "tls": endpoint.TLS,
+    "https": endpoint.HTTPS,
+    "h3": endpoint.H3,
+    "http3": endpoint.H3,
+    "quic": endpoint.QUIC,
 }
 ENCRYPTED_SCHEMES = frozenset(s for s, kind in UPSTREAM_SCHEMES.items() if kind in endpoint.ENCRYPTED)
 SERVER_NAME_PARAM = "tls_server_name"  # the query parameter naming the certificate's name (reference)
 _DOH_PATH = re.compile(r"^/(?:(?![#;\\])[!-~])*$")  # a DoH request path: printable ASCII but #, ; and \
-_HOSTNAME = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-                       r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+    r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$"
+)
 _FORBIDDEN = ("@", "/", "?", "#", "\\")
 # The dns section's settings (each has its branch in _setting); its blocks are DNS_BLOCKS. Any other
 # key is an unknown-key warning. docs/configuration.md lists each (its drift test reads these).
-DNS_SETTING_KEYS = frozenset({"bind", "use_host", "ipversion_prefer", "optimistic_cache", "optimistic_cache_ttl",
-                              "max_cache_size"})
+DNS_SETTING_KEYS = frozenset(
+    {"bind", "use_host", "ipversion_prefer", "optimistic_cache", "optimistic_cache_ttl", "max_cache_size"}
+)
 DNS_BLOCKS = ("upstream", "routing", "fixed_domain_ttl")  # read by the dae and structured readers
 UPSTREAM_TABLE_KEYS = frozenset({"url", "outbound"})  # TOML/JSON: an upstream as a table
 
@@ -159,8 +186,10 @@ def parse_bind(text: str) -> DnsBindSpec:
     if not sep:
         host, port = _host_port(text, port_required=True)
         if not is_ip_literal(host):
-            raise ValueError("without a scheme the address must be a numeric IP:port (a hostname needs "
-                             "udp://, tcp:// or tcp+udp://)")
+            raise ValueError(
+                "without a scheme the address must be a numeric IP:port (a hostname needs "
+                "udp://, tcp:// or tcp+udp://)"
+            )
         return DnsBindSpec(host, port or 0)
     transports = BIND_SCHEMES.get(scheme.lower())
     if transports is None:
@@ -247,8 +276,12 @@ def _own_call(call: Call, e: Entry, sink: Sink) -> DnsOwnCall | None:
         m = _OWN_KEY.match(raw) if raw[:1] not in ("'", '"') else None
         key, value = (m.group(1), V.unquote(raw[m.end() :].strip())) if m else ("", V.unquote(raw))
         if key not in keys:
-            sink.error("invalid-value", e.path, f"{call.name}(...) takes the keys "
-                                                f"{', '.join(k for k in keys if k)} (or a bare {keys['']})", e.loc)
+            sink.error(
+                "invalid-value",
+                e.path,
+                f"{call.name}(...) takes the keys {', '.join(k for k in keys if k)} (or a bare {keys['']})",
+                e.loc,
+            )
             return None
         key = keys[key]
         if key in _OWN_REGEX_KEYS:
@@ -270,7 +303,9 @@ def _routing_args(name: str, call: Call, e: Entry, sink: Sink) -> tuple[MatchArg
         return None
     predicate = _ROUTING_PREDICATE[name]
     scratch = Sink()
-    parsed = parse_rule(f"{predicate}({', '.join(call.args)}) -> {_PLACEHOLDER_TARGET}", e.path, e.loc, scratch)
+    parsed = parse_rule(
+        f"{predicate}({', '.join(call.args)}) -> {_PLACEHOLDER_TARGET}", e.path, e.loc, scratch
+    )
     for d in scratch.items:
         sink.add(d.severity, d.code, e.path, f"{name}(...): {d.message}", e.loc)
     if parsed is None or scratch.has_errors:
@@ -294,13 +329,23 @@ def _condition(term: str, phase: str, e: Entry, sink: Sink) -> DnsCondition | Ca
     if name in INTERNAL_SELECTORS and phase == "request":
         return call
     if name not in allowed:
-        other = DNS_RESPONSE_CONDITIONS if phase == "request" else (*DNS_REQUEST_CONDITIONS, *INTERNAL_SELECTORS)
+        other = (
+            DNS_RESPONSE_CONDITIONS if phase == "request" else (*DNS_REQUEST_CONDITIONS, *INTERNAL_SELECTORS)
+        )
         if name in other:
-            sink.error("invalid-value", e.path, f"{name}(...) is not a {phase} condition "
-                                                f"(a {phase} rule tests {', '.join(allowed)})", e.loc)
+            sink.error(
+                "invalid-value",
+                e.path,
+                f"{name}(...) is not a {phase} condition (a {phase} rule tests {', '.join(allowed)})",
+                e.loc,
+            )
         else:
-            sink.error("unknown-dns-condition", e.path, f"a DNS {phase} condition is one of "
-                                                        f"{', '.join(allowed)}", e.loc)
+            sink.error(
+                "unknown-dns-condition",
+                e.path,
+                f"a DNS {phase} condition is one of {', '.join(allowed)}",
+                e.loc,
+            )
         return None
     if name == "qtype":
         if not call.args:
@@ -334,8 +379,10 @@ def _qtype(text: str) -> int:
         return QTYPE_NAMES[s]
     if s.isascii() and s.isdigit() and int(s) <= MAX_QTYPE:
         return int(s)
-    raise ExprError("invalid-value", "qtype accepts A, AAAA, CNAME, MX, TXT, NS, PTR, SOA, SRV, HTTPS, "
-                                     "SVCB, ANY, * or a number 0-65535")
+    raise ExprError(
+        "invalid-value",
+        "qtype accepts A, AAAA, CNAME, MX, TXT, NS, PTR, SOA, SRV, HTTPS, SVCB, ANY, * or a number 0-65535",
+    )
 
 
 def _rule_text(e: Entry, sink: Sink) -> str | None:
@@ -374,8 +421,13 @@ def parse_dns_rule(e: Entry, phase: str, sink: Sink) -> DnsRequestRule | DnsResp
         sink.error("invalid-rule", e.path, "rule has no action after '->'", e.loc)
         ok = False
     if selectors and conditions:
-        sink.error("invalid-rule", e.path, f"{selectors[0].name}(...) selects honk's own lookups and cannot be "
-                                           "mixed with qname/qtype/sip in one rule", e.loc)
+        sink.error(
+            "invalid-rule",
+            e.path,
+            f"{selectors[0].name}(...) selects honk's own lookups and cannot be "
+            "mixed with qname/qtype/sip in one rule",
+            e.loc,
+        )
         ok = False
     elif len({c.name for c in selectors}) > 1:
         sink.error("invalid-rule", e.path, "sub(), node() and subnode() cannot be mixed in one rule", e.loc)
@@ -396,9 +448,13 @@ def geodata_rules(rules: Iterable[DnsRequestRule | DnsResponseRule]) -> tuple[Ru
     out = []
     for rule in rules:
         # qname keeps its own name (the check reads any name but dip/sip as a domain matcher)
-        predicates = tuple(Predicate("qname" if c.kind == "qname" else _ROUTING_PREDICATE[c.kind],
-                                     c.names or c.ips, c.negated)
-                           for c in rule.conditions if c.kind in _ROUTING_PREDICATE)
+        predicates = tuple(
+            Predicate(
+                "qname" if c.kind == "qname" else _ROUTING_PREDICATE[c.kind], c.names or c.ips, c.negated
+            )
+            for c in rule.conditions
+            if c.kind in _ROUTING_PREDICATE
+        )
         out.append(RuleSpec(predicates, _PLACEHOLDER_TARGET, loc=rule.loc))
     return tuple(out)
 
@@ -437,7 +493,9 @@ def _upstream(name: str, e: Entry, sink: Sink) -> DnsUpstreamSpec | None:
         for extra in set(value) - UPSTREAM_TABLE_KEYS:
             sink.warning("unknown-key", f"{e.path}.{extra}", "unknown key is ignored", e.loc)
         if not isinstance(uri, str) or not (tag is None or isinstance(tag, str)):
-            sink.error("invalid-type", e.path, "expected a 'url' string and an optional 'outbound' string", e.loc)
+            sink.error(
+                "invalid-type", e.path, "expected a 'url' string and an optional 'outbound' string", e.loc
+            )
             return None
     elif isinstance(value, str):
         uri = value
@@ -467,8 +525,9 @@ def _upstream(name: str, e: Entry, sink: Sink) -> DnsUpstreamSpec | None:
     return DnsUpstreamSpec(name, protocol, host, port, tag, e.loc)
 
 
-def build_dns(entries: list[Entry] | None, sink: Sink,
-              data_dir: str | None = None) -> tuple[DnsSpec | None, list[tuple[str, Entry]]]:
+def build_dns(
+    entries: list[Entry] | None, sink: Sink, data_dir: str | None = None
+) -> tuple[DnsSpec | None, list[tuple[str, Entry]]]:
     """The section's spec (None when there is no ``dns`` section) and the ``-> tag`` targets
     of its upstreams, for the loader's cross-reference check against nodes and groups.
     ``data_dir``: where the geodata the conditions name is looked up (``global.data_dir``)."""
@@ -499,8 +558,12 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
                 sink.error("duplicate-upstream", e.path, f"upstream '{rest}' is declared twice", e.loc)
                 continue
             if rest in RESERVED_ACTIONS or not rest:
-                sink.error("invalid-value", e.path, "an upstream name must not be empty nor one of "
-                                                    f"{', '.join(RESERVED_ACTIONS)}", e.loc)
+                sink.error(
+                    "invalid-value",
+                    e.path,
+                    f"an upstream name must not be empty nor one of {', '.join(RESERVED_ACTIONS)}",
+                    e.loc,
+                )
                 continue
             upstream_entries[rest] = e
             spec = _upstream(rest, e, sink)
@@ -519,8 +582,12 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
             # dae spells a fallback 'default:' too; the reader keys only 'fallback:' as one
             alias = _FALLBACK_KEYS.match(e.value) if isinstance(e.value, str) else None
             if alias is not None:
-                _fallback(key, Entry(f"{key}.fallback", e.value[alias.end() :].strip(), e.path, e.loc, raw=True),
-                          fallbacks, sink)
+                _fallback(
+                    key,
+                    Entry(f"{key}.fallback", e.value[alias.end() :].strip(), e.path, e.loc, raw=True),
+                    fallbacks,
+                    sink,
+                )
                 continue
             rule = parse_dns_rule(e, key, sink)
             if isinstance(rule, DnsOwnRule):
@@ -539,28 +606,49 @@ def build_dns(entries: list[Entry] | None, sink: Sink,
     for phase, phase_rules in rules.items():
         for rule, e in phase_rules:
             if rule.action not in builtins[phase] and rule.action not in known:
-                sink.error("unknown-dns-upstream", e.path, f"action '{rule.action}' names no upstream "
-                                                           f"(nor {' or '.join(builtins[phase])})", e.loc)
+                sink.error(
+                    "unknown-dns-upstream",
+                    e.path,
+                    f"action '{rule.action}' names no upstream (nor {' or '.join(builtins[phase])})",
+                    e.loc,
+                )
             for condition in rule.conditions:
                 for name in condition.upstreams:
                     if name not in known:
-                        sink.error("unknown-dns-upstream", e.path, f"upstream({name}) names no upstream", e.loc)
+                        sink.error(
+                            "unknown-dns-upstream", e.path, f"upstream({name}) names no upstream", e.loc
+                        )
     for own, e in internal:
         if own.upstream not in known:
-            sink.error("unknown-dns-upstream", e.path, f"action '{own.upstream}' names no upstream (dae's "
-                                                       "sub()/node()/subnode() rules name a declared one)", e.loc)
+            sink.error(
+                "unknown-dns-upstream",
+                e.path,
+                f"action '{own.upstream}' names no upstream (dae's "
+                "sub()/node()/subnode() rules name a declared one)",
+                e.loc,
+            )
     for phase, (action, e) in fallbacks.items():
         values[f"{phase}_fallback"] = action
         if action not in builtins[phase] and action not in known:
-            sink.error("unknown-dns-upstream", e.path, f"the {phase} fallback '{action}' names no upstream "
-                                                       f"(nor {' or '.join(builtins[phase])})", e.loc)
+            sink.error(
+                "unknown-dns-upstream",
+                e.path,
+                f"the {phase} fallback '{action}' names no upstream (nor {' or '.join(builtins[phase])})",
+                e.loc,
+            )
     if "request" not in fallbacks and base.request_fallback not in known and block_entry is not None:
-        sink.error("unknown-dns-upstream", block_entry.path, f"the upstream block replaces the built-in "
-                   f"'{base.request_fallback}' upstream the request fallback uses: declare it or set "
-                   "routing.request.fallback", block_entry.loc)
+        sink.error(
+            "unknown-dns-upstream",
+            block_entry.path,
+            f"the upstream block replaces the built-in "
+            f"'{base.request_fallback}' upstream the request fallback uses: declare it or set "
+            "routing.request.fallback",
+            block_entry.loc,
+        )
     checked = rules["request"] + rules["response"]
-    check_geodata(list(zip(geodata_rules(r for r, _ in checked), (e for _, e in checked), strict=True)),
-                  data_dir, sink)
+    check_geodata(
+        list(zip(geodata_rules(r for r, _ in checked), (e for _, e in checked), strict=True)), data_dir, sink
+    )
     return DnsSpec(
         request_rules=tuple(r for r, _ in rules["request"]),  # type: ignore[misc]
         response_rules=tuple(r for r, _ in rules["response"]),  # type: ignore[misc]
@@ -605,7 +693,9 @@ def _setting(key: str, e: Entry, values: dict[str, object], sink: Sink) -> None:
         if flag:
             sink.error(NOT_YET, e.path, "use_host is not supported yet", e.loc)
     elif key == "ipversion_prefer":
-        text = str(e.value) if isinstance(e.value, int) and not isinstance(e.value, bool) else V.get_str(e, sink)
+        text = (
+            str(e.value) if isinstance(e.value, int) and not isinstance(e.value, bool) else V.get_str(e, sink)
+        )
         if text is None:
             return
         if text.strip() in IP_VERSIONS:

@@ -22,8 +22,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "DEFAULT_PORTS", "DOH_PATH", "DOH_PORT", "DOQ_PORT", "DOT_PORT", "ENCRYPTED", "H3", "HTTPS", "PLAIN_PORT",
-    "QUIC", "TCP", "TLS", "UDP", "Transport", "decode", "encode",
+    "DEFAULT_PORTS",
+    "DOH_PATH",
+    "DOH_PORT",
+    "DOQ_PORT",
+    "DOT_PORT",
+    "ENCRYPTED",
+    "H3",
+    "HTTPS",
+    "PLAIN_PORT",
+    "QUIC",
+    "TCP",
+    "TLS",
+    "UDP",
+    "Transport",
+    "decode",
+    "encode",
 ]
 
 UDP, TCP, TLS, HTTPS, H3, QUIC = "udp", "tcp", "tls", "https", "h3", "quic"
@@ -35,7 +49,14 @@ DOT_PORT = 853  # RFC 7858 §3.1
 DOH_PORT = 443  # RFC 8484 §5: an https URI, so HTTPS's port
 DOQ_PORT = 853  # RFC 9250 §4.1.1
 DOH_PATH = "/dns-query"  # RFC 8484 §4.1.1's example path, and every public resolver's
-DEFAULT_PORTS = {UDP: PLAIN_PORT, TCP: PLAIN_PORT, TLS: DOT_PORT, HTTPS: DOH_PORT, H3: DOH_PORT, QUIC: DOQ_PORT}
+DEFAULT_PORTS = {
+    UDP: PLAIN_PORT,
+    TCP: PLAIN_PORT,
+    TLS: DOT_PORT,
+    HTTPS: DOH_PORT,
+    H3: DOH_PORT,
+    QUIC: DOQ_PORT,
+}
 
 _SEPARATOR = ";"
 _PATH, _SNI = "path", "sni"

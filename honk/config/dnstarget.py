@@ -47,7 +47,7 @@ def parse_dns_target(entry: str) -> Address:
         close = entry.find("]")
         if close < 0:
             raise ValueError("unclosed '['")
-        host, rest = entry[1:close], entry[close + 1:]
+        host, rest = entry[1:close], entry[close + 1 :]
         if rest and not rest.startswith(":"):
             raise ValueError("text after ']' must be ':port'")
         if not _is_ip(host, version=6):

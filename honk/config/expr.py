@@ -146,7 +146,16 @@ class FilterLine:
 ANNOTATION_KEYS = ("add_latency",)
 _GO_DURATION = re.compile(r"^([+-]?)((?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+)$")
 _GO_PIECE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_GO_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 
 
 def parse_go_duration(text: str) -> float | None:
@@ -204,8 +213,12 @@ def _parse_annotation(inner: str, path: str, loc: SourceLoc, sink: Sink) -> floa
             sink.error("invalid-annotation", path, "a filter annotation's entries are key: value", loc)
             return None
         if key not in ANNOTATION_KEYS:
-            sink.error("unknown-annotation", path,
-                       f"unknown filter annotation key {key!r}; known: {', '.join(ANNOTATION_KEYS)}", loc)
+            sink.error(
+                "unknown-annotation",
+                path,
+                f"unknown filter annotation key {key!r}; known: {', '.join(ANNOTATION_KEYS)}",
+                loc,
+            )
             return None
         seconds = parse_go_duration(unquote(value.strip()))
         if seconds is None:
@@ -252,8 +265,12 @@ def parse_filter_line(text: str, path: str, loc: SourceLoc, sink: Sink) -> Filte
                 if piece:
                     tags.append(piece)
         if annotation is not None:
-            sink.error("invalid-annotation", path,
-                       "a filter annotation applies to nodes; group(...) members are not annotated", loc)
+            sink.error(
+                "invalid-annotation",
+                path,
+                "a filter annotation applies to nodes; group(...) members are not annotated",
+                loc,
+            )
             return FilterLine("ignored")
         if not tags:
             sink.warning("empty-subgroup", path, "explicit group() adds no member", loc)
@@ -408,9 +425,11 @@ def parse_go_uint(text: str, bits: int) -> int:
 def _predicate(call: Call) -> Predicate:
     if call.args is None:
         if call.name not in _BARE_MATCHERS:  # `ext:` names a file of domains or of IPs: say which
-            raise ExprError("unknown-traffic-predicate",
-                            f"'{call.name}:' is not a matcher on its own; write domain({call.name}: …) "
-                            f"or dip({call.name}: …)")
+            raise ExprError(
+                "unknown-traffic-predicate",
+                f"'{call.name}:' is not a matcher on its own; write domain({call.name}: …) "
+                f"or dip({call.name}: …)",
+            )
         pred, key = _BARE_MATCHERS[call.name]
         return Predicate(pred, (_check(pred, MatchArg(key, call.value)),), call.negated)
     name = PREDICATE_ALIASES.get(call.name, call.name)

@@ -27,7 +27,9 @@ def check_geodata(rules: list[tuple[RuleSpec, Entry]], data_dir: str | None, sin
                     answers[asked] = _ask(geo, ip, key, value)
                 problem = answers[asked]
                 if problem is not None:
-                    sink.error(problem.code, entry.path, f"{predicate.name}({key}: {value}): {problem}", entry.loc)
+                    sink.error(
+                        problem.code, entry.path, f"{predicate.name}({key}: {value}): {problem}", entry.loc
+                    )
 
 
 def _ask(geo: GeoAssets, ip: bool, key: str, value: str) -> GeoDataError | None:

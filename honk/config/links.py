@@ -206,8 +206,10 @@ def parse_node_link(link: str, tag: str | None = None) -> NodeSpec:
 
 def _parse_link(link: str, tag: str | None) -> NodeSpec:
     if _CHAIN.search(link):
-        raise LinkError("unsupported-node-chain", "node chains ('link -> link') are not supported yet: "
-                                                  "honk dials each node directly")
+        raise LinkError(
+            "unsupported-node-chain",
+            "node chains ('link -> link') are not supported yet: honk dials each node directly",
+        )
     m = _SCHEME.match(link.strip())
     scheme = m.group(1).lower() if m else ""
     if scheme in KNOWN_UNSUPPORTED:
@@ -281,7 +283,9 @@ def _parse_ss(body: str, tag: str | None) -> NodeSpec:
     else:  # the whole-link base64 form
         decoded = _base64_text(pct_decode(body.rstrip("/")))
         if decoded is None or "@" not in decoded:
-            raise LinkError("invalid-link", "ss link is neither SIP002 nor base64 of method:password@host:port")
+            raise LinkError(
+                "invalid-link", "ss link is neither SIP002 nor base64 of method:password@host:port"
+            )
         credentials, _, hostport = decoded.rpartition("@")
         method, password = _ss_credentials(credentials, percent_encoded=False)
     method = method.lower()
@@ -350,7 +354,9 @@ def _insecure(claims: list[tuple[str, str]]) -> bool:
     except ValueError as exc:
         if str(exc) == "invalid":
             raise LinkError("invalid-allow-insecure", "allowInsecure must be a true or false word") from None
-        raise LinkError("conflicting-allow-insecure", "the link's certificate-verification claims disagree") from None
+        raise LinkError(
+            "conflicting-allow-insecure", "the link's certificate-verification claims disagree"
+        ) from None
 
 
 def _uuid(text: str) -> str:
@@ -393,8 +399,12 @@ def v2_shape(
     alpn = ",".join(p.strip() for p in alpn.split(",") if p.strip())
     shape = [("type", transport), ("security", security), ("host", host), ("path", path)]
     if security == "tls":
-        shape += [("sni", normalise_host(sni) if sni else ""), ("alpn", alpn),
-                  ("allowInsecure", "1" if insecure else ""), (CA_KEY, ca.strip())]
+        shape += [
+            ("sni", normalise_host(sni) if sni else ""),
+            ("alpn", alpn),
+            ("allowInsecure", "1" if insecure else ""),
+            (CA_KEY, ca.strip()),
+        ]
     return tuple((k, v) for k, v in shape if v)
 
 
@@ -499,10 +509,14 @@ def _parse_vmess(body: str, tag: str | None) -> NodeSpec:
     if not aid.isascii() or not aid.isdigit():
         raise LinkError("invalid-alter-id", "the vmess alterId must be a number")
     if int(aid) > 0:
-        raise LinkError("unsupported-alter-id", "vmess alterId must be 0 (the legacy header is not supported)")
+        raise LinkError(
+            "unsupported-alter-id", "vmess alterId must be 0 (the legacy header is not supported)"
+        )
     cipher = _json_text(obj, "scy").strip().lower() or VMESS_DEFAULT_CIPHER
     if cipher not in VMESS_CIPHERS:
-        raise LinkError("unsupported-cipher", "the vmess cipher is not supported (use " + ", ".join(VMESS_CIPHERS) + ")")
+        raise LinkError(
+            "unsupported-cipher", "the vmess cipher is not supported (use " + ", ".join(VMESS_CIPHERS) + ")"
+        )
     address = _json_text(obj, "add").strip()
     if address.startswith("[") and address.endswith("]"):
         address = address[1:-1]
@@ -564,7 +578,9 @@ def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
     m = _SCHEME.match(url_text.strip())
     scheme = m.group(1).lower() if m else ""
     if scheme not in INBOUND_SCHEMES:
-        raise LinkError("unsupported-inbound", "inbound scheme is not supported (use mixed:// or redirect://)")
+        raise LinkError(
+            "unsupported-inbound", "inbound scheme is not supported (use mixed:// or redirect://)"
+        )
     url = parse_url(url_text, allow_zero_port=True)
     if not url.host:
         raise LinkError("missing-host", "inbound has no listen address")
@@ -580,8 +596,10 @@ def parse_inbound_url(url_text: str, name: str | None = None) -> InboundSpec:
     allow_unauthenticated = False
     for key, value in url.params:
         if key != INBOUND_OPEN_PARAM:
-            raise LinkError("unknown-param", f"inbound parameter {key!r} is not supported "
-                                             f"(the only one is {INBOUND_OPEN_PARAM})")
+            raise LinkError(
+                "unknown-param",
+                f"inbound parameter {key!r} is not supported (the only one is {INBOUND_OPEN_PARAM})",
+            )
         allow_unauthenticated, problem = parse_bool(value)
         if problem == "invalid-bool":
             raise LinkError("invalid-bool", f"{INBOUND_OPEN_PARAM} must be true or false")
@@ -616,7 +634,8 @@ def derive_node_id(node: NodeSpec) -> uuid.UUID:
             material += "\0" + node.encryption
         fingerprint = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
     shape = "&".join(
-        f"{_escape(k)}={_escape(v)}" for k, v in sorted(p for p in node.params if p[0] not in NON_IDENTITY_PARAMS)
+        f"{_escape(k)}={_escape(v)}"
+        for k, v in sorted(p for p in node.params if p[0] not in NON_IDENTITY_PARAMS)
     )
     fields = (node.protocol, node.host, str(node.port), fingerprint, shape)
     return node_id(uuid.uuid5(NODE_ID_NAMESPACE, "|".join(_escape(f) for f in fields)))

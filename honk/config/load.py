@@ -175,7 +175,10 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
     nodes = check_nodes(build_nodes(doc.nodes, sink), sink)
     subscriptions = check_subscriptions(doc.subscriptions, sink, base_dir)
     groups = check_groups(
-        build_groups(doc.groups, global_.check_tolerance, sink), nodes, sink, subscriptions=bool(subscriptions)
+        build_groups(doc.groups, global_.check_tolerance, sink),
+        nodes,
+        sink,
+        subscriptions=bool(subscriptions),
     )
     rules, fallback, fallback_entry = build_routing(doc.rules, doc.fallbacks, sink)
     fallback, fallback_must, fallback_mark = split_fallback_must(fallback, fallback_entry, sink)
@@ -186,13 +189,21 @@ def _build(doc: Doc, base_dir: str, source: str, sink: Sink) -> Spec:
         # dae's `-> direct(mark: 0x800)` marks the direct dial's socket; on another outbound the
         # mark would reach only the flows its pick sends direct: refused, never half honoured
         if r.mark is not None and r.outbound != DIRECT_OUTBOUND:
-            sink.error("unsupported-mark", e.path, f"a per-rule mark (mark: {r.mark:#x}) is honoured on "
-                       f"direct only, not on {r.outbound!r}", e.loc)
+            sink.error(
+                "unsupported-mark",
+                e.path,
+                f"a per-rule mark (mark: {r.mark:#x}) is honoured on direct only, not on {r.outbound!r}",
+                e.loc,
+            )
     if fallback_entry is not None:
         targets.append((fallback, fallback_entry))
         if fallback_mark is not None and fallback != DIRECT_OUTBOUND:
-            sink.error("unsupported-mark", fallback_entry.path, f"a fallback mark (mark: {fallback_mark:#x}) "
-                       f"is honoured on direct only, not on {fallback!r}", fallback_entry.loc)
+            sink.error(
+                "unsupported-mark",
+                fallback_entry.path,
+                f"a fallback mark (mark: {fallback_mark:#x}) is honoured on direct only, not on {fallback!r}",
+                fallback_entry.loc,
+            )
     dns, dns_targets = build_dns(doc.dns, sink, global_.data_dir)
     check_targets(targets + detour_targets(doc.subscriptions) + dns_targets, outbounds, sink)
     clash_api = build_clash_api(doc.clash_api, sink)

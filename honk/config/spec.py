@@ -420,13 +420,33 @@ class DnsResponseRule:
 # dae's selectors of its own lookups (docs/en/configuration/dns.md; component/daedns/router.go):
 # the keys each takes ('' is the bare form), and the key a bare argument or an alias is stored as
 DNS_OWN_KEYS = {
-    "sub": {"": "tag", "tag": "tag", "tag_regex": "tag_regex", "regex": "tag_regex",
-            "link_keyword": "link_keyword", "link_regex": "link_regex"},
-    "node": {"": "name", "name": "name", "name_keyword": "name_keyword", "name_regex": "name_regex",
-             "link_keyword": "link_keyword", "link_regex": "link_regex"},
-    "subnode": {"": "subtag", "subtag": "subtag", "subtag_regex": "subtag_regex", "regex": "subtag_regex",
-                "name": "name", "name_keyword": "name_keyword", "name_regex": "name_regex",
-                "link_keyword": "link_keyword", "link_regex": "link_regex"},
+    "sub": {
+        "": "tag",
+        "tag": "tag",
+        "tag_regex": "tag_regex",
+        "regex": "tag_regex",
+        "link_keyword": "link_keyword",
+        "link_regex": "link_regex",
+    },
+    "node": {
+        "": "name",
+        "name": "name",
+        "name_keyword": "name_keyword",
+        "name_regex": "name_regex",
+        "link_keyword": "link_keyword",
+        "link_regex": "link_regex",
+    },
+    "subnode": {
+        "": "subtag",
+        "subtag": "subtag",
+        "subtag_regex": "subtag_regex",
+        "regex": "subtag_regex",
+        "name": "name",
+        "name_keyword": "name_keyword",
+        "name_regex": "name_regex",
+        "link_keyword": "link_keyword",
+        "link_regex": "link_regex",
+    },
 }
 
 

@@ -481,7 +481,9 @@ class _Reader:
                 continue
             entries.append(self.entry(canonical, v, *where, key))
         path = join_path(*where)
-        self.doc.subscriptions.append(SubscriptionDecl(name, path, self.loc(*where), entries, structured=True))
+        self.doc.subscriptions.append(
+            SubscriptionDecl(name, path, self.loc(*where), entries, structured=True)
+        )
 
     def read_group(self, name: str, body: object) -> None:
         tbl = self.table(body, "group", name)
@@ -559,11 +561,19 @@ class _Reader:
             elif key == "rules":
                 items = [v] if isinstance(v, str) else v
                 if not isinstance(items, list):
-                    self.sink.error("invalid-type", join_path("dns", "routing", phase, "rules"),
-                                    "expected a list of rules", self.loc("dns", "routing", phase, "rules"))
+                    self.sink.error(
+                        "invalid-type",
+                        join_path("dns", "routing", phase, "rules"),
+                        "expected a list of rules",
+                        self.loc("dns", "routing", phase, "rules"),
+                    )
                     continue
-                out.extend(self.entry(phase, item, "dns", "routing", phase, "rules", i,
-                                      shown=("dns", "routing", phase, i)) for i, item in enumerate(items))
+                out.extend(
+                    self.entry(
+                        phase, item, "dns", "routing", phase, "rules", i, shown=("dns", "routing", phase, i)
+                    )
+                    for i, item in enumerate(items)
+                )
             else:
                 self.unknown("dns", "routing", phase, key)
         return out

@@ -89,17 +89,26 @@ def check_inbounds(inbounds: list[InboundSpec], sink: Sink) -> None:
         if inbound.name == RESERVED_INBOUND:
             sink.error("reserved-name", path, "the inbound name api is the Clash API listener's", inbound.loc)
         if inbound.name == TPROXY_INBOUND:
-            sink.error("reserved-name", path, "the inbound name tproxy is the transparent listener's "
-                       "(global.lan_interface, global.wan_interface)", inbound.loc)
+            sink.error(
+                "reserved-name",
+                path,
+                "the inbound name tproxy is the transparent listener's "
+                "(global.lan_interface, global.wan_interface)",
+                inbound.loc,
+            )
         if inbound.name == DNS_INBOUND:
-            sink.error("reserved-name", path, "the inbound name dns is the DNS listener's (dns.bind)", inbound.loc)
+            sink.error(
+                "reserved-name", path, "the inbound name dns is the DNS listener's (dns.bind)", inbound.loc
+            )
         if inbound.port and (inbound.host, inbound.port) in listens:
             sink.error("duplicate-listen", path, "another inbound listens on the same address", inbound.loc)
         names.add(inbound.name)
         listens.add((inbound.host, inbound.port))
 
 
-def check_subscriptions(decls: list[SubscriptionDecl], sink: Sink, base_dir: str = ".") -> list[SubscriptionSpec]:
+def check_subscriptions(
+    decls: list[SubscriptionDecl], sink: Sink, base_dir: str = "."
+) -> list[SubscriptionSpec]:
     """``base_dir``: the configuration's directory, against which a relative ``file://`` path
     resolves (as dae resolves it against its configuration's)."""
     kept: list[SubscriptionSpec] = []

@@ -99,9 +99,16 @@ def _soft_limit() -> int:
 class DescriptorBudget:
     """The flows' share of the descriptor limit (one per process; see the module docstring)."""
 
-    def __init__(self, clock: Clock, *, limit: int | None = None, reserve: int = RESERVED_DESCRIPTORS,
-                 counter: Callable[[], int] = count_open_descriptors, stats: RuntimeStats | None = None,
-                 ended: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        limit: int | None = None,
+        reserve: int = RESERVED_DESCRIPTORS,
+        counter: Callable[[], int] = count_open_descriptors,
+        stats: RuntimeStats | None = None,
+        ended: Callable[[], int] | None = None,
+    ) -> None:
         self.clock = clock
         self._ended = ended or (lambda: 0)  # flows ended since start (ConnectionTracker.removed)
         self._ended_at_count = 0
@@ -164,7 +171,8 @@ class DescriptorBudget:
         admission is on every flow's path)."""
         return DescriptorsExhausted(
             f"{what}: refused, the descriptor budget for flows is spent "
-            f"({self.in_use()} of {self.limit} in use, {self.reserve} kept for the control plane)")
+            f"({self.in_use()} of {self.limit} in use, {self.reserve} kept for the control plane)"
+        )
 
     def _note_refusal(self, now: float) -> None:
         self.refused += 1
@@ -172,8 +180,14 @@ class DescriptorBudget:
             self.stats.descriptor_refusals += 1
         self._refused_unwarned += 1
         if self._warned_at is None or now - self._warned_at >= REFUSAL_WARN_INTERVAL:
-            log.warning("descriptor budget spent, refusing new flows %s",
-                        kv(refused=self._refused_unwarned, in_use=self.in_use(), limit=self.limit,
-                           reserve=self.reserve))
+            log.warning(
+                "descriptor budget spent, refusing new flows %s",
+                kv(
+                    refused=self._refused_unwarned,
+                    in_use=self.in_use(),
+                    limit=self.limit,
+                    reserve=self.reserve,
+                ),
+            )
             self._warned_at = now
             self._refused_unwarned = 0

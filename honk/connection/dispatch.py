@@ -169,9 +169,17 @@ def log_failed_end(routed: Routed, error: HonkError | None, bridged: bool = Fals
     if error is None or bridged or isinstance(error, ClientGone | FlowClosed | IdleTimeout):
         return
     meta = routed.meta
-    log.info("flow failed %s", kv(inbound=meta.inbound, source=meta.source, target=meta.target,
-                                  outbound=routed.leaf.name, error=type(error).__name__,
-                                  reason=getattr(error, "reason", "") or str(error)))
+    log.info(
+        "flow failed %s",
+        kv(
+            inbound=meta.inbound,
+            source=meta.source,
+            target=meta.target,
+            outbound=routed.leaf.name,
+            error=type(error).__name__,
+            reason=getattr(error, "reason", "") or str(error),
+        ),
+    )
 
 
 def outbound_version(leaf: Any) -> str:
@@ -189,8 +197,16 @@ class EngineDial:
 
     __slots__ = ("plan", "leaf", "started", "deadline", "_dispatcher", "_guard", "_permit")
 
-    def __init__(self, dispatcher: Dispatcher, leaf: Any, plan: EnginePlan, guard: Any,
-                 permit: Any, started: float, deadline: float) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        leaf: Any,
+        plan: EnginePlan,
+        guard: Any,
+        permit: Any,
+        started: float,
+        deadline: float,
+    ) -> None:
         self.plan = plan
         self.leaf = leaf
         self.started = started
@@ -299,10 +315,12 @@ class Dispatcher:
         outbound = self.mode.override() if self.mode is not None else None
         if outbound is None:
             return None
-        selection = plane.groups.resolve(outbound, meta.network, target=score_target(meta),
-                                         destination=meta.resolved)
-        return self._routed(meta, Decision(RouteDecision(outbound, mode_rule(self.mode.mode), False, None),
-                                           selection), plane)
+        selection = plane.groups.resolve(
+            outbound, meta.network, target=score_target(meta), destination=meta.resolved
+        )
+        return self._routed(
+            meta, Decision(RouteDecision(outbound, mode_rule(self.mode.mode), False, None), selection), plane
+        )
 
     def route_now(self, meta: FlowMeta) -> Routed | None:
         """:meth:`route` when the plane can decide without awaiting (no DNS needed), else
@@ -341,7 +359,9 @@ class Dispatcher:
     def rescore(self, routed: Routed) -> Routed:
         """``routed`` attributed for its own meta (a changed network or target, a routing made
         outside :meth:`route`): its Score feedback built again from the current plane."""
-        return dataclasses.replace(routed, score=_score_feedback(self._plane, routed.chain, routed.leaf, routed.meta))
+        return dataclasses.replace(
+            routed, score=_score_feedback(self._plane, routed.chain, routed.leaf, routed.meta)
+        )
 
     def cold_udp_candidates(self, routed: Routed) -> list[Routed]:
         """The routings a UDP flow's cold preparation races (GH-G-01): the rule target's
@@ -357,7 +377,9 @@ class Dispatcher:
         selections = cold(routed.chain[0])
         if not any(s.leaf is routed.leaf for s in selections):
             return []  # the selection served something else (a pin, a final): that one leaf
-        return [self.rescore(dataclasses.replace(routed, chain=tuple(s.chain), leaf=s.leaf)) for s in selections]
+        return [
+            self.rescore(dataclasses.replace(routed, chain=tuple(s.chain), leaf=s.leaf)) for s in selections
+        ]
 
     def udp_eligible(self, routed: Routed) -> bool:
         """Whether ``routed``'s leaf may still carry UDP for its group on the current plane (the
@@ -402,7 +424,9 @@ class Dispatcher:
                 break  # a spent shared deadline: a retry would fail unheard, and prove nothing
             served = self.rescore(dataclasses.replace(routed, chain=retry.chain, leaf=retry.leaf))
             try:
-                dialed, reporter = await self._dial_leaf(served.leaf, routed.meta.target, deadline, served.score)
+                dialed, reporter = await self._dial_leaf(
+                    served.leaf, routed.meta.target, deadline, served.score
+                )
             except HonkError as exc:
                 if isinstance(exc, TargetRefused):
                     refused.append(served.leaf)
@@ -428,7 +452,9 @@ class Dispatcher:
         Raises what :meth:`admit` and Score's admission raise."""
         leaf = routed.leaf
         offer = getattr(leaf, "engine_plan", None)
-        now = self.clock.now()  # one reading for the ready check and the deadline: the plan takes microseconds
+        now = (
+            self.clock.now()
+        )  # one reading for the ready check and the deadline: the plan takes microseconds
         if offer is None or _ready_hit(leaf, now) or (len(routed.chain) > 1 and self._retrying_group(routed)):
             return None
         budget = getattr(self._plane, "admission", None)
@@ -474,15 +500,18 @@ class Dispatcher:
         meta = routed.meta
         retry = self._plane.groups.retry_candidates
         if kind is Policy.SCORE:
-            candidates, fresh = retry(name, meta.network, routed.leaf, target=score_target(meta),
-                                      destination=meta.resolved), False
+            candidates, fresh = (
+                retry(name, meta.network, routed.leaf, target=score_target(meta), destination=meta.resolved),
+                False,
+            )
         else:
             candidates, fresh = retry(name, meta.network, routed.leaf), True
         head = routed.chain[: routed.chain.index(name)]
         return [dataclasses.replace(c, chain=head + c.chain) for c in candidates], fresh
 
-    async def _dial_leaf(self, leaf: Any, target: Any, deadline: float,
-                         score: ScoreFeedback | None) -> tuple[DialedStream, ScoreReporter | None]:
+    async def _dial_leaf(
+        self, leaf: Any, target: Any, deadline: float, score: ScoreFeedback | None
+    ) -> tuple[DialedStream, ScoreReporter | None]:
         """One dial under the dial budget (``block`` and a stream on a mux carrier with room are
         exempt; waiting past the deadline for a permit is a :class:`CapacityRefused`), reported
         to the node's health and to the Score groups it was selected through: admitted before
@@ -517,7 +546,9 @@ class Dispatcher:
             self.stats.dial("tcp", None, leaf.name)
         return reporter
 
-    def _dial_failed(self, leaf: Any, guard: Any, exc: HonkError, started: float | None, deadline: float) -> None:
+    def _dial_failed(
+        self, leaf: Any, guard: Any, exc: HonkError, started: float | None, deadline: float
+    ) -> None:
         """A dial of ``leaf`` failed: Score and health told when it had a fair chance."""
         if _fair_chance(exc, started, deadline, self.global_spec.connect_timeout):
             scoring.report_setup(guard, self.clock, leaf, exc, dial_started=started)
@@ -544,8 +575,15 @@ class Dispatcher:
             user=meta.user,
             session=meta.session,
         )
-        log_flow_opened(network, meta.inbound, meta.source, meta.target, routed.rule, routed.chain,
-                        getattr(self._plane, "spec", None))
+        log_flow_opened(
+            network,
+            meta.inbound,
+            meta.source,
+            meta.target,
+            routed.rule,
+            routed.chain,
+            getattr(self._plane, "spec", None),
+        )
         return flow
 
     async def relay(self, upstream: Upstream, client: StreamConn) -> HonkError | None:

@@ -44,13 +44,28 @@ def format_chain(chain: Sequence[str]) -> str:
     return ">".join(chain) if chain else "-"
 
 
-def log_flow_opened(network: Network, inbound: str, source: Address, target: Address, rule: str,
-                    chain: tuple[str, ...], spec: Any = None) -> None:
+def log_flow_opened(
+    network: Network,
+    inbound: str,
+    source: Address,
+    target: Address,
+    rule: str,
+    chain: tuple[str, ...],
+    spec: Any = None,
+) -> None:
     """The line of a flow that is established (a TCP flow registered, a UDP target routed and
     dialled); nothing is built when the honk logger drops info."""
     if not log.isEnabledFor(logging.INFO):
         return
-    log.info("flow opened %s",
-             kv(network=network.value, inbound=inbound, source=source, target=target, rule=rule,
-                chain=format_chain(chain)),
-             extra={FLOW_FIELD: FlowOpened(network, source, target, rule, chain, spec)})
+    log.info(
+        "flow opened %s",
+        kv(
+            network=network.value,
+            inbound=inbound,
+            source=source,
+            target=target,
+            rule=rule,
+            chain=format_chain(chain),
+        ),
+        extra={FLOW_FIELD: FlowOpened(network, source, target, rule, chain, spec)},
+    )

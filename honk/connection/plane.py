@@ -102,9 +102,15 @@ class Plane:
         result = self.router.route(meta, now=clock.wall() if clock is not None else NEVER)
         if isinstance(result, NeedsResolution):  # counted nothing: decide() starts over
             return None
-        return Decision(result, self.groups.resolve(result.outbound, meta.network,
-                                                    target=_flow_target(self.groups, result.outbound, meta),
-                                                    destination=meta.resolved))
+        return Decision(
+            result,
+            self.groups.resolve(
+                result.outbound,
+                meta.network,
+                target=_flow_target(self.groups, result.outbound, meta),
+                destination=meta.resolved,
+            ),
+        )
 
     async def decide(self, meta: FlowMeta, resolver: Resolver) -> Decision:
         """Route ``meta`` and resolve the target name to one leaf.
@@ -134,9 +140,12 @@ class Plane:
                 result = self.router.route(meta, start=result.rule_index, resolution_failed=True, now=now)
             if isinstance(result, NeedsResolution):  # the router contract rules this out
                 raise RuntimeError("router asked for resolution twice")
-        selection = self.groups.resolve(result.outbound, meta.network,
-                                        target=_flow_target(self.groups, result.outbound, meta),
-                                        destination=meta.resolved)
+        selection = self.groups.resolve(
+            result.outbound,
+            meta.network,
+            target=_flow_target(self.groups, result.outbound, meta),
+            destination=meta.resolved,
+        )
         return Decision(result, selection, resolved)
 
 
@@ -160,13 +169,27 @@ def build_plane(
     router = Router.compile(spec.routing, GeoAssets(spec.global_.data_dir))
     outbounds, runtimes = build_outbounds(spec, clock, previous.runtimes if previous is not None else None)
     groups = GroupManager.build(
-        spec, outbounds, health=health, clock=clock,
-        previous=previous.groups if previous is not None else None, saved=saved_choices,
+        spec,
+        outbounds,
+        health=health,
+        clock=clock,
+        previous=previous.groups if previous is not None else None,
+        saved=saved_choices,
     )
-    targets = {rule.outbound for rule in spec.routing.rules if rule.outbound != MUST_RULES} | {spec.routing.fallback}
+    targets = {rule.outbound for rule in spec.routing.rules if rule.outbound != MUST_RULES} | {
+        spec.routing.fallback
+    }
     for name in sorted(targets):
         if name not in groups and name not in outbounds:
             log.warning("routing names %r, which is neither a group nor an outbound; its flows fail", name)
     admission = DialBudget(spec.global_.max_concurrent_dials, clock)
-    return Plane(generation=generation, router=router, groups=groups, outbounds=outbounds, spec=spec,
-                 runtimes=runtimes, admission=admission, clock=clock)
+    return Plane(
+        generation=generation,
+        router=router,
+        groups=groups,
+        outbounds=outbounds,
+        spec=spec,
+        runtimes=runtimes,
+        admission=admission,
+        clock=clock,
+    )

@@ -61,9 +61,15 @@ def setup_failure(leaf: Any, error: BaseException, episode: Episode | None = Non
     return Result.failure(episode, node_scoped=True)
 
 
-def report_setup(guard: ScoreBusinessGuard | None, clock: Clock, leaf: Any,
-                 error: BaseException | None, *, episode: Episode | None = None,
-                 dial_started: float | None = None) -> ScoreReporter | None:
+def report_setup(
+    guard: ScoreBusinessGuard | None,
+    clock: Clock,
+    leaf: Any,
+    error: BaseException | None,
+    *,
+    episode: Episode | None = None,
+    dial_started: float | None = None,
+) -> ScoreReporter | None:
     """Hand ``guard`` to a reporter once the dial ended: setup stamped on success, the failure
     (or the neutral end) settled otherwise. None without a guard or after a failure.
     ``dial_started``: when the dial really began, after its permit (setup latency runs from there)."""

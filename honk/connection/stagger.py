@@ -87,7 +87,9 @@ class ColdPreparationTimeout(ColdPreparationFailed):
     """The preparation deadline passed with no winner (not itself a health event, GH-G-10)."""
 
     def __init__(self, errors: Sequence[BaseException]) -> None:
-        HonkError.__init__(self, f"preparation deadline passed with no winner ({len(errors)} observed errors)")
+        HonkError.__init__(
+            self, f"preparation deadline passed with no winner ({len(errors)} observed errors)"
+        )
         self.errors = tuple(errors)
 
 
@@ -120,8 +122,12 @@ class Stagger:
         """The candidates to start at ``now``, now counted in flight: each whose offset has come,
         in order, while fewer than COLD_MAX_IN_FLIGHT run and the deadline has not passed."""
         out = []
-        while (self._next < self.count and len(self._in_flight) < COLD_MAX_IN_FLIGHT and now < self.deadline
-               and now >= self.start_at(self._next)):
+        while (
+            self._next < self.count
+            and len(self._in_flight) < COLD_MAX_IN_FLIGHT
+            and now < self.deadline
+            and now >= self.start_at(self._next)
+        ):
             out.append(self._next)
             self._in_flight.add(self._next)
             self._next += 1
@@ -147,9 +153,16 @@ class Stagger:
 class _Race(Generic[T, R]):
     """One run of :func:`prepare_first`: the started tasks and what each ended with."""
 
-    def __init__(self, candidates: Sequence[T], prepare: Callable[[T], Awaitable[R]], clock: Clock,
-                 stagger: Stagger, observed_error: Callable[[T, BaseException], None],
-                 discard: Callable[[R], object], counts: StaggerCounts) -> None:
+    def __init__(
+        self,
+        candidates: Sequence[T],
+        prepare: Callable[[T], Awaitable[R]],
+        clock: Clock,
+        stagger: Stagger,
+        observed_error: Callable[[T, BaseException], None],
+        discard: Callable[[R], object],
+        counts: StaggerCounts,
+    ) -> None:
         self.counts = counts
         self.candidates = candidates
         self.prepare = prepare
@@ -208,10 +221,18 @@ class _Race(Generic[T, R]):
                 await self.drop(taken[1])
 
 
-async def prepare_first(candidates: Sequence[T], prepare: Callable[[T], Awaitable[R]], *, clock: Clock,
-                        deadline: float, eligible: Callable[[T], bool], commit: Callable[[T, R], object],
-                        observed_error: Callable[[T, BaseException], None],
-                        discard: Callable[[R], object], counts: StaggerCounts | None = None) -> tuple[T, R]:
+async def prepare_first(
+    candidates: Sequence[T],
+    prepare: Callable[[T], Awaitable[R]],
+    *,
+    clock: Clock,
+    deadline: float,
+    eligible: Callable[[T], bool],
+    commit: Callable[[T, R], object],
+    observed_error: Callable[[T, BaseException], None],
+    discard: Callable[[R], object],
+    counts: StaggerCounts | None = None,
+) -> tuple[T, R]:
     """The first candidate (in ``candidates``' order of starts) whose ``prepare`` succeeds and
     that is still ``eligible``, with its result, committed; see the module docstring.
 
@@ -223,8 +244,15 @@ async def prepare_first(candidates: Sequence[T], prepare: Callable[[T], Awaitabl
     loop = asyncio.get_running_loop()
     counts = counts if counts is not None else StaggerCounts()
     counts.plans += 1
-    race = _Race(candidates, prepare, clock, Stagger(len(candidates), clock.now(), deadline), observed_error,
-                 discard, counts)
+    race = _Race(
+        candidates,
+        prepare,
+        clock,
+        Stagger(len(candidates), clock.now(), deadline),
+        observed_error,
+        discard,
+        counts,
+    )
     try:
         while True:
             race.start_due()
@@ -265,4 +293,3 @@ async def prepare_first(candidates: Sequence[T], prepare: Callable[[T], Awaitabl
     except BaseException:
         await asyncio.shield(race.drain())
         raise
-

@@ -65,13 +65,16 @@ class MultiVersionHandle(FlowHandle, Protocol):
 # Flow ids: a random per-process prefix and a counter, formatted like a UUID (what
 # dashboards expect). Unique within the process without a urandom call per flow.
 _FLOW_ID_PREFIX = uuid.uuid4().hex[:16]
-_FLOW_ID_HEAD = f"{_FLOW_ID_PREFIX[:8]}-{_FLOW_ID_PREFIX[8:12]}-{_FLOW_ID_PREFIX[12:]}-"  # its first three groups
+_FLOW_ID_HEAD = (
+    f"{_FLOW_ID_PREFIX[:8]}-{_FLOW_ID_PREFIX[8:12]}-{_FLOW_ID_PREFIX[12:]}-"  # its first three groups
+)
 _flow_counter = itertools.count(1)
 
 
 def _next_flow_id() -> str:
     count = f"{next(_flow_counter):016x}"  # the last two groups
     return f"{_FLOW_ID_HEAD}{count[:4]}-{count[4:]}"
+
 
 @dataclass(frozen=True, slots=True)
 class ConnectionInfo:
@@ -107,9 +110,18 @@ def _log_end(flow: TrackedFlow) -> None:
         return
     level = logging.INFO if isinstance(reason, OutboundDrained) else logging.DEBUG
     if log.isEnabledFor(level):
-        log.log(level, "flow ended %s", kv(id=flow.id, inbound=flow.inbound, network=flow.network.value,
-                                           outbound_version=flow.outbound_version or "-",
-                                           error=type(reason).__name__, reason=str(reason)))
+        log.log(
+            level,
+            "flow ended %s",
+            kv(
+                id=flow.id,
+                inbound=flow.inbound,
+                network=flow.network.value,
+                outbound_version=flow.outbound_version or "-",
+                error=type(reason).__name__,
+                reason=str(reason),
+            ),
+        )
 
 
 class TrackedFlow:
@@ -202,8 +214,9 @@ class TrackedFlow:
             self.close_reason = _as_error(reason)
         self._handle.close(self.close_reason)
 
-    def retarget(self, target: Address, rule: str, chain: tuple[str, ...],
-                 outbound_version: str | None = None) -> None:
+    def retarget(
+        self, target: Address, rule: str, chain: tuple[str, ...], outbound_version: str | None = None
+    ) -> None:
         """Record what the flow now carries (a UDP association learns it from its first datagram)."""
         self.target, self.rule, self.chain = target, rule, chain
         if outbound_version is not None:
@@ -426,8 +439,9 @@ class ConnectionTracker:
         while self._flows:
             await self._idle.wait()
 
-    def sweep_idle(self, now: float, relay_idle_timeout: float, udp_idle_timeout: float,
-                   half_close_timeout: float = 0.0) -> list[str]:
+    def sweep_idle(
+        self, now: float, relay_idle_timeout: float, udp_idle_timeout: float, half_close_timeout: float = 0.0
+    ) -> list[str]:
         """Close every flow silent for at least its timeout (seconds); returns their ids.
 
         TCP flows use ``relay_idle_timeout``, UDP associations ``udp_idle_timeout``; a flow one

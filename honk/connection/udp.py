@@ -165,8 +165,15 @@ class UdpNat:
     Subclasses own the client side: they call :meth:`_open_flow` once, :meth:`_forward` for
     every client datagram, and implement :meth:`_deliver` (and :meth:`_can_deliver`)."""
 
-    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address,
-                 user: str | None = None, session: object | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        inbound: str,
+        client: Address,
+        user: str | None = None,
+        session: object | None = None,
+    ) -> None:
         self._dispatcher = dispatcher
         self._clock = dispatcher.clock
         self.inbound = inbound
@@ -220,8 +227,14 @@ class UdpNat:
 
     def _route_meta(self, target: Address) -> FlowMeta:
         """What routing sees for datagrams to ``target``."""
-        return FlowMeta(Network.UDP, source=self.client, target=target, inbound=self.inbound,
-                        user=self.user, session=self.session)
+        return FlowMeta(
+            Network.UDP,
+            source=self.client,
+            target=target,
+            inbound=self.inbound,
+            user=self.user,
+            session=self.session,
+        )
 
     def _dial_target(self, target: Address, routed: Routed) -> Address:
         """Where datagrams to ``target`` go through ``routed``'s leaf (direct: resolved here)."""
@@ -363,8 +376,11 @@ class UdpNat:
             )
             return drop
         version = outbound_version(leaf)
-        cold = [] if leaf.protocol == "direct" or self._has_endpoint(version) else \
-            self._dispatcher.cold_udp_candidates(routed)
+        cold = (
+            []
+            if leaf.protocol == "direct" or self._has_endpoint(version)
+            else self._dispatcher.cold_udp_candidates(routed)
+        )
         prepared = next((c for c in cold if self._has_endpoint(outbound_version(c.leaf))), None)
         if prepared is not None:  # a candidate this association already prepared (an earlier race won)
             routed, leaf, version = prepared, prepared.leaf, outbound_version(prepared.leaf)
@@ -386,13 +402,36 @@ class UdpNat:
         reporter = scoring.report_setup(guard, self._clock, leaf, None)
         self._note_route(meta.target, routed)
         # a target's route is the UDP flow a line is written for (mihomo: one per NAT entry)
-        log_flow_opened(Network.UDP, self.inbound, self.client, meta.target, routed.rule, routed.chain,
-                        getattr(self._dispatcher.plane, "spec", None))
+        log_flow_opened(
+            Network.UDP,
+            self.inbound,
+            self.client,
+            meta.target,
+            routed.rule,
+            routed.chain,
+            getattr(self._dispatcher.plane, "spec", None),
+        )
         if leaf.protocol != "direct":
-            return _Route(None, endpoint, dial, self._health.get(version), plane, version,
-                          routed.rule, routed.chain, reporter)
-        return _Route((ip, target.port), plane=plane, version=version, rule=routed.rule, chain=routed.chain,
-                      reporter=reporter, mark=getattr(leaf, "mark", None))
+            return _Route(
+                None,
+                endpoint,
+                dial,
+                self._health.get(version),
+                plane,
+                version,
+                routed.rule,
+                routed.chain,
+                reporter,
+            )
+        return _Route(
+            (ip, target.port),
+            plane=plane,
+            version=version,
+            rule=routed.rule,
+            chain=routed.chain,
+            reporter=reporter,
+            mark=getattr(leaf, "mark", None),
+        )
 
     def _has_endpoint(self, version: str) -> bool:
         """A sub-link of ``version`` is open or being dialled: a target through it is not cold."""
@@ -413,14 +452,19 @@ class UdpNat:
             health = _EndpointHealth(leaf)
             made: list[PacketEndpoint] = []  # the endpoint, once dialled: only its own loss counts
             endpoint = await leaf.dial_udp(
-                lambda data, source: self._from_endpoint(health, data, source), deadline,
-                on_lost=lambda error: self._endpoint_lost(key, error, made[0] if made else _UNPUBLISHED))
+                lambda data, source: self._from_endpoint(health, data, source),
+                deadline,
+                on_lost=lambda error: self._endpoint_lost(key, error, made[0] if made else _UNPUBLISHED),
+            )
             made.append(endpoint)
             return health, endpoint
 
         def eligible(routed: Routed) -> bool:
-            return (not self._closed.is_set() and outbound_version(routed.leaf) not in self._drained
-                    and self._dispatcher.udp_eligible(routed))
+            return (
+                not self._closed.is_set()
+                and outbound_version(routed.leaf) not in self._drained
+                and self._dispatcher.udp_eligible(routed)
+            )
 
         def commit(routed: Routed, prepared: tuple[_EndpointHealth, PacketEndpoint]) -> None:
             key = outbound_version(routed.leaf)
@@ -433,16 +477,27 @@ class UdpNat:
 
         def observed_error(routed: Routed, error: BaseException) -> None:
             self._count(routed.leaf.name, error)
-            log.info("udp cold preparation failed %s", kv(association=self.id, outbound=routed.leaf.name,
-                                                          error=type(error).__name__))
+            log.info(
+                "udp cold preparation failed %s",
+                kv(association=self.id, outbound=routed.leaf.name, error=type(error).__name__),
+            )
 
         winner, _ = await prepare_first(
-            candidates, prepare, clock=self._clock, deadline=deadline, eligible=eligible, commit=commit,
-            observed_error=observed_error, discard=lambda prepared: prepared[1].close(),
-            counts=getattr(getattr(self._dispatcher, "stats", None), "udp_stagger", None))
+            candidates,
+            prepare,
+            clock=self._clock,
+            deadline=deadline,
+            eligible=eligible,
+            commit=commit,
+            observed_error=observed_error,
+            discard=lambda prepared: prepared[1].close(),
+            counts=getattr(getattr(self._dispatcher, "stats", None), "udp_stagger", None),
+        )
         if winner.leaf is not candidates[0].leaf:
-            log.info("udp cold preparation served %s", kv(association=self.id, first=candidates[0].leaf.name,
-                                                         served=winner.leaf.name))
+            log.info(
+                "udp cold preparation served %s",
+                kv(association=self.id, first=candidates[0].leaf.name, served=winner.leaf.name),
+            )
         return winner
 
     async def _resolve(self, target: Address) -> str:
@@ -496,9 +551,14 @@ class UdpNat:
             deadline = self._clock.now() + preparation_deadline(self._dispatcher.global_spec.connect_timeout)
             health = self._health[key] = _EndpointHealth(leaf)
             self._dial_episodes[key] = Episode()
-            dialing = asyncio.ensure_future(self._prepare_single(
-                leaf, deadline, lambda data, source: self._from_endpoint(health, data, source),
-                lambda error: self._endpoint_lost(key, error)))
+            dialing = asyncio.ensure_future(
+                self._prepare_single(
+                    leaf,
+                    deadline,
+                    lambda data, source: self._from_endpoint(health, data, source),
+                    lambda error: self._endpoint_lost(key, error),
+                )
+            )
             self._dialing[key] = dialing
             dialing.add_done_callback(lambda _: self._dialing.pop(key, None))
             dialing.add_done_callback(lambda done: self._count_dial(name, done))
@@ -527,7 +587,9 @@ class UdpNat:
             async with timeout_at(self._clock, deadline):
                 return await leaf.dial_udp(receive, deadline, on_lost=on_lost)
         except TimeoutError:
-            raise DialTimeout(leaf.name, "connect", "UDP preparation: no endpoint before the deadline") from None
+            raise DialTimeout(
+                leaf.name, "connect", "UDP preparation: no endpoint before the deadline"
+            ) from None
 
     def _count_dial(self, outbound: str, dialing: asyncio.Future[PacketEndpoint]) -> None:
         """One endpoint dial ended: counted once, however many targets waited for it."""
@@ -555,8 +617,12 @@ class UdpNat:
         for route in self._routes.values():
             if route.endpoint is endpoint:
                 self._retire(route, Result.failure(episode) if error is not None else None)
-        log.info("udp endpoint ended association=%s outbound_version=%s error=%s", self.id, version,
-                 type(error).__name__ if error is not None else "-")
+        log.info(
+            "udp endpoint ended association=%s outbound_version=%s error=%s",
+            self.id,
+            version,
+            type(error).__name__ if error is not None else "-",
+        )
         self._forget_routes(lambda route: route.endpoint is endpoint)
 
     def _forget_routes(self, match) -> int:  # noqa: ANN001 - _Route -> bool
@@ -620,8 +686,15 @@ class UdpNat:
             return 0
         if self._flow is not None and self._flow.outbound_version == outbound_id:
             self._show_a_live_route()
-        log.info("udp sub-link closed %s", kv(association=self.id, outbound_version=outbound_id,
-                                                error=type(reason).__name__, reason=str(reason)))
+        log.info(
+            "udp sub-link closed %s",
+            kv(
+                association=self.id,
+                outbound_version=outbound_id,
+                error=type(reason).__name__,
+                reason=str(reason),
+            ),
+        )
         return 1
 
     # -- remote → client --------------------------------------------------------------
@@ -644,8 +717,14 @@ class UdpNat:
         route = self._routes.get(source)
         if route is not None and route.health is health:
             return route.reporter
-        named = [r for r in self._routes.values()
-                 if r.health is health and r.target is not None and r.target.ip is None and r.target.port == source.port]
+        named = [
+            r
+            for r in self._routes.values()
+            if r.health is health
+            and r.target is not None
+            and r.target.ip is None
+            and r.target.port == source.port
+        ]
         return named[0].reporter if len(named) == 1 else None
 
     def _from_remote(self, data: bytes, addr: tuple) -> None:
@@ -669,8 +748,16 @@ class UdpNat:
 class UdpAssociation(UdpNat):
     """One SOCKS5 UDP association; also the tracker's :class:`FlowHandle` for it."""
 
-    def __init__(self, dispatcher: Dispatcher, *, inbound: str, client: Address, requested: Address,
-                 user: str | None = None, session: object | None = None) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        *,
+        inbound: str,
+        client: Address,
+        requested: Address,
+        user: str | None = None,
+        session: object | None = None,
+    ) -> None:
         if client.ip is None:
             raise ValueError("the control connection's peer must be an IP")
         super().__init__(dispatcher, inbound=inbound, client=client, user=user, session=session)

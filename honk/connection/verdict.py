@@ -47,11 +47,28 @@ log = logging.getLogger("honk.connection")
 class FlowVerdict:
     """The observer of one relayed flow: byte counts to Score, one outcome to health."""
 
-    __slots__ = ("clock", "decided", "deadlines", "leaf", "reporter", "response_timeout", "sent_at",
-                 "last_sent", "timer", "traffic")
+    __slots__ = (
+        "clock",
+        "decided",
+        "deadlines",
+        "leaf",
+        "reporter",
+        "response_timeout",
+        "sent_at",
+        "last_sent",
+        "timer",
+        "traffic",
+    )
 
-    def __init__(self, clock: Clock, leaf: Any, reporter: ScoreReporter | None, response_timeout: float,
-                 deadlines: Deadlines | None = None, traffic: NodeTraffic | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        leaf: Any,
+        reporter: ScoreReporter | None,
+        response_timeout: float,
+        deadlines: Deadlines | None = None,
+        traffic: NodeTraffic | None = None,
+    ) -> None:
         self.clock = clock
         # the response deadline's timer: one heap entry on the relay's shared Deadlines (nearly
         # every flow is answered in time: a loop timer each would cost more), else the clock's own
@@ -76,7 +93,9 @@ class FlowVerdict:
             self.last_sent = now
             if self.sent_at is None:
                 self.sent_at = now
-                if not self.decided and not down and self.response_timeout > 0:  # answered in the same report: no timer
+                if (
+                    not self.decided and not down and self.response_timeout > 0
+                ):  # answered in the same report: no timer
                     self._arm(now + self.response_timeout)
         if down:
             if reporter is not None:
@@ -92,8 +111,11 @@ class FlowVerdict:
         if self.decided:
             return
         self._stop()
-        if (self.sent_at is not None and isinstance(error, UpstreamFailed | CodecError)
-                and self.traffic is not None):
+        if (
+            self.sent_at is not None
+            and isinstance(error, UpstreamFailed | CodecError)
+            and self.traffic is not None
+        ):
             self.traffic.flow_failed(self.family)
 
     @property
@@ -135,8 +157,13 @@ class FlowVerdict:
             self.timer = None
 
 
-def observe_flow(clock: Clock, leaf: Any, reporter: ScoreReporter | None,
-                 response_timeout: float, deadlines: Deadlines | None = None) -> FlowVerdict | None:
+def observe_flow(
+    clock: Clock,
+    leaf: Any,
+    reporter: ScoreReporter | None,
+    response_timeout: float,
+    deadlines: Deadlines | None = None,
+) -> FlowVerdict | None:
     """The observer a relay of ``leaf`` gets: None when neither a node's health nor Score
     listens (``direct`` and ``block`` outside Score). ``deadlines``: where its response
     deadline waits (the caller's, on ``clock``)."""

@@ -272,8 +272,11 @@ class WarmUp:
         leaves = preconnect_candidates(plane, count)
         if not leaves:
             return 0
-        limit = asyncio.Semaphore(PRECONNECT_AUTO_CONCURRENCY if count == PRECONNECT_AUTO
-                                  else min(count, PRECONNECT_MAX_CONCURRENCY))
+        limit = asyncio.Semaphore(
+            PRECONNECT_AUTO_CONCURRENCY
+            if count == PRECONNECT_AUTO
+            else min(count, PRECONNECT_MAX_CONCURRENCY)
+        )
         results = await asyncio.gather(*(self._deposit(plane, leaf, limit) for leaf in leaves))
         deposited = sum(results)
         self.preconnected += deposited
@@ -304,8 +307,9 @@ class WarmUp:
         targets = udp_warm_targets(plane, plane.spec.global_.udp_warm_node_count)
         _hold_only(self._udp_held, targets, WarmOwner.UDP_WARM)
         limit = asyncio.Semaphore(UDP_WARM_CONCURRENCY)
-        await asyncio.gather(*(self._ensure_carrier(plane, leaf, limit, Network.UDP)
-                               for leaf in targets.values()))
+        await asyncio.gather(
+            *(self._ensure_carrier(plane, leaf, limit, Network.UDP) for leaf in targets.values())
+        )
 
     async def _keep_warm(self, plane: Any, leaf: Any, limit: asyncio.Semaphore) -> None:
         """A pinned leaf's resource: its mux carrier, else one ready server connection."""
@@ -314,8 +318,9 @@ class WarmUp:
         elif not leaf.runtime.ready.has_ready(self.clock.now()):
             await self._deposit(plane, leaf, limit)
 
-    async def _ensure_carrier(self, plane: Any, leaf: Any, limit: asyncio.Semaphore,
-                              network: Network = Network.TCP) -> None:
+    async def _ensure_carrier(
+        self, plane: Any, leaf: Any, limit: asyncio.Semaphore, network: Network = Network.TCP
+    ) -> None:
         """A held mux leaf's carrier, opened when it has none with room (at most ``limit`` at
         once); its opening time is a setup sample for ``network``'s Score groups (a Selector pin
         keeps the TCP path's session, the UDP warm set the UDP path's); a failure is only logged
@@ -391,16 +396,21 @@ def _hold_only(held: dict[Any, NodeRuntime], targets: dict[Any, Any], owner: War
 def pool_stats(plane: Any) -> dict[str, int]:
     """``/stats`` ``pool``: the ready pools of the plane's nodes, summed."""
     runtimes = plane.runtimes.values()
-    return {"readyHits": sum(r.ready.hits for r in runtimes), "readyMisses": sum(r.ready.misses for r in runtimes),
-            "entries": sum(r.ready.entries for r in runtimes)}
+    return {
+        "readyHits": sum(r.ready.hits for r in runtimes),
+        "readyMisses": sum(r.ready.misses for r in runtimes),
+        "entries": sum(r.ready.entries for r in runtimes),
+    }
 
 
 def warm_stats(plane: Any, warm: WarmUp) -> dict[str, Any]:
     """``/stats`` ``warm``: the plane's nodes held by each owner, the sessions (mux carriers)
     held nodes keep open by protocol, and the connections startup preconnect deposited."""
     runtimes = plane.runtimes.values()
-    nodes = {"selector": sum(1 for r in runtimes if r.warm & WarmOwner.SELECTOR_PIN),
-             "udp": sum(1 for r in runtimes if r.warm & WarmOwner.UDP_WARM)}
+    nodes = {
+        "selector": sum(1 for r in runtimes if r.warm & WarmOwner.SELECTOR_PIN),
+        "udp": sum(1 for r in runtimes if r.warm & WarmOwner.UDP_WARM),
+    }
     sessions: dict[str, int] = {}
     seen: set[Any] = set()
     for leaf in plane.outbounds.values():

@@ -95,6 +95,7 @@ class ApplyHost(Protocol):
     def api_listener(self, spec: ClashApiSpec) -> Any:
         """A listener serving the API block ``spec`` (not yet bound)."""
 
+
 log = logging.getLogger("honk.reload")
 
 EMPTY_TAG = ""  # internal targets carry no configured tag
@@ -121,8 +122,14 @@ def empty_plane(clock: Any) -> Plane:
     outbounds: dict[str, Outbound] = {"block": block}
     spec = Spec(routing=RoutingSpec(fallback="block"))
     groups = GroupManager.build(spec, outbounds, clock=clock)
-    return Plane(generation=0, router=Router.compile(spec.routing), groups=groups, outbounds=outbounds, spec=spec,
-                 clock=clock)
+    return Plane(
+        generation=0,
+        router=Router.compile(spec.routing),
+        groups=groups,
+        outbounds=outbounds,
+        spec=spec,
+        clock=clock,
+    )
 
 
 @dataclass(slots=True)
@@ -188,8 +195,15 @@ class Applier:
 
     # --- prepare -------------------------------------------------------------------
 
-    async def prepare(self, plan: Plan, desired: DesiredState, *, bind: bool = True,
-                      saved_choices: Any = None, carried: Plane | None = None) -> Prepared:
+    async def prepare(
+        self,
+        plan: Plan,
+        desired: DesiredState,
+        *,
+        bind: bool = True,
+        saved_choices: Any = None,
+        carried: Plane | None = None,
+    ) -> Prepared:
         """Build everything ``plan`` needs; raises :class:`ApplyError` with nothing changed.
         ``carried``: a plane whose node runtimes the first apply takes over (the one that
         fetched subscriptions through a detour)."""
@@ -250,12 +264,18 @@ class Applier:
         groups = None
         router = self.plane.router if self.plane is not None else None
         if plan.publishes or self.plane is None:
-            reused = {s.resource.tag for s in plan.steps if isinstance(s, Reuse) and s.resource.kind == "group"}
+            reused = {
+                s.resource.tag for s in plan.steps if isinstance(s, Reuse) and s.resource.kind == "group"
+            }
             try:
                 groups = GroupManager.build(
-                    spec, targets, health=daemon.health.filter, clock=daemon.clock,
+                    spec,
+                    targets,
+                    health=daemon.health.filter,
+                    clock=daemon.clock,
                     previous=self.plane.groups if self.plane is not None else None,
-                    saved=saved_choices, reuse=reused,
+                    saved=saved_choices,
+                    reuse=reused,
                 )
             except Exception as exc:  # noqa: BLE001
                 raise BuildFailed("group", exc) from exc
@@ -265,7 +285,9 @@ class Applier:
             except Exception as exc:  # noqa: BLE001 - a rule that does not compile refuses the apply
                 raise BuildFailed("route", exc) from exc
 
-        prepared = Prepared(plan, desired, resolver, targets, used, groups, router, {}, dns_service=dns_service)
+        prepared = Prepared(
+            plan, desired, resolver, targets, used, groups, router, {}, dns_service=dns_service
+        )
 
         # 5. admissions, per desired inbound
         for inbound in desired.inbounds:
@@ -273,8 +295,11 @@ class Applier:
                 prepared.admissions[inbound.tag] = self._admit(desired, inbound, prepared.revocations)
 
         # 6. inbounds
-        steps_by_tag = {s.resource.tag: s for s in plan.steps
-                        if isinstance(s, Build | Reuse) and s.resource.kind == "inbound"}
+        steps_by_tag = {
+            s.resource.tag: s
+            for s in plan.steps
+            if isinstance(s, Build | Reuse) and s.resource.kind == "inbound"
+        }
         try:
             for inbound in desired.inbounds:
                 step = steps_by_tag[inbound.tag]
@@ -285,8 +310,9 @@ class Applier:
                     if running_listener is not None:
                         running_decl = running.inbound(self.listener_tags[inbound.bind]) if running else None
                         if running_decl is not None and _family(running_decl.kind) != _family(inbound.kind):
-                            raise BuildFailed(f"inbound {inbound.tag}",
-                                              "the handler is not of the kind its listener serves")
+                            raise BuildFailed(
+                                f"inbound {inbound.tag}", "the handler is not of the kind its listener serves"
+                            )
                         prepared.swaps.append((inbound.bind, inbound))  # with its user table
                         continue
                     listener = self._make_listener(inbound, spec)
@@ -324,12 +350,18 @@ class Applier:
             raise
         return prepared
 
-    def _admit(self, desired: DesiredState, inbound: InboundDecl,
-               revocations: list[tuple[list[Principal], ClosePolicy]]) -> dict[str, Principal]:
+    def _admit(
+        self,
+        desired: DesiredState,
+        inbound: InboundDecl,
+        revocations: list[tuple[list[Principal], ClosePolicy]],
+    ) -> dict[str, Principal]:
         """``inbound``'s user table against its running one; principals it no longer admits
         are queued in ``revocations`` under its removal policy."""
         user_set = desired.user_set(inbound.users) if inbound.users else None
-        table, revoked = admit(self.admissions.get(inbound.tag), inbound.tag, user_set.users if user_set else ())
+        table, revoked = admit(
+            self.admissions.get(inbound.tag), inbound.tag, user_set.users if user_set else ()
+        )
         if revoked:
             revocations.append((revoked, inbound.user_removal or desired.policies.user_removal))
         return table
@@ -361,13 +393,19 @@ class Applier:
             if inbound.kind in TRANSPARENT_KINDS:
                 from honk.inbound.tproxy import TransparentInbound
 
-                return TransparentInbound(transparent_spec(inbound), daemon.dispatcher, daemon.clock,
-                                          dns_handler=daemon.dns_handler, learned_names=daemon.learned_names,
-                                          sessions=daemon.sessions)
+                return TransparentInbound(
+                    transparent_spec(inbound),
+                    daemon.dispatcher,
+                    daemon.clock,
+                    dns_handler=daemon.dns_handler,
+                    learned_names=daemon.learned_names,
+                    sessions=daemon.sessions,
+                )
             from honk.inbound.mixed import MixedInbound
 
-            return MixedInbound(_inbound_spec(spec, inbound.tag), daemon.dispatcher, daemon.clock,
-                                sessions=daemon.sessions)
+            return MixedInbound(
+                _inbound_spec(spec, inbound.tag), daemon.dispatcher, daemon.clock, sessions=daemon.sessions
+            )
         except Exception as exc:  # noqa: BLE001 - a handler that cannot be built refuses the apply
             raise BuildFailed(f"inbound {inbound.tag}", exc) from exc
 
@@ -384,15 +422,24 @@ class Applier:
         self.resolver = prepared.resolver
         if plan.publishes or self.plane is None:
             self.epoch += 1
-            plane = Plane(generation=self.epoch, router=prepared.router, groups=prepared.groups,
-                          outbounds=dict(prepared.targets), spec=spec, runtimes=prepared.runtimes,
-                          admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock),
-                          clock=daemon.clock)
+            plane = Plane(
+                generation=self.epoch,
+                router=prepared.router,
+                groups=prepared.groups,
+                outbounds=dict(prepared.targets),
+                spec=spec,
+                runtimes=prepared.runtimes,
+                admission=DialBudget(spec.global_.max_concurrent_dials, daemon.clock),
+                clock=daemon.clock,
+            )
             interception = prepared.interception  # its `auto` interfaces resolve by `ip`: in the thread
-            await asyncio.to_thread(lambda: daemon.slots.use_interfaces(
-                interception.lans() if interception is not None else ()))
+            await asyncio.to_thread(
+                lambda: daemon.slots.use_interfaces(interception.lans() if interception is not None else ())
+            )
             # fail-open: every slot alive, then the kernel rules and the plane, then the exact slots
-            daemon.slots.reload(prepared.groups, spec.routing, lambda: daemon.publish(plane, prepared.resolver))
+            daemon.slots.reload(
+                prepared.groups, spec.routing, lambda: daemon.publish(plane, prepared.resolver)
+            )
             plane.retire(old_plane)
             self.plane = plane
             if old_plane is not None and prepared.groups is not old_plane.groups:
@@ -417,8 +464,11 @@ class Applier:
                 await listener.swap(spec.clash_api)  # type: ignore[attr-defined]
             else:
                 # the handler and its user table in one step: no connection sees one without the other
-                handler = (transparent_spec(inbound) if inbound.kind in TRANSPARENT_KINDS
-                           else _inbound_spec(spec, inbound.tag))
+                handler = (
+                    transparent_spec(inbound)
+                    if inbound.kind in TRANSPARENT_KINDS
+                    else _inbound_spec(spec, inbound.tag)
+                )
                 listener.swap(handler, prepared.admissions[inbound.tag])  # type: ignore[attr-defined]
         for bind, table in prepared.user_stores:
             self.listeners[bind].store_users(table)  # type: ignore[attr-defined]
@@ -461,8 +511,13 @@ class Applier:
         self.admissions = prepared.admissions
         self.running = RunningState(desired, plan.versions)
         report.epoch = self.epoch
-        log.debug("applied: %d built, %d reused, %d swapped, %d drained",
-                  len(report.built), len(report.reused), len(report.swapped), len(report.drained))
+        log.debug(
+            "applied: %d built, %d reused, %d swapped, %d drained",
+            len(report.built),
+            len(report.reused),
+            len(report.swapped),
+            len(report.drained),
+        )
         return report
 
     def edit_users(self, user_set: str, desired: DesiredState) -> int:
@@ -474,9 +529,14 @@ class Applier:
         scheduled to end. Nothing here fails: admission cannot."""
         daemon = self.daemon
         revocations: list[tuple[list[Principal], ClosePolicy]] = []
-        tables = {inbound.tag: self._admit(desired, inbound, revocations) for inbound in desired.inbounds
-                  if inbound.users == user_set and inbound.kind != "api"}
-        acted = sum(daemon.sessions.revoke(principals, policy, daemon.clock) for principals, policy in revocations)
+        tables = {
+            inbound.tag: self._admit(desired, inbound, revocations)
+            for inbound in desired.inbounds
+            if inbound.users == user_set and inbound.kind != "api"
+        }
+        acted = sum(
+            daemon.sessions.revoke(principals, policy, daemon.clock) for principals, policy in revocations
+        )
         for tag, table in tables.items():
             listener = self.listener(tag)
             if listener is not None:
@@ -602,9 +662,14 @@ def transparent_spec(inbound: InboundDecl):  # noqa: ANN201 - a honk.inbound.tpr
     from honk.inbound.tproxy import TransparentSpec
 
     settings = dict(inbound.settings)
-    return TransparentSpec(name=inbound.tag, kind=inbound.kind, host=inbound.bind.host, port=inbound.bind.port,
-                           dial_mode=str(settings["dial_mode"]),
-                           sniffing_timeout=float(settings["sniffing_timeout"]))  # type: ignore[arg-type]
+    return TransparentSpec(
+        name=inbound.tag,
+        kind=inbound.kind,
+        host=inbound.bind.host,
+        port=inbound.bind.port,
+        dial_mode=str(settings["dial_mode"]),
+        sniffing_timeout=float(settings["sniffing_timeout"]),
+    )  # type: ignore[arg-type]
 
 
 def _inbound_spec(spec: Spec, tag: str) -> InboundSpec:
@@ -616,4 +681,3 @@ def _inbound_spec(spec: Spec, tag: str) -> InboundSpec:
 def _same_admissions(running: dict[str, Principal], new: dict[str, Principal]) -> bool:
     """Same users in the same order, each with the same principal object."""
     return list(running) == list(new) and all(running[k] is new[k] for k in running)
-

@@ -170,8 +170,12 @@ class DesiredState:
     _index: dict[str, dict[str, object]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for kind, items in (("outbound", self.outbounds), ("group", self.groups), ("inbound", self.inbounds),
-                            ("user set", self.user_sets)):
+        for kind, items in (
+            ("outbound", self.outbounds),
+            ("group", self.groups),
+            ("inbound", self.inbounds),
+            ("user set", self.user_sets),
+        ):
             by_tag: dict[str, object] = {}
             for item in items:
                 by_tag.setdefault(item.tag, item)
@@ -198,7 +202,9 @@ def lower(spec: Spec) -> DesiredState:
     }
     for node in spec.nodes:
         if node.name not in outbounds:  # the first declaration of a name wins
-            outbounds[node.name] = OutboundDecl(node.name, node, node_drain(node), node_upstream(spec.dns, node))
+            outbounds[node.name] = OutboundDecl(
+                node.name, node, node_drain(node), node_upstream(spec.dns, node)
+            )
     groups = _lower_groups(spec)
     user_sets: list[UserSetDecl] = []
     inbounds: list[InboundDecl] = []
@@ -208,20 +214,39 @@ def lower(spec: Spec) -> DesiredState:
             user_sets.append(UserSetDecl(ispec.name, tuple(ispec.users)))
             users = ispec.name
         settings = transparent_settings(glob) if ispec.kind in TRANSPARENT_KINDS else ()
-        inbounds.append(InboundDecl(ispec.name, ispec.kind, tcp_bind(ispec.host, ispec.port, ispec.name), users,
-                                    settings=settings))
+        inbounds.append(
+            InboundDecl(
+                ispec.name, ispec.kind, tcp_bind(ispec.host, ispec.port, ispec.name), users, settings=settings
+            )
+        )
     if glob.lan_interface or glob.wan_interface:
-        inbounds.append(InboundDecl(
-            TPROXY_INBOUND, "tproxy", BindSpec("tproxy", TPROXY_LISTEN_HOST, glob.tproxy_port),
-            interception=(("lan_interface", glob.lan_interface), ("tproxy_port", glob.tproxy_port),
-                          ("mark", TPROXY_MARK), ("auto_config_kernel_parameter", glob.auto_config_kernel_parameter),
-                          ("wan_interface", glob.wan_interface)),
-            settings=transparent_settings(glob)))
+        inbounds.append(
+            InboundDecl(
+                TPROXY_INBOUND,
+                "tproxy",
+                BindSpec("tproxy", TPROXY_LISTEN_HOST, glob.tproxy_port),
+                interception=(
+                    ("lan_interface", glob.lan_interface),
+                    ("tproxy_port", glob.tproxy_port),
+                    ("mark", TPROXY_MARK),
+                    ("auto_config_kernel_parameter", glob.auto_config_kernel_parameter),
+                    ("wan_interface", glob.wan_interface),
+                ),
+                settings=transparent_settings(glob),
+            )
+        )
     if spec.dns is not None and spec.dns.bind is not None:
         bind = spec.dns.bind
         transports = "+".join(t for t, on in (("tcp", bind.tcp), ("udp", bind.udp)) if on)
-        inbounds.append(InboundDecl(DNS_INBOUND, "dns", BindSpec("dns", bind.host, bind.port, transports,
-                                                                 owner=DNS_INBOUND if bind.port == 0 else "")))
+        inbounds.append(
+            InboundDecl(
+                DNS_INBOUND,
+                "dns",
+                BindSpec(
+                    "dns", bind.host, bind.port, transports, owner=DNS_INBOUND if bind.port == 0 else ""
+                ),
+            )
+        )
     if spec.clash_api is not None:
         api = spec.clash_api
         host, port = parse_host_port(api.external_controller or DEFAULT_CLASH_API_CONTROLLER)
@@ -229,8 +254,15 @@ def lower(spec: Spec) -> DesiredState:
         if api.secret:
             user_sets.append(UserSetDecl(API_TAG, (InboundUser(API_TAG, api.secret),)))
             users = API_TAG
-        inbounds.append(InboundDecl(API_TAG, "api", tcp_bind(host, port, API_TAG), users,
-                                    settings=(("external_ui", api.external_ui),)))
+        inbounds.append(
+            InboundDecl(
+                API_TAG,
+                "api",
+                tcp_bind(host, port, API_TAG),
+                users,
+                settings=(("external_ui", api.external_ui),),
+            )
+        )
     return DesiredState(
         dns=DnsDecl(glob.connect_timeout),
         outbounds=tuple(outbounds.values()),
@@ -256,8 +288,9 @@ def _lower_groups(spec: Spec) -> tuple[GroupDecl, ...]:
     specs: dict[str, GroupSpec] = {}
     for group in spec.groups:
         specs.setdefault(group.name, group)
-    memberships = cut_cycles({name: resolve_membership(g, spec.nodes, set(specs)) for name, g in specs.items()},
-                             quiet=True)
+    memberships = cut_cycles(
+        {name: resolve_membership(g, spec.nodes, set(specs)) for name, g in specs.items()}, quiet=True
+    )
     return tuple(GroupDecl(name, g, memberships[name].members) for name, g in specs.items())
 
 
@@ -273,4 +306,3 @@ def node_drain(node: NodeSpec) -> ClosePolicy | None:
             except ValueError:
                 return None
     return None
-

@@ -69,7 +69,9 @@ class Disruptive(ApplyError):
     status = 409
 
     def __init__(self, inbound: str, reason: str) -> None:
-        super().__init__(f"inbound {inbound}: {reason}; this ends its live connections and needs allow_disruptive")
+        super().__init__(
+            f"inbound {inbound}: {reason}; this ends its live connections and needs allow_disruptive"
+        )
         self.inbound, self.reason = inbound, reason
 
 
@@ -100,8 +102,17 @@ class Stopped(ApplyError):
 def refusal_kinds() -> dict[str, int]:
     """Each refusal's variant and the API status it answers with."""
     kinds: dict[str, int] = {}
-    for kind in (FileRefused, DuplicateTag, UnknownReference, EmptyGroup, Invalid, Disruptive, BuildFailed,
-                 BindFailed, Stopped):
+    for kind in (
+        FileRefused,
+        DuplicateTag,
+        UnknownReference,
+        EmptyGroup,
+        Invalid,
+        Disruptive,
+        BuildFailed,
+        BindFailed,
+        Stopped,
+    ):
         kinds[kind.variant] = kind.status
     return kinds
 

@@ -46,8 +46,18 @@ from honk.geo.assets import ASSET_ENV, GEOIP_FILE, GEOSITE_FILE, GeoAssets
 from honk.geo.dat import GeoDataError, read_geoip, read_geosite
 from honk.subscription.fetch import Dial, SubscriptionFetchError, fetch
 
-__all__ = ["ASSETS", "AssetResult", "GeodataUpdater", "UpdateBusy", "UpdateReport", "check_candidate",
-           "dial_for_route", "replace_atomically", "required_codes", "target_path"]
+__all__ = [
+    "ASSETS",
+    "AssetResult",
+    "GeodataUpdater",
+    "UpdateBusy",
+    "UpdateReport",
+    "check_candidate",
+    "dial_for_route",
+    "replace_atomically",
+    "required_codes",
+    "target_path",
+]
 
 ASSETS = ("geosite", "geoip")  # the names `--name` takes, in update order
 ASSET_FILES = {"geosite": GEOSITE_FILE, "geoip": GEOIP_FILE}
@@ -88,8 +98,16 @@ class AssetResult:
     reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "file": self.file, "bytes": self.bytes,
-                "codes": self.codes, "sha256": self.sha256, "verified": self.verified, "reason": self.reason}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "file": self.file,
+            "bytes": self.bytes,
+            "codes": self.codes,
+            "sha256": self.sha256,
+            "verified": self.verified,
+            "reason": self.reason,
+        }
 
 
 @dataclass(slots=True)
@@ -104,8 +122,13 @@ class UpdateReport:
         return self.reload_error is None and all(a.status != FAILED for a in self.assets)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "assets": [a.to_json() for a in self.assets], "reloaded": self.reloaded,
-                "generation": self.generation, "reload_error": self.reload_error}
+        return {
+            "ok": self.ok,
+            "assets": [a.to_json() for a in self.assets],
+            "reloaded": self.reloaded,
+            "generation": self.generation,
+            "reload_error": self.reload_error,
+        }
 
 
 # --- sans-I/O parts --------------------------------------------------------------------------
@@ -136,16 +159,21 @@ def check_candidate(name: str, data: bytes, required: Iterable[str]) -> int:
         entry = entries.get(code)
         if entry is None:
             raise GeoDataError("geodata-unknown-code", f"has no list {code!r}, which a routing rule uses")
-        if selectors and not any(set(selectors) <= {a.key.lower() for a in d.attribute} for d in entry.domain):
-            raise GeoDataError("geodata-unknown-code",
-                               f"no entry of {code!r} has the attribute {'@'.join(selectors)!r}, "
-                               "which a routing rule uses")
+        if selectors and not any(
+            set(selectors) <= {a.key.lower() for a in d.attribute} for d in entry.domain
+        ):
+            raise GeoDataError(
+                "geodata-unknown-code",
+                f"no entry of {code!r} has the attribute {'@'.join(selectors)!r}, which a routing rule uses",
+            )
         if name == "geoip":
             for cidr in entry.cidr:
                 try:
                     ipaddress.ip_network((bytes(cidr.ip), cidr.prefix), strict=False)
                 except ValueError:
-                    raise GeoDataError("geodata-unreadable", f"list {code!r} holds a malformed CIDR") from None
+                    raise GeoDataError(
+                        "geodata-unreadable", f"list {code!r} holds a malformed CIDR"
+                    ) from None
     return len(entries)
 
 
@@ -217,8 +245,9 @@ def fetch_reason(exc: SubscriptionFetchError) -> str:
 # --- the dial --------------------------------------------------------------------------------
 
 
-def dial_for_route(route: str, *, direct: Dial, via: Callable[[str], Dial],
-                   route_flow: Callable[[FlowMeta], Awaitable[Any]]) -> Dial:
+def dial_for_route(
+    route: str, *, direct: Dial, via: Callable[[str], Dial], route_flow: Callable[[FlowMeta], Awaitable[Any]]
+) -> Dial:
     """How a download connects for ``route``: ``direct``, ``routing`` (``route_flow`` decides
     the leaf for the download's target, as for a client's flow), or through the node or group
     of that name (``via``)."""
@@ -246,9 +275,16 @@ class GeodataUpdater:
     reads the serving generation.
     """
 
-    def __init__(self, clock: Clock, *, spec: Callable[[], Spec | None], dial: Callable[[str], Dial],
-                 reload: Callable[[], Awaitable[Any]], generation: Callable[[], int],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        spec: Callable[[], Spec | None],
+        dial: Callable[[str], Dial],
+        reload: Callable[[], Awaitable[Any]],
+        generation: Callable[[], int],
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._clock = clock
         self._spec = spec
         self._dial = dial
@@ -299,8 +335,9 @@ class GeodataUpdater:
             report.generation = self._generation()
         return report
 
-    async def _candidate(self, name: str, url: str | None, data_dir: str, required: set[str],
-                         dial: Dial) -> tuple[AssetResult, bytes | None]:
+    async def _candidate(
+        self, name: str, url: str | None, data_dir: str, required: set[str], dial: Dial
+    ) -> tuple[AssetResult, bytes | None]:
         """The checked download of one asset, and its bytes when they should replace the file."""
         current, target = target_path(name, data_dir)
         result = AssetResult(name, FAILED, file=target)
@@ -342,11 +379,14 @@ class GeodataUpdater:
                 return False
             raise
         if not checksum_matches(body, digest):
-            raise ValueError(f"checksum mismatch: the published {CHECKSUM_SUFFIX} does not match the download")
+            raise ValueError(
+                f"checksum mismatch: the published {CHECKSUM_SUFFIX} does not match the download"
+            )
         return True
 
     async def _get(self, url: str, dial: Dial, timeout: float, limit: int) -> bytes:
         deadline = self._clock.now() + timeout
-        result = await fetch(url, dial=dial, clock=self._clock, deadline=deadline, ssl_context=self._ssl,
-                             max_bytes=limit)
+        result = await fetch(
+            url, dial=dial, clock=self._clock, deadline=deadline, ssl_context=self._ssl, max_bytes=limit
+        )
         return result.body

@@ -77,7 +77,7 @@ def _score_groups_by_node(plane: Plane) -> dict[uuid.UUID, tuple[str, ...]]:
     """Every node a Score group can serve, with those groups."""
     membership = getattr(plane.groups, "score_membership", None)
     out: dict[uuid.UUID, list[str]] = {}
-    for group, node_id in (membership() if membership is not None else ()):
+    for group, node_id in membership() if membership is not None else ():
         if isinstance(node_id, uuid.UUID):
             out.setdefault(node_id, []).append(group)
     return {node: tuple(sorted(groups)) for node, groups in out.items()}
@@ -150,8 +150,11 @@ class HealthService:
             restored = self.alive.restore_delays(saved)
             log.info("restored %d node delays from the state database", restored)
         self.runner = HealthRunner(
-            self.alive, self._prober(plane), self.clock,
-            check_interval=glob.check_interval, group_checks=self.group_checks,
+            self.alive,
+            self._prober(plane),
+            self.clock,
+            check_interval=glob.check_interval,
+            group_checks=self.group_checks,
         )
         self.runner.stats = self.stats
         self._plan(plane)
@@ -234,11 +237,15 @@ class HealthService:
             return
         glob = plane.spec.global_
         if domain is Domain.TCP:
-            network, probe = Network.TCP, ProbeIdentity(",".join(glob.tcp_check_url), glob.tcp_check_http_method,
-                                                        glob.check_interval)
+            network, probe = (
+                Network.TCP,
+                ProbeIdentity(",".join(glob.tcp_check_url), glob.tcp_check_http_method, glob.check_interval),
+            )
         else:
-            network, probe = Network.UDP, ProbeIdentity(",".join(glob.udp_check_dns), domain.value,
-                                                        glob.check_interval)
+            network, probe = (
+                Network.UDP,
+                ProbeIdentity(",".join(glob.udp_check_dns), domain.value, glob.check_interval),
+            )
         now = self.clock.now()
         for group in groups:
             observe(group, network, family, node_id, probe, rtt, now)
@@ -264,7 +271,8 @@ class HealthService:
             else:
                 always |= leaves
         for rule_target in {r.outbound for r in plane.spec.routing.rules if r.outbound != MUST_RULES} | {
-                plane.spec.routing.fallback}:
+            plane.spec.routing.fallback
+        }:
             if rule_target not in plane.groups:
                 always |= _reachable_leaves(plane, rule_target)
         self.runner.set_demand(always, urltest)
@@ -273,8 +281,13 @@ class HealthService:
     def _group_checks(self, plane: Plane) -> Iterable[GroupCheck]:
         for group in plane.spec.groups:
             if group.check_url and group.name in plane.groups:
-                yield GroupCheck(group.name, group.policy, group.check_url, self._member_leaves(plane, group.name),
-                                 group.check_interval)
+                yield GroupCheck(
+                    group.name,
+                    group.policy,
+                    group.check_url,
+                    self._member_leaves(plane, group.name),
+                    group.check_interval,
+                )
 
     @staticmethod
     def _member_leaves(plane: Plane, group: str):  # noqa: ANN205 - MemberResolver

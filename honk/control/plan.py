@@ -32,8 +32,9 @@ from honk.control.errors import ApplyError, DuplicateTag, Invalid, UnknownRefere
 
 TUN_SETTINGS_CHANGED = "the tun inbound's settings changed; its runtime restarts and its flows end"
 TUN_DEVICE_CHANGED = "the tun device changed; the old device and its flows end"
-INTERCEPTION_CHANGED = ("the transparent inbound's interception changed; "
-                        "its kernel rules are replaced and its flows end")
+INTERCEPTION_CHANGED = (
+    "the transparent inbound's interception changed; its kernel rules are replaced and its flows end"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,23 +215,33 @@ def plan(running: RunningState, desired: DesiredState) -> Plan:
     rebuilt: set[str] = set()
     for out in desired.outbounds:
         before = prev.outbound(out.tag) if prev is not None else None
-        if before is not None and before == out and not (dns_changed and out.uses_dns) and out.tag in versions:
+        if (
+            before is not None
+            and before == out
+            and not (dns_changed and out.uses_dns)
+            and out.tag in versions
+        ):
             steps.append(Reuse(Resource("outbound", out.tag, versions[out.tag])))
             continue
         if before is not None and out.tag in versions:
-            drains.append(Drain(OutboundId(out.tag, versions[out.tag]), _drain_policy(out.tag, desired, prev)))
+            drains.append(
+                Drain(OutboundId(out.tag, versions[out.tag]), _drain_policy(out.tag, desired, prev))
+            )
         steps.append(Build(Resource("outbound", out.tag, next_version(out.tag))))
         rebuilt.add(out.tag)
         plane_changed = True
     if prev is not None:
         for out in prev.outbounds:
             if desired.outbound(out.tag) is None:
-                drains.append(Drain(OutboundId(out.tag, versions[out.tag]), _drain_policy(out.tag, desired, prev)))
+                drains.append(
+                    Drain(OutboundId(out.tag, versions[out.tag]), _drain_policy(out.tag, desired, prev))
+                )
                 plane_changed = True
 
     # groups: rebuilt when changed or when anything they select through is (a fixed point)
-    changed = {g.tag for g in desired.groups
-               if prev is None or prev.group(g.tag) != g or g.tag not in versions}
+    changed = {
+        g.tag for g in desired.groups if prev is None or prev.group(g.tag) != g or g.tag not in versions
+    }
     grew = True
     while grew:
         grew = False
@@ -280,7 +291,9 @@ def plan(running: RunningState, desired: DesiredState) -> Plan:
                 late.append(Disrupt(inbound.tag, TUN_DEVICE_CHANGED))
     wanted_binds = {i.bind for i in desired.inbounds}
     wanted_tags = {i.tag for i in desired.inbounds}
-    stops = [StopAccepting(i.tag, i.bind) for i in (prev.inbounds if prev else ()) if i.bind not in wanted_binds]
+    stops = [
+        StopAccepting(i.tag, i.bind) for i in (prev.inbounds if prev else ()) if i.bind not in wanted_binds
+    ]
     closes = [CloseSessions(i.tag) for i in (prev.inbounds if prev else ()) if i.tag not in wanted_tags]
 
     if plane_changed:
@@ -311,7 +324,22 @@ def _swap_disruption(running: InboundDecl, desired: InboundDecl) -> str | None:
 
 
 __all__ = [
-    "EMPTY", "ApplyError", "Bind", "Build", "CloseSessions", "Disrupt", "Drain", "OutboundId", "Plan",
-    "PublishPlane", "Resource", "Reuse", "RunningState", "Step", "StopAccepting", "SwapHandler", "plan",
+    "EMPTY",
+    "ApplyError",
+    "Bind",
+    "Build",
+    "CloseSessions",
+    "Disrupt",
+    "Drain",
+    "OutboundId",
+    "Plan",
+    "PublishPlane",
+    "Resource",
+    "Reuse",
+    "RunningState",
+    "Step",
+    "StopAccepting",
+    "SwapHandler",
+    "plan",
     "validate",
 ]

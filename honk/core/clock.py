@@ -94,6 +94,7 @@ class FakeClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
         def wake() -> None:
             if not fut.done():
                 fut.set_result(None)
@@ -220,7 +221,8 @@ class Deadlines:
                 deadline.callback()
             except Exception as exc:  # noqa: BLE001 - reported as the loop reports a callback's
                 asyncio.get_running_loop().call_exception_handler(
-                    {"message": "a deadline's callback failed", "exception": exc})
+                    {"message": "a deadline's callback failed", "exception": exc}
+                )
 
 
 class timeout_at:  # noqa: N801 - used like asyncio.timeout_at
@@ -258,8 +260,9 @@ class timeout_at:  # noqa: N801 - used like asyncio.timeout_at
             self._expired = True
             self._task.cancel()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> Literal[False]:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
         if self._handle is not None:
             self._handle.cancel()
         if self._expired and self._task is not None:

@@ -54,7 +54,9 @@ class _Formatter(logging.Formatter):
 
 _HANDLER: logging.Handler | None = None
 HONK_LOGGER = "honk"  # the logger every honk module logs under
-FLOW_FIELD = "honk_flow"  # LogRecord attribute: a flow line's facts, which a Clash log stream renders its own way
+FLOW_FIELD = (
+    "honk_flow"  # LogRecord attribute: a flow line's facts, which a Clash log stream renders its own way
+)
 
 # The configured level: what stderr (journald) gets. The honk logger itself may run lower while
 # a live reader asks for more (see _apply_level); the stderr handler keeps to this one.
@@ -209,8 +211,13 @@ class LogBroker(logging.Handler):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string must not break logging
             message = str(record.msg)
-        event = LogEvent(record.created, _level_name(record.levelno), record.name, message,
-                         getattr(record, FLOW_FIELD, None))
+        event = LogEvent(
+            record.created,
+            _level_name(record.levelno),
+            record.name,
+            message,
+            getattr(record, FLOW_FIELD, None),
+        )
         for sub in subs:
             if sub.loop.is_closed():
                 continue

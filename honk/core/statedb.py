@@ -41,7 +41,14 @@ from typing import TypeVar
 
 from honk._fast.nodeid import NodeId
 
-__all__ = ["DELAY_MAX_AGE", "SCHEMA_VERSION", "StateDB", "corrupt_path", "create_private_file", "state_db_path"]
+__all__ = [
+    "DELAY_MAX_AGE",
+    "SCHEMA_VERSION",
+    "StateDB",
+    "corrupt_path",
+    "create_private_file",
+    "state_db_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +220,8 @@ class StateDB:
         def read(conn: sqlite3.Connection) -> dict[uuid.UUID, tuple[float, float]]:
             out: dict[uuid.UUID, tuple[float, float]] = {}
             rows = conn.execute(
-                "SELECT node_id, delay, measured_at FROM node_delay WHERE measured_at >= ?", (now_wall - max_age,)
+                "SELECT node_id, delay, measured_at FROM node_delay WHERE measured_at >= ?",
+                (now_wall - max_age,),
             )
             for node_id, delay, measured_at in rows:
                 try:
@@ -233,7 +241,9 @@ class StateDB:
             return
         self._run(
             "forget-delays",
-            lambda conn: _transaction(conn, lambda c: c.executemany("DELETE FROM node_delay WHERE node_id = ?", keys)),
+            lambda conn: _transaction(
+                conn, lambda c: c.executemany("DELETE FROM node_delay WHERE node_id = ?", keys)
+            ),
             None,
         )
 
@@ -256,7 +266,9 @@ class StateDB:
 
         def read(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
             out: dict[str, dict[str, str]] = {}
-            for group, network, member in conn.execute("SELECT group_name, network, member FROM selector_choice"):
+            for group, network, member in conn.execute(
+                "SELECT group_name, network, member FROM selector_choice"
+            ):
                 out.setdefault(group, {})[network] = member
             return out
 
@@ -307,7 +319,9 @@ class StateDB:
             try:
                 return action(self._conn)
             except sqlite3.Error as e:
-                log.warning("state database: %s failed again on the fresh file (%s); skipped", what, _describe(e))
+                log.warning(
+                    "state database: %s failed again on the fresh file (%s); skipped", what, _describe(e)
+                )
                 return fallback
 
     def _replace_corrupt(self, cause: sqlite3.Error) -> None:
@@ -327,8 +341,11 @@ class StateDB:
             return self._open_file()
         except (OSError, sqlite3.Error, _Unusable) as e:
             if isinstance(e, sqlite3.Error) and _primary_code(e) in _BUSY_CODES:
-                log.warning("state database %s is locked by another user (%s); keeping state in memory",
-                            self.path, _describe(e))
+                log.warning(
+                    "state database %s is locked by another user (%s); keeping state in memory",
+                    self.path,
+                    _describe(e),
+                )
                 return self._open_memory()
             if not self._move_aside(e):
                 return self._open_memory()
@@ -338,8 +355,11 @@ class StateDB:
         try:
             return self._open_file()
         except (OSError, sqlite3.Error, _Unusable) as e:
-            log.warning("state database %s cannot be created (%s); keeping state in memory for this run",
-                        self.path, _describe(e))
+            log.warning(
+                "state database %s cannot be created (%s); keeping state in memory for this run",
+                self.path,
+                _describe(e),
+            )
             return self._open_memory()
 
     def _open_file(self) -> sqlite3.Connection:
@@ -364,8 +384,11 @@ class StateDB:
     def _move_aside(self, cause: BaseException) -> bool:
         """Move the unusable file and its companions to ``*.corrupt``; False when nothing could be moved."""
         if not os.path.lexists(self.path):
-            log.warning("state database %s cannot be created (%s); keeping state in memory for this run",
-                        self.path, _describe(cause))
+            log.warning(
+                "state database %s cannot be created (%s); keeping state in memory for this run",
+                self.path,
+                _describe(cause),
+            )
             return False
         target = corrupt_path(self.path)
         try:
@@ -375,9 +398,18 @@ class StateDB:
                 if os.path.lexists(source):
                     os.replace(source, dest)
         except OSError as e:
-            log.warning("state database %s is unusable (%s) and cannot be moved aside (%s); "
-                        "keeping state in memory for this run", self.path, _describe(cause), _describe(e))
+            log.warning(
+                "state database %s is unusable (%s) and cannot be moved aside (%s); "
+                "keeping state in memory for this run",
+                self.path,
+                _describe(cause),
+                _describe(e),
+            )
             return False
-        log.warning("state database %s is unusable (%s); moved it to %s and started an empty one",
-                    self.path, _describe(cause), target)
+        log.warning(
+            "state database %s is unusable (%s); moved it to %s and started an empty one",
+            self.path,
+            _describe(cause),
+            target,
+        )
         return True

@@ -110,9 +110,16 @@ class StaggerCounts:
     rejected: int = 0  # successes no longer eligible, dropped neutrally
 
     def as_dict(self) -> dict[str, int]:
-        return {"plans": self.plans, "attempts": self.attempts, "wins": self.wins, "failures": self.failures,
-                "timeouts": self.timeouts, "errors": self.errors, "drained": self.drained,
-                "rejected": self.rejected}
+        return {
+            "plans": self.plans,
+            "attempts": self.attempts,
+            "wins": self.wins,
+            "failures": self.failures,
+            "timeouts": self.timeouts,
+            "errors": self.errors,
+            "drained": self.drained,
+            "rejected": self.rejected,
+        }
 
 
 # What asyncio tells the loop's exception handler when a server's accept() found no descriptor,

@@ -86,20 +86,27 @@ def log_diagnostics(diagnostics, *, during: str) -> None:
         level = {Severity.ERROR: logging.ERROR, Severity.WARNING: logging.WARNING}.get(
             d.severity, logging.INFO
         )
-        log.log(level, "config %s %s", d.severity.value, kv(during=during, at=str(d.loc), key=d.key_path,
-                                                            code=d.code, problem=d.message))
+        log.log(
+            level,
+            "config %s %s",
+            d.severity.value,
+            kv(during=during, at=str(d.loc), key=d.key_path, code=d.code, problem=d.message),
+        )
 
 
 class Daemon:
-    def __init__(self, config_path: str | os.PathLike, clock: Clock | None = None,
-                 log_level: str | None = None) -> None:
+    def __init__(
+        self, config_path: str | os.PathLike, clock: Clock | None = None, log_level: str | None = None
+    ) -> None:
         self.config_path = Path(config_path)
         self._forced_log_level = log_level  # `honk run --debug` outranks the file's log_level
         self.clock: Clock = clock or MonotonicClock()
         self.config: Spec | None = None  # the file's spec as loaded
         self.subscriptions: SubscriptionManager | None = None
         self._closing = False
-        self._queued_commands: set[asyncio.Task[None]] = set()  # node sets and interface moves waiting for the reconciler
+        self._queued_commands: set[asyncio.Task[None]] = (
+            set()
+        )  # node sets and interface moves waiting for the reconciler
         self._fetch_plane: Plane | None = None  # only while start() waits for detoured first fetches
         # only while start() waits for the first fetches: the resolvers of dae's sub() DNS rules
         # (there is no DNS service before the first apply) and the exchanger they ask through
@@ -112,8 +119,13 @@ class Daemon:
         self.reconciler = Reconciler()
         self.applier = Applier(self)  # what runs; only reconciler commands touch it
         # routes every flow to the internal reject target until the first commit
-        self.dispatcher = Dispatcher(empty_plane(self.clock), self.tracker, self.clock, GlobalSpec(),
-                                     SystemResolver(self.clock, GlobalSpec().connect_timeout))
+        self.dispatcher = Dispatcher(
+            empty_plane(self.clock),
+            self.tracker,
+            self.clock,
+            GlobalSpec(),
+            SystemResolver(self.clock, GlobalSpec().connect_timeout),
+        )
         # what the transparent inbound hands intercepted port-53 queries to, and the DNS-learned
         # names of an address (None: no DNS module configured)
         self.dns_handler: Callable[..., Awaitable[bytes | None]] | None = None
@@ -140,8 +152,13 @@ class Daemon:
         self.started_at = 0.0  # clock.now() at ready (uptime)
         self.warm = WarmUp(self.clock, lambda: self.plane)  # startup preconnect and Selector pins
         self.notify = Notifier()  # systemd's readiness protocol (a no-op outside a Type=notify unit)
-        self.geodata = GeodataUpdater(self.clock, spec=lambda: self.spec, dial=self._asset_dial,
-                                      reload=self.reload, generation=lambda: self.generation)
+        self.geodata = GeodataUpdater(
+            self.clock,
+            spec=lambda: self.spec,
+            dial=self._asset_dial,
+            reload=self.reload,
+            generation=lambda: self.generation,
+        )
 
     # --- what runs (read-only views of the applier) -----------------------------------
 
@@ -182,8 +199,9 @@ class Daemon:
         """Load and apply the file on this task, then start the reconciler. Raises
         ConfigError, ApplyError or OSError and leaves nothing running."""
         raise_descriptor_limit()  # before anything sizes itself from the limit (the dial gates)
-        self.dispatcher.descriptors = DescriptorBudget(self.clock, stats=self.stats,
-                                                       ended=lambda: self.tracker.removed)
+        self.dispatcher.descriptors = DescriptorBudget(
+            self.clock, stats=self.stats, ended=lambda: self.tracker.removed
+        )
         self.stats.descriptor_limit = self.dispatcher.descriptors.limit
         spec = load_file(self.config_path)
         log_diagnostics(spec.diagnostics, during="start")
@@ -192,8 +210,9 @@ class Daemon:
             self.mode.set(spec.clash_api.default_mode)
         Path(spec.global_.data_dir).mkdir(parents=True, exist_ok=True)
         config, subscriptions = spec, self._subscription_manager(spec)
-        own_fetches = any(not s.detour and subscription_upstream(config.dns, s) is not None
-                          for s in config.subscriptions)
+        own_fetches = any(
+            not s.detour and subscription_upstream(config.dns, s) is not None for s in config.subscriptions
+        )
         if any(s.detour for s in config.subscriptions) or own_fetches:
             # first downloads through a node of the file, before the real plane exists
             self._fetch_plane = build_plane(config, self.clock, 0)
@@ -206,7 +225,9 @@ class Daemon:
             saved = await self.health.open_state(spec.global_.data_dir)
             desired = lower(spec)
             first = plan(self.applier.running, desired)  # from empty: never disruptive
-            prepared = await self.applier.prepare(first, desired, saved_choices=saved, carried=self._fetch_plane)
+            prepared = await self.applier.prepare(
+                first, desired, saved_choices=saved, carried=self._fetch_plane
+            )
         except BaseException:
             await subscriptions.stop()
             await self._end_start_own_lookups()
@@ -231,9 +252,15 @@ class Daemon:
         api = self.api
         api_address = {"api": f"{api.bound[0]}:{api.bound[1]}"} if api is not None and api.bound else {}
         log.debug("first apply: %s", report.summary())
-        log.info("honk ready %s", kv(config=str(self.config_path), generation=self.generation,
-                                     **{f"inbound.{n}": str(i.bound) for n, i in self.inbounds.items()},
-                                     **api_address))
+        log.info(
+            "honk ready %s",
+            kv(
+                config=str(self.config_path),
+                generation=self.generation,
+                **{f"inbound.{n}": str(i.bound) for n, i in self.inbounds.items()},
+                **api_address,
+            ),
+        )
 
     def publish(self, plane: Plane, resolver: object, *, republish: bool = False) -> None:
         """The applier's one store: new flows route with ``plane`` from now on."""
@@ -309,8 +336,13 @@ class Daemon:
 
         assert config.dns is not None and self._fetch_plane is not None
         glob = config.global_
-        dispatcher = Dispatcher(self._fetch_plane, self.tracker, self.clock, glob,
-                                SystemResolver(self.clock, glob.connect_timeout))
+        dispatcher = Dispatcher(
+            self._fetch_plane,
+            self.tracker,
+            self.clock,
+            glob,
+            SystemResolver(self.clock, glob.connect_timeout),
+        )
         self._start_exchanger = Exchanger(dispatcher, self.clock)
         self._start_own = OwnLookups(config.dns, self._start_exchanger, self.clock, glob.connect_timeout)
 
@@ -336,14 +368,20 @@ class Daemon:
         """The spec that runs: the file's nodes, then the subscriptions' nodes."""
         if not nodes:
             return config
-        return dataclasses.replace(config, nodes=merge_nodes(config.nodes, nodes, (g.name for g in config.groups)))
+        return dataclasses.replace(
+            config, nodes=merge_nodes(config.nodes, nodes, (g.name for g in config.groups))
+        )
 
     def _network_changed(self, reason: str) -> None:
         """Links, addresses or routes changed: an ``auto`` interception follows the default
         route (a reconciler command, so it never races an apply)."""
         interception = self.applier.interception
-        if self._closing or self.reconciler.stopped or interception is None \
-                or not interception.follows_default_route:
+        if (
+            self._closing
+            or self.reconciler.stopped
+            or interception is None
+            or not interception.follows_default_route
+        ):
             return
         task = asyncio.get_running_loop().create_task(self._follow_default_route(), name="honk-follow-route")
         self._queued_commands.add(task)
@@ -357,7 +395,9 @@ class Daemon:
         """The manager's publish callback: apply the new node set as a reconciler command."""
         if self._closing or self.reconciler.stopped:
             return
-        task = asyncio.get_running_loop().create_task(self._apply_subscriptions(), name="honk-subscription-apply")
+        task = asyncio.get_running_loop().create_task(
+            self._apply_subscriptions(), name="honk-subscription-apply"
+        )
         self._queued_commands.add(task)
         task.add_done_callback(self._queued_commands.discard)
 
@@ -393,8 +433,12 @@ class Daemon:
         raises ApplyError (FileRefused for a file that does not load) with nothing changed."""
         return await self.reconciler.call("reload", lambda: self._reload(allow_disruptive))
 
-    async def update(self, edit: Callable[[Spec], Spec] | None, allow_disruptive: bool = False,
-                     runtime: Callable[[], None] | None = None) -> ApplyReport | None:
+    async def update(
+        self,
+        edit: Callable[[Spec], Spec] | None,
+        allow_disruptive: bool = False,
+        runtime: Callable[[], None] | None = None,
+    ) -> ApplyReport | None:
         """``PATCH /configs``: edit the running configuration inside the reconciler (so it sees
         what the previous command left) and apply the result; ``runtime`` applies settings
         that are not resources (the mode) in the same command, after the apply. A reload
@@ -405,8 +449,11 @@ class Daemon:
             if edit is not None:
                 assert self.config is not None and self.subscriptions is not None  # set by start()
                 config = edit(self.config)
-                report = await self._reconcile(self._effective(config, self.subscriptions.nodes()),
-                                               allow_disruptive=allow_disruptive, cause="update")
+                report = await self._reconcile(
+                    self._effective(config, self.subscriptions.nodes()),
+                    allow_disruptive=allow_disruptive,
+                    cause="update",
+                )
                 self.config = config
             if runtime is not None:  # only once the edit was applied: a refusal changes nothing
                 runtime()
@@ -439,8 +486,9 @@ class Daemon:
 
         return await self._edit_users(user_set, remove)
 
-    async def _edit_users(self, user_set: str,
-                          change: Callable[[tuple[InboundUser, ...]], tuple[InboundUser, ...] | None]) -> bool:
+    async def _edit_users(
+        self, user_set: str, change: Callable[[tuple[InboundUser, ...]], tuple[InboundUser, ...] | None]
+    ) -> bool:
         async def command() -> bool:
             assert self.config is not None and self.subscriptions is not None  # set by start()
             inbound = next((i for i in self.config.inbounds if i.name == user_set and i.users), None)
@@ -450,10 +498,16 @@ class Daemon:
             if users is None:
                 return False
             if not users:
-                raise Invalid(f"user set {user_set}", "an inbound with users keeps at least one; "
-                                                      "remove its users in the file instead")
-            config = dataclasses.replace(self.config, inbounds=tuple(
-                dataclasses.replace(i, users=users) if i is inbound else i for i in self.config.inbounds))
+                raise Invalid(
+                    f"user set {user_set}",
+                    "an inbound with users keeps at least one; remove its users in the file instead",
+                )
+            config = dataclasses.replace(
+                self.config,
+                inbounds=tuple(
+                    dataclasses.replace(i, users=users) if i is inbound else i for i in self.config.inbounds
+                ),
+            )
             desired = lower(self._effective(config, self.subscriptions.nodes()))
             ended = self.applier.edit_users(user_set, desired)
             self.config = config
@@ -477,8 +531,9 @@ class Daemon:
                 raise
             assert self.subscriptions is not None  # set by start()
             carried = self.subscriptions.carried(spec.subscriptions)
-            report = await self._reconcile(self._effective(spec, carried), allow_disruptive=allow_disruptive,
-                                           signal=signal)
+            report = await self._reconcile(
+                self._effective(spec, carried), allow_disruptive=allow_disruptive, signal=signal
+            )
             self.config = spec
             if self.plane is not None:  # rules disabled at run time last until a reload, as API edits do
                 self.plane.router.stats.enable_all()
@@ -509,13 +564,18 @@ class Daemon:
         """Count and log a refused apply; the running configuration stays."""
         self.stats.reload_result(False, error.variant)
         if signal and isinstance(error, Disruptive):
-            log.error("reload refused, keeping the running config: inbound %s: %s, which would end "
-                      "its live connections; restart to apply it", error.inbound, error.reason)
+            log.error(
+                "reload refused, keeping the running config: inbound %s: %s, which would end "
+                "its live connections; restart to apply it",
+                error.inbound,
+                error.reason,
+            )
         else:
             log.error("%s: %s; keeping the running config", cause, error)
 
-    async def _reconcile(self, spec: Spec, *, allow_disruptive: bool = False, signal: bool = False,
-                         cause: str = "reload") -> ApplyReport:
+    async def _reconcile(
+        self, spec: Spec, *, allow_disruptive: bool = False, signal: bool = False, cause: str = "reload"
+    ) -> ApplyReport:
         """Plan, check, prepare, commit (run only as a reconciler command)."""
         try:
             # lowering and planning are pure work on values: off the event loop, so flows keep moving
@@ -531,8 +591,11 @@ class Daemon:
         if steps.publishes:  # a new plane's objects are long-lived: out of the collector's full passes
             settle_heap()
         self.stats.reload_result(True, None)
-        log.info("%s: %s", "subscription nodes applied" if cause == "subscription" else "config reloaded",
-                 report.summary())
+        log.info(
+            "%s: %s",
+            "subscription nodes applied" if cause == "subscription" else "config reloaded",
+            report.summary(),
+        )
         return report
 
     # --- selection writes ------------------------------------------------------
@@ -583,8 +646,12 @@ class Daemon:
     def _asset_dial(self, route: str) -> Dial:
         """How an ``assets`` download connects for ``route`` (routing, direct, a node or group)."""
         timeout = self.spec.global_.connect_timeout if self.spec is not None else GlobalSpec().connect_timeout
-        return dial_for_route(route, direct=DirectOutbound(self.clock, timeout).dial_tcp, via=self._dial_via,
-                              route_flow=self.dispatcher.route)
+        return dial_for_route(
+            route,
+            direct=DirectOutbound(self.clock, timeout).dial_tcp,
+            via=self._dial_via,
+            route_flow=self.dispatcher.route,
+        )
 
     async def refresh_subscription(self, name: str) -> bool:
         """Fetch subscription ``name`` now; whether a new body was accepted. KeyError if unknown."""
@@ -610,7 +677,9 @@ class Daemon:
                 async with timeout_at(self.clock, self.clock.now() + INTERRUPT_CONFIRM_TIMEOUT):
                     await self.tracker.wait_gone(interrupted)
             except TimeoutError:
-                log.warning("interrupted flows did not end in time %s", kv(group=group, flows=len(interrupted)))
+                log.warning(
+                    "interrupted flows did not end in time %s", kv(group=group, flows=len(interrupted))
+                )
         return changed
 
     def _interrupt(self, group: str, network: Network) -> None:

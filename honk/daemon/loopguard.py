@@ -62,8 +62,12 @@ class LoopGuard:
         self.stats.loop_errors[type(exc).__name__ if exc is not None else "none"] += 1
         where = context.get("task") or context.get("future") or context.get("handle")
         name = where.get_name() if isinstance(where, asyncio.Task) else type(where).__name__ if where else "-"
-        log.error("unhandled error in the event loop: %s (in %s)", context.get("message", "?"), name,
-                  exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)
+        log.error(
+            "unhandled error in the event loop: %s (in %s)",
+            context.get("message", "?"),
+            name,
+            exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+        )
 
     def _accept_rest(self, sock: Any, exc: OSError) -> None:
         try:
@@ -76,6 +80,11 @@ class LoopGuard:
         last = self._warned.get(address)
         if last is None or now - last >= ACCEPT_WARN_INTERVAL:
             self._warned[address] = now
-            log.warning("listener out of resources, accepting again shortly %s",
-                        kv(listener=address, error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
-                           rests=self.stats.accept_rests[address]))
+            log.warning(
+                "listener out of resources, accepting again shortly %s",
+                kv(
+                    listener=address,
+                    error=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+                    rests=self.stats.accept_rests[address],
+                ),
+            )

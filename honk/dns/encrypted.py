@@ -48,8 +48,16 @@ from honk.group.score.attempt import Result, ScoreReporter
 from honk.relay.stream import StreamConn
 
 __all__ = [
-    "ALPN_H2", "DNS_MESSAGE", "IDLE_TIMEOUT", "Connection", "ConnectionPool", "DohConnection", "DotConnection",
-    "LengthPrefixed", "doh_request_headers", "with_id",
+    "ALPN_H2",
+    "DNS_MESSAGE",
+    "IDLE_TIMEOUT",
+    "Connection",
+    "ConnectionPool",
+    "DohConnection",
+    "DotConnection",
+    "LengthPrefixed",
+    "doh_request_headers",
+    "with_id",
 ]
 
 IDLE_TIMEOUT = 30.0  # seconds a connection with nothing in flight is kept before we close it
@@ -87,7 +95,7 @@ class LengthPrefixed:
             end = LENGTH.size + length
             if len(self._buf) < end:
                 break
-            messages.append(bytes(self._buf[LENGTH.size:end]))
+            messages.append(bytes(self._buf[LENGTH.size : end]))
             del self._buf[:end]
         return messages
 
@@ -106,7 +114,7 @@ def length_prefixed(message: bytes) -> bytes:
 
 def with_id(message: bytes, qid: int) -> bytes:
     """``message`` with its id replaced."""
-    return MESSAGE_ID.pack(qid) + message[MESSAGE_ID.size:]
+    return MESSAGE_ID.pack(qid) + message[MESSAGE_ID.size :]
 
 
 def message_id(message: bytes) -> int | None:
@@ -141,7 +149,12 @@ def h3_alternative(value: str) -> tuple[int, float] | str | None:
         protocol, _, rest = entry.strip().partition("=")
         authority, *params = rest.split(";")
         authority = authority.strip()
-        if protocol.strip() != ALT_SVC_H3 or len(authority) < 2 or authority[0] != '"' or authority[-1] != '"':
+        if (
+            protocol.strip() != ALT_SVC_H3
+            or len(authority) < 2
+            or authority[0] != '"'
+            or authority[-1] != '"'
+        ):
             continue
         host, sep, port = authority[1:-1].rpartition(":")
         if not sep or host or not port.isdigit() or not 0 < int(port) <= 0xFFFF:
@@ -196,8 +209,12 @@ class Connection:
         if isinstance(error, ExchangeFailed):
             self._fail(error)
         else:
-            self._fail(ExchangeFailed("closed", f"the connection ended: {error}" if error else
-                                      "the server closed the connection"))
+            self._fail(
+                ExchangeFailed(
+                    "closed",
+                    f"the connection ended: {error}" if error else "the server closed the connection",
+                )
+            )
 
     @property
     def in_flight(self) -> int:
@@ -340,8 +357,14 @@ class _Stream:
 class DohConnection(Connection):
     """DNS over HTTPS on HTTP/2: one POST per query, each on its own stream (RFC 8484 §4.1)."""
 
-    def __init__(self, stream: StreamConn, clock: Clock, authority: str, path: str,
-                 reporter: ScoreReporter | None = None) -> None:
+    def __init__(
+        self,
+        stream: StreamConn,
+        clock: Clock,
+        authority: str,
+        path: str,
+        reporter: ScoreReporter | None = None,
+    ) -> None:
         import h2.config
         import h2.connection
 
@@ -349,7 +372,9 @@ class DohConnection(Connection):
         self._stream = stream
         self._authority = authority
         self._path = path
-        self._h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self._h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        )
         self._h2.initiate_connection()
         self._streams: dict[int, _Stream] = {}
         self.alt_svc: str | None = None  # the last Alt-Svc header the server sent (HTTP/3 offered?)
@@ -444,7 +469,9 @@ class DohConnection(Connection):
                     pending = self._streams.get(event.stream_id)
                     if pending is not None:
                         if len(pending.body) + len(event.data) > MAX_MESSAGE:
-                            self._finish(event.stream_id, ExchangeFailed("too-large", "the DoH reply is too large"))
+                            self._finish(
+                                event.stream_id, ExchangeFailed("too-large", "the DoH reply is too large")
+                            )
                         else:
                             pending.body += event.data
                 elif isinstance(event, h2.events.StreamEnded):

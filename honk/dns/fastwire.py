@@ -103,8 +103,18 @@ class FastQuery:
 
     __slots__ = ("id", "rd", "question", "name", "qname", "qtype", "qclass", "edns", "udp_limit")
 
-    def __init__(self, qid: int, rd: int, question: bytes, name: bytes, qname: str, qtype: int, qclass: int,
-                 edns: bool, udp_limit: int) -> None:
+    def __init__(
+        self,
+        qid: int,
+        rd: int,
+        question: bytes,
+        name: bytes,
+        qname: str,
+        qtype: int,
+        qclass: int,
+        edns: bool,
+        udp_limit: int,
+    ) -> None:
         self.id = qid
         self.rd = rd  # the RD bit as it sits in the flags (0 or FLAG_RD)
         self.question = question  # the question section as the client wrote it
@@ -129,7 +139,7 @@ def _labels(data: bytes, pos: int, end: int) -> int:
         if length > MAX_LABEL:
             return -1
         label_end = pos + 1 + length
-        if label_end > end or data[pos + 1:label_end].translate(None, TEXT_AS_IS):
+        if label_end > end or data[pos + 1 : label_end].translate(None, TEXT_AS_IS):
             return -1
         pos = label_end
     return -1
@@ -139,7 +149,7 @@ def _text(name: bytes) -> str:
     """The lower-case text of a name checked by :func:`_labels`, not the root."""
     labels, pos = [], 0
     while length := name[pos]:
-        labels.append(name[pos + 1:pos + 1 + length])
+        labels.append(name[pos + 1 : pos + 1 + length])
         pos += 1 + length
     return b".".join(labels).decode("ascii").lower()
 
@@ -178,9 +188,10 @@ def read_query(raw: bytes) -> FastQuery | None:
         edns, limit = True, max(UDP_MIN_PAYLOAD, min(payload, UDP_MAX_PAYLOAD))
     elif question_end != size:
         return None
-    name = raw[HEADER.size:name_end]
-    return FastQuery(qid, flags & FLAG_RD, raw[HEADER.size:question_end], name, _text(name), qtype, qclass,
-                     edns, limit)
+    name = raw[HEADER.size : name_end]
+    return FastQuery(
+        qid, flags & FLAG_RD, raw[HEADER.size : question_end], name, _text(name), qtype, qclass, edns, limit
+    )
 
 
 # --- cached replies ------------------------------------------------------------------------------
@@ -219,9 +230,14 @@ def _owner_text(data: bytes, pos: int) -> str | None:
                 return None
             pos, hops = target, hops + 1
             continue
-        label = data[pos + 1:pos + 1 + length]
+        label = data[pos + 1 : pos + 1 + length]
         octets += 1 + length
-        if length > MAX_LABEL or len(label) != length or octets >= MAX_NAME_WIRE or label.translate(None, TEXT_AS_IS):
+        if (
+            length > MAX_LABEL
+            or len(label) != length
+            or octets >= MAX_NAME_WIRE
+            or label.translate(None, TEXT_AS_IS)
+        ):
             return None
         labels.append(label)
         pos += 1 + length
@@ -241,7 +257,9 @@ class FastReply:
     question_end: int
     plain_end: int  # where the OPT record starts (len(wire) without one)
     ttls: tuple[int, ...]  # the offset of every record's TTL field, OPT's aside
-    shuffled: tuple[tuple[tuple[int, ...], int], ...]  # each A/AAAA RRset of 2+ records: (rdata offsets, size)
+    shuffled: tuple[
+        tuple[tuple[int, ...], int], ...
+    ]  # each A/AAAA RRset of 2+ records: (rdata offsets, size)
     learned: tuple[tuple[IPAddress, tuple[str, ...]], ...]  # each A/AAAA answer: (address, names to learn)
 
     def answer(self, query: FastQuery, ttl: int, tcp: bool) -> bytes | None:
@@ -254,7 +272,7 @@ class FastReply:
         if not tcp and end > query.udp_limit:
             return None
         out = bytearray(self.wire[:end])
-        out[HEADER.size:self.question_end] = query.question  # same length: the same name, its own case
+        out[HEADER.size : self.question_end] = query.question  # same length: the same name, its own case
         ID_FLAGS.pack_into(out, 0, query.id, (self.flags & ~(FLAG_AA | FLAG_RD)) | FLAG_RA | query.rd)
         if end != len(self.wire):
             COUNT.pack_into(out, ARCOUNT_OFFSET, self.arcount - 1)
@@ -262,10 +280,10 @@ class FastReply:
         for offset in self.ttls:
             pack(out, offset, ttl)
         for offsets, size in self.shuffled:
-            rdatas = [out[offset:offset + size] for offset in offsets]
+            rdatas = [out[offset : offset + size] for offset in offsets]
             random.shuffle(rdatas)
             for offset, rdata in zip(offsets, rdatas, strict=True):
-                out[offset:offset + size] = rdata
+                out[offset : offset + size] = rdata
         return bytes(out)
 
 
@@ -327,17 +345,32 @@ def prepare(wire: bytes, qname: str) -> FastReply | None:
         if section == 0 and address_size is not None:
             if not text:
                 return None  # an address of the root: not worth dnspython's text for it
-            address = ipaddress.ip_address(wire[rdata:rdata + rdlength])
+            address = ipaddress.ip_address(wire[rdata : rdata + rdlength])
             learned.append((address, (qname, text) if text != qname else (qname,)))
         pos = rdata + rdlength
     if pos != size or not _close(wire, rrset, rdatas, shuffled):
         return None
-    return FastReply(wire, flags, arcount, wire[HEADER.size:name_end].lower(), qtype, qclass, question_end,
-                     plain_end, tuple(ttls), tuple(shuffled), tuple(learned))
+    return FastReply(
+        wire,
+        flags,
+        arcount,
+        wire[HEADER.size : name_end].lower(),
+        qtype,
+        qclass,
+        question_end,
+        plain_end,
+        tuple(ttls),
+        tuple(shuffled),
+        tuple(learned),
+    )
 
 
-def _close(wire: bytes, rrset: tuple[object, ...] | None, rdatas: list[int],
-           shuffled: list[tuple[tuple[int, ...], int]]) -> bool:
+def _close(
+    wire: bytes,
+    rrset: tuple[object, ...] | None,
+    rdatas: list[int],
+    shuffled: list[tuple[tuple[int, ...], int]],
+) -> bool:
     """Close an RRset of ``prepare``: one of several addresses joins ``shuffled``; False for one of
     several records of another type, or with a record twice (dnspython would keep one): not prepared."""
     if rrset is None or len(rdatas) < 2:
@@ -346,7 +379,7 @@ def _close(wire: bytes, rrset: tuple[object, ...] | None, rdatas: list[int],
     if rclass != CLASS_IN or rtype not in ADDRESS_SIZES:
         return False
     size = ADDRESS_SIZES[rtype]  # type: ignore[index]
-    if len({wire[offset:offset + size] for offset in rdatas}) != len(rdatas):
+    if len({wire[offset : offset + size] for offset in rdatas}) != len(rdatas):
         return False
     shuffled.append((tuple(rdatas), size))
     return True

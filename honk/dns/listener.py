@@ -50,8 +50,9 @@ CLIENT_HOSTS_CACHED = 4096  # client addresses whose parsed form is remembered (
 
 
 class QueryHandler(Protocol):
-    async def handle(self, query: bytes, client: Address | None, original: Address | None, *,
-                     tcp: bool = False) -> bytes | None: ...
+    async def handle(
+        self, query: bytes, client: Address | None, original: Address | None, *, tcp: bool = False
+    ) -> bytes | None: ...
 
 
 def _peer(addr: tuple) -> Address | None:
@@ -160,13 +161,15 @@ class DnsListener(BindThenServe):
         self._serving = True
         loop = asyncio.get_running_loop()
         if self._udp_sock is not None:
-            self._udp_transport, _ = await loop.create_datagram_endpoint(lambda: _UdpProtocol(self),
-                                                                         sock=self._udp_sock)
+            self._udp_transport, _ = await loop.create_datagram_endpoint(
+                lambda: _UdpProtocol(self), sock=self._udp_sock
+            )
         if self._tcp_sock is not None:
-            self._tcp_server = await asyncio.start_server(self._tcp_client, sock=self._tcp_sock, backlog=BACKLOG)
+            self._tcp_server = await asyncio.start_server(
+                self._tcp_client, sock=self._tcp_sock, backlog=BACKLOG
+            )
         transports = ",".join(t for t, on in (("udp", self.spec.udp), ("tcp", self.spec.tcp)) if on)
         log.info("dns listening %s", kv(address=self.bound, transports=transports))
-
 
     def close_unserved(self) -> None:
         """Release the sockets :meth:`bind` made (a refused apply)."""
@@ -254,8 +257,15 @@ class DnsListener(BindThenServe):
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _tcp_answer(self, query: bytes, client: Address | None, writer: asyncio.StreamWriter,
-                          lock: asyncio.Lock, pipeline: asyncio.Semaphore, ended: asyncio.Event) -> None:
+    async def _tcp_answer(
+        self,
+        query: bytes,
+        client: Address | None,
+        writer: asyncio.StreamWriter,
+        lock: asyncio.Lock,
+        pipeline: asyncio.Semaphore,
+        ended: asyncio.Event,
+    ) -> None:
         try:
             reply = await self.service.handle(query, client, None, tcp=True)
             if reply is None:

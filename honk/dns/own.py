@@ -138,10 +138,13 @@ class UpstreamResolver:
             return [ipaddress.ip_address(host)]
         try:
             async with timeout_at(self._clock, self._clock.now() + self._timeout):
-                outcomes = await asyncio.gather(*(self._ask(host, rdtype) for rdtype in QUESTION_ORDER),
-                                                return_exceptions=True)
+                outcomes = await asyncio.gather(
+                    *(self._ask(host, rdtype) for rdtype in QUESTION_ORDER), return_exceptions=True
+                )
         except TimeoutError:
-            raise ResolveTimeout(host, f"upstream {self.upstream.name}: no answer within {self._timeout:g}s") from None
+            raise ResolveTimeout(
+                host, f"upstream {self.upstream.name}: no answer within {self._timeout:g}s"
+            ) from None
         seen: dict[IPAddress, None] = {}
         failures: list[BaseException] = []
         for outcome in outcomes:
@@ -182,8 +185,12 @@ class UpstreamResolver:
         rcode = reply.rcode()
         if rcode != dns.rcode.NOERROR:
             raise ResolveError(host, f"upstream {u.name}: {dns.rcode.to_text(rcode)}")
-        return [ipaddress.ip_address(rd.address) for rrset in reply.answer if rrset.rdtype == rdtype
-                for rd in rrset]
+        return [
+            ipaddress.ip_address(rd.address)
+            for rrset in reply.answer
+            if rrset.rdtype == rdtype
+            for rd in rrset
+        ]
 
 
 class OwnLookups:

@@ -71,8 +71,13 @@ def doq_query(query: bytes) -> bytes:
 def _configuration(alpn: str, server_name: str) -> QuicConfiguration:
     from aioquic.quic.configuration import QuicConfiguration
 
-    config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], verify_mode=ssl.CERT_REQUIRED,
-                               server_name=server_name, max_datagram_frame_size=None)
+    config = QuicConfiguration(
+        is_client=True,
+        alpn_protocols=[alpn],
+        verify_mode=ssl.CERT_REQUIRED,
+        server_name=server_name,
+        max_datagram_frame_size=None,
+    )
     paths = ssl.get_default_verify_paths()  # honours SSL_CERT_FILE / SSL_CERT_DIR
     if paths.cafile or paths.capath:  # else aioquic's own default bundle
         config.cafile, config.capath = paths.cafile, paths.capath
@@ -157,8 +162,16 @@ class _Query:
 class QuicDnsConnection(Connection):
     """DoQ or DoH3 over one client QUIC connection."""
 
-    def __init__(self, quic: QuicConnection, server: Address, clock: Clock, kind: str, authority: str,
-                 path: str, reporter: Any = None) -> None:
+    def __init__(
+        self,
+        quic: QuicConnection,
+        server: Address,
+        clock: Clock,
+        kind: str,
+        authority: str,
+        path: str,
+        reporter: Any = None,
+    ) -> None:
         super().__init__(clock, reporter)
         self._quic = quic
         self._server = server
@@ -271,8 +284,10 @@ class QuicDnsConnection(Connection):
         try:
             if self._h3 is not None:
                 body = with_id(query, 0)
-                headers = [(k.encode(), v.encode()) for k, v in doh_request_headers(self._authority, self._path,
-                                                                                     len(body))]
+                headers = [
+                    (k.encode(), v.encode())
+                    for k, v in doh_request_headers(self._authority, self._path, len(body))
+                ]
                 self._h3.send_headers(stream_id, headers)
                 self._h3.send_data(stream_id, body, end_stream=True)
                 self._sent(len(body))
@@ -300,7 +315,9 @@ class QuicDnsConnection(Connection):
         if messages:
             self._answer(stream_id, messages[0])
         elif ended:
-            self._finish(stream_id, ExchangeFailed("bad-reply", "the DoQ stream ended without a whole message"))
+            self._finish(
+                stream_id, ExchangeFailed("bad-reply", "the DoQ stream ended without a whole message")
+            )
 
     def _h3_event(self, event: Any) -> None:
         from aioquic.h3.events import DataReceived, HeadersReceived
@@ -358,8 +375,15 @@ class QuicDnsConnection(Connection):
 # --- dialling -------------------------------------------------------------------------------
 
 
-async def connect_quic(dispatcher: Any, clock: Clock, routed: Any, server: Address, transport: endpoint.Transport,
-                       name: str, timeout: float) -> QuicDnsConnection:
+async def connect_quic(
+    dispatcher: Any,
+    clock: Clock,
+    routed: Any,
+    server: Address,
+    transport: endpoint.Transport,
+    name: str,
+    timeout: float,
+) -> QuicDnsConnection:
     """A handshaken DoQ or DoH3 connection to ``server`` along ``routed``'s leaf."""
     from aioquic.quic.connection import QuicConnection
 
@@ -370,8 +394,13 @@ async def connect_quic(dispatcher: Any, clock: Clock, routed: Any, server: Addre
     alpn = ALPN_DOQ if transport.kind == endpoint.QUIC else ALPN_H3
     server_name = transport.server_name or server.host
     connection = QuicDnsConnection(
-        QuicConnection(configuration=_configuration(alpn, server_name)), pinned, clock, transport.kind,
-        authority_of(server_name, server.port, endpoint.DOH_PORT), transport.path)
+        QuicConnection(configuration=_configuration(alpn, server_name)),
+        pinned,
+        clock,
+        transport.kind,
+        authority_of(server_name, server.port, endpoint.DOH_PORT),
+        transport.path,
+    )
     guard = scoring.begin(routed.score, clock)
     try:
         route = await _open_path(leaf, pinned, connection, deadline)
@@ -388,8 +417,11 @@ async def connect_quic(dispatcher: Any, clock: Clock, routed: Any, server: Addre
         if chosen != alpn:
             raise ExchangeFailed("alpn", f"the server chose {chosen or 'no ALPN protocol'}, not {alpn}")
     except BaseException as exc:
-        failure = exc if isinstance(exc, ExchangeFailed) else ExchangeFailed(
-            "dial-timeout" if isinstance(exc, TimeoutError) else "dial-quic", str(exc))
+        failure = (
+            exc
+            if isinstance(exc, ExchangeFailed)
+            else ExchangeFailed("dial-timeout" if isinstance(exc, TimeoutError) else "dial-quic", str(exc))
+        )
         if isinstance(exc, TimeoutError) and not connection.heard:
             _node_health(leaf, answered=False)  # nothing came back through the node at all
         connection._fail(failure)
@@ -422,7 +454,9 @@ async def _resolve(dispatcher: Any, clock: Clock, leaf: Any, server: Address, de
         return server.ip
     resolve = getattr(leaf, "resolve", None)
     async with timeout_at(clock, deadline):
-        addresses = await (resolve(server.host, deadline) if resolve is not None else dispatcher.resolver(server.host))
+        addresses = await (
+            resolve(server.host, deadline) if resolve is not None else dispatcher.resolver(server.host)
+        )
     if not addresses:
         raise ExchangeFailed("resolve", "no address")
     return addresses[0]

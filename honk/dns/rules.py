@@ -84,17 +84,27 @@ class _Compiled:
         return hit != self.negated
 
 
-def condition_holds(condition: DnsCondition, qname: str, qtype: int, *, client: IPAddress | str | None = None,
-                    upstream: str | None = None, addresses: Sequence[IPAddress] = (),
-                    geo: GeoAssets | None = None) -> bool:
+def condition_holds(
+    condition: DnsCondition,
+    qname: str,
+    qtype: int,
+    *,
+    client: IPAddress | str | None = None,
+    upstream: str | None = None,
+    addresses: Sequence[IPAddress] = (),
+    geo: GeoAssets | None = None,
+) -> bool:
     """One condition on its own (compiled for the call; the routers compile theirs once)."""
     return _Compiled(condition, geo).holds(DnsQuestion(qname, qtype, client), upstream, addresses)
 
 
 class _Rules:
-    def __init__(self, rules: Sequence[DnsRequestRule | DnsResponseRule], fallback: str,
-                 geo: GeoAssets | None) -> None:
-        self._rules = tuple((tuple(_Compiled(c, geo) for c in rule.conditions), rule.action) for rule in rules)
+    def __init__(
+        self, rules: Sequence[DnsRequestRule | DnsResponseRule], fallback: str, geo: GeoAssets | None
+    ) -> None:
+        self._rules = tuple(
+            (tuple(_Compiled(c, geo) for c in rule.conditions), rule.action) for rule in rules
+        )
         self.fallback = fallback
 
     def _decide(self, question: DnsQuestion, upstream: str | None, addresses: Sequence[IPAddress]) -> str:

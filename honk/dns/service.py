@@ -92,10 +92,19 @@ class _Outcome:
 
 
 class DnsService:
-    def __init__(self, spec: DnsSpec, dispatcher: Dispatcher, clock: Clock, *, cache: DnsCache | None = None,
-                 learning: DomainLearning | None = None, exchange_timeout: float = EXCHANGE_TIMEOUT,
-                 exchanger: Exchanger | None = None, stats: DnsStats | None = None,
-                 geo: GeoAssets | None = None) -> None:
+    def __init__(
+        self,
+        spec: DnsSpec,
+        dispatcher: Dispatcher,
+        clock: Clock,
+        *,
+        cache: DnsCache | None = None,
+        learning: DomainLearning | None = None,
+        exchange_timeout: float = EXCHANGE_TIMEOUT,
+        exchanger: Exchanger | None = None,
+        stats: DnsStats | None = None,
+        geo: GeoAssets | None = None,
+    ) -> None:
         """``cache``, ``learning`` and ``stats`` (the counters /metrics reads): carried over from the
         previous service (see :meth:`rebuilt`); new ones by default. The cache is resized to ``spec.max_cache_size``. ``exchanger``:
         what talks to upstreams (tests pass a fake); default one over ``dispatcher``. ``geo``: the
@@ -116,7 +125,9 @@ class DnsService:
         self._responses = ResponseRouter(spec.response_rules, spec.response_fallback, geo)
         self._upstreams: Mapping[str, DnsUpstreamSpec] = {u.name: u for u in spec.upstreams}
         self._fixed = dict(spec.fixed_domain_ttl)
-        self._exchanger = exchanger if exchanger is not None else Exchanger(dispatcher, clock, exchange_timeout)
+        self._exchanger = (
+            exchanger if exchanger is not None else Exchanger(dispatcher, clock, exchange_timeout)
+        )
         self._flights: dict[CacheKey, asyncio.Task[_Outcome]] = {}
         self._failing: set[str] = set()  # upstreams in a failure streak (told at info once per streak)
         self._in_flight = 0
@@ -127,9 +138,16 @@ class DnsService:
         the router's geodata for the new rules (None: this service's)."""
         same = {name for name, u in self._upstreams.items() if spec.upstream(name) == u}
         self.cache.retain(lambda scope: not isinstance(scope, str) or scope in same)
-        return DnsService(spec, self._dispatcher, self._clock, cache=self.cache, learning=self.learning,
-                          exchanger=self._exchanger, stats=self.stats,
-                          geo=geo if geo is not None else self._geo)
+        return DnsService(
+            spec,
+            self._dispatcher,
+            self._clock,
+            cache=self.cache,
+            learning=self.learning,
+            exchanger=self._exchanger,
+            stats=self.stats,
+            geo=geo if geo is not None else self._geo,
+        )
 
     @property
     def exchanger(self) -> Exchanger:
@@ -141,8 +159,9 @@ class DnsService:
         """The live names ``ip`` was given out for (see :class:`DomainLearning`)."""
         return self.learning.learned_names(ip)
 
-    async def handle(self, query: bytes, client: Address | None, original: Address | None, *,
-                     tcp: bool = False) -> bytes | None:
+    async def handle(
+        self, query: bytes, client: Address | None, original: Address | None, *, tcp: bool = False
+    ) -> bytes | None:
         """The reply to ``query`` (None: drop it). ``client`` is the asking socket's peer;
         ``original`` the intercepted destination (None for the standalone listener, where
         ``asis`` fails); ``tcp``: the query came over TCP (no UDP size limit, and ``asis``
@@ -161,8 +180,9 @@ class DnsService:
         finally:
             self._in_flight -= 1
 
-    def answer_now(self, query: bytes, client: Address | None, original: Address | None, *,
-                   tcp: bool = False) -> bytes | None:
+    def answer_now(
+        self, query: bytes, client: Address | None, original: Address | None, *, tcp: bool = False
+    ) -> bytes | None:
         """The answer to ``query`` when it is a cache hit the bytes path serves (see
         :meth:`_fast_hit`), without a task or an await: what a listener tries first, from its
         datagram callback. None, having changed nothing: call :meth:`handle`."""
@@ -174,16 +194,19 @@ class DnsService:
             log.debug("dns fast answer failed %s", kv(client=client), exc_info=True)
             return None
 
-    async def _handle(self, raw: bytes, client: Address | None, original: Address | None,
-                      tcp: bool) -> bytes | None:
+    async def _handle(
+        self, raw: bytes, client: Address | None, original: Address | None, tcp: bool
+    ) -> bytes | None:
         if self.spec.optimistic_cache:
             answer = self._fast_hit(raw, client, original, tcp)
             if answer is not None:
                 return answer
         parsed = wire.parse_query(raw)
         if not isinstance(parsed, wire.DnsQuery):
-            log.debug("dns query malformed %s", kv(client=client, size=len(raw),
-                                                  answer="dropped" if parsed is None else "error"))
+            log.debug(
+                "dns query malformed %s",
+                kv(client=client, size=len(raw), answer="dropped" if parsed is None else "error"),
+            )
             return parsed
         query = parsed
         question = DnsQuestion(query.qname, query.qtype, client.ip if client is not None else None)
@@ -222,7 +245,9 @@ class DnsService:
         self.stats.query(action, _RESULTS[wire.classify(reply)])
         return self._send(reply, query, None, tcp)
 
-    def _fast_hit(self, raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> bytes | None:
+    def _fast_hit(
+        self, raw: bytes, client: Address | None, original: Address | None, tcp: bool
+    ) -> bytes | None:
         """A cache hit answered from bytes, as the path below would answer it (request rules, key,
         hit and ``cached`` counted, addresses learned at the time left); None, having changed
         nothing, for whatever that path must handle: not a plain query, reject, no destination,
@@ -231,9 +256,15 @@ class DnsService:
         if query is None:
             return None
         prefer = self.spec.ipversion_prefer
-        if prefer is not None and query.qclass == dns.rdataclass.IN and query.qtype == PREFERRED_QTYPES[prefer][1]:
+        if (
+            prefer is not None
+            and query.qclass == dns.rdataclass.IN
+            and query.qtype == PREFERRED_QTYPES[prefer][1]
+        ):
             return None
-        action = self._router.decide(DnsQuestion(query.qname, query.qtype, client.ip if client is not None else None))
+        action = self._router.decide(
+            DnsQuestion(query.qname, query.qtype, client.ip if client is not None else None)
+        )
         if action == "reject" or (original is None if action == "asis" else action not in self._upstreams):
             return None
         key = self._key(query.qname, query.qtype, query.qclass, action, original)
@@ -258,8 +289,9 @@ class DnsService:
 
     # --- ipversion_prefer ---------------------------------------------------------------
 
-    def _preferred_sibling(self, query: wire.DnsQuery, client: Address | None,
-                           original: Address | None) -> tuple[CacheKey, int] | None:
+    def _preferred_sibling(
+        self, query: wire.DnsQuery, client: Address | None, original: Address | None
+    ) -> tuple[CacheKey, int] | None:
         """With ``ipversion_prefer``, for a query of the other address family: the key the same
         name's preferred-family query is cached and exchanged under (the request rules choose its
         upstream as they would for it), and that family's QTYPE. None otherwise."""
@@ -269,7 +301,9 @@ class DnsService:
         preferred, emptied = PREFERRED_QTYPES[prefer]
         if query.qtype != emptied:
             return None
-        action = self._router.decide(DnsQuestion(query.qname, preferred, client.ip if client is not None else None))
+        action = self._router.decide(
+            DnsQuestion(query.qname, preferred, client.ip if client is not None else None)
+        )
         if action == "reject":
             return None
         return self._key(query.qname, preferred, query.qclass, action, original), preferred
@@ -305,18 +339,29 @@ class DnsService:
         upstream = self._upstreams.get(action)
         if upstream is None:  # the config checks every action; a hand-built spec may not
             return None
-        return Destination(upstream.name, upstream.protocol, Address(upstream.host, upstream.port),
-                           upstream.outbound)
+        return Destination(
+            upstream.name, upstream.protocol, Address(upstream.host, upstream.port), upstream.outbound
+        )
 
-    async def _shared(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, question: DnsQuestion,
-                      raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> _Outcome:
+    async def _shared(
+        self,
+        key: CacheKey,
+        destination: Destination,
+        query: wire.DnsQuery,
+        question: DnsQuestion,
+        raw: bytes,
+        client: Address | None,
+        original: Address | None,
+        tcp: bool,
+    ) -> _Outcome:
         """The outcome of one exchange for ``key``; a query that finds one in flight waits for it
         (shielded: a client giving up does not cancel the others' answer)."""
         flight = self._flights.get(key)
         if flight is None:
             flight = asyncio.get_running_loop().create_task(
                 self._exchange(key, destination, query, question, raw, client, original, tcp),
-                name="honk-dns-exchange")
+                name="honk-dns-exchange",
+            )
             self._flights[key] = flight
             flight.add_done_callback(lambda done: self._landed(key, done))
         return await asyncio.shield(flight)
@@ -337,8 +382,17 @@ class DnsService:
         await asyncio.gather(*flights, return_exceptions=True)
         await self._exchanger.aclose()
 
-    async def _exchange(self, key: CacheKey, destination: Destination, query: wire.DnsQuery, question: DnsQuestion,
-                        raw: bytes, client: Address | None, original: Address | None, tcp: bool) -> _Outcome:
+    async def _exchange(
+        self,
+        key: CacheKey,
+        destination: Destination,
+        query: wire.DnsQuery,
+        question: DnsQuestion,
+        raw: bytes,
+        client: Address | None,
+        original: Address | None,
+        tcp: bool,
+    ) -> _Outcome:
         """Ask ``destination``, then run the response rules on its answer: ``accept`` keeps it,
         ``reject`` empties it, an upstream's name asks that one instead and runs the rules again
         on its answer, at most :data:`MAX_LOOKUP_DEPTH` upstreams in all."""
@@ -355,8 +409,12 @@ class DnsService:
             following = self._destination(verdict, original, tcp)
             if following is None or asked >= MAX_LOOKUP_DEPTH:
                 reason = "no-destination" if following is None else "lookup-too-deep"
-                log.debug("dns response rule failed %s", kv(name=query.qname, upstream=destination.label,
-                                                            next=verdict, reason=reason, depth=asked))
+                log.debug(
+                    "dns response rule failed %s",
+                    kv(
+                        name=query.qname, upstream=destination.label, next=verdict, reason=reason, depth=asked
+                    ),
+                )
                 raise ExchangeFailed(reason, f"the response rules sent the query on to {verdict!r}")
             log.debug("dns reply sent on %s", kv(name=query.qname, upstream=destination.label, next=verdict))
             destination, asked = following, asked + 1
@@ -368,8 +426,9 @@ class DnsService:
             self.cache.put(key, data, lifetime)
         return _Outcome(data, lifetime)
 
-    async def _ask(self, destination: Destination, query: wire.DnsQuery, raw: bytes, client: Address | None,
-                   tcp: bool) -> dns.message.Message:
+    async def _ask(
+        self, destination: Destination, query: wire.DnsQuery, raw: bytes, client: Address | None, tcp: bool
+    ) -> dns.message.Message:
         """One exchange with one upstream, counted and its failure streaks told."""
         started = self._clock.now()
         try:
@@ -384,12 +443,22 @@ class DnsService:
         return reply
 
     def _failed(self, destination: Destination, query: wire.DnsQuery, exc: ExchangeFailed) -> None:
-        log.debug("dns exchange failed %s", kv(name=query.qname, upstream=destination.label,
-                                               server=destination.address, reason=exc.reason, error=str(exc)))
+        log.debug(
+            "dns exchange failed %s",
+            kv(
+                name=query.qname,
+                upstream=destination.label,
+                server=destination.address,
+                reason=exc.reason,
+                error=str(exc),
+            ),
+        )
         if destination.label not in self._failing:
             self._failing.add(destination.label)
-            log.info("dns upstream failing %s", kv(upstream=destination.label, server=destination.address,
-                                                   reason=exc.reason))
+            log.info(
+                "dns upstream failing %s",
+                kv(upstream=destination.label, server=destination.address, reason=exc.reason),
+            )
 
     def _lifetime(self, qname: str, reply: dns.message.Message) -> int | None:
         """Seconds to cache ``reply`` for (its TTLs become that); None: not cacheable."""
@@ -409,12 +478,15 @@ class DnsService:
         if ttl is not None:
             wire.set_ttls(reply, ttl)
         for ip, owner, record_ttl in wire.address_records(reply):
-            self.learning.record(ip, (query.qname, owner) if owner != query.qname else (query.qname,),
-                                 record_ttl)
+            self.learning.record(
+                ip, (query.qname, owner) if owner != query.qname else (query.qname,), record_ttl
+            )
         return wire.render(reply, query, tcp=tcp)
 
 
 def _holds_family(data: bytes, qtype: int) -> bool:
     """Whether the reply ``data`` answers with at least one address of ``qtype``'s family."""
     version = 4 if qtype == dns.rdatatype.A else 6
-    return any(ip.version == version for ip, _owner, _ttl in wire.address_records(dns.message.from_wire(data)))
+    return any(
+        ip.version == version for ip, _owner, _ttl in wire.address_records(dns.message.from_wire(data))
+    )

@@ -121,8 +121,12 @@ def _matches(reply: dns.message.Message, qid: int, question: dns.rrset.RRset) ->
     if not reply.question:
         return reply.rcode() != dns.rcode.NOERROR
     asked = reply.question[0]
-    return (len(reply.question) == 1 and asked.name == question.name and asked.rdtype == question.rdtype
-            and asked.rdclass == question.rdclass)
+    return (
+        len(reply.question) == 1
+        and asked.name == question.name
+        and asked.rdtype == question.rdtype
+        and asked.rdclass == question.rdclass
+    )
 
 
 class Exchanger:
@@ -140,8 +144,15 @@ class Exchanger:
         """Close the encrypted upstreams' connections (their queries in flight fail)."""
         await self.pool.aclose()
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         """The reply to ``wire`` (the client's query, sent under a fresh id) from ``destination``;
         ``tcp`` asks over TCP from the start. Raises :class:`ExchangeFailed`."""
         qid = secrets.randbits(16)
@@ -162,7 +173,9 @@ class Exchanger:
                     data = await self._encrypted(routed, destination, transport, out, client)
                     reply = parse_response(data)
                     if reply is None or not _matches(reply, qid, question):
-                        raise ExchangeFailed("bad-reply", f"the {transport.kind} reply does not answer the query")
+                        raise ExchangeFailed(
+                            "bad-reply", f"the {transport.kind} reply does not answer the query"
+                        )
                     return reply
                 if leaf.protocol == "direct" and transport.kind == endpoint.UDP and not tcp:
                     reply = await self._udp(routed, destination.address, out, qid, question, reporters)
@@ -197,19 +210,36 @@ class Exchanger:
             meta = FlowMeta(carrier, source, destination.address, DNS_INBOUND)
             # plain DNS is chosen for TCP (what a proxy carries it over); a direct leaf asked over
             # UDP uses UDP, so that is the carrier Score hears of. QUIC is UDP all the way.
-            selection = plane.groups.resolve(destination.outbound, carrier,  # type: ignore[attr-defined]
-                                             target=score_target(meta))
+            selection = plane.groups.resolve(
+                destination.outbound,
+                carrier,  # type: ignore[attr-defined]
+                target=score_target(meta),
+            )
             if kind == endpoint.UDP and selection.leaf.protocol == "direct":
                 meta = dataclasses.replace(meta, network=Network.UDP)
-            return self._dispatcher.rescore(Routed(meta, destination.outbound, f"dns({destination.label})",
-                                                   tuple(selection.chain), selection.leaf, plane.generation))
+            return self._dispatcher.rescore(
+                Routed(
+                    meta,
+                    destination.outbound,
+                    f"dns({destination.label})",
+                    tuple(selection.chain),
+                    selection.leaf,
+                    plane.generation,
+                )
+            )
         network = Network.UDP if kind == endpoint.UDP or quic else Network.TCP
         return await self._dispatcher.route(FlowMeta(network, source, destination.address, DNS_INBOUND))
 
     # --- encrypted upstreams ------------------------------------------------------------------
 
-    async def _encrypted(self, routed: Routed, destination: Destination, transport: endpoint.Transport,
-                         out: bytes, client: Address | None) -> bytes:
+    async def _encrypted(
+        self,
+        routed: Routed,
+        destination: Destination,
+        transport: endpoint.Transport,
+        out: bytes,
+        client: Address | None,
+    ) -> bytes:
         """The reply's wire from the upstream's pooled connection (dialled on first use, or again
         when it ended or its route changed); a DoH upstream whose server offered HTTP/3 asks
         over DoH3 while that works."""
@@ -221,16 +251,20 @@ class Exchanger:
                     return await self._over_h3(key, port, destination, transport, out, client)
                 except ExchangeFailed as exc:
                     self._h3_broken[key] = self._clock.now() + ALT_SVC_RETRY
-                    log.debug("dns upstream stays on HTTP/2 %s", kv(upstream=destination.label, port=port,
-                                                                    reason=exc.reason))
-        connection, data = await self._pooled(key, routed, lambda: self._connect(routed, destination, transport),
-                                              out)
+                    log.debug(
+                        "dns upstream stays on HTTP/2 %s",
+                        kv(upstream=destination.label, port=port, reason=exc.reason),
+                    )
+        connection, data = await self._pooled(
+            key, routed, lambda: self._connect(routed, destination, transport), out
+        )
         if transport.kind == endpoint.HTTPS:
             self._learn_h3(key, getattr(connection, "alt_svc", None))
         return data
 
-    async def _pooled(self, key: object, routed: Routed, open_: Callable[[], Awaitable[Connection]],
-                      out: bytes) -> tuple[Connection, bytes]:
+    async def _pooled(
+        self, key: object, routed: Routed, open_: Callable[[], Awaitable[Connection]], out: bytes
+    ) -> tuple[Connection, bytes]:
         current = self.pool.live(key)
         if current is not None and getattr(current, "leaf", None) is not routed.leaf:
             self.pool.retire(key)  # another node of the group now, or a reloaded plane
@@ -269,31 +303,57 @@ class Exchanger:
             return None
         return offer[0]
 
-    async def _over_h3(self, key: object, port: int, destination: Destination, transport: endpoint.Transport,
-                       out: bytes, client: Address | None) -> bytes:
+    async def _over_h3(
+        self,
+        key: object,
+        port: int,
+        destination: Destination,
+        transport: endpoint.Transport,
+        out: bytes,
+        client: Address | None,
+    ) -> bytes:
         from honk.dns.quic import connect_quic
 
         alternative = dataclasses.replace(destination, address=Address(destination.address.host, port))
         routed = await self._route(alternative, client, endpoint.H3)
         if routed.leaf.protocol != "direct" and getattr(routed.leaf, "dial_udp", None) is None:
             raise ExchangeFailed("dial-unsupported", "the route carries no UDP")
-        h3 = endpoint.Transport(endpoint.H3, transport.path, transport.server_name or destination.address.host)
+        h3 = endpoint.Transport(
+            endpoint.H3, transport.path, transport.server_name or destination.address.host
+        )
 
         async def open_() -> Connection:
-            return await connect_quic(self._dispatcher, self._clock, routed, alternative.address, h3,
-                                      self._name(destination), ALT_SVC_HANDSHAKE_TIMEOUT)
+            return await connect_quic(
+                self._dispatcher,
+                self._clock,
+                routed,
+                alternative.address,
+                h3,
+                self._name(destination),
+                ALT_SVC_HANDSHAKE_TIMEOUT,
+            )
 
         _, data = await self._pooled((key, endpoint.H3, port), routed, open_, out)
         return data
 
-    async def _connect(self, routed: Routed, destination: Destination, transport: endpoint.Transport) -> Connection:
+    async def _connect(
+        self, routed: Routed, destination: Destination, transport: endpoint.Transport
+    ) -> Connection:
         if transport.kind in QUIC_KINDS:
             from honk.dns.quic import connect_quic
 
-            return await connect_quic(self._dispatcher, self._clock, routed, destination.address, transport,
-                                      self._name(destination), self.timeout)
-        tcp = self._dispatcher.rescore(dataclasses.replace(routed, meta=dataclasses.replace(routed.meta,
-                                                                                            network=Network.TCP)))
+            return await connect_quic(
+                self._dispatcher,
+                self._clock,
+                routed,
+                destination.address,
+                transport,
+                self._name(destination),
+                self.timeout,
+            )
+        tcp = self._dispatcher.rescore(
+            dataclasses.replace(routed, meta=dataclasses.replace(routed.meta, network=Network.TCP))
+        )
         served, dialed = await self._dispatcher.dial_routed(tcp)
         reporter = served.reporter
         try:
@@ -306,8 +366,13 @@ class Exchanger:
         connection.leaf = served.leaf  # type: ignore[attr-defined]
         return connection
 
-    async def _over_tls(self, dialed, destination: Destination, transport: endpoint.Transport,  # noqa: ANN001
-                        reporter: ScoreReporter | None) -> Connection:
+    async def _over_tls(
+        self,
+        dialed,
+        destination: Destination,
+        transport: endpoint.Transport,  # noqa: ANN001
+        reporter: ScoreReporter | None,
+    ) -> Connection:
         """TLS over the dialled stream, then the transport's connection over TLS."""
         from honk.outbound.tls import client_context, tls_connect
 
@@ -341,8 +406,15 @@ class Exchanger:
     def _name(destination: Destination) -> str:
         return f"dns({destination.label})"
 
-    async def _udp(self, routed: Routed, address: Address, out: bytes, qid: int, question: dns.rrset.RRset,
-                   reporters: list[ScoreReporter]) -> dns.message.Message | None:
+    async def _udp(
+        self,
+        routed: Routed,
+        address: Address,
+        out: bytes,
+        qid: int,
+        question: dns.rrset.RRset,
+        reporters: list[ScoreReporter],
+    ) -> dns.message.Message | None:
         """The reply over UDP from a local, marked socket; None when it came truncated (TC)."""
         leaf = routed.leaf
         guard = scoring.begin(routed.score, self._clock)
@@ -393,12 +465,14 @@ class Exchanger:
             ip = addresses[0]
         return leaf.connected_udp(str(ip), address.port)
 
-    async def _tcp(self, routed: Routed, out: bytes, qid: int, question: dns.rrset.RRset,
-                   reporters: list[ScoreReporter]) -> dns.message.Message:
+    async def _tcp(
+        self, routed: Routed, out: bytes, qid: int, question: dns.rrset.RRset, reporters: list[ScoreReporter]
+    ) -> dns.message.Message:
         """The reply over a TCP stream the routed leaf opens (direct, or through the proxy);
         Score hears of it on the TCP carrier, whatever network routed it."""
-        tcp = self._dispatcher.rescore(dataclasses.replace(routed, meta=dataclasses.replace(routed.meta,
-                                                                                             network=Network.TCP)))
+        tcp = self._dispatcher.rescore(
+            dataclasses.replace(routed, meta=dataclasses.replace(routed.meta, network=Network.TCP))
+        )
         served, dialed = await self._dispatcher.dial_routed(tcp)
         reporter = served.reporter
         if reporter is not None:

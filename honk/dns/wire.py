@@ -175,8 +175,9 @@ def set_ttls(response: dns.message.Message, ttl: int) -> None:
         rrset.ttl = ttl
 
 
-def address_records(response: dns.message.Message) -> Iterator[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
-                                                                      str, int]]:
+def address_records(
+    response: dns.message.Message,
+) -> Iterator[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, str, int]]:
     """Each A/AAAA answer as (address, owner name lower-cased without the dot, TTL)."""
     for rrset in response.answer:
         if rrset.rdclass != dns.rdataclass.IN or rrset.rdtype not in (dns.rdatatype.A, dns.rdatatype.AAAA):

@@ -76,8 +76,12 @@ class BpfSlots:
         slot = slot_index(key)
         if slot >= self.capacity:
             if not self._skipped:  # the classifier passes these: fail-open by construction
-                log.warning("ebpf: group ordinal %d has no slot (the map holds %d groups); it is never "
-                            "refused in the kernel", key.ordinal, self.capacity // SLOTS_PER_GROUP)
+                log.warning(
+                    "ebpf: group ordinal %d has no slot (the map holds %d groups); it is never "
+                    "refused in the kernel",
+                    key.ordinal,
+                    self.capacity // SLOTS_PER_GROUP,
+                )
                 self._skipped = True
             return
         self.map.set(slot, SLOT_ALIVE if alive else SLOT_DEAD)
@@ -115,8 +119,16 @@ class _Unavailable(Exception):
 class Datapath:
     """Slots and kernel rules for the datapath, on BPF maps or in memory."""
 
-    def __init__(self, kind: str, backend: SlotBackend, *, reason: str = "", interfaces: tuple[str, ...] = (),
-                 pin_dir: str | None = None, obj: loader.BpfObject | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        backend: SlotBackend,
+        *,
+        reason: str = "",
+        interfaces: tuple[str, ...] = (),
+        pin_dir: str | None = None,
+        obj: loader.BpfObject | None = None,
+    ) -> None:
         self.kind = kind  # "bpf" | "memory"
         self.backend = backend
         self.reason = reason  # why "memory"
@@ -135,8 +147,13 @@ class Datapath:
         return cls("memory", MemorySlots(), reason=reason)
 
     @classmethod
-    def open(cls, lan_interfaces: Iterable[str], *, pin_dir: str = loader.DEFAULT_PIN_DIR,
-             object_path: str | os.PathLike[str] | None = None) -> Datapath:
+    def open(
+        cls,
+        lan_interfaces: Iterable[str],
+        *,
+        pin_dir: str = loader.DEFAULT_PIN_DIR,
+        object_path: str | os.PathLike[str] | None = None,
+    ) -> Datapath:
         """The BPF datapath when everything it needs works, else the in-memory one; logs which."""
         interfaces = tuple(lan_interfaces)
         try:
@@ -149,13 +166,15 @@ class Datapath:
         return datapath
 
     @classmethod
-    def _open_bpf(cls, interfaces: tuple[str, ...], pin_dir: str,
-                  object_path: str | os.PathLike[str] | None) -> tuple[Datapath, str]:
+    def _open_bpf(
+        cls, interfaces: tuple[str, ...], pin_dir: str, object_path: str | os.PathLike[str] | None
+    ) -> tuple[Datapath, str]:
         _probe_bpf()
         path = object_path if object_path is not None else loader.default_object_path()
         if path is None or not os.path.isfile(path):
-            raise _Unavailable(f"no compiled classifier ({path or 'honk/ebpf/datapath.bpf.o'}; `make build` "
-                               "compiles it)")
+            raise _Unavailable(
+                f"no compiled classifier ({path or 'honk/ebpf/datapath.bpf.o'}; `make build` compiles it)"
+            )
         try:
             loader.libbpf()
         except OSError as exc:
@@ -253,7 +272,9 @@ def _probe_bpf() -> None:
         fd = bpfmap.map_create(bpfmap.BPF_MAP_TYPE_ARRAY, U32.size, U64.size, 1, b"honk_probe")
     except OSError as exc:
         if exc.errno in (errno.EPERM, errno.EACCES):
-            raise _Unavailable(f"bpf(2) not permitted ({os.strerror(exc.errno)}; needs root or CAP_BPF)") from None
+            raise _Unavailable(
+                f"bpf(2) not permitted ({os.strerror(exc.errno)}; needs root or CAP_BPF)"
+            ) from None
         raise _Unavailable(f"bpf(2) unavailable ({os.strerror(exc.errno or errno.ENOSYS)})") from None
     os.close(fd)
 

@@ -43,8 +43,14 @@ DEFAULT_BYPASS = (*BYPASS_V4, *BYPASS_V6)
 RULE_STRUCT = struct.Struct("=16s16sBBBBHHI")  # struct honk_rule, 44 bytes
 
 _L4 = {"tcp": L4_TCP, "udp": L4_UDP}
-_IP_VERSIONS = {"4": FAMILY_V4, "ipv4": FAMILY_V4, "v4": FAMILY_V4, "6": FAMILY_V6, "ipv6": FAMILY_V6,
-                "v6": FAMILY_V6}
+_IP_VERSIONS = {
+    "4": FAMILY_V4,
+    "ipv4": FAMILY_V4,
+    "v4": FAMILY_V4,
+    "6": FAMILY_V6,
+    "ipv6": FAMILY_V6,
+    "v6": FAMILY_V6,
+}
 _IPV4_MAPPED = ipaddress.ip_network("::ffff:0:0/96")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -73,8 +79,17 @@ class KernelRule:
         else:
             addr = self.network.network_address.packed.ljust(16, b"\0")
             mask = self.network.netmask.packed.ljust(16, b"\0")
-        return RULE_STRUCT.pack(addr, mask, self.family, self.prefix_len, self.l4proto, 0,
-                                self.dport_low, self.dport_high, self.target)
+        return RULE_STRUCT.pack(
+            addr,
+            mask,
+            self.family,
+            self.prefix_len,
+            self.l4proto,
+            0,
+            self.dport_low,
+            self.dport_high,
+            self.target,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +106,18 @@ class _NotExpressible(Exception):
     """A predicate the classifier cannot evaluate."""
 
 
-def compile_kernel_rules(routing: RoutingSpec, layout: GroupLayout, *, bypass: Iterable[str] = DEFAULT_BYPASS,
-                         limit: int = KERNEL_RULES_MAX) -> KernelTable:
+def compile_kernel_rules(
+    routing: RoutingSpec,
+    layout: GroupLayout,
+    *,
+    bypass: Iterable[str] = DEFAULT_BYPASS,
+    limit: int = KERNEL_RULES_MAX,
+) -> KernelTable:
     """The kernel table for ``routing``: the bypass, then the expressible prefix of the rules."""
-    entries = [KernelRule(BYPASS_ORDER, net.version, net, L4_ANY, PORT_MIN, PORT_MAX, NOT_A_GROUP)
-               for net in (_unmap(ipaddress.ip_network(c, strict=False)) for c in bypass)]
+    entries = [
+        KernelRule(BYPASS_ORDER, net.version, net, L4_ANY, PORT_MIN, PORT_MAX, NOT_A_GROUP)
+        for net in (_unmap(ipaddress.ip_network(c, strict=False)) for c in bypass)
+    ]
     if len(entries) > limit:
         return KernelTable((), 0, f"the bypass alone needs {len(entries)} entries (limit {limit})")
     ordinals = {name: i for i, name in enumerate(layout.groups)}
@@ -105,8 +127,11 @@ def compile_kernel_rules(routing: RoutingSpec, layout: GroupLayout, *, bypass: I
         except _NotExpressible as exc:
             return KernelTable(tuple(entries), order, f"rule {order}: {exc}")
         if len(entries) + len(expanded) > limit:
-            return KernelTable(tuple(entries), order,
-                               f"rule {order}: {len(expanded)} entries would pass the limit of {limit}")
+            return KernelTable(
+                tuple(entries),
+                order,
+                f"rule {order}: {len(expanded)} entries would pass the limit of {limit}",
+            )
         entries.extend(expanded)
     return KernelTable(tuple(entries), len(routing.rules))
 
@@ -145,8 +170,11 @@ def _expand_rule(order: int, rule: RuleSpec, target: int) -> list[KernelRule]:
         places: list[tuple[int, IPNetwork | None]] = [(family, None)]
     else:
         places = [(n.version, n) for n in _dedupe(networks) if n.version in families]
-    return [KernelRule(order, family, net, l4proto, low, high, target)
-            for family, net in places for low, high in ports]
+    return [
+        KernelRule(order, family, net, l4proto, low, high, target)
+        for family, net in places
+        for low, high in ports
+    ]
 
 
 def _networks(args: Sequence[MatchArg]) -> list[IPNetwork]:

@@ -22,15 +22,21 @@ UNSET_NODE_ID = uuid.UUID(int=0)  # NodeSpec's default before an id is derived
 
 def layout_of(groups: GroupManager) -> GroupLayout:
     names = groups.names
-    leaves = {name: tuple(_leaf(groups, leaf) for leaf in groups.leaf_node_names_in_group(name)) for name in names}
+    leaves = {
+        name: tuple(_leaf(groups, leaf) for leaf in groups.leaf_node_names_in_group(name)) for name in names
+    }
     return GroupLayout(names, leaves, {name: _final_of(groups, name) is not None for name in names})
 
 
 def _leaf(groups: GroupManager, name: str) -> Leaf:
     outbound = _outbounds(groups)[name]
     capabilities = getattr(outbound, "capabilities", None)
-    return Leaf(name, _node_id(outbound), bool(capabilities is not None and capabilities.udp),
-                health_family_of(outbound))
+    return Leaf(
+        name,
+        _node_id(outbound),
+        bool(capabilities is not None and capabilities.udp),
+        health_family_of(outbound),
+    )
 
 
 def _node_id(outbound: Any) -> uuid.UUID | None:

@@ -53,14 +53,25 @@ class LoaderError(OSError):
 
 # --- libbpf through ctypes --------------------------------------------------------------
 
+
 class _TcHook(ctypes.Structure):  # struct bpf_tc_hook (libbpf 1.x)
-    _fields_ = [("sz", ctypes.c_size_t), ("ifindex", ctypes.c_int), ("attach_point", ctypes.c_int),
-                ("parent", ctypes.c_uint32)]
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("ifindex", ctypes.c_int),
+        ("attach_point", ctypes.c_int),
+        ("parent", ctypes.c_uint32),
+    ]
 
 
 class _TcOpts(ctypes.Structure):  # struct bpf_tc_opts (libbpf 1.x)
-    _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", ctypes.c_int), ("flags", ctypes.c_uint32),
-                ("prog_id", ctypes.c_uint32), ("handle", ctypes.c_uint32), ("priority", ctypes.c_uint32)]
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("prog_fd", ctypes.c_int),
+        ("flags", ctypes.c_uint32),
+        ("prog_id", ctypes.c_uint32),
+        ("handle", ctypes.c_uint32),
+        ("priority", ctypes.c_uint32),
+    ]
 
 
 _P, _I, _U32, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_char_p
@@ -140,6 +151,7 @@ def _recent_messages() -> str:
 
 # --- bpffs -------------------------------------------------------------------------------
 
+
 def _mount_points() -> dict[str, str]:
     """Mount point -> file-system type, from this process's mountinfo."""
     out: dict[str, str] = {}
@@ -186,6 +198,7 @@ def ensure_bpffs(pin_dir: str) -> bool:
 
 
 # --- the object -----------------------------------------------------------------------------
+
 
 class BpfObject:
     """One opened and loaded BPF object file, with its maps pinned under ``pin_dir``."""
@@ -248,8 +261,13 @@ class BpfObject:
         finally:
             os.close(fd)
         lib = self.lib
-        wanted = (lib.bpf_map__type(handle), lib.bpf_map__key_size(handle), lib.bpf_map__value_size(handle),
-                  lib.bpf_map__max_entries(handle), lib.bpf_map__map_flags(handle))
+        wanted = (
+            lib.bpf_map__type(handle),
+            lib.bpf_map__key_size(handle),
+            lib.bpf_map__value_size(handle),
+            lib.bpf_map__max_entries(handle),
+            lib.bpf_map__map_flags(handle),
+        )
         if (info.type, info.key_size, info.value_size, info.max_entries, info.flags) == wanted:
             return True
         log.warning("ebpf: pinned %s has another layout (%s); it is replaced", pin, info)
@@ -278,6 +296,7 @@ class BpfObject:
 
 # --- tc ----------------------------------------------------------------------------------------
 
+
 def _ifindex(interface: str | int) -> int:
     if isinstance(interface, int):
         return interface
@@ -287,8 +306,9 @@ def _ifindex(interface: str | int) -> int:
         raise LoaderError(errno.ENODEV, f"no interface {interface}") from exc
 
 
-def attach_tc_ingress(interface: str | int, prog_fd: int, *, handle: int = TC_HANDLE,
-                      priority: int = TC_PRIORITY) -> None:
+def attach_tc_ingress(
+    interface: str | int, prog_fd: int, *, handle: int = TC_HANDLE, priority: int = TC_PRIORITY
+) -> None:
     """Attach ``prog_fd`` as a direct-action filter on ``interface``'s ingress, replacing
     honk's filter from an earlier run; a clsact qdisc already there is kept."""
     lib = libbpf()

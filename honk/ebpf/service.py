@@ -46,7 +46,9 @@ class SlotService:
             return
         layout = self.publisher.layout
         self.datapath.close(detach=True)
-        self.datapath = Datapath.open(interfaces, pin_dir=self.pin_dir) if interfaces else Datapath.memory(NO_LAN)
+        self.datapath = (
+            Datapath.open(interfaces, pin_dir=self.pin_dir) if interfaces else Datapath.memory(NO_LAN)
+        )
         self.interfaces = interfaces
         self.publisher = SlotPublisher(self.datapath.backend, self.states)
         if layout is not None:  # the new backend learns the running layout at once

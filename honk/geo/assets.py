@@ -70,8 +70,14 @@ class NetworkList:
 def asset_dirs(data_dir: str | None = None) -> tuple[str, ...]:
     """The directories searched, in order, without repeats."""
     xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    candidates = [os.environ.get(ASSET_ENV, ""), data_dir or "", os.getcwd(), *HONK_ASSET_DIRS,
-                  os.path.join(xdg, "dae"), *SYSTEM_ASSET_DIRS]
+    candidates = [
+        os.environ.get(ASSET_ENV, ""),
+        data_dir or "",
+        os.getcwd(),
+        *HONK_ASSET_DIRS,
+        os.path.join(xdg, "dae"),
+        *SYSTEM_ASSET_DIRS,
+    ]
     out: list[str] = []
     for d in candidates:
         if d and os.path.abspath(d) not in out:
@@ -114,8 +120,9 @@ class GeoAssets:
         """A ``geosite:`` code (``ext``: an ``ext:`` code ``file:tag``) as a :class:`DomainList`."""
         name, code = _split_ext(code) if ext else (GEOSITE_FILE, code)
         if _is_mmdb(name):
-            raise GeoDataError("geodata-invalid-code",
-                               f"{name} is a MaxMind DB: it holds IP networks, not domain lists")
+            raise GeoDataError(
+                "geodata-invalid-code", f"{name} is a MaxMind DB: it holds IP networks, not domain lists"
+            )
         loaded = self._load(name, "geosite")
         asked = code.strip().lower()
         answered = loaded.answered.get(asked)
@@ -149,9 +156,10 @@ class GeoAssets:
                 keywords.append(value)
         found = DomainList(tuple(suffixes), tuple(full), tuple(keywords), tuple(regexes))
         if selectors and found == DomainList():
-            raise GeoDataError("geodata-unknown-code",
-                               f"no entry of {code!r} in {self._where(name)} has the attribute "
-                               f"{'@'.join(selectors)!r}")
+            raise GeoDataError(
+                "geodata-unknown-code",
+                f"no entry of {code!r} in {self._where(name)} has the attribute {'@'.join(selectors)!r}",
+            )
         loaded.answered[asked] = found
         return found
 
@@ -173,8 +181,9 @@ class GeoAssets:
             try:
                 networks.append(ipaddress.ip_network((bytes(cidr.ip), cidr.prefix), strict=False))
             except ValueError:
-                raise GeoDataError("geodata-unreadable",
-                                   f"{self._where(name)}: list {code.strip()!r} holds a malformed CIDR") from None
+                raise GeoDataError(
+                    "geodata-unreadable", f"{self._where(name)}: list {code.strip()!r} holds a malformed CIDR"
+                ) from None
         found = NetworkList(tuple(networks), bool(geoip.reverse_match))
         loaded.answered[asked] = found
         return found
@@ -197,8 +206,10 @@ class GeoAssets:
         except GeoDataError as exc:
             raise GeoDataError(exc.code, f"{self._where(name)}: {exc}") from None
         if networks is None:
-            raise GeoDataError("geodata-unknown-code",
-                               f"{self._where(name)} has no network with the country code {code.strip()!r}")
+            raise GeoDataError(
+                "geodata-unknown-code",
+                f"{self._where(name)} has no network with the country code {code.strip()!r}",
+            )
         found = NetworkList(networks)
         loaded.answered[asked] = found
         return found
@@ -222,8 +233,11 @@ class GeoAssets:
         path = self.find(name)
         if path is None:
             also = f" (nor {', '.join(GEOIP_MMDB_FILES)})" if name == GEOIP_FILE else ""
-            raise GeoDataError("geodata-missing", f"{name} not found{also}; looked in "
-                                                  f"{', '.join(self.dirs) if not os.path.isabs(name) else name}")
+            raise GeoDataError(
+                "geodata-missing",
+                f"{name} not found{also}; looked in "
+                f"{', '.join(self.dirs) if not os.path.isabs(name) else name}",
+            )
         try:
             st = os.stat(path)
             key = (st.st_mtime_ns, st.st_size)
@@ -235,8 +249,13 @@ class GeoAssets:
         except OSError as exc:
             raise GeoDataError("geodata-unreadable", f"{path}: {exc.strerror}") from None
         try:
-            entries = (read_geosite(data) if kind == "geosite" else read_geoip(data) if kind == "geoip"
-                       else read_mmdb(data, path))
+            entries = (
+                read_geosite(data)
+                if kind == "geosite"
+                else read_geoip(data)
+                if kind == "geoip"
+                else read_mmdb(data, path)
+            )
         except GeoDataError as exc:
             raise GeoDataError(exc.code, f"{path}: {exc}") from None
         loaded = _Loaded(entries)
@@ -254,4 +273,3 @@ def _split_ext(code: str) -> tuple[str, str]:
     if not sep or not name or not tag:
         raise GeoDataError("geodata-invalid-code", f"ext: expects 'file.dat:tag', got {code.strip()!r}")
     return name, tag
-

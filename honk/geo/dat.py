@@ -32,10 +32,19 @@ class GeoDataError(ValueError):
         self.code = code
 
 
-def _field(message: Any, name: str, number: int, kind: int, *, repeated: bool = False,
-           type_name: str = "", oneof: int | None = None) -> None:
-    f = message.field.add(name=name, number=number, type=kind,
-                          label=_T.LABEL_REPEATED if repeated else _T.LABEL_OPTIONAL)
+def _field(
+    message: Any,
+    name: str,
+    number: int,
+    kind: int,
+    *,
+    repeated: bool = False,
+    type_name: str = "",
+    oneof: int | None = None,
+) -> None:
+    f = message.field.add(
+        name=name, number=number, type=kind, label=_T.LABEL_REPEATED if repeated else _T.LABEL_OPTIONAL
+    )
     if type_name:
         f.type_name = f".{_PACKAGE}.{type_name}"
     if oneof is not None:

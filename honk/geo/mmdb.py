@@ -68,8 +68,17 @@ def country_code(record: Any) -> str:
 class MmdbCountries:
     """One ``.mmdb`` content: a country code's networks by walking its search tree."""
 
-    __slots__ = ("_data", "_reader", "_node_count", "_node_bytes", "_read_node", "_ip_version",
-                 "_ipv4_start", "_code_of", "_complete")
+    __slots__ = (
+        "_data",
+        "_reader",
+        "_node_count",
+        "_node_bytes",
+        "_read_node",
+        "_ip_version",
+        "_ipv4_start",
+        "_code_of",
+        "_complete",
+    )
 
     def __init__(self, data: bytes, reader: Any) -> None:
         meta = reader.metadata()
@@ -79,8 +88,10 @@ class MmdbCountries:
         record_size = int(meta.record_size)
         self._ip_version = int(meta.ip_version)
         if record_size not in RECORD_SIZES or self._ip_version not in (4, 6):
-            raise GeoDataError("geodata-unreadable",
-                               f"unsupported MaxMind DB (record size {record_size}, IPv{self._ip_version})")
+            raise GeoDataError(
+                "geodata-unreadable",
+                f"unsupported MaxMind DB (record size {record_size}, IPv{self._ip_version})",
+            )
         self._node_bytes = record_size // 4  # two records per node
         if self._node_count * self._node_bytes > len(data):
             raise GeoDataError("geodata-unreadable", "MaxMind DB search tree runs past the end of the file")
@@ -137,7 +148,9 @@ class MmdbCountries:
                 if value == skip:
                     continue
                 if depth >= bits:
-                    raise GeoDataError("geodata-unreadable", "MaxMind DB search tree is deeper than an address")
+                    raise GeoDataError(
+                        "geodata-unreadable", "MaxMind DB search tree is deeper than an address"
+                    )
                 left, right = read(value)
                 depth += 1
                 path <<= 1
@@ -168,21 +181,28 @@ def _node_reader(data: bytes, record_size: int) -> Callable[[int], tuple[int, in
     view = memoryview(data)
     frombytes = int.from_bytes
     if record_size == 24:
+
         def read24(node: int) -> tuple[int, int]:
             o = node * 6
-            return frombytes(view[o:o + 3], "big"), frombytes(view[o + 3:o + 6], "big")
+            return frombytes(view[o : o + 3], "big"), frombytes(view[o + 3 : o + 6], "big")
+
         return read24
     if record_size == 28:
+
         def read28(node: int) -> tuple[int, int]:
             o = node * 7
             middle = data[o + 3]
-            return (((middle & 0xF0) << 20) | frombytes(view[o:o + 3], "big"),
-                    ((middle & 0x0F) << 24) | frombytes(view[o + 4:o + 7], "big"))
+            return (
+                ((middle & 0xF0) << 20) | frombytes(view[o : o + 3], "big"),
+                ((middle & 0x0F) << 24) | frombytes(view[o + 4 : o + 7], "big"),
+            )
+
         return read28
 
     def read32(node: int) -> tuple[int, int]:
         o = node * 8
-        return frombytes(view[o:o + 4], "big"), frombytes(view[o + 4:o + 8], "big")
+        return frombytes(view[o : o + 4], "big"), frombytes(view[o + 4 : o + 8], "big")
+
     return read32
 
 

@@ -59,8 +59,10 @@ class HealthFilter:
 
     def version(self) -> tuple[int, int]:
         """Changes whenever health could change a selection (cached picks expire with it)."""
-        return (self.alive.version if self.alive is not None else 0,
-                self.checks.version if self.checks is not None else 0)
+        return (
+            self.alive.version if self.alive is not None else 0,
+            self.checks.version if self.checks is not None else 0,
+        )
 
     def leaf_version(self, leaf: Any) -> tuple[int, int]:
         """Changes whenever health could change how ``leaf`` is judged (its node, group checks)."""

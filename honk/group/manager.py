@@ -149,7 +149,9 @@ def cut_cycles(memberships: dict[str, Membership], *, quiet: bool = False) -> di
     for name in memberships:
         if name not in finished:
             visit(name)
-    return {name: Membership(m.nodes, tuple(kept[name]), m.latency_offsets) for name, m in memberships.items()}
+    return {
+        name: Membership(m.nodes, tuple(kept[name]), m.latency_offsets) for name, m in memberships.items()
+    }
 
 
 class _View:
@@ -157,8 +159,15 @@ class _View:
 
     __slots__ = ("manager", "group", "network", "chain", "depth", "peek", "target", "destination", "_seen")
 
-    def __init__(self, manager: GroupManager, group: _Group, network: Network, chain: tuple[str, ...],
-                 depth: int, peek: bool) -> None:
+    def __init__(
+        self,
+        manager: GroupManager,
+        group: _Group,
+        network: Network,
+        chain: tuple[str, ...],
+        depth: int,
+        peek: bool,
+    ) -> None:
         self.manager = manager
         self.group = group
         self.network = network
@@ -190,7 +199,9 @@ class _View:
     def selection(self, member: str) -> Selection | None:
         candidate, selection = self._judge(member)
         if selection is None and self.manager._is_leaf(self.group, member):
-            selection = Selection(self.manager._outbounds[member], (*self.chain, member))  # a leaf, made on demand
+            selection = Selection(
+                self.manager._outbounds[member], (*self.chain, member)
+            )  # a leaf, made on demand
         return selection
 
     def evaluate(self, member: str) -> Candidate:
@@ -226,8 +237,7 @@ class _View:
             return changed
         members = [Member(c.member, self.node_id(c.member), c.eligible) for c in self.all()]
         # the members judged per flow: sub-groups, and names that are no leaf (judged as a group)
-        routed = tuple(i for i, name in enumerate(group.policy.members)
-                       if not m._is_leaf(group, name))
+        routed = tuple(i for i, name in enumerate(group.policy.members) if not m._is_leaf(group, name))
         group.score_members[key] = (stamp, members, routed)
         return members
 
@@ -257,8 +267,9 @@ class _View:
         return m._candidate(group, member, index, selection.leaf, self.network), selection
 
 
-def _distinct_selections(view: _View, members: Iterable[str], limit: int,
-                         accept: Callable[[Outbound], bool]) -> list[Selection]:
+def _distinct_selections(
+    view: _View, members: Iterable[str], limit: int, accept: Callable[[Outbound], bool]
+) -> list[Selection]:
     """``members`` resolved through ``view`` in order, the first ``limit`` whose leaf ``accept``
     takes, each leaf once (a sub-group that picks a leaf already listed adds nothing)."""
     out: list[Selection] = []
@@ -285,8 +296,14 @@ class GroupManager:
 
     epoch: Epoch
 
-    def __init__(self, groups: dict[str, _Group], outbounds: Mapping[str, Outbound], health: HealthFilter,
-                 clock: Clock | None, score: ScoreState | None = None) -> None:
+    def __init__(
+        self,
+        groups: dict[str, _Group],
+        outbounds: Mapping[str, Outbound],
+        health: HealthFilter,
+        clock: Clock | None,
+        score: ScoreState | None = None,
+    ) -> None:
         self.epoch = Epoch()  # bumped by any policy state change
         self.score = score if score is not None else ScoreState()  # shared by the lineage's Score groups
         self._last_resorts = 0  # last-resort selections served (they are never cached)
@@ -344,19 +361,27 @@ class GroupManager:
                 continue
             specs[group.name] = group
         names = set(specs)
-        memberships = cut_cycles({name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()})
+        memberships = cut_cycles(
+            {name: resolve_membership(g, spec.nodes, names) for name, g in specs.items()}
+        )
         groups: dict[str, _Group] = {}
         identities = _identities(specs, previous, clock)
         score = previous.score if previous is not None else ScoreState(FirstChoiceHeuristic())
         for name, group in specs.items():
             membership = memberships[name]
             if group.final is not None and group.final not in names and group.final not in outbounds:
-                log.warning("group %s: final %r names nothing; an empty selection fails closed", name, group.final)
+                log.warning(
+                    "group %s: final %r names nothing; an empty selection fails closed", name, group.final
+                )
             kept = previous._groups.get(name) if previous is not None and name in reuse else None
             if kept is not None and kept.policy.members == membership.members:
-                groups[name] = _Group(group, membership, _unpinned(name, kept.policy), identities[name], kept.warned_at)
+                groups[name] = _Group(
+                    group, membership, _unpinned(name, kept.policy), identities[name], kept.warned_at
+                )
             else:
-                policy = make_policy(group, membership.members, score=score if score_ranking else None, rng=rng)
+                policy = make_policy(
+                    group, membership.members, score=score if score_ranking else None, rng=rng
+                )
                 groups[name] = _Group(group, membership, policy, identities[name])
         manager = cls(groups, outbounds, health or NO_HEALTH, clock, score)
         if previous is None:  # a fresh state: publish the membership it serves
@@ -406,7 +431,9 @@ class GroupManager:
             for network, identity in choices.items():
                 member = by_identity.get(_normal_identity(identity))
                 if member is None:
-                    log.info("group %s: the %s choice is no longer a member; it falls back", name, network.value)
+                    log.info(
+                        "group %s: the %s choice is no longer a member; it falls back", name, network.value
+                    )
                 else:
                     group.policy.restore({network: member})
 
@@ -430,13 +457,22 @@ class GroupManager:
         if reload_performance is not None:
             reload_performance(now)
 
-    def score_feedback(self, chain: tuple[str, ...], leaf: Outbound, network: Network,
-                       target: ScoreTarget | None, destination: IPAddress | None) -> ScoreFeedback | None:
+    def score_feedback(
+        self,
+        chain: tuple[str, ...],
+        leaf: Outbound,
+        network: Network,
+        target: ScoreTarget | None,
+        destination: IPAddress | None,
+    ) -> ScoreFeedback | None:
         """The attribution of a flow served through ``chain`` to ``leaf``: every Score group on the
         path, each once, with the leaf's NodeId (GH-K-05); None when no Score group was traversed
         (the flow then reports to no Score evidence)."""
-        steps = [Traversal(name, network, target, _leaf_node_id(leaf), destination)
-                 for name in chain[:-1] if isinstance(getattr(self._groups.get(name), "policy", None), Score)]
+        steps = [
+            Traversal(name, network, target, _leaf_node_id(leaf), destination)
+            for name in chain[:-1]
+            if isinstance(getattr(self._groups.get(name), "policy", None), Score)
+        ]
         if not steps:
             return None
         score = self.score
@@ -460,7 +496,9 @@ class GroupManager:
             for name, group in self._groups.items():  # configuration order
                 if isinstance(group.policy, Score):
                     for leaf_name in self.leaf_node_names_in_group(name):
-                        by_node.setdefault(_leaf_node_id(self._outbounds.get(leaf_name), leaf_name), []).append(name)
+                        by_node.setdefault(
+                            _leaf_node_id(self._outbounds.get(leaf_name), leaf_name), []
+                        ).append(name)
             self._score_groups = {node: tuple(groups) for node, groups in by_node.items()}
         groups = self._score_groups.get(node_id, ())
         for group in groups:
@@ -540,8 +578,15 @@ class GroupManager:
 
     # --- resolving --------------------------------------------------------------------------
 
-    def resolve(self, name: str, network: Network, *, peek: bool = False,
-                target: ScoreTarget | None = None, destination: IPAddress | None = None) -> Selection:
+    def resolve(
+        self,
+        name: str,
+        network: Network,
+        *,
+        peek: bool = False,
+        target: ScoreTarget | None = None,
+        destination: IPAddress | None = None,
+    ) -> Selection:
         """Resolve a route target (group, node, ``direct`` or ``block``) to one leaf.
 
         ``target`` (and ``destination``, the IP actually used when known) is the flow's context
@@ -560,8 +605,9 @@ class GroupManager:
             raise NoRoute(f"{name}: no eligible {network.value} member and no usable final")
         return selection
 
-    def _walk(self, name: str, network: Network, chain: tuple[str, ...], depth: int,
-              peek: bool) -> Selection | None:
+    def _walk(
+        self, name: str, network: Network, chain: tuple[str, ...], depth: int, peek: bool
+    ) -> Selection | None:
         group = self._groups.get(name)
         if group is None:
             leaf = self._outbounds.get(name)
@@ -583,7 +629,7 @@ class GroupManager:
             if (self._last_resorts, self._score_decisions) != last_resorts:
                 return self._decide(group, name, network, chain, depth, False)
             if selection is not None:
-                self._commit(selection.chain[len(chain):], network, chain, depth)
+                self._commit(selection.chain[len(chain) :], network, chain, depth)
             return selection
         key = (network, chain)
         stamp = self._stamp()
@@ -597,7 +643,7 @@ class GroupManager:
         if (self._last_resorts, self._score_decisions) == last_resorts:
             # no last resort was served (its warning is due again later) and no Score group
             # decided (its pick depends on the target and on evidence): keep the result
-            group.cache[key] = (stamp, None if result is None else (result.leaf, result.chain[len(chain):]))
+            group.cache[key] = (stamp, None if result is None else (result.leaf, result.chain[len(chain) :]))
         return result
 
     def _score_below(self, name: str) -> bool:
@@ -607,8 +653,10 @@ class GroupManager:
             self._reaches_score[name] = False  # a cycle through finals reaches nothing new
             group = self._groups[name]
             known = isinstance(group.policy, Score) or any(
-                self._score_below(m) for m in (*group.policy.members, *([group.spec.final] if group.spec.final else ()))
-                if m in self._groups and not (m in group.leaves and m != group.spec.final))
+                self._score_below(m)
+                for m in (*group.policy.members, *([group.spec.final] if group.spec.final else ()))
+                if m in self._groups and not (m in group.leaves and m != group.spec.final)
+            )
             self._reaches_score[name] = known
         return known
 
@@ -638,10 +686,14 @@ class GroupManager:
         known = self._judged.get(key)
         if known is None or known[0] != version:
             known = self._judged[key] = (
-                version, self._candidate(group, member, group.positions[member], leaf, network))
+                version,
+                self._candidate(group, member, group.positions[member], leaf, network),
+            )
         return known[1]
 
-    def _candidate(self, group: _Group, member: str, index: int, leaf: Outbound, network: Network) -> Candidate:
+    def _candidate(
+        self, group: _Group, member: str, index: int, leaf: Outbound, network: Network
+    ) -> Candidate:
         """``member`` (resolved to ``leaf``) as ``group`` sees it: judged and ranked in the leaf's
         own health family (GH-D-07, GH-K-01)."""
         health, name = self.health, group.spec.name
@@ -654,7 +706,9 @@ class GroupManager:
             metric = health.tcp_metric(leaf, name, member, rank_by)
             udp_metric = health.udp_metric(leaf, rank_by) if network is Network.UDP else None
             return Candidate(
-                member, index, True,
+                member,
+                index,
+                True,
                 metric=metric + offset if metric is not None else None,
                 udp_metric=udp_metric + offset if udp_metric is not None else None,
                 demoted=health.demoted(leaf),
@@ -663,8 +717,9 @@ class GroupManager:
             return Candidate(member, index, True, demoted=health.demoted(leaf))
         return Candidate(member, index, eligible)
 
-    def _decide(self, group: _Group, name: str, network: Network, chain: tuple[str, ...], depth: int,
-                peek: bool) -> Selection | None:
+    def _decide(
+        self, group: _Group, name: str, network: Network, chain: tuple[str, ...], depth: int, peek: bool
+    ) -> Selection | None:
         chain = (*chain, name)
         if isinstance(group.policy, Score):
             self._score_decisions += 1
@@ -691,17 +746,22 @@ class GroupManager:
         self._chosen_leaves(group.spec.name, chain[:-1], leaves, depth)
         if len(leaves) != 1:
             return None
-        (leaf_name, path), = leaves.items()
+        ((leaf_name, path),) = leaves.items()
         self._last_resorts += 1
         if not peek and self.clock is not None:
             now = self.clock.now()
             if group.warned_at is None or now - group.warned_at >= LAST_RESORT_WARNING_INTERVAL:
                 group.warned_at = now
-                log.warning("group %s: its only node %s is down; serving it as the last resort",
-                            group.spec.name, leaf_name)
+                log.warning(
+                    "group %s: its only node %s is down; serving it as the last resort",
+                    group.spec.name,
+                    leaf_name,
+                )
         return Selection(self._outbounds[leaf_name], path)
 
-    def _chosen_leaves(self, name: str, chain: tuple[str, ...], out: dict[str, tuple[str, ...]], depth: int) -> None:
+    def _chosen_leaves(
+        self, name: str, chain: tuple[str, ...], out: dict[str, tuple[str, ...]], depth: int
+    ) -> None:
         """Leaves below ``name`` reachable through the current Selector choices (every member
         of other policies), with the path to each."""
         group = self._groups.get(name)
@@ -723,9 +783,15 @@ class GroupManager:
             else:
                 self._chosen_leaves(member, chain, out, depth + 1)
 
-    def retry_candidates(self, group: str, network: Network, exclude: Outbound, *,
-                         target: ScoreTarget | None = None,
-                         destination: IPAddress | None = None) -> list[Selection]:
+    def retry_candidates(
+        self,
+        group: str,
+        network: Network,
+        exclude: Outbound,
+        *,
+        target: ScoreTarget | None = None,
+        destination: IPAddress | None = None,
+    ) -> list[Selection]:
         """For a URLTest setup failure: the top eligible members by rank, other than the leaf
         that failed, resolved to their leaves (at most :data:`RETRY_CANDIDATES`); for a Fallback
         one, its next eligible members in declaration order the same way. For a Score
@@ -757,12 +823,17 @@ class GroupManager:
         view = _View(self, g, Network.UDP, (name,), 0, True)
         if any(c.eligible and c.udp_metric is not None for c in view.all()):
             return []  # measured: the URLTest's own UDP pick, one leaf
-        out = _distinct_selections(view, g.policy.ranked(view, len(g.policy.members)), len(g.policy.members),
-                                   lambda leaf: leaf.protocol not in ("direct", "block") and leaf.capabilities.udp)
+        out = _distinct_selections(
+            view,
+            g.policy.ranked(view, len(g.policy.members)),
+            len(g.policy.members),
+            lambda leaf: leaf.protocol not in ("direct", "block") and leaf.capabilities.udp,
+        )
         return out if len(out) > 1 else []
 
-    def udp_warm_leaves(self, name: str, family: Family, limit: int,
-                        accept: Callable[[Outbound], bool]) -> list[Outbound]:
+    def udp_warm_leaves(
+        self, name: str, family: Family, limit: int, accept: Callable[[Outbound], bool]
+    ) -> list[Outbound]:
         """Group ``name``'s top ``limit`` distinct leaves whose health family is ``family`` and
         that ``accept`` takes, in the order the group would serve UDP now (the UDP warm set per
         address family, GH-I-06; a leaf is judged and counted in its own health family only,
@@ -788,8 +859,14 @@ class GroupManager:
         in_family = lambda leaf: health_family_of(leaf) == family and accept(leaf)  # noqa: E731
         return [selection.leaf for selection in _distinct_selections(view, order, limit, in_family)]
 
-    def _score_retry(self, group: _Group, network: Network, exclude: Outbound,
-                     target: ScoreTarget | None, destination: IPAddress | None) -> list[Selection]:
+    def _score_retry(
+        self,
+        group: _Group,
+        network: Network,
+        exclude: Outbound,
+        target: ScoreTarget | None,
+        destination: IPAddress | None,
+    ) -> list[Selection]:
         excluded = frozenset((_leaf_node_id(exclude),))
         outer, self._flow = self._flow, (target, destination)
         try:
@@ -884,8 +961,9 @@ def _unpinned(name: str, policy: GroupPolicy) -> GroupPolicy:
     return carried
 
 
-def _identities(specs: Mapping[str, GroupSpec], previous: GroupManager | None,
-                clock: Clock | None) -> dict[str, GroupIdentity]:
+def _identities(
+    specs: Mapping[str, GroupSpec], previous: GroupManager | None, clock: Clock | None
+) -> dict[str, GroupIdentity]:
     """Each group keeps its identity while its name stays; a new or renamed group gets a fresh
     one, even when its configuration carries the UUID of a group that had another name."""
     now = clock.wall() if clock is not None else 0.0

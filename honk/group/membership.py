@@ -163,13 +163,18 @@ def resolve_membership(
     # would be a second member under the same name (the node, selected by name(...), stays)
     shadowed = [tag for tag in subgroups if tag in picked]
     if shadowed:
-        log.warning("group %s: nested group %s has the name of a node it selects; the node is kept",
-                    group.name, ", ".join(shadowed))
+        log.warning(
+            "group %s: nested group %s has the name of a node it selects; the node is kept",
+            group.name,
+            ", ".join(shadowed),
+        )
         subgroups = [tag for tag in subgroups if tag not in picked]
     return Membership(tuple(picked), tuple(subgroups), _latency_offsets(group, picked, origin))
 
 
-def _latency_offsets(group: GroupSpec, picked: list[str], origin: dict[str, str]) -> tuple[tuple[str, float], ...]:
+def _latency_offsets(
+    group: GroupSpec, picked: list[str], origin: dict[str, str]
+) -> tuple[tuple[str, float], ...]:
     """Each picked node's offset from the first filter line that selects it, as dae's
     FilterAndAnnotate annotates a node with the first filter it hits."""
     if not any(line.add_latency for line in group.filters):

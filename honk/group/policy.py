@@ -126,20 +126,35 @@ class Selector:
     kind = Policy.SELECTOR
     __slots__ = ("name", "members", "default", "fixed_index", "epoch", "_member_set", "_choice")
 
-    def __init__(self, name: str, members: tuple[str, ...], default: str | None = None,
-                 epoch: Epoch | None = None, fixed_index: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        members: tuple[str, ...],
+        default: str | None = None,
+        epoch: Epoch | None = None,
+        fixed_index: int | None = None,
+    ) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
         self._member_set = frozenset(members)
         self.fixed_index = fixed_index
         if default is not None and default not in self._member_set:
-            log.warning("group %s: default %r is not a member; using the %s instead", name, default,
-                        "first member" if fixed_index is None else f"fixed({fixed_index}) member")
+            log.warning(
+                "group %s: default %r is not a member; using the %s instead",
+                name,
+                default,
+                "first member" if fixed_index is None else f"fixed({fixed_index}) member",
+            )
             default = None
         if default is None and fixed_index is not None and fixed_index >= len(members):
-            log.warning("group %s: fixed(%d) is past its %d members; it serves only its final until a "
-                        "member is chosen", name, fixed_index, len(members))
+            log.warning(
+                "group %s: fixed(%d) is past its %d members; it serves only its final until a "
+                "member is chosen",
+                name,
+                fixed_index,
+                len(members),
+            )
         self.default = default
         self._choice: dict[Network, str] = {}
 
@@ -228,8 +243,14 @@ class URLTest(Fixable):
     kind = Policy.URLTEST
     __slots__ = ("name", "members", "tolerance", "rank_by", "epoch", "moved", "_winner", "_fixed")
 
-    def __init__(self, name: str, members: tuple[str, ...], tolerance: float, epoch: Epoch | None = None,
-                 rank_by: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        members: tuple[str, ...],
+        tolerance: float,
+        epoch: Epoch | None = None,
+        rank_by: str = "",
+    ) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
@@ -287,7 +308,9 @@ class URLTest(Fixable):
         return [c.member for c in eligible[:limit]]
 
 
-def _ranking(network: Network, eligible: list[Candidate]) -> tuple[Network, Callable[[Candidate], float | None]]:
+def _ranking(
+    network: Network, eligible: list[Candidate]
+) -> tuple[Network, Callable[[Candidate], float | None]]:
     """The network whose winner is the incumbent and the metric a URLTest ranks ``network``
     with: UDP's own average once an eligible member has one; otherwise (TCP, or UDP mirroring
     TCP while no eligible member has UDP evidence) the TCP average."""
@@ -339,8 +362,13 @@ class Random:
     kind = Policy.LOADBALANCE
     __slots__ = ("name", "members", "epoch", "rng", "_drawn")
 
-    def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        members: tuple[str, ...],
+        epoch: Epoch | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
@@ -400,8 +428,12 @@ class Fallback(Fixable):
         order = self.ranked(candidates, 1)
         if not order:
             return None
-        if pinned is not None and order[0] != pinned and candidates.evaluate(pinned).eligible \
-                and candidates.evaluate(order[0]).demoted:
+        if (
+            pinned is not None
+            and order[0] != pinned
+            and candidates.evaluate(pinned).eligible
+            and candidates.evaluate(order[0]).demoted
+        ):
             return pinned  # every eligible member carries strikes: the pin stays where it is
         if commit:
             self.commit(candidates.network, order[0])
@@ -449,7 +481,9 @@ class Score:
     kind = Policy.SCORE
     __slots__ = ("name", "members", "epoch", "state")
 
-    def __init__(self, name: str, members: tuple[str, ...], state: ScoreState, epoch: Epoch | None = None) -> None:
+    def __init__(
+        self, name: str, members: tuple[str, ...], state: ScoreState, epoch: Epoch | None = None
+    ) -> None:
         self.name = name
         self.epoch = epoch or Epoch()
         self.members = members
@@ -464,15 +498,28 @@ class Score:
         target = getattr(candidates, "target", None)
         destination = getattr(candidates, "destination", None)
         members = candidates.score_members()
-        return self.state.rank(self.name, candidates.network, target, target_family(target, destination),
-                               members, candidates.now(), exclude=exclude, peek=not commit)
+        return self.state.rank(
+            self.name,
+            candidates.network,
+            target,
+            target_family(target, destination),
+            members,
+            candidates.now(),
+            exclude=exclude,
+            peek=not commit,
+        )
 
     def commit(self, network: Network, member: str) -> None:
         pass  # the manager applies a Score pick by ranking again with commit (it needs the target)
 
 
-def make_policy(spec: GroupSpec, members: tuple[str, ...], epoch: Epoch | None = None,
-                score: ScoreState | None = None, rng: random.Random | None = None) -> GroupPolicy:
+def make_policy(
+    spec: GroupSpec,
+    members: tuple[str, ...],
+    epoch: Epoch | None = None,
+    score: ScoreState | None = None,
+    rng: random.Random | None = None,
+) -> GroupPolicy:
     """The policy object of a group. A Score group ranks with ``score``; without one it serves as
     URLTest (see ``GroupManager.build``'s ``score_ranking``). A random group draws from ``rng``."""
     if spec.policy is Policy.SELECTOR:

@@ -154,8 +154,13 @@ class FastFlow(NativeRelay):
 
     def _listen(self, reporter: Any) -> FlowVerdict | None:
         path = self._path
-        self.verdict = observe_flow(path.clock, self.routed.leaf, reporter,
-                                    path._dispatcher.global_spec.response_timeout, path._deadlines)
+        self.verdict = observe_flow(
+            path.clock,
+            self.routed.leaf,
+            reporter,
+            path._dispatcher.global_spec.response_timeout,
+            path._deadlines,
+        )
         self.observer = self.verdict
         return self.verdict
 
@@ -179,7 +184,9 @@ class FastFlow(NativeRelay):
         self.timer = None
         if self.tracked is None and self._id is not None and self._error is None:
             port = self.routed.meta.target.port
-            self._error = DialTimeout(self.routed.leaf.name, "connect", f"port {port}: no connection before the deadline")
+            self._error = DialTimeout(
+                self.routed.leaf.name, "connect", f"port {port}: no connection before the deadline"
+            )
             self._engine.cancel(self._id, _TIMEOUT_CODE)
 
 
@@ -189,7 +196,9 @@ class SocksFastPaths:
     on the same sockets and the kernel hands each connection to one of them. The lifecycle of
     one :class:`SocksFastPath` per engine, as one."""
 
-    def __init__(self, inbound: MixedInbound, engine: Any, more: Callable[[], list[Any]] | None = None) -> None:
+    def __init__(
+        self, inbound: MixedInbound, engine: Any, more: Callable[[], list[Any]] | None = None
+    ) -> None:
         self._inbound = inbound
         self._more = more  # None: this one engine for good
         self._socks: list[socket.socket] = []
@@ -212,7 +221,9 @@ class SocksFastPaths:
                 path.listen(self._socks)
             except Exception as exc:  # noqa: BLE001 - the first engine serves on regardless
                 path.stop_accepting()
-                log.warning("fast path worker unavailable %s", kv(inbound=self._inbound.name, error=repr(exc)))
+                log.warning(
+                    "fast path worker unavailable %s", kv(inbound=self._inbound.name, error=repr(exc))
+                )
                 return
             self.paths.append(path)
         log.debug("fast path workers %s", kv(inbound=self._inbound.name, workers=len(self.paths)))
@@ -295,7 +306,11 @@ class SocksFastPath:
                 task.cancel()
                 ended += 1
         for flow in list(self._flows):
-            if (tag is None or flow.routed.meta.inbound == tag) and flow._id is not None and flow._error is None:
+            if (
+                (tag is None or flow.routed.meta.inbound == tag)
+                and flow._id is not None
+                and flow._error is None
+            ):
                 flow.close(error)
                 ended += 1
         return ended
@@ -329,13 +344,17 @@ class SocksFastPath:
     def socks_rested(self, err: int) -> None:
         """The engine's accept found no descriptor, buffer or memory and rests a moment: reported
         as asyncio's own servers report theirs, so the loop guard counts and warns once."""
-        asyncio.get_running_loop().call_exception_handler({
-            "message": ACCEPT_EXHAUSTED,
-            "exception": OSError(err, os.strerror(err)),
-            "socket": self._socks[0] if self._socks else None,
-        })
+        asyncio.get_running_loop().call_exception_handler(
+            {
+                "message": ACCEPT_EXHAUSTED,
+                "exception": OSError(err, os.strerror(err)),
+                "socket": self._socks[0] if self._socks else None,
+            }
+        )
 
-    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+    def socks_handover(
+        self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int
+    ) -> None:
         self._resolved += 1
         self.inbound._adopt(fd, data, answered, err, Address(src_host, src_port))
         self._changed_now()
@@ -350,7 +369,9 @@ class SocksFastPath:
         if self.inbound.requires_auth:
             # The listener moved to the asyncio path for authentication; the worker may have
             # accepted this client after the move, so it never skips the password.
-            self.inbound._refused(meta.inbound, source, target, AuthenticationFailed("the inbound requires authentication"))
+            self.inbound._refused(
+                meta.inbound, source, target, AuthenticationFailed("the inbound requires authentication")
+            )
             self.engine.hs_reject(token, _NOT_ALLOWED)
             return
         try:
@@ -390,7 +411,9 @@ class SocksFastPath:
             self._group.handshake_dialled()
         flow.framing = plan.framing
         try:
-            flow._id = self.engine.hs_connect(token, plan.ip, plan.port, plan.mark, flow, plan.framing, plan.head)
+            flow._id = self.engine.hs_connect(
+                token, plan.ip, plan.port, plan.mark, flow, plan.framing, plan.head
+            )
         except BaseException:
             dial.failed(FlowClosed("the relay engine refused the flow"))
             raise
@@ -444,8 +467,10 @@ class SocksFastPath:
             self._abandon(token)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            log.warning("flow refused by the relay engine %s", kv(inbound=meta.inbound, source=meta.source,
-                                                                  error=type(exc).__name__, reason=str(exc)))
+            log.warning(
+                "flow refused by the relay engine %s",
+                kv(inbound=meta.inbound, source=meta.source, error=type(exc).__name__, reason=str(exc)),
+            )
             return
         self._flows.add(flow)
 
@@ -505,15 +530,23 @@ class SocksFastPath:
             if cause == _relay.END_ERROR and side == _relay.SIDE_CLIENT:
                 error = ClientGone(f"client went away during the connect: {os.strerror(err)}")
             elif cause == _relay.END_ERROR and side == _relay.SIDE_UPSTREAM and _shook_hands(flow.framing):
-                error = handshake_failed(flow.routed.leaf.name, flow.framing.handshake, flow.framing.tls_detail, err)
+                error = handshake_failed(
+                    flow.routed.leaf.name, flow.framing.handshake, flow.framing.tls_detail, err
+                )
             elif cause == _relay.END_ERROR:
-                dialled = meta.target if flow.dial is None else Address(flow.dial.plan.ip, flow.dial.plan.port)
+                dialled = (
+                    meta.target if flow.dial is None else Address(flow.dial.plan.ip, flow.dial.plan.port)
+                )
                 reason = os.strerror(err)
-                error = ConnectFailed(flow.routed.leaf.name, f"{dialled}: {reason}", err, (OSError(err, reason),))
+                error = ConnectFailed(
+                    flow.routed.leaf.name, f"{dialled}: {reason}", err, (OSError(err, reason),)
+                )
             else:
                 error = FlowClosed("relay engine closed")
         elif isinstance(error, DialTimeout) and _shook_hands(flow.framing):
-            error = flow._error = DialTimeout(flow.routed.leaf.name, "tls", "no TLS handshake before the deadline")
+            error = flow._error = DialTimeout(
+                flow.routed.leaf.name, "tls", "no TLS handshake before the deadline"
+            )
         flow._error = error
         if flow.dial is not None:
             flow.dial.failed(error)
@@ -521,7 +554,10 @@ class SocksFastPath:
         if isinstance(error, ClientGone):
             log.debug(
                 "flow ended inbound=%s source=%s error=%s reason=%s",
-                meta.inbound, meta.source, type(error).__name__, "client-gone",
+                meta.inbound,
+                meta.source,
+                type(error).__name__,
+                "client-gone",
             )
         elif not isinstance(error, FlowClosed):
             self.inbound._refused(meta.inbound, meta.source, meta.target, error)
@@ -562,7 +598,9 @@ def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
             try:
                 sock.bind(addr)
             except OSError as exc:
-                raise OSError(exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}") from None
+                raise OSError(
+                    exc.errno, f"error while attempting to bind on address {addr!r}: {exc.strerror}"
+                ) from None
             sock.listen(backlog)
     except BaseException:
         for sock in socks:

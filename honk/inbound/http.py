@@ -369,7 +369,9 @@ class HttpProxyServerConnection:
             raise ClientProtocolError(PROTOCOL, "header-too-large", f"{size} bytes")
         user, principal = self._authorize(event.headers.raw_items())
         if event.method == b"CONNECT":
-            return ProxyRequest(event.method, parse_authority(event.target), True, None, user, size, principal)
+            return ProxyRequest(
+                event.method, parse_authority(event.target), True, None, user, size, principal
+            )
         target, path = parse_absolute_target(event.target)
         headers = clean_headers(event.headers.raw_items(), drop=(b"host",))
         headers.insert(0, (b"Host", _host_header(target)))

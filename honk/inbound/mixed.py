@@ -163,8 +163,12 @@ _UNKNOWN_SOURCE = Address("0.0.0.0", 0)
 
 
 class _ClientConn(StreamConn):
-    def __init__(self, inbound: MixedInbound, source: Address = _UNKNOWN_SOURCE,
-                 pre: tuple[bytes, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        inbound: MixedInbound,
+        source: Address = _UNKNOWN_SOURCE,
+        pre: tuple[bytes, int, int] | None = None,
+    ) -> None:
         super().__init__(ClientGone)
         self._inbound = inbound
         self.source = source
@@ -193,8 +197,15 @@ class MixedInbound(BindThenServe):
     ``aclose()`` also ends every connection this listener accepted.
     """
 
-    def __init__(self, spec: InboundSpec, dispatcher: Dispatcher, clock: Clock, *, engine: Any = None,
-                 sessions: SessionRegistry | None = None) -> None:
+    def __init__(
+        self,
+        spec: InboundSpec,
+        dispatcher: Dispatcher,
+        clock: Clock,
+        *,
+        engine: Any = None,
+        sessions: SessionRegistry | None = None,
+    ) -> None:
         """``engine``: the relay engine for the SOCKS5 fast path (tests pass the compiled
         engine or its twin: the fast path then keeps that one worker); default
         :func:`~honk.inbound.fastpath.fastpath_engine`, joined by
@@ -211,7 +222,9 @@ class MixedInbound(BindThenServe):
         self._moving: asyncio.Task[None] | None = None  # sockets moving from the engine to asyncio
         self._tasks: set[asyncio.Task[None]] = set()
         self._engine = engine
-        self._fast: Any = None  # SocksFastPaths once the engines served the port (kept for their live clients)
+        self._fast: Any = (
+            None  # SocksFastPaths once the engines served the port (kept for their live clients)
+        )
         self._fast_socks: list[socket.socket] = []  # the sockets the engine accepts on now
         self._serving = False
         self._stopped = False
@@ -320,7 +333,6 @@ class MixedInbound(BindThenServe):
             server = await loop.create_server(lambda: _ClientConn(self), sock=sock, backlog=FAST_BACKLOG)
             self._servers.append(server)
 
-
     def close_unserved(self) -> None:
         """Release sockets :meth:`bind` made and nothing served (a refused apply): the
         port can be bound again at once."""
@@ -424,7 +436,10 @@ class MixedInbound(BindThenServe):
             session.finish()
             log.info(
                 "flow ended during handshake inbound=%s source=%s error=%s reason=%s",
-                session.tag, conn.source, "ClientGone", _reason(ClientGone(str(exc))),
+                session.tag,
+                conn.source,
+                "ClientGone",
+                _reason(ClientGone(str(exc))),
             )
         except BaseException:
             if conn.transport is None:  # cancelled before a transport owned the socket
@@ -434,11 +449,14 @@ class MixedInbound(BindThenServe):
 
     def _open_session(self, conn: _ClientConn, *, accepted_earlier: bool) -> bool:
         handler = self._handler
-        session = self._sessions.open(self, handler.name, self._dispatcher.tracker,
-                                      accepted_earlier=accepted_earlier)
+        session = self._sessions.open(
+            self, handler.name, self._dispatcher.tracker, accepted_earlier=accepted_earlier
+        )
         if session is None:  # RL-58: accepted as the listener stopped
-            log.debug("connection dropped: its inbound stopped accepting %s",
-                      kv(inbound=handler.name, source=conn.source))
+            log.debug(
+                "connection dropped: its inbound stopped accepting %s",
+                kv(inbound=handler.name, source=conn.source),
+            )
             return False
         session.conn = conn
         conn.handler, conn.session = handler, session
@@ -538,8 +556,14 @@ class _Client:
 
     past_handshake = False
 
-    def __init__(self, inbound: MixedInbound, conn: _ClientConn, handler: _Handler, session: Session,
-                 watchdog: _Watchdog) -> None:
+    def __init__(
+        self,
+        inbound: MixedInbound,
+        conn: _ClientConn,
+        handler: _Handler,
+        session: Session,
+        watchdog: _Watchdog,
+    ) -> None:
         self.inbound = inbound
         self.conn = conn
         self.source = conn.source
@@ -638,8 +662,12 @@ class _Socks5Client(_Client):
     async def _associate(self, codec: socks5.Socks5ServerConnection, requested: Address) -> None:
         user = self.session.principal.username if self.session.principal is not None else None
         assoc = UdpAssociation(
-            self.dispatcher, inbound=self.tag, client=self.source, requested=requested,
-            user=user, session=self.session,
+            self.dispatcher,
+            inbound=self.tag,
+            client=self.source,
+            requested=requested,
+            user=user,
+            session=self.session,
         )
         transport = self.conn.transport
         local = transport.get_extra_info("sockname") if transport is not None else None
@@ -738,8 +766,14 @@ class _HttpUpstream:
 
 
 class _HttpClient(_Client):
-    def __init__(self, inbound: MixedInbound, conn: _ClientConn, handler: _Handler, session: Session,
-                 watchdog: _Watchdog) -> None:
+    def __init__(
+        self,
+        inbound: MixedInbound,
+        conn: _ClientConn,
+        handler: _Handler,
+        session: Session,
+        watchdog: _Watchdog,
+    ) -> None:
         super().__init__(inbound, conn, handler, session, watchdog)
         authenticate = handler.authenticate if handler.requires_auth else None
         self.proto = HttpProxyServerConnection(authenticate=authenticate)
@@ -811,7 +845,9 @@ class _HttpClient(_Client):
         return True
 
     async def _dial(self, request: ProxyRequest) -> Upstream | None:
-        meta = FlowMeta(Network.TCP, self.source, request.target, self.tag, user=request.user, session=self.session)
+        meta = FlowMeta(
+            Network.TCP, self.source, request.target, self.tag, user=request.user, session=self.session
+        )
         try:
             return await self.dispatcher.connect(meta)
         except HonkError as exc:
@@ -844,7 +880,9 @@ class _HttpClient(_Client):
         conn = StreamConn(UpstreamFailed)
         sock = upstream.sock
         try:
-            if upstream.framing is not None:  # h11 needs plain bytes: a socket whose far end the engine frames
+            if (
+                upstream.framing is not None
+            ):  # h11 needs plain bytes: a socket whose far end the engine frames
                 sock = framed_socket(upstream.sock, upstream.framing)
             await asyncio.get_running_loop().create_connection(lambda: conn, sock=sock)
         except (OSError, ValueError) as exc:

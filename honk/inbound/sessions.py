@@ -143,8 +143,18 @@ class Session:
     the connection has ended.
     """
 
-    __slots__ = ("tag", "principal", "opened", "task", "conn", "error", "_registry", "_tracker", "_timer",
-                 "_finished")
+    __slots__ = (
+        "tag",
+        "principal",
+        "opened",
+        "task",
+        "conn",
+        "error",
+        "_registry",
+        "_tracker",
+        "_timer",
+        "_finished",
+    )
 
     def __init__(self, registry: SessionRegistry, tag: str, tracker: _Tracker) -> None:
         self.tag = tag
@@ -255,7 +265,9 @@ class SessionRegistry:
 
     # -- opening --------------------------------------------------------------------
 
-    def open(self, listener: Listener, tag: str, tracker: _Tracker, *, accepted_earlier: bool = False) -> Session | None:
+    def open(
+        self, listener: Listener, tag: str, tracker: _Tracker, *, accepted_earlier: bool = False
+    ) -> Session | None:
         """Register the session of a connection ``listener`` accepted for ``tag``; ``None``
         when it must not open (RL-58): the registry is closed, the listener has stopped
         (a connection accepted as it stopped), or, for a connection the listener had
@@ -312,7 +324,9 @@ class SessionRegistry:
             if principal.revoked:
                 continue
             principal.revoked = True
-            bound = [s for s in self._by_tag.get(principal.inbound, ()) if s.principal is principal and s.opened]
+            bound = [
+                s for s in self._by_tag.get(principal.inbound, ()) if s.principal is principal and s.opened
+            ]
             if not bound or policy.kind == KEEP_KIND:
                 continue
             error = FlowClosed(_REVOKED_TEXT)
@@ -322,8 +336,15 @@ class SessionRegistry:
                 elif policy.kind == CLOSE_AFTER_KIND:
                     session.end_after(clock, policy.grace, error)
                     acted += 1
-            log.debug("user revoked %s", kv(inbound=principal.inbound, user=principal.username,
-                                            policy=str(policy), sessions=len(bound)))
+            log.debug(
+                "user revoked %s",
+                kv(
+                    inbound=principal.inbound,
+                    user=principal.username,
+                    policy=str(policy),
+                    sessions=len(bound),
+                ),
+            )
         return acted
 
     async def aclose(self, reason: HonkError | str | None = None) -> int:

@@ -69,7 +69,9 @@ class DialMode(enum.Enum):
         try:
             return cls(text.strip().lower())
         except ValueError:
-            raise ValueError(f"dial_mode must be one of {', '.join(m.value for m in cls)}, not {text!r}") from None
+            raise ValueError(
+                f"dial_mode must be one of {', '.join(m.value for m in cls)}, not {text!r}"
+            ) from None
 
     @property
     def sniffs(self) -> bool:
@@ -184,7 +186,11 @@ async def plan_flow(
     # DOMAIN: the reality check
     if name in learned:
         return routed_by(name, True)
-    if resolver is not None and clock is not None and await resolves_to(resolver, name, ip, clock, verify_timeout):
+    if (
+        resolver is not None
+        and clock is not None
+        and await resolves_to(resolver, name, ip, clock, verify_timeout)
+    ):
         return routed_by(name, True)
     log.debug("sniffed name failed the reality check name=%s ip=%s", name, ip)
     return ip_plan
@@ -212,8 +218,9 @@ class _Readable(Protocol):
     async def receive(self) -> bytes: ...
 
 
-async def sniff_first_bytes(conn: _Readable, clock: Clock, timeout: float,
-                            sniff: Callable[[bytes], str | None] = sniff_stream) -> tuple[bytes, str | None]:
+async def sniff_first_bytes(
+    conn: _Readable, clock: Clock, timeout: float, sniff: Callable[[bytes], str | None] = sniff_stream
+) -> tuple[bytes, str | None]:
     """Read ``conn`` until its first bytes name a domain, cannot, end, or ``timeout`` clock
     seconds pass (a client waiting for the server to speak first); returns (the bytes read,
     the name or None). The caller forwards the bytes upstream first. Read errors propagate."""

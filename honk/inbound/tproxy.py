@@ -115,7 +115,9 @@ class TransparentSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"inbound {self.name}: kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+            raise ValueError(
+                f"inbound {self.name}: kind must be one of {', '.join(KINDS)}, not {self.kind!r}"
+            )
         DialMode.parse(self.dial_mode)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"inbound {self.name}: port {self.port} out of range")
@@ -205,9 +207,16 @@ class _Conn(StreamConn):
 class TransparentInbound(BindThenServe):
     """A TPROXY (TCP+UDP) or REDIRECT (TCP) listener; see the module docstring."""
 
-    def __init__(self, spec: TransparentSpec, dispatcher: Dispatcher, clock: Clock, *,
-                 dns_handler: DnsHandler | None = None, learned_names: LearnedNames | None = None,
-                 sessions: SessionRegistry | None = None) -> None:
+    def __init__(
+        self,
+        spec: TransparentSpec,
+        dispatcher: Dispatcher,
+        clock: Clock,
+        *,
+        dns_handler: DnsHandler | None = None,
+        learned_names: LearnedNames | None = None,
+        sessions: SessionRegistry | None = None,
+    ) -> None:
         """``dns_handler``: answers datagrams to port 53 (None: they are proxied);
         ``learned_names``: names honk's DNS answered with an IP (dial_mode's learning);
         ``sessions``: the daemon's session registry (default: one of this inbound's own).
@@ -238,7 +247,11 @@ class TransparentInbound(BindThenServe):
         flows keep theirs. The kind, the bind and whether UDP is served cannot change on a
         running listener (ValueError: that is a new listener). ``admissions`` are ignored."""
         if (spec.kind, spec.host, spec.port, spec.serves_udp) != (
-                self.spec.kind, self.spec.host, self.spec.port, self.spec.serves_udp):
+            self.spec.kind,
+            self.spec.host,
+            self.spec.port,
+            self.spec.serves_udp,
+        ):
             raise ValueError(f"inbound {spec.name}: a swap keeps the listener's kind, bind and UDP")
         old = self.name
         self.spec = spec
@@ -271,13 +284,16 @@ class TransparentInbound(BindThenServe):
             tcp.listen(BACKLOG)
             port = tcp.getsockname()[1]
             if self.spec.serves_udp:
-                udp = transparent_socket(family, socket.SOCK_DGRAM, (host, port), dual_stack=True,
-                                         recv_origdst=True)
+                udp = transparent_socket(
+                    family, socket.SOCK_DGRAM, (host, port), dual_stack=True, recv_origdst=True
+                )
         except OSError as exc:
             for sock in (tcp, udp):
                 if sock is not None:
                     sock.close()
-            raise OSError(exc.errno, f"error while attempting to bind on address {local!r}: {exc.strerror}") from None
+            raise OSError(
+                exc.errno, f"error while attempting to bind on address {local!r}: {exc.strerror}"
+            ) from None
         self._tcp, self._udp = tcp, udp
         self.bound = Address(host, port)
         self._sessions.attach(self)
@@ -292,9 +308,16 @@ class TransparentInbound(BindThenServe):
         if self._udp is not None:
             loop.add_reader(self._udp.fileno(), self._udp_readable)
             self._reading = True
-        log.info("inbound listening %s", kv(inbound=self.name, kind=self.spec.kind, address=self.bound,
-                                             udp=self._udp is not None, dial_mode=self.spec.dial_mode))
-
+        log.info(
+            "inbound listening %s",
+            kv(
+                inbound=self.name,
+                kind=self.spec.kind,
+                address=self.bound,
+                udp=self._udp is not None,
+                dial_mode=self.spec.dial_mode,
+            ),
+        )
 
     def close_unserved(self) -> None:
         """Release what :meth:`bind` bound and nothing served (a refused apply)."""
@@ -409,8 +432,14 @@ class TransparentInbound(BindThenServe):
             original = target = self._original(conn, spec)
             if self._is_self(original):
                 raise NotSupported("a connection to the transparent port itself")
-            meta = FlowMeta(Network.TCP, source, original, spec.name, session=session,
-                            process=await self._process_of(Network.TCP, source, original))
+            meta = FlowMeta(
+                Network.TCP,
+                source,
+                original,
+                spec.name,
+                session=session,
+                process=await self._process_of(Network.TCP, source, original),
+            )
             data, sniffed = b"", None
             if spec.mode.sniffs:
                 data, sniffed = await sniff_first_bytes(conn, self._clock, spec.sniffing_timeout)
@@ -429,8 +458,16 @@ class TransparentInbound(BindThenServe):
                 self._refused(spec.name, source, target, exc)
                 conn.reset()
             else:
-                log.debug("flow ended %s", kv(inbound=spec.name, source=source, target=target,
-                                              error=type(exc).__name__, reason=str(exc)))
+                log.debug(
+                    "flow ended %s",
+                    kv(
+                        inbound=spec.name,
+                        source=source,
+                        target=target,
+                        error=type(exc).__name__,
+                        reason=str(exc),
+                    ),
+                )
                 conn.abort()
         except asyncio.CancelledError:
             conn.abort()
@@ -455,9 +492,15 @@ class TransparentInbound(BindThenServe):
 
     async def _plan(self, spec: TransparentSpec, meta: FlowMeta, sniffed: str | None) -> FlowPlan:
         dispatcher = self._dispatcher
-        return await plan_flow(spec.mode, meta, sniffed, learned_names=self.learned_names,
-                               resolver=dispatcher.resolver, clock=self._clock,
-                               verify_timeout=dispatcher.global_spec.connect_timeout)
+        return await plan_flow(
+            spec.mode,
+            meta,
+            sniffed,
+            learned_names=self.learned_names,
+            resolver=dispatcher.resolver,
+            clock=self._clock,
+            verify_timeout=dispatcher.global_spec.connect_timeout,
+        )
 
     async def _dial(self, plan: FlowPlan) -> Upstream:
         """Route by ``plan.meta``, dial what the leaf should dial (the name or the original IP);
@@ -473,8 +516,11 @@ class TransparentInbound(BindThenServe):
     def _refused(self, tag: str, source: Address, target: Address | None, error: HonkError) -> None:
         # a spent descriptor budget is warned about once per interval by the budget itself
         level = logging.DEBUG if isinstance(error, Blocked | DescriptorsExhausted) else logging.INFO
-        log.log(level, "flow refused %s", kv(inbound=tag, source=source, target=target or "-",
-                                             error=type(error).__name__))
+        log.log(
+            level,
+            "flow refused %s",
+            kv(inbound=tag, source=source, target=target or "-", error=type(error).__name__),
+        )
 
     # -- UDP -------------------------------------------------------------------------
 
@@ -493,15 +539,19 @@ class TransparentInbound(BindThenServe):
             client = _peer(address)
             original = origdst_from_ancdata(ancdata)
             if client is None or original is None or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-                log.debug("udp datagram dropped %s", kv(inbound=self.name, source=client or "-",
-                                                        reason="no original destination"))
+                log.debug(
+                    "udp datagram dropped %s",
+                    kv(inbound=self.name, source=client or "-", reason="no original destination"),
+                )
                 continue
             self._datagram(data, client, Address(*original))
 
     def _datagram(self, data: bytes, client: Address, original: Address) -> None:
         """One client datagram to ``original``: to the DNS handler, or to its session."""
         if self._is_self(original):
-            log.debug("udp datagram dropped %s", kv(inbound=self.name, source=client, reason="addressed to honk"))
+            log.debug(
+                "udp datagram dropped %s", kv(inbound=self.name, source=client, reason="addressed to honk")
+            )
             return
         if original.port == DNS_PORT and self.dns_handler is not None:
             self._dns(data, client, original)
@@ -525,7 +575,9 @@ class TransparentInbound(BindThenServe):
             self.send_from(original, client, answer)
             return
         if len(self._dns_tasks) >= MAX_DNS_INFLIGHT:
-            log.debug("dns query dropped %s", kv(inbound=self.name, source=client, reason="too many in flight"))
+            log.debug(
+                "dns query dropped %s", kv(inbound=self.name, source=client, reason="too many in flight")
+            )
             return
         task = asyncio.get_running_loop().create_task(self._answer_dns(query, client, original))
         self._dns_tasks.add(task)
@@ -590,8 +642,9 @@ class _UdpSession(UdpNat):
     Initial (at most ``sniffing_timeout`` clock seconds from the first) and plans the flow; then
     every datagram goes through the core's routing on the current plane."""
 
-    def __init__(self, inbound: TransparentInbound, spec: TransparentSpec, client: Address,
-                 original: Address) -> None:
+    def __init__(
+        self, inbound: TransparentInbound, spec: TransparentSpec, client: Address, original: Address
+    ) -> None:
         super().__init__(inbound._dispatcher, inbound=spec.name, client=client)
         self.original = original
         self._inbound = inbound
@@ -694,7 +747,9 @@ class _UdpSession(UdpNat):
         sock = self._replies.get(local)
         if sock is None:
             if len(self._replies) >= MAX_REPLY_SOURCES:
-                log.debug("udp reply dropped %s", kv(session=self.id, source=local, reason="too many sources"))
+                log.debug(
+                    "udp reply dropped %s", kv(session=self.id, source=local, reason="too many sources")
+                )
                 return
             try:
                 sock = _reply_socket(local, self.client)

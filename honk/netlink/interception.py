@@ -46,7 +46,9 @@ class KernelInterception:
 
     @property
     def table(self) -> nftables.Interception:
-        return nftables.Interception(self.lans(), self.tproxy_port, mark=self.mark, wan_interfaces=self.wans())
+        return nftables.Interception(
+            self.lans(), self.tproxy_port, mark=self.mark, wan_interfaces=self.wans()
+        )
 
     def lans(self) -> tuple[str, ...]:
         """The LAN interfaces by name (``auto`` resolved as in :meth:`wans`)."""
@@ -72,8 +74,11 @@ class KernelInterception:
 
     def kernel_parameters(self) -> dict[str, str]:
         """The sysctls honk sets, by ``/proc/sys`` path."""
-        wanted = {"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1",
-                  "net/ipv4/conf/all/rp_filter": "0"}
+        wanted = {
+            "net/ipv4/ip_forward": "1",
+            "net/ipv6/conf/all/forwarding": "1",
+            "net/ipv4/conf/all/rp_filter": "0",
+        }
         for lan in self.lans():
             wanted[f"net/ipv4/conf/{lan}/rp_filter"] = "0"
             wanted[f"net/ipv4/conf/{lan}/send_redirects"] = "0"
@@ -106,16 +111,21 @@ class KernelInterception:
         out, so nothing is diverted. Raises :class:`InterceptionError`."""
         pending = not table.lan_interfaces and not table.wan_interfaces
         try:
-            nftables.run_nft(nftables.remove_script() if pending else nftables.install_script(table),
-                             netns=self.netns)
+            nftables.run_nft(
+                nftables.remove_script() if pending else nftables.install_script(table), netns=self.netns
+            )
         except nftables.NftError as exc:
             raise InterceptionError(f"nftables: {exc}") from exc
         if pending:
             log.warning("interception pending: no interface yet (auto follows the default route)")
             return None
         wans = f" wan={','.join(table.wan_interfaces)}" if self.wan_interfaces else ""
-        log.info("interception installed lan=%s tproxy_port=%d%s", ",".join(table.lan_interfaces),
-                 self.tproxy_port, wans)
+        log.info(
+            "interception installed lan=%s tproxy_port=%d%s",
+            ",".join(table.lan_interfaces),
+            self.tproxy_port,
+            wans,
+        )
         return table
 
     def remove(self) -> None:
@@ -134,7 +144,9 @@ class KernelInterception:
             try:
                 write_sysctl(path, value, self.netns)
             except OSError as exc:
-                raise InterceptionError(f"kernel parameter {path.replace('/', '.')}: {exc.strerror or exc}") from exc
+                raise InterceptionError(
+                    f"kernel parameter {path.replace('/', '.')}: {exc.strerror or exc}"
+                ) from exc
         log.info("kernel parameters set: forwarding on, rp_filter off on %s", ",".join(self.lans()))
 
 
@@ -144,8 +156,12 @@ def write_sysctl(path: str, value: str, netns: str | None = None) -> None:
         with open(os.path.join(PROC_SYS, path), "w") as f:
             f.write(value)
         return
-    done = subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-qw", f"{path.replace('/', '.')}={value}"],
-                          capture_output=True, text=True, timeout=routing.IP_TIMEOUT)
+    done = subprocess.run(
+        ["ip", "netns", "exec", netns, "sysctl", "-qw", f"{path.replace('/', '.')}={value}"],
+        capture_output=True,
+        text=True,
+        timeout=routing.IP_TIMEOUT,
+    )
     if done.returncode != 0:
         raise OSError(done.returncode, done.stderr.strip() or "sysctl failed")
 

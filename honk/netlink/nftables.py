@@ -42,8 +42,17 @@ BYPASS_MARK = 0x100  # the mark honk's own sockets carry (so_mark); never interc
 NFT_TIMEOUT = 10.0  # seconds an nft invocation may take
 
 # destinations that are never intercepted
-BYPASS_V4 = ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-             "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
+BYPASS_V4 = (
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
 BYPASS_V6 = ("::1/128", "fc00::/7", "fe80::/10", "ff00::/8")
 
 
@@ -157,6 +166,7 @@ def run_nft(script: str, *, check: bool = False, netns: str | None = None) -> No
 
 def list_table(netns: str | None = None) -> str | None:
     """``nft list table inet honk`` as text, or None when the table does not exist."""
-    done = subprocess.run(_nft(["list", "table", "inet", TABLE], netns), capture_output=True, text=True,
-                          timeout=NFT_TIMEOUT)
+    done = subprocess.run(
+        _nft(["list", "table", "inet", TABLE], netns), capture_output=True, text=True, timeout=NFT_TIMEOUT
+    )
     return done.stdout if done.returncode == 0 else None

@@ -38,8 +38,17 @@ class PolicyRouting:
     priority: int = RULE_PRIORITY
 
     def rule(self, family: str) -> list[str]:
-        return [family, "rule", "add", "fwmark", f"0x{self.mark:x}/0x{self.mark:x}", "lookup", str(self.table),
-                "priority", str(self.priority)]
+        return [
+            family,
+            "rule",
+            "add",
+            "fwmark",
+            f"0x{self.mark:x}/0x{self.mark:x}",
+            "lookup",
+            str(self.table),
+            "priority",
+            str(self.priority),
+        ]
 
     def route(self, family: str) -> list[str]:
         return [family, "route", "replace", "local", "default", "dev", "lo", "table", str(self.table)]
@@ -70,8 +79,17 @@ def install(routing: PolicyRouting, netns: str | None = None) -> None:
 def remove(routing: PolicyRouting, netns: str | None = None) -> None:
     """Delete honk's rules (every copy) and flush its table; absent ones are no error."""
     for family in FAMILIES:
-        delete = [family, "rule", "del", "fwmark", f"0x{routing.mark:x}/0x{routing.mark:x}", "lookup",
-                  str(routing.table), "priority", str(routing.priority)]
+        delete = [
+            family,
+            "rule",
+            "del",
+            "fwmark",
+            f"0x{routing.mark:x}/0x{routing.mark:x}",
+            "lookup",
+            str(routing.table),
+            "priority",
+            str(routing.priority),
+        ]
         for _ in range(MAX_STALE_RULES):
             if _ip(delete, netns, check=False).returncode != 0:
                 break
@@ -85,6 +103,9 @@ def default_route_interface(netns: str | None = None) -> str | None:
         routes = json.loads(done.stdout or "[]") if done.returncode == 0 else []
     except (RoutingError, ValueError, OSError, subprocess.TimeoutExpired):
         return None
-    best = min((r for r in routes if isinstance(r, dict) and r.get("dev")),
-               key=lambda r: int(r.get("metric", 0)), default=None)
+    best = min(
+        (r for r in routes if isinstance(r, dict) and r.get("dev")),
+        key=lambda r: int(r.get("metric", 0)),
+        default=None,
+    )
     return str(best["dev"]) if best is not None else None

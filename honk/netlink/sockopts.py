@@ -80,8 +80,15 @@ def set_transparent(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
 
 
-def transparent_socket(family: int, kind: int, local: tuple[str, int], *, dual_stack: bool = False,
-                       recv_origdst: bool = False, reuse_port: bool = False) -> socket.socket:
+def transparent_socket(
+    family: int,
+    kind: int,
+    local: tuple[str, int],
+    *,
+    dual_stack: bool = False,
+    recv_origdst: bool = False,
+    reuse_port: bool = False,
+) -> socket.socket:
     """A non-blocking transparent socket bound to ``local`` (``SO_REUSEADDR``).
 
     ``dual_stack``: an ``AF_INET6`` socket that also serves IPv4 (``IPV6_V6ONLY`` off);
@@ -135,7 +142,9 @@ def original_dst(sock: socket.socket) -> tuple[str, int]:
     if sock.family == socket.AF_INET6:
         peer = sock.getpeername()[0]
         if ipaddress.IPv6Address(peer.split("%", 1)[0]).ipv4_mapped is None:
-            return parse_sockaddr(sock.getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST, SOCKADDR_IN6_SIZE)) or _bad()
+            return (
+                parse_sockaddr(sock.getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST, SOCKADDR_IN6_SIZE)) or _bad()
+            )
     return parse_sockaddr(sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, SOCKADDR_IN_SIZE)) or _bad()
 
 

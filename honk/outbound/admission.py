@@ -194,7 +194,9 @@ class _DialGate:
                     queue.popleft()  # cancelled, not yet withdrawn
                 if not queue:
                     self._queued.discard(budget)
-                elif budget._held < budget.effective_limit and (best is None or queue[0][0] < best._queue[0][0]):
+                elif budget._held < budget.effective_limit and (
+                    best is None or queue[0][0] < best._queue[0][0]
+                ):
                     best = budget
             if best is None:
                 return
@@ -249,8 +251,9 @@ class ProcessGates:
     def carriers_waiting(self) -> int:
         return self.carriers.waiting
 
-    async def carrier_permit(self, deadline: float, *, clock: Clock,
-                             watch: AdmissionWatch | None = None) -> CarrierPermit:
+    async def carrier_permit(
+        self, deadline: float, *, clock: Clock, watch: AdmissionWatch | None = None
+    ) -> CarrierPermit:
         """A carrier slot, held until :meth:`CarrierPermit.release`; :class:`CapacityRefused`
         when ``deadline`` (absolute, on ``clock``) passes while still waiting."""
         gate = self.carriers

@@ -110,7 +110,9 @@ class Outbound(Protocol):
         :class:`honk.core.errors.NotSupported` if the protocol cannot dial yet.
         """
 
-    async def dial_udp(self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None) -> PacketEndpoint:
+    async def dial_udp(
+        self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
+    ) -> PacketEndpoint:
         """Open a UDP path through this leaf; replies go to ``receive``.
 
         Raises :class:`honk.core.errors.NotSupported` when the leaf cannot carry

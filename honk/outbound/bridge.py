@@ -97,7 +97,11 @@ def relay_end(error: HonkError | None, bridge: BridgeEnd | None) -> HonkError | 
     pump closing its end with the client's last bytes unread resets it (Linux does so for UNIX
     stream sockets), so the channel's typed verdict is the truer one. A client-side end stays
     the relay's (None: a clean end)."""
-    if bridge is not None and bridge.failure is not None and (error is None or isinstance(error, UpstreamFailed)):
+    if (
+        bridge is not None
+        and bridge.failure is not None
+        and (error is None or isinstance(error, UpstreamFailed))
+    ):
         return bridge.failure
     return error
 
@@ -116,7 +120,9 @@ def bridge_stream(conn: Channel, outbound: str = "", end: BridgeEnd | None = Non
     except OSError as exc:
         conn.close()  # the server's side is up: it must not outlive the flow that cannot start
         if exc.errno in NO_CAPACITY:  # out of descriptors: a local refusal, no fault of the node's
-            raise CapacityRefused(f"{outbound or 'bridge'}: no socketpair for the stream ({exc.strerror})") from None
+            raise CapacityRefused(
+                f"{outbound or 'bridge'}: no socketpair for the stream ({exc.strerror})"
+            ) from None
         raise
     outer.setblocking(False)
     inner.setblocking(False)

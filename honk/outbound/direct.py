@@ -125,8 +125,15 @@ class DirectOutbound:
             return self
         twin = self._marked.get(mark)
         if twin is None:
-            twin = DirectOutbound(self._clock, self._connect_timeout, name=self.name, resolver=self._resolver,
-                                  connect=self._connect, mark=mark, attempt_delay=self._attempt_delay)
+            twin = DirectOutbound(
+                self._clock,
+                self._connect_timeout,
+                name=self.name,
+                resolver=self._resolver,
+                connect=self._connect,
+                mark=mark,
+                attempt_delay=self._attempt_delay,
+            )
             self._marked[mark] = twin
         return twin
 
@@ -154,8 +161,13 @@ class DirectOutbound:
         """Whether the relay engine may dial for this outbound (not with a test's ``connect`` hook)."""
         return self._connect is None
 
-    def engine_plan(self, target: Address, framing: Any = None, head: bytes = b"",
-                    opened: Callable[[int], None] | None = None) -> EnginePlan | None:
+    def engine_plan(
+        self,
+        target: Address,
+        framing: Any = None,
+        head: bytes = b"",
+        opened: Callable[[int], None] | None = None,
+    ) -> EnginePlan | None:
         """The relay engine's dial of ``target`` (see :class:`EnginePlan`): only for an IP literal
         and the real connect (a test's ``connect`` hook needs Python). A node's leaf passes its
         server, ``framing``, ``head`` and ``opened``."""
@@ -183,7 +195,9 @@ class DirectOutbound:
             async with timeout_at(self._clock, deadline):
                 return await self._attempt(ip, port)
         except TimeoutError:
-            raise DialTimeout(self.name, "connect", f"port {port}: no connection before the deadline") from None
+            raise DialTimeout(
+                self.name, "connect", f"port {port}: no connection before the deadline"
+            ) from None
         except OSError as exc:
             raise self._failed([ip], port, [exc]) from None
 

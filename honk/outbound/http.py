@@ -37,6 +37,7 @@ __all__ = ["HttpOutbound"]
 _CAPABILITIES = Capabilities(tcp=True, udp=False)
 _PEEK_LIMIT = MAX_RESPONSE_HEAD + 4
 
+
 class HttpOutbound(ProxyLeaf):
     def __init__(self, node: NodeSpec, glob: GlobalSpec, clock: Clock) -> None:
         super().__init__(node, glob, clock)
@@ -91,8 +92,9 @@ class HttpOutbound(ProxyLeaf):
                 check_status(response, self.name)
                 return
 
-    async def _tunnel_over_tls(self, sock: socket.socket, context: ssl.SSLContext, request: bytes,
-                               deadline: float) -> DialedStream:
+    async def _tunnel_over_tls(
+        self, sock: socket.socket, context: ssl.SSLContext, request: bytes, deadline: float
+    ) -> DialedStream:
         conn = await tls_connect(sock, context, self._sni, self.clock, deadline, self.name)
         try:
             async with handshake_scope(self.clock, deadline, self.name, "HTTP proxy"):
@@ -112,5 +114,6 @@ class HttpOutbound(ProxyLeaf):
         return bridged(conn, self.name)
 
     def _tls_context(self) -> ssl.SSLContext:
-        return client_context(tls_verification(self.node.params), (), ca_path(self.node.params), self.name,
-                              self.clock.now())
+        return client_context(
+            tls_verification(self.node.params), (), ca_path(self.node.params), self.name, self.clock.now()
+        )

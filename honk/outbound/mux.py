@@ -161,7 +161,9 @@ class MuxStream:
             return  # the server ended the session: nothing more goes out on it
         view = memoryview(data)
         for start in range(0, len(view), MAX_DATA):
-            self.carrier.send(self.carrier.sessions.send(self.session.id, bytes(view[start : start + MAX_DATA])))
+            self.carrier.send(
+                self.carrier.sessions.send(self.session.id, bytes(view[start : start + MAX_DATA]))
+            )
 
     async def drain(self) -> None:
         await self.carrier.drain()
@@ -294,14 +296,22 @@ class MuxCarrier:
             return
         self.closed = True
         if not isinstance(error, FlowClosed) and not (isinstance(error, CodecError) and error.carrier_wide):
-            lost = MuxError("carrier-lost", f"{type(error).__name__}: {getattr(error, 'reason', '') or error}")
+            lost = MuxError(
+                "carrier-lost", f"{type(error).__name__}: {getattr(error, 'reason', '') or error}"
+            )
             lost.__cause__ = error
             error = lost
         ended = self.sessions.fail(error)
         if not quiet or ended:
-            log.warning("mux carrier failed %s", kv(node=self.pool.name, streams=len(ended),
-                                                    error=type(error).__name__,
-                                                    reason=getattr(error, "reason", "") or str(error)))
+            log.warning(
+                "mux carrier failed %s",
+                kv(
+                    node=self.pool.name,
+                    streams=len(ended),
+                    error=type(error).__name__,
+                    reason=getattr(error, "reason", "") or str(error),
+                ),
+            )
         for session in ended:
             stream = self.streams.get(session.id)
             if stream is not None:
@@ -454,8 +464,9 @@ class MuxPool:
         """The first carrier that takes another session now, if any."""
         return next((c for c in self.carriers if c.usable), None)
 
-    async def _open(self, open_carrier: OpenCarrier, deadline: float,
-                    admission: AdmissionWatch | None = None) -> MuxCarrier:
+    async def _open(
+        self, open_carrier: OpenCarrier, deadline: float, admission: AdmissionWatch | None = None
+    ) -> MuxCarrier:
         # no per-node cap (GH-J-06): every physical carrier holds a process carrier slot for its
         # whole life, idle included, and that global gate is the only bound on how many open
         permit = await process_gates().carrier_permit(deadline, clock=self.clock, watch=admission)
@@ -499,4 +510,3 @@ def pool_for(leaf: Any) -> MuxPool:
         pool = _pools[owner] = MuxPool(leaf.name, leaf.clock, leaf.runtime)
     pool.name = leaf.name
     return pool
-

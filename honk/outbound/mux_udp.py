@@ -104,8 +104,15 @@ class MuxDatagramEndpoint:
     one still opening), ``send_errors`` (datagrams the frame cannot hold).
     """
 
-    def __init__(self, outbound: str, pool: MuxPool, open_carrier: OpenCarrier,
-                 deadline: Callable[[], float], receive: DatagramSink, on_lost: EndpointLost | None) -> None:
+    def __init__(
+        self,
+        outbound: str,
+        pool: MuxPool,
+        open_carrier: OpenCarrier,
+        deadline: Callable[[], float],
+        receive: DatagramSink,
+        on_lost: EndpointLost | None,
+    ) -> None:
         self.outbound = outbound
         self.pool = pool
         self._open_carrier = open_carrier
@@ -200,4 +207,3 @@ class MuxDatagramEndpoint:
             log.debug("udp over mux ended outbound=%s error=%s", self.outbound, type(error).__name__)
         if self._on_lost is not None:
             self._on_lost(error)
-

@@ -102,8 +102,14 @@ def build_outbounds(
     return outbounds, used
 
 
-def build_leaf(node: NodeSpec, glob: GlobalSpec, clock: Clock, previous: Mapping[uuid.UUID, NodeRuntime],
-               used: dict[uuid.UUID, NodeRuntime], resolver: Resolver | None = None) -> Outbound:
+def build_leaf(
+    node: NodeSpec,
+    glob: GlobalSpec,
+    clock: Clock,
+    previous: Mapping[uuid.UUID, NodeRuntime],
+    used: dict[uuid.UUID, NodeRuntime],
+    resolver: Resolver | None = None,
+) -> Outbound:
     """One leaf for ``node``. A proxy leaf gets the runtime of its NodeId: one already in
     ``used`` (this build), else the open one in ``previous``, else a new one; it is
     recorded in ``used``. ``resolver``: what resolves a proxy leaf's server name (None: the
@@ -113,8 +119,12 @@ def build_leaf(node: NodeSpec, glob: GlobalSpec, clock: Clock, previous: Mapping
         return UnsupportedOutbound(node.name, node.protocol)
     leaf = factory(node, glob, clock)
     if resolver is not None and isinstance(getattr(leaf, "connector", None), DirectOutbound):
-        leaf.connector = DirectOutbound(clock, glob.connect_timeout, name=node.name,  # type: ignore[attr-defined]
-                                        resolver=resolver)
+        leaf.connector = DirectOutbound(
+            clock,
+            glob.connect_timeout,
+            name=node.name,  # type: ignore[attr-defined]
+            resolver=resolver,
+        )
     if node.protocol not in BUILTIN_OUTBOUNDS:
         runtime = used.get(node.id) or previous.get(node.id)
         if runtime is None or runtime.closed:

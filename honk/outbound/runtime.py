@@ -35,7 +35,9 @@ class TrafficReporter(Protocol):
     """Where a node's real traffic reports to (health; see honk.alive.traffic.NodeTraffic).
     ``family`` is 4 or 6: the address family the node's server is reached over."""
 
-    def dial(self, outcome: Any, family: int, latency: float | None = None, pool_hit: bool = False) -> None: ...
+    def dial(
+        self, outcome: Any, family: int, latency: float | None = None, pool_hit: bool = False
+    ) -> None: ...
 
     def packets_failed(self, family: int) -> None: ...
 
@@ -169,5 +171,7 @@ class NodeRuntime:
         self._resources.clear()
 
     def __repr__(self) -> str:
-        return (f"NodeRuntime(node_id={self.node_id}, name={self.name!r}, closed={self.closed}, "
-                f"retiring={self.retiring})")
+        return (
+            f"NodeRuntime(node_id={self.node_id}, name={self.name!r}, closed={self.closed}, "
+            f"retiring={self.retiring})"
+        )

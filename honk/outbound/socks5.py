@@ -144,7 +144,9 @@ class Socks5UdpEndpoint(ProxyDatagramEndpoint):
                 pass  # nothing is expected on it; anything is ignored
             error: HonkError = UpstreamFailed(f"{self.outbound}: the SOCKS5 server ended the UDP association")
         except OSError as exc:
-            error = UpstreamFailed(f"{self.outbound}: the SOCKS5 control connection failed: {exc.strerror or exc}")
+            error = UpstreamFailed(
+                f"{self.outbound}: the SOCKS5 control connection failed: {exc.strerror or exc}"
+            )
         self._finish(error)
 
     def _closing(self) -> None:

@@ -124,9 +124,12 @@ class StackedLeaf(ProxyLeaf):
             if self.mux or not transport.tls_only:
                 return None
             header, response = self.relayed(target)
-            context = client_context(transport.verify, transport.alpn, transport.ca, self.name, self.clock.now())
-            shake = relayed_handshake(context, (str(server.ip), server.port),
-                                      transport.server_name or server.host, self.clock)
+            context = client_context(
+                transport.verify, transport.alpn, transport.ca, self.name, self.clock.now()
+            )
+            shake = relayed_handshake(
+                context, (str(server.ip), server.port), transport.server_name or server.host, self.clock
+            )
         except (HonkError, ssl.SSLError, ValueError):  # Python's dial says why, with its error
             return None
         framing = TlsFraming(shake.sslobj, shake.incoming, shake.outgoing, response)
@@ -136,15 +139,22 @@ class StackedLeaf(ProxyLeaf):
 
         return self.connector.engine_plan(server, framing, header, opened)
 
-    async def _dial_tls(self, transport: TransportSpec, header: bytes, response: Any,
-                        deadline: float) -> DialedStream:
+    async def _dial_tls(
+        self, transport: TransportSpec, header: bytes, response: Any, deadline: float
+    ) -> DialedStream:
         """TCP + TLS (and the WebSocket upgrade) with ``header`` sent, for the relay engine to
         carry (no channel, no bridge)."""
         websocket = transport.network == "ws"
         try:
             connection = await open_tls(self, transport, deadline)
-            framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, response,
-                                 connection.on_release, websocket=websocket)
+            framing = TlsFraming(
+                connection.sslobj,
+                connection.incoming,
+                connection.outgoing,
+                response,
+                connection.on_release,
+                websocket=websocket,
+            )
             try:
                 if framing.ws_encoder is not None:
                     await upgrade_relayed(connection, self, transport, deadline, framing.ws_encoder)
@@ -196,12 +206,14 @@ class StackedLeaf(ProxyLeaf):
         """A new carrier: the node's transport with the protocol's mux stream stacked on it."""
         return await self._framed(self.mux_stream(), deadline)
 
-    async def dial_mux_udp(self, receive: DatagramSink, deadline: float,
-                           on_lost: EndpointLost | None) -> MuxDatagramEndpoint:
+    async def dial_mux_udp(
+        self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None
+    ) -> MuxDatagramEndpoint:
         """A mux node's UDP path: UDP sessions on its carriers, one of which is there (opened
         now if none has room) when this returns (:mod:`honk.outbound.mux_udp`)."""
-        endpoint = MuxDatagramEndpoint(self.name, pool_for(self), self.open_mux_carrier, self.udp_deadline,
-                                       receive, on_lost)
+        endpoint = MuxDatagramEndpoint(
+            self.name, pool_for(self), self.open_mux_carrier, self.udp_deadline, receive, on_lost
+        )
         try:
             await endpoint.prepare(deadline)
         except HonkError:

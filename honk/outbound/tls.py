@@ -74,7 +74,15 @@ from honk.core.errors import ConfigRefused, DialError, DialTimeout, HonkError, U
 from honk.proto.tls_framing import HandshakeReport
 from honk.relay.stream import StreamConn
 
-__all__ = ["TlsConnection", "TlsFailed", "ca_path", "client_context", "tls_connect", "tls_handshake", "tls_verification"]
+__all__ = [
+    "TlsConnection",
+    "TlsFailed",
+    "ca_path",
+    "client_context",
+    "tls_connect",
+    "tls_handshake",
+    "tls_verification",
+]
 
 MAX_CA_BYTES = 1 << 20  # a node's CA file is a few certificates; anything bigger is a wrong path
 CONTEXT_CACHE = 64  # distinct (verification, ALPN, trust store) contexts kept; nodes share them
@@ -178,7 +186,9 @@ def _store_version(ca: str, now: float) -> tuple[object, ...]:
 
 
 _ServerKey = tuple[tuple[str, int], str]  # (server address, server name)
-_offered: contextvars.ContextVar[ssl.SSLSession | None] = contextvars.ContextVar("honk_tls_offer", default=None)
+_offered: contextvars.ContextVar[ssl.SSLSession | None] = contextvars.ContextVar(
+    "honk_tls_offer", default=None
+)
 
 
 @dataclass(slots=True)
@@ -213,8 +223,14 @@ class _ResumingContext(ssl.SSLContext):
         super().__init__()  # the protocol is taken by ``SSLContext.__new__``
         self._sessions: OrderedDict[_ServerKey, _Resumption] = OrderedDict()
 
-    def wrap_bio(self, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO, server_side: bool = False,
-                 server_hostname: str | bytes | None = None, session: ssl.SSLSession | None = None) -> ssl.SSLObject:
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
         if session is None and not server_side:
             session = _offered.get()
         return super().wrap_bio(incoming, outgoing, server_side, server_hostname, session)
@@ -253,8 +269,9 @@ class _ResumingContext(ssl.SSLContext):
         if entry.harvest is None and now >= entry.next_harvest and connection.version() == "TLSv1.3":
             entry.harvest = connection
 
-    def learn_relayed(self, key: _ServerKey, connection: ssl.SSLObject, now: float, *,
-                      reused: bool, tls13: bool) -> bool:
+    def learn_relayed(
+        self, key: _ServerKey, connection: ssl.SSLObject, now: float, *, reused: bool, tls13: bool
+    ) -> bool:
         """:meth:`learn` for a connection the relay engine will drive (:func:`tls_handshake`, or
         the engine's own handshake); ``reused`` and ``tls13`` tell what the handshake was (the
         caller read them before the handover: the connection is the engine's worker's then).
@@ -309,7 +326,9 @@ def _new_context(cadata: str | None) -> _ResumingContext:
 
 
 @functools.lru_cache(maxsize=CONTEXT_CACHE)
-def _shared_context(verify: bool, alpn: tuple[str, ...], ca: str, store: tuple[object, ...]) -> ssl.SSLContext:
+def _shared_context(
+    verify: bool, alpn: tuple[str, ...], ca: str, store: tuple[object, ...]
+) -> ssl.SSLContext:
     if ca:
         try:
             context = _new_context(_read_ca(ca))
@@ -491,13 +510,18 @@ async def tls_handshake(
                 await _drive_handshake(loop, sock, sslobj, shake.incoming, shake.outgoing)
                 connection = TlsConnection(sock, sslobj, shake.incoming, shake.outgoing)
                 if isinstance(context, _ResumingContext) and context.learn_relayed(
-                        key, sslobj, clock.now(), reused=sslobj.session_reused,
-                        tls13=sslobj.version() == "TLSv1.3"):
+                    key,
+                    sslobj,
+                    clock.now(),
+                    reused=sslobj.session_reused,
+                    tls13=sslobj.version() == "TLSv1.3",
+                ):
                     _take_early_ticket(connection, outbound)
                     if not context.take_relayed(key, sslobj, clock.now(), final=False):
                         # no ticket yet: its session is taken once the relay has given it back
                         connection.on_release = lambda: context.take_relayed(
-                            key, sslobj, clock.now(), final=True)
+                            key, sslobj, clock.now(), final=True
+                        )
         except BaseException:
             sock.close()
             raise
@@ -538,23 +562,30 @@ class RelayedHandshake:
             released(lambda: context.take_relayed(key, sslobj, clock.now(), final=True))
 
 
-def relayed_handshake(context: ssl.SSLContext, server: tuple[str, int], server_name: str,
-                      clock: Clock) -> RelayedHandshake:
+def relayed_handshake(
+    context: ssl.SSLContext, server: tuple[str, int], server_name: str, clock: Clock
+) -> RelayedHandshake:
     """A connection to ``server`` (its IP and port) over memory BIOs, offering the server's
     session to resume: what :func:`tls_handshake` and the engine's own handshake start from.
     Raises ``ssl.SSLError`` or ``ValueError`` for a server name OpenSSL refuses."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     key = (server, server_name)
     if isinstance(context, _ResumingContext):
-        sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name,
-                                  session=context.offer(key, clock.now()))
+        sslobj = context.wrap_bio(
+            incoming, outgoing, server_hostname=server_name, session=context.offer(key, clock.now())
+        )
     else:
         sslobj = context.wrap_bio(incoming, outgoing, server_hostname=server_name)
     return RelayedHandshake(sslobj, incoming, outgoing, context, key, clock)
 
 
-async def _drive_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, sslobj: ssl.SSLObject,
-                           incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO) -> None:
+async def _drive_handshake(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    sslobj: ssl.SSLObject,
+    incoming: ssl.MemoryBIO,
+    outgoing: ssl.MemoryBIO,
+) -> None:
     hello = True
     while True:
         try:

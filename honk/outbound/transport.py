@@ -71,7 +71,9 @@ class TransportSpec:
         return self.tls and self.network in ("tcp", "ws")
 
     @classmethod
-    def from_params(cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False) -> TransportSpec:
+    def from_params(
+        cls, params: tuple[tuple[str, str], ...], host: str, *, tls_default: bool = False
+    ) -> TransportSpec:
         """The transport a link describes; ConfigRefused for one honk does not speak."""
         p = dict(params)
         network = (p.get("type") or p.get("net") or "tcp").lower()
@@ -96,7 +98,9 @@ class TransportSpec:
 async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> Channel:
     """The node's server reached, TLS and the WebSocket upgrade done; ready for the protocol."""
     # the context first: a node whose CA file is unusable is refused before anything is dialled
-    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now()) if spec.tls else None
+    context = (
+        client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now()) if spec.tls else None
+    )
     sock = await leaf.connect_server(deadline)
     host = leaf.server.host
     if context is not None:
@@ -121,9 +125,13 @@ async def open_transport(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) 
 async def open_tls(leaf: ProxyLeaf, spec: TransportSpec, deadline: float) -> TlsConnection:
     """The node's server reached and TLS done over memory BIOs, for a transport that is
     :attr:`TransportSpec.tls_relayed`: no asyncio transport, the relay engine drives the records."""
-    context = client_context(spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now())  # refused before any connect
+    context = client_context(
+        spec.verify, spec.alpn, spec.ca, leaf.name, leaf.clock.now()
+    )  # refused before any connect
     sock = await leaf.connect_server(deadline)
-    return await tls_handshake(sock, context, spec.server_name or leaf.server.host, leaf.clock, deadline, leaf.name)
+    return await tls_handshake(
+        sock, context, spec.server_name or leaf.server.host, leaf.clock, deadline, leaf.name
+    )
 
 
 async def _upgrade(conn: StreamConn, leaf: ProxyLeaf, host: str, path: str, deadline: float) -> None:
@@ -135,8 +143,9 @@ async def _upgrade(conn: StreamConn, leaf: ProxyLeaf, host: str, path: str, dead
             conn.unread(rest)  # the first frames arrived with the answer
 
 
-async def upgrade_relayed(connection: TlsConnection, leaf: ProxyLeaf, spec: TransportSpec, deadline: float,
-                          encoder: WsEncoder) -> None:
+async def upgrade_relayed(
+    connection: TlsConnection, leaf: ProxyLeaf, spec: TransportSpec, deadline: float, encoder: WsEncoder
+) -> None:
     """The WebSocket upgrade through a TLS connection the relay engine will carry (a
     ``TlsFraming`` with ``websocket``). The server may not send data before the protocol's
     request, so what came with its answer is answered here (pongs) or refused; the engine

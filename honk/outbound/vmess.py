@@ -34,7 +34,9 @@ _CAPABILITIES = Capabilities(tcp=True, udp=True, udp_mode="vmess-udp")
 
 class VmessOutbound(StackedLeaf):
     protocol = "vmess"
-    mux_capable = True  # the carrier is a TCP request to v1.mux.cool, which v2ray's inbound hands to its mux server
+    mux_capable = (
+        True  # the carrier is a TCP request to v1.mux.cool, which v2ray's inbound hands to its mux server
+    )
 
     @property
     def capabilities(self) -> Capabilities:

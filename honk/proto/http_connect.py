@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from honk.core.errors import DialError, ProxyAuthFailed, TargetRefused
 from honk.core.net import Address
 
-__all__ = ["MAX_RESPONSE_HEAD", "ConnectResponse", "check_status", "connect_request", "parse_connect_response"]
+__all__ = [
+    "MAX_RESPONSE_HEAD",
+    "ConnectResponse",
+    "check_status",
+    "connect_request",
+    "parse_connect_response",
+]
 
 MAX_RESPONSE_HEAD = 16 * 1024  # bytes: a proxy's response head larger than this is garbage
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9])(?: ([^\r\n]*))?")

@@ -331,8 +331,13 @@ class ShadowsocksFraming:
 
     __slots__ = ("cipher", "master", "_encryptor", "_decryptor")
 
-    def __init__(self, cipher: str, master: bytes, encryptor: StreamEncryptor | None = None,
-                 decryptor: StreamDecryptor | None = None) -> None:
+    def __init__(
+        self,
+        cipher: str,
+        master: bytes,
+        encryptor: StreamEncryptor | None = None,
+        decryptor: StreamDecryptor | None = None,
+    ) -> None:
         self.cipher = cipher
         self.master = master
         self._encryptor = encryptor

@@ -23,15 +23,29 @@ CLIENT_HELLO = 1
 EXT_SERVER_NAME = 0
 HOST_NAME = 0
 
-HTTP_METHODS = (b"GET ", b"POST ", b"HEAD ", b"PUT ", b"DELETE ", b"OPTIONS ", b"PATCH ", b"CONNECT ", b"TRACE ")
+HTTP_METHODS = (
+    b"GET ",
+    b"POST ",
+    b"HEAD ",
+    b"PUT ",
+    b"DELETE ",
+    b"OPTIONS ",
+    b"PATCH ",
+    b"CONNECT ",
+    b"TRACE ",
+)
 
 # QUIC versions whose Initial keys are public: (salt, key label, iv label, hp label)
 QUIC_V1 = 0x00000001
 QUIC_V2 = 0x6B3343CF
 QUIC_INITIAL_SALTS: Final = {
     QUIC_V1: (bytes.fromhex("38762cf7f55934b34d179ae6a4c80cadccbb7f0a"), b"quic key", b"quic iv", b"quic hp"),
-    QUIC_V2: (bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9"), b"quicv2 key", b"quicv2 iv",
-              b"quicv2 hp"),
+    QUIC_V2: (
+        bytes.fromhex("0dede3def700a6db819381be6e269dcbf9bd2ed9"),
+        b"quicv2 key",
+        b"quicv2 iv",
+        b"quicv2 hp",
+    ),
 }
 AEAD_TAG = 16
 HP_SAMPLE = 16
@@ -73,7 +87,7 @@ def client_hello_sni(hello: bytes) -> str | None:
                 while item + 3 <= item_end:
                     name_type, name_len = hello[item], struct.unpack_from("!H", hello, item + 1)[0]
                     if name_type == HOST_NAME:
-                        return _clean_hostname(hello[item + 3:item + 3 + name_len])
+                        return _clean_hostname(hello[item + 3 : item + 3 + name_len])
                     item += 3 + name_len
                 return None
             pos += ext_len
@@ -93,7 +107,7 @@ def _handshake_client_hello(handshake: bytes) -> str | None:
         return None
     if len(handshake) < 4 + length:
         return NEED_MORE
-    return client_hello_sni(handshake[4:4 + length])
+    return client_hello_sni(handshake[4 : 4 + length])
 
 
 def sniff_tls(data: bytes) -> str | None:
@@ -103,13 +117,17 @@ def sniff_tls(data: bytes) -> str | None:
     while True:
         if len(data) - pos < 5:
             break
-        content_type, major, _minor, length = data[pos], data[pos + 1], data[pos + 2], \
-            struct.unpack_from("!H", data, pos + 3)[0]
+        content_type, major, _minor, length = (
+            data[pos],
+            data[pos + 1],
+            data[pos + 2],
+            struct.unpack_from("!H", data, pos + 3)[0],
+        )
         if content_type != TLS_HANDSHAKE or major != 3:
             return None
         if len(data) - pos - 5 < length:
             break
-        handshake += data[pos + 5:pos + 5 + length]
+        handshake += data[pos + 5 : pos + 5 + length]
         pos += 5 + length
         found = _handshake_client_hello(bytes(handshake))
         if found != NEED_MORE:
@@ -161,8 +179,12 @@ def client_initial_keys(dcid: bytes, version: int = QUIC_V1) -> InitialKeys:
 
     salt, key_label, iv_label, hp_label = QUIC_INITIAL_SALTS[version]
     client = hkdf_expand_label(SHA256(), hkdf_extract(SHA256(), salt, dcid), b"client in", b"", 32)
-    return InitialKeys(*(hkdf_expand_label(SHA256(), client, label, b"", size)
-                         for label, size in ((key_label, 16), (iv_label, 12), (hp_label, 16))))
+    return InitialKeys(
+        *(
+            hkdf_expand_label(SHA256(), client, label, b"", size)
+            for label, size in ((key_label, 16), (iv_label, 12), (hp_label, 16))
+        )
+    )
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -194,7 +216,7 @@ def open_initial(packet: bytes) -> tuple[bytes, bytes, int] | None:
         if version not in QUIC_INITIAL_SALTS or not _initial_type(first, version):
             return None
         pos = 5
-        dcid = packet[pos + 1:pos + 1 + packet[pos]]
+        dcid = packet[pos + 1 : pos + 1 + packet[pos]]
         pos += 1 + packet[pos]
         pos += 1 + packet[pos]  # source connection id
         token_len, pos = _varint(packet, pos)
@@ -204,16 +226,17 @@ def open_initial(packet: bytes) -> tuple[bytes, bytes, int] | None:
         if len(packet) < pn_offset + length or length < PN_OFFSET_FOR_SAMPLE + HP_SAMPLE:
             return None
         keys = client_initial_keys(bytes(dcid), version)
-        sample = packet[pn_offset + PN_OFFSET_FOR_SAMPLE:pn_offset + PN_OFFSET_FOR_SAMPLE + HP_SAMPLE]
+        sample = packet[pn_offset + PN_OFFSET_FOR_SAMPLE : pn_offset + PN_OFFSET_FOR_SAMPLE + HP_SAMPLE]
         mask = Cipher(algorithms.AES(keys.hp), modes.ECB()).encryptor().update(bytes(sample))
         first_plain = first ^ (mask[0] & 0x0F)
         pn_len = (first_plain & 0x03) + 1
-        pn_bytes = bytes(b ^ m for b, m in zip(packet[pn_offset:pn_offset + pn_len], mask[1:1 + pn_len],
-                                               strict=True))
+        pn_bytes = bytes(
+            b ^ m for b, m in zip(packet[pn_offset : pn_offset + pn_len], mask[1 : 1 + pn_len], strict=True)
+        )
         header = bytes((first_plain,)) + bytes(packet[1:pn_offset]) + pn_bytes
         pn = int.from_bytes(pn_bytes, "big")
         nonce = (int.from_bytes(keys.iv, "big") ^ pn).to_bytes(12, "big")
-        sealed = bytes(packet[pn_offset + pn_len:pn_offset + length])
+        sealed = bytes(packet[pn_offset + pn_len : pn_offset + length])
         payload = AESGCM(keys.key).decrypt(nonce, sealed, header)
         return bytes(dcid), payload, pn_offset + length
     except (IndexError, struct.error, InvalidTag, ValueError):
@@ -246,7 +269,7 @@ def crypto_frames(payload: bytes) -> list[tuple[int, bytes]] | None:
             elif kind == 0x06:  # CRYPTO
                 offset, pos = _varint(payload, pos + 1)
                 length, pos = _varint(payload, pos)
-                frames.append((offset, payload[pos:pos + length]))
+                frames.append((offset, payload[pos : pos + length]))
                 pos += length
             elif kind == 0x1C:  # CONNECTION_CLOSE
                 return frames
@@ -293,7 +316,7 @@ class QuicSniffer:
             data = self.crypto[offset]
             if offset > len(stream):
                 break  # a gap: a later packet fills it
-            stream[offset:offset + len(data)] = data
+            stream[offset : offset + len(data)] = data
         return _handshake_client_hello(bytes(stream))
 
 

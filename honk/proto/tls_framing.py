@@ -190,8 +190,9 @@ class TlsFraming:
         # VMess: its chunks both ways inside the records (the compiled engine frames them from
         # inner.engine_keys(), the Python relays through its encryptor and decryptor)
         self.inner = response if isinstance(response, VmessFraming) else None
-        protocol_errors: type[HonkError] = (VmessError if self.inner is not None
-                                            else VlessError if self.strip_header else TrojanError)
+        protocol_errors: type[HonkError] = (
+            VmessError if self.inner is not None else VlessError if self.strip_header else TrojanError
+        )
         self.errors: tuple[type[HonkError], ...] = (TlsStreamError, protocol_errors, WebSocketError)
         self.auth_errors: tuple[type[HonkError], ...] = (VmessAuthError,) if self.inner is not None else ()
         # WebSocket inside TLS (see the module docstring); the twin and the copy relay frame
@@ -229,8 +230,10 @@ class TlsFraming:
         return self._opener
 
     def __repr__(self) -> str:
-        return (f"TlsFraming(strip_header={self.strip_header}, vmess={self.inner is not None}, "
-                f"websocket={self.websocket}, claimed={self._claimed})")
+        return (
+            f"TlsFraming(strip_header={self.strip_header}, vmess={self.inner is not None}, "
+            f"websocket={self.websocket}, claimed={self._claimed})"
+        )
 
     @property
     def answered(self) -> bool:
@@ -262,8 +265,14 @@ class TlsFraming:
         """Run ``hook`` once the relay gave the connection back (instead of ``on_release``)."""
         self._on_release = hook
 
-    def handshake_reported(self, started: bool, finished: bool, verify_code: int, verify_message: str = "",
-                           error: ssl.SSLError | None = None) -> None:
+    def handshake_reported(
+        self,
+        started: bool,
+        finished: bool,
+        verify_code: int,
+        verify_message: str = "",
+        error: ssl.SSLError | None = None,
+    ) -> None:
         """The relay engine that drove the handshake tells how far it got (before
         :meth:`released`): begun, finished, OpenSSL's certificate verification result, and the
         twin's own exception."""

@@ -139,7 +139,8 @@ class WsEncoder:
     def binary(self, data: bytes) -> bytes:
         """``data`` as binary frames of at most SEND_FRAME bytes each."""
         return b"".join(
-            _frame(OP_BINARY, data[i : i + SEND_FRAME], self._random(4)) for i in range(0, len(data), SEND_FRAME)
+            _frame(OP_BINARY, data[i : i + SEND_FRAME], self._random(4))
+            for i in range(0, len(data), SEND_FRAME)
         )
 
     def pong(self, payload: bytes) -> bytes:

@@ -281,8 +281,12 @@ class CopyRelay:
         refusal, as a close then would be (Trojan and VLESS servers reset when they close with
         bytes unread); the engines read it the same way (relay_py._tls_refused)."""
         framing = self._framing
-        return (framing is not None and getattr(framing, "kind", None) == "tls" and not framing.answered
-                and err in (errno.ECONNRESET, errno.EPIPE))
+        return (
+            framing is not None
+            and getattr(framing, "kind", None) == "tls"
+            and not framing.answered
+            and err in (errno.ECONNRESET, errno.EPIPE)
+        )
 
     def _truncated(self) -> bool:
         """The upstream's EOF came before its answer or inside a chunk: end the flow with the codec's error."""

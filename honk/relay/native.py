@@ -62,8 +62,15 @@ from honk.relay.copy import CopyRelay
 from honk.relay.ends import client_error, local_error, upstream_error
 from honk.relay.stream import StreamConn
 
-__all__ = ["NativeRelay", "close_engines", "framed_socket", "framing_error", "native_available", "shared_engine",
-           "shared_engines"]
+__all__ = [
+    "NativeRelay",
+    "close_engines",
+    "framed_socket",
+    "framing_error",
+    "native_available",
+    "shared_engine",
+    "shared_engines",
+]
 
 # Size a bulk direction's splice pipe grows to (bytes; 0 = the engine's BULK_PIPE_SIZE, 1 MiB;
 # -1 = never grow, keep the kernel's 64 KiB). Benchmarks and debugging only.
@@ -127,7 +134,12 @@ def close_engines() -> int:
 
 def framing_error(err: int, framing: Any) -> HonkError | None:
     """``framing``'s typed error for an engine FRAMING_* errno (upstream side), else None."""
-    if err not in (_relay.FRAMING_AUTH, _relay.FRAMING_PROTOCOL, _relay.FRAMING_TRUNCATED, _relay.FRAMING_SILENT):
+    if err not in (
+        _relay.FRAMING_AUTH,
+        _relay.FRAMING_PROTOCOL,
+        _relay.FRAMING_TRUNCATED,
+        _relay.FRAMING_SILENT,
+    ):
         return None
     return framing.error_for(err)
 
@@ -183,7 +195,9 @@ class NativeRelay:
         self.last_activity = clock.now()
         self.first_byte_at: float | None = None  # CLOCK_MONOTONIC seconds of the first upstream byte
         self.half_closed = 0  # bit 0: client EOF forwarded upstream; bit 1: upstream EOF forwarded
-        self.half_closed_since: float | None = None  # clock time of the first EOF forwarded (the tracker's linger)
+        self.half_closed_since: float | None = (
+            None  # clock time of the first EOF forwarded (the tracker's linger)
+        )
         self._engine = engine
         self._id: int | None = None
         self._base_up = 0  # preamble bytes, sent before the engine counts
@@ -344,7 +358,6 @@ class NativeRelay:
             done = self._done
             if done is not None and not done.done():
                 done.set_result(None)
-
 
     def _observe(self, up: int, down: int) -> None:
         seen_up, seen_down = self._seen

@@ -211,7 +211,9 @@ class DomainMatcher:
                 suffixes.update(listed.suffixes)
                 full.update(listed.full)
                 keywords.extend(listed.keywords)
-                regexes.extend(_checked_regex(r, f"domain({key}: {arg.value.strip()})") for r in listed.regexes)
+                regexes.extend(
+                    _checked_regex(r, f"domain({key}: {arg.value.strip()})") for r in listed.regexes
+                )
             else:
                 raise RouteCompileError(f"domain(...): unknown argument kind {arg.key!r}")
         self._suffixes = frozenset(suffixes)
@@ -220,8 +222,11 @@ class DomainMatcher:
         # a few keywords: `in` each; many: one alternation of literals
         self._keywords = unique if len(unique) <= KEYWORD_SCAN_MAX else ()
         self._keyword_re = re.compile(_trie_pattern(unique)) if len(unique) > KEYWORD_SCAN_MAX else None
-        self._regex = re.compile("|".join(f"(?:{r})" for r in dict.fromkeys(regexes)), re.IGNORECASE) \
-            if regexes else None
+        self._regex = (
+            re.compile("|".join(f"(?:{r})" for r in dict.fromkeys(regexes)), re.IGNORECASE)
+            if regexes
+            else None
+        )
 
     def match(self, view: FlowView) -> bool:
         host = view.domain

@@ -113,8 +113,9 @@ class Router:
 
     __slots__ = ("_rules", "_fallback", "_must_rules", "_stats", "reads_process")
 
-    def __init__(self, rules: tuple[CompiledRule, ...], fallback: RouteDecision,
-                 reads_process: bool = False) -> None:
+    def __init__(
+        self, rules: tuple[CompiledRule, ...], fallback: RouteDecision, reads_process: bool = False
+    ) -> None:
         self._rules = rules
         self._fallback = fallback
         self._must_rules = tuple(r for r in rules if r.continues)
@@ -135,12 +136,19 @@ class Router:
                 target = ip_checks if predicate.name in DESTINATION_IP_PREDICATES else checks
                 target.append((matcher.match, predicate.negated))
             decision = RouteDecision(
-                outbound=rule.outbound, rule=describe_rule(rule), must=rule.must, rule_index=index, mark=rule.mark
+                outbound=rule.outbound,
+                rule=describe_rule(rule),
+                must=rule.must,
+                rule_index=index,
+                mark=rule.mark,
             )
             continues = rule.outbound == MUST_RULES
             compiled.append(CompiledRule(index, tuple(checks), tuple(ip_checks), decision, continues))
         fallback = RouteDecision(
-            outbound=routing.fallback, rule=FALLBACK_RULE_TEXT, must=routing.fallback_must, rule_index=None,
+            outbound=routing.fallback,
+            rule=FALLBACK_RULE_TEXT,
+            must=routing.fallback_must,
+            rule_index=None,
             mark=routing.fallback_mark,
         )
         reads_process = any(p.name in PROCESS_PREDICATES for rule in routing.rules for p in rule.predicates)
@@ -186,7 +194,7 @@ class Router:
         held = self._held_before(start, view, ip_known) if start and self._must_rules else None
         active: tuple[CompiledRule, ...] = stats.active
         if start:  # a resumed search: the enabled rules from ``start`` on
-            active = active[bisect.bisect_left(active, start, key=_INDEX):]
+            active = active[bisect.bisect_left(active, start, key=_INDEX) :]
         for rule in active:
             if not _all_hold(rule.checks, view):
                 continue

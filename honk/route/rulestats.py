@@ -56,8 +56,19 @@ class RuleRow:
 class RuleStats:
     """The counters and flags of ``rules`` (a compiled rule tuple) and the fallback after them."""
 
-    __slots__ = ("size", "rules", "active", "disabled", "first_disabled", "plain", "plain_at",
-                 "exact_hits", "exact_hit_at", "exact_misses", "exact_miss_at")
+    __slots__ = (
+        "size",
+        "rules",
+        "active",
+        "disabled",
+        "first_disabled",
+        "plain",
+        "plain_at",
+        "exact_hits",
+        "exact_hit_at",
+        "exact_misses",
+        "exact_miss_at",
+    )
 
     def __init__(self, rules: Sequence[Any]) -> None:
         size = len(rules)
@@ -103,13 +114,15 @@ class RuleStats:
         later = 0  # plain flows decided after position i: each missed rule i
         later_at = NEVER
         for i in range(size, -1, -1):
-            out.append(RuleRow(
-                disabled=i < size and bool(self.disabled[i]),
-                hits=plain[i] + self.exact_hits[i],
-                hit_at=max(plain_at[i], self.exact_hit_at[i]),
-                misses=later + self.exact_misses[i],
-                miss_at=max(later_at, self.exact_miss_at[i]),
-            ))
+            out.append(
+                RuleRow(
+                    disabled=i < size and bool(self.disabled[i]),
+                    hits=plain[i] + self.exact_hits[i],
+                    hit_at=max(plain_at[i], self.exact_hit_at[i]),
+                    misses=later + self.exact_misses[i],
+                    miss_at=max(later_at, self.exact_miss_at[i]),
+                )
+            )
             later += plain[i]
             later_at = max(later_at, plain_at[i])
         out.reverse()
@@ -128,8 +141,11 @@ class RuleStats:
             if index == self.size:
                 raise ValueError(f"rule {index} is the fallback (Match) rule, which cannot be disabled")
             if not 0 <= index < self.size:
-                raise ValueError(f"no rule {index}: the rules are 0..{self.size - 1}" if self.size
-                                 else f"no rule {index}: there are no rules")
+                raise ValueError(
+                    f"no rule {index}: the rules are 0..{self.size - 1}"
+                    if self.size
+                    else f"no rule {index}: there are no rules"
+                )
 
     def enable_all(self) -> None:
         """Every rule enabled again (a reload re-reads the file); counters are kept."""

@@ -49,8 +49,16 @@ from honk.outbound.base import DialedStream
 from honk.relay.native import framed_socket
 from honk.subscription.formats import MAX_BODY_BYTES
 
-__all__ = ["FILE_SCHEME", "MAX_REDIRECTS", "USER_AGENT", "Dial", "FetchResult", "SubscriptionFetchError", "fetch",
-           "read_local"]
+__all__ = [
+    "FILE_SCHEME",
+    "MAX_REDIRECTS",
+    "USER_AGENT",
+    "Dial",
+    "FetchResult",
+    "SubscriptionFetchError",
+    "fetch",
+    "read_local",
+]
 
 USER_AGENT = f"honk/{__version__}"  # the default User-Agent (upstream subscription reference)
 MAX_REDIRECTS = 5  # "At most 5 hops" (upstream subscription reference)
@@ -227,7 +235,10 @@ async def _get(
     tls = url.scheme == "https"
     try:
         reader, writer = await asyncio.open_connection(
-            sock=sock, ssl=context if tls else None, server_hostname=url.host if tls else None, limit=READ_CHUNK
+            sock=sock,
+            ssl=context if tls else None,
+            server_hostname=url.host if tls else None,
+            limit=READ_CHUNK,
         )
     except BaseException as exc:
         sock.close()  # a no-op once a transport took the socket over
@@ -282,7 +293,11 @@ async def _exchange(
                 return _Redirect(headers[b"location"].decode("latin-1"))
             if not 200 <= status < 300:
                 raise SubscriptionFetchError("http-status", status=status)
-            usage = parse_userinfo(headers[b"subscription-userinfo"]) if b"subscription-userinfo" in headers else None
+            usage = (
+                parse_userinfo(headers[b"subscription-userinfo"])
+                if b"subscription-userinfo" in headers
+                else None
+            )
             if headers.get(b"content-encoding", b"identity").strip().lower() != b"identity":
                 raise SubscriptionFetchError("unsupported-encoding")
             length = headers.get(b"content-length")
@@ -304,7 +319,7 @@ def read_local(url: str) -> FetchResult:
     """A ``file://`` subscription's body, read as a download is received: at most
     :data:`~honk.subscription.formats.MAX_BODY_BYTES`. Blocking: run it in a thread."""
     try:
-        with open(url[len(FILE_SCHEME):], "rb") as fh:
+        with open(url[len(FILE_SCHEME) :], "rb") as fh:
             body = fh.read(MAX_BODY_BYTES + 1)
     except OSError:
         raise SubscriptionFetchError("file-unreadable") from None

@@ -115,9 +115,7 @@ class SubscriptionError(HonkError):
     each entry was skipped).
     """
 
-    def __init__(
-        self, reason: str, diagnostics: tuple[EntryDiagnostic, ...] = (), omitted: int = 0
-    ) -> None:
+    def __init__(self, reason: str, diagnostics: tuple[EntryDiagnostic, ...] = (), omitted: int = 0) -> None:
         super().__init__(f"subscription body rejected: {reason}")
         self.reason = reason
         self.diagnostics = diagnostics
@@ -425,9 +423,7 @@ def _proxy_node(
     secret = _text(password, "invalid-password")
     if user is not None or secret is not None:
         user, secret = user or "", secret or ""
-    return with_node_id(
-        NodeSpec(name, protocol, host, port, username=user, password=secret, params=params)
-    )
+    return with_node_id(NodeSpec(name, protocol, host, port, username=user, password=secret, params=params))
 
 
 def _tls_params(sni: object, insecure: bool) -> tuple[tuple[str, str], ...]:
@@ -489,8 +485,9 @@ def _clash_entry(entry: Any) -> NodeSpec:
             raise _Skip("unsupported-feature")  # SOCKS5 over TLS
         protocol = "https"
         insecure = _agreeing(entry, "skip-cert-verify", "skip_cert_verify", "insecure")
-        params = _tls_params(_agreeing(entry, "sni", "servername", "server-name"),
-                             _flag(insecure, "invalid-skip-cert-verify"))
+        params = _tls_params(
+            _agreeing(entry, "sni", "servername", "server-name"), _flag(insecure, "invalid-skip-cert-verify")
+        )
     return _proxy_node(name, protocol, host, port, entry.get("username"), entry.get("password"), params)
 
 
@@ -589,8 +586,9 @@ def _v2_node(
         )
     except LinkError as exc:
         raise _Skip(exc.code) from None
-    node = NodeSpec(name, protocol, host, port, username=username, password=password, params=shape,
-                    encryption=cipher)
+    node = NodeSpec(
+        name, protocol, host, port, username=username, password=password, params=shape, encryption=cipher
+    )
     return with_node_id(node)
 
 
@@ -699,7 +697,11 @@ def _clash_v2(protocol: str, entry: dict[str, Any], name: str, host: str, port: 
         tls = True  # Trojan always runs over TLS
     insecure = _agreeing(entry, "skip-cert-verify", "skip_cert_verify", "insecure")
     return _v2_node(
-        name, protocol, host, port, credential,
+        name,
+        protocol,
+        host,
+        port,
+        credential,
         transport=network,
         security="tls" if tls else "none",
         sni=_agreeing(entry, "sni", "servername", "server-name"),
@@ -746,7 +748,11 @@ def _singbox_v2(protocol: str, entry: dict[str, Any], name: str, host: str, port
     else:
         credential = entry.get("password")
     return _v2_node(
-        name, protocol, host, port, credential,
+        name,
+        protocol,
+        host,
+        port,
+        credential,
         transport=network,
         security="tls" if secure else "none",
         sni=sni,

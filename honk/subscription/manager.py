@@ -90,8 +90,15 @@ class _Sub:
         return body_key(self.spec.url, self.spec.user_agent)
 
     def state(self) -> SubscriptionState:
-        return SubscriptionState(self.spec.name, len(self.nodes), self.attempts, self.last_error, self.restored,
-                                 self.updated_at, self.usage)
+        return SubscriptionState(
+            self.spec.name,
+            len(self.nodes),
+            self.attempts,
+            self.last_error,
+            self.restored,
+            self.updated_at,
+            self.usage,
+        )
 
 
 def _retag(nodes: tuple[NodeSpec, ...], name: str) -> tuple[NodeSpec, ...]:
@@ -179,6 +186,7 @@ class SubscriptionManager:
     async def wait_settled(self, timeout: float = FIRST_FETCH_WAIT) -> None:
         """Wait up to ``timeout`` seconds (on the clock) until every subscription without
         restored nodes has finished its first refresh."""
+
         def settled() -> bool:
             return all(sub.attempts or sub.restored for sub in self._subs.values())
 
@@ -203,8 +211,14 @@ class SubscriptionManager:
         for sub in subs.values():
             self._launch(sub)
         if subs:
-            log.info("subscriptions started %s", kv(subscriptions=len(subs), store=self._store is not None,
-                                                    restored=sum(s.restored for s in subs.values())))
+            log.info(
+                "subscriptions started %s",
+                kv(
+                    subscriptions=len(subs),
+                    store=self._store is not None,
+                    restored=sum(s.restored for s in subs.values()),
+                ),
+            )
 
     async def reload(self, specs: Sequence[SubscriptionSpec]) -> None:
         """Switch to ``specs``; the caller has already applied :meth:`carried` of them."""
@@ -226,8 +240,10 @@ class SubscriptionManager:
             self._launch(sub)
         dropped = len(old.keys() - new.keys())
         if old or new:
-            log.info("subscriptions reloaded %s", kv(subscriptions=len(new), kept=len(old.keys() & new.keys()),
-                                                     dropped=dropped))
+            log.info(
+                "subscriptions reloaded %s",
+                kv(subscriptions=len(new), kept=len(old.keys() & new.keys()), dropped=dropped),
+            )
 
     async def stop(self) -> None:
         """Cancel every refresh and wait for it; close the store. Safe to call twice."""
@@ -261,17 +277,23 @@ class SubscriptionManager:
                 return
             parsed = await asyncio.to_thread(parse_body, body, sub.spec.name)
         except (StoreError, SubscriptionError) as exc:
-            log.warning("stored subscription body ignored %s", kv(subscription=sub.spec.name, reason=exc.reason))
+            log.warning(
+                "stored subscription body ignored %s", kv(subscription=sub.spec.name, reason=exc.reason)
+            )
             return
         sub.nodes, sub.restored = parsed.nodes, True
-        log.info("subscription restored from store %s", kv(subscription=sub.spec.name, nodes=len(parsed.nodes)))
+        log.info(
+            "subscription restored from store %s", kv(subscription=sub.spec.name, nodes=len(parsed.nodes))
+        )
 
     async def _forget(self, sub: _Sub) -> None:
         assert self._store is not None
         try:
             await asyncio.to_thread(self._store.delete, sub.key)
         except StoreError as exc:
-            log.warning("subscription store cleanup failed %s", kv(subscription=sub.spec.name, reason=exc.reason))
+            log.warning(
+                "subscription store cleanup failed %s", kv(subscription=sub.spec.name, reason=exc.reason)
+            )
 
     async def refresh_now(self, name: str) -> bool:
         """Fetch subscription ``name`` now, outside its schedule (the API's provider update);
@@ -286,7 +308,9 @@ class SubscriptionManager:
     def _launch(self, sub: _Sub) -> None:
         if self._stopped:
             return
-        sub.task = asyncio.get_running_loop().create_task(self._run(sub), name=f"honk-subscription-{sub.spec.name}")
+        sub.task = asyncio.get_running_loop().create_task(
+            self._run(sub), name=f"honk-subscription-{sub.spec.name}"
+        )
 
     async def _cancel(self, tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:
@@ -316,8 +340,10 @@ class SubscriptionManager:
             sub.last_error = exc.reason
             if self.stats is not None:
                 self.stats.subscription_refresh("failed")
-            log.warning("subscription refresh failed; previous nodes kept %s",
-                        kv(subscription=spec.name, reason=exc.reason, nodes_kept=len(sub.nodes)))
+            log.warning(
+                "subscription refresh failed; previous nodes kept %s",
+                kv(subscription=spec.name, reason=exc.reason, nodes_kept=len(sub.nodes)),
+            )
             await self._notify()
             return
         await self._accept(sub, result.body, parsed, result.usage)
@@ -347,8 +373,10 @@ class SubscriptionManager:
         sub.nodes, sub.restored, sub.last_error = parsed.nodes, False, None
         sub.updated_at, sub.usage = self._clock.wall(), usage
         sub.attempts += 1
-        log.info("subscription updated %s", kv(subscription=spec.name, nodes=len(parsed.nodes),
-                                               skipped=parsed.skipped, format=parsed.format))
+        log.info(
+            "subscription updated %s",
+            kv(subscription=spec.name, nodes=len(parsed.nodes), skipped=parsed.skipped, format=parsed.format),
+        )
         if self._store is not None and spec.cache:
             keep = {s.key for s in self._subs.values() if s.spec.cache}
             try:
@@ -376,15 +404,20 @@ class SubscriptionManager:
 
 def _log_entries(name: str, diagnostics: Sequence[EntryDiagnostic], omitted: int) -> None:
     for d in diagnostics:
-        log.info("subscription entry skipped %s",
-                 kv(subscription=name, entry=d.index, reason=d.reason, **({"first": d.first} if d.first else {})))
+        log.info(
+            "subscription entry skipped %s",
+            kv(subscription=name, entry=d.index, reason=d.reason, **({"first": d.first} if d.first else {})),
+        )
     if omitted:
-        log.info("subscription entry skipped %s",
-                 kv(subscription=name, reason="subscription-diagnostics-truncated", omitted=omitted))
+        log.info(
+            "subscription entry skipped %s",
+            kv(subscription=name, reason="subscription-diagnostics-truncated", omitted=omitted),
+        )
 
 
-def merge_nodes(configured: Sequence[NodeSpec], published: Mapping[str, Sequence[NodeSpec]],
-                groups: Iterable[str] = ()) -> tuple[NodeSpec, ...]:
+def merge_nodes(
+    configured: Sequence[NodeSpec], published: Mapping[str, Sequence[NodeSpec]], groups: Iterable[str] = ()
+) -> tuple[NodeSpec, ...]:
     """The nodes of an effective spec: the configured ones, then each subscription's.
 
     A subscription node whose name is taken (by a configured node, a builtin, a
@@ -404,6 +437,8 @@ def merge_nodes(configured: Sequence[NodeSpec], published: Mapping[str, Sequence
             ids.add(node.id)
             out.append(node)
         if clashes:
-            log.warning("subscription nodes left out: their name or endpoint is already declared %s",
-                        kv(subscription=tag, nodes=clashes))
+            log.warning(
+                "subscription nodes left out: their name or endpoint is already declared %s",
+                kv(subscription=tag, nodes=clashes),
+            )
     return tuple(out)

@@ -103,7 +103,9 @@ class SubscriptionStore:
         """The stored body for ``key``, or None. Raises :class:`StoreError` (``read-failed``)."""
         with self._lock:
             try:
-                row = self._conn.execute("SELECT body FROM subscription_body WHERE key = ?", (key,)).fetchone()
+                row = self._conn.execute(
+                    "SELECT body FROM subscription_body WHERE key = ?", (key,)
+                ).fetchone()
             except sqlite3.Error:
                 raise StoreError("read-failed") from None
         return bytes(row[0]) if row is not None else None

@@ -94,8 +94,9 @@ def _raised_in_test_code(record: logging.LogRecord) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(tmp_path: Path, config_text: str,
-                         clock: Clock | None = None) -> AsyncIterator[Daemon]:
+async def running_daemon(
+    tmp_path: Path, config_text: str, clock: Clock | None = None
+) -> AsyncIterator[Daemon]:
     """A daemon started from ``config_text`` written to ``tmp_path/honk.dae``, shut down on exit.
     Fails the test if the daemon's log reported an exception nobody retrieved."""
     config = tmp_path / "honk.dae"

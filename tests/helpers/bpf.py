@@ -52,16 +52,32 @@ def classifier_object(base: Path) -> Path:
     if built.is_file() and built.stat().st_mtime >= source.stat().st_mtime:
         return built
     clang = require_binary("clang")
-    triplet = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True, check=True).stdout.strip()
+    triplet = subprocess.run(
+        ["gcc", "-dumpmachine"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     out = base / "datapath.bpf.o"
-    subprocess.run([clang, "-O2", "-g", "-target", "bpf", f"-I/usr/include/{triplet}", "-c", str(source),
-                    "-o", str(out)], check=True)
+    subprocess.run(
+        [
+            clang,
+            "-O2",
+            "-g",
+            "-target",
+            "bpf",
+            f"-I/usr/include/{triplet}",
+            "-c",
+            str(source),
+            "-o",
+            str(out),
+        ],
+        check=True,
+    )
     return out
 
 
 def in_netns(name: str, fn: Callable[..., T], *args: object) -> T:
     """``fn(*args)`` on a thread that joined network namespace ``name``: sockets it creates
     and netlink it does belong there (the thread ends with the call)."""
+
     def run() -> T:
         fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
         try:

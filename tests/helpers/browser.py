@@ -90,7 +90,9 @@ class Browser:
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
                 [binary, *BASE_FLAGS, f"--user-data-dir={profile}", *flags, "about:blank"],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: renderers and zygotes die with it
             )
         with open(workdir / PID_FILE, "a") as pids:
@@ -187,8 +189,9 @@ class Browser:
         for listener in self._listeners.get(message.get("sessionId"), ()):
             listener(message["method"], message.get("params", {}))
 
-    async def send(self, method: str, session: str | None = None, timeout: float = COMMAND_TIMEOUT,
-                   **params: Any) -> dict[str, Any]:
+    async def send(
+        self, method: str, session: str | None = None, timeout: float = COMMAND_TIMEOUT, **params: Any
+    ) -> dict[str, Any]:
         """One CDP command (on a page's session when ``session`` is given); its result."""
         assert self._ws is not None
         ident = next(self._ids)
@@ -238,9 +241,15 @@ class Page:
         """A position in :attr:`events`; pass it as ``since`` to wait only for later events."""
         return len(self.events)
 
-    async def wait_event(self, method: str, predicate: Callable[[dict[str, Any]], bool] = lambda p: True,
-                         since: int = 0, timeout: float = COMMAND_TIMEOUT) -> dict[str, Any]:
+    async def wait_event(
+        self,
+        method: str,
+        predicate: Callable[[dict[str, Any]], bool] = lambda p: True,
+        since: int = 0,
+        timeout: float = COMMAND_TIMEOUT,
+    ) -> dict[str, Any]:
         """The first event ``method`` recorded from ``since`` on that satisfies ``predicate``."""
+
         async def scan() -> dict[str, Any]:
             seen = since
             while True:
@@ -263,8 +272,14 @@ class Page:
 
     async def evaluate(self, expression: str, timeout: float = COMMAND_TIMEOUT) -> Any:
         """Run ``expression`` in the page, await it if it is a promise, return its JSON value."""
-        result = await self.send("Runtime.evaluate", timeout=timeout, expression=expression,
-                                 awaitPromise=True, returnByValue=True, userGesture=True)
+        result = await self.send(
+            "Runtime.evaluate",
+            timeout=timeout,
+            expression=expression,
+            awaitPromise=True,
+            returnByValue=True,
+            userGesture=True,
+        )
         if "exceptionDetails" in result:
             details = result["exceptionDetails"]
             text = details.get("exception", {}).get("description") or details.get("text")

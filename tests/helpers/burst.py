@@ -48,7 +48,9 @@ async def _one(proxy: tuple[str, int], origin: tuple[str, int], result: BurstRes
     writer: asyncio.StreamWriter | None = None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*proxy), ANSWER_TIMEOUT)
-        writer.write(b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton(origin[0]) + origin[1].to_bytes(2, "big"))
+        writer.write(
+            b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton(origin[0]) + origin[1].to_bytes(2, "big")
+        )
         method = await asyncio.wait_for(reader.readexactly(2), ANSWER_TIMEOUT)
         reply = await asyncio.wait_for(reader.readexactly(10), ANSWER_TIMEOUT)
         if method != b"\x05\x00" or reply[1] != 0:

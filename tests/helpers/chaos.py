@@ -51,8 +51,20 @@ FLUSH_TIMEOUT = 1.0  # seconds to wait for the peer to take bytes already sent b
 FIRST_BYTES = 64  # how much of what a client sends first a record keeps (for attribution)
 
 # a flow record's outcome: "pending" until one of the others is known
-PENDING, OK, REFUSED, BLACKHOLED, SILENCED, RESET = "pending", "ok", "refused", "blackholed", "silenced", "reset"
-UNREACHABLE, NOT_ALLOWED, UNSUPPORTED, CLIENT_GONE = "unreachable", "not-allowed", "unsupported", "client-gone"
+PENDING, OK, REFUSED, BLACKHOLED, SILENCED, RESET = (
+    "pending",
+    "ok",
+    "refused",
+    "blackholed",
+    "silenced",
+    "reset",
+)
+UNREACHABLE, NOT_ALLOWED, UNSUPPORTED, CLIENT_GONE = (
+    "unreachable",
+    "not-allowed",
+    "unsupported",
+    "client-gone",
+)
 
 
 @dataclass
@@ -65,7 +77,9 @@ class ChaosBehaviour:
     refuse_share: float = 0.0  # the fraction of CONNECTs answered with refuse_code
     refuse_code: int = REPLY_REFUSED
     blackhole: bool = False  # accept and read, never answer (not even the greeting)
-    reset_after: int | None = None  # RST the client after this many bytes downstream (0: right after the reply)
+    reset_after: int | None = (
+        None  # RST the client after this many bytes downstream (0: right after the reply)
+    )
     silent: bool = False  # answer success, then forward nothing either way (the target is not dialled)
     bandwidth: float | None = None  # bytes/s per flow and per direction
 
@@ -105,8 +119,15 @@ class FlowRecord:
 class ChaosNode:
     """The server; ``chaos_node`` is the usual way to get one started and closed."""
 
-    def __init__(self, name: str = "chaos", host: str = "127.0.0.1", *, seed: int = 0,
-                 behaviour: ChaosBehaviour | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str = "chaos",
+        host: str = "127.0.0.1",
+        *,
+        seed: int = 0,
+        behaviour: ChaosBehaviour | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.name = name
         self.host = host
         self.behaviour = behaviour or ChaosBehaviour()
@@ -221,7 +242,9 @@ class _Flow:
             return await self._blackhole()
         if target is None or command != CMD_CONNECT:
             self.stats.unsupported += 1
-            await self._refuse(REPLY_COMMAND_UNSUPPORTED if target else REPLY_ADDRESS_UNSUPPORTED, UNSUPPORTED)
+            await self._refuse(
+                REPLY_COMMAND_UNSUPPORTED if target else REPLY_ADDRESS_UNSUPPORTED, UNSUPPORTED
+            )
             return False
         refuse_draw, jitter_draw = self.node.rng.random(), self.node.rng.random()  # always both: determinism
         delay = behaviour.connect_delay + behaviour.connect_jitter * jitter_draw
@@ -309,14 +332,21 @@ class _Flow:
         for address in candidates:
             try:
                 self.up_reader, self.up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port), DIAL_TIMEOUT)
+                    asyncio.open_connection(address, port), DIAL_TIMEOUT
+                )
                 return REPLY_SUCCEEDED
             except (OSError, TimeoutError):
                 continue
         return REPLY_HOST_UNREACHABLE if len(candidates) > 1 else REPLY_REFUSED
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    behaviour: ChaosBehaviour, *, downstream: bool) -> bool:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        behaviour: ChaosBehaviour,
+        *,
+        downstream: bool,
+    ) -> bool:
         """Forward one direction until EOF; False when it ended otherwise (an error, an RST)."""
         record = self.record
         assert record is not None
@@ -356,7 +386,7 @@ class _Flow:
             self.stats.bytes_down += len(data)
         else:
             if len(record.first_up) < FIRST_BYTES:
-                record.first_up += data[:FIRST_BYTES - len(record.first_up)]
+                record.first_up += data[: FIRST_BYTES - len(record.first_up)]
             record.bytes_up += len(data)
             self.stats.bytes_up += len(data)
 
@@ -390,9 +420,14 @@ async def _sent_queue_empty(sock: socket.socket) -> None:
 
 
 @contextlib.asynccontextmanager
-async def chaos_node(name: str = "chaos", host: str = "127.0.0.1", *, seed: int = 0,
-                     behaviour: ChaosBehaviour | None = None,
-                     clock: Callable[[], float] = time.monotonic) -> AsyncIterator[ChaosNode]:
+async def chaos_node(
+    name: str = "chaos",
+    host: str = "127.0.0.1",
+    *,
+    seed: int = 0,
+    behaviour: ChaosBehaviour | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[ChaosNode]:
     """A started ``ChaosNode`` on ``host`` (a free port), closed on exit."""
     node = ChaosNode(name, host, seed=seed, behaviour=behaviour, clock=clock)
     await node.start()
@@ -400,5 +435,3 @@ async def chaos_node(name: str = "chaos", host: str = "127.0.0.1", *, seed: int 
         yield node
     finally:
         await node.close()
-
-

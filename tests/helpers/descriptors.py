@@ -44,4 +44,3 @@ def descriptors_exhausted(spare: int = 0) -> Iterator[int]:
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-

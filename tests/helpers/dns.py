@@ -88,7 +88,7 @@ def read_name(msg: bytes, offset: int) -> tuple[str, int]:
             return ".".join(labels), (end if end >= 0 else offset)
         if offset + length > len(msg):
             raise DnsFormatError("label runs past the end of the message")
-        labels.append(msg[offset:offset + length].decode("ascii", "replace"))
+        labels.append(msg[offset : offset + length].decode("ascii", "replace"))
         offset += length
     raise DnsFormatError("too many compression pointers")
 
@@ -116,7 +116,7 @@ def parse_answer(msg: bytes) -> tuple[int, int, list[str]]:
             raise DnsFormatError("truncated resource record")
         rtype, rclass, _ttl, rdlength = struct.unpack_from("!HHIH", msg, offset)
         offset += 10
-        rdata = msg[offset:offset + rdlength]
+        rdata = msg[offset : offset + rdlength]
         if len(rdata) != rdlength:
             raise DnsFormatError("truncated RDATA")
         offset += rdlength
@@ -125,7 +125,9 @@ def parse_answer(msg: bytes) -> tuple[int, int, list[str]]:
     return qid, flags & RCODE_MASK, ips
 
 
-def build_response(query: bytes, records: Mapping[str, Sequence[str]], ttl: int = DEFAULT_TTL) -> bytes | None:
+def build_response(
+    query: bytes, records: Mapping[str, Sequence[str]], ttl: int = DEFAULT_TTL
+) -> bytes | None:
     """The authoritative answer to ``query`` from ``records`` (lower-case name → IPv4s).
 
     A known name gets its A records (or no records, NOERROR, for any other type); an
@@ -150,7 +152,7 @@ def build_response(query: bytes, records: Mapping[str, Sequence[str]], ttl: int 
         qtype, qclass = struct.unpack_from("!HH", query, end)
     except DnsFormatError:
         return HEADER.pack(qid, base | RCODE_FORMERR, 0, 0, 0, 0)
-    question = query[HEADER.size:end + 4]
+    question = query[HEADER.size : end + 4]
     ips = records.get(name.lower().rstrip("."))
     if ips is None:
         return HEADER.pack(qid, base | RCODE_NXDOMAIN, 1, 0, 0, 0) + question
@@ -158,7 +160,9 @@ def build_response(query: bytes, records: Mapping[str, Sequence[str]], ttl: int 
     if qtype == TYPE_A and qclass == CLASS_IN:
         pointer = struct.pack("!H", (POINTER_BITS << 8) | HEADER.size)  # the question's name
         for ip in ips:
-            answers += pointer + struct.pack("!HHIH", TYPE_A, CLASS_IN, ttl, 4) + ipaddress.IPv4Address(ip).packed
+            answers += (
+                pointer + struct.pack("!HHIH", TYPE_A, CLASS_IN, ttl, 4) + ipaddress.IPv4Address(ip).packed
+            )
     count = len(answers) // 16  # each A record above is 16 bytes
     return HEADER.pack(qid, base | RCODE_NOERROR, 1, count, 0, 0) + question + answers
 
@@ -171,7 +175,7 @@ def truncate(reply: bytes) -> bytes:
     for _ in range(qdcount):
         _, offset = read_name(reply, offset)
         offset += 4
-    return HEADER.pack(qid, flags | FLAG_TC, qdcount, 0, 0, 0) + reply[HEADER.size:offset]
+    return HEADER.pack(qid, flags | FLAG_TC, qdcount, 0, 0, 0) + reply[HEADER.size : offset]
 
 
 class UdpDnsResponder:
@@ -181,8 +185,9 @@ class UdpDnsResponder:
     counted (``queries`` in total, ``counts`` per lower-case name) before it is answered.
     """
 
-    def __init__(self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL, *,
-                 port: int = 0) -> None:
+    def __init__(
+        self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL, *, port: int = 0
+    ) -> None:
         self.records: dict[str, tuple[str, ...]] = {
             name.lower().rstrip("."): (ips,) if isinstance(ips, str) else tuple(ips)
             for name, ips in records.items()
@@ -275,8 +280,13 @@ class DnsResponder(UdpDnsResponder):
     several queries per connection) on the same port; ``truncate_udp`` makes every UDP answer
     a truncated one. TCP queries are counted in ``tcp_counts``, apart from UDP's ``counts``."""
 
-    def __init__(self, records: Mapping[str, str | Sequence[str]], ttl: int = DEFAULT_TTL, *,
-                 truncate_udp: bool = False) -> None:
+    def __init__(
+        self,
+        records: Mapping[str, str | Sequence[str]],
+        ttl: int = DEFAULT_TTL,
+        *,
+        truncate_udp: bool = False,
+    ) -> None:
         # The TCP port first, then UDP on the same number: a free TCP port is the scarcer one
         # (client connections hold ephemeral ports); a taken UDP twin means another pair.
         for attempt in range(PORT_ATTEMPTS):

@@ -65,8 +65,12 @@ class Backend:
         port = self._tcp.server_address[1]
         self._udp = socketserver.UDPServer((LOOPBACK, port), Udp)
         self.address = (LOOPBACK, port)
-        self._threads = [threading.Thread(target=server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True,
-                                          name="dns-backend") for server in (self._tcp, self._udp)]
+        self._threads = [
+            threading.Thread(
+                target=server.serve_forever, args=(SHUTDOWN_POLL,), daemon=True, name="dns-backend"
+            )
+            for server in (self._tcp, self._udp)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -98,8 +102,13 @@ class DnsdistPeer:
 
 
 @contextlib.contextmanager
-def dnsdist(backend: tuple[str, int], *, ca: trustme.CA | None = None,
-            server_names: Sequence[str] = TLS_NAMES, alt_svc: str | None = None) -> Iterator[DnsdistPeer]:
+def dnsdist(
+    backend: tuple[str, int],
+    *,
+    ca: trustme.CA | None = None,
+    server_names: Sequence[str] = TLS_NAMES,
+    alt_svc: str | None = None,
+) -> Iterator[DnsdistPeer]:
     """dnsdist forwarding to ``backend``, its certificate for ``server_names``; ``alt_svc``: an
     ``Alt-Svc`` header its DoH answers carry (an HTTP/3 offer)."""
     binary = require_binary("dnsdist")
@@ -127,7 +136,12 @@ def dnsdist(backend: tuple[str, int], *, ca: trustme.CA | None = None,
                 "getServer(0):setUp()\n"
             )
             argv = [binary, "--supervised", "--disable-syslog", "-C", str(conf)]
-            return argv, [tcp_accepts(plain), udp_bound(plain), tcp_accepts(ports["dot"]), tcp_accepts(ports["doh"])]
+            return argv, [
+                tcp_accepts(plain),
+                udp_bound(plain),
+                tcp_accepts(ports["dot"]),
+                tcp_accepts(ports["doh"]),
+            ]
 
         with _serving("dnsdist", work, launch):
             yield DnsdistPeer(LOOPBACK, ports["plain"], ports["dot"], ports["doh"], ca, ca_path)

@@ -53,13 +53,16 @@ def answer(records: Mapping[str, str], query_wire: bytes) -> tuple[bytes, str, i
     if address is None:
         reply.set_rcode(dns.rcode.NXDOMAIN)
     elif question.rdtype == dns.rdatatype.A:
-        reply.answer.append(dns.rrset.from_text(question.name, TTL, dns.rdataclass.IN, dns.rdatatype.A, address))
+        reply.answer.append(
+            dns.rrset.from_text(question.name, TTL, dns.rdataclass.IN, dns.rdatatype.A, address)
+        )
     return reply.to_wire(), name, query.id
 
 
 @contextlib.asynccontextmanager
-async def doq_server(records: Mapping[str, str], cert: trustme.LeafCert,
-                     host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[DoqPeer]:
+async def doq_server(
+    records: Mapping[str, str], cert: trustme.LeafCert, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[DoqPeer]:
     """The server on UDP ``port`` (0: a free one) of ``host``, presenting ``cert``."""
     config = QuicConfiguration(is_client=False, alpn_protocols=[ALPN_DOQ, *H3_ALPN])
     with cert.cert_chain_pems[0].tempfile() as certfile, cert.private_key_pem.tempfile() as keyfile:
@@ -95,7 +98,7 @@ async def doq_server(records: Mapping[str, str], cert: trustme.LeafCert,
                 return
             del self._streams[event.stream_id]
             (length,) = LENGTH.unpack_from(buf)
-            wire, name, qid = answer(records, bytes(buf[LENGTH.size:LENGTH.size + length]))
+            wire, name, qid = answer(records, bytes(buf[LENGTH.size : LENGTH.size + length]))
             peer.queries.append((name, qid))
             self._quic.send_stream_data(event.stream_id, LENGTH.pack(len(wire)) + wire, end_stream=True)
             self.transmit()
@@ -104,21 +107,29 @@ async def doq_server(records: Mapping[str, str], cert: trustme.LeafCert,
             assert self._h3 is not None
             if isinstance(event, HeadersReceived):
                 headers = dict(event.headers)
-                assert headers[b":method"] == b"POST" and headers[b"content-type"] == b"application/dns-message"
+                assert (
+                    headers[b":method"] == b"POST" and headers[b"content-type"] == b"application/dns-message"
+                )
                 self._streams[event.stream_id] = bytearray()
             elif isinstance(event, DataReceived):
                 self._streams[event.stream_id] += event.data
             if getattr(event, "stream_ended", False):
                 wire, name, qid = answer(records, bytes(self._streams.pop(event.stream_id)))
                 peer.queries.append((name, qid))
-                self._h3.send_headers(event.stream_id, [(b":status", b"200"),
-                                                        (b"content-type", b"application/dns-message"),
-                                                        (b"content-length", str(len(wire)).encode())])
+                self._h3.send_headers(
+                    event.stream_id,
+                    [
+                        (b":status", b"200"),
+                        (b"content-type", b"application/dns-message"),
+                        (b"content-length", str(len(wire)).encode()),
+                    ],
+                )
                 self._h3.send_data(event.stream_id, wire, end_stream=True)
                 self.transmit()
 
     transport, server = await asyncio.get_running_loop().create_datagram_endpoint(
-        lambda: QuicServer(configuration=config, create_protocol=Serving), local_addr=(host, port))
+        lambda: QuicServer(configuration=config, create_protocol=Serving), local_addr=(host, port)
+    )
     peer.port = transport.get_extra_info("sockname")[1]
     try:
         yield peer

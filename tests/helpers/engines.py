@@ -119,9 +119,14 @@ class FramedRig:
     """One framed flow on ``engine``: the test's client socket ``lan``, its server end ``srv``
     (played by ``server``, which ``make(srv)`` builds with the flow's ``framing``), the recorder."""
 
-    def __init__(self, engine: Any, make: Callable[[socket.socket], tuple[Any, Any]],
-                 pair: Callable[[], tuple[socket.socket, socket.socket]] = unix_pair,
-                 preamble: bytes = b"", before_add: bytes = b"") -> None:
+    def __init__(
+        self,
+        engine: Any,
+        make: Callable[[socket.socket], tuple[Any, Any]],
+        pair: Callable[[], tuple[socket.socket, socket.socket]] = unix_pair,
+        preamble: bytes = b"",
+        before_add: bytes = b"",
+    ) -> None:
         self.lan, lan_peer = pair()
         self.srv, upstream = pair()
         self.server, self.framing = make(self.srv)
@@ -137,7 +142,9 @@ class FramedRig:
 
 
 @contextlib.contextmanager
-def framed_rig(engine: Any, make: Callable[[socket.socket], tuple[Any, Any]], **kwargs: Any) -> Iterator[FramedRig]:
+def framed_rig(
+    engine: Any, make: Callable[[socket.socket], tuple[Any, Any]], **kwargs: Any
+) -> Iterator[FramedRig]:
     r = FramedRig(engine, make, **kwargs)
     try:
         yield r
@@ -192,7 +199,9 @@ class DialingListener:
     def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
         self.engine.hs_connect(token, self.node[0], self.node[1], -1, self.rec, self.framing, self.head)
 
-    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+    def socks_handover(
+        self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int
+    ) -> None:
         os.close(fd)
         raise AssertionError("the handshake was handed over")
 
@@ -200,8 +209,9 @@ class DialingListener:
         pass
 
 
-async def engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
-                         ) -> tuple[socket.socket, socket.socket, Recorder, int]:
+async def engine_dialled(
+    engine: Any, framing: Any, head: bytes, early: bytes
+) -> tuple[socket.socket, socket.socket, Recorder, int]:
     """A SOCKS5 client (CONNECT 127.0.0.1:80, then ``early``) whose request the engine dials to a
     node the test plays: (the client, the node's accepted end, the recorder, the listener id)."""
     loop = asyncio.get_running_loop()

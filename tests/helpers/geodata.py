@@ -14,11 +14,18 @@ from honk.geo import dat
 
 SITES: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {
     # modelled on dlc's cn and category-ads-all: suffixes, a full name, a keyword, a regex, attributes
-    "CN": [(dat.DOMAIN, "example.cn", ()), (dat.DOMAIN, "cn-shop.example", ()),
-           (dat.FULL, "www.cn-portal.example", ()), (dat.PLAIN, "cnkeyword", ()),
-           (dat.REGEX, r"^cdn[0-9]+\.cn-video\.example$", ())],
-    "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",)), (dat.DOMAIN, "tracker.example", ()),
-                         (dat.FULL, "pixel.cn-shop.example", ("ads", "cn"))],
+    "CN": [
+        (dat.DOMAIN, "example.cn", ()),
+        (dat.DOMAIN, "cn-shop.example", ()),
+        (dat.FULL, "www.cn-portal.example", ()),
+        (dat.PLAIN, "cnkeyword", ()),
+        (dat.REGEX, r"^cdn[0-9]+\.cn-video\.example$", ()),
+    ],
+    "CATEGORY-ADS-ALL": [
+        (dat.DOMAIN, "ads.example", ("ads",)),
+        (dat.DOMAIN, "tracker.example", ()),
+        (dat.FULL, "pixel.cn-shop.example", ("ads", "cn")),
+    ],
     "CATEGORY-ADS": [(dat.DOMAIN, "ads.example", ())],
     "GEOLOCATION-!CN": [(dat.DOMAIN, "example.org", ())],
     # more codes the corpus cases name, as users' configurations do

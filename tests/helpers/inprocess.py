@@ -29,8 +29,13 @@ def node_from_link(link: str, params: tuple[tuple[str, str], ...] = ()) -> NodeS
     return with_node_id(dataclasses.replace(node, params=(*node.params, *params))) if params else node
 
 
-def leaf_from_link(link: str, *, connect_timeout: float = STEP, clock=None,  # noqa: ANN001, ANN201
-                   params: tuple[tuple[str, str], ...] = ()):
+def leaf_from_link(
+    link: str,
+    *,
+    connect_timeout: float = STEP,
+    clock=None,  # noqa: ANN001, ANN201
+    params: tuple[tuple[str, str], ...] = (),
+):
     """The leaf the registry builds for the node of ``link`` (see node_from_link), with its runtime."""
     spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), nodes=(node_from_link(link, params),))
     return build_outbounds(spec, clock or MonotonicClock())[0]["node"]
@@ -43,15 +48,17 @@ async def open_through(leaf, target: Address, deadline: float) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def mixed_inbound(spec: Spec, clock: Clock, engine: Any = None
-                        ) -> AsyncIterator[tuple[MixedInbound, Dispatcher]]:
+async def mixed_inbound(
+    spec: Spec, clock: Clock, engine: Any = None
+) -> AsyncIterator[tuple[MixedInbound, Dispatcher]]:
     """``spec``'s first inbound (a mixed one) serving on a new dispatcher and tracker, with
     ``engine`` for its fast path (default: the inbound's own choice). At the end the inbound is
     closed, its flows ended and drained, and ``engine`` (when given) closed."""
     glob = spec.global_
     tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob,
-                            SystemResolver(clock, glob.connect_timeout))
+    dispatcher = Dispatcher(
+        build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, glob.connect_timeout)
+    )
     inbound = MixedInbound(spec.inbounds[0], dispatcher, clock, engine=engine)
     await inbound.start()
     try:
@@ -65,19 +72,25 @@ async def mixed_inbound(spec: Spec, clock: Clock, engine: Any = None
 
 
 @contextlib.asynccontextmanager
-async def honk_via(link: str, *, connect_timeout: float = STEP,
-                   params: tuple[tuple[str, str], ...] = ()) -> AsyncIterator[int]:
+async def honk_via(
+    link: str, *, connect_timeout: float = STEP, params: tuple[tuple[str, str], ...] = ()
+) -> AsyncIterator[int]:
     """A mixed inbound on a free loopback port whose fallback is the node of ``link``; yields the port."""
     inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=GlobalSpec(connect_timeout=connect_timeout), inbounds=(inbound_spec,),
-                nodes=(node_from_link(link, params),), routing=RoutingSpec(rules=(), fallback="node"))
+    spec = Spec(
+        global_=GlobalSpec(connect_timeout=connect_timeout),
+        inbounds=(inbound_spec,),
+        nodes=(node_from_link(link, params),),
+        routing=RoutingSpec(rules=(), fallback="node"),
+    )
     async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
         assert inbound.bound is not None
         yield inbound.bound.port
 
 
-async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, qid: int,
-                           params: tuple[tuple[str, str], ...] = ()) -> tuple[int, int, list[str]]:
+async def dns_through_honk(
+    link: str, dns_address: tuple[str, int], name: str, qid: int, params: tuple[tuple[str, str], ...] = ()
+) -> tuple[int, int, list[str]]:
     """A DNS query from a SOCKS5 UDP ASSOCIATE client of honk (routing to the node of ``link``)
     to ``dns_address``; returns the parsed answer after checking it names the responder as its source."""
     from helpers.aio import close_writer, socks5_open
@@ -97,4 +110,4 @@ async def dns_through_honk(link: str, dns_address: tuple[str, int], name: str, q
             reply = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
         await close_writer(writer)
     assert reply.startswith(header)  # the answer names the responder as its source
-    return parse_answer(reply[len(header):])
+    return parse_answer(reply[len(header) :])

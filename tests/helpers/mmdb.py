@@ -28,9 +28,16 @@ NAMES = {"CN": "China", "US": "United States", "JP": "Japan", "DE": "Germany"}
 # a few networks per country, both families; one JP network registered to US (a record's
 # "registered_country" is not its country)
 NETWORKS: list[tuple[str, str]] = [
-    ("1.0.1.0/24", "CN"), ("1.0.8.0/21", "CN"), ("36.96.0.0/11", "CN"), ("240e::/20", "CN"),
-    ("8.8.8.0/24", "US"), ("3.0.0.0/9", "US"), ("2600::/12", "US"),
-    ("1.0.16.0/20", "JP"), ("133.0.0.0/8", "JP"), ("2400:4000::/22", "JP"),
+    ("1.0.1.0/24", "CN"),
+    ("1.0.8.0/21", "CN"),
+    ("36.96.0.0/11", "CN"),
+    ("240e::/20", "CN"),
+    ("8.8.8.0/24", "US"),
+    ("3.0.0.0/9", "US"),
+    ("2600::/12", "US"),
+    ("1.0.16.0/20", "JP"),
+    ("133.0.0.0/8", "JP"),
+    ("2400:4000::/22", "JP"),
     ("45.76.0.0/16", "JP/US"),
 ]
 
@@ -43,8 +50,11 @@ def country_record(code: str) -> dict[str, Any]:
     def place(c: str) -> dict[str, Any]:
         return {"geoname_id": 1_000 + sum(map(ord, c)), "iso_code": c, "names": {"en": NAMES.get(c, c)}}
 
-    return {"continent": {"code": "AS", "geoname_id": 6_255_147, "names": {"en": "Asia"}},
-            "country": place(country), "registered_country": place(registered)}
+    return {
+        "continent": {"code": "AS", "geoname_id": 6_255_147, "names": {"en": "Asia"}},
+        "country": place(country),
+        "registered_country": place(registered),
+    }
 
 
 # --- the data section ---------------------------------------------------------------
@@ -90,8 +100,16 @@ def encode(value: Any) -> bytes:
     if isinstance(value, int):
         if value < 0:
             return _control(INT32, 4) + value.to_bytes(4, "big", signed=True)
-        return uint(UINT16 if value < 1 << 16 else UINT32 if value < 1 << 32 else
-                    UINT64 if value < 1 << 64 else UINT128, value)
+        return uint(
+            UINT16
+            if value < 1 << 16
+            else UINT32
+            if value < 1 << 32
+            else UINT64
+            if value < 1 << 64
+            else UINT128,
+            value,
+        )
     if isinstance(value, Mapping):
         return _control(MAP, len(value)) + b"".join(encode(str(k)) + encode(v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -145,8 +163,14 @@ class _Tree:
         return node
 
 
-def mmdb_bytes(networks: Iterable[tuple[str, Any]] = NETWORKS, *, ip_version: int = 6, record_size: int = 24,
-               aliases: bool = True, database_type: str = "GeoLite2-Country") -> bytes:
+def mmdb_bytes(
+    networks: Iterable[tuple[str, Any]] = NETWORKS,
+    *,
+    ip_version: int = 6,
+    record_size: int = 24,
+    aliases: bool = True,
+    database_type: str = "GeoLite2-Country",
+) -> bytes:
     """A database of ``(cidr, record)`` pairs (a cidr as text or an ``ipaddress`` network); a
     record given as a code string is :func:`country_record` of it. Networks must not overlap."""
     tree = _Tree(128 if ip_version == 6 else 32)
@@ -188,16 +212,26 @@ def mmdb_bytes(networks: Iterable[tuple[str, Any]] = NETWORKS, *, ip_version: in
         if record_size == 24:
             out += a.to_bytes(3, "big") + b.to_bytes(3, "big")
         elif record_size == 28:
-            out += a.to_bytes(4, "big")[1:] + bytes([((a >> 24) << 4) | (b >> 24)]) + (b & 0xFFFFFF).to_bytes(3, "big")
+            out += (
+                a.to_bytes(4, "big")[1:]
+                + bytes([((a >> 24) << 4) | (b >> 24)])
+                + (b & 0xFFFFFF).to_bytes(3, "big")
+            )
         elif record_size == 32:
             out += a.to_bytes(4, "big") + b.to_bytes(4, "big")
         else:
             raise ValueError(f"record size {record_size}")
-    metadata = {"binary_format_major_version": uint(UINT16, 2), "binary_format_minor_version": uint(UINT16, 0),
-                "build_epoch": uint(UINT64, BUILD_EPOCH), "database_type": database_type,
-                "description": {"en": "honk test database"}, "ip_version": uint(UINT16, ip_version),
-                "languages": ["en"], "node_count": uint(UINT32, node_count),
-                "record_size": uint(UINT16, record_size)}
+    metadata = {
+        "binary_format_major_version": uint(UINT16, 2),
+        "binary_format_minor_version": uint(UINT16, 0),
+        "build_epoch": uint(UINT64, BUILD_EPOCH),
+        "database_type": database_type,
+        "description": {"en": "honk test database"},
+        "ip_version": uint(UINT16, ip_version),
+        "languages": ["en"],
+        "node_count": uint(UINT32, node_count),
+        "record_size": uint(UINT16, record_size),
+    }
     return bytes(out) + DATA_SEPARATOR + bytes(data) + METADATA_MARKER + encode(metadata)
 
 

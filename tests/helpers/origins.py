@@ -16,8 +16,12 @@ class Origin204:
 
 
 @contextlib.asynccontextmanager
-async def generate_204(host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None,
-                       status: bytes = b"204 No Content") -> AsyncIterator[Origin204]:
+async def generate_204(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: ssl.SSLContext | None = None,
+    status: bytes = b"204 No Content",
+) -> AsyncIterator[Origin204]:
     """Serve 204 (or ``status``, empty body) to every request on ``host:port`` (0: a free
     port) over keep-alive HTTP/1.1, counting requests."""
     origin = Origin204(port)

@@ -14,7 +14,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # the compiled kernels must be in use: asked for by the build (make test), or in CI unless the run
 # is the twins' (HONK_NO_EXTENSIONS); elsewhere a dev install may lack them and the check skips
 COMPILED_REQUIRED = bool(os.environ.get("HONK_REQUIRE_EXTENSIONS")) or (
-    IN_CI and not os.environ.get("HONK_NO_EXTENSIONS"))
+    IN_CI and not os.environ.get("HONK_NO_EXTENSIONS")
+)
 CURL_MAX_TIME = 5  # seconds: curl's own bound on one request through a proxy on loopback
 
 
@@ -30,8 +31,11 @@ def require(present: bool, what: str, ci_message: str | None = None) -> None:
 def require_binary(name: str) -> str:
     """Path of ``name``; with CI=true a missing peer fails the test instead of skipping it."""
     path = shutil.which(name)
-    require(path is not None, f"{name} is not installed",
-            ci_message=f"{name} is required in CI; `make peers` installs it")
+    require(
+        path is not None,
+        f"{name} is not installed",
+        ci_message=f"{name} is required in CI; `make peers` installs it",
+    )
     return path  # type: ignore[return-value]
 
 
@@ -81,8 +85,13 @@ async def curl(*args: str) -> tuple[int, str, str]:
     """curl ``args`` quietly with a bounded run time and a clean environment (no proxy variables):
     (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        require_binary("curl"), "-sS", "--max-time", str(CURL_MAX_TIME), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        require_binary("curl"),
+        "-sS",
+        "--max-time",
+        str(CURL_MAX_TIME),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
     )
     out, err = await proc.communicate()

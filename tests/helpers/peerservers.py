@@ -180,14 +180,30 @@ class V2rayPeer(_Listening):
     ca_path: Path | None = None
     server_names: tuple[str, ...] = ()
 
-    def share_link(self, *, uuid: str | None = None, password: str | None = None, sni: str = "localhost",
-                   security: str | None = None) -> str:
+    def share_link(
+        self,
+        *,
+        uuid: str | None = None,
+        password: str | None = None,
+        sni: str = "localhost",
+        security: str | None = None,
+    ) -> str:
         """A node link for this server (the v2rayN JSON form for VMess); the arguments override
         the credentials, the TLS server name and the VMess cipher."""
         if self.protocol == "vmess":
-            fields = {"v": "2", "ps": "node", "add": self.host, "port": str(self.port), "id": uuid or self.uuid,
-                      "aid": "0", "scy": security or self.security, "net": self.transport, "path": self.ws_path,
-                      "tls": "tls" if self.tls else "", "sni": sni if self.tls else ""}
+            fields = {
+                "v": "2",
+                "ps": "node",
+                "add": self.host,
+                "port": str(self.port),
+                "id": uuid or self.uuid,
+                "aid": "0",
+                "scy": security or self.security,
+                "net": self.transport,
+                "path": self.ws_path,
+                "tls": "tls" if self.tls else "",
+                "sni": sni if self.tls else "",
+            }
             return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
         params = f"security=tls&sni={sni}&type={self.transport}"
         if self.transport == "ws":
@@ -272,8 +288,12 @@ class PeerProcess:
         self.log_path = workdir / f"{name}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=workdir, start_new_session=True,
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                start_new_session=True,
             )
         self._pidfd = os.pidfd_open(self.proc.pid)
 
@@ -359,8 +379,9 @@ Launch = Callable[[int], tuple[list[str], list[Probe]]]
 
 
 @contextlib.contextmanager
-def _serving(name: str, workdir: Path, launch: Launch,
-             pick_port: Callable[[], int] = free_port) -> Iterator[int]:
+def _serving(
+    name: str, workdir: Path, launch: Launch, pick_port: Callable[[], int] = free_port
+) -> Iterator[int]:
     """Start ``launch(port)``'s command on a fresh free port until it serves; yield the port, stop on exit.
 
     A start that fails because the port was taken meanwhile is retried on another port.
@@ -447,7 +468,9 @@ def microsocks(user: str | None = None, password: str | None = None) -> Iterator
 
 
 @contextlib.contextmanager
-def ss_server(method: str, password: str, udp: bool = True, egress: str | None = None) -> Iterator[ShadowsocksPeer]:
+def ss_server(
+    method: str, password: str, udp: bool = True, egress: str | None = None
+) -> Iterator[ShadowsocksPeer]:
     """shadowsocks-libev's ss-server with one AEAD ``method``; relays UDP on the same port when ``udp``;
     ``egress``: the local address its connections to targets come from (``-b``)."""
     binary = require_binary("ss-server")
@@ -475,8 +498,21 @@ def ss_local(server: ShadowsocksPeer, udp: bool = False) -> Iterator[SocksPeer]:
     with _workdir("ss-local") as tmp:
 
         def launch(port: int) -> tuple[list[str], list[Probe]]:
-            argv = [binary, "-s", server.host, "-p", str(server.port), "-b", LOOPBACK, "-l", str(port),
-                    "-k", server.password, "-m", server.method]
+            argv = [
+                binary,
+                "-s",
+                server.host,
+                "-p",
+                str(server.port),
+                "-b",
+                LOOPBACK,
+                "-l",
+                str(port),
+                "-k",
+                server.password,
+                "-m",
+                server.method,
+            ]
             probes = [tcp_accepts(port)]
             if udp:
                 argv.append("-u")
@@ -503,9 +539,16 @@ def tinyproxy(user: str | None = None, password: str | None = None) -> Iterator[
         def launch(port: int) -> tuple[list[str], list[Probe]]:
             # With no ConnectPort line tinyproxy allows CONNECT to every port. With no
             # LogFile and no Syslog it logs to stdout, which goes to our log file.
-            lines = [f"Port {port}", f"Listen {LOOPBACK}", f"Allow {LOOPBACK}", "Timeout 60",
-                     "MaxClients 32", "LogLevel Info", "DisableViaHeader Yes",
-                     f'PidFile "{work / "tinyproxy.pid"}"']
+            lines = [
+                f"Port {port}",
+                f"Listen {LOOPBACK}",
+                f"Allow {LOOPBACK}",
+                "Timeout 60",
+                "MaxClients 32",
+                "LogLevel Info",
+                "DisableViaHeader Yes",
+                f'PidFile "{work / "tinyproxy.pid"}"',
+            ]
             if user is not None:
                 lines.append(f"BasicAuth {user} {password}")
             conf.write_text("\n".join(lines) + "\n")
@@ -516,9 +559,13 @@ def tinyproxy(user: str | None = None, password: str | None = None) -> Iterator[
 
 
 @contextlib.contextmanager
-def tls_front(backend_port: int, *, ca: trustme.CA | None = None,
-              server_names: Sequence[str] = TLS_NAMES,
-              leaf: trustme.LeafCert | None = None) -> Iterator[TlsProxyPeer]:
+def tls_front(
+    backend_port: int,
+    *,
+    ca: trustme.CA | None = None,
+    server_names: Sequence[str] = TLS_NAMES,
+    leaf: trustme.LeafCert | None = None,
+) -> Iterator[TlsProxyPeer]:
     """haproxy terminating TLS on a free port and passing the plain bytes to ``backend_port``.
 
     The certificate is issued by ``ca`` (a new trustme CA by default) for ``server_names``,
@@ -557,18 +604,22 @@ def tls_front(backend_port: int, *, ca: trustme.CA | None = None,
 
 
 @contextlib.contextmanager
-def https_proxy(user: str | None = None, password: str | None = None, *,
-                ca: trustme.CA | None = None) -> Iterator[TlsProxyPeer]:
+def https_proxy(
+    user: str | None = None, password: str | None = None, *, ca: trustme.CA | None = None
+) -> Iterator[TlsProxyPeer]:
     """An ``https://`` HTTP proxy: :func:`tls_front` before :func:`tinyproxy`, credentials included."""
     with tinyproxy(user, password) as plain, tls_front(plain.port, ca=ca) as front:
-        yield TlsProxyPeer(front.host, front.port, front.ca, front.ca_path, front.server_names,
-                           plain.port, user, password)
+        yield TlsProxyPeer(
+            front.host, front.port, front.ca, front.ca_path, front.server_names, plain.port, user, password
+        )
 
 
 # --- v2ray: VMess, VLESS and Trojan -------------------------------------------------------
 
 
-def _v2ray_stream(transport: str, tls: bool, ws_path: str, tls_settings: dict[str, object]) -> dict[str, object]:
+def _v2ray_stream(
+    transport: str, tls: bool, ws_path: str, tls_settings: dict[str, object]
+) -> dict[str, object]:
     """v2ray's ``streamSettings`` for one side of the connection."""
     stream: dict[str, object] = {"network": transport, "security": "tls" if tls else "none"}
     if transport == "ws":
@@ -585,10 +636,19 @@ def _v2ray_argv(binary: str, conf: Path, config: dict[str, object]) -> list[str]
 
 
 @contextlib.contextmanager
-def v2ray_server(protocol: str, *, transport: str = "tcp", tls: bool = False, mux: bool = False,
-                 security: str = "aes-128-gcm", uuid: str | None = None, password: str | None = None,
-                 ws_path: str = V2RAY_WS_PATH, ca: trustme.CA | None = None,
-                 server_names: Sequence[str] = TLS_NAMES) -> Iterator[V2rayPeer]:
+def v2ray_server(
+    protocol: str,
+    *,
+    transport: str = "tcp",
+    tls: bool = False,
+    mux: bool = False,
+    security: str = "aes-128-gcm",
+    uuid: str | None = None,
+    password: str | None = None,
+    ws_path: str = V2RAY_WS_PATH,
+    ca: trustme.CA | None = None,
+    server_names: Sequence[str] = TLS_NAMES,
+) -> Iterator[V2rayPeer]:
     """v2ray serving ``protocol`` (vmess, vless or trojan) over ``transport`` (tcp or ws), TLS when ``tls``.
 
     VLESS and Trojan always run over TLS (their only protection), so ``tls`` is forced on for
@@ -619,8 +679,11 @@ def v2ray_server(protocol: str, *, transport: str = "tcp", tls: bool = False, mu
             cert.cert_chain_pems[0].write_to_path(str(work / "cert.pem"))
             ca_path = work / "ca.pem"
             ca.cert_pem.write_to_path(str(ca_path))
-            tls_settings = {"certificates": [{"certificateFile": str(work / "cert.pem"),
-                                              "keyFile": str(work / "key.pem")}]}
+            tls_settings = {
+                "certificates": [
+                    {"certificateFile": str(work / "cert.pem"), "keyFile": str(work / "key.pem")}
+                ]
+            }
         else:
             ca = None
         clients: dict[str, list[dict[str, object]]] = {
@@ -635,22 +698,42 @@ def v2ray_server(protocol: str, *, transport: str = "tcp", tls: bool = False, mu
         def launch(port: int) -> tuple[list[str], list[Probe]]:
             config = {
                 "log": {"loglevel": "warning", "access": str(access_log)},
-                "inbounds": [{
-                    "listen": LOOPBACK, "port": port, "protocol": protocol, "settings": settings,
-                    "streamSettings": _v2ray_stream(transport, tls, ws_path, tls_settings),
-                }],
+                "inbounds": [
+                    {
+                        "listen": LOOPBACK,
+                        "port": port,
+                        "protocol": protocol,
+                        "settings": settings,
+                        "streamSettings": _v2ray_stream(transport, tls, ws_path, tls_settings),
+                    }
+                ],
                 "outbounds": [{"protocol": "freedom", "settings": {}}],
             }
             return _v2ray_argv(binary, conf, config), [tcp_accepts(port)]
 
         with _serving("v2ray-server", work, launch) as port:
-            yield V2rayPeer(LOOPBACK, port, protocol, transport, tls, mux, security, user_id, secret,
-                            ws_path, access_log, ca, ca_path, tuple(server_names) if tls else ())
+            yield V2rayPeer(
+                LOOPBACK,
+                port,
+                protocol,
+                transport,
+                tls,
+                mux,
+                security,
+                user_id,
+                secret,
+                ws_path,
+                access_log,
+                ca,
+                ca_path,
+                tuple(server_names) if tls else (),
+            )
 
 
 @contextlib.contextmanager
-def v2ray_client(server: V2rayPeer, *, mux: bool | None = None, server_name: str | None = None,
-                 security: str | None = None) -> Iterator[SocksPeer]:
+def v2ray_client(
+    server: V2rayPeer, *, mux: bool | None = None, server_name: str | None = None, security: str | None = None
+) -> Iterator[SocksPeer]:
     """A v2ray client: a SOCKS5 server (no auth; CONNECT and UDP ASSOCIATE) whose traffic goes to ``server``.
 
     ``mux`` (default: the server's ``mux``) turns on Mux.Cool. Over TLS the client trusts only
@@ -665,11 +748,15 @@ def v2ray_client(server: V2rayPeer, *, mux: bool | None = None, server_name: str
         tls_settings: dict[str, object] = {}
         if server.tls:
             # "verify" certificates are CAs this client trusts in addition to the system's.
-            tls_settings = {"serverName": server_name or server.server_names[0], "allowInsecure": False,
-                            "certificates": [{"usage": "verify", "certificateFile": str(server.ca_path)}]}
+            tls_settings = {
+                "serverName": server_name or server.server_names[0],
+                "allowInsecure": False,
+                "certificates": [{"usage": "verify", "certificateFile": str(server.ca_path)}],
+            }
         if server.protocol == "trojan":
             settings: dict[str, object] = {
-                "servers": [{"address": server.host, "port": server.port, "password": server.password}]}
+                "servers": [{"address": server.host, "port": server.port, "password": server.password}]
+            }
         else:
             user: dict[str, object] = {"id": server.uuid}
             if server.protocol == "vmess":
@@ -678,7 +765,8 @@ def v2ray_client(server: V2rayPeer, *, mux: bool | None = None, server_name: str
                 user["encryption"] = "none"
             settings = {"vnext": [{"address": server.host, "port": server.port, "users": [user]}]}
         outbound = {
-            "protocol": server.protocol, "settings": settings,
+            "protocol": server.protocol,
+            "settings": settings,
             "streamSettings": _v2ray_stream(server.transport, server.tls, server.ws_path, tls_settings),
             "mux": {"enabled": use_mux, "concurrency": V2RAY_MUX_CONCURRENCY},
         }
@@ -686,8 +774,14 @@ def v2ray_client(server: V2rayPeer, *, mux: bool | None = None, server_name: str
         def launch(port: int) -> tuple[list[str], list[Probe]]:
             config = {
                 "log": {"loglevel": "warning"},
-                "inbounds": [{"listen": LOOPBACK, "port": port, "protocol": "socks",
-                              "settings": {"auth": "noauth", "udp": True, "ip": LOOPBACK}}],
+                "inbounds": [
+                    {
+                        "listen": LOOPBACK,
+                        "port": port,
+                        "protocol": "socks",
+                        "settings": {"auth": "noauth", "udp": True, "ip": LOOPBACK},
+                    }
+                ],
                 "outbounds": [outbound],
             }
             # The SOCKS inbound relays UDP on the same port as TCP.

@@ -65,8 +65,13 @@ class LoggedProcess:
     """
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         self.lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -98,7 +103,9 @@ class LoggedProcess:
                     raise AssertionError(f"honk exited before {pattern!r}:\n" + "\n".join(self.lines))
                 left = deadline - _monotonic()
                 if left <= 0:
-                    raise AssertionError(f"no log line {pattern!r} within {timeout}s:\n" + "\n".join(self.lines))
+                    raise AssertionError(
+                        f"no log line {pattern!r} within {timeout}s:\n" + "\n".join(self.lines)
+                    )
                 self._cond.wait(left)
 
     def mark(self) -> int:
@@ -140,8 +147,12 @@ class LoggedProcess:
         with self._cond:
             found = unretrieved_lines(self.lines)
         if found:
-            raise AssertionError(f"pid {self.proc.pid} logged {len(found)} exception(s) nobody retrieved:\n"
-                                 + "\n".join(found) + "\n--- whole log ---\n" + "\n".join(self.lines))
+            raise AssertionError(
+                f"pid {self.proc.pid} logged {len(found)} exception(s) nobody retrieved:\n"
+                + "\n".join(found)
+                + "\n--- whole log ---\n"
+                + "\n".join(self.lines)
+            )
 
     def open_fds(self) -> int:
         """How many file descriptors the process has open now (from /proc)."""
@@ -162,8 +173,15 @@ class HonkProcess(LoggedProcess):
     under, soft and hard.
     """
 
-    def __init__(self, config: Path | str, *args: str, env: dict[str, str] | None = None,
-                 netns: str | None = None, introspect: bool = False, nofile: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Path | str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        netns: str | None = None,
+        introspect: bool = False,
+        nofile: int | None = None,
+    ) -> None:
         if "--pid-file" not in args:  # each test daemon its own lock (root's default is shared)
             args = (*args, "--pid-file", str(Path(tempfile.mkdtemp(prefix="honk-test-")) / "honk.pid"))
         program = ["-c", _INTROSPECTING_LAUNCHER] if introspect else ["-m", "honk.cli.daemon"]

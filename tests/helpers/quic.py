@@ -25,8 +25,9 @@ class QuicPeer:
 
 
 @contextlib.asynccontextmanager
-async def quic_server(cert: trustme.LeafCert, host: str = "127.0.0.1", alpn: tuple[str, ...] = (H3,),
-                      port: int = 0) -> AsyncIterator[QuicPeer]:
+async def quic_server(
+    cert: trustme.LeafCert, host: str = "127.0.0.1", alpn: tuple[str, ...] = (H3,), port: int = 0
+) -> AsyncIterator[QuicPeer]:
     """An aioquic server on ``host:port`` (0: a free port) presenting ``cert``."""
     config = QuicConfiguration(is_client=False, alpn_protocols=list(alpn))
     with cert.cert_chain_pems[0].tempfile() as certfile, cert.private_key_pem.tempfile() as keyfile:
@@ -41,7 +42,8 @@ async def quic_server(cert: trustme.LeafCert, host: str = "127.0.0.1", alpn: tup
                 peer.terminations.append(event.error_code)
 
     transport, server = await asyncio.get_running_loop().create_datagram_endpoint(
-        lambda: QuicServer(configuration=config, create_protocol=Recording), local_addr=(host, port))
+        lambda: QuicServer(configuration=config, create_protocol=Recording), local_addr=(host, port)
+    )
     peer.port = transport.get_extra_info("sockname")[1]
     try:
         yield peer

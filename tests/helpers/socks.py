@@ -7,8 +7,9 @@ import socket
 import struct
 
 
-def socks5_connect(proxy: tuple[str, int], host: str, port: int, *, timeout: float = 5.0,
-                   auth: tuple[str, str] | None = None) -> tuple[socket.socket, int]:
+def socks5_connect(
+    proxy: tuple[str, int], host: str, port: int, *, timeout: float = 5.0, auth: tuple[str, str] | None = None
+) -> tuple[socket.socket, int]:
     """Open a CONNECT through ``proxy``; return the socket and the reply code (0 = success).
 
     On a non-zero reply the socket is still returned (the proxy closes it).
@@ -68,25 +69,28 @@ def read_address(data: bytes, offset: int) -> tuple[str, int, int]:
     """host, port and the offset past a SOCKS5 address (ATYP, address, port) at ``offset``."""
     atyp = data[offset]
     if atyp == ATYP_IPV4:
-        host, end = str(ipaddress.IPv4Address(data[offset + 1:offset + 5])), offset + 5
+        host, end = str(ipaddress.IPv4Address(data[offset + 1 : offset + 5])), offset + 5
     elif atyp == ATYP_IPV6:
-        host, end = str(ipaddress.IPv6Address(data[offset + 1:offset + 17])), offset + 17
+        host, end = str(ipaddress.IPv6Address(data[offset + 1 : offset + 17])), offset + 17
     elif atyp == ATYP_DOMAIN:
         n = data[offset + 1]
-        host, end = data[offset + 2:offset + 2 + n].decode(), offset + 2 + n
+        host, end = data[offset + 2 : offset + 2 + n].decode(), offset + 2 + n
     else:
         raise AssertionError(f"unknown SOCKS5 address type {atyp}")
     return host, struct.unpack_from("!H", data, end)[0], end + 2
 
 
-def socks5_udp_exchange(proxy: tuple[str, int], target: tuple[str, int], payload: bytes,
-                        *, timeout: float = 5.0) -> bytes:
+def socks5_udp_exchange(
+    proxy: tuple[str, int], target: tuple[str, int], payload: bytes, *, timeout: float = 5.0
+) -> bytes:
     """Send ``payload`` to ``target`` through a SOCKS5 UDP association (no auth) and return the reply.
 
     The control connection stays open for the whole exchange: closing it ends the association.
     """
-    with socket.create_connection(proxy, timeout=timeout) as control, \
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+    with (
+        socket.create_connection(proxy, timeout=timeout) as control,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+    ):
         udp.bind(("127.0.0.1", 0))
         udp.settimeout(timeout)
         control.sendall(bytes((5, 1, 0)))  # version 5, one method: no auth

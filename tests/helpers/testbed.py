@@ -52,8 +52,10 @@ PEER_TIMEOUT = 5.0  # seconds a client helper waits for an answer
 READY = "ready"
 
 # the imported module is told to run `function(*args)`: argv[1] is "module:function"
-_BOOT = ("import importlib, sys; m, _, f = sys.argv[1].partition(':'); "
-         "getattr(importlib.import_module(m), f)(*sys.argv[2:])")
+_BOOT = (
+    "import importlib, sys; m, _, f = sys.argv[1].partition(':'); "
+    "getattr(importlib.import_module(m), f)(*sys.argv[2:])"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +83,18 @@ class NsProcess:
     """A Python function running in a namespace; its output lines are collected as they arrive."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         self.pid: int | None = None  # the interpreter's own PID, from its ready line
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self._cond = threading.Condition()
         self._eof = 0
-        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
-                         for stream, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+            for stream, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -102,8 +107,9 @@ class NsProcess:
             self._eof += 1
             self._cond.notify_all()
 
-    def wait_for(self, pattern: str, *, stream: str = "stdout", timeout: float = READY_TIMEOUT,
-                 after: int = 0) -> re.Match[str]:
+    def wait_for(
+        self, pattern: str, *, stream: str = "stdout", timeout: float = READY_TIMEOUT, after: int = 0
+    ) -> re.Match[str]:
         """The first line (from index ``after``) of ``stream`` matching ``pattern``; AssertionError
         on timeout or when the process ends first."""
         rx = re.compile(pattern)
@@ -169,11 +175,18 @@ class Testbed:
     router_wan_ip = ROUTER_WAN
     server_ip = SERVER
 
-    def exec(self, ns: str, *argv: str, check: bool = True, timeout: float = CALL_TIMEOUT,
-             input: str | None = None) -> subprocess.CompletedProcess[str]:  # noqa: A002 - as subprocess.run
+    def exec(
+        self, ns: str, *argv: str, check: bool = True, timeout: float = CALL_TIMEOUT, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:  # noqa: A002 - as subprocess.run
         """Run ``argv`` in namespace ``ns``."""
-        return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True,
-                              check=check, timeout=timeout, input=input)
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, *argv],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+            input=input,
+        )
 
     def _python(self, ns: str, target: str, args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         paths = [str(REPO_DIR), str(TESTS_DIR), str(TESTS_DIR / "integration")]
@@ -183,8 +196,9 @@ class Testbed:
         # the absolute interpreter: a shim on PATH would put a wrapper's PID between us and it
         return ["ip", "netns", "exec", ns, sys.executable, "-c", _BOOT, target, *args], env
 
-    def spawn(self, ns: str, target: str, *args: str, ready: bool = True,
-              timeout: float = READY_TIMEOUT) -> NsProcess:
+    def spawn(
+        self, ns: str, target: str, *args: str, ready: bool = True, timeout: float = READY_TIMEOUT
+    ) -> NsProcess:
         """Run ``target`` (``"module:function"``, importable from the repository, ``tests/`` or
         ``tests/integration/``) with string ``args`` in namespace ``ns``; with ``ready``, wait
         for its :func:`announce_ready` line. Stopped when the test bed closes."""
@@ -211,9 +225,13 @@ class Testbed:
     def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
         """curl in the client namespace, quiet, bounded, without proxy variables."""
         curl = require_binary("curl")
-        return subprocess.run(["ip", "netns", "exec", self.client, curl, "-sS", "--max-time", str(CURL_MAX_TIME),
-                               *args], capture_output=True, text=True, timeout=CURL_MAX_TIME + CALL_TIMEOUT,
-                              env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+        return subprocess.run(
+            ["ip", "netns", "exec", self.client, curl, "-sS", "--max-time", str(CURL_MAX_TIME), *args],
+            capture_output=True,
+            text=True,
+            timeout=CURL_MAX_TIME + CALL_TIMEOUT,
+            env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+        )
 
     def close(self) -> None:
         processes, self.processes = self.processes, []
@@ -231,8 +249,12 @@ def _build(bed: Testbed) -> None:
         _ip("-n", ns, "link", "set", "lo", "up")
     _ip("link", "add", CLIENT_IF, "netns", cli, "type", "veth", "peer", "name", LAN_IF, "netns", rtr)
     _ip("link", "add", SERVER_IF, "netns", srv, "type", "veth", "peer", "name", WAN_IF, "netns", rtr)
-    for ns, ifname, ips in ((cli, CLIENT_IF, CLIENT), (rtr, LAN_IF, ROUTER_LAN), (rtr, WAN_IF, ROUTER_WAN),
-                            (srv, SERVER_IF, SERVER)):
+    for ns, ifname, ips in (
+        (cli, CLIENT_IF, CLIENT),
+        (rtr, LAN_IF, ROUTER_LAN),
+        (rtr, WAN_IF, ROUTER_WAN),
+        (srv, SERVER_IF, SERVER),
+    ):
         _ip("-n", ns, "addr", "add", f"{ips.v4}/{PREFIX_V4}", "dev", ifname)
         _ip("-n", ns, "-6", "addr", "add", f"{ips.v6}/{PREFIX_V6}", "dev", ifname, "nodad")
         _ip("-n", ns, "link", "set", ifname, "up")
@@ -282,8 +304,10 @@ def _answer_tcp(conn: socket.socket, peer: str) -> None:
                     break  # raw bytes (a ClientHello): answer at once
             body = _hello(peer)
             if data.startswith(HTTP_METHODS):
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                             % (len(body), body))
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                    % (len(body), body)
+                )
             else:
                 conn.sendall(body + b"\n")
         except OSError:
@@ -311,7 +335,10 @@ def serve(tcp_ports: str = "80", udp_ports: str = "") -> None:
     (as an HTTP response to a request, raw otherwise); UDP ports echo ``echo:<data>
     seen-from=<address>``. Ports are comma-separated."""
     threads = []
-    for kind, ports, loop in ((socket.SOCK_STREAM, tcp_ports, _tcp_loop), (socket.SOCK_DGRAM, udp_ports, _udp_loop)):
+    for kind, ports, loop in (
+        (socket.SOCK_STREAM, tcp_ports, _tcp_loop),
+        (socket.SOCK_DGRAM, udp_ports, _udp_loop),
+    ):
         for port in filter(None, ports.split(",")):
             sock = socket.socket(socket.AF_INET6, kind)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -339,8 +366,10 @@ def udp_exchange(host: str, port: str, *payloads: str) -> None:
             except OSError as exc:
                 print(json.dumps({"error": repr(exc)}), flush=True)
                 continue
-            print(json.dumps({"reply": data.decode(errors="replace"), "source": [source[0], source[1]]}),
-                  flush=True)
+            print(
+                json.dumps({"reply": data.decode(errors="replace"), "source": [source[0], source[1]]}),
+                flush=True,
+            )
 
 
 def tls_hello(host: str, port: str, server_name: str) -> None:

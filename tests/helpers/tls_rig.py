@@ -32,8 +32,9 @@ def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
 class TlsServer(FramedServer):
     """The test's TLS server end of one flow: ``take`` opens records, ``seal`` makes them."""
 
-    def __init__(self, sock: socket.socket, sslobj: ssl.SSLObject, incoming: ssl.MemoryBIO,
-                 outgoing: ssl.MemoryBIO) -> None:
+    def __init__(
+        self, sock: socket.socket, sslobj: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.MemoryBIO
+    ) -> None:
         self.sock = sock
         self.ssl = sslobj
         self.incoming = incoming
@@ -164,8 +165,9 @@ def handshake(contexts: tuple[ssl.SSLContext, ssl.SSLContext]):
     return client, c_in, c_out, server, s_in, s_out
 
 
-def tls_maker(contexts, response_type=TrojanStreamWatch, *, websocket: bool = False, server_type=TlsServer,
-              ready=None):
+def tls_maker(
+    contexts, response_type=TrojanStreamWatch, *, websocket: bool = False, server_type=TlsServer, ready=None
+):
     """``make(srv)`` for a framed rig: a handshake done in memory, the client's ``TlsFraming``
     (``websocket``: with WebSocket inside) and the test's ``server_type`` end on ``srv``, which
     ``ready(server, framing)`` may complete (an inner protocol's server end)."""
@@ -243,13 +245,23 @@ async def server_handshake(sock: socket.socket, server_ctx: ssl.SSLContext, serv
         s_in.write(data)
 
 
-async def dial_through_engine(engine, client_ctx: ssl.SSLContext, server_name: str, early: bytes,  # noqa: ANN001, ANN201
-                              response=None, head: bytes = b"HEADER\r\n"):  # noqa: ANN001
+async def dial_through_engine(
+    engine,
+    client_ctx: ssl.SSLContext,
+    server_name: str,
+    early: bytes,  # noqa: ANN001, ANN201
+    response=None,
+    head: bytes = b"HEADER\r\n",
+):  # noqa: ANN001
     """A SOCKS5 client whose request the engine answers by dialling a node the test plays (TLS on
     its side is the caller's) with ``head`` and a fresh TLS framing over ``response`` (a Trojan
     watch by default): (client, the node's accepted end, the framing, the recorder, lid)."""
     c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-    framing = TlsFraming(client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name), c_in, c_out,
-                         TrojanStreamWatch() if response is None else response)
+    framing = TlsFraming(
+        client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name),
+        c_in,
+        c_out,
+        TrojanStreamWatch() if response is None else response,
+    )
     client, srv, rec, lid = await engine_dialled(engine, framing, head, early)
     return client, srv, framing, rec, lid

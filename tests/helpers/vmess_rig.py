@@ -47,9 +47,11 @@ class VmessServer(FramedServer):
         """The sealed response header (echoing the check byte unless told otherwise)."""
         plain = bytes((self._check if check is None else check, 0, 0, 0))
         length = AESGCM(kdf(self._key, SALT_RESP_LEN_KEY)[:16]).encrypt(
-            kdf(self._iv, SALT_RESP_LEN_IV)[:12], struct.pack("!H", len(plain)), None)
+            kdf(self._iv, SALT_RESP_LEN_IV)[:12], struct.pack("!H", len(plain)), None
+        )
         return length + AESGCM(kdf(self._key, SALT_RESP_KEY)[:16]).encrypt(
-            kdf(self._iv, SALT_RESP_IV)[:12], plain, None)
+            kdf(self._iv, SALT_RESP_IV)[:12], plain, None
+        )
 
     def chunks(self, data: bytes, size: int = MAX_PAYLOAD) -> bytes:
         return b"".join(self.response.seal(data[i : i + size]) for i in range(0, len(data), size))

@@ -75,14 +75,18 @@ async def socks_echo(client: socket.socket, target: tuple[str, int], auth: tuple
 
 
 def daemon_config(tmp_path, echo_port: int) -> str:  # noqa: ANN001
-    return quiet_global(tmp_path / "var") + f"""inbound {{
+    return (
+        quiet_global(tmp_path / "var")
+        + f"""inbound {{
     lan: 'mixed://{USER}:{PASSWORD}@127.0.0.1:0'
 }}
 routing {{
     dport({echo_port}) -> direct
     fallback: direct
 }}
-""" + api_block(SECRET)
+"""
+        + api_block(SECRET)
+    )
 
 
 async def test_the_mixed_inbound_and_the_api_accept_again_once_descriptors_are_free(tmp_path, caplog):
@@ -97,13 +101,17 @@ async def test_the_mixed_inbound_and_the_api_accept_again_once_descriptors_are_f
             with descriptors_exhausted():
                 connect(lan_client, lan.port)
                 connect(api_client, api_port)
-                await poll(lambda: daemon.stats.accept_rests[lan_listener] >= 1,
-                           "the mixed inbound to find no descriptor to accept with")
+                await poll(
+                    lambda: daemon.stats.accept_rests[lan_listener] >= 1,
+                    "the mixed inbound to find no descriptor to accept with",
+                )
             assert await socks_echo(lan_client, ("127.0.0.1", echo.port), (USER, PASSWORD)) == b"ping"
             # the API's first connection waited in its backlog through the exhaustion
             reader, writer = await asyncio.open_connection(sock=api_client)
-            writer.write(f"GET /version HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
-                         "Connection: close\r\n\r\n".encode())
+            writer.write(
+                f"GET /version HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SECRET}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STEP)
             await close_writer(writer)
             assert head.startswith(b"HTTP/1.1 200"), head
@@ -112,7 +120,9 @@ async def test_the_mixed_inbound_and_the_api_accept_again_once_descriptors_are_f
     assert any(f"listener={lan_listener}" in w and "error=EMFILE" in w for w in warnings)
 
 
-async def test_the_relay_engines_fast_path_accepts_again_once_descriptors_are_free(tmp_path, caplog, monkeypatch):
+async def test_the_relay_engines_fast_path_accepts_again_once_descriptors_are_free(
+    tmp_path, caplog, monkeypatch
+):
     monkeypatch.setenv("HONK_FASTPATH", "on")  # the compiled engine, or its twin under HONK_NO_EXTENSIONS
     caplog.set_level(logging.WARNING, logger="honk.daemon")
     text = daemon_config(tmp_path, 9).replace(f"{USER}:{PASSWORD}@", "")  # no users: the engine accepts
@@ -125,12 +135,17 @@ async def test_the_relay_engines_fast_path_accepts_again_once_descriptors_are_fr
             listener = listener_address(lan.host, lan.port)
             with descriptors_exhausted():
                 connect(client, lan.port)
-                await poll(lambda: daemon.stats.accept_rests[listener] >= 1,
-                           "the engine's listener to find no descriptor to accept with")
+                await poll(
+                    lambda: daemon.stats.accept_rests[listener] >= 1,
+                    "the engine's listener to find no descriptor to accept with",
+                )
             assert await socks_echo(client, ("127.0.0.1", echo.port), None) == b"ping"
             assert daemon.stats.loop_errors == {}
-    assert any(f"listener={listener}" in r.getMessage() for r in caplog.records
-               if "listener out of resources" in r.getMessage())
+    assert any(
+        f"listener={listener}" in r.getMessage()
+        for r in caplog.records
+        if "listener out of resources" in r.getMessage()
+    )
 
 
 async def test_a_failed_first_load_of_the_api_is_retried_at_the_next_connection(tmp_path, monkeypatch):
@@ -139,7 +154,9 @@ async def test_a_failed_first_load_of_the_api_is_retried_at_the_next_connection(
 
     def import_module(name: str, package: str | None = None):  # noqa: ANN202
         if name == "honk.api.webapp" and not failures:
-            failures.append(name)  # what a burst does to the first load: no descriptor to read the module with
+            failures.append(
+                name
+            )  # what a burst does to the first load: no descriptor to read the module with
             raise OSError(24, "Too many open files")
         return real_import(name, package)
 
@@ -171,12 +188,20 @@ async def guarded_loop() -> AsyncIterator[RuntimeStats]:
 async def test_the_dns_listener_accepts_tcp_again_once_descriptors_are_free():
     clock = MonotonicClock()
     with DnsResponder({"www.example.test": "10.1.2.3"}) as responder:
-        dns_spec = DnsSpec(upstreams=(DnsUpstreamSpec("default", "udp", responder.host, responder.port, None),))
+        dns_spec = DnsSpec(
+            upstreams=(DnsUpstreamSpec("default", "udp", responder.host, responder.port, None),)
+        )
         spec = Spec()
-        dispatcher = Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                                SystemResolver(clock, STEP))
-        listener = DnsListener(DnsBindSpec("127.0.0.1", 0, udp=False, tcp=True),
-                               DnsService(dns_spec, dispatcher, clock), clock)
+        dispatcher = Dispatcher(
+            build_plane(spec, clock, 1),
+            ConnectionTracker(clock),
+            clock,
+            spec.global_,
+            SystemResolver(clock, STEP),
+        )
+        listener = DnsListener(
+            DnsBindSpec("127.0.0.1", 0, udp=False, tcp=True), DnsService(dns_spec, dispatcher, clock), clock
+        )
         async with guarded_loop() as stats:
             await listener.start()
             try:
@@ -184,8 +209,10 @@ async def test_the_dns_listener_accepts_tcp_again_once_descriptors_are_free():
                 client = client_socket()
                 with descriptors_exhausted():
                     connect(client, port)
-                    await poll(lambda: stats.accept_rests[listener_address(host, port)] >= 1,
-                               "the DNS listener to find no descriptor to accept with")
+                    await poll(
+                        lambda: stats.accept_rests[listener_address(host, port)] >= 1,
+                        "the DNS listener to find no descriptor to accept with",
+                    )
                 reader, writer = await asyncio.open_connection(sock=client)
                 query = build_query("www.example.test", 0x1234)
                 writer.write(len(query).to_bytes(2, "big") + query)

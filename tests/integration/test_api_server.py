@@ -56,20 +56,28 @@ async def test_every_route_refuses_a_request_without_the_secret(tmp_path):
     clock = FakeClock()
     async with started(tmp_path, clock) as daemon:
         app = await daemon.api.load()
-        routes = [(r.method, r.resource.canonical) for r in app.router.routes()
-                  if r.method not in ("HEAD", "OPTIONS", "*")]
+        routes = [
+            (r.method, r.resource.canonical)
+            for r in app.router.routes()
+            if r.method not in ("HEAD", "OPTIONS", "*")
+        ]
         assert len(routes) > 30  # the Clash, native and metrics surfaces are all there
         async with aiohttp.ClientSession() as session:
             for method, path in routes:
                 url = api_base(daemon) + concrete(path)
-                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {SECRET}"},
-                                {"Authorization": SECRET}):
+                for headers in (
+                    {},
+                    {"Authorization": "Bearer wrong"},
+                    {"Authorization": f"Basic {SECRET}"},
+                    {"Authorization": SECRET},
+                ):
                     clock.advance(FAILURE_REFILL)  # each failure's try given back: 401s, never 429
                     async with session.request(method, url, headers=headers) as response:
                         assert response.status == 401, (method, path, headers)
-                        assert await response.json() in ({"message": "Unauthorized"},
-                                                          {"error": {"code": "unauthorized",
-                                                                     "message": "Unauthorized"}})
+                        assert await response.json() in (
+                            {"message": "Unauthorized"},
+                            {"error": {"code": "unauthorized", "message": "Unauthorized"}},
+                        )
 
 
 async def test_the_token_query_authenticates_only_a_websocket_upgrade(tmp_path):
@@ -93,20 +101,24 @@ async def test_a_websocket_upgrade_with_the_token_is_admitted(tmp_path):
 async def test_a_preflight_needs_no_secret_and_grants_private_network_access(tmp_path):
     async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.options(f"{api_base(daemon)}/proxies/My%20Proxy", headers={
-                "Origin": "https://board.zash.run.place",
-                "Access-Control-Request-Method": "PUT",
-                "Access-Control-Request-Headers": "authorization,content-type",
-                "Access-Control-Request-Private-Network": "true",
-            }) as response:
+            async with session.options(
+                f"{api_base(daemon)}/proxies/My%20Proxy",
+                headers={
+                    "Origin": "https://board.zash.run.place",
+                    "Access-Control-Request-Method": "PUT",
+                    "Access-Control-Request-Headers": "authorization,content-type",
+                    "Access-Control-Request-Private-Network": "true",
+                },
+            ) as response:
                 assert response.status == 204
                 assert response.headers["Access-Control-Allow-Origin"] == "*"
                 assert "PUT" in response.headers["Access-Control-Allow-Methods"]
                 allowed = response.headers["Access-Control-Allow-Headers"].lower()
                 assert "authorization" in allowed and "content-type" in allowed
                 assert response.headers["Access-Control-Allow-Private-Network"] == "true"
-            async with session.get(f"{api_base(daemon)}/version",
-                                   headers={"Origin": "https://x.example"}) as response:
+            async with session.get(
+                f"{api_base(daemon)}/version", headers={"Origin": "https://x.example"}
+            ) as response:
                 assert response.status == 401  # refused, but readable by the dashboard
                 assert response.headers["Access-Control-Allow-Origin"] == "*"
 
@@ -162,12 +174,17 @@ async def test_a_body_over_the_limit_is_refused_before_it_is_read(tmp_path):
 
     auth = f"Authorization: Bearer {SECRET}\r\n".encode()
     async with started(tmp_path) as daemon:
-        status, _ = await refused(b"PUT /proxies/proxy HTTP/1.1\r\nHost: api\r\n" + auth +
-                                  b"Content-Length: 10485760\r\n\r\n", [])
+        status, _ = await refused(
+            b"PUT /proxies/proxy HTTP/1.1\r\nHost: api\r\n" + auth + b"Content-Length: 10485760\r\n\r\n", []
+        )
         assert status.startswith(b"HTTP/1.1 413")  # declared: refused on the head, before any body
         chunk = b"100000\r\n" + b"y" * 0x100000 + b"\r\n"
-        status, body = await refused(b"POST /v1/config/check?format=dae HTTP/1.1\r\nHost: api\r\n" + auth +
-                                     b"Transfer-Encoding: chunked\r\n\r\n", [chunk] * 10)
+        status, body = await refused(
+            b"POST /v1/config/check?format=dae HTTP/1.1\r\nHost: api\r\n"
+            + auth
+            + b"Transfer-Encoding: chunked\r\n\r\n",
+            [chunk] * 10,
+        )
         assert status.startswith(b"HTTP/1.1 413")  # chunked: counted as it arrives
         assert b'"body_too_large"' in body
         async with aiohttp.ClientSession() as session:
@@ -180,16 +197,19 @@ async def test_malformed_json_gets_a_typed_error_on_both_surfaces(tmp_path):
     auth = {**bearer(SECRET), "Content-Type": "application/json"}
     async with started(tmp_path) as daemon:
         async with aiohttp.ClientSession() as session:
-            async with session.put(f"{api_base(daemon)}/proxies/proxy", data=b"{not json",
-                                   headers=auth) as response:
+            async with session.put(
+                f"{api_base(daemon)}/proxies/proxy", data=b"{not json", headers=auth
+            ) as response:
                 assert response.status == 400
                 assert "message" in await response.json()
-            async with session.put(f"{api_base(daemon)}/v1/groups/proxy/selection", data=b"[1,",
-                                   headers=auth) as response:
+            async with session.put(
+                f"{api_base(daemon)}/v1/groups/proxy/selection", data=b"[1,", headers=auth
+            ) as response:
                 assert response.status == 400
                 assert (await response.json())["error"]["code"] == "invalid_request"
-            async with session.put(f"{api_base(daemon)}/v1/groups/proxy/selection",
-                                   data=json.dumps({"member": 5}), headers=auth) as response:
+            async with session.put(
+                f"{api_base(daemon)}/v1/groups/proxy/selection", data=json.dumps({"member": 5}), headers=auth
+            ) as response:
                 assert response.status == 400
                 assert "member" in (await response.json())["error"]["message"]
 
@@ -219,8 +239,9 @@ async def test_slow_loris_clients_are_cut_at_the_head_deadline_and_the_data_path
         try:
             for _ in range(MAX_API_CONNECTIONS):
                 slow.append(_open_partial(port))
-            await poll(lambda: len(daemon.api.guard.open) == MAX_API_CONNECTIONS,
-                       "every slow client accepted")
+            await poll(
+                lambda: len(daemon.api.guard.open) == MAX_API_CONNECTIONS, "every slow client accepted"
+            )
             excess = _open_partial(port)
             slow.append(excess)
             await poll(lambda: _closed_by_peer(excess), "the connection over the cap to be closed")
@@ -305,8 +326,12 @@ async def test_a_listener_that_cannot_bind_fails_the_start_and_leaves_nothing_ru
         taken.listen()
         port = taken.getsockname()[1]
         cfg = tmp_path / "honk.dae"
-        cfg.write_text(quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED
-                       + api_block(SECRET).replace("127.0.0.1:0", f"127.0.0.1:{port}"))
+        cfg.write_text(
+            quiet_global(tmp_path / "var")
+            + LAN_INBOUND
+            + ROUTED
+            + api_block(SECRET).replace("127.0.0.1:0", f"127.0.0.1:{port}")
+        )
         daemon = Daemon(cfg)
         with pytest.raises(BindFailed, match=f"^inbound api: binding 127.0.0.1:{port} failed: "):
             await daemon.start()
@@ -344,8 +369,10 @@ async def test_a_source_that_keeps_failing_authentication_is_slowed_and_counted(
             assert response.status == 429
 
         # the CORS preflight and the public UI path are never throttled
-        async with session.options(f"{base}/version", headers={
-                "Origin": "https://metacubex.github.io", "Access-Control-Request-Method": "GET"}) as response:
+        async with session.options(
+            f"{base}/version",
+            headers={"Origin": "https://metacubex.github.io", "Access-Control-Request-Method": "GET"},
+        ) as response:
             assert response.status == 204
 
         clock.advance(FAILURE_REFILL)

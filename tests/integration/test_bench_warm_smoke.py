@@ -9,7 +9,9 @@ from helpers.peers import require_binary
 from benchmarks import warm
 
 
-def test_the_warm_up_benchmark_measures_every_kind_over_both_transports_and_prints_a_ratio(monkeypatch) -> None:
+def test_the_warm_up_benchmark_measures_every_kind_over_both_transports_and_prints_a_ratio(
+    monkeypatch,
+) -> None:
     require_binary("v2ray")  # fails in CI when missing, skips elsewhere
     monkeypatch.setattr(warm, "QUICK_SAMPLES", 3)
     rows = warm.run(quick=True)

@@ -48,7 +48,10 @@ GROUP = "My Proxy"  # a space in the name: the page sends it percent-encoded, as
 GROUP_PATH = "/proxies/" + quote(GROUP, safe="")  # what encodeURIComponent makes of it
 PUBLIC_DASHBOARD = "https://metacubex.github.io"  # a public dashboard origin (clash-api.md §1)
 
-CONFIG = quiet_global() + LAN_INBOUND + f"""node {{
+CONFIG = (
+    quiet_global()
+    + LAN_INBOUND
+    + f"""node {{
     a: 'socks5://127.0.0.1:9'
     b: 'socks5://127.0.0.1:19'
 }}
@@ -61,7 +64,9 @@ group {{
 routing {{
     fallback: '{GROUP}'
 }}
-""" + api_block(SECRET)
+"""
+    + api_block(SECRET)
+)
 
 # The dashboard page: every call goes through call(), which reports what the page could read
 # (status and JSON body) or the error fetch threw (a CORS or network refusal).
@@ -168,15 +173,20 @@ async def preflight(page: Page, url: str, method: str, since: int = 0) -> dict[s
     response headers as they crossed the wire, the status, and the address spaces Chromium assigned."""
     sent = await page.wait_event(
         "Network.requestWillBeSent",
-        lambda p: p["request"]["method"] == "OPTIONS" and p["request"]["url"] == url
-        and p["request"]["headers"].get("Access-Control-Request-Method") == method,
+        lambda p: (
+            p["request"]["method"] == "OPTIONS"
+            and p["request"]["url"] == url
+            and p["request"]["headers"].get("Access-Control-Request-Method") == method
+        ),
         since=since,
     )
     ident = sent["requestId"]
-    request = await page.wait_event("Network.requestWillBeSentExtraInfo", lambda p: p["requestId"] == ident,
-                                    since=since)
-    response = await page.wait_event("Network.responseReceivedExtraInfo", lambda p: p["requestId"] == ident,
-                                     since=since)
+    request = await page.wait_event(
+        "Network.requestWillBeSentExtraInfo", lambda p: p["requestId"] == ident, since=since
+    )
+    response = await page.wait_event(
+        "Network.responseReceivedExtraInfo", lambda p: p["requestId"] == ident, since=since
+    )
     return {
         "request": lower(request["headers"]),
         "response": lower(response["headers"]),
@@ -190,7 +200,10 @@ def assert_cors_preflight(seen: dict[str, Any], method: str) -> None:
     assert seen["status"] == 204
     assert "authorization" not in seen["request"]  # preflights carry no token, so CORS runs before auth
     assert seen["request"]["access-control-request-method"] == method
-    assert set(seen["request"]["access-control-request-headers"].split(",")) == {"authorization", "content-type"}
+    assert set(seen["request"]["access-control-request-headers"].split(",")) == {
+        "authorization",
+        "content-type",
+    }
     assert seen["response"]["access-control-allow-origin"] == "*"
     assert method in seen["response"]["access-control-allow-methods"].replace(" ", "").split(",")
     allowed = {h.strip().lower() for h in seen["response"]["access-control-allow-headers"].split(",")}
@@ -234,7 +247,8 @@ async def test_a_page_from_another_origin_reads_the_version_and_switches_a_selec
 
 @pytest.mark.peer
 async def test_a_public_page_reaches_the_private_api_once_local_network_access_is_granted(
-        tmp_path, browser_dir):
+    tmp_path, browser_dir
+):
     async with running_daemon(tmp_path, CONFIG) as daemon, dashboard_origin(api_port(daemon)) as page_port:
         api = api_base(daemon)
         page_origin = f"http://127.0.0.1:{page_port}"
@@ -250,7 +264,9 @@ async def test_a_public_page_reaches_the_private_api_once_local_network_access_i
             since = page.mark()
             denied = await page.evaluate(f"version({json.dumps(SECRET)})")
             assert "error" in denied, denied
-            failed = await page.wait_event("Network.loadingFailed", lambda p: "corsErrorStatus" in p, since=since)
+            failed = await page.wait_event(
+                "Network.loadingFailed", lambda p: "corsErrorStatus" in p, since=since
+            )
             assert failed.get("corsErrorStatus", {}).get("corsError") == "LocalNetworkAccessPermissionDenied"
 
             await browser.send("Browser.grantPermissions", permissions=["localNetwork"], origin=page_origin)
@@ -277,7 +293,9 @@ async def test_a_private_network_preflight_is_answered_without_a_token(tmp_path)
             "Access-Control-Request-Method": "PUT",
             "Access-Control-Request-Headers": "authorization,content-type",
         }
-        async with client.options(url, headers={**asks, "Access-Control-Request-Private-Network": "true"}) as r:
+        async with client.options(
+            url, headers={**asks, "Access-Control-Request-Private-Network": "true"}
+        ) as r:
             assert r.status == 204
             assert r.headers["Access-Control-Allow-Private-Network"] == "true"
             assert r.headers["Access-Control-Allow-Origin"] == "*"
@@ -285,7 +303,9 @@ async def test_a_private_network_preflight_is_answered_without_a_token(tmp_path)
         async with client.options(url, headers=asks) as r:
             assert r.status == 204
             assert "Access-Control-Allow-Private-Network" not in r.headers  # only when asked
-        assert daemon.plane.groups.choices().get(GROUP, {}).get(Network.TCP) != "b"  # a preflight writes nothing
+        assert (
+            daemon.plane.groups.choices().get(GROUP, {}).get(Network.TCP) != "b"
+        )  # a preflight writes nothing
 
 
 # --- a hosted dashboard's whole session -------------------------------------------------------
@@ -329,8 +349,16 @@ DNS_NAME, DNS_ADDRESS = "router.example.test", "10.9.8.7"
 # What metacubexd and zashboard call, from their sources (api client and WebSocket composables):
 # the reads of the Overview, Proxies, Rules and Connections pages, their actions, and the four
 # live streams, each over a WebSocket with ?token= and over a chunked fetch.
-READS = ("/version", "/configs", "/proxies", "/providers/proxies", "/rules", "/connections",
-         "/providers/rules", "/group")
+READS = (
+    "/version",
+    "/configs",
+    "/proxies",
+    "/providers/proxies",
+    "/rules",
+    "/connections",
+    "/providers/rules",
+    "/group",
+)
 STREAMS = ("/traffic", "/memory", "/connections", "/logs?level=info")
 
 
@@ -338,14 +366,27 @@ STREAMS = ("/traffic", "/memory", "/connections", "/logs?level=info")
 async def test_a_hosted_dashboard_reads_and_drives_everything_from_another_origin(tmp_path, browser_dir):
     require_binary("ss-server")
     userinfo = base64.urlsafe_b64encode(f"{SS_METHOD}:{SS_PASSWORD}".encode()).decode().rstrip("=")
-    with ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer, ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer2:
+    with (
+        ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer,
+        ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer2,
+    ):
         async with contextlib.AsyncExitStack() as stack:
             check = await stack.enter_async_context(generate_204())
             target = await stack.enter_async_context(echo_server())
             responder = stack.enter_context(DnsResponder({DNS_NAME: DNS_ADDRESS}))
-            config = quiet_global() + LAN_INBOUND + DASHBOARD_CONFIG.format(
-                userinfo=userinfo, ss_port=peer.port, ss_port2=peer2.port, closed_port=free_port(), japan=JAPAN,
-                dns_port=responder.port) + api_block(SECRET)
+            config = (
+                quiet_global()
+                + LAN_INBOUND
+                + DASHBOARD_CONFIG.format(
+                    userinfo=userinfo,
+                    ss_port=peer.port,
+                    ss_port2=peer2.port,
+                    closed_port=free_port(),
+                    japan=JAPAN,
+                    dns_port=responder.port,
+                )
+                + api_block(SECRET)
+            )
             daemon = await stack.enter_async_context(running_daemon(tmp_path, config))
             page_port = await stack.enter_async_context(dashboard_origin(api_port(daemon)))
             browser = await stack.enter_async_context(Browser.launch(browser_dir))
@@ -357,12 +398,16 @@ async def test_a_hosted_dashboard_reads_and_drives_everything_from_another_origi
 
             async def call(method: str, path: str, body: Any = None) -> dict[str, Any]:
                 sent = "undefined" if body is None else json.dumps(body)
-                seen = await page.evaluate(f"call({json.dumps(method)}, {json.dumps(path)}, {secret}, {sent})")
+                seen = await page.evaluate(
+                    f"call({json.dumps(method)}, {json.dumps(path)}, {secret}, {sent})"
+                )
                 assert "error" not in seen, (method, path, seen)  # a CORS refusal throws in fetch
                 return seen
 
             # a live proxied flow, so the Connections page has a row to close
-            reader, writer, code, _ = await socks5_open(daemon.inbounds["lan"].bound.port, "127.0.0.1", target)
+            reader, writer, code, _ = await socks5_open(
+                daemon.inbounds["lan"].bound.port, "127.0.0.1", target
+            )
             assert code == 0
             writer.write(b"ping")
             assert await asyncio.wait_for(reader.readexactly(4), STEP) == b"ping"
@@ -416,7 +461,9 @@ async def test_a_hosted_dashboard_reads_and_drives_everything_from_another_origi
                 chunked = await page.evaluate(f"stream({json.dumps(path)}, {secret})")
                 assert chunked.get("status") == 200, (path, chunked)
             # a log line for the logs stream to carry: a flow opened now is logged at info
-            reader2, writer2, code, _ = await socks5_open(daemon.inbounds["lan"].bound.port, "127.0.0.1", target)
+            reader2, writer2, code, _ = await socks5_open(
+                daemon.inbounds["lan"].bound.port, "127.0.0.1", target
+            )
             assert code == 0
             for path in STREAMS:
                 first = await page.evaluate(f"sockets[{json.dumps(path)}]")
@@ -469,11 +516,19 @@ async def test_a_probed_dead_node_is_not_counted_among_its_groups_alive_members(
     with ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer:
         async with contextlib.AsyncExitStack() as stack:
             check = await stack.enter_async_context(generate_204())
-            config = PROBED_CONFIG.format(check_port=check.port, userinfo=userinfo, ss_port=peer.port,
-                                          closed_port=free_port(), japan=JAPAN) + api_block(SECRET)
+            config = PROBED_CONFIG.format(
+                check_port=check.port,
+                userinfo=userinfo,
+                ss_port=peer.port,
+                closed_port=free_port(),
+                japan=JAPAN,
+            ) + api_block(SECRET)
             daemon = await stack.enter_async_context(running_daemon(tmp_path, config))
-            client = await stack.enter_async_context(aiohttp.ClientSession(headers={
-                "Authorization": f"Bearer {SECRET}", "Origin": PUBLIC_DASHBOARD}))
+            client = await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    headers={"Authorization": f"Bearer {SECRET}", "Origin": PUBLIC_DASHBOARD}
+                )
+            )
 
             async def proxies() -> dict[str, Any]:
                 async with client.get(api_base(daemon) + "/proxies") as response:
@@ -485,7 +540,9 @@ async def test_a_probed_dead_node_is_not_counted_among_its_groups_alive_members(
                 listed = await proxies()
                 if listed["dead"]["alive"] is False and listed["hk-01"]["alive"] is True:
                     break
-                assert asyncio.get_running_loop().time() < deadline, {n: (listed[n]["alive"], listed[n]["extra"]) for n in ("dead", "hk-01")}
+                assert asyncio.get_running_loop().time() < deadline, {
+                    n: (listed[n]["alive"], listed[n]["extra"]) for n in ("dead", "hk-01")
+                }
                 await asyncio.sleep(POLL_EVERY)
             members = listed[JAPAN]["all"]
             assert [name for name in members if listed[name]["alive"] is True] == ["hk-01"]

@@ -101,8 +101,9 @@ def test_codec_over_websocket_bridged_to_a_plain_socket_carries_both_ways(run) -
         loop = asyncio.get_running_loop()
         near, far = tcp_pair()
         codec = ToyCodec()
-        channel = CodecChannel(WsChannel(await _stream_conn(near)), ToyCodec.encode, codec.decode,
-                               at_eof=codec.at_eof)
+        channel = CodecChannel(
+            WsChannel(await _stream_conn(near)), ToyCodec.encode, codec.decode, at_eof=codec.at_eof
+        )
         plain = bridge_stream(channel)
         payload = os.urandom(300_000)
         await loop.sock_sendall(plain, payload)
@@ -118,8 +119,13 @@ def test_codec_over_websocket_bridged_to_a_plain_socket_carries_both_ways(run) -
         # the server answers with a ping, then data split over two frames, then a close
         answer = os.urandom(70_000)
         framed = ToyCodec.encode(answer)
-        await loop.sock_sendall(far, _server_frame(0x9, b"hi") + _server_frame(0x2, framed[:1000])
-                                + _server_frame(0x0, framed[1000:]) + _server_frame(0x8, struct.pack("!H", 1000)))
+        await loop.sock_sendall(
+            far,
+            _server_frame(0x9, b"hi")
+            + _server_frame(0x2, framed[:1000])
+            + _server_frame(0x0, framed[1000:])
+            + _server_frame(0x8, struct.pack("!H", 1000)),
+        )
         back = bytearray()
         while chunk := await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP):
             back += chunk
@@ -138,8 +144,9 @@ def test_a_server_stopping_inside_a_frame_ends_the_bridge_with_a_logged_typed_er
         loop = asyncio.get_running_loop()
         near, far = tcp_pair()
         codec = ToyCodec()
-        plain = bridge_stream(CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode,
-                                           at_eof=codec.at_eof))
+        plain = bridge_stream(
+            CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode, at_eof=codec.at_eof)
+        )
         await loop.sock_sendall(far, ToyCodec.encode(b"complete") + ToyCodec.encode(b"cut short")[:6])
         far.shutdown(socket.SHUT_WR)
         got = bytearray()
@@ -156,13 +163,16 @@ def test_a_server_stopping_inside_a_frame_ends_the_bridge_with_a_logged_typed_er
 
 def test_the_bridge_keeps_the_server_sides_typed_failure_behind_the_relays_clean_eof(run) -> None:
     """The relay's end of the pair only sees EOF; the verdict says why the server's side ended."""
+
     async def main() -> tuple[bytes, BridgeEnd]:
         loop = asyncio.get_running_loop()
         near, far = tcp_pair()
         codec = ToyCodec()
         end = BridgeEnd()
-        plain = bridge_stream(CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode,
-                                           at_eof=codec.at_eof), end=end)
+        plain = bridge_stream(
+            CodecChannel(await _stream_conn(near), ToyCodec.encode, codec.decode, at_eof=codec.at_eof),
+            end=end,
+        )
         await loop.sock_sendall(far, ToyCodec.encode(b"cut short")[:6])
         far.shutdown(socket.SHUT_WR)
         got = await asyncio.wait_for(loop.sock_recv(plain, 65536), STEP)

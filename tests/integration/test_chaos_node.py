@@ -120,16 +120,17 @@ async def unanswered(node: ChaosNode) -> bool:
     return await asyncio.to_thread(run)
 
 
-
-
-@pytest.mark.parametrize(("node_host", "target"), [("127.0.0.1", "127.0.0.1"), ("::1", "::1"),
-                                                    ("127.0.0.1", "localhost")])
+@pytest.mark.parametrize(
+    ("node_host", "target"), [("127.0.0.1", "127.0.0.1"), ("::1", "::1"), ("127.0.0.1", "localhost")]
+)
 async def test_a_normal_flow_is_echoed_and_attributed(node_host, target):
     if ":" in node_host:
         require_ipv6_loopback()
     origin_host = "::1" if ":" in target else "127.0.0.1"
     async with echo_origin(origin_host) as origin, chaos_node(name="n1", host=node_host) as node:
-        assert node.link == (f"socks5://[::1]:{node.port}" if ":" in node_host else f"socks5://127.0.0.1:{node.port}")
+        assert node.link == (
+            f"socks5://[::1]:{node.port}" if ":" in node_host else f"socks5://127.0.0.1:{node.port}"
+        )
         sock, code = await connect(node, target, origin.port)
         with sock:
             assert code == 0
@@ -162,8 +163,10 @@ async def test_refusal_share_one_answers_the_configured_code():
 
 async def test_a_refusal_share_of_half_refuses_about_half_and_the_same_ones_for_the_same_seed():
     async def codes(seed: int) -> list[int]:
-        async with echo_origin() as origin, \
-                chaos_node(seed=seed, behaviour=ChaosBehaviour(refuse_share=0.5)) as node:
+        async with (
+            echo_origin() as origin,
+            chaos_node(seed=seed, behaviour=ChaosBehaviour(refuse_share=0.5)) as node,
+        ):
             out = []
             for _ in range(40):
                 sock, code = await connect(node, "127.0.0.1", origin.port)
@@ -248,8 +251,10 @@ async def test_a_bandwidth_cap_slows_a_transfer():
 
 async def test_connect_latency_delays_the_reply_and_chunk_latency_each_chunk():
     delay = 0.2
-    async with echo_origin() as origin, \
-            chaos_node(behaviour=ChaosBehaviour(connect_delay=delay, connect_jitter=0.05)) as node:
+    async with (
+        echo_origin() as origin,
+        chaos_node(behaviour=ChaosBehaviour(connect_delay=delay, connect_jitter=0.05)) as node,
+    ):
         started = time.monotonic()
         sock, code = await connect(node, "127.0.0.1", origin.port)
         replied = time.monotonic() - started

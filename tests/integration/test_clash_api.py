@@ -145,22 +145,39 @@ async def api(tmp_path, ss_peer) -> AsyncIterator[Api]:
         origin = await stack.enter_async_context(generate_204())
         ok_origin = await stack.enter_async_context(generate_204(status=b"200 OK"))
         silent_port = await stack.enter_async_context(silent_server())
-        routed = ROUTED.format(ss=_userinfo(), ss_port=ss_peer.port, closed_port=free_port(),
-                               silent_port=silent_port, japan=JAPAN)
+        routed = ROUTED.format(
+            ss=_userinfo(),
+            ss_port=ss_peer.port,
+            closed_port=free_port(),
+            silent_port=silent_port,
+            japan=JAPAN,
+        )
         text = quiet_global() + LAN_INBOUND + routed + api_block(SECRET)
         daemon = await stack.enter_async_context(running_daemon(tmp_path, text))
         http = await stack.enter_async_context(aiohttp.ClientSession(headers=bearer(SECRET)))
-        yield Api(daemon, api_base(daemon), api_port(daemon), http,
-                  f"http://127.0.0.1:{origin.port}/generate_204", f"http://127.0.0.1:{ok_origin.port}/ok")
+        yield Api(
+            daemon,
+            api_base(daemon),
+            api_port(daemon),
+            http,
+            f"http://127.0.0.1:{origin.port}/generate_204",
+            f"http://127.0.0.1:{ok_origin.port}/ok",
+        )
 
 
 async def raw_request(port: int, request_line: bytes, body: bytes = b"") -> tuple[int, bytes]:
     """One request written byte for byte (a target no client library would send as is)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(request_line + b"\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + SECRET.encode()
-                     + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
-                     + b"\r\nConnection: close\r\n\r\n" + body)
+        writer.write(
+            request_line
+            + b"\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + SECRET.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\nConnection: close\r\n\r\n"
+            + body
+        )
         response = await asyncio.wait_for(reader.read(), 5.0)
     finally:
         writer.close()
@@ -184,12 +201,15 @@ async def test_version_needs_the_bearer_secret_and_reports_meta(api):
 
 async def test_a_dashboard_preflight_succeeds_without_a_token_and_allows_private_network(api):
     async with aiohttp.ClientSession() as anonymous:
-        async with anonymous.options(api.url("/proxies"), headers={
-            "Origin": "https://board.zash.run.place",
-            "Access-Control-Request-Method": "PUT",
-            "Access-Control-Request-Headers": "authorization,content-type",
-            "Access-Control-Request-Private-Network": "true",
-        }) as resp:
+        async with anonymous.options(
+            api.url("/proxies"),
+            headers={
+                "Origin": "https://board.zash.run.place",
+                "Access-Control-Request-Method": "PUT",
+                "Access-Control-Request-Headers": "authorization,content-type",
+                "Access-Control-Request-Private-Network": "true",
+            },
+        ) as resp:
             assert 200 <= resp.status < 300
             assert resp.headers["Access-Control-Allow-Origin"] in ("*", "https://board.zash.run.place")
             assert "PUT" in resp.headers["Access-Control-Allow-Methods"]
@@ -329,13 +349,15 @@ async def test_a_silent_node_answers_504_within_its_timeout_plus_a_second(api):
 
 
 async def test_expected_204_fails_an_origin_that_answers_200(api):
-    status, body = await api.get("/proxies/hk-01/delay",
-                                 params={"url": api.check_200, "timeout": "5000", "expected": "204"})
+    status, body = await api.get(
+        "/proxies/hk-01/delay", params={"url": api.check_200, "timeout": "5000", "expected": "204"}
+    )
     assert status == 503 and body["message"]
     history = (await api.proxy("hk-01"))["extra"][api.check_200]["history"]
     assert [h["delay"] for h in history] == [0]  # one entry: the verdict
-    status, body = await api.get("/proxies/hk-01/delay",
-                                 params={"url": api.check_204, "timeout": "5000", "expected": "200-204"})
+    status, body = await api.get(
+        "/proxies/hk-01/delay", params={"url": api.check_204, "timeout": "5000", "expected": "200-204"}
+    )
     assert status == 200 and body["delay"] > 0
     status, body = await api.get("/proxies/hk-01/delay", params={"url": api.check_200, "timeout": "5000"})
     assert status == 200  # no filter: any status the probe accepts
@@ -386,11 +408,13 @@ async def test_providers_answer_200_with_default_and_compatible_entries(api):
     assert status == 200 and one["name"] == "Auto"
     assert (await api.get("/providers/proxies/none"))[0] == 404
     assert await api.put("/providers/proxies/Auto") == (204, None)
-    status, body = await api.get("/providers/proxies/Auto/hk-01/healthcheck",
-                                 params={"url": api.check_204, "timeout": "5000"})
+    status, body = await api.get(
+        "/providers/proxies/Auto/hk-01/healthcheck", params={"url": api.check_204, "timeout": "5000"}
+    )
     assert status == 200 and body["delay"] > 0
-    status, _ = await api.get("/providers/proxies/Fall%20back/healthcheck",
-                              params={"url": api.check_200, "timeout": "3000"})
+    status, _ = await api.get(
+        "/providers/proxies/Fall%20back/healthcheck", params={"url": api.check_200, "timeout": "3000"}
+    )
     assert status == 204
     dead_history = (await api.proxy("dead"))["extra"][api.check_200]["history"]
     assert [h["delay"] for h in dead_history] == [0]  # every member was measured, the dead one too
@@ -408,8 +432,10 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
         fetches.append(request.path)
         if fail.is_set():
             return aiohttp.web.Response(status=500)
-        return aiohttp.web.Response(text="socks5://127.0.0.1:1081#sub-a\nsocks5://127.0.0.1:1082#sub-b\n",
-                                    headers={"Subscription-Userinfo": USERINFO})
+        return aiohttp.web.Response(
+            text="socks5://127.0.0.1:1081#sub-a\nsocks5://127.0.0.1:1082#sub-b\n",
+            headers={"Subscription-Userinfo": USERINFO},
+        )
 
     app = aiohttp.web.Application()
     app.router.add_get("/sub", serve)
@@ -421,16 +447,22 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
     subscription = f"subscription {{\n    paid: 'http://127.0.0.1:{origin_port}/sub'\n}}\n"
     text = quiet_global() + subscription + "routing {\n    fallback: direct\n}\n" + api_block(SECRET)
     try:
-        async with running_daemon(tmp_path, text) as daemon, \
-                aiohttp.ClientSession(headers=bearer(SECRET)) as http:
+        async with (
+            running_daemon(tmp_path, text) as daemon,
+            aiohttp.ClientSession(headers=bearer(SECRET)) as http,
+        ):
             base = api_base(daemon)
             async with http.get(base + "/providers/proxies") as resp:
                 provider = (await resp.json())["providers"]["paid"]
             assert provider["vehicleType"] == "HTTP" and provider["type"] == "Proxy"
             assert [p["name"] for p in provider["proxies"]] == ["sub-a", "sub-b"]
             assert provider["proxies"][0]["provider-name"] == "paid" and "updatedAt" in provider
-            assert provider["subscriptionInfo"] == {"Upload": 1024, "Download": 2048, "Total": 10**12,
-                                                    "Expire": 1767225600}  # mihomo's capitalised keys
+            assert provider["subscriptionInfo"] == {
+                "Upload": 1024,
+                "Download": 2048,
+                "Total": 10**12,
+                "Expire": 1767225600,
+            }  # mihomo's capitalised keys
             before = len(fetches)
             async with http.put(base + "/providers/proxies/paid") as resp:
                 assert resp.status == 204
@@ -447,8 +479,13 @@ async def test_a_subscription_is_an_http_provider_that_a_put_refreshes(tmp_path)
 async def test_rules_and_rule_providers(api):
     status, body = await api.get("/rules")
     assert status == 200
-    never = {"disabled": False, "hitCount": 0, "hitAt": "0001-01-01T00:00:00Z", "missCount": 0,
-             "missAt": "0001-01-01T00:00:00Z"}  # no flow yet (counters: test_clash_rules.py)
+    never = {
+        "disabled": False,
+        "hitCount": 0,
+        "hitAt": "0001-01-01T00:00:00Z",
+        "missCount": 0,
+        "missAt": "0001-01-01T00:00:00Z",
+    }  # no flow yet (counters: test_clash_rules.py)
     assert body["rules"] == [
         {"index": 0, "type": "DstPort", "payload": "22", "proxy": "DIRECT", "size": -1, "extra": never},
         {"index": 1, "type": "Match", "payload": "", "proxy": "Proxy", "size": -1, "extra": never},
@@ -484,7 +521,9 @@ async def test_put_configs_reloads_the_own_file_and_refuses_a_payload(api):
     generation = api.daemon.generation
     text = api.daemon.config_path.read_text()
     api.daemon.config_path.write_text(text + "\nnode {\n    added: 'socks5://127.0.0.1:9'\n}\n")
-    async with api.http.put(api.url("/configs"), params={"force": "true"}, json={"path": "", "payload": ""}) as resp:
+    async with api.http.put(
+        api.url("/configs"), params={"force": "true"}, json={"path": "", "payload": ""}
+    ) as resp:
         assert resp.status == 204
     assert api.daemon.generation == generation + 1 and "added" in api.daemon.plane.outbounds
     async with api.http.put(api.url("/configs"), json={"path": "", "payload": "mode: rule"}) as resp:
@@ -494,14 +533,18 @@ async def test_put_configs_reloads_the_own_file_and_refuses_a_payload(api):
         assert resp.status == 400
     api.daemon.config_path.write_text("this is not a config {")
     async with api.http.put(api.url("/configs"), params={"reload": "true"}, json={}) as resp:
-        assert resp.status == 400 and (await resp.json())["message"].startswith(f"{api.daemon.config_path}:1: ")
+        assert resp.status == 400 and (await resp.json())["message"].startswith(
+            f"{api.daemon.config_path}:1: "
+        )
     assert api.daemon.generation == generation + 1
 
 
 # --- /stats -------------------------------------------------------------------------------------
 
 
-async def _connect_through_mixed(api: Api, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+async def _connect_through_mixed(
+    api: Api, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
     """An HTTP CONNECT to 127.0.0.1:``port`` through honk's mixed inbound; the reply head."""
     reader, writer = await asyncio.open_connection("127.0.0.1", api.daemon.inbounds["lan"].bound.port)
     writer.write(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
@@ -523,8 +566,16 @@ async def test_stats_counts_connections_bytes_and_failed_dials_per_outbound(api)
     assert (hk["totalConns"], hk["activeConns"], hk["errors"]) == (1, 1, 0)
     assert hk["upload"] > 0 and hk["download"] > 0
     assert body["tcp"]["activeFlows"] == 1
-    assert body["udp"]["stagger"] == {"plans": 0, "attempts": 0, "wins": 0, "failures": 0, "timeouts": 0,
-                                      "errors": 0, "drained": 0, "rejected": 0}  # no cold UDP plan ran
+    assert body["udp"]["stagger"] == {
+        "plans": 0,
+        "attempts": 0,
+        "wins": 0,
+        "failures": 0,
+        "timeouts": 0,
+        "errors": 0,
+        "drained": 0,
+        "rejected": 0,
+    }  # no cold UDP plan ran
     assert set(body["pool"]) == {"readyHits", "readyMisses", "entries"}
     assert body["warm"]["nodes"]["selector"] >= 1  # the Selectors' choices are pinned
     assert body["warm"]["preconnected"] == 0  # quiet_global turns startup preconnect off

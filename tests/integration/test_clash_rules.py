@@ -108,10 +108,19 @@ async def test_flows_raise_the_hit_count_of_their_rule_and_the_miss_count_of_the
     async with running(tmp_path) as live:
         rules = await live.rules()
         assert [(r["index"], r["type"], r["proxy"]) for r in rules] == [
-            (0, "DstPort", "DIRECT"), (1, "DstPort", "DIRECT"), (2, "IPCIDR", "alt"), (3, "Match", "DIRECT")]
+            (0, "DstPort", "DIRECT"),
+            (1, "DstPort", "DIRECT"),
+            (2, "IPCIDR", "alt"),
+            (3, "Match", "DIRECT"),
+        ]
         for rule in rules:
-            assert rule["extra"] == {"disabled": False, "hitCount": 0, "hitAt": ZERO_TIME,
-                                     "missCount": 0, "missAt": ZERO_TIME}
+            assert rule["extra"] == {
+                "disabled": False,
+                "hitCount": 0,
+                "hitAt": ZERO_TIME,
+                "missCount": 0,
+                "missAt": ZERO_TIME,
+            }
 
         before = time.time()
         await live.echo(live.port)
@@ -137,7 +146,9 @@ async def test_a_disabled_rule_is_skipped_until_it_is_enabled_again(tmp_path):
         assert [e["disabled"] for e in extras] == [False, True, False, False]
 
         # the next flow to rule 1's port skips it: rule 2 (through the group alt) decides it
-        reader, writer, rep, _ = await socks5_open(live.daemon.inbounds["lan"].bound.port, "127.0.0.1", live.port)
+        reader, writer, rep, _ = await socks5_open(
+            live.daemon.inbounds["lan"].bound.port, "127.0.0.1", live.port
+        )
         try:
             assert rep == 0
             await poll(lambda: len(live.daemon.tracker.snapshot()) == 1, "the flow to be tracked")
@@ -159,10 +170,18 @@ async def test_a_disabled_rule_is_skipped_until_it_is_enabled_again(tmp_path):
 
 async def test_a_bad_disable_body_is_a_400_that_changes_nothing(tmp_path):
     async with running(tmp_path) as live:
-        bad = [[1], "1", {"one": True}, {"-1": True}, {"1": 1}, {"1": "true"}, {"1": None},
-               {"3": True},  # the fallback cannot be disabled
-               {"4": True},  # no such rule
-               {"0": True, "9": True}]  # one good change and one bad: nothing applies
+        bad = [
+            [1],
+            "1",
+            {"one": True},
+            {"-1": True},
+            {"1": 1},
+            {"1": "true"},
+            {"1": None},
+            {"3": True},  # the fallback cannot be disabled
+            {"4": True},  # no such rule
+            {"0": True, "9": True},
+        ]  # one good change and one bad: nothing applies
         for body in bad:
             status, answer = await live.patch(body)
             assert status == 400, body
@@ -191,16 +210,19 @@ async def test_a_reload_enables_every_rule_and_resets_the_counters_only_when_the
         await live.reload()
         extras = await live.extras()
         assert len(extras) == 5
-        assert all(e == {"disabled": False, "hitCount": 0, "hitAt": ZERO_TIME, "missCount": 0, "missAt": ZERO_TIME}
-                   for e in extras)
+        assert all(
+            e == {"disabled": False, "hitCount": 0, "hitAt": ZERO_TIME, "missCount": 0, "missAt": ZERO_TIME}
+            for e in extras
+        )
         await live.echo(live.port)
         assert counts(await live.extras()) == [(0, 1), (1, 0), (0, 0), (0, 0), (0, 0)]
 
 
 async def ctl(live: Live, *args: str):
     runner = CliRunner()
-    return await asyncio.to_thread(runner.invoke, cli, ["--api", live.base, "--secret", SECRET, *args],
-                                   env=NO_ENV)
+    return await asyncio.to_thread(
+        runner.invoke, cli, ["--api", live.base, "--secret", SECRET, *args], env=NO_ENV
+    )
 
 
 async def test_honkctl_rules_shows_counts_and_state_and_switches_rules(tmp_path):
@@ -212,11 +234,24 @@ async def test_honkctl_rules_shows_counts_and_state_and_switches_rules(tmp_path)
         listing = await ctl(live, "rules")
         assert listing.exit_code == 0, listing.stderr
         lines = listing.stdout.splitlines()
-        assert lines[0].split() == ["#", "TYPE", "PAYLOAD", "PROXY", "STATE", "HITS", "LAST", "HIT", "MISSES",
-                                    "LAST", "MISS"]
+        assert lines[0].split() == [
+            "#",
+            "TYPE",
+            "PAYLOAD",
+            "PROXY",
+            "STATE",
+            "HITS",
+            "LAST",
+            "HIT",
+            "MISSES",
+            "LAST",
+            "MISS",
+        ]
         rows = {line.split()[0]: line.split() for line in lines[1:5]}
         assert rows["0"][:6] == ["0", "DstPort", "22", "DIRECT", "enabled", "0"]
-        assert rows["0"][6] == "-" and rows["0"][7] == "2" and rows["0"][-1] == "ago"  # never hit, missed twice
+        assert (
+            rows["0"][6] == "-" and rows["0"][7] == "2" and rows["0"][-1] == "ago"
+        )  # never hit, missed twice
         assert rows["1"][4:7] == ["enabled", "1", "0s"]  # hit once, just now
         assert rows["2"][:6] == ["2", "IPCIDR", "127.0.0.1/32", "alt", "disabled", "1"]
         assert rows["3"][:7] == ["3", "Match", "-", "DIRECT", "enabled", "0", "-"]
@@ -224,7 +259,12 @@ async def test_honkctl_rules_shows_counts_and_state_and_switches_rules(tmp_path)
 
         as_json = await ctl(live, "--json", "rules")
         assert as_json.exit_code == 0
-        assert [r["extra"]["disabled"] for r in json.loads(as_json.stdout)["rules"]] == [False, False, True, False]
+        assert [r["extra"]["disabled"] for r in json.loads(as_json.stdout)["rules"]] == [
+            False,
+            False,
+            True,
+            False,
+        ]
         refused = await ctl(live, "rules", "disable", "3")
         assert refused.exit_code == 1 and "fallback" in refused.stderr
         enabled = await ctl(live, "rules", "enable", "2")

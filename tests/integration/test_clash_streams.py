@@ -23,10 +23,15 @@ SECRET = "stream-secret"
 STEP = 5.0  # seconds: the most one frame may take to arrive
 TICK_LOW, TICK_HIGH = 0.8, 2.0  # seconds: bounds on the gap between two 1 Hz frames
 
-CONFIG = quiet_global() + LAN_INBOUND + """routing {
+CONFIG = (
+    quiet_global()
+    + LAN_INBOUND
+    + """routing {
     fallback: direct
 }
-""" + api_block(SECRET)
+"""
+    + api_block(SECRET)
+)
 
 
 @dataclass
@@ -49,11 +54,12 @@ class Api:
 
 @pytest.fixture
 async def api(tmp_path) -> AsyncIterator[Api]:
-    async with running_daemon(tmp_path, CONFIG) as daemon, \
-            aiohttp.ClientSession(headers=bearer(SECRET)) as http, aiohttp.ClientSession() as anonymous:
+    async with (
+        running_daemon(tmp_path, CONFIG) as daemon,
+        aiohttp.ClientSession(headers=bearer(SECRET)) as http,
+        aiohttp.ClientSession() as anonymous,
+    ):
         yield Api(daemon, api_base(daemon), http, anonymous)
-
-
 
 
 async def ws_frames(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[tuple[float, dict]]:
@@ -167,7 +173,7 @@ async def test_deleting_a_connection_removes_its_id_from_the_next_snapshot(api):
             async with api.http.delete(api.url(f"/connections/{conn['id']}")) as resp:
                 assert resp.status == 204
             async with api.ws("/connections") as ws:
-                (_, snapshot), = await ws_frames(ws, 1)
+                ((_, snapshot),) = await ws_frames(ws, 1)
             assert conn["id"] not in [c["id"] for c in snapshot["connections"]]
             assert await asyncio.wait_for(reader.read(), STEP) == b""  # the client saw the close
         finally:
@@ -197,7 +203,7 @@ async def reload_until(api: Api, ws_or_resp, read) -> dict:  # noqa: ANN001 - a 
     assert await api.daemon.reload()
     deadline = time.monotonic() + STEP
     while time.monotonic() < deadline:
-        (_, frame), = await read(ws_or_resp, 1)
+        ((_, frame),) = await read(ws_or_resp, 1)
         if "config reloaded" in json.dumps(frame):
             return frame
     raise AssertionError("no log frame for the reload")
@@ -256,15 +262,18 @@ async def test_a_websocket_needs_its_token_and_a_plain_get_cannot_use_one(api):
 
 
 async def test_a_stream_ends_when_the_server_stops(api):
-    async with api.ws("/logs", level="info") as ws, \
-            api.http.get(api.url("/traffic")) as resp:
+    async with api.ws("/logs", level="info") as ws, api.http.get(api.url("/traffic")) as resp:
         await line_frames(resp, 1)
         await poll(lambda: api.daemon.logs.readers == 1, "the log reader")
         started = time.monotonic()
         await api.daemon.api.stop()
         msg = await asyncio.wait_for(ws.receive(), STEP)
-        assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING,
-                            aiohttp.WSMsgType.ERROR)
+        assert msg.type in (
+            aiohttp.WSMsgType.CLOSE,
+            aiohttp.WSMsgType.CLOSED,
+            aiohttp.WSMsgType.CLOSING,
+            aiohttp.WSMsgType.ERROR,
+        )
         with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
             while await asyncio.wait_for(resp.content.readline(), STEP):
                 pass

@@ -102,17 +102,25 @@ def _open_fds() -> int:
 
 
 def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run) -> None:
-    async def main(hole: BlackHole, dante_port: int, ss_port: int, dns: UdpDnsResponder,
-                   second: UdpDnsResponder) -> None:
+    async def main(
+        hole: BlackHole, dante_port: int, ss_port: int, dns: UdpDnsResponder, second: UdpDnsResponder
+    ) -> None:
         userinfo = base64.urlsafe_b64encode(f"{SS_METHOD}:cold-secret".encode()).decode().rstrip("=")
-        nodes = (parse_node_link(f"socks5://127.0.0.1:{hole.port}", "hole"),
-                 parse_node_link(f"socks5://127.0.0.1:{dante_port}", "dante"),
-                 parse_node_link(f"ss://{userinfo}@127.0.0.1:{ss_port}", "ss"))
+        nodes = (
+            parse_node_link(f"socks5://127.0.0.1:{hole.port}", "hole"),
+            parse_node_link(f"socks5://127.0.0.1:{dante_port}", "dante"),
+            parse_node_link(f"ss://{userinfo}@127.0.0.1:{ss_port}", "ss"),
+        )
         clock = MonotonicClock()
         glob = GlobalSpec(connect_timeout=CONNECT_TIMEOUT)
         inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-        spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=nodes,
-                    groups=(_group("auto", ("hole", "dante", "ss")),), routing=RoutingSpec(rules=(), fallback="auto"))
+        spec = Spec(
+            global_=glob,
+            inbounds=(inbound_spec,),
+            nodes=nodes,
+            groups=(_group("auto", ("hole", "dante", "ss")),),
+            routing=RoutingSpec(rules=(), fallback="auto"),
+        )
         plane = build_plane(spec, clock, 1)
         traffic = {name: TrafficLog() for name in ("hole", "dante", "ss")}
         for name, log in traffic.items():
@@ -150,10 +158,10 @@ def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run)
                 assert association._endpoints[version] is kept and not kept.closed
                 await loop.sock_sendall(udp, header + build_query(DNS_NAME, 11))
                 third = await asyncio.wait_for(loop.sock_recv(udp, 2048), STEP)
-                assert parse_answer(third[len(header):]) == (11, 0, [DNS_ANSWER])
-            assert parse_answer(reply[len(header):]) == (9, 0, [DNS_ANSWER])
+                assert parse_answer(third[len(header) :]) == (11, 0, [DNS_ANSWER])
+            assert parse_answer(reply[len(header) :]) == (9, 0, [DNS_ANSWER])
             assert elapsed < preparation_deadline(CONNECT_TIMEOUT)
-            assert parse_answer(again[len(other):]) == (10, 0, [DNS_ANSWER])
+            assert parse_answer(again[len(other) :]) == (10, 0, [DNS_ANSWER])
             [flow] = [f for f in tracker.snapshot() if f.network is Network.UDP]  # one association
             assert flow.chain[-1] == "dante"  # served by the second candidate
             assert hole.accepted == 1  # the black hole was tried first ...
@@ -178,8 +186,12 @@ def test_a_cold_udp_flow_through_an_unmeasured_urltest_escapes_a_black_hole(run)
 
     hole = BlackHole()
     try:
-        with danted() as dante, ss_server(SS_METHOD, "cold-secret", udp=True) as ss, \
-                UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as second:
+        with (
+            danted() as dante,
+            ss_server(SS_METHOD, "cold-secret", udp=True) as ss,
+            UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns,
+            UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as second,
+        ):
             run(main(hole, dante.port, ss.port, dns, second))
     finally:
         hole.close()

@@ -81,7 +81,9 @@ class ApiWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        request = urllib.request.Request(f"{self.base}/version", headers={"Authorization": f"Bearer {SECRET}"})
+        request = urllib.request.Request(
+            f"{self.base}/version", headers={"Authorization": f"Bearer {SECRET}"}
+        )
         while not self._stop.is_set():
             started = time.monotonic()
             try:
@@ -149,8 +151,9 @@ async def test_a_burst_through_a_tls_node_answers_every_client_and_leaves_honk_s
                 with ApiWatch(api_base, honk) as api:
                     results = []
                     for _ in range(BURSTS):
-                        results.append(await burst((host, port), ("127.0.0.1", origin.port), CONNECTIONS,
-                                                   CONCURRENCY))
+                        results.append(
+                            await burst((host, port), ("127.0.0.1", origin.port), CONNECTIONS, CONCURRENCY)
+                        )
                     after_burst = await fds_back(honk, baseline)
                 for result in results:
                     assert result.total == CONNECTIONS
@@ -167,8 +170,10 @@ async def test_a_burst_through_a_tls_node_answers_every_client_and_leaves_honk_s
             assert await bulk_echo(port, ("127.0.0.1", echo.port)), "\n".join(honk.lines[-30:])
             assert not [line for line in honk.lines if "unhandled error in the event loop" in line]
             rates = ", ".join(f"{r.rate:,.0f} conn/s ({dict(r.outcomes)})" for r in results)
-            print(f"\nburst through Trojan/TLS under nofile={nofile}: {rates}; API slowest "
-                  f"{api.slowest * 1000:.0f} ms; fds {baseline} -> peak {api.peak_fds} -> {after_burst}")
+            print(
+                f"\nburst through Trojan/TLS under nofile={nofile}: {rates}; API slowest "
+                f"{api.slowest * 1000:.0f} ms; fds {baseline} -> peak {api.peak_fds} -> {after_burst}"
+            )
 
 
 def api_version(base: str) -> None:

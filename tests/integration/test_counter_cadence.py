@@ -186,8 +186,10 @@ async def readings(daemon: Daemon, origin: int) -> list[Reading]:
     """READINGS readings, one per /traffic frame; the stream opens while the body is moving."""
     base = api_base(daemon)
     out = []
-    async with aiohttp.ClientSession(headers=bearer(SECRET)) as http, \
-            http.ws_connect(base + "/traffic") as ws:
+    async with (
+        aiohttp.ClientSession(headers=bearer(SECRET)) as http,
+        http.ws_connect(base + "/traffic") as ws,
+    ):
         for _ in range(READINGS):
             msg = await asyncio.wait_for(ws.receive(), FRAME_WAIT)
             at = time.monotonic()
@@ -198,13 +200,22 @@ async def readings(daemon: Daemon, origin: int) -> list[Reading]:
             native = await get_json(http, base + "/v1/connections")
             async with http.get(base + "/metrics") as response:
                 metrics = metric_samples(await response.text())
-            out.append(Reading(
-                at=at, rate=frame["down"], traffic_total=frame["downTotal"], asked=asked,
-                flow=the_flow(clash["connections"], origin, lambda f: int(f["metadata"]["destinationPort"]))["download"],
-                connections_total=clash["downloadTotal"],
-                native_flow=the_flow(native["connections"], origin, lambda f: int(f["target"].rsplit(":", 1)[1]))["download"],
-                metric=metrics[METRIC_DOWN],
-            ))
+            out.append(
+                Reading(
+                    at=at,
+                    rate=frame["down"],
+                    traffic_total=frame["downTotal"],
+                    asked=asked,
+                    flow=the_flow(
+                        clash["connections"], origin, lambda f: int(f["metadata"]["destinationPort"])
+                    )["download"],
+                    connections_total=clash["downloadTotal"],
+                    native_flow=the_flow(
+                        native["connections"], origin, lambda f: int(f["target"].rsplit(":", 1)[1])
+                    )["download"],
+                    metric=metrics[METRIC_DOWN],
+                )
+            )
     return out
 
 
@@ -221,7 +232,9 @@ def check(download: Download, seen: list[Reading]) -> None:
         assert r.native_flow >= floor_asked, "/v1/connections download lags: " + where
         assert r.metric >= floor_asked, "/metrics relayed bytes lag: " + where
     for before, after in itertools.pairwise(seen):
-        assert after.flow > before.flow, f"the flow's download stood still between two readings: {before} {after}"
+        assert after.flow > before.flow, (
+            f"the flow's download stood still between two readings: {before} {after}"
+        )
 
 
 # --- the paths -----------------------------------------------------------------------------------
@@ -264,7 +277,9 @@ async def steady_download(tmp_path, routing: str, way: str) -> None:
 
 
 @pytest.mark.parametrize(("way", "relay"), PLAIN_PATHS, ids=[f"{w}-{r}" for w, r in PLAIN_PATHS])
-async def test_a_steady_download_is_counted_within_a_second_on_every_plain_path(tmp_path, monkeypatch, way, relay):
+async def test_a_steady_download_is_counted_within_a_second_on_every_plain_path(
+    tmp_path, monkeypatch, way, relay
+):
     use_relay(monkeypatch, relay)
     await steady_download(tmp_path, DIRECT, way)
 
@@ -272,7 +287,8 @@ async def test_a_steady_download_is_counted_within_a_second_on_every_plain_path(
 @pytest.mark.peer
 @pytest.mark.parametrize(("way", "relay"), SS_PATHS, ids=[f"{w}-{r}" for w, r in SS_PATHS])
 async def test_a_steady_download_through_a_shadowsocks_node_is_counted_within_a_second(
-        tmp_path, monkeypatch, way, relay):
+    tmp_path, monkeypatch, way, relay
+):
     use_relay(monkeypatch, relay)
     with ss_server(SS_METHOD, SS_PASSWORD, udp=False) as peer:  # CI=true: a missing ss-server fails
         await steady_download(tmp_path, ss_routing(peer.port), way)
@@ -286,7 +302,8 @@ V2RAY_PATHS = [("trojan", "tcp"), ("vmess", "ws")]
 @pytest.mark.peer
 @pytest.mark.parametrize(("protocol", "transport"), V2RAY_PATHS, ids=[f"{p}-{t}" for p, t in V2RAY_PATHS])
 async def test_a_steady_download_through_a_v2ray_node_is_counted_within_a_second(
-        tmp_path, monkeypatch, protocol, transport):
+    tmp_path, monkeypatch, protocol, transport
+):
     with v2ray_server(protocol, transport=transport) as peer:  # CI=true: a missing v2ray fails
         if peer.ca_path is not None:
             monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))

@@ -79,7 +79,9 @@ def test_sighup_with_broken_file_changes_nothing_and_logs_the_located_error(tmp_
         honk.signal(signal.SIGHUP)
         err = honk.wait_for(r"config error .*", after=mark).group(0)
         assert "honk.dae:10" in err and "routing.rules[0]" in err and "unknown-outbound" in err
-        honk.wait_for(r"reload: .*honk.dae:10: routing.rules\[0\]: .*; keeping the running config", after=mark)
+        honk.wait_for(
+            r"reload: .*honk.dae:10: routing.rules\[0\]: .*; keeping the running config", after=mark
+        )
 
         assert roundtrip(live, b"unchanged") == b"unchanged"
         again, rep = socks5_connect(proxy, "127.0.0.1", echo.port)
@@ -144,7 +146,10 @@ def test_under_systemd_honk_says_ready_reloading_and_stopping_on_its_notify_sock
             cfg.write_text("routing {\n")  # broken: refused, the old configuration keeps serving
             honk.signal(signal.SIGHUP)
             assert next_message()["RELOADING"] == "1"
-            assert next_message() == {"READY": "1", "STATUS": "reload refused; serving the previous configuration"}
+            assert next_message() == {
+                "READY": "1",
+                "STATUS": "reload refused; serving the previous configuration",
+            }
             honk.signal(signal.SIGTERM)
             assert next_message()["STOPPING"] == "1"
             assert honk.proc.wait(15) == 0
@@ -166,8 +171,19 @@ def test_demo_config_serves_on_the_documented_port():
         assert honk.inbound() == ("127.0.0.1", 7890)
         # An HTTP server is not needed to prove the port serves: a blocked name is
         # refused by honk itself with the SOCKS5 "not allowed" reply.
-        out = subprocess.run([curl, "-sS", "--max-time", "10", "--socks5-hostname", "127.0.0.1:7890",
-                              "http://www.blocked.example/"], capture_output=True, text=True)
+        out = subprocess.run(
+            [
+                curl,
+                "-sS",
+                "--max-time",
+                "10",
+                "--socks5-hostname",
+                "127.0.0.1:7890",
+                "http://www.blocked.example/",
+            ],
+            capture_output=True,
+            text=True,
+        )
         # curl reports the SOCKS5 reply code it got: 2, "connection not allowed by ruleset".
         assert out.returncode != 0 and "(2)" in out.stderr, out.stderr
         sock, rep = socks5_connect(("127.0.0.1", 7890), "127.0.0.1", origin.port)
@@ -176,8 +192,9 @@ def test_demo_config_serves_on_the_documented_port():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "honk.cli.daemon", *args], capture_output=True, text=True,
-                          cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "honk.cli.daemon", *args], capture_output=True, text=True, cwd=REPO
+    )
 
 
 @pytest.mark.parametrize("name", ["demo.toml", "demo.dae"])
@@ -204,7 +221,9 @@ def test_start_on_a_taken_port_exits_with_the_refused_apply_and_code_1(tmp_path)
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
     cfg = tmp_path / "honk.dae"
-    cfg.write_text(f"global {{\n    data_dir: ./var\n}}\ninbound {{\n    lan: 'mixed://127.0.0.1:{port}'\n}}\n")
+    cfg.write_text(
+        f"global {{\n    data_dir: ./var\n}}\ninbound {{\n    lan: 'mixed://127.0.0.1:{port}'\n}}\n"
+    )
     try:
         out = run_cli("run", "-c", str(cfg))
     finally:
@@ -249,8 +268,11 @@ def test_honk_check_refuses_an_api_and_a_proxy_anyone_on_the_network_can_use(tmp
     assert "[open-api]" in out.stderr
 
     # said explicitly, both load, and check still reports them
-    cfg.write_text(OPEN_ROUTER.replace("0.0.0.0:7890'", "0.0.0.0:7890?allow_unauthenticated=true'")
-                   .replace("'0.0.0.0:9090'\n", "'0.0.0.0:9090'\n        allow_unauthenticated: true\n"))
+    cfg.write_text(
+        OPEN_ROUTER.replace("0.0.0.0:7890'", "0.0.0.0:7890?allow_unauthenticated=true'").replace(
+            "'0.0.0.0:9090'\n", "'0.0.0.0:9090'\n        allow_unauthenticated: true\n"
+        )
+    )
     out = run_cli("check", "-c", str(cfg))
     assert out.returncode == 0, out.stderr
     assert "2 warning(s)" in out.stdout

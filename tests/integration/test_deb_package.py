@@ -45,12 +45,18 @@ SUITE = "bookworm"
 UPGRADE_VERSION = f"{__version__}+2"
 INSTALLED_SIZE_BUDGET_KIB = 25 * 1024  # "target: installed size <= 25 MiB"
 STEP = 30.0  # seconds a daemon may take to get ready or to stop
-CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "DEBIAN_FRONTEND": "noninteractive"}
+CHROOT_ENV = {
+    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    "LC_ALL": "C.UTF-8",
+    "DEBIAN_FRONTEND": "noninteractive",
+}
 # what a Debian root holds that installs, purges and the tests' own tools legitimately change
 # (dpkg's and apt's records, logs, caches; run/systemd is systemd-analyze's scratch, var/lib/systemd
 # and the machine id are what booting the root under systemd writes)
-CHURN = re.compile(r"^\./(var/lib/dpkg|var/lib/apt|var/cache|var/log|tmp|etc/ld\.so\.cache|etc/systemd/system"
-                   r"|run/systemd|var/lib/systemd|etc/machine-id)(/|$)")
+CHURN = re.compile(
+    r"^\./(var/lib/dpkg|var/lib/apt|var/cache|var/log|tmp|etc/ld\.so\.cache|etc/systemd/system"
+    r"|run/systemd|var/lib/systemd|etc/machine-id)(/|$)"
+)
 
 
 def _run(*argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -101,8 +107,11 @@ def root(debs, tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("debian-root")
     tree = base / "root"
     include = ",".join([*_depends(first), "systemd", "man-db"])
-    done = subprocess.run(["mmdebstrap", "--quiet", "--variant=apt", f"--include={include}", SUITE, str(tree),
-                           MIRROR], text=True, capture_output=True)
+    done = subprocess.run(
+        ["mmdebstrap", "--quiet", "--variant=apt", f"--include={include}", SUITE, str(tree), MIRROR],
+        text=True,
+        capture_output=True,
+    )
     assert done.returncode == 0, f"mmdebstrap failed:\n{done.stderr[-3000:]}"
     (base / "before.txt").write_text(_listing(tree))
     shutil.copy(first, tree / "tmp" / first.name)
@@ -124,35 +133,52 @@ def _listing(tree: Path) -> str:
 
 def test_make_deb_builds_a_lintian_clean_package_within_the_size_budget(debs) -> None:
     first, _ = debs  # build.sh fails the build on any lintian error or warning
-    fields = {key: _run("dpkg-deb", "-f", str(first), key).stdout.strip()
-              for key in ("Package", "Version", "Installed-Size", "Depends")}
+    fields = {
+        key: _run("dpkg-deb", "-f", str(first), key).stdout.strip()
+        for key in ("Package", "Version", "Installed-Size", "Depends")
+    }
     assert (fields["Package"], fields["Version"]) == ("honk", __version__)
     assert int(fields["Installed-Size"]) <= INSTALLED_SIZE_BUDGET_KIB
     for dependency in ("python3-cryptography", "python3-aioquic", "python3-pyroute2"):
         assert dependency not in fields["Depends"]  # too old or missing in Debian 12: vendored, or not needed
     contents = _run("dpkg-deb", "-c", str(first)).stdout
-    for path in ("./usr/bin/honk", "./usr/bin/honkctl", "./etc/honk/config.dae", "./lib/systemd/system/honk.service",
-                 "./usr/share/man/man8/honk.8.gz", "./usr/share/man/man1/honkctl.1.gz",
-                 "./usr/lib/honk/honk/ebpf/datapath.bpf.o", "./usr/lib/honk/vendor/aioquic/__init__.py"):
+    for path in (
+        "./usr/bin/honk",
+        "./usr/bin/honkctl",
+        "./etc/honk/config.dae",
+        "./lib/systemd/system/honk.service",
+        "./usr/share/man/man8/honk.8.gz",
+        "./usr/share/man/man1/honkctl.1.gz",
+        "./usr/lib/honk/honk/ebpf/datapath.bpf.o",
+        "./usr/lib/honk/vendor/aioquic/__init__.py",
+    ):
         assert path in contents, path
     assert "/cython" not in contents.lower()  # the twins need no Cython at run time (honk/_fast/_cython.py)
     assert re.search(r"\./usr/lib/honk/honk/_fast/relay_c\.cpython-311-\S+\.so", contents)
-    assert not re.search(r"\./usr/lib/honk/honk/\S+\.(c|pyx|pxd)\n", contents)  # honk's kernels: compiled only
-    conffiles = subprocess.run(["dpkg-deb", "-I", str(first), "conffiles"], text=True, capture_output=True).stdout
+    assert not re.search(
+        r"\./usr/lib/honk/honk/\S+\.(c|pyx|pxd)\n", contents
+    )  # honk's kernels: compiled only
+    conffiles = subprocess.run(
+        ["dpkg-deb", "-I", str(first), "conffiles"], text=True, capture_output=True
+    ).stdout
     assert conffiles.split() == ["/etc/honk/config.dae"]
 
 
 def test_the_installed_package_checks_its_config_and_runs_compiled_with_its_vendored_quic(root) -> None:
     assert "ok:" in _chroot(root, "honk", "check", "/etc/honk/config.dae").stdout
-    probe = ("import sys; sys.path[:0] = ['/usr/lib/honk', '/usr/lib/honk/vendor']\n"
-             "from honk import _fast; import aioquic.quic.connection, cryptography\n"
-             "assert set(_fast.implementations().values()) == {'compiled'}, _fast.implementations()\n"
-             "import importlib.util, honk._fast.cell_py, honk._fast.rank_py  # twins, without Cython\n"
-             "assert importlib.util.find_spec('cython') is None\n"
-             "print(cryptography.__version__)")
+    probe = (
+        "import sys; sys.path[:0] = ['/usr/lib/honk', '/usr/lib/honk/vendor']\n"
+        "from honk import _fast; import aioquic.quic.connection, cryptography\n"
+        "assert set(_fast.implementations().values()) == {'compiled'}, _fast.implementations()\n"
+        "import importlib.util, honk._fast.cell_py, honk._fast.rank_py  # twins, without Cython\n"
+        "assert importlib.util.find_spec('cython') is None\n"
+        "print(cryptography.__version__)"
+    )
     assert _chroot(root, "python3", "-c", probe).stdout.strip().split(".")[0] >= "43"
     api = (root / "etc/honk/api.dae").read_text()
-    assert re.search(r"secret: '[0-9a-f]{48}'", api) and (root / "etc/honk/api.dae").stat().st_mode & 0o077 == 0
+    assert (
+        re.search(r"secret: '[0-9a-f]{48}'", api) and (root / "etc/honk/api.dae").stat().st_mode & 0o077 == 0
+    )
     assert (root / "var/lib/honk").is_dir()
     assert "honkctl" in _chroot(root, "man", "-P", "cat", "honkctl").stdout
 
@@ -161,11 +187,24 @@ def test_honk_run_in_the_root_serves_the_demo_and_proxies_a_request(root) -> Non
     demo = root / "tmp/demo"
     demo.mkdir(exist_ok=True)
     text = (REPO / "configs/demo.dae").read_text()
-    (demo / "demo.dae").write_text(text.replace("127.0.0.1:7890", "127.0.0.1:0")
-                                   .replace("127.0.0.1:9090", "127.0.0.1:0"))
-    proc = subprocess.Popen(["chroot", str(root), "/usr/bin/honk", "run", "-c", "/tmp/demo/demo.dae",
-                             "--pid-file", "/tmp/demo/honk.pid"], stderr=subprocess.PIPE, text=True,
-                            env=CHROOT_ENV)
+    (demo / "demo.dae").write_text(
+        text.replace("127.0.0.1:7890", "127.0.0.1:0").replace("127.0.0.1:9090", "127.0.0.1:0")
+    )
+    proc = subprocess.Popen(
+        [
+            "chroot",
+            str(root),
+            "/usr/bin/honk",
+            "run",
+            "-c",
+            "/tmp/demo/demo.dae",
+            "--pid-file",
+            "/tmp/demo/honk.pid",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=CHROOT_ENV,
+    )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -227,23 +266,42 @@ def test_under_systemd_the_unit_starts_notifies_ready_with_its_capabilities_and_
     wants.symlink_to("/etc/systemd/system/honk-probe.service")
     try:
         # no host systemd here: no scope unit, no registration; the root's own time zone and resolver
-        done = subprocess.run(["systemd-nspawn", "--quiet", "--keep-unit", "--register=no", "--timezone=off",
-                               "--resolv-conf=off", "-D", str(root), "--boot"],
-                              text=True, capture_output=True, timeout=120)
+        done = subprocess.run(
+            [
+                "systemd-nspawn",
+                "--quiet",
+                "--keep-unit",
+                "--register=no",
+                "--timezone=off",
+                "--resolv-conf=off",
+                "-D",
+                str(root),
+                "--boot",
+            ],
+            text=True,
+            capture_output=True,
+            timeout=120,
+        )
         assert result.exists(), f"the probe did not run:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
         lines = result.read_text().splitlines()
     finally:
         for path in (unit, wants, result):
             path.unlink(missing_ok=True)
     assert lines[0] == "active" and "reload=ok" in lines, lines
-    started, reloaded = lines[1:lines.index("reload=ok")], lines[lines.index("reload=ok") + 1:]
+    started, reloaded = lines[1 : lines.index("reload=ok")], lines[lines.index("reload=ok") + 1 :]
     shown = dict(line.split("=", 1) for line in started)
     assert shown["Type"] == "notify" and shown["SubState"] == "running"
     assert shown["StatusText"] == "serving generation 1"  # honk's own READY=1 status line
-    assert set(shown["CapabilityBoundingSet"].split()) == {"cap_net_admin", "cap_net_raw", "cap_net_bind_service",
-                                                           "cap_bpf"}
-    assert dict(line.split("=", 1) for line in reloaded) == {"ActiveState": "active",
-                                                              "StatusText": "serving generation 1"}
+    assert set(shown["CapabilityBoundingSet"].split()) == {
+        "cap_net_admin",
+        "cap_net_raw",
+        "cap_net_bind_service",
+        "cap_bpf",
+    }
+    assert dict(line.split("=", 1) for line in reloaded) == {
+        "ActiveState": "active",
+        "StatusText": "serving generation 1",
+    }
 
 
 def test_an_upgrade_keeps_the_edited_config_and_state_and_a_purge_leaves_nothing(root, debs) -> None:
@@ -260,8 +318,14 @@ def test_an_upgrade_keeps_the_edited_config_and_state_and_a_purge_leaves_nothing
     assert "ok:" in _chroot(root, "honk", "check", "/etc/honk/config.dae").stdout
 
     _chroot(root, "apt-get", "purge", "-y", "-q", "honk")
-    for gone in ("etc/honk", "var/lib/honk", "usr/lib/honk", "run/honk", "usr/bin/honk",
-                 "lib/systemd/system/honk.service"):
+    for gone in (
+        "etc/honk",
+        "var/lib/honk",
+        "usr/lib/honk",
+        "run/honk",
+        "usr/bin/honk",
+        "lib/systemd/system/honk.service",
+    ):
         assert not (root / gone).exists(), gone
     for deb in (root / "tmp").glob("honk_*.deb"):
         deb.unlink()

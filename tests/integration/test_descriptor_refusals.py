@@ -32,7 +32,9 @@ class OpenCount:
 
 
 def config(tmp_path, link: str) -> str:  # noqa: ANN001
-    return quiet_global(tmp_path / "var") + f"""inbound {{
+    return (
+        quiet_global(tmp_path / "var")
+        + f"""inbound {{
     lan: 'mixed://127.0.0.1:0'
     users: 'mixed://bob:builder@127.0.0.1:0'
 }}
@@ -42,7 +44,9 @@ node {{
 routing {{
     fallback: n1
 }}
-""" + api_block(SECRET)
+"""
+        + api_block(SECRET)
+    )
 
 
 async def http_connect(port: int, target: str) -> bytes:
@@ -59,8 +63,9 @@ async def test_a_spent_budget_refuses_at_once_charges_no_node_and_recovers(tmp_p
         async with chaos_node("n1") as node, running_daemon(tmp_path, config(tmp_path, node.link)) as daemon:
             count = OpenCount(LIMIT)  # every descriptor in use
             budget_clock = FakeClock()  # when the budget may count again is the test's to say
-            daemon.dispatcher.descriptors = DescriptorBudget(budget_clock, limit=LIMIT, reserve=RESERVE,
-                                                             counter=count, stats=daemon.stats)
+            daemon.dispatcher.descriptors = DescriptorBudget(
+                budget_clock, limit=LIMIT, reserve=RESERVE, counter=count, stats=daemon.stats
+            )
             lan, users = daemon.inbounds["lan"].bound.port, daemon.inbounds["users"].bound.port
             target = ("127.0.0.1", echo.port)
 

@@ -36,7 +36,6 @@ def ipv6() -> None:
 needs_ipv6 = pytest.mark.usefixtures("ipv6")
 
 
-
 def listener(host: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -172,7 +171,9 @@ def test_direct_dial_is_a_plain_stream_with_the_bypass_mark_when_permitted(run) 
         clock = MonotonicClock()
         with listener("127.0.0.1") as server:
             direct = DirectOutbound(clock, CONNECT_TIMEOUT)
-            dialed = await direct.dial_tcp(Address("127.0.0.1", server.getsockname()[1]), clock.now() + SAFETY)
+            dialed = await direct.dial_tcp(
+                Address("127.0.0.1", server.getsockname()[1]), clock.now() + SAFETY
+            )
             with dialed.sock:
                 mark = dialed.sock.getsockopt(socket.SOL_SOCKET, SO_MARK)
         assert dialed.framing is None  # a plain stream: the relay splices it

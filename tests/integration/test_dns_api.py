@@ -70,8 +70,9 @@ class Live:
     async def ctl(self, *args: str) -> Result:
         """honkctl in a worker thread, so the daemon's loop keeps serving meanwhile."""
         runner = CliRunner()
-        return await asyncio.to_thread(runner.invoke, cli, ["--api", self.url, "--secret", SECRET, *args],
-                                       env=NO_ENV)
+        return await asyncio.to_thread(
+            runner.invoke, cli, ["--api", self.url, "--secret", SECRET, *args], env=NO_ENV
+        )
 
 
 @contextlib.asynccontextmanager
@@ -106,8 +107,16 @@ async def test_a_query_is_the_upstreams_answer_then_a_cache_hit_until_a_flush(tm
             assert scraped[("honk_dns_cache_entries", frozenset())] == 1
             labels = frozenset({("upstream", "default"), ("result", "cached")})
             assert scraped[("honk_dns_queries_total", labels)] == 1
-            assert scraped[("honk_dns_queries_total", labels - {("result", "cached")} | {("result", "answered")})] == 1
-            assert scraped[("honk_dns_upstream_latency_seconds_count", frozenset({("upstream", "default")}))] == 1
+            assert (
+                scraped[
+                    ("honk_dns_queries_total", labels - {("result", "cached")} | {("result", "answered")})
+                ]
+                == 1
+            )
+            assert (
+                scraped[("honk_dns_upstream_latency_seconds_count", frozenset({("upstream", "default")}))]
+                == 1
+            )
 
             assert await live.flush() == 204
             assert (await live.metrics())[("honk_dns_cache_entries", frozenset())] == 0

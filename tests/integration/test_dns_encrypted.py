@@ -61,8 +61,13 @@ SS_EGRESS = "127.0.0.3"  # where ss-server's own sockets come from: not honk's 1
 
 
 def dispatcher_for(spec: Spec, clock: Clock) -> Dispatcher:
-    return Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                      SystemResolver(clock, STEP))
+    return Dispatcher(
+        build_plane(spec, clock, 1),
+        ConnectionTracker(clock),
+        clock,
+        spec.global_,
+        SystemResolver(clock, STEP),
+    )
 
 
 def destination(uri: str, outbound: str | None = None) -> Destination:
@@ -196,7 +201,8 @@ def test_plain_upstreams_answer_from_dnsdist_through_direct_and_through_a_node(r
             assert await ask(exchanger, destination(uri), NAME) == [ADDRESS]
             # through the node: a proxy leaf carries DNS over TCP (its stream), whatever the scheme
             assert await ask(exchanger, destination(uri, outbound="edge"), "host2.example.test") == [
-                RECORDS["host2.example.test"]]
+                RECORDS["host2.example.test"]
+            ]
             assert await ask(exchanger, destination(uri), "nowhere.example.test") == []
         assert responder.queries == 3
 
@@ -214,7 +220,9 @@ def test_dot_and_doh_forced_through_a_socks5_node_ride_its_stream(run, front, ki
     async def body(proxy_port: int) -> None:
         target = destination(dot_uri(peer) if kind == "tls" else doh_uri(peer), outbound="edge")
         async with exchanger_for(node_spec(proxy_port)) as exchanger:
-            answers = await asyncio.gather(*(ask(exchanger, target, f"host{i}.example.test") for i in (1, 2, 3)))
+            answers = await asyncio.gather(
+                *(ask(exchanger, target, f"host{i}.example.test") for i in (1, 2, 3))
+            )
             assert answers == [["10.0.0.1"], ["10.0.0.2"], ["10.0.0.3"]]
             assert exchanger.pool.dials == 1
             assert established_to(proxy_port) == 1  # the one connection is the node's stream
@@ -229,7 +237,9 @@ def test_dot_and_doh_forced_through_a_shadowsocks_node_ride_its_framed_stream(ru
     responder, peer = front
 
     async def body(ss_port: int) -> None:
-        spec = Spec(nodes=(NodeSpec("edge", "ss", "127.0.0.1", ss_port, password=SS_PASSWORD, encryption=SS_METHOD),))
+        spec = Spec(
+            nodes=(NodeSpec("edge", "ss", "127.0.0.1", ss_port, password=SS_PASSWORD, encryption=SS_METHOD),)
+        )
         target = destination(dot_uri(peer) if kind == "tls" else doh_uri(peer), outbound="edge")
         async with exchanger_for(spec) as exchanger:
             answers = await asyncio.gather(*(ask(exchanger, target, f"host{i}.example.test") for i in (1, 2)))
@@ -262,8 +272,10 @@ def test_doh_the_routing_rules_send_to_a_node_rides_its_stream(run, front):
     responder, peer = front
 
     async def body(proxy_port: int) -> None:
-        spec = Spec(nodes=node_spec(proxy_port).nodes,
-                    routing=RoutingSpec(rules=(rule("dport", str(peer.doh_port), "edge"),), fallback="direct"))
+        spec = Spec(
+            nodes=node_spec(proxy_port).nodes,
+            routing=RoutingSpec(rules=(rule("dport", str(peer.doh_port), "edge"),), fallback="direct"),
+        )
         async with exchanger_for(spec) as exchanger:
             assert await ask(exchanger, destination(doh_uri(peer)), NAME) == [ADDRESS]
             assert established_to(proxy_port) == 1
@@ -279,8 +291,10 @@ def test_dot_through_a_dead_node_fails_as_a_dial_and_dials_again_next_time(run, 
     async def body() -> None:
         with socket.socket() as hole:
             hole.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-            spec = Spec(global_=GlobalSpec(connect_timeout=1.0),
-                        nodes=(parse_node_link(f"socks5://127.0.0.1:{hole.getsockname()[1]}", "edge"),))
+            spec = Spec(
+                global_=GlobalSpec(connect_timeout=1.0),
+                nodes=(parse_node_link(f"socks5://127.0.0.1:{hole.getsockname()[1]}", "edge"),),
+            )
             async with exchanger_for(spec) as exchanger:
                 target = destination(dot_uri(peer), outbound="edge")
                 for _ in range(2):
@@ -306,7 +320,10 @@ def test_doh_moves_to_http3_once_the_server_offers_it(run, monkeypatch):
     port = free_udp_port()
 
     async def body(peer: DnsdistPeer) -> None:
-        async with doq_server(RECORDS, ca.issue_cert("127.0.0.1"), port=port) as h3, exchanger_for() as exchanger:
+        async with (
+            doq_server(RECORDS, ca.issue_cert("127.0.0.1"), port=port) as h3,
+            exchanger_for() as exchanger,
+        ):
             target = destination(doh_uri(peer))
             assert await ask(exchanger, target, NAME) == [ADDRESS]  # HTTP/2, which carries the offer
             for i in (2, 3):
@@ -388,7 +405,10 @@ def test_dot_dials_again_after_the_server_closed_the_connection(run, quic_ca):
 @pytest.mark.parametrize(("scheme", "alpn"), [("quic", "doq"), ("h3", "h3")])
 def test_doq_and_doh3_answer_through_direct_on_one_quic_connection(run, quic_ca, scheme, alpn):
     async def body() -> None:
-        async with doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server, exchanger_for() as exchanger:
+        async with (
+            doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server,
+            exchanger_for() as exchanger,
+        ):
             target = destination(f"{scheme}://127.0.0.1:{server.port}")
             assert await ask(exchanger, target, NAME) == [ADDRESS]
             names = [f"host{i}.example.test" for i in range(2, 2 + CONCURRENT)]
@@ -404,8 +424,10 @@ def test_doq_and_doh3_answer_through_direct_on_one_quic_connection(run, quic_ca,
 @pytest.mark.parametrize("scheme", ["quic", "h3"])
 def test_doq_and_doh3_forced_through_a_socks5_node_ride_its_udp_association(run, quic_ca, scheme):
     async def body(proxy_port: int) -> None:
-        async with doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server, \
-                exchanger_for(node_spec(proxy_port)) as exchanger:
+        async with (
+            doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server,
+            exchanger_for(node_spec(proxy_port)) as exchanger,
+        ):
             target = destination(f"{scheme}://127.0.0.1:{server.port}", outbound="edge")
             assert await ask(exchanger, target, NAME) == [ADDRESS]
             assert await ask(exchanger, target, "host2.example.test") == ["10.0.0.2"]
@@ -418,8 +440,10 @@ def test_doq_and_doh3_forced_through_a_socks5_node_ride_its_udp_association(run,
 
 def test_doq_forced_through_a_group_rides_its_selected_nodes_udp_association(run, quic_ca):
     async def body(proxy_port: int) -> None:
-        async with doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server, \
-                exchanger_for(group_spec(proxy_port)) as exchanger:
+        async with (
+            doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server,
+            exchanger_for(group_spec(proxy_port)) as exchanger,
+        ):
             target = destination(f"quic://127.0.0.1:{server.port}", outbound="proxy")
             assert await ask(exchanger, target, NAME) == [ADDRESS]
             assert server.connections == ["doq"]
@@ -431,8 +455,13 @@ def test_doq_forced_through_a_group_rides_its_selected_nodes_udp_association(run
 
 def test_doq_forced_through_a_shadowsocks_node_rides_its_udp_relay(run, quic_ca):
     async def body(ss_port: int) -> None:
-        spec = Spec(nodes=(NodeSpec("edge", "ss", "127.0.0.1", ss_port, password=SS_PASSWORD, encryption=SS_METHOD),))
-        async with doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server, exchanger_for(spec) as exchanger:
+        spec = Spec(
+            nodes=(NodeSpec("edge", "ss", "127.0.0.1", ss_port, password=SS_PASSWORD, encryption=SS_METHOD),)
+        )
+        async with (
+            doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server,
+            exchanger_for(spec) as exchanger,
+        ):
             target = destination(f"quic://127.0.0.1:{server.port}", outbound="edge")
             assert await ask(exchanger, target, NAME) == [ADDRESS]
             assert server.connections == ["doq"]
@@ -445,7 +474,10 @@ def test_doq_forced_through_a_shadowsocks_node_rides_its_udp_relay(run, quic_ca)
 def test_doq_through_a_node_without_udp_fails_as_unsupported(run, quic_ca):
     async def body(proxy_port: int) -> None:
         spec = Spec(nodes=(parse_node_link(f"http://127.0.0.1:{proxy_port}", "edge"),))
-        async with doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server, exchanger_for(spec) as exchanger:
+        async with (
+            doq_server(RECORDS, quic_ca.issue_cert("127.0.0.1")) as server,
+            exchanger_for(spec) as exchanger,
+        ):
             with pytest.raises(ExchangeFailed) as failed:
                 await ask(exchanger, destination(f"quic://127.0.0.1:{server.port}", outbound="edge"), NAME)
             assert failed.value.reason == "dial-unsupported"

@@ -43,11 +43,18 @@ NAME, ADDRESS = "www.example.test", "10.1.2.3"
 
 
 def dispatcher_for(spec: Spec, clock: Clock) -> Dispatcher:
-    return Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                      SystemResolver(clock, STEP))
+    return Dispatcher(
+        build_plane(spec, clock, 1),
+        ConnectionTracker(clock),
+        clock,
+        spec.global_,
+        SystemResolver(clock, STEP),
+    )
 
 
-def upstream_of(responder: DnsResponder, protocol: str = "udp", outbound: str | None = None) -> DnsUpstreamSpec:
+def upstream_of(
+    responder: DnsResponder, protocol: str = "udp", outbound: str | None = None
+) -> DnsUpstreamSpec:
     return DnsUpstreamSpec("default", protocol, responder.host, responder.port, outbound)
 
 
@@ -57,8 +64,9 @@ def service_for(dns_spec: DnsSpec, spec: Spec | None = None, clock: Clock | None
 
 
 @contextlib.asynccontextmanager
-async def listening(service: DnsService, *, udp: bool = True, tcp: bool = True,
-                    clock: Clock | None = None) -> AsyncIterator[tuple[str, int]]:
+async def listening(
+    service: DnsService, *, udp: bool = True, tcp: bool = True, clock: Clock | None = None
+) -> AsyncIterator[tuple[str, int]]:
     listener = DnsListener(DnsBindSpec("127.0.0.1", 0, udp=udp, tcp=tcp), service, clock or MonotonicClock())
     await listener.start()
     try:
@@ -100,7 +108,9 @@ def test_udp_and_tcp_queries_to_the_listener_are_answered_through_a_direct_route
             service = service_for(DnsSpec(upstreams=(upstream_of(responder),)))
             async with listening(service) as address:
                 assert parse_answer(await udp_ask(address, build_query(NAME, 11))) == (11, 0, [ADDRESS])
-                first, second = await tcp_ask(address, build_query("other.test", 12), build_query("nx.test", 13))
+                first, second = await tcp_ask(
+                    address, build_query("other.test", 12), build_query("nx.test", 13)
+                )
             assert {parse_answer(first)[0], parse_answer(second)[0]} == {12, 13}
             answers = {parse_answer(r)[0]: parse_answer(r)[1:] for r in (first, second)}
             assert answers == {12: (0, ["10.9.9.9"]), 13: (3, [])}  # NXDOMAIN passes through
@@ -158,8 +168,10 @@ def test_a_forced_upstream_through_a_socks5_node_is_carried_as_tcp_dns(run):
 def test_an_upstream_the_rules_route_to_a_proxy_is_carried_as_tcp_dns(run):
     async def body(proxy_port: int) -> None:
         with DnsResponder({NAME: ADDRESS}) as responder:
-            spec = Spec(nodes=(parse_node_link(f"socks5://127.0.0.1:{proxy_port}", "edge"),),
-                        routing=RoutingSpec(rules=(rule("dport", str(responder.port), "edge"),), fallback="direct"))
+            spec = Spec(
+                nodes=(parse_node_link(f"socks5://127.0.0.1:{proxy_port}", "edge"),),
+                routing=RoutingSpec(rules=(rule("dport", str(responder.port), "edge"),), fallback="direct"),
+            )
             service = service_for(DnsSpec(upstreams=(upstream_of(responder),)), spec)
             assert parse_answer(await service.handle(build_query(NAME, 8), None, None)) == (8, 0, [ADDRESS])
             assert (responder.queries, responder.tcp_queries) == (0, 1)
@@ -207,7 +219,9 @@ def test_an_unanswering_upstream_is_servfail_at_the_exchange_deadline(run):
 def test_reject_is_an_empty_noerror_answer_and_asis_asks_the_intercepted_destination(run):
     async def body() -> None:
         with DnsResponder({NAME: ADDRESS}) as responder:
-            rules = (DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "ads.test"),)),), "reject"),)
+            rules = (
+                DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "ads.test"),)),), "reject"),
+            )
             service = service_for(DnsSpec(request_rules=rules, request_fallback="asis"))
             async with listening(service) as address:
                 assert parse_answer(await udp_ask(address, build_query("x.ads.test", 21))) == (21, 0, [])
@@ -258,7 +272,9 @@ def test_a_tcp_client_silent_for_the_idle_timeout_is_closed(run):
             reader, writer = await asyncio.open_connection(*address)
             query = build_query(NAME, 41)
             writer.write(struct.pack("!H", len(query)) + query)
-            await asyncio.wait_for(reader.readexactly(2 + 12), STEP)  # answered: the next read's timer is armed
+            await asyncio.wait_for(
+                reader.readexactly(2 + 12), STEP
+            )  # answered: the next read's timer is armed
             await asyncio.wait_for(reader.read(65535), STEP)  # the rest of the answer (its question)
             assert clock.sleepers == 1  # the idle timer of the next read, nothing else
             clock.advance(TCP_IDLE_TIMEOUT - 0.5)
@@ -332,10 +348,13 @@ def test_a_forced_upstream_through_a_dead_proxy_is_servfail(run):
     async def body() -> None:
         with socket.socket() as hole:
             hole.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-            spec = Spec(global_=GlobalSpec(connect_timeout=1.0),
-                        nodes=(parse_node_link(f"socks5://127.0.0.1:{hole.getsockname()[1]}", "edge"),))
-            service = service_for(DnsSpec(upstreams=(DnsUpstreamSpec("default", "udp", "127.0.0.1", 53, "edge"),)),
-                                  spec)
+            spec = Spec(
+                global_=GlobalSpec(connect_timeout=1.0),
+                nodes=(parse_node_link(f"socks5://127.0.0.1:{hole.getsockname()[1]}", "edge"),),
+            )
+            service = service_for(
+                DnsSpec(upstreams=(DnsUpstreamSpec("default", "udp", "127.0.0.1", 53, "edge"),)), spec
+            )
             assert parse_answer(await service.handle(build_query(NAME, 61), None, None))[1] == RCODE_SERVFAIL
 
     run(body())

@@ -60,8 +60,13 @@ def test_a_node_selected_by_a_node_rule_resolves_its_server_through_the_named_up
     require_binary("microsocks")
     cfg = tmp_path / "honk.dae"
     with EchoServer() as echo, microsocks() as peer, DnsResponder({SERVER: LOOPBACK}) as responder:
-        write_config(cfg, echo_port=echo.port, responder=responder, outbounds=node_block(peer.port),
-                     rules="            node(proxy) -> localdns\n")
+        write_config(
+            cfg,
+            echo_port=echo.port,
+            responder=responder,
+            outbounds=node_block(peer.port),
+            rules="            node(proxy) -> localdns\n",
+        )
         with HonkProcess(cfg) as honk:
             sock, rep = socks5_connect(honk.inbound(), LOOPBACK, echo.port)
             try:
@@ -76,8 +81,13 @@ def test_without_a_rule_the_node_s_server_name_goes_to_the_system_resolver_and_d
     require_binary("microsocks")
     cfg = tmp_path / "honk.dae"
     with EchoServer() as echo, microsocks() as peer, DnsResponder({SERVER: LOOPBACK}) as responder:
-        write_config(cfg, echo_port=echo.port, responder=responder, outbounds=node_block(peer.port),
-                     rules="            node(other) -> localdns\n")
+        write_config(
+            cfg,
+            echo_port=echo.port,
+            responder=responder,
+            outbounds=node_block(peer.port),
+            rules="            node(other) -> localdns\n",
+        )
         with HonkProcess(cfg) as honk:
             sock, rep = socks5_connect(honk.inbound(), LOOPBACK, echo.port)
             sock.close()
@@ -96,13 +106,19 @@ def test_a_subscription_selected_by_a_sub_rule_is_fetched_through_the_named_upst
     cfg = tmp_path / "honk.dae"
     origin = SubServer()
     try:
-        with EchoServer() as echo, microsocks() as peer, \
-                DnsResponder({SUB_HOST: LOOPBACK}) as responder:
+        with EchoServer() as echo, microsocks() as peer, DnsResponder({SUB_HOST: LOOPBACK}) as responder:
             origin.replies["/sub"] = Reply(body=f"socks5://{peer.host}:{peer.port}#from-paid\n".encode())
-            outbounds = (f"subscription {{\n    paid: 'http://{SUB_HOST}:{origin.port}/sub'\n}}\n"
-                         "group {\n    proxy {\n        filter: subtag(paid)\n    }\n}\n")
-            write_config(cfg, echo_port=echo.port, responder=responder, outbounds=outbounds,
-                         rules="            sub(paid) -> localdns\n")
+            outbounds = (
+                f"subscription {{\n    paid: 'http://{SUB_HOST}:{origin.port}/sub'\n}}\n"
+                "group {\n    proxy {\n        filter: subtag(paid)\n    }\n}\n"
+            )
+            write_config(
+                cfg,
+                echo_port=echo.port,
+                responder=responder,
+                outbounds=outbounds,
+                rules="            sub(paid) -> localdns\n",
+            )
             with HonkProcess(cfg) as honk:
                 honk.wait_for(r"subscription updated .*subscription=paid nodes=1")
                 at_start = responder.counts[SUB_HOST]
@@ -129,13 +145,22 @@ def test_without_a_sub_rule_the_subscription_host_goes_to_the_system_resolver_an
     try:
         with EchoServer() as echo, DnsResponder({SUB_HOST: LOOPBACK}) as responder:
             origin.replies["/sub"] = Reply(body=b"socks5://127.0.0.1:1#from-paid\n")
-            outbounds = (f"subscription {{\n    paid: 'http://{SUB_HOST}:{origin.port}/sub'\n}}\n"
-                         "group {\n    proxy {\n        filter: subtag(paid)\n    }\n}\n")
-            write_config(cfg, echo_port=echo.port, responder=responder, outbounds=outbounds,
-                         rules="            sub(other) -> localdns\n")
+            outbounds = (
+                f"subscription {{\n    paid: 'http://{SUB_HOST}:{origin.port}/sub'\n}}\n"
+                "group {\n    proxy {\n        filter: subtag(paid)\n    }\n}\n"
+            )
+            write_config(
+                cfg,
+                echo_port=echo.port,
+                responder=responder,
+                outbounds=outbounds,
+                rules="            sub(other) -> localdns\n",
+            )
             with HonkProcess(cfg) as honk:
-                honk.wait_for(r"subscription refresh failed; previous nodes kept .*subscription=paid "
-                              r"reason=dial-failed")
+                honk.wait_for(
+                    r"subscription refresh failed; previous nodes kept .*subscription=paid "
+                    r"reason=dial-failed"
+                )
         assert responder.counts[SUB_HOST] == 0 and origin.requests == []
     finally:
         origin.close()

@@ -59,13 +59,16 @@ SENDER_V6, RECEIVER_V6 = "2001:db8:1::1", "2001:db8:1::2"
 
 # --- a world of nodes and groups -----------------------------------------------------------
 
+
 def node(name: str) -> NodeSpec:
     return with_node_id(NodeSpec(name, "socks5", "127.0.0.1", 1000 + sum(map(ord, name))))
 
 
 def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> GroupSpec:
     filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in members)),)),) if members else ()
-    return GroupSpec(name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw)
+    return GroupSpec(
+        name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw
+    )
 
 
 NODES = tuple(node(n) for n in ("a", "b", "c", "d"))
@@ -93,6 +96,7 @@ class States:
 
 
 # --- slot stores: the pinned map, or memory -------------------------------------------------
+
 
 class MemoryStore:
     kind = "memory"
@@ -152,9 +156,13 @@ def every_slot(count: int) -> list[SlotKey]:
     return [SlotKey(o, n, f) for o in range(count) for n in SLOT_NETWORKS for f in SLOT_FAMILIES]
 
 
-def snapshot(store, publisher: SlotPublisher, lay: GroupLayout) -> tuple[dict[SlotKey, bool], dict[SlotKey, bool]]:
+def snapshot(
+    store, publisher: SlotPublisher, lay: GroupLayout
+) -> tuple[dict[SlotKey, bool], dict[SlotKey, bool]]:
     """What the store holds for every slot of ``lay``, and what it must hold."""
-    expected = {SlotKey(lay.ordinal(g), n, f): v for g in lay.groups for (n, f), v in publisher.values(lay, g).items()}
+    expected = {
+        SlotKey(lay.ordinal(g), n, f): v for g in lay.groups for (n, f), v in publisher.values(lay, g).items()
+    }
     return {key: store.read(key) for key in expected}, expected
 
 
@@ -168,7 +176,10 @@ def test_slots_follow_leaf_transitions_through_nested_groups(store):
     publisher = SlotPublisher(store.backend, states)
     lay = layout(*NESTED)
     publisher.reload(lay, lambda: None)
-    top, mid = SlotKey(lay.ordinal("top"), Network.TCP, Family.V4), SlotKey(lay.ordinal("mid"), Network.TCP, Family.V4)
+    top, mid = (
+        SlotKey(lay.ordinal("top"), Network.TCP, Family.V4),
+        SlotKey(lay.ordinal("mid"), Network.TCP, Family.V4),
+    )
     assert store.read(top) and store.read(mid)
     states.tcp[IDS["a"]] = False
     publisher.on_transition(IDS["a"])
@@ -215,8 +226,12 @@ def test_a_new_map_reads_alive_everywhere_and_an_incompatible_pin_is_replaced(tm
             assert any("has another layout" in r.message for r in caplog.records)
             lines = [r.message for r in caplog.records if r.message.startswith("ebpf: kernel datapath")]
             assert lines == [f"ebpf: kernel datapath on no interface (pinned {pin_dir})"]
-            assert all(datapath.backend.read(SlotKey(o, n, f)) for o in (0, 7, 1023) for n in SLOT_NETWORKS
-                       for f in SLOT_FAMILIES)
+            assert all(
+                datapath.backend.read(SlotKey(o, n, f))
+                for o in (0, 7, 1023)
+                for n in SLOT_NETWORKS
+                for f in SLOT_FAMILIES
+            )
             datapath.backend.write(SlotKey(5000, Network.TCP, Family.V4), False)  # beyond the map: ignored
         finally:
             datapath.close()
@@ -235,16 +250,21 @@ def test_without_bpffs_or_object_the_datapath_is_in_memory_and_says_why(tmp_path
 
 # --- the classifier on a veth ---------------------------------------------------------------------
 
+
 @pytest.fixture
 def testbed(tmp_path) -> Iterator[tuple[str, str]]:
     """(sender namespace, receiver namespace) joined by a veth, IPv4 and IPv6 addresses."""
     require_bpf("eBPF datapath tests")
     with scratch_netns("eBPF datapath tests") as sender, scratch_netns("eBPF datapath tests") as receiver:
+
         def ip(*args: str) -> None:
             subprocess.run(["ip", *args], check=True)
 
         ip("link", "add", "hks0", "netns", sender, "type", "veth", "peer", "name", "hkr0", "netns", receiver)
-        for ns, dev, v4, v6 in ((sender, "hks0", SENDER_V4, SENDER_V6), (receiver, "hkr0", RECEIVER_V4, RECEIVER_V6)):
+        for ns, dev, v4, v6 in (
+            (sender, "hks0", SENDER_V4, SENDER_V6),
+            (receiver, "hkr0", RECEIVER_V4, RECEIVER_V6),
+        ):
             ip("-n", ns, "addr", "add", f"{v4}/24", "dev", dev)
             ip("-n", ns, "addr", "add", f"{v6}/64", "dev", dev, "nodad")
             ip("-n", ns, "link", "set", dev, "up")
@@ -295,20 +315,28 @@ def test_the_classifier_drops_only_a_dead_groups_traffic_and_never_dns(testbed, 
     with private_bpffs(tmp_path) as pin_dir:
         obj = classifier_object(tmp_path)
         datapath = in_netns(receiver, lambda: Datapath.open(["hkr0"], pin_dir=str(pin_dir), object_path=obj))
-        rx = in_netns(receiver, lambda: Receiver(
-            bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DATA_PORT),
-            bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DNS_PORT),
-            bound(socket.SOCK_DGRAM, socket.AF_INET6, RECEIVER_V6, DATA_PORT),
-            bound(socket.SOCK_STREAM, socket.AF_INET, RECEIVER_V4, TCP_PORT),
-            bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DIRECT_PORT)))
+        rx = in_netns(
+            receiver,
+            lambda: Receiver(
+                bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DATA_PORT),
+                bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DNS_PORT),
+                bound(socket.SOCK_DGRAM, socket.AF_INET6, RECEIVER_V6, DATA_PORT),
+                bound(socket.SOCK_STREAM, socket.AF_INET, RECEIVER_V4, TCP_PORT),
+                bound(socket.SOCK_DGRAM, socket.AF_INET, RECEIVER_V4, DIRECT_PORT),
+            ),
+        )
         tx, tx6 = in_netns(sender, lambda: (sender_socket(socket.AF_INET), sender_socket(socket.AF_INET6)))
         try:
             assert datapath.kind == "bpf", datapath.reason
             lay = GroupLayout(("other", "g"), {})
-            routing = RoutingSpec((
-                RuleSpec((Predicate("dport", (MatchArg("", str(DIRECT_PORT)),)),), "direct"),
-                RuleSpec((Predicate("dip", (MatchArg("", RECEIVER_V4), MatchArg("", RECEIVER_V6))),), "g"),
-            ))
+            routing = RoutingSpec(
+                (
+                    RuleSpec((Predicate("dport", (MatchArg("", str(DIRECT_PORT)),)),), "direct"),
+                    RuleSpec(
+                        (Predicate("dip", (MatchArg("", RECEIVER_V4), MatchArg("", RECEIVER_V6))),), "g"
+                    ),
+                )
+            )
             table = compile_kernel_rules(routing, lay)  # the default bypass leaves 198.51.100.0/24 alone
             assert table.rules == 2
             datapath.set_rules(table.entries)
@@ -371,13 +399,21 @@ def test_the_classifier_is_replaced_not_duplicated_and_detaches(testbed, tmp_pat
         second = in_netns(receiver, lambda: Datapath.open(["hkr0"], pin_dir=str(pin_dir), object_path=obj))
         try:
             assert first.kind == second.kind == "bpf"
-            filters = subprocess.run(["ip", "netns", "exec", receiver, "tc", "filter", "show", "dev", "hkr0",
-                                      "ingress"], capture_output=True, text=True, check=True).stdout
+            filters = subprocess.run(
+                ["ip", "netns", "exec", receiver, "tc", "filter", "show", "dev", "hkr0", "ingress"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             assert filters.count("handle 0x484b") == 1  # one honk filter, the second load's
             first.close()
             in_netns(receiver, lambda: second.close(detach=True))
-            filters = subprocess.run(["ip", "netns", "exec", receiver, "tc", "filter", "show", "dev", "hkr0",
-                                      "ingress"], capture_output=True, text=True, check=True).stdout
+            filters = subprocess.run(
+                ["ip", "netns", "exec", receiver, "tc", "filter", "show", "dev", "hkr0", "ingress"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             assert "honk_tc" not in filters
             assert not in_netns(receiver, lambda: loader.detach_tc_ingress("hkr0"))  # nothing left to detach
         finally:
@@ -388,10 +424,14 @@ def test_the_classifier_is_replaced_not_duplicated_and_detaches(testbed, tmp_pat
 def test_a_rule_table_is_written_to_the_idle_bank_then_switched_and_survives_a_restart(tmp_path):
     require_bpf("eBPF datapath tests")
     lay = GroupLayout(("g",), {})
-    first = compile_kernel_rules(RoutingSpec((RuleSpec((Predicate("dport", (MatchArg("", "80"),)),), "g"),)), lay,
-                                 bypass=()).entries
-    second = compile_kernel_rules(RoutingSpec((RuleSpec((Predicate("l4proto", (MatchArg("", "udp"),)),), "g"),
-                                               RuleSpec((), "direct"))), lay, bypass=()).entries
+    first = compile_kernel_rules(
+        RoutingSpec((RuleSpec((Predicate("dport", (MatchArg("", "80"),)),), "g"),)), lay, bypass=()
+    ).entries
+    second = compile_kernel_rules(
+        RoutingSpec((RuleSpec((Predicate("l4proto", (MatchArg("", "udp"),)),), "g"), RuleSpec((), "direct"))),
+        lay,
+        bypass=(),
+    ).entries
     with private_bpffs(tmp_path) as pin_dir:
         obj = classifier_object(tmp_path)
         datapath = Datapath.open((), pin_dir=str(pin_dir), object_path=obj)
@@ -427,11 +467,24 @@ def test_a_rule_table_is_written_to_the_idle_bank_then_switched_and_survives_a_r
 def test_a_missing_bpffs_is_mounted_at_sys_fs_bpf(tmp_path):
     require_root("eBPF datapath tests")
     unshare = require_binary("unshare")
-    script = ("from honk.ebpf.loader import ensure_bpffs, filesystem_of; "
-              "print(ensure_bpffs('/sys/fs/bpf/honk'), ensure_bpffs('/sys/fs/bpf/honk'), filesystem_of('/sys/fs/bpf/honk'))")
+    script = (
+        "from honk.ebpf.loader import ensure_bpffs, filesystem_of; "
+        "print(ensure_bpffs('/sys/fs/bpf/honk'), ensure_bpffs('/sys/fs/bpf/honk'), filesystem_of('/sys/fs/bpf/honk'))"
+    )
     # a private mount namespace: unmounting and mounting there leaves the host's /sys/fs/bpf alone
     result = subprocess.run(
-        [unshare, "--mount", "--propagation", "private", "sh", "-c",
-         f'while umount /sys/fs/bpf 2>/dev/null; do :; done; exec "{sys.executable}" -c "{script}"'],
-        capture_output=True, text=True, check=True, cwd=tmp_path)
+        [
+            unshare,
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'while umount /sys/fs/bpf 2>/dev/null; do :; done; exec "{sys.executable}" -c "{script}"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
     assert result.stdout.split() == ["True", "False", "bpf"]

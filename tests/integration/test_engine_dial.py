@@ -82,14 +82,24 @@ class Env:
 
 
 @contextlib.asynccontextmanager
-async def honk(engine_name: str, nodes: tuple[NodeSpec, ...], *, fallback: str,
-               groups: tuple[GroupSpec, ...] = (), clock: Clock | None = None,
-               max_concurrent_dials: int = 64) -> AsyncIterator[Env]:
+async def honk(
+    engine_name: str,
+    nodes: tuple[NodeSpec, ...],
+    *,
+    fallback: str,
+    groups: tuple[GroupSpec, ...] = (),
+    clock: Clock | None = None,
+    max_concurrent_dials: int = 64,
+) -> AsyncIterator[Env]:
     glob = GlobalSpec(connect_timeout=2.0, max_concurrent_dials=max_concurrent_dials)
     ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-    spec = Spec(global_=glob, inbounds=(ispec,), nodes=nodes, groups=groups,
-                routing=RoutingSpec(fallback=fallback))
-    async with mixed_inbound(spec, clock or MonotonicClock(), fastpath_engine(engine_name)) as (inbound, dispatcher):
+    spec = Spec(
+        global_=glob, inbounds=(ispec,), nodes=nodes, groups=groups, routing=RoutingSpec(fallback=fallback)
+    )
+    async with mixed_inbound(spec, clock or MonotonicClock(), fastpath_engine(engine_name)) as (
+        inbound,
+        dispatcher,
+    ):
         assert inbound._fast is not None
         made: list[bool] = []
         decide = dispatcher.engine_dial
@@ -159,7 +169,8 @@ def test_a_vmess_node_on_plain_tcp_is_dialled_by_the_engine(run, engine_name) ->
             node = parse_node_link(peer.share_link(), "vm")
             async with honk(engine_name, (node,), fallback="vm") as env:
                 assert await _echo_through(env, echo.port, b"vmess through the engine" * 100) == (
-                    b"vmess through the engine" * 100)
+                    b"vmess through the engine" * 100
+                )
                 assert env.engine_dials == [True]
                 assert env.leaf("vm").runtime.dials["ok"] == 1
             assert any(f"127.0.0.1:{echo.port}" in line for line in peer.accepted())
@@ -258,7 +269,9 @@ def test_a_node_picked_by_a_group_that_retries_is_dialled_by_python(run, engine_
     async def main() -> None:
         with ss_server("aes-128-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
             nodes = (_ss_node("n1", peer.port, "aes-128-gcm"), _ss_node("n2", peer.port, "aes-128-gcm"))
-            group = GroupSpec("pick", policy=policy, filters=(name_filter("n1", "n2"),), has_filter_lines=True)
+            group = GroupSpec(
+                "pick", policy=policy, filters=(name_filter("n1", "n2"),), has_filter_lines=True
+            )
             async with honk(engine_name, nodes, fallback="pick", groups=(group,)) as env:
                 assert await _echo_through(env, echo.port, b"retry-capable") == b"retry-capable"
                 assert env.engine_dials == [False]
@@ -270,7 +283,9 @@ def test_a_node_under_a_selector_group_is_dialled_by_the_engine(run, engine_name
     async def main() -> None:
         with ss_server("aes-128-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
             nodes = (_ss_node("n1", peer.port, "aes-128-gcm"),)
-            group = GroupSpec("pick", policy=Policy.SELECTOR, filters=(name_filter("n1"),), has_filter_lines=True)
+            group = GroupSpec(
+                "pick", policy=Policy.SELECTOR, filters=(name_filter("n1"),), has_filter_lines=True
+            )
             async with honk(engine_name, nodes, fallback="pick", groups=(group,)) as env:
                 assert await _echo_through(env, echo.port, b"selected") == b"selected"
                 assert env.engine_dials == [True]
@@ -281,8 +296,9 @@ def test_a_node_under_a_selector_group_is_dialled_by_the_engine(run, engine_name
 def test_without_a_free_dial_permit_python_dials_once_one_is_released(run, engine_name) -> None:
     async def main() -> None:
         with ss_server("aes-256-gcm", PASSWORD, udp=False) as peer, EchoServer() as echo:
-            async with honk(engine_name, (_ss_node("ss", peer.port),), fallback="ss",
-                            max_concurrent_dials=1) as env:
+            async with honk(
+                engine_name, (_ss_node("ss", peer.port),), fallback="ss", max_concurrent_dials=1
+            ) as env:
                 held = env.dispatcher.plane.admission.try_acquire()
                 assert held is not None
                 opening = asyncio.ensure_future(socks5_open(env.port, "127.0.0.1", echo.port))
@@ -321,8 +337,9 @@ def test_a_ready_connection_warm_up_opened_is_used_by_python_not_bypassed(run, e
 
 
 @pytest.mark.parametrize("protocol", ["trojan", "vless", "vmess"])
-def test_a_tls_node_is_dialled_and_its_handshake_made_by_the_engine(run, engine_name, protocol,
-                                                                     monkeypatch) -> None:
+def test_a_tls_node_is_dialled_and_its_handshake_made_by_the_engine(
+    run, engine_name, protocol, monkeypatch
+) -> None:
     payload = bytes(range(256)) * 256
 
     async def main() -> None:
@@ -365,10 +382,12 @@ def test_the_servers_chain_is_verified_once_for_a_burst_of_handshakes(run, engin
     run(main())
 
 
-@pytest.mark.parametrize(("sni", "reason"), [("localhost", "certificate-untrusted"),
-                                             ("elsewhere.test", "certificate-name")])
+@pytest.mark.parametrize(
+    ("sni", "reason"), [("localhost", "certificate-untrusted"), ("elsewhere.test", "certificate-name")]
+)
 def test_a_certificate_the_engine_does_not_accept_is_a_typed_tls_failure_and_reply_1(
-        run, engine_name, caplog, monkeypatch, tmp_path, sni, reason) -> None:
+    run, engine_name, caplog, monkeypatch, tmp_path, sni, reason
+) -> None:
     caplog.set_level(logging.INFO, logger="honk.inbound")
 
     async def main() -> None:
@@ -403,8 +422,9 @@ def test_a_server_silent_in_the_handshake_gets_reply_6_as_a_tls_timeout(run, eng
         clock = FakeClock()
         silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel does), never answers
         try:
-            node = parse_node_link(f"trojan://pw@127.0.0.1:{silent.getsockname()[1]}?security=tls&sni=localhost#t",
-                                   "tls")
+            node = parse_node_link(
+                f"trojan://pw@127.0.0.1:{silent.getsockname()[1]}?security=tls&sni=localhost#t", "tls"
+            )
             async with honk(engine_name, (node,), fallback="tls", clock=clock) as env:
                 reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
                 writer.write(b"\x05\x01\x00\x05\x01\x00" + encode_address("127.0.0.1", 80))
@@ -426,16 +446,18 @@ def test_a_server_silent_in_the_handshake_gets_reply_6_as_a_tls_timeout(run, eng
     run(main())
 
 
-def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_back(run, engine_name,
-                                                                                     tmp_path) -> None:
+def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_back(
+    run, engine_name, tmp_path
+) -> None:
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
 
     async def main() -> list[bool]:
         async with TicketingTrojanServer(ca) as server:
-            node = parse_node_link(f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
-                                   f"ca={ca_file}#node", "tls")
+            node = parse_node_link(
+                f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&ca={ca_file}#node", "tls"
+            )
             async with honk(engine_name, (node,), fallback="tls") as env:
                 for _ in range(3):
                     assert await _echo_through(env, 9, b"ping") == b"ping"
@@ -449,7 +471,9 @@ def test_the_engines_handshakes_resume_the_tls13_session_a_relayed_flow_gave_bac
 # --- a second worker for the handshakes ----------------------------------------------------------
 
 
-@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+@pytest.mark.skipif(
+    bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs"
+)
 def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, monkeypatch) -> None:
     """Direct flows leave the inbound on one worker; the first engine dial with a TLS handshake
     (a Trojan/TLS node on a real v2ray server) makes FASTPATH_WORKERS engines accept on the same
@@ -462,13 +486,20 @@ def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, monk
 
     async def main() -> None:
         close_engines()
-        with v2ray_server("trojan", transport="tcp", tls=True) as peer, EchoServer() as echo, \
-                EchoServer() as far:
+        with (
+            v2ray_server("trojan", transport="tcp", tls=True) as peer,
+            EchoServer() as echo,
+            EchoServer() as far,
+        ):
             monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
             node = parse_node_link(peer.share_link(), "tls")
             ispec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-            spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,), nodes=(node,),
-                        routing=RoutingSpec(rules=(rule("dport", str(far.port), "tls"),), fallback="direct"))
+            spec = Spec(
+                global_=GlobalSpec(connect_timeout=2.0),
+                inbounds=(ispec,),
+                nodes=(node,),
+                routing=RoutingSpec(rules=(rule("dport", str(far.port), "tls"),), fallback="direct"),
+            )
             async with mixed_inbound(spec, MonotonicClock()) as (inbound, _):
                 env = Env(inbound, inbound._dispatcher, [], [])
                 for _ in range(5):
@@ -495,7 +526,9 @@ def test_a_second_worker_accepts_once_the_engine_dials_a_tls_handshake(run, monk
     run(main())
 
 
-@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+@pytest.mark.skipif(
+    bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs"
+)
 def test_an_ended_tls_flow_is_freed_by_reference_counting_not_by_the_collector(run, monkeypatch) -> None:
     """A flow's FastFlow and tracker entry, and its TlsFraming with the SSLObject, point at
     nothing that points back once the flow ended: they are freed when its END is handled, not

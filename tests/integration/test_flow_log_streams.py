@@ -139,9 +139,11 @@ def socks_connect(proxy: tuple[str, int], port: int) -> None:
 async def test_every_flow_has_a_mihomo_line_on_clash_logs_and_a_flow_opened_line_on_stderr(honk, servers):
     ruled, fallback, udp = servers
     proxy = honk.inbound("lan")
-    async with api(honk) as (http, base), \
-            http.get(f"{base}/logs", params={"level": "info"}) as chunked, \
-            http.ws_connect(f"{base}/logs", params={"level": "info"}) as ws:
+    async with (
+        api(honk) as (http, base),
+        http.get(f"{base}/logs", params={"level": "info"}) as chunked,
+        http.ws_connect(f"{base}/logs", params={"level": "info"}) as ws,
+    ):
         assert chunked.status == 200  # the reader is subscribed once its headers are out
 
         async def ws_frame() -> dict:
@@ -164,20 +166,31 @@ async def test_every_flow_has_a_mihomo_line_on_clash_logs_and_a_flow_opened_line
                 frame = await frame_matching(read, pattern, "payload")
                 assert frame["type"] == "info"
 
-    honk.wait_for(rf"INFO honk\.connection flow opened network=tcp inbound=lan source={source} "
-                  rf"target=127\.0\.0\.1:{ruled.port} rule=dport\({ruled.port}\) chain=direct$", STEP)
-    honk.wait_for(rf"flow opened network=tcp inbound=lan source={source} target=127\.0\.0\.1:{fallback.port} "
-                  r"rule=fallback chain=Proxy>direct$", STEP)
-    honk.wait_for(rf"flow opened network=udp inbound=lan source={source} target=127\.0\.0\.1:{udp.port} "
-                  r"rule=fallback chain=Proxy>direct$", STEP)
+    honk.wait_for(
+        rf"INFO honk\.connection flow opened network=tcp inbound=lan source={source} "
+        rf"target=127\.0\.0\.1:{ruled.port} rule=dport\({ruled.port}\) chain=direct$",
+        STEP,
+    )
+    honk.wait_for(
+        rf"flow opened network=tcp inbound=lan source={source} target=127\.0\.0\.1:{fallback.port} "
+        r"rule=fallback chain=Proxy>direct$",
+        STEP,
+    )
+    honk.wait_for(
+        rf"flow opened network=udp inbound=lan source={source} target=127\.0\.0\.1:{udp.port} "
+        r"rule=fallback chain=Proxy>direct$",
+        STEP,
+    )
     assert not [line for line in honk.lines if "[TCP]" in line or "[UDP]" in line]
 
 
 async def test_a_debug_reader_gets_debug_lines_while_stderr_stays_at_info(honk, servers):
     ignored = r"PATCH /configs ignored keys honk does not apply: bogus"
     async with api(honk) as (http, base):
-        async with http.get(f"{base}/logs", params={"level": "debug"}) as clash, \
-                http.get(f"{base}/v1/logs", params={"level": "debug"}) as native:
+        async with (
+            http.get(f"{base}/logs", params={"level": "debug"}) as clash,
+            http.get(f"{base}/v1/logs", params={"level": "debug"}) as native,
+        ):
             assert clash.status == 200 and native.status == 200
             async with http.patch(f"{base}/configs", json={"bogus": 1}) as resp:
                 assert resp.status == 204

@@ -55,8 +55,6 @@ def config() -> str:
     return quiet_global() + CONFIG.format(lan=free_port(), api=free_port(), secret=SECRET)
 
 
-
-
 async def _echoed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:
     writer.write(data)
     return await asyncio.wait_for(reader.readexactly(len(data)), STEP)
@@ -66,8 +64,11 @@ async def _echoed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, da
 
 
 async def test_connections_in_both_apis_carry_the_outbound_version_the_flow_was_opened_on(tmp_path):
-    async with running_daemon(tmp_path, config()) as daemon, echo_server() as echo, \
-            aiohttp.ClientSession(headers=bearer(SECRET)) as http:
+    async with (
+        running_daemon(tmp_path, config()) as daemon,
+        echo_server() as echo,
+        aiohttp.ClientSession(headers=bearer(SECRET)) as http,
+    ):
         daemon.plane.outbounds["direct"].outbound_id = "direct@v1"  # what the reconciler sets
         reader, writer, code, _ = await socks5_open(daemon.inbounds["lan"].bound.port, "127.0.0.1", echo)
         assert code == 0
@@ -183,8 +184,10 @@ class StubPlane:
 
     async def decide(self, meta, resolver):  # noqa: ANN001, ANN201
         self.decisions += 1
-        return SimpleNamespace(route=SimpleNamespace(outbound=self.leaf.name, rule="match", must=False),
-                               selection=SimpleNamespace(chain=(self.leaf.name,), leaf=self.leaf))
+        return SimpleNamespace(
+            route=SimpleNamespace(outbound=self.leaf.name, rule="match", must=False),
+            selection=SimpleNamespace(chain=(self.leaf.name,), leaf=self.leaf),
+        )
 
 
 async def _no_resolver(host: str) -> list:
@@ -201,8 +204,12 @@ async def test_a_udp_association_keys_sub_links_by_version_and_follows_the_plane
     dispatcher = Dispatcher(plane1, tracker, clock, GlobalSpec(), _no_resolver)
     client = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     client.bind(("127.0.0.1", 0))
-    assoc = UdpAssociation(dispatcher, inbound="lan", client=Address("127.0.0.1", client.getsockname()[1]),
-                           requested=Address("0.0.0.0", 0))
+    assoc = UdpAssociation(
+        dispatcher,
+        inbound="lan",
+        client=Address("127.0.0.1", client.getsockname()[1]),
+        requested=Address("0.0.0.0", 0),
+    )
     bound = await assoc.start("127.0.0.1", "127.0.0.1")
     target = Address("198.51.100.7", 53)
 

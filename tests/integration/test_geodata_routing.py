@@ -38,10 +38,14 @@ routing {
 
 def _write_data(var: Path, loopback_name: str, loopback_cidr: str) -> None:
     var.mkdir(exist_ok=True)
-    (var / "geosite.dat").write_bytes(geosite_bytes({
-        "MINE": [(dat.FULL, loopback_name, ())],
-        "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",)), (dat.FULL, "localhost", ())],
-    }))
+    (var / "geosite.dat").write_bytes(
+        geosite_bytes(
+            {
+                "MINE": [(dat.FULL, loopback_name, ())],
+                "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",)), (dat.FULL, "localhost", ())],
+            }
+        )
+    )
     (var / "geoip.dat").write_bytes(geoip_bytes({"MINE": ([loopback_cidr], False)}))
     (var / "extra.dat").write_bytes(geosite_bytes({"GAMES": [(dat.DOMAIN, "games.example", ())]}))
 

@@ -118,8 +118,9 @@ experimental {{
 
 
 @contextmanager
-def running(tmp_path: Path, *, route: str = "direct", node: str = "") -> Iterator[tuple[HonkProcess, FileServer,
-                                                                                           Path, str]]:
+def running(
+    tmp_path: Path, *, route: str = "direct", node: str = ""
+) -> Iterator[tuple[HonkProcess, FileServer, Path, str]]:
     var = tmp_path / "var"
     var.mkdir()
     (var / "geosite.dat").write_bytes(geosite_bytes(OLD_SITES))
@@ -138,8 +139,14 @@ def running(tmp_path: Path, *, route: str = "direct", node: str = "") -> Iterato
 
 def honkctl(api: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HONK_API", "HONK_API_SECRET", "HONK_SECRET")}
-    return subprocess.run([sys.executable, "-m", "honk.cli.ctl", "--api", api, "--secret", SECRET, *args],
-                          capture_output=True, text=True, timeout=CTL_TIMEOUT, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "honk.cli.ctl", "--api", api, "--secret", SECRET, *args],
+        capture_output=True,
+        text=True,
+        timeout=CTL_TIMEOUT,
+        env=env,
+        check=False,
+    )
 
 
 def reaches(proxy: tuple[str, int], host: str, port: int) -> bool:
@@ -195,7 +202,10 @@ def test_bad_downloads_keep_the_old_files_and_the_running_routing_and_exit_1(tmp
         assert bad.returncode == 1
         assert "geosite: failed (geosite.dat from its URL: not a geosite file" in bad.stderr
         assert f"{var / 'geosite.dat'} is kept)" in bad.stderr
-        assert "geoip: failed (geoip.dat from its URL: has no list 'mine', which a routing rule uses" in bad.stderr
+        assert (
+            "geoip: failed (geoip.dat from its URL: has no list 'mine', which a routing rule uses"
+            in bad.stderr
+        )
         assert "reloaded" not in bad.stdout
 
         with files.lock:
@@ -209,7 +219,10 @@ def test_bad_downloads_keep_the_old_files_and_the_running_routing_and_exit_1(tmp
 
         assert (var / "geosite.dat").read_bytes() == good_site
         assert (var / "geoip.dat").read_bytes() == good_ip
-        assert sorted(p.name for p in var.iterdir() if p.name.endswith(".dat")) == ["geoip.dat", "geosite.dat"]
+        assert sorted(p.name for p in var.iterdir() if p.name.endswith(".dat")) == [
+            "geoip.dat",
+            "geosite.dat",
+        ]
         assert not [p for p in var.iterdir() if p.name.startswith(".honk-geodata-")]  # no temporary left
         assert reaches(proxy, "localhost", echo.port)  # the routing the good files gave still runs
         assert reaches(proxy, "127.0.0.1", echo.port)

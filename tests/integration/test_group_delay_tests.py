@@ -72,7 +72,9 @@ def config(port: int) -> str:
 async def test_a_group_delay_test_measures_every_member_ten_at_a_time_and_adds_no_strike(tmp_path):
     async with HoldingServer() as holder, running_daemon(tmp_path, config(holder.port)) as daemon:
         alive = daemon.health.alive
-        ids = {name: node_id_of(leaf) for name, leaf in daemon.plane.outbounds.items() if name.startswith("m")}
+        ids = {
+            name: node_id_of(leaf) for name, leaf in daemon.plane.outbounds.items() if name.startswith("m")
+        }
         assert len(set(ids.values())) == MEMBERS  # distinct nodes (the n= parameter differs)
         runner = daemon.health.runner
         await poll(lambda: runner.in_flight == 0 and runner.queued == 0, "the startup health checks")
@@ -83,8 +85,9 @@ async def test_a_group_delay_test_measures_every_member_ten_at_a_time_and_adds_n
         before = liveness()
         async with aiohttp.ClientSession(headers=bearer(SECRET)) as http:
             started = time.monotonic()
-            async with http.post(f"{api_base(daemon)}/v1/delay",
-                                 json={"target": "pick", "timeout_ms": TIMEOUT_MS}) as response:
+            async with http.post(
+                f"{api_base(daemon)}/v1/delay", json={"target": "pick", "timeout_ms": TIMEOUT_MS}
+            ) as response:
                 assert response.status == 200
                 body = await response.json()
             elapsed = time.monotonic() - started
@@ -94,8 +97,9 @@ async def test_a_group_delay_test_measures_every_member_ten_at_a_time_and_adds_n
             assert set(body["results"]) == set(ids)  # the Selector's unchosen members too
             assert all(r["delay_ms"] is None and r["error"] for r in body["results"].values())
 
-            async with http.get(f"{api_base(daemon)}/group/pick/delay",
-                                params={"timeout": str(TIMEOUT_MS)}) as response:
+            async with http.get(
+                f"{api_base(daemon)}/group/pick/delay", params={"timeout": str(TIMEOUT_MS)}
+            ) as response:
                 assert response.status == 504  # no member succeeded: the Clash answer
         assert liveness() == before  # a delay test changes no liveness
         for node_id in ids.values():

@@ -105,8 +105,10 @@ async def test_an_activation_drops_automatic_group_pins_and_keeps_selector_choic
     """GH-A-16 with GH-A-03 through the daemon's reload: the groups are unchanged (reused with
     their state), yet the URLTest's and the Fallback's native pins are gone from the published
     manager, while the Selector's choice is still served."""
-    automatic = ("    auto {\n        filter: name(a, b)\n        policy: min_moving_avg\n    }\n"
-                 "    fb {\n        filter: name(a, b)\n        policy: fallback\n    }\n")
+    automatic = (
+        "    auto {\n        filter: name(a, b)\n        policy: min_moving_avg\n    }\n"
+        "    fb {\n        filter: name(a, b)\n        policy: fallback\n    }\n"
+    )
     cfg = tmp_path / "honk.dae"
     write(cfg, groups=automatic)
     daemon = Daemon(cfg)
@@ -143,8 +145,7 @@ async def test_interrupt_connections_closes_exactly_the_flows_of_the_changed_gro
     with EchoServer() as a, EchoServer() as b:
         cfg = tmp_path / "honk.dae"
         cfg.write_text(
-            quiet_global() + LAN_INBOUND
-            + "node {\n    x: 'socks5://127.0.0.1:9'\n}\n"
+            quiet_global() + LAN_INBOUND + "node {\n    x: 'socks5://127.0.0.1:9'\n}\n"
             "group {\n"
             "    g {\n        filter: name(direct, x)\n        interrupt_connections: true\n    }\n"
             "    h {\n        filter: name(direct)\n        interrupt_connections: true\n    }\n"
@@ -164,16 +165,24 @@ async def test_interrupt_connections_closes_exactly_the_flows_of_the_changed_gro
             _, control, code, tail = await socks5_open(port, "0.0.0.0", 0, cmd=3)
             assert code == 0
             udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            udp.sendto(b"\x00\x00\x00" + encode_address("127.0.0.1", a.port) + b"hi",
-                       ("127.0.0.1", int.from_bytes(tail[4:6], "big")))
-            await poll(lambda: len(daemon.tracker.snapshot()) == 4 and all(
-                c.chain for c in daemon.tracker.snapshot()), "four routed flows")
+            udp.sendto(
+                b"\x00\x00\x00" + encode_address("127.0.0.1", a.port) + b"hi",
+                ("127.0.0.1", int.from_bytes(tail[4:6], "big")),
+            )
+            await poll(
+                lambda: (
+                    len(daemon.tracker.snapshot()) == 4 and all(c.chain for c in daemon.tracker.snapshot())
+                ),
+                "four routed flows",
+            )
             by_chain = {(c.network, c.chain) for c in daemon.tracker.snapshot()}
             assert (Network.UDP, ("g", "direct")) in by_chain and (Network.TCP, ("h", "direct")) in by_chain
             assert await daemon.select("g", "x", Network.TCP) == [Network.TCP]
             left = daemon.tracker.snapshot()  # the write returned after the closes completed
             assert sorted((c.network.value, c.chain) for c in left) == [
-                ("tcp", ("h", "direct")), ("udp", ("g", "direct"))]
+                ("tcp", ("h", "direct")),
+                ("udp", ("g", "direct")),
+            ]
             for reader, _ in opened[:2]:
                 assert await asyncio.wait_for(reader.read(), 5) == b""
             assert await daemon.select("g", "x", Network.TCP) == []  # re-selecting reconnects nothing

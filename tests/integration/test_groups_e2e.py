@@ -111,7 +111,9 @@ class World:
         # no check URL: the raw TCP probe, a plain connect to the node's server address
         self.glob = GlobalSpec(connect_timeout=STEP, tcp_check_url=())
         self.inbound_spec = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-        nodes = tuple(with_node_id(NodeSpec(name, "socks5", peer.host, peer.port)) for name, peer in peers.items())
+        nodes = tuple(
+            with_node_id(NodeSpec(name, "socks5", peer.host, peer.port)) for name, peer in peers.items()
+        )
         self.spec = Spec(
             global_=self.glob,
             inbounds=(self.inbound_spec,),
@@ -134,10 +136,13 @@ class World:
         leaves = node_leaves(self.plane)
         for node_id, leaf in leaves.items():
             leaf.runtime.traffic = NodeTraffic(self.alive, node_id)
-        self.runner = HealthRunner(self.alive, NodeProber(leaves, self.glob, self.clock), self.health_clock,
-                                   check_interval=30.0)
+        self.runner = HealthRunner(
+            self.alive, NodeProber(leaves, self.glob, self.clock), self.health_clock, check_interval=30.0
+        )
         self.tracker = ConnectionTracker(self.clock)
-        self.dispatcher = Dispatcher(self.plane, self.tracker, self.clock, self.glob, SystemResolver(self.clock, STEP))
+        self.dispatcher = Dispatcher(
+            self.plane, self.tracker, self.clock, self.glob, SystemResolver(self.clock, STEP)
+        )
         self.inbound = MixedInbound(self.inbound_spec, self.dispatcher, self.clock)
         # the ranking's probe samples: n1 wins
         self.alive.notify_check_success(self.ids["n1"], Domain.TCP, V4, N1_RTT)
@@ -166,8 +171,10 @@ class World:
         flow = await self.open(origin_port)
         try:
             assert flow.reply == 0
-            await poll(lambda: any(c.source.port == flow.source_port for c in self.tracker.snapshot()),
-                       "the flow to be tracked")
+            await poll(
+                lambda: any(c.source.port == flow.source_port for c in self.tracker.snapshot()),
+                "the flow to be tracked",
+            )
             return self.info(flow).chain
         finally:
             await self.close(flow)
@@ -190,8 +197,10 @@ class World:
         """One real raw TCP probe of each node, published to the health state."""
         before = self.runner.probes_run
         self.runner.emergency(self.ids[n] for n in names)
-        await poll(lambda: self.runner.probes_run == before + len(names) and self.runner.in_flight == 0,
-                   "the probes to finish")
+        await poll(
+            lambda: self.runner.probes_run == before + len(names) and self.runner.in_flight == 0,
+            "the probes to finish",
+        )
 
     async def recovery_tick(self) -> None:
         """What the recovery scheduler does once the dead states' cooldown has passed."""
@@ -201,7 +210,9 @@ class World:
 
 def retries_from(caplog: pytest.LogCaptureFixture, node: str) -> int:
     """How many flows the dispatcher's retry round moved off ``node`` after its dial failed."""
-    return sum(1 for r in caplog.records if "dial retried" in r.getMessage() and f"failed={node} " in r.getMessage())
+    return sum(
+        1 for r in caplog.records if "dial retried" in r.getMessage() and f"failed={node} " in r.getMessage()
+    )
 
 
 def _group(name: str, policy: Policy, **kw: object) -> GroupSpec:
@@ -210,7 +221,9 @@ def _group(name: str, policy: Policy, **kw: object) -> GroupSpec:
 
 
 @contextlib.contextmanager
-def killable(peer_cm: contextlib.AbstractContextManager[SocksPeer]) -> Iterator[tuple[SocksPeer, contextlib.ExitStack]]:
+def killable(
+    peer_cm: contextlib.AbstractContextManager[SocksPeer],
+) -> Iterator[tuple[SocksPeer, contextlib.ExitStack]]:
     """A peer whose server the test may stop early (closing the stack); stopped at the end anyway."""
     with contextlib.ExitStack() as stack:
         yield stack.enter_context(peer_cm), stack
@@ -228,7 +241,10 @@ class Rig:
     async def kill(self, name: str) -> None:
         """Stop the node's danted (SIGTERM, reaped) and check nothing listens on its port any more."""
         await asyncio.to_thread(self.stops[name].close)
-        with pytest.raises(ConnectionRefusedError), socket.create_connection(self.peers[name].address, timeout=STEP):
+        with (
+            pytest.raises(ConnectionRefusedError),
+            socket.create_connection(self.peers[name].address, timeout=STEP),
+        ):
             pass
 
 
@@ -269,7 +285,9 @@ async def test_every_route_serves_through_its_own_path_while_both_nodes_live(rig
     assert (rig.auto.accepted, rig.pick.accepted, rig.direct.accepted) == (1, 1, 1)
 
 
-async def test_after_the_urltest_winners_server_dies_each_new_flow_is_served_through_the_next_node(rig, caplog):
+async def test_after_the_urltest_winners_server_dies_each_new_flow_is_served_through_the_next_node(
+    rig, caplog
+):
     caplog.set_level(logging.INFO, logger="honk.connection")
     w = rig.world
     assert await w.carried(rig.auto.port) == ("auto", "n1")
@@ -281,7 +299,9 @@ async def test_after_the_urltest_winners_server_dies_each_new_flow_is_served_thr
     assert retries_from(caplog, "n1") == 2
 
 
-async def test_killing_the_urltest_winners_server_moves_new_flows_to_the_next_node_after_one_strike(rig, caplog):
+async def test_killing_the_urltest_winners_server_moves_new_flows_to_the_next_node_after_one_strike(
+    rig, caplog
+):
     caplog.set_level(logging.INFO, logger="honk.connection")
     w = rig.world
     assert await w.carried(rig.auto.port) == ("auto", "n1")

@@ -58,20 +58,26 @@ async def holding_server() -> AsyncIterator[HoldingServer]:
 
 
 def config(tmp_path) -> str:  # noqa: ANN001
-    return quiet_global(tmp_path / "var").replace(
-        "global {\n", f"global {{\n    half_close_timeout: {HALF_CLOSE:g}s\n", 1) + """inbound {
+    return (
+        quiet_global(tmp_path / "var").replace(
+            "global {\n", f"global {{\n    half_close_timeout: {HALF_CLOSE:g}s\n", 1
+        )
+        + """inbound {
     lan: 'mixed://127.0.0.1:0'
 }
 routing {
     fallback: direct
 }
 """
+    )
 
 
 async def test_a_half_closed_flow_whose_server_holds_its_side_is_closed_after_the_timeout(tmp_path):
     async with holding_server() as origin, running_daemon(tmp_path, config(tmp_path)) as daemon:
         assert daemon.dispatcher.global_spec.half_close_timeout == HALF_CLOSE
-        reader, writer, code, _tail = await socks5_open(daemon.inbounds["lan"].bound.port, "127.0.0.1", origin.port)
+        reader, writer, code, _tail = await socks5_open(
+            daemon.inbounds["lan"].bound.port, "127.0.0.1", origin.port
+        )
         assert code == 0
         try:
             writer.write(b"request")

@@ -59,7 +59,9 @@ async def test_every_node_is_probed_through_its_own_path_and_health_survives_rel
     cfg = tmp_path / "honk.dae"
     async with generate_204() as origin:
         with UdpDnsResponder({"www.google.com": "10.0.0.1"}) as dns:
-            write_config(cfg, check_port=origin.port, dns_port=dns.port, socks_port=socks.port, ss_port=ss.port)
+            write_config(
+                cfg, check_port=origin.port, dns_port=dns.port, socks_port=socks.port, ss_port=ss.port
+            )
             daemon = Daemon(cfg)
             await daemon.start()
             try:
@@ -69,7 +71,8 @@ async def test_every_node_is_probed_through_its_own_path_and_health_survives_rel
                 def probed() -> bool:
                     return all(
                         alive.status(ids[n], d, Family.V4) is Status.ALIVE
-                        for n in ("socks", "ss") for d in Domain
+                        for n in ("socks", "ss")
+                        for d in Domain
                     )
 
                 await poll(probed, "TCP and UDP results of both nodes")
@@ -83,14 +86,21 @@ async def test_every_node_is_probed_through_its_own_path_and_health_survives_rel
                 runner = daemon.health.runner
                 runner._last_used["proxy"] -= 100.0
                 before = runner._last_used["proxy"]
-                reader, writer, code, _ = await socks5_open(daemon.inbounds["lan"].bound.port,
-                                                            "127.0.0.1", origin.port)
+                reader, writer, code, _ = await socks5_open(
+                    daemon.inbounds["lan"].bound.port, "127.0.0.1", origin.port
+                )
                 assert code == 0
                 await close_writer(writer)
                 assert runner._last_used["proxy"] > before
 
-                write_config(cfg, check_port=origin.port, dns_port=dns.port, socks_port=socks.port,
-                             ss_port=ss.port, with_ss=False)
+                write_config(
+                    cfg,
+                    check_port=origin.port,
+                    dns_port=dns.port,
+                    socks_port=socks.port,
+                    ss_port=ss.port,
+                    with_ss=False,
+                )
                 assert await daemon.reload()
                 assert ids["ss"] not in alive and ids["socks"] in alive
                 assert alive.status(ids["socks"], Domain.TCP, Family.V4) is Status.ALIVE  # kept

@@ -44,16 +44,22 @@ ROUND_DELAYS = (0.3, 0.04)  # seconds the origin waits before answering round 1,
 pytestmark = pytest.mark.filterwarnings("error::ResourceWarning")
 
 
-
-
 class Origin:
     """A loopback origin answering the n-th request of a connection with ``statuses[n]`` after ``delays[n]``.
 
     ``kind`` "http1": plain HTTP/1.1, keep-alive. ``kind`` "h2": HTTP/2 over TLS from ``ca``.
     """
 
-    def __init__(self, kind: str, ca: trustme.CA, statuses: tuple[int, int], delays: tuple[float, float], *,
-                 informational: int = 0, goaway_after_first: bool = False) -> None:
+    def __init__(
+        self,
+        kind: str,
+        ca: trustme.CA,
+        statuses: tuple[int, int],
+        delays: tuple[float, float],
+        *,
+        informational: int = 0,
+        goaway_after_first: bool = False,
+    ) -> None:
         self.informational = informational  # bytes of 1xx heads before round 2's answer (HTTP/1.1)
         self.goaway_after_first = goaway_after_first  # a graceful GOAWAY right after round 1 (HTTP/2)
         self.kind = kind
@@ -84,7 +90,9 @@ class Origin:
 
     @property
     def url(self) -> CheckUrl:
-        return parse_check_url(f"{'https' if self.kind == 'h2' else 'http'}://{LOOPBACK}:{self.port}/generate_204")
+        return parse_check_url(
+            f"{'https' if self.kind == 'h2' else 'http'}://{LOOPBACK}:{self.port}/generate_204"
+        )
 
     def _answer(self, n: int) -> tuple[float, bytes]:
         last = len(self.statuses) - 1
@@ -141,7 +149,11 @@ class Origin:
 
 def _informational_heads(total: int) -> bytes:
     """103 Early Hints heads adding up to at least ``total`` bytes."""
-    one = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style; x=" + b"a" * 900 + b"\r\n\r\n"
+    one = (
+        b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style; x="
+        + b"a" * 900
+        + b"\r\n\r\n"
+    )
     return one * (total // len(one) + 1)
 
 
@@ -171,7 +183,9 @@ def make_leaf(request: pytest.FixtureRequest) -> Callable[[MonotonicClock], obje
     return lambda clock: leaf_from_link(link, connect_timeout=STEP, clock=clock)
 
 
-async def probe_through(make_leaf: Callable[[MonotonicClock], object], origin: Origin) -> ProbeSample | ProbeError:
+async def probe_through(
+    make_leaf: Callable[[MonotonicClock], object], origin: Origin
+) -> ProbeSample | ProbeError:
     """One probe through the leaf (outcome returned, not raised); its descriptors must all go afterwards."""
     clock = MonotonicClock()
     leaf = make_leaf(clock)
@@ -179,8 +193,14 @@ async def probe_through(make_leaf: Callable[[MonotonicClock], object], origin: O
     context = ssl.create_default_context(cadata=origin.ca.cert_pem.bytes().decode())
     before = open_fds()
     try:
-        return await measure_http(leaf.dial_tcp, origin.url, "GET", clock, stage_timeout=STEP,  # type: ignore[attr-defined]
-                                  ssl_context=context)
+        return await measure_http(
+            leaf.dial_tcp,
+            origin.url,
+            "GET",
+            clock,
+            stage_timeout=STEP,  # type: ignore[attr-defined]
+            ssl_context=context,
+        )
     except ProbeError as error:
         return error
     finally:
@@ -205,8 +225,9 @@ def test_the_reported_rtt_is_the_warm_second_round(run, make_leaf, ca: trustme.C
 
 @pytest.mark.parametrize("kind", ["http1", "h2"])
 @pytest.mark.parametrize(("status", "passes"), [(204, True), (301, True), (404, True), (500, False)])
-def test_a_second_status_from_200_to_499_passes_and_500_fails(run, make_leaf, ca: trustme.CA, kind: str,
-                                                              status: int, passes: bool) -> None:
+def test_a_second_status_from_200_to_499_passes_and_500_fails(
+    run, make_leaf, ca: trustme.CA, kind: str, status: int, passes: bool
+) -> None:
     async def scenario() -> ProbeSample | ProbeError:
         async with Origin(kind, ca, (204, status), (0.0, 0.0)) as origin:
             return await probe_through(make_leaf, origin)
@@ -224,7 +245,10 @@ def test_informational_heads_over_16_kib_fail_the_probe(run, make_leaf, ca: trus
             return await probe_through(make_leaf, origin)
 
     outcome = run(scenario())
-    assert isinstance(outcome, ProbeError) and (outcome.phase, outcome.reason) == ("request", "informational-too-large")
+    assert isinstance(outcome, ProbeError) and (outcome.phase, outcome.reason) == (
+        "request",
+        "informational-too-large",
+    )
 
 
 def test_a_goaway_after_round_one_returns_the_validated_first_sample(run, make_leaf, ca: trustme.CA) -> None:

@@ -65,8 +65,9 @@ class Health:
         self.alive.node(self.node_id).registered_at -= REGISTRATION_GRACE
         context = ssl.create_default_context()
         ca.configure_trust(context)
-        prober = NodeProber(leaves, settings, clock, score_leaves={self.node_id} if score else (),
-                            ssl_context=context)
+        prober = NodeProber(
+            leaves, settings, clock, score_leaves={self.node_id} if score else (), ssl_context=context
+        )
         self.runner = HealthRunner(self.alive, prober, clock, check_interval=30.0)
 
     async def cycles(self, n: int) -> None:
@@ -89,15 +90,23 @@ async def test_blocked_dns_with_a_working_quic_handshake_keeps_data_udp_alive_an
     blocked = silent_udp_port()
     try:
         async with generate_204(port=port, tls=tls), quic_server(cert, port=port):
-            settings = GlobalSpec(connect_timeout=STAGE, tcp_check_url=(f"https://127.0.0.1:{port}/generate_204",),
-                                  udp_check_dns=(f"127.0.0.1:{blocked.getsockname()[1]}",))
+            settings = GlobalSpec(
+                connect_timeout=STAGE,
+                tcp_check_url=(f"https://127.0.0.1:{port}/generate_204",),
+                udp_check_dns=(f"127.0.0.1:{blocked.getsockname()[1]}",),
+            )
             health = Health(ss, settings, score=True, ca=ca)
             await health.cycles(PROBE_DEATH_THRESHOLD[Domain.DNS_UDP])
     finally:
         blocked.close()
     # DataUdp alive is the QUIC handshakes' doing: the DNS probe failed every round
-    seen = (health.status(Domain.TCP), health.status(Domain.DNS_UDP), health.status(Domain.DATA_UDP),
-            health.deaths, health.history())
+    seen = (
+        health.status(Domain.TCP),
+        health.status(Domain.DNS_UDP),
+        health.status(Domain.DATA_UDP),
+        health.deaths,
+        health.history(),
+    )
     assert seen[:3] == (Status.ALIVE, Status.DEAD, Status.ALIVE), seen
     assert health.alive.udp_selectable(health.node_id, V4)
     assert health.deaths == [], seen
@@ -109,8 +118,11 @@ async def test_with_an_http_check_url_no_quic_probe_runs_and_both_udp_domains_fa
     blocked = silent_udp_port()
     try:
         async with generate_204(port=port), quic_server(cert, port=port) as quic:
-            settings = GlobalSpec(connect_timeout=STAGE, tcp_check_url=(f"http://127.0.0.1:{port}/generate_204",),
-                                  udp_check_dns=(f"127.0.0.1:{blocked.getsockname()[1]}",))
+            settings = GlobalSpec(
+                connect_timeout=STAGE,
+                tcp_check_url=(f"http://127.0.0.1:{port}/generate_204",),
+                udp_check_dns=(f"127.0.0.1:{blocked.getsockname()[1]}",),
+            )
             health = Health(ss, settings, score=True, ca=ca)
             await health.cycles(PROBE_DEATH_THRESHOLD[Domain.DNS_UDP])
     finally:
@@ -123,7 +135,9 @@ async def test_with_an_http_check_url_no_quic_probe_runs_and_both_udp_domains_fa
 
 async def test_a_working_dns_target_marks_both_udp_domains_alive(ss, ca):
     with UdpDnsResponder({"www.google.com": "10.0.0.1"}) as dns:
-        settings = GlobalSpec(connect_timeout=STAGE, tcp_check_url=(), udp_check_dns=(f"127.0.0.1:{dns.port}",))
+        settings = GlobalSpec(
+            connect_timeout=STAGE, tcp_check_url=(), udp_check_dns=(f"127.0.0.1:{dns.port}",)
+        )
         health = Health(ss, settings, score=False, ca=ca)
         await health.cycles(1)
         assert dns.queries == 1
@@ -138,7 +152,9 @@ async def test_a_delay_test_to_a_failing_url_is_history_only(ss, ca):
     settings = GlobalSpec(connect_timeout=STAGE, tcp_check_url=())
     health = Health(ss, settings, score=True, ca=ca)
     for _ in range(5):
-        assert isinstance(await health.runner.delay_test(health.node_id, f"http://127.0.0.1:{port}/"), ProbeError)
+        assert isinstance(
+            await health.runner.delay_test(health.node_id, f"http://127.0.0.1:{port}/"), ProbeError
+        )
     node = health.alive.node(health.node_id)
     assert node.dial_failures == 0 and health.status(Domain.TCP) is Status.UNKNOWN
     assert [failed for _, _, failed in health.alive.history(health.node_id, Domain.TCP, V4)] == [True] * 5

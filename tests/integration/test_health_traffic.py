@@ -41,8 +41,12 @@ class Rig:
         self.clock = MonotonicClock()
         self.glob = GlobalSpec(connect_timeout=STEP, tcp_check_url=())
         inbound = InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0)
-        self.spec = Spec(global_=self.glob, inbounds=(inbound,), nodes=(node_from_link(link),),
-                         routing=RoutingSpec(rules=(), fallback="node"))
+        self.spec = Spec(
+            global_=self.glob,
+            inbounds=(inbound,),
+            nodes=(node_from_link(link),),
+            routing=RoutingSpec(rules=(), fallback="node"),
+        )
         self.plane = build_plane(self.spec, self.clock, 1)
         self.leaves = node_leaves(self.plane)
         (self.node_id,) = self.leaves
@@ -51,8 +55,9 @@ class Rig:
         self.alive.node(self.node_id).registered_at -= REGISTRATION_GRACE  # past the grace period
         self.leaves[self.node_id].runtime.traffic = NodeTraffic(self.alive, self.node_id)
         self.tracker = ConnectionTracker(self.clock)
-        self.dispatcher = Dispatcher(self.plane, self.tracker, self.clock, self.glob,
-                                     SystemResolver(self.clock, STEP))
+        self.dispatcher = Dispatcher(
+            self.plane, self.tracker, self.clock, self.glob, SystemResolver(self.clock, STEP)
+        )
         self.inbound = MixedInbound(inbound, self.dispatcher, self.clock)
 
     def data_udp(self):
@@ -101,7 +106,9 @@ async def rig():
 
 async def test_an_endpoint_that_got_a_reply_and_then_idles_out_is_not_a_failure(rig):
     with UdpDnsResponder({"example.com": "10.0.0.1"}) as dns:
-        writer, udp = await rig.associate_and_send(dns.address, build_query("example.com", 7), wait_reply=True)
+        writer, udp = await rig.associate_and_send(
+            dns.address, build_query("example.com", 7), wait_reply=True
+        )
         assert rig.idle_out()
         udp.close()
         await close_writer(writer)
@@ -144,14 +151,16 @@ async def test_real_dials_feed_strikes_and_probes_through_the_same_leaf_do_not()
     port = closed.getsockname()[1]
     closed.close()
     rig = Rig(f"socks5://127.0.0.1:{port}#node")
-    meta = FlowMeta(Network.TCP, source=Address("127.0.0.1", 5555), target=Address("127.0.0.1", 80),
-                    inbound="lan")
+    meta = FlowMeta(
+        Network.TCP, source=Address("127.0.0.1", 5555), target=Address("127.0.0.1", 80), inbound="lan"
+    )
     for _ in range(2):
         with pytest.raises(DialError):
             await rig.dispatcher.connect(meta)
     assert rig.alive.node(rig.node_id).dial_failures == 2
-    prober = NodeProber(rig.leaves, GlobalSpec(connect_timeout=STEP, tcp_check_url=("http://127.0.0.1:80/",)),
-                        rig.clock)
+    prober = NodeProber(
+        rig.leaves, GlobalSpec(connect_timeout=STEP, tcp_check_url=("http://127.0.0.1:80/",)), rig.clock
+    )
     with pytest.raises(Exception):  # noqa: B017 - any probe failure; what matters is what it reports
         await prober.probe_tcp(rig.node_id, V4)
     assert rig.alive.node(rig.node_id).dial_failures == 2

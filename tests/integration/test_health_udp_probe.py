@@ -49,8 +49,9 @@ class RecordingLeaf:
         self.capabilities = leaf.capabilities
         self.endpoints: list[PacketEndpoint] = []
 
-    async def dial_udp(self, receive: DatagramSink, deadline: float,
-                       on_lost: EndpointLost | None = None) -> PacketEndpoint:
+    async def dial_udp(
+        self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
+    ) -> PacketEndpoint:
         endpoint = await self.leaf.dial_udp(receive, deadline, on_lost)
         self.endpoints.append(endpoint)
         return endpoint
@@ -84,8 +85,9 @@ def cert(ca: trustme.CA) -> trustme.LeafCert:
 @pytest.mark.parametrize("kind", ["danted", "ss"])
 def test_dns_probe_through_a_proxy_node_is_answered_after_exactly_one_query(run, kind) -> None:
     async def main(leaf: RecordingLeaf, dns: UdpDnsResponder) -> float:
-        sample = await measure_dns(leaf, Address(dns.host, dns.port), MonotonicClock(), stage_timeout=STAGE,
-                                   name=DNS_NAME)
+        sample = await measure_dns(
+            leaf, Address(dns.host, dns.port), MonotonicClock(), stage_timeout=STAGE, name=DNS_NAME
+        )
         return sample.rtt
 
     with _node(kind) as link, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns:
@@ -104,8 +106,9 @@ def test_quic_handshake_through_a_proxy_node_completes(run, ca, cert, kind) -> N
     async def main(leaf: RecordingLeaf) -> float:
         async with quic_server(cert) as peer:
             trust = ca.cert_pem.bytes()
-            sample = await measure_quic_handshake(leaf, peer.host, peer.port, MonotonicClock(),
-                                                  stage_timeout=STAGE, ssl_context_or_cafile=trust)
+            sample = await measure_quic_handshake(
+                leaf, peer.host, peer.port, MonotonicClock(), stage_timeout=STAGE, ssl_context_or_cafile=trust
+            )
             return sample.rtt
 
     with _node(kind) as link:
@@ -123,8 +126,14 @@ def test_a_blocked_dns_target_fails_while_quic_through_the_same_leaf_succeeds(ru
             await measure_dns(leaf, blocked, clock, stage_timeout=BLOCKED_STAGE)
         dns_elapsed = time.monotonic() - started
         async with quic_server(cert) as peer:
-            sample = await measure_quic_handshake(leaf, peer.host, peer.port, clock, stage_timeout=STAGE,
-                                                  ssl_context_or_cafile=ca.cert_pem.bytes())
+            sample = await measure_quic_handshake(
+                leaf,
+                peer.host,
+                peer.port,
+                clock,
+                stage_timeout=STAGE,
+                ssl_context_or_cafile=ca.cert_pem.bytes(),
+            )
         return failed.value, dns_elapsed, sample.rtt
 
     # bound and never read: datagrams to it vanish, as behind a firewall that drops DNS

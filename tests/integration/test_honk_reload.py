@@ -31,8 +31,9 @@ def write_config(path: Path, fallback: str = "direct") -> None:
 
 
 def honk(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "honk.cli.daemon", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "honk.cli.daemon", *args], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
 
 
 def test_honk_reload_signals_the_running_daemon_which_applies_the_changed_file(tmp_path):
@@ -61,8 +62,10 @@ def test_a_second_honk_run_with_the_same_pid_file_exits_with_a_clear_message(tmp
         first.inbound()
         second = honk("run", "-c", str(cfg), "--pid-file", str(pid_file))
         assert second.returncode == EXIT_RUNTIME
-        assert (f"honk did not start: honk is already running (pid {first.proc.pid}; lock file {pid_file})"
-                in second.stderr)
+        assert (
+            f"honk did not start: honk is already running (pid {first.proc.pid}; lock file {pid_file})"
+            in second.stderr
+        )
         assert first.proc.poll() is None  # the refused start did not disturb the running one
         assert pid_file.read_text() == f"{first.proc.pid}\n"
 

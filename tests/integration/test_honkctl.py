@@ -31,7 +31,11 @@ from honk.daemon.app import Daemon
 
 SECRET = "s3cret"
 NON_ASCII = "香港 fast"  # a group name with a space and wide characters, sent as one encoded segment
-NO_ENV = {"HONK_API": None, "HONK_API_SECRET": None, "HONK_SECRET": None}  # the caller's shell must not leak in
+NO_ENV = {
+    "HONK_API": None,
+    "HONK_API_SECRET": None,
+    "HONK_SECRET": None,
+}  # the caller's shell must not leak in
 ENTRY_POINT = Path(sys.executable).with_name("honkctl")
 
 ROUTED = """node {{
@@ -73,8 +77,9 @@ class Live:
     port: int
     config: Path
 
-    async def ctl(self, *args: str, secret: str | None = SECRET, env: dict | None = None,
-                  stdin: str | None = None) -> Result:
+    async def ctl(
+        self, *args: str, secret: str | None = SECRET, env: dict | None = None, stdin: str | None = None
+    ) -> Result:
         """Run honkctl in a worker thread (the daemon's loop keeps serving meanwhile)."""
         head = ["--api", self.url] + (["--secret", secret] if secret is not None else [])
         return await invoke(*head, *args, env=env, stdin=stdin)
@@ -275,8 +280,10 @@ async def test_users_put_and_remove_change_an_inbounds_users_without_a_reload(tm
         epoch = live.daemon.epoch
         put = await live.ctl("users", "put", "lan", "bob", "--password-stdin", stdin="pb\n")
         assert put.exit_code == 0 and put.stdout.strip() == "user bob of lan set", put.stderr
-        assert [(u.username, u.password) for u in live.daemon.spec.inbounds[0].users] == [("alice", "pa"),
-                                                                                            ("bob", "pb")]
+        assert [(u.username, u.password) for u in live.daemon.spec.inbounds[0].users] == [
+            ("alice", "pa"),
+            ("bob", "pb"),
+        ]
         gone = await live.ctl("users", "remove", "lan", "alice")
         assert gone.exit_code == 0 and gone.stdout.strip() == "user alice removed from lan"
         again = await live.ctl("users", "remove", "lan", "alice")
@@ -328,7 +335,9 @@ async def test_logs_follow_streams_until_the_daemon_goes_away_which_exits_3(tmp_
     result = await asyncio.wait_for(task, 30)
     assert result.exit_code == 3, (result.stdout, result.stderr)
     assert "the stream broke" in result.stderr
-    assert any(" INFO  honk.daemon: config reloaded: built [route]" in line for line in result.stdout.splitlines())
+    assert any(
+        " INFO  honk.daemon: config reloaded: built [route]" in line for line in result.stdout.splitlines()
+    )
 
 
 async def test_logs_without_follow_prints_what_arrives_and_exits_once_the_stream_is_quiet(tmp_path):
@@ -356,7 +365,8 @@ async def test_a_wrong_or_missing_secret_exits_4_with_the_documented_message(tmp
             assert result.exit_code == 4
             assert result.stderr.strip() == UNAUTHORIZED_MESSAGE
         assert UNAUTHORIZED_MESSAGE == (
-            "error: unauthorized: the API secret was rejected (set --secret or HONK_API_SECRET)")
+            "error: unauthorized: the API secret was rejected (set --secret or HONK_API_SECRET)"
+        )
 
 
 async def test_the_secret_comes_from_honk_api_secret_or_the_old_honk_secret(tmp_path):
@@ -371,8 +381,10 @@ async def test_the_secret_comes_from_honk_api_secret_or_the_old_honk_secret(tmp_
 async def test_the_address_and_secret_come_from_a_config_file(tmp_path):
     async with running(tmp_path) as live:
         client_cfg = tmp_path / "client.dae"
-        block = (f"experimental {{\n    clash_api {{\n        external_controller: '0.0.0.0:{live.port}'\n"
-                 f"        secret: '{SECRET}'\n    }}\n}}\n")
+        block = (
+            f"experimental {{\n    clash_api {{\n        external_controller: '0.0.0.0:{live.port}'\n"
+            f"        secret: '{SECRET}'\n    }}\n}}\n"
+        )
         client_cfg.write_text("global {\n    data_dir: ./var\n}\n" + block)
         result = await invoke("-c", str(client_cfg), "--json", "status")
         assert result.exit_code == 0, result.stderr
@@ -403,8 +415,13 @@ def test_the_installed_entry_point_documents_its_exit_codes_and_exits_3_when_unr
     assert "Inspect and steer a running honk daemon" in shown.stdout
     for code, text in EXIT_CODES.items():
         assert f"{code}  {text}" in shown.stdout
-    down = subprocess.run([str(ENTRY_POINT), "--api", f"http://127.0.0.1:{free_port()}", "status"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    down = subprocess.run(
+        [str(ENTRY_POINT), "--api", f"http://127.0.0.1:{free_port()}", "status"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert down.returncode == 3 and "cannot reach the daemon" in down.stderr
 
 
@@ -436,14 +453,18 @@ def test_the_spinner_draws_only_on_a_terminal_and_erases_itself():
 
 def test_human_tables_align_wide_characters_by_terminal_cells():
     text = tables.table(("NAME", "POLICY"), [("香港 fast", "selector"), ("pick", "urltest")])
-    starts = {tables.width(line[: line.index(word)]) for line, word in
-              zip(text.splitlines(), ("POLICY", "selector", "urltest"), strict=True)}
+    starts = {
+        tables.width(line[: line.index(word)])
+        for line, word in zip(text.splitlines(), ("POLICY", "selector", "urltest"), strict=True)
+    }
     assert starts == {len("香港 fast") + 2 + 2}  # 2 wide characters count twice, then the gap
 
 
 def test_honkctl_imports_neither_aiohttp_nor_the_daemon():
-    code = ("import sys, honk.cli.ctl; "
-            "print(sorted(m for m in ('aiohttp', 'honk.daemon.app', 'uvloop') if m in sys.modules))")
+    code = (
+        "import sys, honk.cli.ctl; "
+        "print(sorted(m for m in ('aiohttp', 'honk.daemon.app', 'uvloop') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -66,23 +66,29 @@ class World:
         spec = Spec(global_=glob, inbounds=(), routing=RoutingSpec(rules=(), fallback="direct"))
         self.clock = clock
         self.tracker = ConnectionTracker(clock)
-        self.dispatcher = Dispatcher(build_plane(spec, clock, 1), self.tracker, clock, glob,
-                                     SystemResolver(clock, 2.0))
+        self.dispatcher = Dispatcher(
+            build_plane(spec, clock, 1), self.tracker, clock, glob, SystemResolver(clock, 2.0)
+        )
         self.sessions = SessionRegistry()
         self.inbounds: list[MixedInbound] = []
         self.engines: list[object] = []
 
-    def inbound(self, name: str, users: tuple[InboundUser, ...] = (), engine: str | None = None) -> MixedInbound:
+    def inbound(
+        self, name: str, users: tuple[InboundUser, ...] = (), engine: str | None = None
+    ) -> MixedInbound:
         fast = None
         if engine is not None:
             fast = fastpath_engine(engine)
             self.engines.append(fast)
-        inbound = MixedInbound(_spec(name, users), self.dispatcher, self.clock, engine=fast, sessions=self.sessions)
+        inbound = MixedInbound(
+            _spec(name, users), self.dispatcher, self.clock, engine=fast, sessions=self.sessions
+        )
         self.inbounds.append(inbound)
         return inbound
 
-    async def serving(self, name: str, users: tuple[InboundUser, ...] = (),
-                      engine: str | None = None) -> tuple[MixedInbound, int]:
+    async def serving(
+        self, name: str, users: tuple[InboundUser, ...] = (), engine: str | None = None
+    ) -> tuple[MixedInbound, int]:
         """An inbound bound and served, with its port."""
         inbound = self.inbound(name, users, engine)
         await inbound.start()
@@ -163,8 +169,9 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     head = await _read_head(reader)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length"))
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
     return head, await asyncio.wait_for(reader.readexactly(length), STEP)
 
 
@@ -234,8 +241,9 @@ def test_bind_failure_raises_oserror_and_leaves_nothing_open(run, asyncio_path) 
             taken.listen()
             port = taken.getsockname()[1]
             async with world() as w:
-                inbound = MixedInbound(InboundSpec("lan", "mixed", "127.0.0.1", port), w.dispatcher, w.clock,
-                                       sessions=w.sessions)
+                inbound = MixedInbound(
+                    InboundSpec("lan", "mixed", "127.0.0.1", port), w.dispatcher, w.clock, sessions=w.sessions
+                )
                 with pytest.raises(OSError):
                     await inbound.bind()
                 assert inbound.bound is None
@@ -316,7 +324,9 @@ def test_a_fast_path_handshake_that_spans_a_swap_to_users_is_refused(run, engine
                 await inbound.start()
                 reader, writer = await asyncio.open_connection("127.0.0.1", _port(inbound))
                 writer.write(b"\x05\x01\x00")
-                assert await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"  # the worker answered
+                assert (
+                    await asyncio.wait_for(reader.readexactly(2), STEP) == b"\x05\x00"
+                )  # the worker answered
 
                 inbound.swap(_spec("lan", (ALICE,)))
                 writer.write(b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port))
@@ -373,7 +383,9 @@ def test_close_tag_ends_handshaking_and_relaying_sessions_of_that_tag_only(run, 
                 relaying_r, relaying_w = await connect_through(_port(lan), echo)
                 shaking_r, shaking_w = await asyncio.open_connection("127.0.0.1", _port(lan))
                 shaking_w.write(b"\x05\x01\x00")
-                assert await asyncio.wait_for(shaking_r.readexactly(2), STEP) == b"\x05\x00"  # now mid-handshake
+                assert (
+                    await asyncio.wait_for(shaking_r.readexactly(2), STEP) == b"\x05\x00"
+                )  # now mid-handshake
                 other_r, other_w = await connect_through(_port(wan), echo)
                 await lan.stop_accepting()  # sessions outlive their listener (RL-43)
                 assert await echoes(relaying_r, relaying_w)
@@ -453,7 +465,9 @@ def test_revoked_principal_is_refused_on_the_sessions_first_flow(run, asyncio_pa
                 await inbound.start()
                 reader, writer = await asyncio.open_connection("127.0.0.1", _port(inbound))
                 writer.write(b"\x05\x01\x02\x01\x05alice\x0awonderland")
-                assert await asyncio.wait_for(reader.readexactly(4), STEP) == b"\x05\x02\x01\x00"  # authenticated
+                assert (
+                    await asyncio.wait_for(reader.readexactly(4), STEP) == b"\x05\x02\x01\x00"
+                )  # authenticated
 
                 w.sessions.revoke([inbound.admissions["alice"]], KEEP, w.clock)
                 writer.write(b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port))

@@ -55,8 +55,12 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 def _copy_sources(into: Path) -> None:
     """The tree's package sources (tracked and new files, nothing ignored: no built .so or .c)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SOURCES],
-                            cwd=REPO, capture_output=True, check=True).stdout.decode()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SOURCES],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
     for rel in filter(None, listed.split("\0")):
         source = REPO / rel
         if source.is_file():  # a tracked file deleted in the working tree is not listed twice
@@ -74,8 +78,10 @@ def _module_names(tree: Path) -> list[str]:
 
 
 def test_an_installed_honk_imports_every_module_without_cython(tmp_path: Path) -> None:
-    require(shutil.which("git") is not None and (REPO / ".git").exists(),
-            "listing the package's sources needs git and this repository's checkout")
+    require(
+        shutil.which("git") is not None and (REPO / ".git").exists(),
+        "listing the package's sources needs git and this repository's checkout",
+    )
     source = tmp_path / "src"
     _copy_sources(source)
     modules = _module_names(source)
@@ -83,27 +89,58 @@ def test_an_installed_honk_imports_every_module_without_cython(tmp_path: Path) -
 
     wheels = tmp_path / "wheels"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)],
-        env=_clean_env(HONK_NO_EXTENSIONS="1"), capture_output=True, text=True, timeout=STEP)
-    assert built.returncode == 0, f"building the wheel failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        env=_clean_env(HONK_NO_EXTENSIONS="1"),
+        capture_output=True,
+        text=True,
+        timeout=STEP,
+    )
+    assert built.returncode == 0, (
+        f"building the wheel failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}"
+    )
     (wheel,) = wheels.glob("honk-*.whl")
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name  # the twins only: no compiled module
 
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=_clean_env(), check=True,
-                   timeout=STEP)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], env=_clean_env(), check=True, timeout=STEP
+    )
     python = venv / "bin" / "python"
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-input", str(wheel)],
-        env=_clean_env(), capture_output=True, text=True, timeout=STEP)
-    require(installed.returncode == 0, "installing honk's dependencies into a fresh venv failed "
-            f"(no package index or cache?):\n{installed.stderr[-2000:]}")
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=STEP,
+    )
+    require(
+        installed.returncode == 0,
+        "installing honk's dependencies into a fresh venv failed "
+        f"(no package index or cache?):\n{installed.stderr[-2000:]}",
+    )
 
-    ran = subprocess.run([str(python), "-I", "-c", IMPORT_ALL, *modules], cwd=tmp_path, env=_clean_env(),
-                         capture_output=True, text=True, timeout=STEP)
+    ran = subprocess.run(
+        [str(python), "-I", "-c", IMPORT_ALL, *modules],
+        cwd=tmp_path,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=STEP,
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     report = json.loads(ran.stdout.splitlines()[-1])
     assert report["cython"] == [], "the fresh venv has Cython: it became a runtime dependency"
     assert Path(report["honk"]).is_relative_to(venv), f"honk came from {report['honk']}, not the fresh venv"
     assert report["failed"] == {}, "modules that do not import without Cython:\n" + "\n".join(
-        f"{name}:\n{trace}" for name, trace in report["failed"].items())
+        f"{name}:\n{trace}" for name, trace in report["failed"].items()
+    )

@@ -18,22 +18,37 @@ from honk.netlink.interception import InterceptionError, KernelInterception
 def netns() -> Iterator[str]:
     with scratch_netns("interception tests", "nft", "sysctl") as name:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        subprocess.run(["ip", "-n", name, "link", "add", "hkl0", "type", "veth", "peer", "name", "hkl1"], check=True)
+        subprocess.run(
+            ["ip", "-n", name, "link", "add", "hkl0", "type", "veth", "peer", "name", "hkl1"], check=True
+        )
         yield name
 
 
 def kernel_state(name: str) -> str:
-    out = [subprocess.run(["ip", "netns", "exec", name, "nft", "list", "ruleset"], capture_output=True,
-                          text=True, check=True).stdout]
-    for args in (["-4", "rule"], ["-6", "rule"], ["-4", "route", "show", "table", "all"],
-                 ["-6", "route", "show", "table", "all"]):
-        out.append(subprocess.run(["ip", "-n", name, *args], capture_output=True, text=True, check=True).stdout)
+    out = [
+        subprocess.run(
+            ["ip", "netns", "exec", name, "nft", "list", "ruleset"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    ]
+    for args in (
+        ["-4", "rule"],
+        ["-6", "rule"],
+        ["-4", "route", "show", "table", "all"],
+        ["-6", "route", "show", "table", "all"],
+    ):
+        out.append(
+            subprocess.run(["ip", "-n", name, *args], capture_output=True, text=True, check=True).stdout
+        )
     return "\n".join(out)
 
 
 def sysctl(name: str, key: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", name, "sysctl", "-n", key], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["ip", "netns", "exec", name, "sysctl", "-n", key], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_install_then_remove_leaves_the_namespace_exactly_as_it_was(netns):
@@ -54,7 +69,9 @@ def test_install_then_remove_leaves_the_namespace_exactly_as_it_was(netns):
 
 def test_kernel_parameters_are_set_only_when_asked(netns):
     spec = KernelInterception(("hkl0",), 7893, auto_config_kernel_parameter=True, netns=netns)
-    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv4.conf.hkl0.rp_filter=1"], check=True)
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv4.conf.hkl0.rp_filter=1"], check=True
+    )
     spec.install()
     try:
         assert sysctl(netns, "net.ipv4.ip_forward") == "1"

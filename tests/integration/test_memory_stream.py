@@ -25,8 +25,10 @@ def resident() -> int:
 
 async def test_memory_frames_follow_the_resident_size_as_it_rises_and_falls(tmp_path):
     clock = FakeClock()
-    async with running_daemon(tmp_path, CONFIG, clock) as daemon, \
-            aiohttp.ClientSession(headers=bearer(SECRET)) as http:
+    async with (
+        running_daemon(tmp_path, CONFIG, clock) as daemon,
+        aiohttp.ClientSession(headers=bearer(SECRET)) as http,
+    ):
         async with http.get(api_base(daemon) + "/memory") as response:
             lines = response.content
 

@@ -58,9 +58,13 @@ routing {{
 def config(closed: int, extra_nodes: int = 0, subscription_url: str = "") -> str:
     """Nodes a and b (a first: the Selector's default), and ``extra_nodes`` more, all socks5 links with
     a password to a closed port; distinct users keep their NodeIds distinct."""
-    lines = [f"    a: 'socks5://honk:{LINK_PASSWORD}@127.0.0.1:{closed}'\n",
-             f"    b: 'socks5://honk:{LINK_PASSWORD}-b@127.0.0.1:{closed}'\n"]
-    lines += [f"    n{i}: 'socks5://u{i}:{LINK_PASSWORD}{i}@127.0.0.1:{closed}'\n" for i in range(extra_nodes)]
+    lines = [
+        f"    a: 'socks5://honk:{LINK_PASSWORD}@127.0.0.1:{closed}'\n",
+        f"    b: 'socks5://honk:{LINK_PASSWORD}-b@127.0.0.1:{closed}'\n",
+    ]
+    lines += [
+        f"    n{i}: 'socks5://u{i}:{LINK_PASSWORD}{i}@127.0.0.1:{closed}'\n" for i in range(extra_nodes)
+    ]
     subscription = f"subscription {{\n    paid: '{subscription_url}'\n}}\n" if subscription_url else ""
     routed = ROUTED.format(nodes="".join(lines), subscription=subscription)
     return quiet_global() + LAN_INBOUND + routed + api_block(SECRET)
@@ -126,7 +130,9 @@ async def test_a_refused_socks5_dial_through_the_mixed_inbound_counts_as_a_dial_
 async def test_a_udp_endpoint_dial_through_a_dead_node_counts_on_the_udp_network(tmp_path):
     loop = asyncio.get_running_loop()
     async with running_daemon(tmp_path, config(free_port())) as daemon:
-        reader, writer, reply, bound = await socks5_open(daemon.inbounds["lan"].bound.port, "0.0.0.0", 0, cmd=3)
+        reader, writer, reply, bound = await socks5_open(
+            daemon.inbounds["lan"].bound.port, "0.0.0.0", 0, cmd=3
+        )
         assert reply == SOCKS_OK
         relay = ("127.0.0.1", int.from_bytes(bound[-2:], "big"))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
@@ -168,7 +174,11 @@ async def test_probe_durations_reloads_and_process_gauges_are_exported(tmp_path)
         parsed = await scrape(daemon)
         for kind in ("tcp", "udp"):
             for sample in ("honk_probe_duration_seconds_count", "honk_probe_duration_seconds_bucket"):
-                labels = {"kind": kind, "result": "error", **({"le": "+Inf"} if sample.endswith("bucket") else {})}
+                labels = {
+                    "kind": kind,
+                    "result": "error",
+                    **({"le": "+Inf"} if sample.endswith("bucket") else {}),
+                }
                 assert at(parsed, sample, **labels) - at(before, sample, **labels) == 2, (sample, kind)
         assert at(parsed, "honk_probe_duration_seconds_count", kind="tcp", result="ok") == 0
         assert at(parsed, "honk_reloads_total", result="applied", error="") == 1
@@ -193,9 +203,12 @@ async def test_subscription_refreshes_count_accepted_unchanged_and_failed(tmp_pa
     try:
         text = config(free_port(), subscription_url=f"http://127.0.0.1:{port}/sub")
         async with running_daemon(tmp_path, text) as daemon:
+
             def refreshes(parsed: dict) -> dict[str, float]:
-                return {r: at(parsed, "honk_subscription_refreshes_total", result=r)
-                        for r in ("accepted", "unchanged", "failed")}
+                return {
+                    r: at(parsed, "honk_subscription_refreshes_total", result=r)
+                    for r in ("accepted", "unchanged", "failed")
+                }
 
             start = refreshes(await scrape(daemon))
             assert await daemon.refresh_subscription("paid")  # the same body again

@@ -45,7 +45,6 @@ from honk.proto.socks5 import build_udp_datagram, parse_udp_datagram
 STEP = 2.0  # seconds: the most any single wait in these tests may take
 
 
-
 # --- origins ----------------------------------------------------------------------------
 
 
@@ -180,8 +179,6 @@ async def honk(
 
 
 # --- clients -------------------------------------------------------------------------------
-
-
 
 
 # --- curl ------------------------------------------------------------------------------------

@@ -72,7 +72,9 @@ async def _close(pipe: Pipe) -> None:
         await writer.wait_closed()
 
 
-def test_a_carrier_holds_its_permit_while_idle_and_gives_it_back_when_it_closes(run, gates, monkeypatch) -> None:
+def test_a_carrier_holds_its_permit_while_idle_and_gives_it_back_when_it_closes(
+    run, gates, monkeypatch
+) -> None:
     clock = FakeClock(wall_offset=time.time() - 1000.0)
     gate = gates(4)
 
@@ -99,7 +101,8 @@ def test_a_carrier_holds_its_permit_while_idle_and_gives_it_back_when_it_closes(
 
 
 def test_a_carrier_beyond_the_gate_waits_is_refused_at_its_deadline_and_gets_a_freed_permit(
-        run, gates, monkeypatch) -> None:
+    run, gates, monkeypatch
+) -> None:
     clock = FakeClock(wall_offset=time.time() - 1000.0)
     gate = gates(1)
     monkeypatch.setattr(mux, "MAX_STREAMS_PER_CARRIER", 1)  # every second stream needs another carrier

@@ -64,8 +64,9 @@ GROUPS = ["pick", "other", "auto", "spread", "grün", "scored"]
 
 def config_text(data_dir: Path, ports: tuple[int, int], extra_nodes: str = "") -> str:
     """``ports``: the destination ports routed to pick and to other."""
-    routed = ROUTED.format(password=NODE_PASSWORD, extra_nodes=extra_nodes, pick_port=ports[0],
-                           other_port=ports[1])
+    routed = ROUTED.format(
+        password=NODE_PASSWORD, extra_nodes=extra_nodes, pick_port=ports[0], other_port=ports[1]
+    )
     return quiet_global(data_dir) + LAN_INBOUND + routed + api_block(SECRET)
 
 
@@ -80,8 +81,15 @@ class Api:
     def write_config(self, extra_nodes: str = "") -> None:
         self.config.write_text(config_text(self.config.parent / "var", self.ports, extra_nodes))
 
-    async def call(self, method: str, path: str, *, body: object = None, data: bytes | str | None = None,
-                   params: dict[str, str] | None = None) -> tuple[int, dict]:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: object = None,
+        data: bytes | str | None = None,
+        params: dict[str, str] | None = None,
+    ) -> tuple[int, dict]:
         kwargs: dict = {"params": params}
         if body is not None:
             kwargs["json"] = body
@@ -94,8 +102,10 @@ class Api:
 @contextlib.asynccontextmanager
 async def running(tmp_path: Path, ports: tuple[int, int] = (1, 2)) -> AsyncIterator[Api]:
     timeout = aiohttp.ClientTimeout(total=3 * STEP)
-    async with running_daemon(tmp_path, config_text(tmp_path / "var", ports)) as daemon, \
-            aiohttp.ClientSession(headers=bearer(SECRET), timeout=timeout) as session:
+    async with (
+        running_daemon(tmp_path, config_text(tmp_path / "var", ports)) as daemon,
+        aiohttp.ClientSession(headers=bearer(SECRET), timeout=timeout) as session,
+    ):
         yield Api(daemon, session, api_base(daemon), daemon.config_path, ports)
 
 
@@ -157,7 +167,9 @@ async def test_groups_are_listed_in_config_order_and_a_non_ascii_name_is_reachab
 
 async def test_a_selection_for_one_network_changes_only_that_network(tmp_path):
     async with running(tmp_path) as api:
-        status, body = await api.call("PUT", "/v1/groups/pick/selection", body={"member": "direct", "network": "udp"})
+        status, body = await api.call(
+            "PUT", "/v1/groups/pick/selection", body={"member": "direct", "network": "udp"}
+        )
         assert status == 200
         assert body == {"group": "pick", "member": "direct", "network": "udp", "changed": ["udp"]}
         _, group = await api.call("GET", "/v1/groups/pick")
@@ -192,7 +204,9 @@ async def test_loadbalance_and_score_take_no_selection_and_a_selector_has_no_pin
 
 async def test_a_urltest_group_is_pinned_per_network_and_unpinned(tmp_path):
     async with running(tmp_path) as api:
-        status, body = await api.call("PUT", "/v1/groups/auto/selection", body={"member": "b", "network": "tcp"})
+        status, body = await api.call(
+            "PUT", "/v1/groups/auto/selection", body={"member": "b", "network": "tcp"}
+        )
         assert status == 200 and body["changed"] == ["tcp"]
         _, group = await api.call("GET", "/v1/groups/auto")
         assert group["pinned"] == {"tcp": "b", "udp": None} and group["selection"]["tcp"] == "b"
@@ -211,8 +225,9 @@ async def test_malformed_bodies_and_fields_are_invalid_requests_naming_the_field
         assert (status, error_code(body)) == (400, "invalid_request")
         status, body = await api.call("PUT", "/v1/groups/pick/selection", body={"member": 5})
         assert (status, error_code(body)) == (400, "invalid_request") and "member" in body["error"]["message"]
-        status, body = await api.call("PUT", "/v1/groups/pick/selection",
-                                      body={"member": "direct", "network": "sideways"})
+        status, body = await api.call(
+            "PUT", "/v1/groups/pick/selection", body={"member": "direct", "network": "sideways"}
+        )
         assert status == 400 and "network" in body["error"]["message"]
         status, body = await api.call("POST", "/v1/delay", body={"target": "direct", "timeout_ms": 40000})
         assert status == 400 and "timeout_ms" in body["error"]["message"]
@@ -241,11 +256,15 @@ async def test_nodes_list_the_builtins_first_and_never_a_credential(tmp_path):
 async def test_a_delay_test_measures_through_direct_and_reports_a_refusing_node_as_an_error(tmp_path):
     async with running(tmp_path) as api, generate_204() as origin:
         url = f"http://127.0.0.1:{origin.port}/generate_204"
-        status, body = await api.call("POST", "/v1/delay", body={"target": "direct", "url": url, "timeout_ms": 3000})
+        status, body = await api.call(
+            "POST", "/v1/delay", body={"target": "direct", "url": url, "timeout_ms": 3000}
+        )
         assert status == 200 and body["kind"] == "node" and body["url"] == url
         result = body["results"]["direct"]
         assert result["error"] == "" and result["delay_ms"] > 0
-        status, body = await api.call("POST", "/v1/delay", body={"target": "spread", "url": url, "timeout_ms": 3000})
+        status, body = await api.call(
+            "POST", "/v1/delay", body={"target": "spread", "url": url, "timeout_ms": 3000}
+        )
         assert status == 200 and body["kind"] == "group"
         assert set(body["results"]) == {"a", "b"}
         assert all(r["delay_ms"] is None and r["error"] for r in body["results"].values())
@@ -271,7 +290,10 @@ async def test_closing_by_group_closes_only_that_groups_flows_then_by_node_and_b
                 await poll(lambda: len(api.daemon.tracker.snapshot()) == 2, "two tracked flows")
                 status, body = await api.call("GET", "/v1/connections")
                 assert status == 200
-                assert sorted(c["chain"] for c in body["connections"]) == [["other", "direct"], ["pick", "direct"]]
+                assert sorted(c["chain"] for c in body["connections"]) == [
+                    ["other", "direct"],
+                    ["pick", "direct"],
+                ]
                 assert all(c["network"] == "tcp" and c["inbound"] == "lan" for c in body["connections"])
 
                 status, body = await api.call("DELETE", "/v1/connections")
@@ -331,7 +353,8 @@ async def test_a_config_check_accepts_a_valid_body_and_locates_the_errors_of_an_
         assert status == 200 and body["ok"] is True
         assert "1 node(s), 1 group(s)" in body["summary"]
         assert [(d["severity"], d["code"], d["line"]) for d in body["diagnostics"]] == [
-            ("warning", "unknown-policy", 7)]
+            ("warning", "unknown-policy", 7)
+        ]
         status, body = await api.call("POST", "/v1/config/check", data=INVALID)
         assert (status, error_code(body)) == (422, "config_invalid")
         errors = [d for d in body["diagnostics"] if d["severity"] == "error"]

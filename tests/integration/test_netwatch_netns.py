@@ -132,8 +132,12 @@ class Watcher:
         args = [loop, str(SETTLE)] if script is WATCHER else [str(SETTLE)]
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-c", script, *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

@@ -30,8 +30,9 @@ def netns() -> Iterator[str]:
 
 
 def ruleset_of(name: str) -> str:
-    return subprocess.run(["ip", "netns", "exec", name, "nft", "list", "ruleset"], capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        ["ip", "netns", "exec", name, "nft", "list", "ruleset"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def test_the_ruleset_diverts_lan_tcp_and_udp_and_fails_closed_after_the_tproxy_rules():
@@ -75,18 +76,21 @@ def test_a_refused_ruleset_raises_with_nfts_own_words(netns):
 def test_with_wan_interfaces_the_output_chain_marks_the_hosts_own_flows_for_the_divert_chain():
     text = ruleset(Interception((), 7893, wan_interfaces=("wan0", "ppp0")))
     lines = [line.strip() for line in text.splitlines()]
-    output = lines[lines.index("chain output {"):]
+    output = lines[lines.index("chain output {") :]
     assert output[1] == "type route hook output priority mangle; policy accept;"  # a changed mark re-routes
     assert output[2] == "meta mark != 0 return"  # honk's own sockets first, whatever their mark
     assert output[3] == 'oifname != { "wan0", "ppp0" } return'
     assert output.index("meta l4proto { tcp, udp } meta mark set 0x08000000") > output.index(
-        "ip6 daddr @bypass6 return")
-    prerouting = lines[lines.index("chain prerouting {"):lines.index("chain output {")]
+        "ip6 daddr @bypass6 return"
+    )
+    prerouting = lines[lines.index("chain prerouting {") : lines.index("chain output {")]
     # back from lo only what the output chain marked; without LAN interfaces nothing else
     assert prerouting[3:5] == ["iifname lo meta mark & 0x08000000 == 0x08000000 jump divert", "return"]
 
 
 def test_the_kernel_accepts_lan_and_wan_rulesets_in_check_mode(netns):
-    for spec in (Interception((), 7893, wan_interfaces=("wan0",)),
-                 Interception(("hkc1",), 7893, wan_interfaces=("wan0",))):
+    for spec in (
+        Interception((), 7893, wan_interfaces=("wan0",)),
+        Interception(("hkc1",), 7893, wan_interfaces=("wan0",)),
+    ):
         run_nft(install_script(spec), check=True, netns=netns)

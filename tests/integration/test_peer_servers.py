@@ -78,7 +78,9 @@ def curl(*args: str, max_time: int = CURL_MAX_TIME) -> subprocess.CompletedProce
     """curl quietly with a bounded run time; stdout is the body, then a line with the CONNECT status."""
     return subprocess.run(
         [require_binary("curl"), "-sS", "--max-time", str(max_time), "-w", "\n%{http_connect}", *args],
-        capture_output=True, text=True, timeout=max_time + STEP,
+        capture_output=True,
+        text=True,
+        timeout=max_time + STEP,
     )
 
 
@@ -119,8 +121,13 @@ def test_curl_fetches_the_origin_through_microsocks_without_auth(origin: HttpOri
 @pytest.mark.peer
 def test_microsocks_with_credentials_admits_the_right_password(origin: HttpOrigin) -> None:
     with microsocks("alice", "open-sesame") as proxy:
-        result = curl("--socks5-hostname", f"{proxy.host}:{proxy.port}", "--proxy-user", "alice:open-sesame",
-                      origin.url("/authed"))
+        result = curl(
+            "--socks5-hostname",
+            f"{proxy.host}:{proxy.port}",
+            "--proxy-user",
+            "alice:open-sesame",
+            origin.url("/authed"),
+        )
     assert result.returncode == 0, result.stderr
     assert origin.paths == ["/authed"]
 
@@ -128,8 +135,13 @@ def test_microsocks_with_credentials_admits_the_right_password(origin: HttpOrigi
 @pytest.mark.peer
 def test_microsocks_with_credentials_refuses_a_wrong_password(origin: HttpOrigin) -> None:
     with microsocks("alice", "open-sesame") as proxy:
-        wrong = curl("--socks5-hostname", f"{proxy.host}:{proxy.port}", "--proxy-user", "alice:guess",
-                     origin.url("/wrong"))
+        wrong = curl(
+            "--socks5-hostname",
+            f"{proxy.host}:{proxy.port}",
+            "--proxy-user",
+            "alice:guess",
+            origin.url("/wrong"),
+        )
         missing = curl("--socks5-hostname", f"{proxy.host}:{proxy.port}", origin.url("/missing"))
     assert wrong.returncode != 0
     assert missing.returncode != 0
@@ -191,8 +203,9 @@ def test_curl_connects_through_the_tls_front_trusting_its_ca(
 ) -> None:
     with https_proxy(*(auth or (None, None))) as proxy:
         creds = ["--proxy-user", ":".join(auth)] if auth else []
-        result = curl("-p", "--proxy", proxy.url, "--proxy-cacert", str(proxy.ca_path), *creds,
-                      origin.url("/over-tls"))
+        result = curl(
+            "-p", "--proxy", proxy.url, "--proxy-cacert", str(proxy.ca_path), *creds, origin.url("/over-tls")
+        )
     assert result.returncode == 0, result.stderr
     assert body_and_connect_status(result)[1] == 200
     assert origin.paths == ["/over-tls"]
@@ -235,8 +248,12 @@ def test_ss_server_carries_nothing_for_a_client_with_another_password(origin: Ht
     with ss_server("aes-256-gcm", "the real one", udp=False) as server:
         impostor = type(server)(server.host, server.port, server.method, "a guess", udp=False)
         with ss_local(impostor) as local:
-            result = curl("--socks5-hostname", f"{local.host}:{local.port}", origin.url("/impostor"),
-                          max_time=SILENT_REFUSAL_WAIT)
+            result = curl(
+                "--socks5-hostname",
+                f"{local.host}:{local.port}",
+                origin.url("/impostor"),
+                max_time=SILENT_REFUSAL_WAIT,
+            )
     assert result.returncode != 0
     assert origin.paths == []
 
@@ -269,7 +286,11 @@ def _ask(responder: UdpDnsResponder, query: bytes) -> bytes:
 
 
 def test_dns_responder_answers_a_configured_name_with_its_addresses(responder: UdpDnsResponder) -> None:
-    assert parse_answer(_ask(responder, build_query("PEER.honk.test.", 7))) == (7, RCODE_NOERROR, list(DNS_IPS))
+    assert parse_answer(_ask(responder, build_query("PEER.honk.test.", 7))) == (
+        7,
+        RCODE_NOERROR,
+        list(DNS_IPS),
+    )
     assert responder.wait_for_queries(1) == 1
 
 
@@ -308,14 +329,23 @@ def test_dns_responder_serves_an_asyncio_client(run, responder: UdpDnsResponder)
 _label = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=63)
 
 
-@given(labels=st.lists(_label, min_size=1, max_size=4), qid=st.integers(0, 0xFFFF),
-       ips=st.lists(st.ip_addresses(v=4).map(str), min_size=1, max_size=5))
-def test_dns_wire_codec_round_trips_any_name_id_and_addresses(labels: list[str], qid: int, ips: list[str]) -> None:
+@given(
+    labels=st.lists(_label, min_size=1, max_size=4),
+    qid=st.integers(0, 0xFFFF),
+    ips=st.lists(st.ip_addresses(v=4).map(str), min_size=1, max_size=5),
+)
+def test_dns_wire_codec_round_trips_any_name_id_and_addresses(
+    labels: list[str], qid: int, ips: list[str]
+) -> None:
     name = ".".join(labels)
     reply = build_response(build_query(name, qid), {name: ips})
     assert reply is not None
     assert parse_answer(reply) == (qid, RCODE_NOERROR, ips)
-    assert parse_answer(build_response(build_query("x" + name, qid), {name: ips})) == (qid, RCODE_NXDOMAIN, [])
+    assert parse_answer(build_response(build_query("x" + name, qid), {name: ips})) == (
+        qid,
+        RCODE_NXDOMAIN,
+        [],
+    )
 
 
 @given(garbage=st.binary(max_size=80))

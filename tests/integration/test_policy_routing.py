@@ -23,9 +23,15 @@ def netns() -> Iterator[str]:
 
 def state(name: str) -> str:
     out = []
-    for args in (["-4", "rule"], ["-6", "rule"], ["-4", "route", "show", "table", "all"],
-                 ["-6", "route", "show", "table", "all"]):
-        out.append(subprocess.run(["ip", "-n", name, *args], capture_output=True, text=True, check=True).stdout)
+    for args in (
+        ["-4", "rule"],
+        ["-6", "rule"],
+        ["-4", "route", "show", "table", "all"],
+        ["-6", "route", "show", "table", "all"],
+    ):
+        out.append(
+            subprocess.run(["ip", "-n", name, *args], capture_output=True, text=True, check=True).stdout
+        )
     return "\n".join(out)
 
 
@@ -34,14 +40,24 @@ def test_marked_packets_are_delivered_locally_and_removal_restores_everything(ne
     before = state(netns)
     install(ROUTING, netns)
     install(ROUTING, netns)  # a second install keeps one copy
-    rules = subprocess.run(["ip", "-n", netns, "-4", "rule"], capture_output=True, text=True, check=True).stdout
+    rules = subprocess.run(
+        ["ip", "-n", netns, "-4", "rule"], capture_output=True, text=True, check=True
+    ).stdout
     assert rules.count("fwmark 0x8000000/0x8000000 lookup 2023") == 1
-    routes = subprocess.run(["ip", "-n", netns, "-6", "route", "show", "table", "2023"], capture_output=True,
-                            text=True, check=True).stdout
+    routes = subprocess.run(
+        ["ip", "-n", netns, "-6", "route", "show", "table", "2023"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "local default dev lo" in routes
     # a packet carrying the mark to any address is routed to the local host
-    got = subprocess.run(["ip", "-n", netns, "route", "get", "198.51.100.7", "mark", "0x8000000"],
-                         capture_output=True, text=True, check=True).stdout
+    got = subprocess.run(
+        ["ip", "-n", netns, "route", "get", "198.51.100.7", "mark", "0x8000000"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert got.startswith("local 198.51.100.7") and "table 2023" in got
     remove(ROUTING, netns)
     remove(ROUTING, netns)  # removing what is gone is no error

@@ -75,11 +75,16 @@ def origin() -> Iterator[HttpOrigin]:
 # --- the outbounds on their own ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("peer", ["danted", "microsocks", "microsocks+auth", "tinyproxy", "tinyproxy+auth",
-                                  "https+auth"])
+@pytest.mark.parametrize(
+    "peer", ["danted", "microsocks", "microsocks+auth", "tinyproxy", "tinyproxy+auth", "https+auth"]
+)
 def test_outbound_dials_through_a_real_server_and_bytes_flow_both_ways(run, echo, peer, monkeypatch) -> None:
     # tinyproxy's config cannot hold '@' or ':' in a password; SOCKS5 credentials are percent-encoded in links
-    auth = (("honk", "p@ss:word") if peer.startswith("microsocks") else ("honk", "secret")) if "+auth" in peer else None
+    auth = (
+        (("honk", "p@ss:word") if peer.startswith("microsocks") else ("honk", "secret"))
+        if "+auth" in peer
+        else None
+    )
     with _peer(peer, auth) as (link, ca_path):
         if ca_path:
             monkeypatch.setenv("SSL_CERT_FILE", str(ca_path))  # the system trust store, as users configure it
@@ -127,8 +132,9 @@ def test_a_refused_target_keeps_the_proxy_reply(run) -> None:
 def test_socks5_udp_associate_through_dante_carries_a_dns_query(run) -> None:
     async def main(leaf, dns: UdpDnsResponder) -> list[str]:
         answers: asyncio.Queue[tuple[bytes, Address]] = asyncio.Queue()
-        endpoint = await leaf.dial_udp(lambda data, source: answers.put_nowait((data, source)),
-                                       time.monotonic() + STEP)
+        endpoint = await leaf.dial_udp(
+            lambda data, source: answers.put_nowait((data, source)), time.monotonic() + STEP
+        )
         try:
             endpoint.send(build_query(DNS_NAME, 0x4242), Address(dns.host, dns.port))
             data, source = await asyncio.wait_for(answers.get(), STEP)
@@ -209,8 +215,6 @@ def test_a_broken_server_is_a_typed_setup_error_within_the_deadline_and_spares_o
 # --- honk's mixed port, one node -------------------------------------------------------------
 
 
-
-
 @pytest.mark.parametrize("peer", ["danted", "microsocks+auth", "tinyproxy", "tinyproxy+auth", "https+auth"])
 @pytest.mark.parametrize("client", ["socks5h", "http"])
 def test_curl_through_honk_reaches_the_origin_via_each_node(run, origin, peer, client, monkeypatch) -> None:
@@ -283,8 +287,10 @@ def test_sockets_to_the_proxy_carry_the_bypass_mark(run, echo) -> None:
         endpoint = await leaf.dial_udp(lambda data, source: None, time.monotonic() + STEP)
         try:
             udp_sock = endpoint._transport.get_extra_info("socket")
-            return (dialed.sock.getsockopt(socket.SOL_SOCKET, SO_MARK),
-                    udp_sock.getsockopt(socket.SOL_SOCKET, SO_MARK))
+            return (
+                dialed.sock.getsockopt(socket.SOL_SOCKET, SO_MARK),
+                udp_sock.getsockopt(socket.SOL_SOCKET, SO_MARK),
+            )
         finally:
             dialed.sock.close()
             endpoint.close()

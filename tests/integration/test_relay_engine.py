@@ -126,7 +126,6 @@ async def _recv_until_eof(sock: socket.socket) -> bytes:
     return bytes(out)
 
 
-
 @pytest.fixture
 def listener():
     with socket.create_server(("127.0.0.1", 0)) as srv:
@@ -203,7 +202,9 @@ def test_bulk_both_ways_at_once_arrives_intact(run, engine_name, listener) -> No
 
 
 @pytest.mark.parametrize("engine_name", [e for e in ENGINES if e != "copy"])  # the copy relay takes no pipes
-def test_a_bulk_flow_with_no_descriptor_for_a_pipe_copies_instead_of_ending(run, engine_name, listener) -> None:
+def test_a_bulk_flow_with_no_descriptor_for_a_pipe_copies_instead_of_ending(
+    run, engine_name, listener
+) -> None:
     total = 8 * MiB
 
     async def main() -> None:
@@ -533,7 +534,9 @@ def test_engine_forced_copy_path_moves_the_same_bytes(run, name, listener) -> No
                 len(sent),
                 0,
             )  # the preamble is not read from a socket
-            assert kinds.count(relay_py.EV_HALF_CLOSE) <= 1  # the second EOF ended the flow (the first waits for a report)
+            assert (
+                kinds.count(relay_py.EV_HALF_CLOSE) <= 1
+            )  # the second EOF ended the flow (the first waits for a report)
             assert relay_py.EV_FIRST_BYTE not in kinds
         finally:
             flow.close()
@@ -566,6 +569,7 @@ def test_a_short_flow_is_told_open_first_byte_totals_and_end(run, name, listener
     with the totals so far (the client's bytes before the answer), the final BYTES, END. Its
     half-close waited for a report that never came (END says both), and so did its first
     BYTES: each is one call less on the loop's thread per flow."""
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         began = time.monotonic()
@@ -581,10 +585,16 @@ def test_a_short_flow_is_told_open_first_byte_totals_and_end(run, name, listener
             assert (relay_py.EV_FIRST_BYTE, 4, 5) in rec.events
             assert rec.events[-2:] == [(relay_py.EV_BYTES, 4, 5), (relay_py.EV_END, relay_py.END_CLEAN, 0)]
             if short:  # a stalled machine may have let a report fall due: then it may say more
-                assert rec.events == [(relay_py.EV_OPEN, 0, 0), (relay_py.EV_FIRST_BYTE, 4, 5),
-                                      (relay_py.EV_BYTES, 4, 5), (relay_py.EV_END, relay_py.END_CLEAN, 0)]
+                assert rec.events == [
+                    (relay_py.EV_OPEN, 0, 0),
+                    (relay_py.EV_FIRST_BYTE, 4, 5),
+                    (relay_py.EV_BYTES, 4, 5),
+                    (relay_py.EV_END, relay_py.END_CLEAN, 0),
+                ]
                 # what benchmarks.flowcost feeds the fast path as a short flow's events is this sequence
-                assert [kind for kind, _, _ in rec.events] == [kind for kind, _, _ in flowcost.SHORT_FLOW_EVENTS]
+                assert [kind for kind, _, _ in rec.events] == [
+                    kind for kind, _, _ in flowcost.SHORT_FLOW_EVENTS
+                ]
 
     run(main())
 
@@ -594,13 +604,16 @@ def test_a_lingering_half_close_is_told_with_the_next_report(run, name, listener
     """The client's EOF forwarded while the upstream keeps its side open: HALF_CLOSE comes with
     the flow's next report, within a report interval (the tracker's half-close linger starts
     from it), and the second EOF still comes as END alone."""
+
     async def main() -> None:
         async with _pinged_flow(name, listener) as (flow, rec):
             flow.lan.shutdown(socket.SHUT_WR)
             assert await asyncio.wait_for(_recv_until_eof(flow.remote), STEP) == b""
             shut = time.monotonic()
-            await poll(lambda: any(kind == relay_py.EV_HALF_CLOSE for kind, _, _ in rec.events),
-                       "the client's half-close")
+            await poll(
+                lambda: any(kind == relay_py.EV_HALF_CLOSE for kind, _, _ in rec.events),
+                "the client's half-close",
+            )
             assert time.monotonic() - shut < STEP
             half = [e for e in rec.events if e[0] == relay_py.EV_HALF_CLOSE]
             assert half == [(relay_py.EV_HALF_CLOSE, 0, 0)]
@@ -612,8 +625,10 @@ def test_a_lingering_half_close_is_told_with_the_next_report(run, name, listener
 
 
 @pytest.mark.compiled
-@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled",
-                    reason="the compiled engine's eventfd hand-over (the twin delivers on the loop itself)")
+@pytest.mark.skipif(
+    fast_relay.IMPLEMENTATION != "compiled",
+    reason="the compiled engine's eventfd hand-over (the twin delivers on the loop itself)",
+)
 def test_events_handed_over_while_the_loop_delivers_ride_the_same_wakeup(run) -> None:
     """The compiled engine's loop thread, while it delivers a batch, looks at the queue again
     instead of having the worker write the eventfd: an END the worker hands over while a
@@ -666,7 +681,9 @@ def _pipe_fds() -> int:
     return count
 
 
-@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+@pytest.mark.skipif(
+    bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs"
+)
 def test_native_short_flows_hold_no_pipe_and_a_bulk_direction_takes_one(run, listener) -> None:
     require("native" in ENGINES, "the compiled relay engine is not built")  # a build CI requires
 

@@ -35,13 +35,26 @@ SOON = 5.0  # seconds: the bound for an expected event on loopback
 SECRET = "s3cret"
 REPO = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT = 60.0  # seconds for a cold interpreter to import honk and finish a dry run
-NO_ENV = {"HONK_API": None, "HONK_API_SECRET": None, "HONK_SECRET": None}  # the caller's shell must not leak in
+NO_ENV = {
+    "HONK_API": None,
+    "HONK_API_SECRET": None,
+    "HONK_SECRET": None,
+}  # the caller's shell must not leak in
 EXIT_CONFIG, EXIT_USAGE = 1, 2  # honk check: a refused configuration; click's usage error
 OUT_OF_RANGE_PORT = 70000
 
 
-def config(data_dir: Path, *, port: int = 0, nodes: str = "", rules: str = "", fallback: str = "direct",
-           inbounds: str = "", api: bool = True, controller: str = "127.0.0.1:0") -> str:
+def config(
+    data_dir: Path,
+    *,
+    port: int = 0,
+    nodes: str = "",
+    rules: str = "",
+    fallback: str = "direct",
+    inbounds: str = "",
+    api: bool = True,
+    controller: str = "127.0.0.1:0",
+) -> str:
     """A daemon's file: the mixed inbound ``lan`` (plus ``inbounds``), nodes, routing, the API."""
     text = quiet_global(data_dir) + f"inbound {{\n    lan: 'mixed://127.0.0.1:{port}'\n{inbounds}}}\n"
     if nodes:
@@ -153,8 +166,10 @@ async def test_patch_mixed_port_rebinds_the_inbound_and_keeps_its_open_flow(tmp_
     caplog.set_level(logging.INFO, "honk")
     first, second = free_port(), free_port()
     with EchoServer() as echo:
-        async with running_daemon(tmp_path, config(tmp_path / "var", port=first)) as daemon, \
-                api_session(daemon) as (http, base):
+        async with (
+            running_daemon(tmp_path, config(tmp_path / "var", port=first)) as daemon,
+            api_session(daemon) as (http, base),
+        ):
             flow = await Flow.open(first, echo.port)
             assert await flow.echoes()
             epoch = daemon.epoch
@@ -182,8 +197,10 @@ async def test_patch_mixed_port_rebinds_the_inbound_and_keeps_its_open_flow(tmp_
 @pytest.mark.parametrize("value", ["7890", OUT_OF_RANGE_PORT, -1, True, 1.5])
 async def test_patch_mixed_port_with_a_bad_value_is_400_with_a_message_and_changes_nothing(tmp_path, value):
     port = free_port()
-    async with running_daemon(tmp_path, config(tmp_path / "var", port=port)) as daemon, \
-            api_session(daemon) as (http, base):
+    async with (
+        running_daemon(tmp_path, config(tmp_path / "var", port=port)) as daemon,
+        api_session(daemon) as (http, base),
+    ):
         executed = daemon.reconciler.executed
         status, body = await patch(http, base, {"mixed-port": value})
         assert status == 400
@@ -199,8 +216,10 @@ async def test_patch_mixed_port_onto_a_taken_port_is_400_with_the_bind_error_and
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        async with running_daemon(tmp_path, config(tmp_path / "var", port=port)) as daemon, \
-                api_session(daemon) as (http, base):
+        async with (
+            running_daemon(tmp_path, config(tmp_path / "var", port=port)) as daemon,
+            api_session(daemon) as (http, base),
+        ):
             flow = await Flow.open(port, echo.port)
             refusals = daemon.stats.reloads[("refused", "bind")]
             status, body = await patch(http, base, {"mixed-port": taken})
@@ -222,9 +241,13 @@ async def test_a_refused_patch_leaves_the_mode_and_log_level_it_carried_unapplie
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        async with running_daemon(tmp_path, config(tmp_path / "var")) as daemon, \
-                api_session(daemon) as (http, base):
-            status, _body = await patch(http, base, {"mode": "global", "log-level": "debug", "mixed-port": taken})
+        async with (
+            running_daemon(tmp_path, config(tmp_path / "var")) as daemon,
+            api_session(daemon) as (http, base),
+        ):
+            status, _body = await patch(
+                http, base, {"mode": "global", "log-level": "debug", "mixed-port": taken}
+            )
             assert status == 400
             configs = await get_configs(http, base)
             assert (configs["mode"], configs["log-level"]) == ("rule", "info")
@@ -234,7 +257,10 @@ async def test_a_refused_patch_leaves_the_mode_and_log_level_it_carried_unapplie
 
 
 async def test_concurrent_patches_and_a_sighup_run_one_at_a_time_and_all_land(tmp_path):
-    async with running_daemon(tmp_path, config(tmp_path / "var")) as daemon, api_session(daemon) as (http, base):
+    async with (
+        running_daemon(tmp_path, config(tmp_path / "var")) as daemon,
+        api_session(daemon) as (http, base),
+    ):
         before = await get_configs(http, base)
         assert (before["mode"], before["log-level"]) == ("rule", "info")
         commits = Commits(daemon, held=True)
@@ -242,8 +268,10 @@ async def test_concurrent_patches_and_a_sighup_run_one_at_a_time_and_all_land(tm
         daemon.config_path.write_text(config(tmp_path / "var", fallback="block"))
         daemon.reload_on_signal()
         await poll(lambda: commits.entered == 1, "the SIGHUP reload to reach its commit")
-        patches = [asyncio.ensure_future(patch(http, base, body))
-                   for body in ({"mode": "global"}, {"log-level": "debug"})]
+        patches = [
+            asyncio.ensure_future(patch(http, base, body))
+            for body in ({"mode": "global"}, {"log-level": "debug"})
+        ]
         await poll(lambda: len(updates) == 2, "both PATCHes to be queued")
         held = await get_configs(http, base)  # reads do not queue; the writes wait for the commit
         assert (held["mode"], held["log-level"]) == ("rule", "info")
@@ -258,7 +286,10 @@ async def test_concurrent_patches_and_a_sighup_run_one_at_a_time_and_all_land(tm
 
 async def test_a_patch_whose_client_left_before_the_answer_is_still_applied(tmp_path):
     moved = free_port()
-    async with running_daemon(tmp_path, config(tmp_path / "var")) as daemon, api_session(daemon) as (http, base):
+    async with (
+        running_daemon(tmp_path, config(tmp_path / "var")) as daemon,
+        api_session(daemon) as (http, base),
+    ):
         commits = Commits(daemon, held=True)
         updates = watch_updates(daemon)
         daemon.reload_on_signal()  # a running command the PATCH queues behind
@@ -280,7 +311,10 @@ async def test_a_patch_whose_client_left_before_the_answer_is_still_applied(tmp_
 async def test_a_patch_keeps_the_log_level_an_earlier_patch_set(tmp_path):
     """RL-62/RL-63: log-level is a desired-state field, and an update edits the state the
     previous command left, so a later PATCH that applies (a port move) must not undo it."""
-    async with running_daemon(tmp_path, config(tmp_path / "var")) as daemon, api_session(daemon) as (http, base):
+    async with (
+        running_daemon(tmp_path, config(tmp_path / "var")) as daemon,
+        api_session(daemon) as (http, base),
+    ):
         assert await patch(http, base, {"log-level": "debug"}) == (204, None)
         assert (await get_configs(http, base))["log-level"] == "debug"
         assert await patch(http, base, {"mixed-port": free_port()}) == (204, None)
@@ -289,7 +323,10 @@ async def test_a_patch_keeps_the_log_level_an_earlier_patch_set(tmp_path):
 
 async def test_one_patch_with_log_level_and_mixed_port_applies_both(tmp_path):
     moved = free_port()
-    async with running_daemon(tmp_path, config(tmp_path / "var")) as daemon, api_session(daemon) as (http, base):
+    async with (
+        running_daemon(tmp_path, config(tmp_path / "var")) as daemon,
+        api_session(daemon) as (http, base),
+    ):
         assert await patch(http, base, {"log-level": "debug", "mixed-port": moved}) == (204, None)
         configs = await get_configs(http, base)
         assert configs["mixed-port"] == moved
@@ -311,7 +348,9 @@ async def test_sighups_during_a_running_reload_queue_exactly_one_more_which_read
         for _ in range(3):  # the first queues one more reload; the next two find it waiting
             daemon.reload_on_signal()
         # the queued reload reads the file when it starts, so it sees this later edit
-        daemon.config_path.write_text(config(var, nodes="    extra: 'socks5://127.0.0.1:9'\n", fallback="block"))
+        daemon.config_path.write_text(
+            config(var, nodes="    extra: 'socks5://127.0.0.1:9'\n", fallback="block")
+        )
         commits.release()
         await poll(lambda: daemon.reconciler.executed == executed + 2, "the two reloads to run")
         await barrier(daemon)
@@ -337,13 +376,19 @@ async def test_a_sighup_while_one_waits_unstarted_is_merged_into_it(tmp_path):
 
 async def test_after_shutdown_reload_update_and_select_raise_stopped_and_shutdown_returns_at_once(tmp_path):
     path = tmp_path / "honk.dae"
-    path.write_text(config(tmp_path / "var", nodes="    a: 'socks5://127.0.0.1:9'\n", api=False)
-                    + "group {\n    sel {\n        filter: name(direct, a)\n    }\n}\n")
+    path.write_text(
+        config(tmp_path / "var", nodes="    a: 'socks5://127.0.0.1:9'\n", api=False)
+        + "group {\n    sel {\n        filter: name(direct, a)\n    }\n}\n"
+    )
     daemon = Daemon(path)
     await daemon.start()
     await daemon.shutdown(0.0)
-    for call in (daemon.reload(), daemon.reload(allow_disruptive=True), daemon.select("sel", "a"),
-                 daemon.update(None, runtime=lambda: None)):
+    for call in (
+        daemon.reload(),
+        daemon.reload(allow_disruptive=True),
+        daemon.select("sel", "a"),
+        daemon.update(None, runtime=lambda: None),
+    ):
         with pytest.raises(Stopped) as caught:
             await asyncio.wait_for(call, SOON)
         assert str(caught.value) == STOPPED_TEXT == "the reconciler has shut down"
@@ -357,8 +402,13 @@ async def test_after_shutdown_reload_update_and_select_raise_stopped_and_shutdow
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "honk.cli.daemon", "check", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=CLI_TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "-m", "honk.cli.daemon", "check", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=CLI_TIMEOUT,
+    )
 
 
 def can_bind(port: int) -> bool:
@@ -383,8 +433,14 @@ def test_check_binds_nothing_so_a_held_port_passes_and_free_ports_stay_free(tmp_
         held.listen()
         taken = held.getsockname()[1]
         cfg = tmp_path / "honk.dae"
-        cfg.write_text(config(tmp_path / "var", port=taken, inbounds=f"    extra: 'mixed://127.0.0.1:{extra}'\n",
-                              controller=f"127.0.0.1:{controller}"))
+        cfg.write_text(
+            config(
+                tmp_path / "var",
+                port=taken,
+                inbounds=f"    extra: 'mixed://127.0.0.1:{extra}'\n",
+                controller=f"127.0.0.1:{controller}",
+            )
+        )
         busy: list[int] = []  # a configured free port found bound while check ran
         done = threading.Event()
 
@@ -416,8 +472,10 @@ def test_check_refuses_what_planning_refuses_with_the_apply_error_text(tmp_path)
     for args in ((str(cfg),), ("-c", str(cfg))):
         out = run_check(*args)
         assert out.returncode == EXIT_CONFIG
-        assert out.stderr.strip() == f"configuration invalid: inbound api: inbound lan is already bound to " \
-                                     f"127.0.0.1:{port}"
+        assert (
+            out.stderr.strip() == f"configuration invalid: inbound api: inbound lan is already bound to "
+            f"127.0.0.1:{port}"
+        )
         assert out.stdout == ""
     assert can_bind(port)
 
@@ -454,8 +512,9 @@ async def test_honkctl_reload_prints_the_new_version_of_a_moved_node_and_json_ha
         daemon.config_path.write_text(node_at(19))
         printed = await ctl(daemon, "reload")
         assert printed.exit_code == 0, printed.stderr
-        assert printed.stdout.startswith("config reloaded: built [outbound proxy@v2]; drained [proxy@v1]; "
-                                         "reused [dns, outbound direct@v1"), printed.stdout
+        assert printed.stdout.startswith(
+            "config reloaded: built [outbound proxy@v2]; drained [proxy@v1]; reused [dns, outbound direct@v1"
+        ), printed.stdout
         daemon.config_path.write_text(node_at(29))
         scripted = await ctl(daemon, "--json", "reload")
         assert scripted.exit_code == 0, scripted.stderr
@@ -498,4 +557,3 @@ async def test_put_configs_with_an_unknown_outbound_is_400_with_the_located_erro
         after = await scrape()
         assert reloads(after, "refused", "config") == counted + 1
         assert reloads(after, "applied", "") == 0
-

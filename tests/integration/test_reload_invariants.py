@@ -28,8 +28,9 @@ QUIET = 0.4  # seconds in which an expected non-event must not happen ("QUIET = 
 GLOBAL = "global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n{extra}}\n"
 
 
-def config(*, port: int = 0, users: str = "", nodes: str = "", rules: str = "", glob: str = "",
-           inbounds: str = "") -> str:
+def config(
+    *, port: int = 0, users: str = "", nodes: str = "", rules: str = "", glob: str = "", inbounds: str = ""
+) -> str:
     creds = f"{users}@" if users else ""
     text = GLOBAL.replace("{extra}", glob)
     text += f"inbound {{\n    lan: 'mixed://{creds}127.0.0.1:{port}'\n{inbounds}}}\n"
@@ -40,8 +41,15 @@ def config(*, port: int = 0, users: str = "", nodes: str = "", rules: str = "", 
 
 def running_snapshot(daemon):  # noqa: ANN001, ANN201
     a = daemon.applier
-    return (a.running, a.plane, a.epoch, dict(a.targets), dict(a.listeners), dict(a.admissions),
-            daemon.dispatcher._plane)
+    return (
+        a.running,
+        a.plane,
+        a.epoch,
+        dict(a.targets),
+        dict(a.listeners),
+        dict(a.admissions),
+        daemon.dispatcher._plane,
+    )
 
 
 class _Boom(Exception):
@@ -61,12 +69,17 @@ async def test_a_prepare_that_fails_at_any_step_changes_nothing(tmp_path, monkey
         async with running_daemon(tmp_path, first) as daemon:
             lan = daemon.inbounds["lan"]
             before = running_snapshot(daemon)
-            changed = config(nodes=nodes + "    b: 'socks5://127.0.0.1:19'\n", rules="    dport(19) -> b\n",
-                             glob="    connect_timeout: 2500ms\n" if where == "dns" else "")
+            changed = config(
+                nodes=nodes + "    b: 'socks5://127.0.0.1:19'\n",
+                rules="    dport(19) -> b\n",
+                glob="    connect_timeout: 2500ms\n" if where == "dns" else "",
+            )
             if where == "bind":
-                changed = changed.replace("    lan: 'mixed://127.0.0.1:0'\n",
-                                          "    lan: 'mixed://127.0.0.1:0'\n"
-                                          f"    extra: 'mixed://127.0.0.1:{held.getsockname()[1]}'\n")
+                changed = changed.replace(
+                    "    lan: 'mixed://127.0.0.1:0'\n",
+                    "    lan: 'mixed://127.0.0.1:0'\n"
+                    f"    extra: 'mixed://127.0.0.1:{held.getsockname()[1]}'\n",
+                )
             elif where == "dns":
                 monkeypatch.setattr(apply_module, "SystemResolver", _failing)
             elif where == "outbound":
@@ -142,8 +155,11 @@ async def test_a_route_change_reaches_the_next_udp_datagram_but_not_an_establish
                 loop = asyncio.get_running_loop()
 
                 async def exchange(payload: bytes) -> bytes | None:
-                    await loop.sock_sendto(client, UDP_HEADER_PREFIX + encode_address("127.0.0.1", udp_echo.port)
-                                           + payload, relay)
+                    await loop.sock_sendto(
+                        client,
+                        UDP_HEADER_PREFIX + encode_address("127.0.0.1", udp_echo.port) + payload,
+                        relay,
+                    )
                     try:
                         return await asyncio.wait_for(loop.sock_recv(client, 65535), QUIET)
                     except TimeoutError:
@@ -151,8 +167,9 @@ async def test_a_route_change_reaches_the_next_udp_datagram_but_not_an_establish
 
                 assert (await exchange(b"one")).endswith(b"one")
                 epoch = daemon.epoch
-                daemon.config_path.write_text(config(rules=f"    dport({udp_echo.port}) -> block\n"
-                                                           f"    dport({echo.port}) -> block\n"))
+                daemon.config_path.write_text(
+                    config(rules=f"    dport({udp_echo.port}) -> block\n    dport({echo.port}) -> block\n")
+                )
                 await daemon.reload()
                 assert daemon.epoch == epoch + 1
                 assert await tcp.echoes()  # established: untouched
@@ -173,7 +190,9 @@ async def test_removing_a_user_closes_only_their_sessions(tmp_path, policy):
     glob = f"    user_removal: {policy}\n"
     other = f"    other: 'mixed://alice:pa@127.0.0.1:{other_port}'\n"  # alice again: another principal
     with EchoServer() as echo:
-        async with running_daemon(tmp_path, config(port=port, users="alice:pa", glob=glob, inbounds=other)) as daemon:
+        async with running_daemon(
+            tmp_path, config(port=port, users="alice:pa", glob=glob, inbounds=other)
+        ) as daemon:
             alice = await Flow.open(port, echo.port, auth=("alice", "pa"))
             alice_elsewhere = await Flow.open(other_port, echo.port, auth=("alice", "pa"))
             inode = listening_inode(port)
@@ -195,7 +214,9 @@ async def test_removing_a_user_closes_only_their_sessions(tmp_path, policy):
 
 
 @pytest.mark.parametrize("policy", ["keep", "close", "10s"])
-async def test_a_principal_revoked_before_its_first_flow_is_refused_under_every_policy(tmp_path, caplog, policy):
+async def test_a_principal_revoked_before_its_first_flow_is_refused_under_every_policy(
+    tmp_path, caplog, policy
+):
     caplog.set_level(logging.INFO, "honk")
     port = free_port()
     glob = f"    user_removal: {policy}\n"
@@ -211,8 +232,10 @@ async def test_a_principal_revoked_before_its_first_flow_is_refused_under_every_
             writer.write(b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port))
             head = await asyncio.wait_for(reader.read(4), 5)
             assert head[:2] == b"\x05\x02" or head == b""  # refused: not allowed
-            await poll(lambda: "the user was removed before the session opened a flow" in caplog.text,
-                       "the refusal to be logged")
+            await poll(
+                lambda: "the user was removed before the session opened a flow" in caplog.text,
+                "the refusal to be logged",
+            )
             writer.close()
 
 
@@ -268,7 +291,9 @@ async def test_the_native_api_edits_users_and_names_an_unknown_set(tmp_path):
                 async with http.delete(f"{base}/lan/bob") as resp:
                     assert (resp.status, (await resp.json())["removed"]) == (200, True)
                 assert await bob.ended()
-                async with http.put(f"{base}/nosuch", json={"users": [{"username": "x", "password": "y"}]}) as resp:
+                async with http.put(
+                    f"{base}/nosuch", json={"users": [{"username": "x", "password": "y"}]}
+                ) as resp:
                     assert resp.status == 400
                     assert (await resp.json())["error"]["message"] == "user set nosuch: no such user set"
                 async with http.put(f"{base}/lan", json={"users": "alice"}) as resp:

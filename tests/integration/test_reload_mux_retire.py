@@ -23,8 +23,18 @@ NODE = "muxed"
 
 
 def _vmess_mux_link(peer: V2rayPeer) -> str:
-    fields = {"v": "2", "ps": NODE, "add": peer.host, "port": str(peer.port), "id": peer.uuid, "aid": "0",
-              "scy": peer.security, "net": "tcp", "tls": "", "mux": "1"}
+    fields = {
+        "v": "2",
+        "ps": NODE,
+        "add": peer.host,
+        "port": str(peer.port),
+        "id": peer.uuid,
+        "aid": "0",
+        "scy": peer.security,
+        "net": "tcp",
+        "tls": "",
+        "mux": "1",
+    }
     return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
 
 
@@ -32,8 +42,10 @@ def config(peer: V2rayPeer, echo_port: int, *, with_node: bool, drain: str = "ke
     glob = quiet_global().replace("global {\n", f"global {{\n    drain: {drain}\n", 1)
     nodes = f"node {{\n    {NODE}: '{_vmess_mux_link(peer)}'\n}}\n" if with_node else ""
     rules = f"    dport({echo_port}) -> {NODE}\n" if with_node else ""
-    return (glob + "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-            f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n")
+    return (
+        glob + "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
+        f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n"
+    )
 
 
 async def reload_to(daemon: Daemon, text: str) -> None:

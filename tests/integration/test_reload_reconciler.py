@@ -25,8 +25,17 @@ from honk.daemon.app import Daemon
 QUIET = 0.4  # seconds an expected non-event is given ("QUIET = 400 ms")
 
 
-def config(*, port: int = 0, nodes: str = "", rules: str = "", groups: str = "", fallback: str = "direct",
-           glob: str = "", inbounds: str = "", api: str = "") -> str:
+def config(
+    *,
+    port: int = 0,
+    nodes: str = "",
+    rules: str = "",
+    groups: str = "",
+    fallback: str = "direct",
+    glob: str = "",
+    inbounds: str = "",
+    api: str = "",
+) -> str:
     text = quiet_global().replace("}\n", glob + "}\n", 1)
     text += f"inbound {{\n    lan: 'mixed://127.0.0.1:{port}'\n{inbounds}}}\n"
     if nodes:
@@ -57,8 +66,10 @@ async def test_open_flow_keeps_echoing_across_a_reload_that_adds_a_node_and_a_ru
                 listener = daemon.inbounds["lan"]
                 flow = await Flow.open(port, echo.port)
                 assert await flow.echoes()
-                second = config(nodes=f"    proxy: '{up.link}'\n    extra: 'socks5://127.0.0.1:9'\n",
-                                rules=f"    dport({echo.port}) -> proxy\n    dport(9) -> extra\n")
+                second = config(
+                    nodes=f"    proxy: '{up.link}'\n    extra: 'socks5://127.0.0.1:9'\n",
+                    rules=f"    dport({echo.port}) -> proxy\n    dport(9) -> extra\n",
+                )
                 report = await reload_with(daemon, second)
                 assert report.built == ["outbound extra@v1", "route"]
                 assert report.drained == report.swapped == report.rebound == report.removed == []
@@ -67,8 +78,10 @@ async def test_open_flow_keeps_echoing_across_a_reload_that_adds_a_node_and_a_ru
                 assert listening_inode(port) == inode != 0  # the same socket keeps listening
                 assert daemon.inbounds["lan"] is listener
                 assert up.connects == 1  # the unchanged node's upstream was not redialled
-                assert "config reloaded: built [outbound extra@v1, route]; reused [dns, outbound direct@v1" \
+                assert (
+                    "config reloaded: built [outbound extra@v1, route]; reused [dns, outbound direct@v1"
                     in caplog.text
+                )
                 second_flow = await Flow.open(port, echo.port)  # new flows use the new plane
                 assert await second_flow.echoes()
                 await flow.close()
@@ -83,8 +96,14 @@ async def test_unchanged_reapply_reuses_everything_and_keeps_the_epoch(tmp_path,
         assert epoch == 1  # the first plan builds DNS, so it publishes
         report = await reload_with(daemon, text)
         assert report.built == [] and report.epoch == epoch == daemon.epoch
-        assert report.reused == ["dns", "outbound direct@v1", "outbound block@v1", "outbound proxy@v1",
-                                 "route", "inbound lan"]
+        assert report.reused == [
+            "dns",
+            "outbound direct@v1",
+            "outbound block@v1",
+            "outbound proxy@v1",
+            "route",
+            "inbound lan",
+        ]
         assert "config reloaded: reused [dns, outbound direct@v1, outbound block@v1" in caplog.text
 
 
@@ -93,9 +112,13 @@ async def test_a_changed_node_address_keeps_or_ends_the_old_flow_by_drain_policy
     caplog.set_level(logging.DEBUG, "honk")
     with EchoServer() as echo:
         async with SocksUpstream() as first_up, SocksUpstream() as second_up:
+
             def text(up: SocksUpstream) -> str:
-                return config(nodes=f"    proxy: '{up.link}'\n", rules=f"    dport({echo.port}) -> proxy\n",
-                              glob=f"    drain: {drain}\n")
+                return config(
+                    nodes=f"    proxy: '{up.link}'\n",
+                    rules=f"    dport({echo.port}) -> proxy\n",
+                    glob=f"    drain: {drain}\n",
+                )
 
             async with running_daemon(tmp_path, text(first_up)) as daemon:
                 port = lan_port(daemon)
@@ -113,8 +136,10 @@ async def test_a_changed_node_address_keeps_or_ends_the_old_flow_by_drain_policy
                     assert versions == ["proxy@v1", "proxy@v2"]
                 else:
                     assert await old.ended()
-                    await poll(lambda: "the outbound this flow was opened on was drained" in caplog.text,
-                               "the drained flow's end to be logged")
+                    await poll(
+                        lambda: "the outbound this flow was opened on was drained" in caplog.text,
+                        "the drained flow's end to be logged",
+                    )
                     assert await new.echoes()  # only the named version was drained
                 await old.close()
                 await new.close()
@@ -124,8 +149,11 @@ async def test_close_after_ends_old_flows_when_the_grace_passes_on_the_injected_
     clock = FakeClock()
     with EchoServer() as echo:
         async with SocksUpstream() as first_up, SocksUpstream() as second_up:
+
             def text(up: SocksUpstream) -> str:
-                return config(nodes=f"    proxy: '{up.link}?drain=5s'\n", rules=f"    dport({echo.port}) -> proxy\n")
+                return config(
+                    nodes=f"    proxy: '{up.link}?drain=5s'\n", rules=f"    dport({echo.port}) -> proxy\n"
+                )
 
             async with running_daemon(tmp_path, text(first_up), clock=clock) as daemon:
                 flow = await Flow.open(lan_port(daemon), echo.port)
@@ -141,9 +169,13 @@ async def test_shutdown_does_not_wait_for_pending_grace_timers(tmp_path):
     clock = FakeClock()
     with EchoServer() as echo:
         async with SocksUpstream() as first_up, SocksUpstream() as second_up:
+
             def text(up: SocksUpstream) -> str:
-                return config(nodes=f"    proxy: '{up.link}'\n", rules=f"    dport({echo.port}) -> proxy\n",
-                              glob="    drain: 1h\n    user_removal: 1h\n")
+                return config(
+                    nodes=f"    proxy: '{up.link}'\n",
+                    rules=f"    dport({echo.port}) -> proxy\n",
+                    glob="    drain: 1h\n    user_removal: 1h\n",
+                )
 
             cfg = tmp_path / "honk.dae"
             cfg.write_text(text(first_up))
@@ -168,9 +200,11 @@ async def test_a_reload_that_fails_to_bind_changes_nothing_and_releases_what_it_
         text = config(nodes="    proxy: 'socks5://127.0.0.1:9'\n")
         async with running_daemon(tmp_path, text) as daemon:
             epoch, plane = daemon.epoch, daemon.plane
-            refused = config(nodes="    proxy: 'socks5://127.0.0.1:19'\n", rules="    dport(9) -> proxy\n",
-                             inbounds=f"    extra1: 'mixed://127.0.0.1:{free}'\n"
-                                      f"    extra2: 'mixed://127.0.0.1:{taken}'\n")
+            refused = config(
+                nodes="    proxy: 'socks5://127.0.0.1:19'\n",
+                rules="    dport(9) -> proxy\n",
+                inbounds=f"    extra1: 'mixed://127.0.0.1:{free}'\n    extra2: 'mixed://127.0.0.1:{taken}'\n",
+            )
             with pytest.raises(BindFailed) as caught:
                 await reload_with(daemon, refused)
             assert str(caught.value).startswith(f"inbound extra2: binding 127.0.0.1:{taken} failed: ")
@@ -184,8 +218,12 @@ async def test_a_reload_that_fails_to_bind_changes_nothing_and_releases_what_it_
             # a plan refused at validation reaches nothing either
             daemon.config_path.write_text(text)
             bad = lower(daemon.spec)
-            bad = dataclasses.replace(bad, route=dataclasses.replace(
-                bad.route, routing=dataclasses.replace(bad.route.routing, fallback="nope")))
+            bad = dataclasses.replace(
+                bad,
+                route=dataclasses.replace(
+                    bad.route, routing=dataclasses.replace(bad.route.routing, fallback="nope")
+                ),
+            )
             with pytest.raises(UnknownReference, match="^route references unknown outbound nope$"):
                 plan(daemon.applier.running, bad)
     finally:
@@ -218,7 +256,9 @@ async def test_renamed_and_removed_inbounds_close_their_sessions(tmp_path):
             on_a, on_b = await Flow.open(a_port, echo.port), await Flow.open(b_port, echo.port)
             assert await on_a.echoes() and await on_b.echoes()
             inode = listening_inode(a_port)
-            renamed = config(inbounds=f"    a2: 'mixed://127.0.0.1:{a_port}'\n    b: 'mixed://127.0.0.1:{b_port}'\n")
+            renamed = config(
+                inbounds=f"    a2: 'mixed://127.0.0.1:{a_port}'\n    b: 'mixed://127.0.0.1:{b_port}'\n"
+            )
             report = await reload_with(daemon, renamed)
             assert report.swapped == ["a2"] and report.removed == ["a"]
             assert await on_a.ended()
@@ -257,22 +297,26 @@ async def test_a_user_whose_credential_changed_loses_their_session_and_old_passw
 
 
 async def test_selector_choice_survives_and_urltest_state_is_kept_while_its_members_are(tmp_path):
-    groups = ("    sel {\n        filter: name(a, b)\n    }\n"
-              "    auto {\n        filter: name(a, b)\n        policy: min_moving_avg\n    }\n")
+    groups = (
+        "    sel {\n        filter: name(a, b)\n    }\n"
+        "    auto {\n        filter: name(a, b)\n        policy: min_moving_avg\n    }\n"
+    )
     nodes = "    a: 'socks5://127.0.0.1:9'\n    b: 'socks5://127.0.0.1:19'\n"
     async with running_daemon(tmp_path, config(nodes=nodes, groups=groups, fallback="sel")) as daemon:
         await daemon.select("sel", "b")
         auto_policy = daemon.plane.groups.policy("auto")
         uid = daemon.plane.groups.identity_of("sel").uid
-        report = await reload_with(daemon, config(nodes=nodes + "    c: 'socks5://127.0.0.1:29'\n",
-                                                  groups=groups, fallback="sel"))
+        report = await reload_with(
+            daemon, config(nodes=nodes + "    c: 'socks5://127.0.0.1:29'\n", groups=groups, fallback="sel")
+        )
         assert "group auto" in report.reused and "group sel" in report.reused
         assert daemon.plane.groups.policy("auto") is auto_policy  # winner and all state kept
         assert daemon.plane.groups.choices()["sel"][Network.TCP] == "b"
         assert daemon.plane.groups.identity_of("sel").uid == uid
         # a member rebuilt rebuilds the group, but the choice and the identity survive
-        report = await reload_with(daemon, config(nodes=nodes.replace(":19", ":39"), groups=groups,
-                                                  fallback="sel"))
+        report = await reload_with(
+            daemon, config(nodes=nodes.replace(":19", ":39"), groups=groups, fallback="sel")
+        )
         assert "group sel" in report.built and "group auto" in report.built
         assert daemon.plane.groups.policy("auto") is not auto_policy
         assert daemon.plane.groups.identity_of("sel").uid == uid
@@ -295,8 +339,9 @@ async def test_commands_are_serialized_and_a_departed_caller_still_gets_its_appl
             return await commit(prepared)
 
         daemon.applier.commit = watched
-        daemon.config_path.write_text(config(nodes=nodes + "    c: 'socks5://127.0.0.1:29'\n",
-                                             groups=groups, fallback="sel"))
+        daemon.config_path.write_text(
+            config(nodes=nodes + "    c: 'socks5://127.0.0.1:29'\n", groups=groups, fallback="sel")
+        )
         leaving = asyncio.ensure_future(daemon.reload())
         writes = [asyncio.ensure_future(daemon.select("sel", m)) for m in ("b", "a")]
         await asyncio.sleep(0)

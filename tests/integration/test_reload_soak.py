@@ -26,9 +26,11 @@ MOVE_PACE = 0.005
 def config(with_extra: bool) -> str:
     nodes = "node {\n    extra: 'socks5://127.0.0.1:9'\n}\n" if with_extra else ""
     rules = "    dport(9) -> extra\n" if with_extra else ""
-    return ("global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n}\n"
-            "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-            f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n")
+    return (
+        "global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n}\n"
+        "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
+        f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n"
+    )
 
 
 class Movers:
@@ -51,7 +53,9 @@ class Movers:
         await poll(lambda: self.waiting == FLOWS, "every mover to finish its chunk")
 
 
-async def transfer(flow: Flow, movers: Movers, stop: asyncio.Event, rounds: list[int], failures: list[str]) -> None:
+async def transfer(
+    flow: Flow, movers: Movers, stop: asyncio.Event, rounds: list[int], failures: list[str]
+) -> None:
     index = len(rounds)
     rounds.append(0)
     while not stop.is_set():
@@ -95,15 +99,19 @@ async def test_a_hundred_reloads_drop_no_flow_and_leak_nothing(tmp_path):
             before = list(rounds)
             for i in range(RELOADS):
                 await reload_as(daemon, i % 2 == 0)
-            await poll(lambda: all(now > then + 1 for now, then in zip(rounds, before, strict=True)),
-                       "every flow to move again after the last reload")
+            await poll(
+                lambda: all(now > then + 1 for now, then in zip(rounds, before, strict=True)),
+                "every flow to move again after the last reload",
+            )
             await gate.pause()
             after_fds, after_tasks, after_rss = settled_counts()
             stop.set()
             gate.running.set()
             await asyncio.gather(*movers)
-            print(f"\nsoak: fds {fds} -> {after_fds}, daemon tasks {tasks} -> {after_tasks}, "
-                  f"RSS {rss / 2**20:.1f} -> {after_rss / 2**20:.1f} MiB ({(after_rss - rss) / rss:+.1%})")
+            print(
+                f"\nsoak: fds {fds} -> {after_fds}, daemon tasks {tasks} -> {after_tasks}, "
+                f"RSS {rss / 2**20:.1f} -> {after_rss / 2**20:.1f} MiB ({(after_rss - rss) / rss:+.1%})"
+            )
             assert failures == []
             assert len(daemon.tracker) == FLOWS  # all still open
             assert after_fds == fds, f"file descriptors {fds} -> {after_fds}"

@@ -94,21 +94,34 @@ def _ss_link(peer: ShadowsocksPeer) -> str:
 
 
 def _trojan_link(peer: V2rayPeer, ca: Path) -> str:
-    return (f"trojan://{peer.password}@{peer.host}:{peer.port}?security=tls&sni=localhost&type=tcp"
-            f"&ca={urllib.parse.quote(str(ca), safe='')}")
+    return (
+        f"trojan://{peer.password}@{peer.host}:{peer.port}?security=tls&sni=localhost&type=tcp"
+        f"&ca={urllib.parse.quote(str(ca), safe='')}"
+    )
 
 
 def _vmess_link(peer: V2rayPeer, cipher: str) -> str:
-    fields = {"v": "2", "ps": "vmess", "add": peer.host, "port": str(peer.port), "id": peer.uuid, "aid": "0",
-              "scy": cipher, "net": "tcp", "tls": "", "mux": "1"}
+    fields = {
+        "v": "2",
+        "ps": "vmess",
+        "add": peer.host,
+        "port": str(peer.port),
+        "id": peer.uuid,
+        "aid": "0",
+        "scy": cipher,
+        "net": "tcp",
+        "tls": "",
+        "mux": "1",
+    }
     return "vmess://" + base64.b64encode(json.dumps(fields).encode()).decode()
 
 
 class Soak:
     """The peers, the echo ports and the config of each CYCLE state."""
 
-    def __init__(self, tmp: Path, ss: ShadowsocksPeer, trojan: V2rayPeer, vmess: V2rayPeer,
-                 echoes: dict[str, Echo]) -> None:
+    def __init__(
+        self, tmp: Path, ss: ShadowsocksPeer, trojan: V2rayPeer, vmess: V2rayPeer, echoes: dict[str, Echo]
+    ) -> None:
         self.ss, self.trojan, self.vmess, self.echoes = ss, trojan, vmess, echoes
         self.config = tmp / "honk.dae"
         assert trojan.ca_path is not None
@@ -120,17 +133,23 @@ class Soak:
         if state != "removed":
             shape = CYCLE.index(state) // 2
             ss_name = SS_NAMES[shape]
-            nodes = (f"node {{\n    {ss_name}: '{_ss_link(self.ss)}'\n"
-                     f"    trojan: '{_trojan_link(self.trojan, Path(self.cas[shape]))}'\n"
-                     f"    vmess: '{_vmess_link(self.vmess, VMESS_CIPHERS[shape])}'\n}}\n")
-            rules = "".join(f"    dport({self.echoes[group].port}) -> {name}\n"
-                            for group, name in (("ss", ss_name), ("trojan", "trojan"), ("vmess", "vmess")))
-        return ("global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n"
-                "    preconnect_node_count: 0\n}\n"
-                "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
-                f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n"
-                "experimental {\n    clash_api {\n        external_controller: '127.0.0.1:0'\n"
-                f"        secret: '{SECRET}'\n    }}\n}}\n")
+            nodes = (
+                f"node {{\n    {ss_name}: '{_ss_link(self.ss)}'\n"
+                f"    trojan: '{_trojan_link(self.trojan, Path(self.cas[shape]))}'\n"
+                f"    vmess: '{_vmess_link(self.vmess, VMESS_CIPHERS[shape])}'\n}}\n"
+            )
+            rules = "".join(
+                f"    dport({self.echoes[group].port}) -> {name}\n"
+                for group, name in (("ss", ss_name), ("trojan", "trojan"), ("vmess", "vmess"))
+            )
+        return (
+            "global {\n    data_dir: ./var\n    tcp_check_url: ''\n    check_interval: 3600s\n"
+            "    preconnect_node_count: 0\n}\n"
+            "inbound {\n    lan: 'mixed://127.0.0.1:0'\n}\n"
+            f"{nodes}routing {{\n{rules}    fallback: direct\n}}\n"
+            "experimental {\n    clash_api {\n        external_controller: '127.0.0.1:0'\n"
+            f"        secret: '{SECRET}'\n    }}\n}}\n"
+        )
 
     def write(self, state: str) -> None:
         self.config.write_text(self.text(state))
@@ -149,8 +168,9 @@ class Reloader:
         if self.done % 2 == 0:
             after = self.honk.mark()
             self.honk.signal(signal.SIGHUP)
-            line = await asyncio.to_thread(self.honk.wait_for, r"config reloaded|reload refused",
-                                           RELOAD_TIMEOUT, after)
+            line = await asyncio.to_thread(
+                self.honk.wait_for, r"config reloaded|reload refused", RELOAD_TIMEOUT, after
+            )
             assert line.group(0) == "config reloaded", f"SIGHUP reload {self.done} refused"
         elif self.done % 4 == 1:
             async with self.http.put(f"{self.api}/configs?force=true", data=b"") as resp:
@@ -183,7 +203,9 @@ class Movers:
                 self.waiting -= 1
                 continue
             if not await flow.echoes(CHUNK):
-                self.failures.append(f"flow {index} ({group}) stopped echoing after {self.rounds[index]} rounds")
+                self.failures.append(
+                    f"flow {index} ({group}) stopped echoing after {self.rounds[index]} rounds"
+                )
                 return
             self.rounds[index] += 1
             await asyncio.sleep(ROUND_PAUSE)
@@ -214,7 +236,9 @@ async def _quiet(honk: HonkProcess, what: str) -> tuple[int, collections.Counter
         fds, tasks = honk.open_fds(), _steady(await asyncio.to_thread(honk.tasks))
         if not WARM_PASSES & set(tasks):
             return fds, tasks
-        assert loop.time() < deadline, f"warm-up passes still running when taking the {what} baseline: {tasks}"
+        assert loop.time() < deadline, (
+            f"warm-up passes still running when taking the {what} baseline: {tasks}"
+        )
         await asyncio.sleep(SETTLE_POLL)
 
 
@@ -235,8 +259,11 @@ async def _back_to(honk: HonkProcess, fds: int, tasks: collections.Counter[str],
 async def test_a_hundred_reloads_over_four_node_kinds_drop_no_flow_and_leak_nothing(tmp_path):
     echoes = {group: await Echo().start() for group in GROUPS}
     try:
-        with ss_server(SS_METHOD, SS_PASSWORD, udp=False) as ss, v2ray_server("trojan") as trojan, \
-                v2ray_server("vmess", mux=True) as vmess:
+        with (
+            ss_server(SS_METHOD, SS_PASSWORD, udp=False) as ss,
+            v2ray_server("trojan") as trojan,
+            v2ray_server("vmess", mux=True) as vmess,
+        ):
             soak = Soak(tmp_path, ss, trojan, vmess, echoes)
             soak.write(CYCLE[0])
             # One fast-path worker: the second, which the first TLS handshake would start for the
@@ -253,8 +280,9 @@ async def _soak(honk: HonkProcess, soak: Soak) -> None:
     api_host, api_port = await asyncio.to_thread(honk.bound, "api")
     api = f"http://{api_host}:{api_port}"
     # force_close: no keep-alive connection of the test's is counted among the daemon's fds
-    async with aiohttp.ClientSession(headers=bearer(SECRET),
-                                     connector=aiohttp.TCPConnector(force_close=True)) as http:
+    async with aiohttp.ClientSession(
+        headers=bearer(SECRET), connector=aiohttp.TCPConnector(force_close=True)
+    ) as http:
         reloader = Reloader(honk, soak, http, api)
         for _ in range(WARMUP_RELOADS):
             await reloader.next()
@@ -265,11 +293,15 @@ async def _soak(honk: HonkProcess, soak: Soak) -> None:
         async with http.get(f"{api}/v1/connections") as resp:
             connections = (await resp.json())["connections"]
         ridden = collections.Counter((c["target"].rpartition(":")[2], c["chain"][-1]) for c in connections)
-        expected = collections.Counter((str(soak.echoes[g].port), {"ss": SS_NAMES[0]}.get(g, g)) for g in groups)
+        expected = collections.Counter(
+            (str(soak.echoes[g].port), {"ss": SS_NAMES[0]}.get(g, g)) for g in groups
+        )
         assert ridden == expected, "each flow rides the node its destination port routes to"
 
         movers = Movers()
-        tasks = [asyncio.ensure_future(movers.move(flow, group)) for flow, group in zip(flows, groups, strict=True)]
+        tasks = [
+            asyncio.ensure_future(movers.move(flow, group)) for flow, group in zip(flows, groups, strict=True)
+        ]
         await _settle(lambda: all(movers.rounds) and len(movers.rounds) == FLOWS, "every flow's first round")
         await movers.pause()
         busy_fds, busy_tasks = await _quiet(honk, "busy")
@@ -279,8 +311,10 @@ async def _soak(honk: HonkProcess, soak: Soak) -> None:
             await reloader.next()
             assert movers.failures == []
         before = list(movers.rounds)
-        await _settle(lambda: all(now > then for now, then in zip(movers.rounds, before, strict=True)),
-                      "every flow to move again after the last reload")
+        await _settle(
+            lambda: all(now > then for now, then in zip(movers.rounds, before, strict=True)),
+            "every flow to move again after the last reload",
+        )
         await movers.pause()
         assert movers.failures == []
         await _back_to(honk, busy_fds, busy_tasks, f"after {RELOADS} reloads with {FLOWS} flows open")
@@ -300,6 +334,8 @@ async def _soak(honk: HonkProcess, soak: Soak) -> None:
         await _back_to(honk, idle_fds, idle_tasks, "after the last flow ended")
         assert soak.vmess.carriers() == 0, "the retired mux carrier closed after its last stream"
         assert movers.failures == [] and min(movers.rounds) > 1
-    print(f"\nnode soak: {FLOWS} flows, {RELOADS} reloads; daemon fds idle {idle_fds} busy {busy_fds}, "
-          f"steady tasks idle {sum(idle_tasks.values())} busy {sum(busy_tasks.values())}; "
-          f"rounds per flow {min(movers.rounds)}..{max(movers.rounds)}")
+    print(
+        f"\nnode soak: {FLOWS} flows, {RELOADS} reloads; daemon fds idle {idle_fds} busy {busy_fds}, "
+        f"steady tasks idle {sum(idle_tasks.values())} busy {sum(busy_tasks.values())}; "
+        f"rounds per flow {min(movers.rounds)}..{max(movers.rounds)}"
+    )

@@ -82,15 +82,21 @@ def dns_ask(server: str, name: str) -> None:
 @pytest.fixture
 def bed() -> Iterator[Testbed]:
     with testbed("the router tests", "nft", "curl", "tc") as bed:
-        bed.spawn(bed.server, "helpers.testbed:serve", f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT}", str(ECHO_PORT))
+        bed.spawn(
+            bed.server, "helpers.testbed:serve", f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT}", str(ECHO_PORT)
+        )
         yield bed
 
 
 def kernel_state(bed: Testbed) -> str:
     """Everything of the router namespace honk may touch: nft, ip rules and routes, tc filters."""
     parts = [bed.exec(bed.router, "nft", "list", "ruleset").stdout]
-    for args in (["-4", "rule"], ["-6", "rule"], ["-4", "route", "show", "table", "all"],
-                 ["-6", "route", "show", "table", "all"]):
+    for args in (
+        ["-4", "rule"],
+        ["-6", "rule"],
+        ["-4", "route", "show", "table", "all"],
+        ["-6", "route", "show", "table", "all"],
+    ):
         lines = bed.exec(bed.router, "ip", *args).stdout.splitlines()
         # the kernel's own routes (link-local addresses still appearing on new links) are not honk's
         parts.append("\n".join(line for line in lines if "proto kernel" not in line))
@@ -122,8 +128,9 @@ def test_lan_traffic_is_proxied_by_the_daemon_and_a_block_rule_refuses(bed, tmp_
         refused = bed.curl(f"http://{url_host}:{BLOCKED_PORT}/")
         assert refused.returncode != 0 and "hello" not in refused.stdout
         replies = udp_replies(bed, server, "ping", "pong")
-        assert [r["reply"] for r in replies] == [f"echo:{p} seen-from={getattr(ROUTER_WAN, family)}"
-                                                 for p in ("ping", "pong")]
+        assert [r["reply"] for r in replies] == [
+            f"echo:{p} seen-from={getattr(ROUTER_WAN, family)}" for p in ("ping", "pong")
+        ]
         assert all(r["source"][0] == server and r["source"][1] == ECHO_PORT for r in replies)
 
 
@@ -139,7 +146,9 @@ def test_lan_dns_is_answered_by_honk_from_the_address_asked_and_teaches_names_to
     dns = bed.spawn(bed.server, "test_router_netns:dns_serve", json.dumps(DNS_RECORDS))
     with start_honk(bed, tmp_path, dial_mode="domain", extra=DNS_SECTION):
         # before honk's DNS gave the name out, an SNI by IP is not believed: the IP decides
-        unverified = bed.call(bed.client, "helpers.testbed:tls_hello", SERVER.v4, str(TLS_PORT), "blocked.test")
+        unverified = bed.call(
+            bed.client, "helpers.testbed:tls_hello", SERVER.v4, str(TLS_PORT), "blocked.test"
+        )
         assert unverified.strip() == f"reply:hello from server, peer={ROUTER_WAN.v4}"
         for family, nowhere in NOWHERE.items():
             answer = json.loads(bed.call(bed.client, "test_router_netns:dns_ask", nowhere, "blocked.test"))
@@ -156,7 +165,9 @@ def test_the_kernel_parameters_are_set_when_asked(bed, tmp_path):
     bed.exec(bed.router, "sysctl", "-qw", f"net.ipv4.conf.{bed.lan}.rp_filter=1")
     with start_honk(bed, tmp_path):
         assert bed.exec(bed.router, "sysctl", "-n", "net.ipv4.ip_forward").stdout.strip() == "1"
-        assert bed.exec(bed.router, "sysctl", "-n", f"net.ipv4.conf.{bed.lan}.rp_filter").stdout.strip() == "0"
+        assert (
+            bed.exec(bed.router, "sysctl", "-n", f"net.ipv4.conf.{bed.lan}.rp_filter").stdout.strip() == "0"
+        )
 
 
 def test_stopping_removes_everything_and_a_killed_run_is_recovered_by_the_next(bed, tmp_path):
@@ -176,8 +187,12 @@ def test_stopping_removes_everything_and_a_killed_run_is_recovered_by_the_next(b
     assert bed.curl("--max-time", "2", f"http://{SERVER.v4}:{HTTP_PORT}/").returncode != 0
     with start_honk(bed, tmp_path) as again:
         state = kernel_state(bed)
-        assert state.count("table inet honk") == 1 and state.count("lookup 2023") == 2  # replaced, not doubled
-        assert bed.curl(f"http://{SERVER.v4}:{HTTP_PORT}/").stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+        assert (
+            state.count("table inet honk") == 1 and state.count("lookup 2023") == 2
+        )  # replaced, not doubled
+        assert (
+            bed.curl(f"http://{SERVER.v4}:{HTTP_PORT}/").stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+        )
         assert again.stop(STOP_TIMEOUT) == 0
     assert kernel_state(bed) == before
 
@@ -202,12 +217,19 @@ def test_a_reload_swaps_the_dial_mode_live_and_refuses_an_interception_change(be
         path.write_text(router_config(bed.lan, tmp_path, dial_mode="ip"))
         honk.signal(signal.SIGHUP)
         honk.wait_for(r"config reloaded: .*swapped \[tproxy\]", after=mark)
-        assert bed.call(bed.client, *hello).strip() == f"reply:hello from server, peer={ROUTER_WAN.v4}"  # no sniffing
+        assert (
+            bed.call(bed.client, *hello).strip() == f"reply:hello from server, peer={ROUTER_WAN.v4}"
+        )  # no sniffing
 
         mark = honk.mark()
         path.write_text(router_config(f"{bed.lan},lan9", tmp_path, dial_mode="ip"))
         honk.signal(signal.SIGHUP)
-        honk.wait_for(r"reload refused, keeping the running config: inbound tproxy: the transparent inbound's "
-                      r"interception changed", after=mark)
-        assert bed.curl(f"http://{SERVER.v4}:{HTTP_PORT}/").stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+        honk.wait_for(
+            r"reload refused, keeping the running config: inbound tproxy: the transparent inbound's "
+            r"interception changed",
+            after=mark,
+        )
+        assert (
+            bed.curl(f"http://{SERVER.v4}:{HTTP_PORT}/").stdout == f"hello from server, peer={ROUTER_WAN.v4}"
+        )
         assert '"lan9"' not in bed.exec(bed.router, "nft", "list", "table", "inet", "honk").stdout

@@ -72,10 +72,14 @@ async def honk_score_via(link: str) -> AsyncIterator[Honk]:
     glob = GlobalSpec(connect_timeout=STEP)
     inbound_spec = InboundSpec(name="lan", kind="mixed", host=LOOPBACK, port=0)
     node = node_from_link(link, MUX)
-    group = GroupSpec(GROUP, policy=Policy.SCORE, has_filter_lines=True,
-                      filters=(name_filter(node.name),))
-    spec = Spec(global_=glob, inbounds=(inbound_spec,), nodes=(node,), groups=(group,),
-                routing=RoutingSpec(rules=(), fallback=GROUP))
+    group = GroupSpec(GROUP, policy=Policy.SCORE, has_filter_lines=True, filters=(name_filter(node.name),))
+    spec = Spec(
+        global_=glob,
+        inbounds=(inbound_spec,),
+        nodes=(node,),
+        groups=(group,),
+        routing=RoutingSpec(rules=(), fallback=GROUP),
+    )
     tracker = ConnectionTracker(clock)
     plane = build_plane(spec, clock, 1)
     dispatcher = Dispatcher(plane, tracker, clock, glob, SystemResolver(clock, STEP))
@@ -92,7 +96,9 @@ async def honk_score_via(link: str) -> AsyncIterator[Honk]:
 
 
 @contextlib.asynccontextmanager
-async def _flows(honk: Honk, target: int) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+async def _flows(
+    honk: Honk, target: int
+) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
     """FLOWS SOCKS5 flows through honk to the echo server, each answered once."""
     pipes = []
     try:
@@ -116,7 +122,9 @@ def _node_id(honk: Honk):
 def _cells(honk: Honk, target: int) -> list:
     """The global, family and exact evidence cells of the flows' target on the node."""
     score_target = ScoreTarget.of(LOOPBACK, target)
-    return honk.groups.score.evidence.layers(GROUP, Network.TCP, score_target, _node_id(honk), score_target.ip)
+    return honk.groups.score.evidence.layers(
+        GROUP, Network.TCP, score_target, _node_id(honk), score_target.ip
+    )
 
 
 def _counted(honk: Honk, cell, field: str) -> int:
@@ -124,7 +132,9 @@ def _counted(honk: Honk, cell, field: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _carrier_cut(monkeypatch, fastpath: str, cut: Callable[[MuxCarrier], None]) -> AsyncIterator[tuple[Honk, int]]:
+async def _carrier_cut(
+    monkeypatch, fastpath: str, cut: Callable[[MuxCarrier], None]
+) -> AsyncIterator[tuple[Honk, int]]:
     """FLOWS answered flows on one carrier, ``cut(carrier)`` under them, each client's EOF read and
     every client closed (so every relay has ended and settled); yields honk and the target port."""
     monkeypatch.setenv("HONK_FASTPATH", fastpath)
@@ -141,7 +151,9 @@ async def _carrier_cut(monkeypatch, fastpath: str, cut: Callable[[MuxCarrier], N
 
 
 @pytest.mark.parametrize("fastpath", ["on", "off"])
-async def test_a_lost_mux_carrier_is_one_node_scoped_failure_episode_for_every_flow_on_it(monkeypatch, fastpath):
+async def test_a_lost_mux_carrier_is_one_node_scoped_failure_episode_for_every_flow_on_it(
+    monkeypatch, fastpath
+):
     # the physical connection dies under the flows
     async with _carrier_cut(monkeypatch, fastpath, lambda carrier: carrier.channel.abort()) as (honk, target):
         glob = AggregateKey(GROUP, Network.TCP, None, _node_id(honk))
@@ -185,7 +197,9 @@ async def _silent_target(monkeypatch) -> AsyncIterator[tuple[Honk, int]]:
 
 async def _cut_the_carrier(honk: Honk) -> None:
     """Once the one carrier holds a stream, its physical connection dies."""
-    await poll(lambda: len(honk.carriers()) == 1 and bool(honk.carriers()[0].streams), "a stream on the carrier")
+    await poll(
+        lambda: len(honk.carriers()) == 1 and bool(honk.carriers()[0].streams), "a stream on the carrier"
+    )
     honk.carriers()[0].channel.abort()
 
 
@@ -200,7 +214,9 @@ async def test_an_http_forward_cut_by_a_lost_carrier_is_the_nodes_failure(monkey
     """The forward fails on the bridge's clean EOF; Score records the carrier's loss behind it."""
     async with _silent_target(monkeypatch) as (honk, target):
         reader, writer = await asyncio.open_connection(LOOPBACK, honk.port)
-        writer.write(f"GET http://{LOOPBACK}:{target}/ HTTP/1.1\r\nHost: {LOOPBACK}:{target}\r\n\r\n".encode())
+        writer.write(
+            f"GET http://{LOOPBACK}:{target}/ HTTP/1.1\r\nHost: {LOOPBACK}:{target}\r\n\r\n".encode()
+        )
         await _cut_the_carrier(honk)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STEP)
         assert head.split(b" ")[1] == b"502"
@@ -212,8 +228,11 @@ async def test_a_dns_exchange_cut_by_a_lost_carrier_is_the_nodes_failure(monkeyp
     """honk's own DNS over TCP through the node: the stream only closes; Score records why."""
     async with _silent_target(monkeypatch) as (honk, port):
         query = dns.message.make_query("bridged.test", "A")
-        exchange = asyncio.create_task(Exchanger(honk.dispatcher, honk.clock).exchange(
-            Destination("up", "tcp", Address(LOOPBACK, port), GROUP), query, query.to_wire(), None))
+        exchange = asyncio.create_task(
+            Exchanger(honk.dispatcher, honk.clock).exchange(
+                Destination("up", "tcp", Address(LOOPBACK, port), GROUP), query, query.to_wire(), None
+            )
+        )
         await _cut_the_carrier(honk)
         with pytest.raises(ExchangeFailed):
             await asyncio.wait_for(exchange, STEP)

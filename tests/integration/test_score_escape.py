@@ -122,11 +122,14 @@ async def echo_origin():
 
 def config(ss_port: int) -> str:
     userinfo = base64.urlsafe_b64encode(f"{METHOD}:{PASSWORD}".encode()).decode().rstrip("=")
-    return (quiet_global() + LAN_INBOUND
-            + f"node {{\n    ss: 'ss://{userinfo}@127.0.0.1:{ss_port}'\n}}\n"
-            + "group {\n    auto {\n        filter: name(ss, direct)\n        policy: score\n    }\n}\n"
-            + "routing {\n    fallback: auto\n}\n"
-            + api_block(SECRET))
+    return (
+        quiet_global()
+        + LAN_INBOUND
+        + f"node {{\n    ss: 'ss://{userinfo}@127.0.0.1:{ss_port}'\n}}\n"
+        + "group {\n    auto {\n        filter: name(ss, direct)\n        policy: score\n    }\n}\n"
+        + "routing {\n    fallback: auto\n}\n"
+        + api_block(SECRET)
+    )
 
 
 async def one_flow(lan_port: int, origin_port: int) -> bool:
@@ -157,8 +160,10 @@ def ss_peer():
 
 
 async def score_stats(daemon) -> dict:
-    async with aiohttp.ClientSession() as http, http.get(api_base(daemon) + "/v1/stats/score",
-                                                         headers=bearer(SECRET)) as resp:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(api_base(daemon) + "/v1/stats/score", headers=bearer(SECRET)) as resp,
+    ):
         assert resp.status == 200
         return await resp.json()
 

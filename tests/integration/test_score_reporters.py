@@ -51,16 +51,19 @@ def _config(peer_port: int, rules: list[tuple[int, str]], refused_port: int | No
     """A daemon with the Score groups, ``dport(port) -> group`` rules, the rest direct."""
     routing = "".join(f"    dport({port}) -> {group}\n" for port, group in rules)
     refused = refused_port if refused_port is not None else free_port()
-    return (quiet_global() + LAN_INBOUND
-            + f"node {{\n    peer: 'socks5://{LOOPBACK}:{peer_port}'\n    gone: 'socks5://{LOOPBACK}:{refused}'\n}}\n"
-            "group {\n"
-            f"    {MIXED} {{\n        filter: name(direct, peer)\n        policy: score\n    }}\n"
-            f"    {ONLY_DIRECT} {{\n        filter: name(direct)\n        policy: score\n    }}\n"
-            f"    {ONLY_PEER} {{\n        filter: name(peer)\n        policy: score\n    }}\n"
-            f"    {OUTER} {{\n        filter: group({ONLY_DIRECT})\n        policy: score\n    }}\n"
-            f"    {RETRY} {{\n        filter: name(gone, direct)\n        policy: score\n    }}\n"
-            "}\n"
-            f"routing {{\n{routing}    fallback: direct\n}}\n")
+    return (
+        quiet_global()
+        + LAN_INBOUND
+        + f"node {{\n    peer: 'socks5://{LOOPBACK}:{peer_port}'\n    gone: 'socks5://{LOOPBACK}:{refused}'\n}}\n"
+        "group {\n"
+        f"    {MIXED} {{\n        filter: name(direct, peer)\n        policy: score\n    }}\n"
+        f"    {ONLY_DIRECT} {{\n        filter: name(direct)\n        policy: score\n    }}\n"
+        f"    {ONLY_PEER} {{\n        filter: name(peer)\n        policy: score\n    }}\n"
+        f"    {OUTER} {{\n        filter: group({ONLY_DIRECT})\n        policy: score\n    }}\n"
+        f"    {RETRY} {{\n        filter: name(gone, direct)\n        policy: score\n    }}\n"
+        "}\n"
+        f"routing {{\n{routing}    fallback: direct\n}}\n"
+    )
 
 
 @pytest.fixture
@@ -134,7 +137,8 @@ async def echo_once(port: int, target_port: int) -> None:
 @pytest.mark.parametrize("group", [MIXED, ONLY_DIRECT, ONLY_PEER])
 @pytest.mark.parametrize("fastpath", ["on", "off"])
 async def test_a_socks5_connect_relayed_through_score_leaves_a_useful_completion_on_the_served_node(
-        tmp_path, monkeypatch, peer, fastpath, group):
+    tmp_path, monkeypatch, peer, fastpath, group
+):
     """MIXED lets Score pick; ONLY_DIRECT pins the fast path's engine connect (a direct leaf, an IP
     target), ONLY_PEER the Python dial handed to the engine."""
     monkeypatch.setenv("HONK_FASTPATH", fastpath)
@@ -196,7 +200,8 @@ def closed_port() -> int:
 
 @pytest.mark.parametrize("fastpath", ["on", "off"])
 async def test_a_refused_connect_through_direct_is_a_target_scoped_setup_failure(
-        tmp_path, monkeypatch, peer, fastpath):
+    tmp_path, monkeypatch, peer, fastpath
+):
     monkeypatch.setenv("HONK_FASTPATH", fastpath)
     port = closed_port()
     async with daemon_for(tmp_path, peer, [(port, ONLY_DIRECT)]) as daemon:
@@ -204,8 +209,10 @@ async def test_a_refused_connect_through_direct_is_a_target_scoped_setup_failure
         await close_writer(writer)
         assert code == SOCKS_REFUSED
         step = traversal(ONLY_DIRECT, Network.TCP, port, DIRECT)
-        await poll(lambda: exact(daemon, step) is not None
-                   and count(daemon, step, "setup_failures") == 1, "a setup failure")
+        await poll(
+            lambda: exact(daemon, step) is not None and count(daemon, step, "setup_failures") == 1,
+            "a setup failure",
+        )
         cohorts = score(daemon).cohorts
         assert cohorts.open_episode(step.cohort_cell()) is not None  # the target's own cell failed
         assert step.node_cells()
@@ -278,7 +285,10 @@ async def test_a_udp_reply_publishes_rx_and_closing_the_association_settles_a_su
 
 
 async def test_a_udp_target_that_never_answers_settles_a_timeout_failure_at_idle_expiry(tmp_path, peer):
-    async with udp_server(echo=False) as target, daemon_for(tmp_path, peer, [(target, ONLY_DIRECT)]) as daemon:
+    async with (
+        udp_server(echo=False) as target,
+        daemon_for(tmp_path, peer, [(target, ONLY_DIRECT)]) as daemon,
+    ):
         step = traversal(ONLY_DIRECT, Network.UDP, target, DIRECT)
         async with associate(daemon) as assoc:
             assoc.send(target, PAYLOAD)
@@ -317,7 +327,10 @@ async def test_a_flow_routed_to_direct_outside_any_score_group_creates_no_score_
         await echo_once(lan_port(daemon), target)
         await poll(lambda: len(daemon.tracker) == 0, "the flow to end")
         after = score(daemon).evidence.stats()
-        assert (after.exact_entries, after.aggregate_entries) == (before.exact_entries, before.aggregate_entries)
+        assert (after.exact_entries, after.aggregate_entries) == (
+            before.exact_entries,
+            before.aggregate_entries,
+        )
         assert (after.exact_entries, after.aggregate_entries) == (0, 0)
 
 
@@ -332,7 +345,9 @@ def _query() -> tuple[dns.message.Message, bytes]:
 async def _exchange(daemon: Daemon, port: int, outbound: str | None = None) -> dns.message.Message:
     query, wire = _query()
     exchanger = Exchanger(daemon.dispatcher, daemon.clock)
-    return await exchanger.exchange(Destination("up", "udp", Address(LOOPBACK, port), outbound), query, wire, None)
+    return await exchanger.exchange(
+        Destination("up", "udp", Address(LOOPBACK, port), outbound), query, wire, None
+    )
 
 
 async def test_a_dns_exchange_over_udp_direct_reports_on_a_udp_cell(tmp_path, peer):
@@ -380,15 +395,20 @@ async def test_a_forced_udp_dns_upstream_reports_its_udp_carrier_on_a_udp_cell(t
 
 async def test_score_and_the_groups_never_log_a_flows_target(tmp_path, peer, caplog):
     caplog.set_level(logging.DEBUG, logger="honk.group")  # every level of the groups and Score
-    async with echo_server() as target, udp_server(echo=True) as udp_target, \
-            daemon_for(tmp_path, peer, [(target, MIXED), (udp_target, ONLY_DIRECT)]) as daemon:
+    async with (
+        echo_server() as target,
+        udp_server(echo=True) as udp_target,
+        daemon_for(tmp_path, peer, [(target, MIXED), (udp_target, ONLY_DIRECT)]) as daemon,
+    ):
         await echo_once(lan_port(daemon), target)
         async with associate(daemon) as assoc:
             assoc.send(udp_target, PAYLOAD)
             assert await assoc.receive() == PAYLOAD
         await poll(lambda: served(daemon, MIXED, Network.TCP, target), "the TCP flow to settle")
-        await poll(lambda: useful(daemon, traversal(ONLY_DIRECT, Network.UDP, udp_target, DIRECT)) == 1,
-                   "the UDP association to settle")
+        await poll(
+            lambda: useful(daemon, traversal(ONLY_DIRECT, Network.UDP, udp_target, DIRECT)) == 1,
+            "the UDP association to settle",
+        )
     score_records = [r for r in caplog.records if r.name.startswith("honk.group")]
     for record in score_records:
         text = record.getMessage()
@@ -403,8 +423,10 @@ async def test_a_score_setup_retry_records_the_failed_node_and_reports_the_leaf_
     async with echo_server() as target, daemon_for(tmp_path, peer, [(target, RETRY)]) as daemon:
         gone = next(node for node in node_ids(daemon, RETRY) if node != DIRECT)
         await echo_once(lan_port(daemon), target)  # the first pick (config order) is refused
-        await poll(lambda: useful(daemon, traversal(RETRY, Network.TCP, target, DIRECT)) == 1,
-                   "the retried leaf's useful completion")
+        await poll(
+            lambda: useful(daemon, traversal(RETRY, Network.TCP, target, DIRECT)) == 1,
+            "the retried leaf's useful completion",
+        )
         failed = score(daemon).evidence.layers(RETRY, Network.TCP, None, gone)[0]
         assert failed is not None and round(failed.setup_failures.value(daemon.clock.now())) == 1
         assert useful(daemon, traversal(RETRY, Network.TCP, target, gone)) == 0

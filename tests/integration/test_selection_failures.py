@@ -84,13 +84,19 @@ class World:
 
 
 def config(probe_port: int, nodes: dict[str, list[ChaosNode]], origins: dict[str, int]) -> str:
-    node_lines = "".join(f"    {policy[0]}{i}: '{node.link}'\n"
-                         for policy, group in nodes.items() for i, node in enumerate(group))
+    node_lines = "".join(
+        f"    {policy[0]}{i}: '{node.link}'\n"
+        for policy, group in nodes.items()
+        for i, node in enumerate(group)
+    )
     group_lines = "".join(
         f"    g_{policy} {{\n        filter: name({', '.join(f'{policy[0]}{i}' for i in range(NODES))})\n"
-        f"        policy: {policy}\n    }}\n" for policy in POLICIES)
+        f"        policy: {policy}\n    }}\n"
+        for policy in POLICIES
+    )
     rules = "".join(f"    dport({origins[policy]}) -> g_{policy}\n" for policy in POLICIES)
-    return (f"""global {{
+    return (
+        f"""global {{
     data_dir: ./var
     tcp_check_url: 'http://127.0.0.1:{probe_port}/generate_204'
     check_interval: 1s
@@ -99,8 +105,18 @@ def config(probe_port: int, nodes: dict[str, list[ChaosNode]], origins: dict[str
     response_timeout: 1s
     preconnect_node_count: 0
 }}
-""" + LAN_INBOUND + "node {\n" + node_lines + "}\ngroup {\n" + group_lines + "}\n"
-            + "routing {\n" + rules + "    fallback: block\n}\n" + api_block(SECRET))
+"""
+        + LAN_INBOUND
+        + "node {\n"
+        + node_lines
+        + "}\ngroup {\n"
+        + group_lines
+        + "}\n"
+        + "routing {\n"
+        + rules
+        + "    fallback: block\n}\n"
+        + api_block(SECRET)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -108,16 +124,21 @@ async def world(tmp_path):
     clock = LeapClock()
     async with contextlib.AsyncExitStack() as stack:
         probe = await stack.enter_async_context(generate_204())
-        nodes = {policy: [await stack.enter_async_context(chaos_node(f"{policy[0]}{i}", seed=i))
-                          for i in range(NODES)] for policy in POLICIES}
+        nodes = {
+            policy: [
+                await stack.enter_async_context(chaos_node(f"{policy[0]}{i}", seed=i)) for i in range(NODES)
+            ]
+            for policy in POLICIES
+        }
         for group in nodes.values():
             for node, delay in zip(group, CHUNK_DELAYS, strict=True):
                 node.behaviour.chunk_delay = delay
                 node.behaviour.connect_delay = CONNECT_DELAY
         origins = {policy: await stack.enter_async_context(echo_server()) for policy in POLICIES}
         w = World(clock, nodes, origins)
-        w.daemon = await stack.enter_async_context(running_daemon(tmp_path, config(probe.port, nodes, origins),
-                                                                  clock=clock))
+        w.daemon = await stack.enter_async_context(
+            running_daemon(tmp_path, config(probe.port, nodes, origins), clock=clock)
+        )
         clock.leap(REGISTRATION_GRACE + 1)  # failures count from the start
         w.lan_port = w.daemon.inbounds["lan"].bound.port
         await measured(w)
@@ -129,8 +150,11 @@ async def measured(w: World) -> None:
     alive = w.daemon.health.alive
     loop = asyncio.get_running_loop()
     deadline = loop.time() + MEASURED_WITHIN
-    while not all(alive.average(nid, Domain.TCP, Family.V4) is not None
-                  for policy in POLICIES for nid in w.node_ids(policy)):
+    while not all(
+        alive.average(nid, Domain.TCP, Family.V4) is not None
+        for policy in POLICIES
+        for nid in w.node_ids(policy)
+    ):
         assert loop.time() < deadline, "probes never measured every node"
         await asyncio.sleep(0.05)
 
@@ -145,7 +169,8 @@ async def one_flow(w: World, policy: str) -> Flow:
     writer = None
     try:
         reader, writer, code, _ = await asyncio.wait_for(
-            socks5_open(w.lan_port, "127.0.0.1", w.origins[policy]), FLOW_TIMEOUT)
+            socks5_open(w.lan_port, "127.0.0.1", w.origins[policy]), FLOW_TIMEOUT
+        )
         if code == 0:
             writer.write(token + b"\n")
             echoed = await asyncio.wait_for(reader.readline(), FLOW_TIMEOUT)
@@ -288,8 +313,11 @@ def _silent_after_reply(node: ChaosNode) -> None:
     node.behaviour.silent = True
 
 
-@pytest.mark.parametrize("fail", [_blackhole, _refuse_half, _reset_after_reply, _silent_after_reply],
-                         ids=["blackhole", "refuse-half", "reset-after-reply", "silent-after-reply"])
+@pytest.mark.parametrize(
+    "fail",
+    [_blackhole, _refuse_half, _reset_after_reply, _silent_after_reply],
+    ids=["blackhole", "refuse-half", "reset-after-reply", "silent-after-reply"],
+)
 async def test_every_policy_leaves_a_failing_best_node_without_blaming_a_healthy_one(tmp_path, fail):
     w, t0 = await scenario(tmp_path, fail)
     check_escape(w, t0)
@@ -338,8 +366,10 @@ async def test_a_dead_ipv4_node_shows_alive_false_to_dashboards(tmp_path):
         while alive.tcp_alive(dead, Family.V4):
             assert loop.time() < deadline, "the refusing node never died"
             await asyncio.sleep(0.05)
-        async with aiohttp.ClientSession() as http, http.get(api_base(w.daemon) + "/proxies",
-                                                             headers=bearer(SECRET)) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(api_base(w.daemon) + "/proxies", headers=bearer(SECRET)) as resp,
+        ):
             proxies = (await resp.json())["proxies"]
         assert proxies["u3"]["alive"] is False
         assert proxies["u0"]["alive"] is True
@@ -356,7 +386,8 @@ async def test_a_node_reached_over_ipv6_whose_server_is_down_is_skipped_and_show
         v4 = await stack.enter_async_context(chaos_node("v4"))
         v4.behaviour.chunk_delay = 0.02  # the IPv6 node is the better one
         origin = await stack.enter_async_context(echo_server())
-        text = (f"""global {{
+        text = (
+            f"""global {{
     data_dir: ./var
     tcp_check_url: 'http://127.0.0.1:{probe.port}/generate_204'
     check_interval: 1s
@@ -364,12 +395,18 @@ async def test_a_node_reached_over_ipv6_whose_server_is_down_is_skipped_and_show
     connect_timeout: 500ms
     preconnect_node_count: 0
 }}
-""" + LAN_INBOUND + f"node {{\n    v6: '{v6.link}'\n    v4: '{v4.link}'\n}}\n"
-                + "group {\n    g {\n        filter: name(v6, v4)\n        policy: urltest\n    }\n}\n"
-                + "routing {\n    fallback: g\n}\n" + api_block(SECRET))
+"""
+            + LAN_INBOUND
+            + f"node {{\n    v6: '{v6.link}'\n    v4: '{v4.link}'\n}}\n"
+            + "group {\n    g {\n        filter: name(v6, v4)\n        policy: urltest\n    }\n}\n"
+            + "routing {\n    fallback: g\n}\n"
+            + api_block(SECRET)
+        )
         daemon = await stack.enter_async_context(running_daemon(tmp_path, text, clock=clock))
         clock.leap(REGISTRATION_GRACE + 1)
-        w = World(clock, {"urltest": [v6, v4]}, {"urltest": origin}, daemon.inbounds["lan"].bound.port, daemon)
+        w = World(
+            clock, {"urltest": [v6, v4]}, {"urltest": origin}, daemon.inbounds["lan"].bound.port, daemon
+        )
         node_v6 = daemon.plane.outbounds["v6"].runtime.node_id
         assert daemon.plane.outbounds["v6"].health_family == 6
         loop = asyncio.get_running_loop()
@@ -385,7 +422,9 @@ async def test_a_node_reached_over_ipv6_whose_server_is_down_is_skipped_and_show
             await asyncio.sleep(0.05)
         flows = [await one_flow(w, "urltest") for _ in range(5)]
         assert all(f.ok and f.node == 1 for f in flows), trace(flows)
-        async with aiohttp.ClientSession() as http, http.get(api_base(daemon) + "/proxies",
-                                                             headers=bearer(SECRET)) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(api_base(daemon) + "/proxies", headers=bearer(SECRET)) as resp,
+        ):
             proxies = (await resp.json())["proxies"]
         assert proxies["v6"]["alive"] is False and proxies["v4"]["alive"] is True

@@ -251,12 +251,17 @@ def test_udp_replies_that_fail_authentication_are_dropped_and_counted(run) -> No
     async def scenario(leaf: ShadowsocksOutbound, server: socket.socket) -> None:
         got: asyncio.Queue[tuple[bytes, Address]] = asyncio.Queue()
         lost: list[HonkError | None] = []
-        endpoint = await leaf.dial_udp(lambda p, s: got.put_nowait((p, s)), time.monotonic() + STEP, lost.append)
+        endpoint = await leaf.dial_udp(
+            lambda p, s: got.put_nowait((p, s)), time.monotonic() + STEP, lost.append
+        )
         try:
             endpoint.send(b"question", Address("203.0.113.9", 53))
             # in a thread: uvloop has no sock_recvfrom (the socket's own timeout bounds it)
             packet, client = await asyncio.to_thread(server.recvfrom, 2048)
-            assert open_packet(method, master, packet) == encode_address(Address("203.0.113.9", 53)) + b"question"
+            assert (
+                open_packet(method, master, packet)
+                == encode_address(Address("203.0.113.9", 53)) + b"question"
+            )
             forged = seal_packet(method, master_key("guess", 32), encode_address(source) + b"forged")
             malformed = seal_packet(method, master, b"\x09garbage")
             good = seal_packet(method, master, encode_address(source) + b"answer")

@@ -86,8 +86,11 @@ def _config(path: Path, method: str, port: int) -> Path:
 
 def _curl(*args: str) -> bytes:
     curl = require_binary("curl")
-    out = subprocess.run([curl, "-sS", "--fail", "--max-time", str(CURL_TIMEOUT), *args],
-                         capture_output=True, timeout=CURL_TIMEOUT + 10)
+    out = subprocess.run(
+        [curl, "-sS", "--fail", "--max-time", str(CURL_TIMEOUT), *args],
+        capture_output=True,
+        timeout=CURL_TIMEOUT + 10,
+    )
     assert out.returncode == 0, out.stderr.decode(errors="replace")
     return out.stdout
 
@@ -101,7 +104,11 @@ def test_curl_fetches_a_body_through_an_ss_node_on_every_relay(tmp_path, origin,
         with HonkProcess(_config(tmp_path / "honk.dae", method, server.port), env=RELAYS[relay]) as honk:
             host, port = honk.inbound()
             proxy = f"{host}:{port}"
-            for how in (["--socks5-hostname", proxy], ["-p", "-x", f"http://{proxy}"], ["-x", f"http://{proxy}"]):
+            for how in (
+                ["--socks5-hostname", proxy],
+                ["-p", "-x", f"http://{proxy}"],
+                ["-x", f"http://{proxy}"],
+            ):
                 body = _curl(*how, url)
                 assert len(body) == BODY_SIZE, how
                 assert hashlib.sha256(body).hexdigest() == expected, how

@@ -77,8 +77,11 @@ async def honk(
 ) -> AsyncIterator[Env]:
     clock = clock or MonotonicClock()
     ispec = InboundSpec(name="lan", kind="mixed", host=host, port=0, users=users)
-    spec = Spec(global_=GlobalSpec(connect_timeout=2.0), inbounds=(ispec,),
-                routing=RoutingSpec(rules=rules, fallback="direct"))
+    spec = Spec(
+        global_=GlobalSpec(connect_timeout=2.0),
+        inbounds=(ispec,),
+        routing=RoutingSpec(rules=rules, fallback="direct"),
+    )
     engine = fastpath_engine(engine_name)
     async with mixed_inbound(spec, clock, engine) as (inbound, dispatcher):
         assert (inbound._fast is not None) == (not users)
@@ -142,8 +145,13 @@ def test_fastpath_connects_ipv4_and_domain_targets_and_relays(run, engine_name, 
                 for host in ("127.0.0.1", "localhost"):
                     reader, writer, rep, bound = await socks5_open(env.port, host, echo.port)
                     assert rep == 0
-                    assert socket.inet_ntoa(bound[:4]) == "127.0.0.1" and struct.unpack("!H", bound[4:])[0] > 0
-                    assert await _echo_round(reader, writer, b"ping " + host.encode()) == b"ping " + host.encode()
+                    assert (
+                        socket.inet_ntoa(bound[:4]) == "127.0.0.1" and struct.unpack("!H", bound[4:])[0] > 0
+                    )
+                    assert (
+                        await _echo_round(reader, writer, b"ping " + host.encode())
+                        == b"ping " + host.encode()
+                    )
                     [info] = env.tracker.snapshot()
                     assert info.target == Address(host, echo.port)
                     assert info.engine in ("native", "native-python")
@@ -185,7 +193,9 @@ def test_fastpath_pipelined_payload_after_the_request_goes_upstream_first(run, e
             async with honk(engine_name) as env:
                 reader, writer = await asyncio.open_connection("127.0.0.1", env.port)
                 # greeting, request and payload in one write, as optimistic clients do
-                writer.write(b"\x05\x01\x00" + b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port) + b"early")
+                writer.write(
+                    b"\x05\x01\x00" + b"\x05\x01\x00" + encode_address("127.0.0.1", echo.port) + b"early"
+                )
                 got = await asyncio.wait_for(reader.readexactly(2 + 10 + 5), STEP)
                 assert got[:2] == b"\x05\x00"  # method
                 assert got[2:6] == b"\x05\x00\x00\x01"  # success, IPv4 bound address
@@ -355,11 +365,20 @@ def test_fastpath_bad_clients_end_only_their_own_flow_with_the_log_line(run, eng
     assert results[4].startswith(b"\x05\x00\x05\x08")
     lines = [r.getMessage() for r in caplog.records if "flow ended during handshake" in r.getMessage()]
     reasons = sorted(line.split("reason=")[1] for line in lines)
-    assert reasons == ["bad-address-type", "bad-command", "bad-request", "bad-version", "client-gone", "truncated"], lines
+    assert reasons == [
+        "bad-address-type",
+        "bad-command",
+        "bad-request",
+        "bad-version",
+        "client-gone",
+        "truncated",
+    ], lines
     assert all("inbound=lan source=127.0.0.1:" in line for line in lines)
 
 
-def test_fastpath_slow_client_is_handed_over_and_cut_off_on_the_injected_clock(run, engine_name, caplog) -> None:
+def test_fastpath_slow_client_is_handed_over_and_cut_off_on_the_injected_clock(
+    run, engine_name, caplog
+) -> None:
     caplog.set_level(logging.INFO, logger="honk.inbound")
 
     async def main() -> None:
@@ -444,17 +463,19 @@ def test_fastpath_aclose_ends_live_flows_and_stop_accepting_frees_the_port(run, 
 # --- resources -------------------------------------------------------------------------------------
 
 
-
 def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
     total = 5_000 if engine_name == "native" else 2_000  # any per-flow leak is thousands of fds
 
     async def flows(count: int) -> None:
         with EchoServer() as echo:
             async with honk(engine_name) as env:
-
                 for _ in range(max(count // 50, 1)):
-                    await asyncio.wait_for(asyncio.gather(
-                        *(_one_echo_flow(env.port, echo.port, b"hi") for _ in range(min(count, 50)))), 30)
+                    await asyncio.wait_for(
+                        asyncio.gather(
+                            *(_one_echo_flow(env.port, echo.port, b"hi") for _ in range(min(count, 50)))
+                        ),
+                        30,
+                    )
                 await asyncio.wait_for(env.tracker.wait_idle(), STEP)
                 await asyncio.wait_for(env.inbound.wait_closed(), STEP)
 
@@ -471,8 +492,9 @@ def test_fastpath_leaves_no_fd_after_many_flows(run, engine_name) -> None:
     run(main())
 
 
-
-@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+@pytest.mark.skipif(
+    bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs"
+)
 def test_a_short_flow_wakes_the_loops_thread_for_its_request_open_and_end_only(run) -> None:
     """The compiled worker holds a flow's byte counts, first byte and half-closes until an urgent
     event (request, OPEN, END) rides with them: one flow at a time, that is three wake-ups of

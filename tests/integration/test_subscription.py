@@ -173,8 +173,9 @@ def client_context(ca: trustme.CA) -> ssl.SSLContext:
 
 async def get(url: str, clock=None, **kwargs):
     clock = clock or MonotonicClock()
-    return await fetch(url, dial=DirectOutbound(clock, STEP).dial_tcp, clock=clock,
-                       deadline=clock.now() + STEP, **kwargs)
+    return await fetch(
+        url, dial=DirectOutbound(clock, STEP).dial_tcp, clock=clock, deadline=clock.now() + STEP, **kwargs
+    )
 
 
 def fetch_error(run, url: str, **kwargs) -> SubscriptionFetchError:
@@ -257,7 +258,10 @@ def test_redirects_to_other_internal_addresses_or_schemes_are_refused(run, origi
 
 def test_a_redirect_from_https_to_http_is_refused(run, tls_origin, ca):
     tls_origin.replies["/sub"] = Reply(301, headers=(("Location", f"http://127.0.0.1:{tls_origin.port}/x"),))
-    assert fetch_error(run, tls_origin.url("/sub"), ssl_context=client_context(ca)).reason == "redirect-downgrade"
+    assert (
+        fetch_error(run, tls_origin.url("/sub"), ssl_context=client_context(ca)).reason
+        == "redirect-downgrade"
+    )
 
 
 def test_a_non_2xx_status_is_an_error_with_the_status(run, origin):
@@ -308,7 +312,9 @@ def test_a_download_through_a_shadowsocks_outbound_reaches_the_origin(run, origi
     origin.replies["/sub"] = Reply(body=BODY_A)
     clock = MonotonicClock()
     with ss_server("aes-256-gcm", SECRET, udp=False) as peer:
-        leaf = ShadowsocksOutbound(parse_node_link(f"ss://{SS_USERINFO}@127.0.0.1:{peer.port}#ss"), GlobalSpec(), clock)
+        leaf = ShadowsocksOutbound(
+            parse_node_link(f"ss://{SS_USERINFO}@127.0.0.1:{peer.port}#ss"), GlobalSpec(), clock
+        )
         result = run(fetch(origin.url("/sub"), dial=leaf.dial_tcp, clock=clock, deadline=clock.now() + STEP))
     assert result.body == BODY_A and [path for path, _ in origin.requests] == ["/sub"]
 
@@ -478,7 +484,9 @@ def test_reload_keeps_nodes_of_unchanged_sources_renamed_drops_removed_and_refre
         await until(lambda: [s.attempts for s in m.states()] == [1, 1])
         renamed = SubscriptionSpec("premium", a.url, interval=0.0)
         carried = m.carried([renamed])
-        assert {tag: [n.name for n in nodes] for tag, nodes in carried.items()} == {"premium": ["node-a", "node-ss"]}
+        assert {tag: [n.name for n in nodes] for tag, nodes in carried.items()} == {
+            "premium": ["node-a", "node-ss"]
+        }
         assert all(n.subscription == "premium" for n in carried["premium"])
         before = len(origin.requests)
         count = len(published)
@@ -548,8 +556,9 @@ def test_daemon_routes_through_a_node_from_a_subscription_selected_by_subtag(tmp
     with EchoServer() as echo, socks_peer() as peer:
         origin = SubServer()
         try:
-            origin.replies["/sub"] = Reply(body=f"socks5://{peer.host}:{peer.port}#socks-hk\n".encode()
-                                           + b"vmess://unsupported\n")
+            origin.replies["/sub"] = Reply(
+                body=f"socks5://{peer.host}:{peer.port}#socks-hk\n".encode() + b"vmess://unsupported\n"
+            )
             write_config(cfg, origin.url("/sub"), echo.port)
             with HonkProcess(cfg, "--debug") as honk:
                 proxy = honk.inbound()
@@ -581,7 +590,9 @@ def test_daemon_starts_from_the_stored_body_when_the_subscription_is_unreachable
             sock, rep = socks5_connect(proxy, "127.0.0.1", echo.port)
             assert rep == 0 and roundtrip(sock, b"offline start") == b"offline start"
             sock.close()
-            honk.wait_for(r"subscription refresh failed; previous nodes kept .*reason=dial-failed nodes_kept=1")
+            honk.wait_for(
+                r"subscription refresh failed; previous nodes kept .*reason=dial-failed nodes_kept=1"
+            )
 
 
 def test_daemon_applies_a_changed_subscription_after_sighup_as_a_new_generation(tmp_path):
@@ -598,12 +609,21 @@ def test_daemon_applies_a_changed_subscription_after_sighup_as_a_new_generation(
                 mark = honk.mark()
                 honk.signal(signal.SIGHUP)
                 # The reload carries socks-one; the background refresh then brings socks-two.
-                honk.wait_for(r"config reloaded: .*reused \[dns, outbound direct@v1, outbound block@v1, outbound socks-one@v1", after=mark)
-                honk.wait_for(r"subscription nodes applied: built \[outbound socks-two@v1, group proxy\]; drained \[socks-one@v1\]", after=mark)
+                honk.wait_for(
+                    r"config reloaded: .*reused \[dns, outbound direct@v1, outbound block@v1, outbound socks-one@v1",
+                    after=mark,
+                )
+                honk.wait_for(
+                    r"subscription nodes applied: built \[outbound socks-two@v1, group proxy\]; drained \[socks-one@v1\]",
+                    after=mark,
+                )
                 sock, rep = socks5_connect(proxy, "127.0.0.1", echo.port)
                 assert rep == 0 and roundtrip(sock, b"two") == b"two"
                 sock.close()
-                assert honk.wait_for(r"flow opened network=tcp .*chain=(\S+)", after=mark).group(1) == "proxy>socks-two"
+                assert (
+                    honk.wait_for(r"flow opened network=tcp .*chain=(\S+)", after=mark).group(1)
+                    == "proxy>socks-two"
+                )
         finally:
             origin.close()
 
@@ -614,11 +634,16 @@ def test_changing_store_subscribe_needs_a_restart(tmp_path):
         write_config(cfg, f"http://127.0.0.1:{free_port()}/sub", echo.port)
         with HonkProcess(cfg) as honk:
             honk.inbound()
-            write_config(cfg, f"http://127.0.0.1:{free_port()}/sub", echo.port, "    store_subscribe: false\n")
+            write_config(
+                cfg, f"http://127.0.0.1:{free_port()}/sub", echo.port, "    store_subscribe: false\n"
+            )
             mark = honk.mark()
             honk.signal(signal.SIGHUP)
-            honk.wait_for(r"reload: global.store_subscribe: fixed for the process lifetime; restart to change it; "
-                          r"keeping the running config", after=mark)
+            honk.wait_for(
+                r"reload: global.store_subscribe: fixed for the process lifetime; restart to change it; "
+                r"keeping the running config",
+                after=mark,
+            )
 
 
 def test_a_refresh_gives_a_changed_node_a_new_runtime_and_keeps_the_others(tmp_path, run):
@@ -627,8 +652,10 @@ def test_a_refresh_gives_a_changed_node_a_new_runtime_and_keeps_the_others(tmp_p
     from honk.daemon.app import Daemon
 
     def body(b_port: int) -> bytes:
-        return (f"socks5://127.0.0.1:1080#socks-a\nsocks5://u:p@127.0.0.1:{b_port}#socks-b\n"
-                "socks5://127.0.0.1:1082#socks-c\n").encode()
+        return (
+            f"socks5://127.0.0.1:1080#socks-a\nsocks5://u:p@127.0.0.1:{b_port}#socks-b\n"
+            "socks5://127.0.0.1:1082#socks-c\n"
+        ).encode()
 
     async def main(origin: SubServer) -> None:
         daemon = Daemon(cfg)

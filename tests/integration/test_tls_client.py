@@ -102,6 +102,7 @@ def test_an_expired_certificate_is_an_expiry_error(run, echo, trusting, monkeypa
 
 def test_a_server_speaking_another_protocol_is_a_handshake_error_within_the_deadline(run) -> None:
     with socket.create_server(("127.0.0.1", 0)) as plain:
+
         def answer() -> None:
             conn, _ = plain.accept()
             with conn:
@@ -122,13 +123,22 @@ def test_a_server_that_never_answers_times_out_in_the_tls_phase(run) -> None:
         assert info.value.phase == "tls" and time.monotonic() - started < 2.0
 
 
-@pytest.mark.parametrize(("params", "verify"), [((), True), ((("allowInsecure", "1"),), False),
-                                                ((("insecure", "false"),), True), ((("allow_insecure", "ON"),), False)])
+@pytest.mark.parametrize(
+    ("params", "verify"),
+    [
+        ((), True),
+        ((("allowInsecure", "1"),), False),
+        ((("insecure", "false"),), True),
+        ((("allow_insecure", "ON"),), False),
+    ],
+)
 def test_link_booleans_decide_verification(params, verify) -> None:
     assert tls_verification(params) is verify
 
 
-@pytest.mark.parametrize("params", [(("allowInsecure", "maybe"),), (("allowInsecure", "1"), ("insecure", "0"))])
+@pytest.mark.parametrize(
+    "params", [(("allowInsecure", "maybe"),), (("allowInsecure", "1"), ("insecure", "0"))]
+)
 def test_unknown_or_conflicting_verification_values_are_refused(params) -> None:
     with pytest.raises(ConfigRefused):
         tls_verification(params)
@@ -143,7 +153,9 @@ async def _node_handshake(port: int, query: str) -> None:
     """TLS to 127.0.0.1:``port`` through the transport of a VLESS link with ``query``."""
     node = parse_node_link(f"vless://{UUID}@127.0.0.1:{port}?security=tls&sni=localhost&{query}#ca-node")
     leaf = ProxyLeaf(node, GlobalSpec(connect_timeout=STEP), MonotonicClock())
-    channel = await open_transport(leaf, TransportSpec.from_params(node.params, node.host), leaf.clock.now() + STEP)
+    channel = await open_transport(
+        leaf, TransportSpec.from_params(node.params, node.host), leaf.clock.now() + STEP
+    )
     channel.abort()
 
 

@@ -49,8 +49,11 @@ def trust(monkeypatch):
     return use
 
 
-ENGINE_TRANSPORTS = [pytest.param(protocol, transport, id=f"{protocol}-{transport}-tls")
-                     for protocol in ("trojan", "vless", "vmess") for transport in ("tcp", "ws")]
+ENGINE_TRANSPORTS = [
+    pytest.param(protocol, transport, id=f"{protocol}-{transport}-tls")
+    for protocol in ("trojan", "vless", "vmess")
+    for transport in ("tcp", "ws")
+]
 
 
 @pytest.mark.parametrize(("protocol", "transport"), ENGINE_TRANSPORTS)
@@ -74,7 +77,9 @@ def test_socks5_through_honk_is_relayed_by_the_engine_not_bridged(run, trust, pr
                 rest = await asyncio.wait_for(reader.readexactly(len(payload) - MiB), 6 * STEP)
                 await sending
                 if transport == "tcp":  # (WebSocket has no half-close to pass on)
-                    assert await asyncio.wait_for(reader.read(), STEP) == b""  # v2ray passes the half-close back
+                    assert (
+                        await asyncio.wait_for(reader.read(), STEP) == b""
+                    )  # v2ray passes the half-close back
                 return first + rest
             finally:
                 await close_writer(writer)
@@ -87,7 +92,9 @@ def test_socks5_through_honk_is_relayed_by_the_engine_not_bridged(run, trust, pr
 
 
 @pytest.mark.parametrize(("protocol", "transport"), ENGINE_TRANSPORTS)
-def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, trust, protocol, transport) -> None:
+def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(
+    run, trust, protocol, transport
+) -> None:
     async def main(link: str, echo: EchoServer) -> None:
         leaf = leaf_from_link(link)
         leaf.runtime = None  # no warm-up connections opened ahead: only the dial's own descriptors count
@@ -102,7 +109,9 @@ def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, tru
             assert open_fds() - before == 1  # the server's socket: no socketpair
             assert isinstance(dialed.framing, TlsFraming) and dialed.bridge is None
             assert dialed.framing.websocket == (transport == "ws")
-            assert (dialed.framing.inner is not None) == (protocol == "vmess")  # VMess's chunks inside the records
+            assert (dialed.framing.inner is not None) == (
+                protocol == "vmess"
+            )  # VMess's chunks inside the records
             assert dialed.sock.getpeername()[1] == peer.port
             assert not bridge._pumps
         finally:
@@ -126,8 +135,9 @@ def test_a_dial_holds_one_descriptor_and_hands_the_engine_a_tls_framing(run, tru
 
 @pytest.mark.parametrize("transport", ["tcp", "ws"])
 @pytest.mark.parametrize(("protocol", "reason"), [("trojan", "closed-before-data"), ("vless", "no-response")])
-def test_a_refused_credential_ends_the_flow_with_the_protocols_typed_error(run, trust, protocol, reason,
-                                                                          transport) -> None:
+def test_a_refused_credential_ends_the_flow_with_the_protocols_typed_error(
+    run, trust, protocol, reason, transport
+) -> None:
     async def main(link: str, echo: EchoServer) -> None:
         leaf = leaf_from_link(link)
         dialed = await leaf.dial_tcp(Address("127.0.0.1", echo.port), time.monotonic() + STEP)
@@ -200,8 +210,7 @@ def test_tls13_resumption_survives_the_engine_owning_the_connection(run, tmp_pat
 
     async def main() -> list[bool]:
         async with TicketingTrojanServer(ca) as server:
-            link = (f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&"
-                    f"ca={ca_file}#node")
+            link = f"trojan://secret@127.0.0.1:{server.port}?security=tls&sni=localhost&ca={ca_file}#node"
             leaf = leaf_from_link(link)
             return [await flow(leaf) for _ in range(3)]
 
@@ -209,8 +218,10 @@ def test_tls13_resumption_survives_the_engine_owning_the_connection(run, tmp_pat
 
 
 @pytest.mark.compiled
-@pytest.mark.skipif(fast_relay.IMPLEMENTATION != "compiled",
-                    reason="the compiled engine drives the SSL itself (the twin through Python's ssl)")
+@pytest.mark.skipif(
+    fast_relay.IMPLEMENTATION != "compiled",
+    reason="the compiled engine drives the SSL itself (the twin through Python's ssl)",
+)
 def test_a_bulk_tls_flow_keeps_its_record_buffers_and_a_quiet_one_gives_them_back(run, trust) -> None:
     """CPython's contexts make OpenSSL free a record buffer whenever it empties (a malloc and a
     free per 16 KiB moved); the engine turns that off while a direction moves bulk and back on
@@ -257,8 +268,9 @@ def test_the_engine_in_use_can_relay_tls() -> None:
     assert fast_relay.tls_supported()
 
 
-def test_a_python_dialled_handshake_takes_the_servers_flight_off_the_loops_thread(run, tmp_path,
-                                                                                    monkeypatch) -> None:
+def test_a_python_dialled_handshake_takes_the_servers_flight_off_the_loops_thread(
+    run, tmp_path, monkeypatch
+) -> None:
     """The ClientHello is made on the loop's thread; the server's flight (key exchange, the
     certificate chain: nearly all of a handshake's CPU) in one of tls.HANDSHAKE_THREADS."""
     ca = trustme.CA()

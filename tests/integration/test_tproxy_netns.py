@@ -72,14 +72,17 @@ async def _honk(cfg: dict) -> None:
     clock = MonotonicClock()
     tracker = ConnectionTracker(clock)
     glob = spec.global_
-    dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob,
-                            SystemResolver(clock, glob.connect_timeout))
+    dispatcher = Dispatcher(
+        build_plane(spec, clock, 1), tracker, clock, glob, SystemResolver(clock, glob.connect_timeout)
+    )
 
     async def dns_handler(query: bytes, client, original) -> bytes:  # noqa: ANN001
         return f"{DNS_ANSWER} for {client.host} to {original}".encode()
 
-    inbounds = [TransparentInbound(TransparentSpec(**fields), dispatcher, clock, dns_handler=dns_handler)
-                for fields in cfg["inbounds"]]
+    inbounds = [
+        TransparentInbound(TransparentSpec(**fields), dispatcher, clock, dns_handler=dns_handler)
+        for fields in cfg["inbounds"]
+    ]
     for inbound in inbounds:
         await inbound.start()
     sweeper = asyncio.get_running_loop().create_task(tracker.run_sweeper(1.0))
@@ -94,18 +97,41 @@ async def _honk(cfg: dict) -> None:
     os._exit(0)  # the relay engine's worker must not hold the exit
 
 
-def start_honk(bed: Testbed, *, dial_mode: str = "domain", loop: str = "asyncio", tproxy: bool = True,
-               redir: bool = False):  # noqa: ANN201 - NsProcess
+def start_honk(
+    bed: Testbed,
+    *,
+    dial_mode: str = "domain",
+    loop: str = "asyncio",
+    tproxy: bool = True,
+    redir: bool = False,
+):  # noqa: ANN201 - NsProcess
     inbounds = []
     if tproxy:
-        inbounds.append({"name": "lan", "kind": "tproxy", "host": "::", "port": TPROXY_PORT,
-                         "dial_mode": dial_mode, "sniffing_timeout": 0.5})
+        inbounds.append(
+            {
+                "name": "lan",
+                "kind": "tproxy",
+                "host": "::",
+                "port": TPROXY_PORT,
+                "dial_mode": dial_mode,
+                "sniffing_timeout": 0.5,
+            }
+        )
     if redir:
-        inbounds.append({"name": "redir", "kind": "redir", "host": "::", "port": REDIR_PORT,
-                         "dial_mode": dial_mode, "sniffing_timeout": 0.5})
+        inbounds.append(
+            {
+                "name": "redir",
+                "kind": "redir",
+                "host": "::",
+                "port": REDIR_PORT,
+                "dial_mode": dial_mode,
+                "sniffing_timeout": 0.5,
+            }
+        )
     dae = f"global {{\n    dial_mode: {dial_mode}\n    connect_timeout: 3s\n}}\n{ROUTING}"
-    return bed.spawn(bed.router, "test_tproxy_netns:run_honk",
-                     json.dumps({"dae": dae, "inbounds": inbounds, "loop": loop}))
+    return bed.spawn(
+        bed.router, "test_tproxy_netns:run_honk", json.dumps({"dae": dae, "inbounds": inbounds, "loop": loop})
+    )
 
 
 def intercept(bed: Testbed) -> None:
@@ -116,20 +142,27 @@ def intercept(bed: Testbed) -> None:
 
 def redirect(bed: Testbed) -> None:
     """A REDIRECT rule of the test's own (honk's table diverts everything to TPROXY instead)."""
-    run_nft(f"""table inet hk_redirect {{
+    run_nft(
+        f"""table inet hk_redirect {{
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         iifname "{bed.lan}" tcp dport {REDIRECTED_PORT} redirect to :{REDIR_PORT}
     }}
 }}
-""", netns=bed.router)
+""",
+        netns=bed.router,
+    )
 
 
 @pytest.fixture
 def bed() -> Iterator[Testbed]:
     with testbed("transparent proxy tests", "nft", "curl") as made:
-        made.spawn(made.server, "helpers.testbed:serve",
-                   f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT},{REDIRECTED_PORT}", f"{ECHO_PORT},{DNS_PORT}")
+        made.spawn(
+            made.server,
+            "helpers.testbed:serve",
+            f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT},{REDIRECTED_PORT}",
+            f"{ECHO_PORT},{DNS_PORT}",
+        )
         yield made
 
 
@@ -152,8 +185,10 @@ def test_tproxy_tcp_is_proxied_for_ipv4_and_ipv6(bed, loop):
     for server, router in ((SERVER.v4, ROUTER_WAN.v4), (SERVER.v6, ROUTER_WAN.v6)):
         done = bed.curl(url(server, HTTP_PORT))
         assert done.stdout == f"hello from server, peer={router}", (done.stderr, honk.output())
-    honk.wait_for(r"flow opened network=tcp inbound=lan source=\[2001:db8:1::2\]:\d+ target=\[2001:db8:2::2\]:80",
-                  stream="stderr")
+    honk.wait_for(
+        r"flow opened network=tcp inbound=lan source=\[2001:db8:1::2\]:\d+ target=\[2001:db8:2::2\]:80",
+        stream="stderr",
+    )
 
 
 def test_a_block_rule_refuses_the_client_and_nothing_else(bed):
@@ -161,8 +196,10 @@ def test_a_block_rule_refuses_the_client_and_nothing_else(bed):
     intercept(bed)
     refused = bed.curl(url(SERVER.v4, BLOCKED_PORT))
     assert refused.returncode != 0 and "hello" not in refused.stdout
-    honk.wait_for(r"flow refused inbound=lan source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8081 error=Blocked",
-                  stream="stderr")
+    honk.wait_for(
+        r"flow refused inbound=lan source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8081 error=Blocked",
+        stream="stderr",
+    )
     done = bed.curl(url(SERVER.v4, HTTP_PORT))  # the inbound carries on
     assert done.stdout == f"hello from server, peer={ROUTER_WAN.v4}", done.stderr
 
@@ -186,8 +223,10 @@ def test_dns_datagrams_go_to_the_dns_handler_and_are_answered_from_the_original_
     intercept(bed)
     out = bed.call(bed.client, "helpers.testbed:udp_exchange", SERVER.v4, str(DNS_PORT), "query")
     [reply] = [json.loads(line) for line in out.splitlines()]
-    assert reply == {"reply": f"{DNS_ANSWER} for {bed.client_ip.v4} to {SERVER.v4}:{DNS_PORT}",
-                     "source": [SERVER.v4, DNS_PORT]}, honk.output()
+    assert reply == {
+        "reply": f"{DNS_ANSWER} for {bed.client_ip.v4} to {SERVER.v4}:{DNS_PORT}",
+        "source": [SERVER.v4, DNS_PORT],
+    }, honk.output()
 
 
 def test_a_sniffed_sni_matching_a_block_rule_is_refused_under_domain_plusplus(bed):
@@ -195,8 +234,10 @@ def test_a_sniffed_sni_matching_a_block_rule_is_refused_under_domain_plusplus(be
     intercept(bed)
     out = bed.call(bed.client, "helpers.testbed:tls_hello", SERVER.v4, str(TLS_PORT), "www.blocked.test")
     assert not out.startswith("reply:"), out
-    honk.wait_for(r"flow refused inbound=lan source=192\.0\.2\.2:\d+ target=www\.blocked\.test:443 error=Blocked",
-                  stream="stderr")
+    honk.wait_for(
+        r"flow refused inbound=lan source=192\.0\.2\.2:\d+ target=www\.blocked\.test:443 error=Blocked",
+        stream="stderr",
+    )
     out = bed.call(bed.client, "helpers.testbed:tls_hello", SERVER.v4, str(TLS_PORT), "fine.test")
     assert out.strip() == f"reply:hello from server, peer={ROUTER_WAN.v4}", honk.output()
     out = bed.call(bed.client, "helpers.testbed:tls_hello", SERVER.v6, str(TLS_PORT), "fine.test")
@@ -219,7 +260,10 @@ def test_redirect_serves_tcp_for_ipv4_and_ipv6(bed, loop):
     for server, router in ((SERVER.v4, ROUTER_WAN.v4), (SERVER.v6, ROUTER_WAN.v6)):
         done = bed.curl(url(server, REDIRECTED_PORT))
         assert done.stdout == f"hello from server, peer={router}", (done.stderr, honk.output())
-    honk.wait_for(r"flow opened network=tcp inbound=redir source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8080", stream="stderr")
+    honk.wait_for(
+        r"flow opened network=tcp inbound=redir source=192\.0\.2\.2:\d+ target=198\.51\.100\.2:8080",
+        stream="stderr",
+    )
 
 
 def test_a_connection_to_the_listener_itself_is_refused(bed):
@@ -230,4 +274,6 @@ def test_a_connection_to_the_listener_itself_is_refused(bed):
     honk.wait_for(r"flow refused inbound=lan source=192\.0\.2\.2:\d+ .* error=NotSupported", stream="stderr")
     done = bed.curl(url(bed.router_lan_ip.v4, REDIR_PORT))  # a REDIRECT port reached directly
     assert done.returncode != 0
-    honk.wait_for(r"flow refused inbound=redir source=192\.0\.2\.2:\d+ target=- error=NotSupported", stream="stderr")
+    honk.wait_for(
+        r"flow refused inbound=redir source=192\.0\.2\.2:\d+ target=- error=NotSupported", stream="stderr"
+    )

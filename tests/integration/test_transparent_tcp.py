@@ -50,17 +50,24 @@ async def _no_resolver(host: str) -> list:
 
 
 @contextlib.asynccontextmanager
-async def pointed(original_port: int, *, fallback: str = "direct", dial_mode: str = "domain",
-                  learned=None) -> AsyncIterator[SimpleNamespace]:  # noqa: ANN001
+async def pointed(
+    original_port: int, *, fallback: str = "direct", dial_mode: str = "domain", learned=None
+) -> AsyncIterator[SimpleNamespace]:  # noqa: ANN001
     clock = FakeClock()
     glob = GlobalSpec(connect_timeout=STEP)
     spec = Spec(global_=glob, routing=RoutingSpec(fallback=fallback))
     tracker = ConnectionTracker(clock)
     dispatcher = Dispatcher(build_plane(spec, clock, 1), tracker, clock, glob, _no_resolver)
     sessions = SessionRegistry()
-    inbound = Pointed(TransparentSpec("lan", "redir", "127.0.0.1", 0, dial_mode=dial_mode,
-                                      sniffing_timeout=SNIFFING_TIMEOUT),
-                      dispatcher, clock, learned_names=learned, sessions=sessions)
+    inbound = Pointed(
+        TransparentSpec(
+            "lan", "redir", "127.0.0.1", 0, dial_mode=dial_mode, sniffing_timeout=SNIFFING_TIMEOUT
+        ),
+        dispatcher,
+        clock,
+        learned_names=learned,
+        sessions=sessions,
+    )
     inbound.original = Address("127.0.0.1", original_port)
     await inbound.start()
     try:
@@ -172,8 +179,9 @@ async def test_a_swap_serves_new_flows_with_the_new_tag_and_mode():
 async def test_a_redirect_listener_refuses_a_connection_that_was_not_redirected():
     clock = FakeClock()
     glob = GlobalSpec(connect_timeout=STEP)
-    dispatcher = Dispatcher(build_plane(Spec(global_=glob), clock, 1), ConnectionTracker(clock), clock, glob,
-                            _no_resolver)
+    dispatcher = Dispatcher(
+        build_plane(Spec(global_=glob), clock, 1), ConnectionTracker(clock), clock, glob, _no_resolver
+    )
     inbound = TransparentInbound(TransparentSpec("redir", "redir", "127.0.0.1", 0), dispatcher, clock)
     await inbound.start()
     try:
@@ -196,8 +204,10 @@ async def test_the_transparent_listener_accepts_again_once_descriptors_are_free(
             listener = f"{bound.host}:{bound.port}"
             with descriptors_exhausted():
                 assert client.connect_ex((bound.host, bound.port)) in (0, errno.EINPROGRESS)
-                await poll(lambda: stats.accept_rests[listener] >= 1,
-                           "the transparent listener to find no descriptor to accept with")
+                await poll(
+                    lambda: stats.accept_rests[listener] >= 1,
+                    "the transparent listener to find no descriptor to accept with",
+                )
             with client:
                 assert await recv(client) == BANNER  # accepted once free, and proxied
             assert stats.loop_errors == {}

@@ -58,14 +58,22 @@ class WsEchoServer:
             while b"\r\n\r\n" not in head:
                 head += conn.recv(4096)
             self.requests.append(head)
-            key = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"sec-websocket-key")][0]
+            key = [
+                line.split(b":", 1)[1].strip()
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"sec-websocket-key")
+            ][0]
             accept = self.accept or base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
             if self.status != 101:
                 conn.sendall(f"HTTP/1.1 {self.status} Nope\r\nContent-Length: 0\r\n\r\n".encode())
                 return
-            conn.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                          f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode() + self.after_upgrade)
+            conn.sendall(
+                (
+                    "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+                ).encode()
+                + self.after_upgrade
+            )
             buf = b""
             while data := conn.recv(65536):
                 buf += data
@@ -86,7 +94,11 @@ class WsEchoServer:
                     if op == 0xA:
                         self.pongs.append(body)
                         continue
-                    size = struct.pack("!BBH", 0x82, 126, len(body)) if len(body) > 125 else struct.pack("!BB", 0x82, len(body))
+                    size = (
+                        struct.pack("!BBH", 0x82, 126, len(body))
+                        if len(body) > 125
+                        else struct.pack("!BB", 0x82, len(body))
+                    )
                     conn.sendall(size + body)
 
     def close(self) -> None:
@@ -103,7 +115,9 @@ def ws_server(**kwargs) -> Iterator[WsEchoServer]:
 
 
 def _leaf(port: int) -> ProxyLeaf:
-    return ProxyLeaf(NodeSpec("node", "test", "127.0.0.1", port), GlobalSpec(connect_timeout=STEP), MonotonicClock())
+    return ProxyLeaf(
+        NodeSpec("node", "test", "127.0.0.1", port), GlobalSpec(connect_timeout=STEP), MonotonicClock()
+    )
 
 
 async def _echo(leaf: ProxyLeaf, spec: TransportSpec, payload: bytes) -> bytes:
@@ -129,7 +143,9 @@ def test_plain_tcp_is_the_stream_itself(run) -> None:
 
 def test_websocket_upgrade_sends_host_and_path_and_carries_binary_messages(run) -> None:
     with ws_server() as server:
-        spec = TransportSpec.from_params((("type", "ws"), ("path", "/ray"), ("host", "cdn.example")), "127.0.0.1")
+        spec = TransportSpec.from_params(
+            (("type", "ws"), ("path", "/ray"), ("host", "cdn.example")), "127.0.0.1"
+        )
         payload = os.urandom(40_000)
         assert run(_echo(_leaf(server.port), spec, payload)) == payload
         request = server.requests[0]
@@ -143,7 +159,9 @@ def test_websocket_over_tls_verifies_the_certificate_for_the_sni(run, tmp_path, 
     with ws_server() as server, tls_front(server.port, ca=ca, server_names=("edge.example",)) as front:
         params = (("type", "ws"), ("security", "tls"), ("sni", "edge.example"), ("path", "/x"))
         payload = os.urandom(30_000)
-        assert run(_echo(_leaf(front.port), TransportSpec.from_params(params, "127.0.0.1"), payload)) == payload
+        assert (
+            run(_echo(_leaf(front.port), TransportSpec.from_params(params, "127.0.0.1"), payload)) == payload
+        )
         wrong_sni = (("type", "ws"), ("security", "tls"), ("sni", "other.example"))
         with pytest.raises(DialError) as info:
             run(_echo(_leaf(front.port), TransportSpec.from_params(wrong_sni, "127.0.0.1"), b"x"))
@@ -164,14 +182,19 @@ def test_transports_honk_does_not_speak_are_refused(params) -> None:
         TransportSpec.from_params(params, "h")
 
 
-@pytest.mark.parametrize(("after_upgrade", "refusal"), [
-    (b"", ""),
-    (b"\x89\x02hi", ""),  # a ping with the 101: answered before the handover
-    (b"\x82\x04data", "data before the request"),
-    (b"\x88\x02\x03\xe8", "closed"),
-], ids=["plain", "ping", "data", "close"])
-def test_an_upgrade_for_the_relay_engine_leaves_it_at_a_frame_boundary(run, tmp_path, monkeypatch, after_upgrade,
-                                                                        refusal) -> None:
+@pytest.mark.parametrize(
+    ("after_upgrade", "refusal"),
+    [
+        (b"", ""),
+        (b"\x89\x02hi", ""),  # a ping with the 101: answered before the handover
+        (b"\x82\x04data", "data before the request"),
+        (b"\x88\x02\x03\xe8", "closed"),
+    ],
+    ids=["plain", "ping", "data", "close"],
+)
+def test_an_upgrade_for_the_relay_engine_leaves_it_at_a_frame_boundary(
+    run, tmp_path, monkeypatch, after_upgrade, refusal
+) -> None:
     """WebSocket over TLS relayed by the engine: the upgrade runs through the SSLObject first."""
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
@@ -182,8 +205,9 @@ def test_an_upgrade_for_the_relay_engine_leaves_it_at_a_frame_boundary(run, tmp_
         leaf = _leaf(port)
         spec = TransportSpec.from_params(params, "127.0.0.1")
         connection = await open_tls(leaf, spec, leaf.clock.now() + STEP)
-        framing = TlsFraming(connection.sslobj, connection.incoming, connection.outgoing, TrojanStreamWatch(),
-                             websocket=True)
+        framing = TlsFraming(
+            connection.sslobj, connection.incoming, connection.outgoing, TrojanStreamWatch(), websocket=True
+        )
         assert framing.ws_encoder is not None
         try:
             await upgrade_relayed(connection, leaf, spec, leaf.clock.now() + STEP, framing.ws_encoder)
@@ -197,8 +221,10 @@ def test_an_upgrade_for_the_relay_engine_leaves_it_at_a_frame_boundary(run, tmp_
         finally:
             writer.close()
 
-    with ws_server(after_upgrade=after_upgrade) as server, \
-            tls_front(server.port, ca=ca, server_names=("edge.example",)) as front:
+    with (
+        ws_server(after_upgrade=after_upgrade) as server,
+        tls_front(server.port, ca=ca, server_names=("edge.example",)) as front,
+    ):
         if refusal:
             with pytest.raises(DialError) as info:
                 run(main(front.port))

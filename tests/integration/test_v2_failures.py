@@ -174,7 +174,9 @@ async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
 
 
 async def _exchange(
-    leaf, target: Address, payload: bytes  # noqa: ANN001
+    leaf,
+    target: Address,
+    payload: bytes,  # noqa: ANN001
 ) -> tuple[bytes, float, HonkError | None, HonkError | None]:
     """Dial ``target`` through ``leaf`` and relay a client's flow over it with the relay honk picks, as the
     inbounds do; the client sends ``payload`` and reads until the flow ends. What came back, how long it
@@ -252,8 +254,9 @@ def test_wrong_credentials_end_the_flow_with_the_protocols_typed_error(
         assert (_typed(verdict), bridge_log()) == (REFUSED[protocol], [REFUSED[protocol]])
 
 
-async def _refused_through_honk(link: str, echo: EchoServer,
-                                settled: Callable[[], bool] | None = None) -> tuple[int, bytes, float]:
+async def _refused_through_honk(
+    link: str, echo: EchoServer, settled: Callable[[], bool] | None = None
+) -> tuple[int, bytes, float]:
     """A SOCKS5 client of honk's mixed port (routing to the node of ``link``) sends a request's first bytes to
     the echo server: the CONNECT's reply code, what came back until EOF, and how long that took. With
     ``settled``, honk stays up until it holds (the client can see EOF before honk has handled the
@@ -290,8 +293,13 @@ def test_wrong_credentials_through_honks_mixed_port_log_the_flows_typed_end_once
 ) -> None:
     with EchoServer() as echo, v2ray_server(protocol) as peer:
         trust(peer.ca_path)
-        code, got, _ = run(_refused_through_honk(peer.share_link(uuid=WRONG_UUID, password=WRONG_PASSWORD), echo,
-                                                 settled=lambda: ends_log() != []))
+        code, got, _ = run(
+            _refused_through_honk(
+                peer.share_link(uuid=WRONG_UUID, password=WRONG_PASSWORD),
+                echo,
+                settled=lambda: ends_log() != [],
+            )
+        )
     assert (code, got) == (0, b"")
     assert ends_log() == [REFUSED[protocol]]
 

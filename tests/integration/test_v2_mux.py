@@ -78,8 +78,9 @@ async def _close(pipes: list[Pipe]) -> None:
             await writer.wait_closed()
 
 
-def _with_streams(leaf, echo: EchoServer, count: int,
-                  body: Callable[[MuxPool, list[Pipe]], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+def _with_streams(
+    leaf, echo: EchoServer, count: int, body: Callable[[MuxPool, list[Pipe]], Awaitable[None]]
+) -> Callable[[], Awaitable[None]]:
     async def main() -> None:
         pipes = list(await asyncio.gather(*(_open(leaf, echo) for _ in range(count))))
         try:
@@ -101,7 +102,9 @@ def trust(monkeypatch):
 
 
 @pytest.mark.parametrize("protocol", ["vmess", "vless"])
-def test_fifty_concurrent_streams_share_one_carrier_and_each_echoes_its_own_data(run, trust, protocol) -> None:
+def test_fifty_concurrent_streams_share_one_carrier_and_each_echoes_its_own_data(
+    run, trust, protocol
+) -> None:
     async def body(pool: MuxPool, pipes: list[Pipe]) -> None:
         assert await _all_round_trip(pipes) == [True] * STREAMS
         assert pool.carrier_count == 1 and pool.opened == 1
@@ -139,7 +142,9 @@ def test_killing_the_carrier_ends_all_fifty_streams_with_one_error(run, caplog) 
             assert await asyncio.wait_for(reader.read(), STEP) == b""
         errors = {id(s.error) for s in streams}
         assert len(errors) == 1 and isinstance(streams[0].error, MuxError)
-        failures = [r for r in caplog.records if r.name == "honk.outbound.mux" and "carrier failed" in r.message]
+        failures = [
+            r for r in caplog.records if r.name == "honk.outbound.mux" and "carrier failed" in r.message
+        ]
         assert len(failures) == 1 and f"streams={STREAMS}" in failures[0].getMessage()
         assert pool.carrier_count == 0 and leaf.runtime.open_resources == 0
 
@@ -212,7 +217,8 @@ def test_the_last_owner_letting_go_retires_a_busy_carrier_without_cutting_its_fl
 
 
 def test_full_carriers_open_another_with_no_per_node_cap_until_the_process_carrier_gate_refuses(
-        run, monkeypatch) -> None:
+    run, monkeypatch
+) -> None:
     """GH-J-06: the process carrier gate alone bounds a node's carriers (no per-node limit: honk
     once stopped at four); the carrier beyond the gate waits and is refused at its deadline."""
     per_carrier, gate = 2, 6

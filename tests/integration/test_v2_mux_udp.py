@@ -52,12 +52,17 @@ async def _ask(endpoint, replies: asyncio.Queue[Reply], dns: UdpDnsResponder, na
 
 
 def _dial(leaf, replies: asyncio.Queue[Reply], lost: list | None = None):
-    return leaf.dial_udp(lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP,
-                         on_lost=(lost.append if lost is not None else None))
+    return leaf.dial_udp(
+        lambda data, source: replies.put_nowait((data, source)),
+        time.monotonic() + STEP,
+        on_lost=(lost.append if lost is not None else None),
+    )
 
 
 @pytest.mark.parametrize("protocol", ["vmess", "vless"])
-def test_two_targets_of_one_association_ride_one_carrier_as_a_session_each(run, monkeypatch, protocol) -> None:
+def test_two_targets_of_one_association_ride_one_carrier_as_a_session_each(
+    run, monkeypatch, protocol
+) -> None:
     async def main(leaf, first: UdpDnsResponder, second: UdpDnsResponder) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         endpoint = await _dial(leaf, replies)
@@ -66,7 +71,10 @@ def test_two_targets_of_one_association_ride_one_carrier_as_a_session_each(run, 
         try:
             for qid in (1, 2):  # the second datagram is a Keep frame of the same session
                 data, source = await _ask(endpoint, replies, first, DNS_NAME, qid)
-                assert (source, parse_answer(data)) == (Address(first.host, first.port), (qid, 0, [DNS_ANSWER]))
+                assert (source, parse_answer(data)) == (
+                    Address(first.host, first.port),
+                    (qid, 0, [DNS_ANSWER]),
+                )
             data, source = await _ask(endpoint, replies, second, OTHER_NAME, 3)
             assert (source, parse_answer(data)) == (Address(second.host, second.port), (3, 0, [OTHER_ANSWER]))
             assert endpoint.sessions == 2
@@ -76,8 +84,11 @@ def test_two_targets_of_one_association_ride_one_carrier_as_a_session_each(run, 
             endpoint.close()
             pool.close()
 
-    with v2ray_server(protocol, mux=True) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as first, \
-            UdpDnsResponder({OTHER_NAME: OTHER_ANSWER}) as second:
+    with (
+        v2ray_server(protocol, mux=True) as peer,
+        UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as first,
+        UdpDnsResponder({OTHER_NAME: OTHER_ANSWER}) as second,
+    ):
         if peer.tls:
             monkeypatch.setenv("SSL_CERT_FILE", str(peer.ca_path))
         run(main(_mux_leaf(peer), first, second))
@@ -122,7 +133,8 @@ def test_the_carriers_loss_ends_the_association_once_with_its_error(run) -> None
 
 
 def test_a_vless_node_held_by_both_owners_drains_only_when_the_last_lets_go_and_its_association_goes_on(
-        run, monkeypatch) -> None:
+    run, monkeypatch
+) -> None:
     async def main(leaf, dns: UdpDnsResponder) -> None:
         runtime, pool = leaf.runtime, pool_for(leaf)
         runtime.hold(WarmOwner.SELECTOR_PIN)  # the TCP path's owner

@@ -95,8 +95,9 @@ async def _connections_for_two_flows(port: int, echo: EchoServer, peer) -> int: 
 
 
 @pytest.mark.parametrize(("protocol", "transport", "tls", "mux", "security"), CASES)
-def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(run, trust, protocol, transport, tls, mux,
-                                                                     security) -> None:
+def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(
+    run, trust, protocol, transport, tls, mux, security
+) -> None:
     payload = os.urandom(PAYLOAD)
     params = MUX if mux else ()
 
@@ -108,8 +109,11 @@ def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(run, trust, p
         assert hashlib.sha256(got).hexdigest() == hashlib.sha256(payload).hexdigest()
         assert await dns_through_honk(link, dns.address, DNS_NAME, 21, params=params) == (21, 0, [DNS_ANSWER])
 
-    with (EchoServer() as echo, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns,
-          _server(protocol, transport, tls, mux, security) as peer):
+    with (
+        EchoServer() as echo,
+        UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as dns,
+        _server(protocol, transport, tls, mux, security) as peer,
+    ):
         trust(peer)
         run(main(peer.share_link(), echo, dns))
         assert peer.accepted()  # the flows went through this v2ray, not around it
@@ -118,6 +122,7 @@ def test_ten_mib_each_way_and_a_dns_query_cross_honk_through_v2ray(run, trust, p
 @pytest.mark.parametrize("security", ["aes-128-gcm", "chacha20-poly1305", "none"])
 def test_vmess_on_plain_tcp_is_framed_by_the_relay_engine(run, security) -> None:
     """No bridge on plain TCP: the dial hands the relay the server's own socket and the VMess body framing."""
+
     async def main(link: str, echo: EchoServer) -> None:
         leaf = leaf_from_link(link)
         dialed = await leaf.dial_tcp(Address("127.0.0.1", echo.port), time.monotonic() + STEP)
@@ -142,8 +147,15 @@ def test_curl_through_honk_reaches_the_origin_via_v2ray(run, trust, protocol) ->
     async def main(link: str, origin: HttpOrigin) -> None:
         async with honk_via(link) as port:
             proc = await asyncio.create_subprocess_exec(
-                "curl", "-sS", "--max-time", "10", "--socks5-hostname", f"127.0.0.1:{port}", origin.url("/v2"),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                "curl",
+                "-sS",
+                "--max-time",
+                "10",
+                "--socks5-hostname",
+                f"127.0.0.1:{port}",
+                origin.url("/v2"),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
             out, err = await proc.communicate()
             assert (proc.returncode, out) == (0, HttpOrigin.body_for("/v2")), err

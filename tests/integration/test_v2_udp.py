@@ -59,14 +59,16 @@ async def _until(condition, what: str) -> None:
 
 
 @pytest.mark.parametrize(("protocol", "transport"), NODES)
-def test_a_dns_query_crosses_the_node_and_the_answer_names_the_responder(run, monkeypatch, protocol,
-                                                                          transport) -> None:
+def test_a_dns_query_crosses_the_node_and_the_answer_names_the_responder(
+    run, monkeypatch, protocol, transport
+) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
         leaf = leaf_from_link(link)
         assert (leaf.capabilities.udp, leaf.capabilities.udp_mode) == (True, UDP_MODES[protocol])
         replies: asyncio.Queue[Reply] = asyncio.Queue()
-        endpoint = await leaf.dial_udp(lambda data, source: replies.put_nowait((data, source)),
-                                       time.monotonic() + STEP)
+        endpoint = await leaf.dial_udp(
+            lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP
+        )
         try:
             for qid in (0x1111, 0x2222):  # a second datagram rides the same stream
                 data, source = await _ask(endpoint, replies, dns, DNS_NAME, qid)
@@ -83,8 +85,9 @@ def test_a_dns_query_crosses_the_node_and_the_answer_names_the_responder(run, mo
 def test_one_vmess_endpoint_reaches_two_targets_on_a_stream_each(run, monkeypatch) -> None:
     async def main(link: str, first: UdpDnsResponder, second: UdpDnsResponder) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
-        endpoint = await leaf_from_link(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
-                                              time.monotonic() + STEP)
+        endpoint = await leaf_from_link(link).dial_udp(
+            lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP
+        )
         try:
             data, source = await _ask(endpoint, replies, first, DNS_NAME, 1)
             assert (source, parse_answer(data)) == (Address(first.host, first.port), (1, 0, [DNS_ANSWER]))
@@ -94,21 +97,27 @@ def test_one_vmess_endpoint_reaches_two_targets_on_a_stream_each(run, monkeypatc
         finally:
             endpoint.close()
 
-    with (_v2ray("vmess", "tcp", monkeypatch) as peer, UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as first,
-          UdpDnsResponder({OTHER_NAME: OTHER_ANSWER}) as second):
+    with (
+        _v2ray("vmess", "tcp", monkeypatch) as peer,
+        UdpDnsResponder({DNS_NAME: DNS_ANSWER}) as first,
+        UdpDnsResponder({OTHER_NAME: OTHER_ANSWER}) as second,
+    ):
         run(main(peer.share_link(), first, second))
         udp_requests = [line for line in peer.accepted() if " accepted udp:" in line]
         assert len(udp_requests) == 2, udp_requests
 
 
-def test_past_the_stream_bound_the_oldest_target_stream_is_closed_and_reopens_on_use(run, monkeypatch) -> None:
+def test_past_the_stream_bound_the_oldest_target_stream_is_closed_and_reopens_on_use(
+    run, monkeypatch
+) -> None:
     monkeypatch.setattr(stream_datagram, "MAX_STREAMS_PER_ENDPOINT", 2)
 
     async def main(peer, responders: list[UdpDnsResponder]) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         lost: list[HonkError | None] = []
-        endpoint = await leaf_from_link(peer.share_link()).dial_udp(lambda data, source: replies.put_nowait((data, source)),
-                                                     time.monotonic() + STEP, lost.append)
+        endpoint = await leaf_from_link(peer.share_link()).dial_udp(
+            lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP, lost.append
+        )
         try:
             for qid, dns in enumerate([*responders, responders[0]]):
                 data, source = await _ask(endpoint, replies, dns, DNS_NAME, qid)
@@ -153,8 +162,9 @@ def test_closing_the_endpoint_reports_no_error(run, monkeypatch) -> None:
     async def main(link: str, dns: UdpDnsResponder) -> None:
         replies: asyncio.Queue[Reply] = asyncio.Queue()
         lost: list[HonkError | None] = []
-        endpoint = await leaf_from_link(link).dial_udp(lambda data, source: replies.put_nowait((data, source)),
-                                              time.monotonic() + STEP, lost.append)
+        endpoint = await leaf_from_link(link).dial_udp(
+            lambda data, source: replies.put_nowait((data, source)), time.monotonic() + STEP, lost.append
+        )
         await _ask(endpoint, replies, dns, DNS_NAME, 5)
         endpoint.close()
         endpoint.close()

@@ -65,12 +65,23 @@ def responder() -> Iterator[UdpDnsResponder]:
         yield server
 
 
-def curl_through(proxy: tuple[str, int], url: str, max_time: int = CURL_MAX_TIME) -> subprocess.CompletedProcess[str]:
+def curl_through(
+    proxy: tuple[str, int], url: str, max_time: int = CURL_MAX_TIME
+) -> subprocess.CompletedProcess[str]:
     """curl ``url`` through the SOCKS5 proxy (names resolved by the proxy), with a bounded run time."""
     return subprocess.run(
-        [require_binary("curl"), "-sS", "--max-time", str(max_time),
-         "--socks5-hostname", f"{proxy[0]}:{proxy[1]}", url],
-        capture_output=True, text=True, timeout=max_time + STEP,
+        [
+            require_binary("curl"),
+            "-sS",
+            "--max-time",
+            str(max_time),
+            "--socks5-hostname",
+            f"{proxy[0]}:{proxy[1]}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=max_time + STEP,
     )
 
 
@@ -85,7 +96,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = STEP) -> bool:
 
 
 @contextlib.contextmanager
-def open_streams(proxy: tuple[str, int], target: tuple[str, int], count: int) -> Iterator[list[socket.socket]]:
+def open_streams(
+    proxy: tuple[str, int], target: tuple[str, int], count: int
+) -> Iterator[list[socket.socket]]:
     """``count`` SOCKS5 CONNECTs to ``target``, each proven live by an echo round trip, held open."""
     with contextlib.ExitStack() as stack:
         streams = []
@@ -129,8 +142,10 @@ def test_vless_and_trojan_servers_always_use_tls() -> None:
         assert vless.tls and trojan.tls
         assert trojan.password == "s3cret"
         for server in (vless, trojan):
-            with socket.create_connection(server.address, timeout=STEP) as raw, \
-                    server.client_context().wrap_socket(raw, server_hostname="localhost") as tls:
+            with (
+                socket.create_connection(server.address, timeout=STEP) as raw,
+                server.client_context().wrap_socket(raw, server_hostname="localhost") as tls,
+            ):
                 assert tls.version() is not None  # the handshake completed against the test CA
 
 
@@ -140,8 +155,12 @@ def test_vless_and_trojan_servers_always_use_tls() -> None:
 @pytest.mark.peer
 def test_a_mux_client_carries_concurrent_streams_on_one_connection() -> None:
     streams = V2RAY_MUX_CONCURRENCY // 2
-    with EchoServer() as echo, v2ray_server("vmess", mux=True) as server, v2ray_client(server) as client, \
-            open_streams(client.address, echo.address, streams):
+    with (
+        EchoServer() as echo,
+        v2ray_server("vmess", mux=True) as server,
+        v2ray_client(server) as client,
+        open_streams(client.address, echo.address, streams),
+    ):
         assert wait_for(lambda: len(server.accepted()) == streams)
         assert server.carriers() == 1
 
@@ -149,8 +168,12 @@ def test_a_mux_client_carries_concurrent_streams_on_one_connection() -> None:
 @pytest.mark.peer
 def test_without_mux_each_stream_has_its_own_connection() -> None:
     streams = V2RAY_MUX_CONCURRENCY // 2
-    with EchoServer() as echo, v2ray_server("vmess", mux=True) as server, \
-            v2ray_client(server, mux=False) as client, open_streams(client.address, echo.address, streams):
+    with (
+        EchoServer() as echo,
+        v2ray_server("vmess", mux=True) as server,
+        v2ray_client(server, mux=False) as client,
+        open_streams(client.address, echo.address, streams),
+    ):
         assert wait_for(lambda: server.carriers() == streams)
 
 

@@ -65,8 +65,12 @@ routing {{
 @pytest.fixture
 def bed() -> Iterator[Testbed]:
     with testbed("the wan_interface tests", "nft", "curl") as bed:
-        bed.spawn(bed.server, "helpers.testbed:serve", f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT},{MARKED_PORT}",
-                  f"{ECHO_PORT},{MARKED_ECHO_PORT}")
+        bed.spawn(
+            bed.server,
+            "helpers.testbed:serve",
+            f"{HTTP_PORT},{BLOCKED_PORT},{TLS_PORT},{MARKED_PORT}",
+            f"{ECHO_PORT},{MARKED_ECHO_PORT}",
+        )
         yield bed
 
 
@@ -74,9 +78,13 @@ def router_curl(bed: Testbed, url: str) -> subprocess.CompletedProcess[str]:
     """curl run by the router itself (its process name is ``curl``)."""
     curl = shutil.which("curl")
     assert curl is not None
-    return subprocess.run(["ip", "netns", "exec", bed.router, curl, "-sS", "--max-time", str(CURL_MAX_TIME), url],
-                          capture_output=True, text=True, timeout=CURL_MAX_TIME + CALL_TIMEOUT,
-                          env={"PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        ["ip", "netns", "exec", bed.router, curl, "-sS", "--max-time", str(CURL_MAX_TIME), url],
+        capture_output=True,
+        text=True,
+        timeout=CURL_MAX_TIME + CALL_TIMEOUT,
+        env={"PATH": "/usr/bin:/bin"},
+    )
 
 
 def url(family: str, port: int) -> str:
@@ -109,24 +117,37 @@ def test_the_hosts_own_traffic_goes_through_honk_and_nothing_of_honks_stays_afte
             mark = honk.mark()
             assert router_curl(bed, url(family, TLS_PORT)).returncode != 0
             honk.wait_for(rf"flow refused inbound=tproxy .*:{TLS_PORT} error=Blocked", after=mark)
-            hello = bed.call(bed.router, "helpers.testbed:tls_hello", getattr(SERVER, family), str(TLS_PORT),
-                             "fine.test")
+            hello = bed.call(
+                bed.router, "helpers.testbed:tls_hello", getattr(SERVER, family), str(TLS_PORT), "fine.test"
+            )
             assert hello.strip() == f"reply:hello from server, peer={peer}"
 
         # `-> direct(mark: 0x800)`: honk's dial of that port carries the rule's mark
         bed.exec(bed.router, "nft", "-f", "-", input=MARK_COUNTER)
         assert router_curl(bed, url("v4", MARKED_PORT)).stdout == f"hello from server, peer={ROUTER_WAN.v4}"
-        marked_udp = bed.call(bed.router, "helpers.testbed:udp_exchange", SERVER.v4, str(MARKED_ECHO_PORT), "m")
+        marked_udp = bed.call(
+            bed.router, "helpers.testbed:udp_exchange", SERVER.v4, str(MARKED_ECHO_PORT), "m"
+        )
         assert json.loads(marked_udp)["reply"] == f"echo:m seen-from={ROUTER_WAN.v4}"
         counted = bed.exec(bed.router, "nft", "list", "chain", "inet", "marks", "out").stdout
         assert len(re.findall(r"counter packets [1-9]", counted)) == 2, counted  # TCP and UDP
         bed.exec(bed.router, "nft", "delete", "table", "inet", "marks")
 
-        replies = [json.loads(line) for line in bed.call(bed.router, "helpers.testbed:udp_exchange", SERVER.v4,
-                                                         str(ECHO_PORT), "ping").splitlines()]
-        assert replies == [{"reply": f"echo:ping seen-from={ROUTER_WAN.v4}", "source": [SERVER.v4, ECHO_PORT]}]
-        blocked = [json.loads(line) for line in bed.call(bed.router, "helpers.testbed:udp_exchange", SERVER.v6,
-                                                         str(ECHO_PORT), "ping").splitlines()]
+        replies = [
+            json.loads(line)
+            for line in bed.call(
+                bed.router, "helpers.testbed:udp_exchange", SERVER.v4, str(ECHO_PORT), "ping"
+            ).splitlines()
+        ]
+        assert replies == [
+            {"reply": f"echo:ping seen-from={ROUTER_WAN.v4}", "source": [SERVER.v4, ECHO_PORT]}
+        ]
+        blocked = [
+            json.loads(line)
+            for line in bed.call(
+                bed.router, "helpers.testbed:udp_exchange", SERVER.v6, str(ECHO_PORT), "ping"
+            ).splitlines()
+        ]
         assert "error" in blocked[0]  # diverted to honk, which blocks IPv6 UDP to the server
         assert honk.stop(STOP_TIMEOUT) == 0
 
@@ -140,7 +161,9 @@ def test_wan_auto_follows_the_default_route_as_it_comes_and_goes(bed, tmp_path):
     with HonkProcess(path, netns=bed.router) as honk:
         honk.wait_for(r"interception pending: no interface yet")  # the bed's router has no default route
         honk.wait_for(r"honk ready")
-        assert router_curl(bed, url("v4", BLOCKED_PORT)).stdout.startswith("hello from server")  # not diverted
+        assert router_curl(bed, url("v4", BLOCKED_PORT)).stdout.startswith(
+            "hello from server"
+        )  # not diverted
         mark = honk.mark()
         bed.exec(bed.router, "ip", "route", "add", "default", "via", SERVER.v4, "dev", bed.wan)
         honk.wait_for(rf"interception installed lan= tproxy_port={TPROXY_PORT} wan={bed.wan}", after=mark)

@@ -93,16 +93,21 @@ def _forwarders(port: int) -> Iterator[tuple[CountingForwarder, CountingForwarde
 
 def _via(node: NodeSpec, forwarder: CountingForwarder, name: str, *, mux: bool = False) -> NodeSpec:
     params = (*node.params, ("mux", "1")) if mux else node.params
-    return with_node_id(dataclasses.replace(node, name=name, host="127.0.0.1", port=forwarder.port, params=params))
+    return with_node_id(
+        dataclasses.replace(node, name=name, host="127.0.0.1", port=forwarder.port, params=params)
+    )
 
 
 def _spec(nodes: tuple[NodeSpec, ...], *, policy: Policy = Policy.SELECTOR, udp_warm: int = 0) -> Spec:
     names = tuple(n.name for n in nodes)
-    group = GroupSpec("pick", policy=policy, has_filter_lines=True,
-                      filters=(name_filter(*names),))
-    return Spec(global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0, udp_warm_node_count=udp_warm),
-                inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),), nodes=nodes,
-                groups=(group,), routing=RoutingSpec(rules=(), fallback="pick"))
+    group = GroupSpec("pick", policy=policy, has_filter_lines=True, filters=(name_filter(*names),))
+    return Spec(
+        global_=GlobalSpec(connect_timeout=STEP, preconnect_node_count=0, udp_warm_node_count=udp_warm),
+        inbounds=(InboundSpec(name="lan", kind="mixed", host="127.0.0.1", port=0),),
+        nodes=nodes,
+        groups=(group,),
+        routing=RoutingSpec(rules=(), fallback="pick"),
+    )
 
 
 class Router:
@@ -113,8 +118,9 @@ class Router:
         self.plane: Plane = build_plane(spec, self.clock, 1)
         self.warm = WarmUp(self.clock, lambda: self.plane)
         self.tracker = ConnectionTracker(self.clock)
-        self.dispatcher = Dispatcher(self.plane, self.tracker, self.clock, spec.global_,
-                                     SystemResolver(self.clock, STEP))
+        self.dispatcher = Dispatcher(
+            self.plane, self.tracker, self.clock, spec.global_, SystemResolver(self.clock, STEP)
+        )
         self.inbound = MixedInbound(spec.inbounds[0], self.dispatcher, self.clock)
         self._wire()
 
@@ -122,8 +128,10 @@ class Router:
         self.plane.groups.on_change = lambda group, network: self.warm.wake()  # as the daemon wires it
 
     def reload(self, spec: Spec) -> Plane:
-        previous, self.plane = self.plane, build_plane(spec, self.clock, self.plane.generation + 1,
-                                                       previous=self.plane)
+        previous, self.plane = (
+            self.plane,
+            build_plane(spec, self.clock, self.plane.generation + 1, previous=self.plane),
+        )
         self._wire()
         self.dispatcher.swap_plane(self.plane, spec.global_, SystemResolver(self.clock, STEP))
         self.plane.retire(previous)
@@ -138,7 +146,6 @@ class Router:
             return await asyncio.wait_for(reader.readexactly(len(payload)), STEP)
         finally:
             await close_writer(writer)
-
 
     async def dns_through(self, dns: UdpDnsResponder, name: str, qid: int) -> tuple[int, int, list[str]]:
         """One query from a SOCKS5 UDP ASSOCIATE client of the mixed port; the parsed answer."""
@@ -155,7 +162,7 @@ class Router:
         finally:
             await close_writer(writer)
         assert reply.startswith(header)  # the answer names the responder as its source
-        return parse_answer(reply[len(header):])
+        return parse_answer(reply[len(header) :])
 
 
 @contextlib.asynccontextmanager
@@ -194,7 +201,10 @@ def test_after_a_selector_switch_the_first_socks5_flow_takes_the_warm_connection
             await _until(lambda: d2.ready.entries == 1, "the new choice warmed")
             assert second.accepted == 1 and d2.warm == WarmOwner.SELECTOR_PIN
             assert not d1.warm and d1.ready.entries == 0  # the old choice let go
-            assert await router.echo_through(echo, b"first flow after the switch") == b"first flow after the switch"
+            assert (
+                await router.echo_through(echo, b"first flow after the switch")
+                == b"first flow after the switch"
+            )
             assert second.accepted == 1  # no new physical connection: the warm one carried it
             assert d2.ready.hits == 1
 
@@ -229,10 +239,15 @@ def test_after_a_switch_a_vmess_mux_flow_rides_the_warm_carrier_and_a_reload_kee
 
 
 def test_the_udp_warm_set_keeps_a_urltests_top_mux_node_warm_for_a_new_udp_association(run) -> None:
-    async def main(first: CountingForwarder, second: CountingForwarder, dns: UdpDnsResponder, link: str) -> None:
+    async def main(
+        first: CountingForwarder, second: CountingForwarder, dns: UdpDnsResponder, link: str
+    ) -> None:
         node = parse_node_link(link, "v2ray")
-        spec = _spec((_via(node, first, "v1", mux=True), _via(node, second, "v2", mux=True)),
-                     policy=Policy.URLTEST, udp_warm=1)
+        spec = _spec(
+            (_via(node, first, "v1", mux=True), _via(node, second, "v2", mux=True)),
+            policy=Policy.URLTEST,
+            udp_warm=1,
+        )
         async with running(spec) as router:
             v1, v2 = router.plane.outbounds["v1"], router.plane.outbounds["v2"]
             await _until(lambda: pool_for(v1).carrier_count == 1, "the top node's carrier")

@@ -103,7 +103,9 @@ class FlowOutcome:
     ok: bool
     setup_latency: float  # until the setup succeeded, or until the failure was known
     response_latency: float | None  # None for a failed flow
-    node_fault: bool = False  # a failed flow's cause is the node (outage of every target), not the target path
+    node_fault: bool = (
+        False  # a failed flow's cause is the node (outage of every target), not the target path
+    )
 
 
 @dataclass(slots=True)
@@ -197,7 +199,9 @@ def run(script: Script, factory: AdapterFactory) -> RunResult:
             if node is not None:
                 ok, setup, response, node_fault = nodes[node].attempt(target, t)
                 took = setup + (response or 0.0)
-                outcome = FlowOutcome(record.flow_id, target, node, now, now + took, ok, setup, response, node_fault)
+                outcome = FlowOutcome(
+                    record.flow_id, target, node, now, now + took, ok, setup, response, node_fault
+                )
                 push(t + took, _SETTLE, (record, outcome))
             push(t + arrivals.expovariate(script.flow_rate), _ARRIVAL, None)
         elif kind == _PROBE:

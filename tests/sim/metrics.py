@@ -74,12 +74,16 @@ class Figures:
         ]
         for e in self.escapes:
             took = "never" if e.seconds is None else f"{e.seconds:.1f}s"
-            lines.append(f"  escape {e.node}@{e.outage_start:.0f}s: {took}, {e.flows} flows "
-                         f"({e.flows_after_first_failure} after the first failure settled)")
+            lines.append(
+                f"  escape {e.node}@{e.outage_start:.0f}s: {took}, {e.flows} flows "
+                f"({e.flows_after_first_failure} after the first failure settled)"
+            )
         return "\n".join(lines)
 
 
-def _escape(flows: list[FlowRecord], node: str, start: float, end: float, targets: frozenset[str] | None) -> Escape:
+def _escape(
+    flows: list[FlowRecord], node: str, start: float, end: float, targets: frozenset[str] | None
+) -> Escape:
     covered = [f for f in flows if start <= f.arrived < end and (targets is None or f.target in targets)]
     stuck: list[FlowRecord] = []
     escaped_at: float | None = None
@@ -120,4 +124,3 @@ def figures(result: RunResult, warmup: float = 0.0) -> Figures:
         flaps=counters.switch_flap if counters else 0,
         hours=script.duration / SECONDS_PER_HOUR,
     )
-

@@ -108,7 +108,9 @@ class ScoreAdapter:
         assert outcome.response_latency is not None
         answered = set_up + outcome.response_latency
         reporter.rx(answered, RESPONSE_BYTES)
-        self.heuristic.observe_response(GROUP, NETWORK, key, FAMILY, node_id, outcome.response_latency, answered)
+        self.heuristic.observe_response(
+            GROUP, NETWORK, key, FAMILY, node_id, outcome.response_latency, answered
+        )
         reporter.settle(max(answered, outcome.settled), Result.success())
 
     def probe(self, node: str, rtt: float | None, now: float) -> None:

@@ -19,7 +19,9 @@ def steady_script() -> Script:
             NodeScript("fast", success=0.99, setup=0.050, response=0.100),
             NodeScript("flaky", success=0.80, setup=0.060, response=0.100),
         ),
-        targets=TARGETS, duration=HOUR, seed=11,
+        targets=TARGETS,
+        duration=HOUR,
+        seed=11,
     )
 
 
@@ -33,7 +35,9 @@ def failing_incumbent_script(probes_fail: bool) -> Script:
             NodeScript("backup", success=1.0, setup=0.100, response=0.200),
             NodeScript("fast", success=1.0, setup=0.050, response=0.100, outages=(outage,)),
         ),
-        targets=TARGETS, duration=HOUR, seed=12,
+        targets=TARGETS,
+        duration=HOUR,
+        seed=12,
     )
 
 
@@ -43,7 +47,9 @@ def jittery_script() -> Script:
             NodeScript("left", success=0.99, setup=0.100, response=0.200, jitter=JITTER),
             NodeScript("right", success=0.99, setup=0.100, response=0.205, jitter=JITTER),
         ),
-        targets=TARGETS, duration=HOUR, seed=13,
+        targets=TARGETS,
+        duration=HOUR,
+        seed=13,
     )
 
 
@@ -56,5 +62,7 @@ def per_target_script() -> Script:
             NodeScript("east", target_success=dict.fromkeys(TARGETS[:half], 0.0)),
             NodeScript("west", target_success=dict.fromkeys(TARGETS[half:], 0.0)),
         ),
-        targets=TARGETS, duration=HOUR, seed=14,
+        targets=TARGETS,
+        duration=HOUR,
+        seed=14,
     )

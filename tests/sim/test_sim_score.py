@@ -60,9 +60,14 @@ def _score_figures(script: str, adapter: ScoreAdapter, fig: Figures) -> Figures:
     counters = adapter.state.switches.counters.get((GROUP, NETWORK))
     _FLOW_FLAPS[script] = fig.flaps_per_hour
     choices = sum(adapter.reasons.values())
-    _TRIALS[script] = (adapter.reasons.get("coldExplore", 0) + adapter.reasons.get("periodicExplore", 0)) / choices
-    return dataclasses.replace(fig, switches=counters.ordinary_switch if counters else 0,
-                               flaps=counters.switch_flap if counters else 0)
+    _TRIALS[script] = (
+        adapter.reasons.get("coldExplore", 0) + adapter.reasons.get("periodicExplore", 0)
+    ) / choices
+    return dataclasses.replace(
+        fig,
+        switches=counters.ordinary_switch if counters else 0,
+        flaps=counters.switch_flap if counters else 0,
+    )
 
 
 @cache
@@ -90,13 +95,17 @@ def _row(script: str, fig: Figures) -> str:
         escape = f"{took}/{e.flows}f/{e.flows_after_first_failure}late"
     flow_flaps = f"{_FLOW_FLAPS[script]:.1f}" if fig.policy == "score" else "="
     trials = f"{_TRIALS[script]:.1%}" if fig.policy == "score" else "-"
-    return (f"{script:<20} {fig.policy:<8} {fig.generated:>6} {fig.succeeded:>6} {fig.best_fraction:>7.1%} "
-            f"{fig.switches_per_hour:>8.1f} {fig.flaps_per_hour:>7.1f} {flow_flaps:>11} {trials:>6}  {escape}")
+    return (
+        f"{script:<20} {fig.policy:<8} {fig.generated:>6} {fig.succeeded:>6} {fig.best_fraction:>7.1%} "
+        f"{fig.switches_per_hour:>8.1f} {fig.flaps_per_hour:>7.1f} {flow_flaps:>11} {trials:>6}  {escape}"
+    )
 
 
 def test_comparison_table_covers_every_script_for_both_policies():
-    lines = [f"{'script':<20} {'policy':<8} {'flows':>6} {'ok':>6} {'best':>7} {'switch/h':>8} {'flap/h':>7} "
-             f"{'flow-flap/h':>11} {'trials':>6}  escape (time/flows/after first failure)"]
+    lines = [
+        f"{'script':<20} {'policy':<8} {'flows':>6} {'ok':>6} {'best':>7} {'switch/h':>8} {'flap/h':>7} "
+        f"{'flow-flap/h':>11} {'trials':>6}  escape (time/flows/after first failure)"
+    ]
     for script in SCRIPTS:
         for policy in FACTORIES:
             _, fig = simulate(script, policy)
@@ -129,10 +138,13 @@ def _next_after_failures(flows: list[FlowRecord], failures: int) -> dict[str, st
     return following
 
 
-@pytest.mark.parametrize(("script", "failures"), [
-    ("failing-probes-fail", 1),  # node-scoped: the first failure moves the target
-    ("failing-probes-pass", TARGET_ESCAPE_FAILURES),  # target-path: a lone one is held as possible chance
-])
+@pytest.mark.parametrize(
+    ("script", "failures"),
+    [
+        ("failing-probes-fail", 1),  # node-scoped: the first failure moves the target
+        ("failing-probes-pass", TARGET_ESCAPE_FAILURES),  # target-path: a lone one is held as possible chance
+    ],
+)
 def test_score_escapes_each_target_within_its_failed_flows_settlement(script, failures):
     result, fig = simulate(script, "score")
     (escape,) = fig.escapes
@@ -167,5 +179,6 @@ def test_score_flaps_less_than_urltest_on_jittery_equal_nodes():
 def test_score_replays_identically_on_the_same_script():
     first = run(per_target_script(), ScoreAdapter)
     second, _ = simulate("per-target", "score")
-    assert [(f.arrived, f.target, f.node, f.ok) for f in first.flows] == \
-        [(f.arrived, f.target, f.node, f.ok) for f in second.flows]
+    assert [(f.arrived, f.target, f.node, f.ok) for f in first.flows] == [
+        (f.arrived, f.target, f.node, f.ok) for f in second.flows
+    ]

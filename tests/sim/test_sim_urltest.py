@@ -53,8 +53,9 @@ def test_steady_state_puts_most_flows_on_the_clearly_better_node():
 def test_same_script_and_seed_replays_identically():
     first = run(steady_script(), URLTestAdapter.factory())
     second = run(steady_script(), URLTestAdapter.factory())
-    assert [(f.arrived, f.target, f.node, f.ok) for f in first.flows] == \
-        [(f.arrived, f.target, f.node, f.ok) for f in second.flows]
+    assert [(f.arrived, f.target, f.node, f.ok) for f in first.flows] == [
+        (f.arrived, f.target, f.node, f.ok) for f in second.flows
+    ]
 
 
 def test_arrivals_do_not_depend_on_the_policy():

@@ -54,7 +54,9 @@ class _View:
 class URLTestAdapter:
     name = "urltest"
 
-    def __init__(self, nodes: Sequence[str], clock: Clock, tolerance: float = DEFAULT_CHECK_TOLERANCE) -> None:
+    def __init__(
+        self, nodes: Sequence[str], clock: Clock, tolerance: float = DEFAULT_CHECK_TOLERANCE
+    ) -> None:
         self.health = AliveDialerSet(clock)
         self.policy = URLTest(GROUP, tuple(nodes), tolerance)
         self.ids = {n: uuid.uuid5(_NODE_NAMESPACE, n) for n in nodes}

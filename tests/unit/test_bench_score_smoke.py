@@ -17,8 +17,16 @@ def test_a_single_score_world_times_every_reporter_event_and_reports_to_one_grou
     samples = score.drive(world, FLOWS, WARMUP)
     assert samples.via_score == {1: FLOWS}
     assert len(samples.calls["plan"]) == FLOWS
-    for row in ("feedback + start", "begin", "into_reporter", "setup", "tx first (announces)",
-                "rx first response (published)", "rx throttled", "settle success (flushes held RX)"):
+    for row in (
+        "feedback + start",
+        "begin",
+        "into_reporter",
+        "setup",
+        "tx first (announces)",
+        "rx first response (published)",
+        "rx throttled",
+        "settle success (flushes held RX)",
+    ):
         assert samples.calls[row], row
     lifecycles = sum(len(v) for k, v in samples.calls.items() if k.startswith("lifecycle"))
     assert lifecycles == FLOWS  # every timed flow ran to its settlement
@@ -56,8 +64,11 @@ def test_each_score_group_of_a_nested_world_gets_its_own_plan_row():
     assert sorted(timed) == ["score", "top"]  # the outer and the inner Score group, each on every flow
     assert all(len(v) >= 5 for v in timed.values())
     figures = {name: {"rows": {}, "via_score": {}} for name in score.WORLDS}
-    figures["score>score-deep"]["rows"] = {f"{score.RANK_ROW}{g}": {**score._summary(v), "target_us": 50.0}
-                                           for g, v in sorted(timed.items())}
+    figures["score>score-deep"]["rows"] = {
+        f"{score.RANK_ROW}{g}": {**score._summary(v), "target_us": 50.0} for g, v in sorted(timed.items())
+    }
     labels = [row[0] for row in score._rows(figures, "", built=True)]
-    assert labels == ["  score>score-deep: plan() of Score group score (50 nodes, every rank)",
-                      "  score>score-deep: plan() of Score group top (49 dead nodes + the inner group, every rank)"]
+    assert labels == [
+        "  score>score-deep: plan() of Score group score (50 nodes, every rank)",
+        "  score>score-deep: plan() of Score group top (49 dead nodes + the inner group, every rank)",
+    ]

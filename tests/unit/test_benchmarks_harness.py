@@ -24,8 +24,10 @@ def test_parse_kv_keeps_pairs_and_ignores_bare_words() -> None:
 
 
 def test_parse_kv_of_a_bulk_line() -> None:
-    kv = relay.parse_kv("mode=bulk dir=up streams=8 threads=2 bytes=100 seconds=2.0000 mbps=50.0 "
-                        "total_bytes=150 errors=0 loadgen_cpu=1.5\n")
+    kv = relay.parse_kv(
+        "mode=bulk dir=up streams=8 threads=2 bytes=100 seconds=2.0000 mbps=50.0 "
+        "total_bytes=150 errors=0 loadgen_cpu=1.5\n"
+    )
     assert kv["dir"] == "up" and float(kv["mbps"]) == 50.0 and int(kv["total_bytes"]) == 150
 
 
@@ -61,20 +63,28 @@ def _metrics() -> dict[str, dict[str, float]]:
     return {
         "haproxy": {"bulk_up_1": 1000.0, "cpu_up_1": 0.4, "added_p50_us": 20.0},
         "pproxy": {"bulk_up_1": 400.0, "idle_kb_per_conn": 10.0, "start_rss_mb": 32.0},
-        "honk": {"bulk_up_1": 950.0, "cpu_up_1": 0.7, "added_p50_us": 30.0, "idle_kb_per_conn": 10.0,
-                 "demo_rss_mb": 48.5},
+        "honk": {
+            "bulk_up_1": 950.0,
+            "cpu_up_1": 0.7,
+            "added_p50_us": 30.0,
+            "idle_kb_per_conn": 10.0,
+            "demo_rss_mb": 48.5,
+        },
     }
 
 
-@pytest.mark.parametrize(("target", "status", "ratio"), [
-    (relay.Target("bulk", "bulk_up_1", ">=", 0.9, "haproxy"), "met", 0.95),
-    (relay.Target("bulk", "bulk_up_1", ">=", 2.0, "pproxy"), "met", 2.375),
-    (relay.Target("cpu", "cpu_up_1", "<=", 1.5, "haproxy"), "NOT met", 1.75),
-    (relay.Target("lat", "added_p50_us", "<=", 1.5, "haproxy"), "met", 1.5),  # the bound itself passes
-    (relay.Target("idle", "idle_kb_per_conn", "<=", 1.0, "pproxy"), "met", 1.0),
-    (relay.Target("demo", "demo_rss_mb", "<=", 1.5, "pproxy", "start_rss_mb"), "NOT met", 48.5 / 32),
-    (relay.Target("rate", "rate_16", ">=", 1.0, "microsocks"), "n/a", None),
-])
+@pytest.mark.parametrize(
+    ("target", "status", "ratio"),
+    [
+        (relay.Target("bulk", "bulk_up_1", ">=", 0.9, "haproxy"), "met", 0.95),
+        (relay.Target("bulk", "bulk_up_1", ">=", 2.0, "pproxy"), "met", 2.375),
+        (relay.Target("cpu", "cpu_up_1", "<=", 1.5, "haproxy"), "NOT met", 1.75),
+        (relay.Target("lat", "added_p50_us", "<=", 1.5, "haproxy"), "met", 1.5),  # the bound itself passes
+        (relay.Target("idle", "idle_kb_per_conn", "<=", 1.0, "pproxy"), "met", 1.0),
+        (relay.Target("demo", "demo_rss_mb", "<=", 1.5, "pproxy", "start_rss_mb"), "NOT met", 48.5 / 32),
+        (relay.Target("rate", "rate_16", ">=", 1.0, "microsocks"), "n/a", None),
+    ],
+)
 def test_evaluate(target: relay.Target, status: str, ratio: float | None) -> None:
     got = relay.evaluate(target, "honk", _metrics())
     assert got["status"] == status
@@ -92,7 +102,9 @@ def test_figures_table_aligns_and_drops_empty_rows() -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["metric", "haproxy", "honk"]
     assert set(lines[1].replace(" ", "")) == {"-"}
-    assert any(line.startswith("bulk up, 1 stream (MB/s)") and line.endswith("1,000    950") for line in lines)
+    assert any(
+        line.startswith("bulk up, 1 stream (MB/s)") and line.endswith("1,000    950") for line in lines
+    )
     assert not any("conn/s" in line for line in lines)  # nobody has a rate figure
     assert len({len(line) for line in lines[:2]}) == 1
 
@@ -138,7 +150,10 @@ def test_demo_config_refuses_a_shape_it_does_not_know() -> None:
 def test_default_honk_runs_without_honk_relay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HONK_RELAY", "copy")
     assert "HONK_RELAY" not in relay.subject_env(relay.Subject("honk", "socks"))
-    assert relay.subject_env(relay.Subject("honk[copy]", "socks", env={"HONK_RELAY": "copy"}))["HONK_RELAY"] == "copy"
+    assert (
+        relay.subject_env(relay.Subject("honk[copy]", "socks", env={"HONK_RELAY": "copy"}))["HONK_RELAY"]
+        == "copy"
+    )
 
 
 # --- paired rows: Shadowsocks and v2ray sinks ----------------------------------------------
@@ -150,7 +165,11 @@ def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> No
     for tag in v2ray.TAGS:
         cfg = v2ray.server_config(tag, 9100, SECRET, "/c.pem", "/k.pem")
         (inbound,) = cfg["inbounds"]
-        assert (inbound["listen"], inbound["port"], inbound["protocol"]) == ("127.0.0.1", 9100, v2ray.protocol(tag))
+        assert (inbound["listen"], inbound["port"], inbound["protocol"]) == (
+            "127.0.0.1",
+            9100,
+            v2ray.protocol(tag),
+        )
         assert cfg["outbounds"] == [{"protocol": "freedom", "settings": {}}]
         assert cfg["log"]["access"] == "none"  # no access log: a connection costs the relay only
         tls = inbound["streamSettings"]["security"]
@@ -158,7 +177,9 @@ def test_v2ray_sink_server_takes_its_protocol_and_leaves_through_freedom() -> No
 
 
 @pytest.mark.parametrize(("tag", "protocol"), [("trojan_ws", "trojan"), ("vmess_ws", "vmess")])
-def test_the_websocket_pairs_speak_over_websocket_and_tls_on_both_ends_and_in_honks_link(tag, protocol) -> None:
+def test_the_websocket_pairs_speak_over_websocket_and_tls_on_both_ends_and_in_honks_link(
+    tag, protocol
+) -> None:
     server = v2ray.server_config(tag, 9100, SECRET, "/c.pem", "/k.pem")["inbounds"][0]
     client = v2ray.client_config(tag, 9200, 9100, SECRET, "/ca.pem")["outbounds"][0]
     for end in (server, client):
@@ -205,8 +226,11 @@ def test_v2ray_tls_client_trusts_only_the_given_ca_for_localhost() -> None:
     trojan = v2ray.client_config("trojan", 9200, 9100, "pw", "/ca.pem")["outbounds"][0]
     assert trojan["settings"] == {"servers": [{"address": "127.0.0.1", "port": 9100, "password": "pw"}]}
     tls = trojan["streamSettings"]["tlsSettings"]
-    assert tls == {"serverName": "localhost", "allowInsecure": False,
-                   "certificates": [{"usage": "verify", "certificateFile": "/ca.pem"}]}
+    assert tls == {
+        "serverName": "localhost",
+        "allowInsecure": False,
+        "certificates": [{"usage": "verify", "certificateFile": "/ca.pem"}],
+    }
     vless = v2ray.client_config("vless", 9200, 9100, SECRET, "/ca.pem")["outbounds"][0]
     assert vless["settings"]["vnext"][0]["users"] == [{"id": SECRET, "encryption": "none"}]
 
@@ -240,8 +264,10 @@ def test_honk_node_config_routes_everything_to_the_one_node() -> None:
 def test_ss_sink_link_is_sip002() -> None:
     link = relay.SsSink("chacha", 9100, method="chacha20-ietf-poly1305").link()
     userinfo = link.removeprefix("ss://").partition("@")[0]
-    assert base64.urlsafe_b64decode(userinfo + "=" * (-len(userinfo) % 4)).decode() == \
-        f"chacha20-ietf-poly1305:{relay.SS_PASSWORD}"
+    assert (
+        base64.urlsafe_b64decode(userinfo + "=" * (-len(userinfo) % 4)).decode()
+        == f"chacha20-ietf-poly1305:{relay.SS_PASSWORD}"
+    )
 
 
 def test_tls_sink_makes_its_ca_and_honk_trusts_it_through_ssl_cert_file(tmp_path: Path) -> None:
@@ -279,9 +305,11 @@ def test_v2ray_rows_are_skipped_when_v2ray_is_missing(monkeypatch: pytest.Monkey
     real = relay._which
     monkeypatch.setattr(relay, "_which", lambda name: None if name == "v2ray" else real(name))
     rows = relay.v2ray_subjects()
-    assert [s.name for s in rows] == [name for tag in v2ray.TAGS
-                                      for name in (f"v2ray:{tag}", f"honk[v2ray]:{tag}",
-                                                   *(["openssl:trojan"] if tag == "trojan" else []))]
+    assert [s.name for s in rows] == [
+        name
+        for tag in v2ray.TAGS
+        for name in (f"v2ray:{tag}", f"honk[v2ray]:{tag}", *(["openssl:trojan"] if tag == "trojan" else []))
+    ]
     assert {s.skip for s in rows} == {"v2ray not installed (make bench-peers)"}
 
 
@@ -291,8 +319,22 @@ def test_the_floor_subject_is_the_load_tool_speaking_trojan_straight_to_the_sink
     floor = relay.Subject("openssl:trojan", "floor", sink=sink)
     lg = relay.LoadGen(Path("/x/loadgen"), 9000, relay.QUICK)
     argv = lg.argv("rate", floor, None, "--concurrency", "16")
-    assert argv == ["/x/loadgen", "rate", "--origin-port", "9000", "--target", "127.0.0.1:4443",
-                    "--trojan", SECRET, "--tls-ca", "/w/ca.pem", "--sni", v2ray.SERVER_NAME, "--concurrency", "16"]
+    assert argv == [
+        "/x/loadgen",
+        "rate",
+        "--origin-port",
+        "9000",
+        "--target",
+        "127.0.0.1:4443",
+        "--trojan",
+        SECRET,
+        "--tls-ca",
+        "/w/ca.pem",
+        "--sni",
+        v2ray.SERVER_NAME,
+        "--concurrency",
+        "16",
+    ]
     assert "--socks" not in argv
 
 
@@ -301,10 +343,18 @@ def test_v2ray_targets_ask_bulk_and_connection_rate_of_the_v2ray_client() -> Non
     assert {t.peer for t in got} == {"v2ray:trojan"}
     # over TLS honk is held to 1.5 x the client's bulk: its records cross no Python code
     assert {(t.metric, t.op, t.factor) for t in got} == {
-        ("bulk_up_1", ">=", 1.5), ("bulk_down_1", ">=", 1.5), ("rate_16", ">=", 1.0), ("rate_64", ">=", 1.0)}
+        ("bulk_up_1", ">=", 1.5),
+        ("bulk_down_1", ">=", 1.5),
+        ("rate_16", ">=", 1.0),
+        ("rate_64", ">=", 1.0),
+    }
     assert relay.V2raySink("trojan", 1).targets(relay.FULL) == got
     assert {(t.metric, t.factor) for t in relay.v2ray_targets(relay.FULL, "vmess")} == {
-        ("bulk_up_1", 1.0), ("bulk_down_1", 1.0), ("rate_16", 1.0), ("rate_64", 1.0)}
+        ("bulk_up_1", 1.0),
+        ("bulk_down_1", 1.0),
+        ("rate_16", 1.0),
+        ("rate_64", 1.0),
+    }
 
 
 def test_ss_targets_hold_bulk_cpu_and_connection_rate_against_ss_local() -> None:
@@ -312,22 +362,33 @@ def test_ss_targets_hold_bulk_cpu_and_connection_rate_against_ss_local() -> None
     got = sink.targets(relay.FULL)
     assert {t.peer for t in got} == {"ss-local:chacha"}
     assert {(t.metric, t.factor) for t in got} == {
-        ("bulk_up_1", 1.0), ("bulk_down_1", 1.0), ("cpu_up_1", 1.0), ("cpu_down_1", 1.0),
-        ("rate_16", 0.8), ("rate_64", 0.8)}
+        ("bulk_up_1", 1.0),
+        ("bulk_down_1", 1.0),
+        ("cpu_up_1", 1.0),
+        ("cpu_down_1", 1.0),
+        ("rate_16", 0.8),
+        ("rate_64", 0.8),
+    }
     assert sink.rate  # so the pair's connection rate is measured at all
 
 
 def test_a_pair_is_judged_against_its_own_peer() -> None:
-    metrics = {"v2ray:vmess": {"bulk_up_1": 355.0, "rate_16": 2000.0},
-               "honk[v2ray]:vmess": {"bulk_up_1": 400.0, "rate_16": 1000.0}}
-    verdicts = {t.metric: relay.evaluate(t, "honk[v2ray]:vmess", metrics)["status"]
-                for t in relay.v2ray_targets(relay.QUICK, "vmess")}
+    metrics = {
+        "v2ray:vmess": {"bulk_up_1": 355.0, "rate_16": 2000.0},
+        "honk[v2ray]:vmess": {"bulk_up_1": 400.0, "rate_16": 1000.0},
+    }
+    verdicts = {
+        t.metric: relay.evaluate(t, "honk[v2ray]:vmess", metrics)["status"]
+        for t in relay.v2ray_targets(relay.QUICK, "vmess")
+    }
     assert verdicts == {"bulk_up_1": "met", "bulk_down_1": "n/a", "rate_16": "NOT met", "rate_64": "n/a"}
 
 
 def test_parse_time_wait_reads_the_tcp_lines_tw_count() -> None:
-    sockstat = ("sockets: used 8\nTCP: inuse 1 orphan 0 tw 15612 alloc 1 mem 0\nUDP: inuse 0 mem 0\n"
-                "UDPLITE: inuse 0\n")
+    sockstat = (
+        "sockets: used 8\nTCP: inuse 1 orphan 0 tw 15612 alloc 1 mem 0\nUDP: inuse 0 mem 0\n"
+        "UDPLITE: inuse 0\n"
+    )
     assert relay.parse_time_wait(sockstat) == 15612
     assert relay.parse_time_wait("sockets: used 8\n") == 0
 
@@ -338,8 +399,10 @@ def test_parse_time_wait_reads_the_tcp_lines_tw_count() -> None:
 def test_api_config_has_every_node_in_a_selector_and_a_urltest_group_and_the_api_on(tmp_path: Path) -> None:
     spec = load_text(api.config_text(3, tmp_path / "var", secret="k", first_port=30000), "dae")
     assert [(n.name, n.protocol, n.host, n.port) for n in spec.nodes] == [
-        ("n0", "socks5", "127.0.0.1", 30000), ("n1", "socks5", "127.0.0.1", 30001),
-        ("n2", "socks5", "127.0.0.1", 30002)]
+        ("n0", "socks5", "127.0.0.1", 30000),
+        ("n1", "socks5", "127.0.0.1", 30001),
+        ("n2", "socks5", "127.0.0.1", 30002),
+    ]
     assert len({n.id for n in spec.nodes}) == 3  # distinct ports keep the NodeIds distinct
     assert {g.name: g.policy for g in spec.groups} == {"select": Policy.SELECTOR, "fastest": Policy.URLTEST}
     assert all(not g.filters for g in spec.groups)  # no filter: every node is a member
@@ -372,12 +435,20 @@ def test_api_runner_lines_parse() -> None:
 
 
 def _api_figures(worst_stall: float) -> api.Figures:
-    endpoints = [api.EndpointFigures(path, [10.0, 20.0], [1.0, worst_stall if path == "/proxies" else 2.0], 3_000_000)
-                 for path in api.ENDPOINTS]
+    endpoints = [
+        api.EndpointFigures(path, [10.0, 20.0], [1.0, worst_stall if path == "/proxies" else 2.0], 3_000_000)
+        for path in api.ENDPOINTS
+    ]
     idle = api.PathFigures(api.Samples([100.0, 100.0, 200.0]), api.Samples([1000.0, 1000.0, 2000.0]))
     busy = api.PathFigures(api.Samples([140.0, 140.0, 800.0]), api.Samples([1520.0, 1520.0, 120_000.0]))
-    return api.Figures(2000, endpoints, idle, busy, "native", {"polls": 5, "poll_ms": 180.0,
-                                                               "frames": {"/traffic": 5}, "errors": 0})
+    return api.Figures(
+        2000,
+        endpoints,
+        idle,
+        busy,
+        "native",
+        {"polls": 5, "poll_ms": 180.0, "frames": {"/traffic": 5}, "errors": 0},
+    )
 
 
 @pytest.mark.parametrize(("worst", "status"), [(99.0, "met"), (100.0, "met"), (150.0, "NOT met")])

@@ -120,15 +120,19 @@ async def test_a_stream_of_connects_arms_the_clock_once_per_deadline_length_not_
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.1, 50.0), st.booleans()), min_size=1, max_size=40),
-       st.lists(st.floats(0.1, 20.0), min_size=1, max_size=10))
+@given(
+    st.lists(st.tuples(st.floats(0.1, 50.0), st.booleans()), min_size=1, max_size=40),
+    st.lists(st.floats(0.1, 20.0), min_size=1, max_size=10),
+)
 def test_each_deadline_fires_once_at_its_time_unless_cancelled(plan, steps) -> None:
     async def main() -> None:
         clock = FakeClock()
         deadlines = Deadlines(clock)
         fired: list[tuple[int, float]] = []
-        handles = [deadlines.at(clock.now() + delay, lambda i=i: fired.append((i, clock.now())))
-                   for i, (delay, _) in enumerate(plan)]
+        handles = [
+            deadlines.at(clock.now() + delay, lambda i=i: fired.append((i, clock.now())))
+            for i, (delay, _) in enumerate(plan)
+        ]
         start = clock.now()
         for handle, (_, cancel) in zip(handles, plan, strict=True):
             if cancel:

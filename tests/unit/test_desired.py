@@ -108,13 +108,16 @@ def test_a_new_node_matching_a_filter_changes_the_group_declaration() -> None:
 
 
 def test_nested_groups_list_nodes_then_groups_and_cycles_are_cut() -> None:
-    desired = lowered(NODES + """
+    desired = lowered(
+        NODES
+        + """
 [group.g1]
 filter = ["group(g2)", "name(edge1)"]
 
 [group.g2]
 filter = ["group(g1)"]
-""")
+"""
+    )
     assert desired.group("g1").members == ("edge1", "g2")
     assert desired.group("g2").members == ()  # the cycle-closing edge is cut
     plannable(desired)
@@ -207,7 +210,9 @@ lingering = "socks5://10.0.0.2:1080?drain=5s"
 
 def test_a_bad_drain_parameter_is_a_located_config_error() -> None:
     with pytest.raises(ConfigError) as caught:
-        load_text('[global]\nlog_level = "info"\n\n[node]\nx = "socks5://10.0.0.1:1080?drain=sometimes"\n', "toml")
+        load_text(
+            '[global]\nlog_level = "info"\n\n[node]\nx = "socks5://10.0.0.1:1080?drain=sometimes"\n', "toml"
+        )
     (error,) = caught.value.errors
     assert error.code == "invalid-drain"
     assert error.key_path == "node.x"
@@ -269,7 +274,8 @@ def test_the_demo_config_lowers_to_a_plannable_state() -> None:
 
 def test_a_group_default_naming_a_not_yet_fetched_subscription_node_plans() -> None:
     # the loader accepts it on purpose: "the default may be a subscription node, known only at run time"
-    spec = load_text("""
+    spec = load_text(
+        """
 [subscription.paid]
 url = "https://sub.example/list"
 
@@ -279,7 +285,9 @@ default = "hk-1"
 
 [routing]
 fallback = "hk"
-""", "toml")
+""",
+        "toml",
+    )
     plannable(lower(spec))
 
 
@@ -320,9 +328,13 @@ def test_a_lan_interface_makes_the_tproxy_listener_with_its_interception() -> No
     tproxy = desired.inbound("tproxy")
     assert tproxy is not None and tproxy.kind == "tproxy"
     assert tproxy.bind == BindSpec("tproxy", "::", 7893)
-    assert dict(tproxy.interception) == {"lan_interface": ("br-lan", "wlan0"), "tproxy_port": 7893,
-                                         "mark": 0x08000000, "auto_config_kernel_parameter": True,
-                                         "wan_interface": ()}
+    assert dict(tproxy.interception) == {
+        "lan_interface": ("br-lan", "wlan0"),
+        "tproxy_port": 7893,
+        "mark": 0x08000000,
+        "auto_config_kernel_parameter": True,
+        "wan_interface": (),
+    }
     assert dict(tproxy.settings) == {"dial_mode": "domain++", "sniffing_timeout": 0.030}
     plannable(desired)
 
@@ -333,16 +345,19 @@ def test_no_lan_interface_means_no_transparent_listener() -> None:
 
 def test_a_dial_mode_change_swaps_the_handler_without_disruption() -> None:
     running = lowered(ROUTER)
-    changed = plan(RunningState(running, plan(EMPTY, running).versions),
-                   lowered(ROUTER.replace('"domain++"', '"ip"')))
+    changed = plan(
+        RunningState(running, plan(EMPTY, running).versions), lowered(ROUTER.replace('"domain++"', '"ip"'))
+    )
     assert [type(s).__name__ for s in changed.steps if getattr(s, "tag", None) == "tproxy"] == ["SwapHandler"]
     assert list(changed.disruptions()) == []
 
 
 def test_a_lan_interface_change_is_a_disruption() -> None:
     running = lowered(ROUTER)
-    changed = plan(RunningState(running, plan(EMPTY, running).versions),
-                   lowered(ROUTER.replace("br-lan,wlan0", "br-lan")))
+    changed = plan(
+        RunningState(running, plan(EMPTY, running).versions),
+        lowered(ROUTER.replace("br-lan,wlan0", "br-lan")),
+    )
     assert [tag for tag, _ in changed.disruptions()] == ["tproxy"]
 
 
@@ -353,11 +368,14 @@ def test_a_redirect_inbound_is_transparent_and_takes_the_global_dial_settings() 
     assert dict(nat.settings)["dial_mode"] == "domain++"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('[inbound]\nnat = "redirect://u:p@0.0.0.0:7894"\n', "takes no users"),
-    ('[inbound]\ntproxy = "mixed://127.0.0.1:7894"\n', "transparent listener"),
-    ('[global]\nlan_interface = "a-name-longer-than-15"\n', "not an interface name"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[inbound]\nnat = "redirect://u:p@0.0.0.0:7894"\n', "takes no users"),
+        ('[inbound]\ntproxy = "mixed://127.0.0.1:7894"\n', "transparent listener"),
+        ('[global]\nlan_interface = "a-name-longer-than-15"\n', "not an interface name"),
+    ],
+)
 def test_transparent_configuration_mistakes_are_located_errors(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_text(text, "toml")
@@ -374,6 +392,8 @@ def test_wan_interface_alone_makes_the_transparent_listener_intercept_the_hosts_
 
 def test_a_wan_interface_change_is_a_disruption() -> None:
     running = lowered(ROUTER)
-    changed = plan(RunningState(running, plan(EMPTY, running).versions),
-                   lowered(ROUTER.replace("[global]\n", '[global]\nwan_interface = "eth0"\n', 1)))
+    changed = plan(
+        RunningState(running, plan(EMPTY, running).versions),
+        lowered(ROUTER.replace("[global]\n", '[global]\nwan_interface = "eth0"\n', 1)),
+    )
     assert [tag for tag, _ in changed.disruptions()] == ["tproxy"]

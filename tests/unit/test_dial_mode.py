@@ -60,8 +60,9 @@ def dispatcher(resolver=None) -> Dispatcher:  # noqa: ANN001
     async def no_lookup(host: str) -> list:
         raise AssertionError(f"routing looked {host} up")
 
-    return Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                      resolver or no_lookup)
+    return Dispatcher(
+        build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_, resolver or no_lookup
+    )
 
 
 async def must_not_resolve(host: str) -> list:
@@ -73,10 +74,23 @@ def learned(*names: str):  # noqa: ANN201
     return lambda ip: table.get(ip, [])
 
 
-async def plan(mode: str, sniffed: str | None, *, names=None, resolver=must_not_resolve,  # noqa: ANN001
-               clock: FakeClock | None = None) -> FlowPlan:
-    return await plan_flow(mode, META, sniffed, learned_names=names, resolver=resolver,
-                           clock=clock or FakeClock(), verify_timeout=CONNECT_TIMEOUT)
+async def plan(
+    mode: str,
+    sniffed: str | None,
+    *,
+    names=None,
+    resolver=must_not_resolve,  # noqa: ANN001
+    clock: FakeClock | None = None,
+) -> FlowPlan:
+    return await plan_flow(
+        mode,
+        META,
+        sniffed,
+        learned_names=names,
+        resolver=resolver,
+        clock=clock or FakeClock(),
+        verify_timeout=CONNECT_TIMEOUT,
+    )
 
 
 async def routed_outbound(flow: FlowPlan) -> str:
@@ -205,12 +219,15 @@ def test_an_unknown_mode_is_refused_with_the_valid_ones():
 # --- direct, block and (must) keep the original IP ------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "outbound", "keeps_ip"), [
-    ("blocked.test", "block", True),
-    ("home.test", "direct", True),
-    ("pinned.test", "proxy", True),  # proxy(must)
-    ("video.test", "proxy", False),
-])
+@pytest.mark.parametrize(
+    ("name", "outbound", "keeps_ip"),
+    [
+        ("blocked.test", "block", True),
+        ("home.test", "direct", True),
+        ("pinned.test", "proxy", True),  # proxy(must)
+        ("video.test", "proxy", False),
+    ],
+)
 async def test_direct_block_and_must_decisions_dial_the_original_ip(name, outbound, keeps_ip):
     d = dispatcher()
     flow = await plan("domain++", name)

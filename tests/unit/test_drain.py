@@ -25,12 +25,29 @@ ONE_HOUR = 3600.0
 SOON = 1.0  # seconds: a guard against a hang, never a synchronisation
 
 
-def _open(tracker: ConnectionTracker, clock: FakeClock, version: str, *, inbound: str = "lan",
-          session: object | None = None, user: str | None = None) -> tuple[TrackedFlow, FakeHandle]:
+def _open(
+    tracker: ConnectionTracker,
+    clock: FakeClock,
+    version: str,
+    *,
+    inbound: str = "lan",
+    session: object | None = None,
+    user: str | None = None,
+) -> tuple[TrackedFlow, FakeHandle]:
     handle = FakeHandle(clock)
-    flow = tracker.open(handle, network=Network.TCP, inbound=inbound, source=Address("127.0.0.1", 50000),
-                        target=Address("example.com", 443), rule="fallback", chain=("proxy",),
-                        plane_generation=1, outbound_version=version, user=user, session=session)
+    flow = tracker.open(
+        handle,
+        network=Network.TCP,
+        inbound=inbound,
+        source=Address("127.0.0.1", 50000),
+        target=Address("example.com", 443),
+        rule="fallback",
+        chain=("proxy",),
+        plane_generation=1,
+        outbound_version=version,
+        user=user,
+        session=session,
+    )
     return flow, handle
 
 
@@ -197,10 +214,15 @@ def test_reload_results_are_kept_by_result_and_error_variant():
 def _stand_in(stats: RuntimeStats, drainer: Drainer | None, epoch: int | None) -> SimpleNamespace:
     clock = FakeClock()
     control = SimpleNamespace(
-        clock=clock, started_at=clock.now(), started_wall=clock.wall(), plane=None, stats=stats,
+        clock=clock,
+        started_at=clock.now(),
+        started_wall=clock.wall(),
+        plane=None,
+        stats=stats,
         tracker=SimpleNamespace(snapshot=list, totals=lambda: (0, 0)),
         health=SimpleNamespace(alive=SimpleNamespace(nodes=lambda: iter(()))),
-        drainer=drainer, generation=4,
+        drainer=drainer,
+        generation=4,
     )
     if epoch is not None:
         control.epoch = epoch

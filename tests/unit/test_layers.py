@@ -54,7 +54,7 @@ def imports() -> list[tuple[str, str]]:
                 out.extend((module, alias.name) for alias in node.names if alias.name.startswith("honk."))
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = package[:len(package) - node.level + 1]
+                    base = package[: len(package) - node.level + 1]
                     target = ".".join(base + ([node.module] if node.module else []))
                 else:
                     target = node.module or ""

@@ -93,7 +93,10 @@ def dns_spec(**changes: object) -> DesiredState:
     base = DesiredState(
         dns=DnsDecl(DNS_TIMEOUT),
         outbounds=(DIRECT, HOLE, PROXY),
-        groups=(LB, GroupDecl("sel", GroupSpec("sel", policy=Policy.SELECTOR, default="hole"), ("direct", "hole"))),
+        groups=(
+            LB,
+            GroupDecl("sel", GroupSpec("sel", policy=Policy.SELECTOR, default="hole"), ("direct", "hole")),
+        ),
     )
     return replace(base, **changes)
 
@@ -298,7 +301,9 @@ def test_dns_change_rebuilds_every_outbound_but_reject() -> None:
 
 def test_a_changed_proxy_alone_rebuilds_its_group_and_reuses_the_other() -> None:
     running = applied(dns_spec())
-    p = plan(running, dns_spec(outbounds=(DIRECT, HOLE, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT)))))
+    p = plan(
+        running, dns_spec(outbounds=(DIRECT, HOLE, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT))))
+    )
     assert p.steps == [
         reuse("dns"),
         reuse("outbound", "direct", 1),
@@ -324,12 +329,18 @@ def test_a_route_change_alone_rebuilds_the_route_and_publishes() -> None:
 
 def group_steps(p: Plan) -> dict[str, type]:
     """Each group's step kind (Build or Reuse) by tag."""
-    return {s.resource.tag: type(s) for s in p.steps if isinstance(s, Build | Reuse) and s.resource.kind == "group"}
+    return {
+        s.resource.tag: type(s)
+        for s in p.steps
+        if isinstance(s, Build | Reuse) and s.resource.kind == "group"
+    }
 
 
 def test_group_is_rebuilt_exactly_when_a_member_is() -> None:
     running = applied(full_spec())
-    changed_member = plan(running, full_spec(outbounds=(DIRECT, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT)))))
+    changed_member = plan(
+        running, full_spec(outbounds=(DIRECT, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT))))
+    )
     assert group_steps(changed_member) == {"lb": Build}
     changed_other = plan(running, full_spec(outbounds=(replace(DIRECT, drain=CLOSE), PROXY)))
     assert build("outbound", "direct", 2) in changed_other.steps
@@ -350,18 +361,24 @@ NESTED_INNER = GroupDecl("inner", GroupSpec("inner", policy=Policy.FALLBACK), ("
 NESTED_OUTER = GroupDecl("outer", GroupSpec("outer", subgroups=("inner",)), ("inner",))
 
 
-@pytest.mark.parametrize("order", [(NESTED_INNER, NESTED_OUTER), (NESTED_OUTER, NESTED_INNER)],
-                         ids=["inner-first", "outer-first"])
+@pytest.mark.parametrize(
+    "order", [(NESTED_INNER, NESTED_OUTER), (NESTED_OUTER, NESTED_INNER)], ids=["inner-first", "outer-first"]
+)
 def test_nested_groups_are_rebuilt_exactly_when_a_transitive_member_is(order: tuple[GroupDecl, ...]) -> None:
     running = applied(full_spec(groups=order))
-    changed_proxy = plan(running, full_spec(groups=order,
-                                            outbounds=(DIRECT, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT)))))
+    changed_proxy = plan(
+        running,
+        full_spec(groups=order, outbounds=(DIRECT, replace(PROXY, node=socks("proxy", OTHER_PROXY_PORT)))),
+    )
     assert group_steps(changed_proxy) == {"inner": Build, "outer": Build}
     assert changed_proxy.versions["inner"] == 2 and changed_proxy.versions["outer"] == 2
     # the steps still follow desired-state order
-    assert [s.resource.tag for s in of_type(changed_proxy, Build) if s.resource.kind == "group"] == \
-        [g.tag for g in order]
-    changed_unrelated = plan(running, full_spec(groups=order, outbounds=(replace(DIRECT, drain=CLOSE), PROXY)))
+    assert [s.resource.tag for s in of_type(changed_proxy, Build) if s.resource.kind == "group"] == [
+        g.tag for g in order
+    ]
+    changed_unrelated = plan(
+        running, full_spec(groups=order, outbounds=(replace(DIRECT, drain=CLOSE), PROXY))
+    )
     assert group_steps(changed_unrelated) == {"inner": Reuse, "outer": Reuse}
 
 
@@ -487,7 +504,9 @@ def test_a_changed_tun_setting_plans_a_swap_and_a_disruption() -> None:
         SwapHandler("tun"),
         Disrupt("tun", TUN_SETTINGS_CHANGED),
     ]
-    assert TUN_SETTINGS_CHANGED == "the tun inbound's settings changed; its runtime restarts and its flows end"
+    assert (
+        TUN_SETTINGS_CHANGED == "the tun inbound's settings changed; its runtime restarts and its flows end"
+    )
     assert list(p.disruptions()) == [("tun", TUN_SETTINGS_CHANGED)]
 
 
@@ -520,12 +539,15 @@ def test_a_changed_tproxy_interception_plans_a_swap_and_a_disruption() -> None:
         SwapHandler("tp"),
         Disrupt("tp", INTERCEPTION_CHANGED),
     ]
-    assert INTERCEPTION_CHANGED == ("the transparent inbound's interception changed; "
-                                    "its kernel rules are replaced and its flows end")
+    assert INTERCEPTION_CHANGED == (
+        "the transparent inbound's interception changed; its kernel rules are replaced and its flows end"
+    )
 
 
 def test_a_changed_redir_interception_is_a_disruption() -> None:
-    redir = InboundDecl("rd", "redir", BindSpec("redir", "0.0.0.0", TPROXY_PORT), interception=(("table", 100),))
+    redir = InboundDecl(
+        "rd", "redir", BindSpec("redir", "0.0.0.0", TPROXY_PORT), interception=(("table", 100),)
+    )
     running = applied(full_spec(inbounds=(redir,)))
     p = plan(running, full_spec(inbounds=(replace(redir, interception=(("table", 101),)),)))
     assert list(p.disruptions()) == [("rd", INTERCEPTION_CHANGED)]
@@ -549,11 +571,16 @@ def test_a_tproxy_handler_change_that_keeps_the_interception_is_no_disruption() 
 
 def test_disruptions_come_in_step_order() -> None:
     running = applied(full_spec(inbounds=(TPROXY, MIXED, TUN)))
-    p = plan(running, full_spec(inbounds=(
-        replace(TPROXY, interception=(("fwmark", 2),)),
-        MIXED,
-        replace(TUN, settings=(("mtu", 9000),)),
-    )))
+    p = plan(
+        running,
+        full_spec(
+            inbounds=(
+                replace(TPROXY, interception=(("fwmark", 2),)),
+                MIXED,
+                replace(TUN, settings=(("mtu", 9000),)),
+            )
+        ),
+    )
     assert list(p.disruptions()) == [("tp", INTERCEPTION_CHANGED), ("tun", TUN_SETTINGS_CHANGED)]
     assert [(s.inbound, s.reason) for s in of_type(p, Disrupt)] == list(p.disruptions())
 
@@ -569,26 +596,57 @@ def test_a_plan_from_empty_never_disrupts() -> None:
 @pytest.mark.parametrize(
     ("desired", "error", "text"),
     [
-        (full_spec(route=RouteDecl(RoutingSpec(fallback="nope"))), UnknownReference,
-         "route references unknown outbound nope"),
-        (full_spec(route=RouteDecl(RoutingSpec(rules=(RuleSpec((), "nope"),)))), UnknownReference,
-         "route references unknown outbound nope"),
-        (full_spec(outbounds=(DIRECT, PROXY, OutboundDecl("x", socks("x")), OutboundDecl("x", socks("x")))),
-         DuplicateTag, "duplicate outbound tag x"),
+        (
+            full_spec(route=RouteDecl(RoutingSpec(fallback="nope"))),
+            UnknownReference,
+            "route references unknown outbound nope",
+        ),
+        (
+            full_spec(route=RouteDecl(RoutingSpec(rules=(RuleSpec((), "nope"),)))),
+            UnknownReference,
+            "route references unknown outbound nope",
+        ),
+        (
+            full_spec(
+                outbounds=(DIRECT, PROXY, OutboundDecl("x", socks("x")), OutboundDecl("x", socks("x")))
+            ),
+            DuplicateTag,
+            "duplicate outbound tag x",
+        ),
         (full_spec(groups=(LB, LB)), DuplicateTag, "duplicate group tag lb"),
-        (full_spec(inbounds=(replace(MIXED, users="nosuch"),)), UnknownReference,
-         "inbound mixed references unknown user set nosuch"),
-        (full_spec(groups=(replace(LB, members=("nosuch",)),)), UnknownReference,
-         "group lb references unknown outbound nosuch"),
-        (full_spec(outbounds=(DIRECT, PROXY, OutboundDecl("", socks("")))), Invalid,
-         "outbound: a tag must not be empty"),
+        (
+            full_spec(inbounds=(replace(MIXED, users="nosuch"),)),
+            UnknownReference,
+            "inbound mixed references unknown user set nosuch",
+        ),
+        (
+            full_spec(groups=(replace(LB, members=("nosuch",)),)),
+            UnknownReference,
+            "group lb references unknown outbound nosuch",
+        ),
+        (
+            full_spec(outbounds=(DIRECT, PROXY, OutboundDecl("", socks("")))),
+            Invalid,
+            "outbound: a tag must not be empty",
+        ),
         (full_spec(inbounds=(MIXED, replace(MIXED, tag=""))), Invalid, "inbound: a tag must not be empty"),
-        (full_spec(inbounds=(MIXED, replace(MIXED, tag="mixed2"))), Invalid,
-         "inbound mixed2: inbound mixed is already bound to 127.0.0.1:7890"),
+        (
+            full_spec(inbounds=(MIXED, replace(MIXED, tag="mixed2"))),
+            Invalid,
+            "inbound mixed2: inbound mixed is already bound to 127.0.0.1:7890",
+        ),
     ],
-    ids=["unknown-fallback", "unknown-rule-target", "duplicate-outbound", "duplicate-group",
-         "unknown-user-set", "unknown-member", "empty-outbound-tag",
-         "empty-inbound-tag", "shared-bind"],
+    ids=[
+        "unknown-fallback",
+        "unknown-rule-target",
+        "duplicate-outbound",
+        "duplicate-group",
+        "unknown-user-set",
+        "unknown-member",
+        "empty-outbound-tag",
+        "empty-inbound-tag",
+        "shared-bind",
+    ],
 )
 def test_invalid_spec_is_refused_without_a_plan(desired: DesiredState, error: type, text: str) -> None:
     for running in (EMPTY, applied(full_spec())):
@@ -601,8 +659,12 @@ def test_a_refused_plan_leaves_the_running_versions_alone() -> None:
     running = applied(full_spec())
     before = dict(running.versions)
     with pytest.raises(UnknownReference):
-        plan(running, full_spec(outbounds=(replace(DIRECT, drain=CLOSE), PROXY),
-                                route=RouteDecl(RoutingSpec(fallback="nope"))))
+        plan(
+            running,
+            full_spec(
+                outbounds=(replace(DIRECT, drain=CLOSE), PROXY), route=RouteDecl(RoutingSpec(fallback="nope"))
+            ),
+        )
     assert running.versions == before
 
 
@@ -614,16 +676,29 @@ INBOUND_PORTS = (7901, 7902, 7903)
 # the fixed order of RL-12, as ranks
 RANK_DNS, RANK_OUTBOUND, RANK_GROUP, RANK_ROUTE, RANK_USERS, RANK_INBOUND = range(6)
 RANK_PUBLISH, RANK_SWAP, RANK_STOP, RANK_CLOSE, RANK_DRAIN = range(6, 11)
-RESOURCE_RANK = {"dns": RANK_DNS, "outbound": RANK_OUTBOUND, "group": RANK_GROUP, "route": RANK_ROUTE,
-                 "user set": RANK_USERS, "inbound": RANK_INBOUND}
+RESOURCE_RANK = {
+    "dns": RANK_DNS,
+    "outbound": RANK_OUTBOUND,
+    "group": RANK_GROUP,
+    "route": RANK_ROUTE,
+    "user set": RANK_USERS,
+    "inbound": RANK_INBOUND,
+}
 PLANE_KINDS = frozenset({"dns", "outbound", "group", "route"})
 
 
 def rank(step: object) -> int:
     if isinstance(step, Build | Reuse):
         return RESOURCE_RANK[step.resource.kind]
-    return {Bind: RANK_INBOUND, PublishPlane: RANK_PUBLISH, SwapHandler: RANK_SWAP, Disrupt: RANK_SWAP,
-            StopAccepting: RANK_STOP, CloseSessions: RANK_CLOSE, Drain: RANK_DRAIN}[type(step)]
+    return {
+        Bind: RANK_INBOUND,
+        PublishPlane: RANK_PUBLISH,
+        SwapHandler: RANK_SWAP,
+        Disrupt: RANK_SWAP,
+        StopAccepting: RANK_STOP,
+        CloseSessions: RANK_CLOSE,
+        Drain: RANK_DRAIN,
+    }[type(step)]
 
 
 # A desired state is a point in a small space of knobs; a history is a start point and a
@@ -631,7 +706,9 @@ def rank(step: object) -> int:
 KNOBS = {  # name: number of values
     "dns": 2,
     "hole": 2,  # absent, present
-    "p1": 4, "p2": 4, "p3": 4,  # absent, port A, port B, port A with a close override
+    "p1": 4,
+    "p2": 4,
+    "p3": 4,  # absent, port A, port B, port A with a close override
     "lb": 4,  # absent, outbound on port A, outbound on port B, group: a tag that changes kind
     "g1": 3,  # absent, selector, fallback
     "g1_members": 8,  # a bit per proxy (only present ones count)
@@ -639,7 +716,9 @@ KNOBS = {  # name: number of values
     "group_order": 3,  # rotation of the groups' declaration order
     "fallback": 10,  # index into the targets
     "people": 3,  # absent, one user, two users
-    "in1": 7, "in2": 7, "in3": 7,  # absent, or (mixed | http) on one of three ports
+    "in1": 7,
+    "in2": 7,
+    "in3": 7,  # absent, or (mixed | http) on one of three ports
     "admits": 8,  # a bit per inbound: admits `people`
     "drain": 2,  # default drain policy: keep, close
 }
@@ -709,8 +788,12 @@ def check_step_order(p: Plan, desired: DesiredState) -> None:
     ranks = [rank(s) for s in p.steps]
     assert ranks == sorted(ranks), p.steps
     # within one kind, desired-state order; every desired resource exactly once (RL-65)
-    for kind, decls in (("outbound", desired.outbounds), ("group", desired.groups),
-                        ("user set", desired.user_sets), ("inbound", desired.inbounds)):
+    for kind, decls in (
+        ("outbound", desired.outbounds),
+        ("group", desired.groups),
+        ("user set", desired.user_sets),
+        ("inbound", desired.inbounds),
+    ):
         tags = [s.resource.tag for s in p.steps if isinstance(s, Build | Reuse) and s.resource.kind == kind]
         assert tags == [d.tag for d in decls]
     assert sum(isinstance(s, PublishPlane) for s in p.steps) <= 1
@@ -718,8 +801,9 @@ def check_step_order(p: Plan, desired: DesiredState) -> None:
 
 def check_publish(p: Plan, running: RunningState, desired: DesiredState) -> None:
     plane_built = any(isinstance(s, Build) and s.resource.kind in PLANE_KINDS for s in p.steps)
-    group_removed = running.desired is not None and any(desired.group(g.tag) is None
-                                                        for g in running.desired.groups)
+    group_removed = running.desired is not None and any(
+        desired.group(g.tag) is None for g in running.desired.groups
+    )
     assert p.publishes == (plane_built or bool(of_type(p, Drain)) or group_removed)
     if p.publishes:  # the published plane holds every build
         publish = position(p, PublishPlane())
@@ -788,18 +872,26 @@ def test_an_empty_report_has_nothing_to_run() -> None:
 
 def test_the_summary_lists_fields_in_their_fixed_order() -> None:
     report = ApplyReport(
-        reused=["dns"], built=["outbound direct@v2"], swapped=["in"], drained=["direct@v1"],
-        rebound=["mixed"], restarted=["tp"], removed=["a"],
+        reused=["dns"],
+        built=["outbound direct@v2"],
+        swapped=["in"],
+        drained=["direct@v1"],
+        rebound=["mixed"],
+        restarted=["tp"],
+        removed=["a"],
     )
-    assert report.summary() == ("built [outbound direct@v2]; swapped [in]; drained [direct@v1]; "
-                                "rebound [mixed]; restarted [tp]; removed [a]; reused [dns]")
+    assert report.summary() == (
+        "built [outbound direct@v2]; swapped [in]; drained [direct@v1]; "
+        "rebound [mixed]; restarted [tp]; removed [a]; reused [dns]"
+    )
 
 
 def test_the_summary_skips_empty_fields_and_joins_items() -> None:
     reused = [str(s.resource) for s in plan(EMPTY, full_spec()).steps if isinstance(s, Build)]
     report = ApplyReport(reused=reused)
-    assert report.summary() == ("reused [dns, outbound direct@v1, outbound proxy@v1, group lb, route, "
-                                "user set people, inbound mixed]")
+    assert report.summary() == (
+        "reused [dns, outbound direct@v1, outbound proxy@v1, group lb, route, user set people, inbound mixed]"
+    )
     assert ApplyReport(built=["route"], drained=["proxy@v1"]).summary() == "built [route]; drained [proxy@v1]"
 
 

@@ -57,8 +57,15 @@ def _users(*pairs: tuple[str, str]) -> tuple[InboundUser, ...]:
     return tuple(InboundUser(name, password) for name, password in pairs)
 
 
-def _open(registry: SessionRegistry, listener: FakeListener, tracker: FakeTracker, tag: str,
-          principal: Principal | None = None, *, opened: bool = True):
+def _open(
+    registry: SessionRegistry,
+    listener: FakeListener,
+    tracker: FakeTracker,
+    tag: str,
+    principal: Principal | None = None,
+    *,
+    opened: bool = True,
+):
     """A session authenticated as ``principal``; ``opened``: its first flow went through."""
     session = registry.open(listener, tag, tracker)
     assert session is not None

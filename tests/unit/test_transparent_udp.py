@@ -71,8 +71,10 @@ class RecordingPlane:
 
     async def decide(self, meta, resolver):  # noqa: ANN001, ANN201
         self.metas.append(meta)
-        return SimpleNamespace(route=SimpleNamespace(outbound="proxy", rule="match", must=False),
-                               selection=SimpleNamespace(chain=("proxy",), leaf=self.leaf))
+        return SimpleNamespace(
+            route=SimpleNamespace(outbound="proxy", rule="match", must=False),
+            selection=SimpleNamespace(chain=("proxy",), leaf=self.leaf),
+        )
 
 
 async def _no_resolver(host: str) -> list:
@@ -84,8 +86,9 @@ def make(dial_mode: str = "domain++", dns_handler=None):  # noqa: ANN001, ANN201
     leaf = FakeProxyLeaf()
     plane = RecordingPlane(leaf)
     tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(plane, tracker, clock, GlobalSpec(connect_timeout=STEP, udp_idle_timeout=UDP_IDLE),
-                            _no_resolver)
+    dispatcher = Dispatcher(
+        plane, tracker, clock, GlobalSpec(connect_timeout=STEP, udp_idle_timeout=UDP_IDLE), _no_resolver
+    )
     spec = TransparentSpec("lan", "tproxy", "::", 0, dial_mode=dial_mode, sniffing_timeout=SNIFFING_TIMEOUT)
     inbound = TransparentInbound(spec, dispatcher, clock, dns_handler=dns_handler)
     return SimpleNamespace(clock=clock, leaf=leaf, plane=plane, tracker=tracker, inbound=inbound)
@@ -96,8 +99,12 @@ def quic_initials(server_name: str, alpn_count: int = 1) -> list[bytes]:
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
-    config = QuicConfiguration(is_client=True, server_name=server_name, supported_versions=[QUIC_V1],
-                               alpn_protocols=[f"h3-{i:03d}" for i in range(alpn_count)])
+    config = QuicConfiguration(
+        is_client=True,
+        server_name=server_name,
+        supported_versions=[QUIC_V1],
+        alpn_protocols=[f"h3-{i:03d}" for i in range(alpn_count)],
+    )
     connection = QuicConnection(configuration=config)
     connection.connect((ORIGINAL.host, ORIGINAL.port), now=0.0)
     return [data for data, _ in connection.datagrams_to_send(now=0.0)]
@@ -262,7 +269,9 @@ def client_socket():
     sock.close()
 
 
-async def test_replies_come_from_the_original_address_and_its_socket_carries_the_next_datagrams(client_socket):
+async def test_replies_come_from_the_original_address_and_its_socket_carries_the_next_datagrams(
+    client_socket,
+):
     t = make("ip")
     client = Address(*client_socket.getsockname())
     original = Address("127.0.0.5", 5300)
@@ -272,12 +281,18 @@ async def test_replies_come_from_the_original_address_and_its_socket_carries_the
         assert await sent(t) == (b"ping", original)
         [endpoint] = t.leaf.endpoints
         endpoint.receive(b"pong", original)
-        assert await asyncio.wait_for(loop.sock_recvfrom(client_socket, 2048), STEP) == (b"pong", ("127.0.0.5", 5300))
+        assert await asyncio.wait_for(loop.sock_recvfrom(client_socket, 2048), STEP) == (
+            b"pong",
+            ("127.0.0.5", 5300),
+        )
         # the pair's next datagram reaches the session through its connected reply socket
         await loop.sock_sendto(client_socket, b"next", ("127.0.0.5", 5300))
         assert await sent(t) == (b"next", original)
         endpoint.receive(b"side", Address("127.0.0.6", 7000))  # a proxy reporting another source
-        assert await asyncio.wait_for(loop.sock_recvfrom(client_socket, 2048), STEP) == (b"side", ("127.0.0.6", 7000))
+        assert await asyncio.wait_for(loop.sock_recvfrom(client_socket, 2048), STEP) == (
+            b"side",
+            ("127.0.0.6", 7000),
+        )
         assert len(t.tracker) == 1
     finally:
         await t.inbound.aclose()

@@ -80,11 +80,27 @@ class ScoreLifecycleError(RuntimeError):
 class LatencySink(Protocol):
     """What a reporter tells the first-choice heuristic (:class:`~honk.group.score.heuristic.FirstChoiceHeuristic`)."""
 
-    def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                      node_id: NodeId, latency: float, now: float) -> None: ...
+    def observe_setup(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        node_id: NodeId,
+        latency: float,
+        now: float,
+    ) -> None: ...
 
-    def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                         node_id: NodeId, latency: float, now: float) -> None: ...
+    def observe_response(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        node_id: NodeId,
+        latency: float,
+        now: float,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +121,9 @@ class Traversal:
 
     def cohort_cell(self) -> Hashable:
         """The most specific evidence key: where this group's availability cohort lives."""
-        return ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)[-1][1]
+        return ScoreEvidence.keys(self.group, self.network, self.target, self.node_id, self.destination)[-1][
+            1
+        ]
 
     def node_cells(self) -> tuple[Hashable, ...]:
         """The node's aggregate keys (family, then none): where a node-scoped failure opens, so
@@ -136,8 +154,15 @@ class ScoreFeedback:
     performance: LatencySink | None = field(default=None, compare=False)
 
     @classmethod
-    def of(cls, traversed: Iterable[Traversal], evidence: ScoreEvidence, cohorts: Cohorts, *,
-           kind: Kind = Kind.TRAFFIC, performance: LatencySink | None = None) -> ScoreFeedback:
+    def of(
+        cls,
+        traversed: Iterable[Traversal],
+        evidence: ScoreEvidence,
+        cohorts: Cohorts,
+        *,
+        kind: Kind = Kind.TRAFFIC,
+        performance: LatencySink | None = None,
+    ) -> ScoreFeedback:
         """Attribution that keeps the first traversal of each group: a group counts once (GH-K-05)."""
         seen: dict[str, Traversal] = {}
         for step in traversed:
@@ -146,7 +171,9 @@ class ScoreFeedback:
 
     def clone(self) -> ScoreFeedback:
         """The same attribution and origin: its attempts count as the same business flow."""
-        return ScoreFeedback(self.traversed, self.evidence, self.cohorts, self.kind, self.origin, self.performance)
+        return ScoreFeedback(
+            self.traversed, self.evidence, self.cohorts, self.kind, self.origin, self.performance
+        )
 
     def start(self) -> ScoreAttempt:
         """A new, independent observation of this business flow; the feedback is unchanged."""
@@ -215,7 +242,12 @@ _SUCCESS = Result(Ending.SUCCESS)
 # through the enum metaclass's __getattr__ hook, several hundred instructions; a global is one.
 _END_SUCCESS, _END_FAILURE, _END_IDLE = Ending.SUCCESS, Ending.FAILURE, Ending.IDLE
 _END_REJECTED, _END_SHUTDOWN = Ending.REJECTED, Ending.SHUTDOWN
-_USEFUL, _SUCCEEDED, _FAILED, _SETUP_FAILED = Outcome.USEFUL, Outcome.SUCCESS, Outcome.FAILURE, Outcome.SETUP_FAILURE
+_USEFUL, _SUCCEEDED, _FAILED, _SETUP_FAILED = (
+    Outcome.USEFUL,
+    Outcome.SUCCESS,
+    Outcome.FAILURE,
+    Outcome.SETUP_FAILURE,
+)
 _RX_REJECTED, _RX_SHUTDOWN, _RX_CANCELLED = RxOutcome.REJECTED, RxOutcome.SHUTDOWN, RxOutcome.CANCELLED
 _RX_FAILURE, _RX_SUCCESS = RxOutcome.FAILURE, RxOutcome.SUCCESS
 _tuple_new = tuple.__new__  # builds a named tuple as its _make does, without a Python call
@@ -265,7 +297,9 @@ def classify_relay_end(error: BaseException | None, *, episode: Episode | None =
         episode = shared_episode(error)
     if isinstance(error, IdleTimeout):
         return Result.idle(episode)
-    if isinstance(error, CodecError) and error.carrier_wide:  # the node's framing, authentication or carrier broke
+    if (
+        isinstance(error, CodecError) and error.carrier_wide
+    ):  # the node's framing, authentication or carrier broke
         return Result.failure(episode, node_scoped=True)
     return Result.failure(episode)
 
@@ -309,8 +343,12 @@ class ScoreAttempt:
             if not evidence.is_member(step.group, step.node_id):
                 raise ScoreAttemptRefused("the selected member left its Score group")
         # every traversal is a member (checked above): admit each without asking again
-        admissions = tuple([evidence.admit_member(step.group, step.network, step.family, step.target, step.node_id)
-                            for step in traversed])
+        admissions = tuple(
+            [
+                evidence.admit_member(step.group, step.network, step.family, step.target, step.node_id)
+                for step in traversed
+            ]
+        )
         return ScoreBusinessGuard(self, admissions, now, members_at=evidence.membership_version)
 
 
@@ -321,8 +359,14 @@ class ScoreBusinessGuard:
 
     _OPEN, _TRANSFERRED, _CANCELLED = "open", "transferred", "cancelled"
 
-    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
-                 members_at: int | None = None) -> None:
+    def __init__(
+        self,
+        attempt: ScoreAttempt,
+        admissions: tuple[Admission, ...],
+        now: float,
+        *,
+        members_at: int | None = None,
+    ) -> None:
         self._attempt = attempt
         self._admissions = admissions
         self._members_at = members_at  # the membership version begin() found every traversal in
@@ -344,9 +388,13 @@ class ScoreBusinessGuard:
         if self._state != self._OPEN:
             raise ScoreLifecycleError(f"the guard is already {self._state}")
         self._state = self._TRANSFERRED
-        return ScoreReporter(self._attempt, self._admissions, now,
-                             begun_at=self.begun_at if dial_started is None else dial_started,
-                             members_at=self._members_at)
+        return ScoreReporter(
+            self._attempt,
+            self._admissions,
+            now,
+            begun_at=self.begun_at if dial_started is None else dial_started,
+            members_at=self._members_at,
+        )
 
     def close(self) -> None:
         """Cancel neutrally unless transferred: nothing was observed, so nothing is recorded."""
@@ -366,12 +414,32 @@ class ScoreBusinessGuard:
 class ScoreReporter:
     """Reports one admitted business flow to every traversed Score group (GH-K-71..74)."""
 
-    __slots__ = ("__weakref__", "_admissions", "_attempt", "_cells", "_members", "_node_cells", "_publishers",
-                 "_settlement",
-                 "begun_at", "first_response_at", "rx_bytes", "setup_at", "started_at", "tx_bytes")
+    __slots__ = (
+        "__weakref__",
+        "_admissions",
+        "_attempt",
+        "_cells",
+        "_members",
+        "_node_cells",
+        "_publishers",
+        "_settlement",
+        "begun_at",
+        "first_response_at",
+        "rx_bytes",
+        "setup_at",
+        "started_at",
+        "tx_bytes",
+    )
 
-    def __init__(self, attempt: ScoreAttempt, admissions: tuple[Admission, ...], now: float, *,
-                 begun_at: float | None = None, members_at: int | None = None) -> None:
+    def __init__(
+        self,
+        attempt: ScoreAttempt,
+        admissions: tuple[Admission, ...],
+        now: float,
+        *,
+        begun_at: float | None = None,
+        members_at: int | None = None,
+    ) -> None:
         feedback = attempt.feedback
         self._attempt = attempt
         self._admissions = admissions
@@ -379,11 +447,13 @@ class ScoreReporter:
         # (Traversal.cohort_cell), the node's aggregates the others (Traversal.node_cells)
         # parallel to ``admissions`` (and so to the traversals), as are the node cells and publishers
         self._cells = tuple([admission.cells[-1][1] for admission in admissions])
-        self._node_cells = tuple([tuple([key for _store, key, _inc in admission.cells[:-1]])
-                                  for admission in admissions])
+        self._node_cells = tuple(
+            [tuple([key for _store, key, _inc in admission.cells[:-1]]) for admission in admissions]
+        )
         # (membership version, per traversal); ``members_at``: a version at which all were members
         self._members: tuple[int, tuple[bool, ...]] | None = (
-            None if members_at is None else (members_at, (True,) * len(admissions)))
+            None if members_at is None else (members_at, (True,) * len(admissions))
+        )
         reporter, cohorts, kind = attempt.reporter, feedback.cohorts, feedback.kind
         self._publishers = tuple([RxPublisher(cell, reporter, cohorts, kind=kind) for cell in self._cells])
         self._settlement: Settlement | None = None
@@ -501,7 +571,9 @@ class ScoreReporter:
                 if node_scoped:  # every target of the node sees it, not only this one
                     for node_cell in self._node_cells[i]:
                         feedback.cohorts.fail(node_cell, now, episode=result.episode)
-        self._settlement = _tuple_new(Settlement, (result.ending, outcome))  # Settlement(...), no Python __new__
+        self._settlement = _tuple_new(
+            Settlement, (result.ending, outcome)
+        )  # Settlement(...), no Python __new__
         return self._settlement
 
     def cancel(self, now: float, ending: Ending = Ending.CANCELLED) -> Settlement | None:
@@ -513,8 +585,15 @@ class ScoreReporter:
         evidence = self._attempt.feedback.evidence
         known = self._members
         if known is None or known[0] != evidence.membership_version:
-            known = self._members = (evidence.membership_version, tuple([
-                evidence.is_member(step.group, step.node_id) for step in self._attempt.feedback.traversed]))
+            known = self._members = (
+                evidence.membership_version,
+                tuple(
+                    [
+                        evidence.is_member(step.group, step.node_id)
+                        for step in self._attempt.feedback.traversed
+                    ]
+                ),
+            )
         return known[1]
 
     def _outcome(self, result: Result) -> Outcome | None:
@@ -535,7 +614,17 @@ class ScoreReporter:
 
 
 __all__ = [
-    "Ending", "Episode", "Result", "ScoreAttempt", "ScoreAttemptRefused", "ScoreBusinessGuard",
-    "ScoreFeedback", "ScoreLifecycleError", "ScoreReporter", "Settlement", "Traversal",
-    "classify_relay_end", "shared_episode",
+    "Ending",
+    "Episode",
+    "Result",
+    "ScoreAttempt",
+    "ScoreAttemptRefused",
+    "ScoreBusinessGuard",
+    "ScoreFeedback",
+    "ScoreLifecycleError",
+    "ScoreReporter",
+    "Settlement",
+    "Traversal",
+    "classify_relay_end",
+    "shared_episode",
 ]

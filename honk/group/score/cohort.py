@@ -110,7 +110,12 @@ class _Cell:
 # Enum members read on every event, bound once: in Python 3.11 each ``Enum.MEMBER`` read goes
 # through the enum metaclass's __getattr__ hook, several hundred instructions; a global is one.
 _TRAFFIC = Kind.TRAFFIC
-_IGNORED, _REFRESHED, _RECOVERED, _COUNTED = Credit.IGNORED, Credit.REFRESHED, Credit.RECOVERED, Credit.COUNTED
+_IGNORED, _REFRESHED, _RECOVERED, _COUNTED = (
+    Credit.IGNORED,
+    Credit.REFRESHED,
+    Credit.RECOVERED,
+    Credit.COUNTED,
+)
 _KEPT, _FAIL_COUNTED, _OPENED = FailResult.KEPT, FailResult.COUNTED, FailResult.OPENED
 
 _NO_STATES: dict = {}  # what open_states returns for a row without any (never written)
@@ -171,8 +176,9 @@ class Cohorts:
         if len(state.tx) > TX_MEMORY:
             state.tx.popitem(last=False)
 
-    def rx(self, cell: Hashable, reporter: Reporter, now: float, *, kind: Kind,
-           at: float | None = None) -> Credit:
+    def rx(
+        self, cell: Hashable, reporter: Reporter, now: float, *, kind: Kind, at: float | None = None
+    ) -> Credit:
         """A targeted positive RX at event time ``at`` (default ``now``) (GH-K-36, GH-K-41).
 
         It counts only for Traffic, after this reporter's TX, strictly after the failure/reload
@@ -288,5 +294,12 @@ class Cohorts:
 
 
 __all__ = [
-    "EPISODE_MEMORY", "TX_MEMORY", "Cohorts", "Credit", "EpisodeState", "FailResult", "Kind", "Reporter",
+    "EPISODE_MEMORY",
+    "TX_MEMORY",
+    "Cohorts",
+    "Credit",
+    "EpisodeState",
+    "FailResult",
+    "Kind",
+    "Reporter",
 ]

@@ -78,18 +78,52 @@ RECENT_FAILURE_WINDOW = PERFORMANCE_EXPIRY  # GH-K-46: a failure excludes its me
 # than the performance evidence age, the 120 s metric expiry of GH-K-31
 
 __all__ = [
-    "HOLD_RELIABILITY_MARGIN", "HOLD_UTILITY_MARGIN", "RECENT_FAILURE_WINDOW", "RELIABILITY_BAND",
-    "AGGREGATE_CELLS_MAX", "COHORT_GAP", "COLD_ALLOWANCE_ALL_UP_TO", "DEMAND_HALF_LIFE", "EVIDENCE_HALF_LIFE",
-    "EXACT_CELLS_MAX", "FLAP_WINDOW", "PERFORMANCE_CONFIDENCE_LOSS", "PERFORMANCE_EXPIRY", "PERFORMANCE_INERTIA",
-    "QUALIFICATION_LEASE", "QUALIFYING_COMPLETIONS", "RECOVERY_LEASE", "RECOVERY_REPORTERS", "RX_PUBLISH_INTERVAL",
-    "SWITCH_HISTORY_MAX", "TRIAL_OUTCOME_HALF_LIFE", "USABLE_REPORTERS", "cold_allowance",
-    "BLEND_FULL_EVIDENCE", "RELIABILITY_CONFIDENCE", "RELIABILITY_PRIOR", "SETUP_FAILURE_WEIGHT", "BOUND_REUSE",
-    "EPISODE_MEMORY", "TX_MEMORY",
-    "EARN_DIVISOR", "EARNED_CREDIT_CAP", "EXPLORATION_BACKOFF_GROWTH", "EXPLORATION_BACKOFF_MAX",
-    "EXPLORATION_BACKOFF_MIN", "TRIAL_ANSWER_TIMEOUT",
-    "PERFORMANCE_STALE_CONFIDENCE", "PERFORMANCE_LATENCY_FLOOR", "PERFORMANCE_COMPARABLE_MIN",
-    "PERFORMANCE_WEIGHT_RESPONSE", "PERFORMANCE_WEIGHT_SETUP", "PERFORMANCE_WEIGHT_GOODPUT", "PERFORMANCE_WEIGHT_PROBE",
-    "DEGRADATION_RATIO", "DEGRADATION_MIN_EXCESS", "DEGRADATION_MIN_HISTORY",
+    "HOLD_RELIABILITY_MARGIN",
+    "HOLD_UTILITY_MARGIN",
+    "RECENT_FAILURE_WINDOW",
+    "RELIABILITY_BAND",
+    "AGGREGATE_CELLS_MAX",
+    "COHORT_GAP",
+    "COLD_ALLOWANCE_ALL_UP_TO",
+    "DEMAND_HALF_LIFE",
+    "EVIDENCE_HALF_LIFE",
+    "EXACT_CELLS_MAX",
+    "FLAP_WINDOW",
+    "PERFORMANCE_CONFIDENCE_LOSS",
+    "PERFORMANCE_EXPIRY",
+    "PERFORMANCE_INERTIA",
+    "QUALIFICATION_LEASE",
+    "QUALIFYING_COMPLETIONS",
+    "RECOVERY_LEASE",
+    "RECOVERY_REPORTERS",
+    "RX_PUBLISH_INTERVAL",
+    "SWITCH_HISTORY_MAX",
+    "TRIAL_OUTCOME_HALF_LIFE",
+    "USABLE_REPORTERS",
+    "cold_allowance",
+    "BLEND_FULL_EVIDENCE",
+    "RELIABILITY_CONFIDENCE",
+    "RELIABILITY_PRIOR",
+    "SETUP_FAILURE_WEIGHT",
+    "BOUND_REUSE",
+    "EPISODE_MEMORY",
+    "TX_MEMORY",
+    "EARN_DIVISOR",
+    "EARNED_CREDIT_CAP",
+    "EXPLORATION_BACKOFF_GROWTH",
+    "EXPLORATION_BACKOFF_MAX",
+    "EXPLORATION_BACKOFF_MIN",
+    "TRIAL_ANSWER_TIMEOUT",
+    "PERFORMANCE_STALE_CONFIDENCE",
+    "PERFORMANCE_LATENCY_FLOOR",
+    "PERFORMANCE_COMPARABLE_MIN",
+    "PERFORMANCE_WEIGHT_RESPONSE",
+    "PERFORMANCE_WEIGHT_SETUP",
+    "PERFORMANCE_WEIGHT_GOODPUT",
+    "PERFORMANCE_WEIGHT_PROBE",
+    "DEGRADATION_RATIO",
+    "DEGRADATION_MIN_EXCESS",
+    "DEGRADATION_MIN_HISTORY",
 ]
 
 
@@ -97,16 +131,34 @@ __all__ = [
 # Normalization (GH-K-32): within one scope (group, network, metric, and target or probe identity) a
 # candidate's relative score is best/value for latencies and value/best for goodput, in [0, 1]; scopes
 # never share units. Utility = sum(w * confidence * relative) / sum(w) over the comparable scopes.
-PERFORMANCE_STALE_CONFIDENCE = 0.5  # a metric 60-120 s old counts half: it still ranks, but an equal fresh one beats it
-PERFORMANCE_LATENCY_FLOOR = 0.001  # seconds; sub-millisecond latencies compare as 1 ms (loopback noise, no 0-division)
-PERFORMANCE_COMPARABLE_MIN = 2  # a scope ranks only when two candidates have it: a lone value compares with nothing
-PERFORMANCE_WEIGHT_RESPONSE = 4.0  # response is the default objective, so a comparable one outweighs the probe baseline
+PERFORMANCE_STALE_CONFIDENCE = (
+    0.5  # a metric 60-120 s old counts half: it still ranks, but an equal fresh one beats it
+)
+PERFORMANCE_LATENCY_FLOOR = (
+    0.001  # seconds; sub-millisecond latencies compare as 1 ms (loopback noise, no 0-division)
+)
+PERFORMANCE_COMPARABLE_MIN = (
+    2  # a scope ranks only when two candidates have it: a lone value compares with nothing
+)
+PERFORMANCE_WEIGHT_RESPONSE = (
+    4.0  # response is the default objective, so a comparable one outweighs the probe baseline
+)
 PERFORMANCE_WEIGHT_SETUP = 1.0  # setup costs once per flow; response dominates it
-PERFORMANCE_WEIGHT_GOODPUT = 1.0  # per known direction; unknown directions add no scope, so never a win or a zero
-PERFORMANCE_WEIGHT_PROBE = 1.0  # the baseline, split evenly across comparable probe identities so several don't outvote
-DEGRADATION_RATIO = 1.5  # GH-K-47: a sample >= 1.5x the exact target's mean, like K-120's carrier RTT pressure rule
-DEGRADATION_MIN_EXCESS = 0.020  # seconds; and >= mean + 20 ms, so fast targets' jitter (2 ms -> 4 ms) is not degradation
-DEGRADATION_MIN_HISTORY = 2  # the target's fresh history needs two observations; one may itself be the outlier
+PERFORMANCE_WEIGHT_GOODPUT = (
+    1.0  # per known direction; unknown directions add no scope, so never a win or a zero
+)
+PERFORMANCE_WEIGHT_PROBE = (
+    1.0  # the baseline, split evenly across comparable probe identities so several don't outvote
+)
+DEGRADATION_RATIO = (
+    1.5  # GH-K-47: a sample >= 1.5x the exact target's mean, like K-120's carrier RTT pressure rule
+)
+DEGRADATION_MIN_EXCESS = (
+    0.020  # seconds; and >= mean + 20 ms, so fast targets' jitter (2 ms -> 4 ms) is not degradation
+)
+DEGRADATION_MIN_HISTORY = (
+    2  # the target's fresh history needs two observations; one may itself be the outlier
+)
 
 
 # --- recovery trials (K.10 minimal: backoff, earned-currency ledger, recovery continuations) ---

@@ -86,8 +86,9 @@ class EvidenceStats:
     aggregate_evictions: int
 
 
-def _layer_keys(group: str, network: Network, family: Family | None, target: ScoreTarget | None,
-                node_id: NodeId) -> list[tuple[str, object]]:
+def _layer_keys(
+    group: str, network: Network, family: Family | None, target: ScoreTarget | None, node_id: NodeId
+) -> list[tuple[str, object]]:
     layers: list[tuple[str, object]] = [("aggregate", AggregateKey(group, network, None, node_id))]
     if family is not None:
         layers.append(("aggregate", AggregateKey(group, network, family, node_id)))
@@ -99,13 +100,22 @@ def _layer_keys(group: str, network: Network, family: Family | None, target: Sco
 class ScoreEvidence:
     """The per-manager evidence state; one object lives across in-process reloads (GH-K-08)."""
 
-    def __init__(self, membership: Iterable[tuple[str, NodeId]] | None = None,
-                 exact_max: int = EXACT_CELLS_MAX, aggregate_max: int = AGGREGATE_CELLS_MAX) -> None:
-        self._stores: dict[str, CellStore] = {"exact": CellStore(exact_max), "aggregate": CellStore(aggregate_max)}
+    def __init__(
+        self,
+        membership: Iterable[tuple[str, NodeId]] | None = None,
+        exact_max: int = EXACT_CELLS_MAX,
+        aggregate_max: int = AGGREGATE_CELLS_MAX,
+    ) -> None:
+        self._stores: dict[str, CellStore] = {
+            "exact": CellStore(exact_max),
+            "aggregate": CellStore(aggregate_max),
+        }
         self.exact: CellStore[ExactKey] = self._stores["exact"]
         self.aggregate: CellStore[AggregateKey] = self._stores["aggregate"]
         # None: no membership published yet, every (group, node) is accepted
-        self._valid: frozenset[tuple[str, NodeId]] | None = None if membership is None else frozenset(membership)
+        self._valid: frozenset[tuple[str, NodeId]] | None = (
+            None if membership is None else frozenset(membership)
+        )
         self.membership_version = 0  # +1 at every published membership: a cached is_member answer is stale
         self._reload_fence: float | None = None  # time of the last reload: older RX renews nothing
         # (group, network, family, node) -> its aggregate keys, global first: every flow of a
@@ -116,8 +126,13 @@ class ScoreEvidence:
     # --- keys -----------------------------------------------------------------------------------
 
     @staticmethod
-    def keys(group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
-             destination: IPAddress | None = None) -> list[tuple[str, object]]:
+    def keys(
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        destination: IPAddress | None = None,
+    ) -> list[tuple[str, object]]:
         """The (store, key) layers of a flow, global first; an exact key only with a family."""
         return _layer_keys(group, network, target_family(target, destination), target, node_id)
 
@@ -126,8 +141,14 @@ class ScoreEvidence:
 
     # --- reporting ------------------------------------------------------------------------------
 
-    def admit(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
-              destination: IPAddress | None = None) -> Admission | None:
+    def admit(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        destination: IPAddress | None = None,
+    ) -> Admission | None:
         """Admit a reporter: create its cells on demand and capture their incarnations.
 
         None when (group, node) is not in the current membership: it reports nothing.
@@ -136,14 +157,16 @@ class ScoreEvidence:
             return None
         return self.admit_member(group, network, target_family(target, destination), target, node_id)
 
-    def admit_member(self, group: str, network: Network, family: Family | None, target: ScoreTarget | None,
-                     node_id: NodeId) -> Admission:
+    def admit_member(
+        self, group: str, network: Network, family: Family | None, target: ScoreTarget | None, node_id: NodeId
+    ) -> Admission:
         """:meth:`admit` for a (group, node) the caller just found a member, with the flow's
         target ``family`` already decided."""
         aggregate_keys = self._aggregate_keys.get((group, network, family, node_id))
         if aggregate_keys is None:
             aggregate_keys = self._aggregate_keys[(group, network, family, node_id)] = tuple(
-                key for _name, key in _layer_keys(group, network, family, None, node_id))
+                key for _name, key in _layer_keys(group, network, family, None, node_id)
+            )
         cells = []
         store = self.aggregate
         for key in aggregate_keys:
@@ -155,8 +178,9 @@ class ScoreEvidence:
             cells.append((store, cell.key, cell.incarnation))
         return Admission(tuple(cells), target is not None)
 
-    def settle(self, admission: Admission | None, outcome: Outcome, now: float, *,
-               rx_at: float | None = None) -> None:
+    def settle(
+        self, admission: Admission | None, outcome: Outcome, now: float, *, rx_at: float | None = None
+    ) -> None:
         """Record ``outcome`` at ``now`` into every admitted cell that is still current; ``rx_at``:
         a held RX flushed by this settlement first (as :meth:`rx` would, on the same cells)."""
         if admission is None:
@@ -169,8 +193,16 @@ class ScoreEvidence:
         for cell in current:
             cell.record(outcome, now)
 
-    def record(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
-               outcome: Outcome, now: float, destination: IPAddress | None = None) -> None:
+    def record(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        outcome: Outcome,
+        now: float,
+        destination: IPAddress | None = None,
+    ) -> None:
         """Admit and settle at once, for samples without a long-lived reporter (warm-up)."""
         self.settle(self.admit(group, network, target, node_id, destination), outcome, now)
 
@@ -208,16 +240,29 @@ class ScoreEvidence:
 
     # --- reading (never creates or touches cells) -----------------------------------------------
 
-    def layers(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
-               destination: IPAddress | None = None) -> list[EvidenceCell | None]:
+    def layers(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        destination: IPAddress | None = None,
+    ) -> list[EvidenceCell | None]:
         """The (global, family, exact) cells of a read; missing layers are None."""
         out: list[EvidenceCell | None] = [None] * LAYERS
         for i, (store, key) in enumerate(self.keys(group, network, target, node_id, destination)):
             out[i] = self._stores[store].peek(key)
         return out
 
-    def blend(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId, now: float,
-              destination: IPAddress | None = None) -> Blend:
+    def blend(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        now: float,
+        destination: IPAddress | None = None,
+    ) -> Blend:
         """The hierarchical blend of the layers at ``now`` (GH-K-04)."""
         cells = self.layers(group, network, target, node_id, destination)
         weights = [1.0, 0.0, 0.0]
@@ -231,8 +276,15 @@ class ScoreEvidence:
         useful = max((c.useful.value(now) for c in present), default=0.0)
         return Blend(read_cells(tuple(cells), now)[0], (weights[0], weights[1], weights[2]), support, useful)
 
-    def qualified(self, group: str, network: Network, node_id: NodeId, now: float,
-                  target: ScoreTarget | None = None, destination: IPAddress | None = None) -> bool:
+    def qualified(
+        self,
+        group: str,
+        network: Network,
+        node_id: NodeId,
+        now: float,
+        target: ScoreTarget | None = None,
+        destination: IPAddress | None = None,
+    ) -> bool:
         """Whether the node is qualified at ``now``: earned completions or a running lease."""
         return read_cells(tuple(self.layers(group, network, target, node_id, destination)), now)[1]
 
@@ -247,7 +299,9 @@ class ScoreEvidence:
         self.membership_version += 1
         self._aggregate_keys.clear()
         keep = self._valid
-        return sum(store.prune(lambda key: (key.group, key.node_id) in keep) for store in self._stores.values())
+        return sum(
+            store.prune(lambda key: (key.group, key.node_id) in keep) for store in self._stores.values()
+        )
 
     def reload(self, valid: Iterable[tuple[str, NodeId]], now: float) -> int:
         """A committed in-process reload (GH-K-08/12/28): prune to the new membership and revoke
@@ -269,9 +323,23 @@ class ScoreEvidence:
         self._reload_fence = None
 
     def stats(self) -> EvidenceStats:
-        return EvidenceStats(len(self.exact), self.exact.max_entries, self.exact.evictions,
-                             len(self.aggregate), self.aggregate.max_entries, self.aggregate.evictions)
+        return EvidenceStats(
+            len(self.exact),
+            self.exact.max_entries,
+            self.exact.evictions,
+            len(self.aggregate),
+            self.aggregate.max_entries,
+            self.aggregate.evictions,
+        )
 
 
-__all__ = ["Admission", "Blend", "EvidenceStats", "ScoreEvidence", "layer_weight", "read_cells",
-           "reliability_bound", "standing"]
+__all__ = [
+    "Admission",
+    "Blend",
+    "EvidenceStats",
+    "ScoreEvidence",
+    "layer_weight",
+    "read_cells",
+    "reliability_bound",
+    "standing",
+]

@@ -68,7 +68,10 @@ class Direction(enum.Enum):
     DOWN = "down"
 
 
-_SETUP, _RESPONSE = Metric.SETUP, Metric.RESPONSE  # bound once: an Enum.MEMBER read costs a metaclass hook (3.11)
+_SETUP, _RESPONSE = (
+    Metric.SETUP,
+    Metric.RESPONSE,
+)  # bound once: an Enum.MEMBER read costs a metaclass hook (3.11)
 _GOODPUT = {Direction.UP: Metric.GOODPUT_UP, Direction.DOWN: Metric.GOODPUT_DOWN}
 _WEIGHTS = {
     Metric.RESPONSE: PERFORMANCE_WEIGHT_RESPONSE,
@@ -174,10 +177,16 @@ class _RowView:
         # business metrics as (metric, higher is better, nodes, values, confidences, weight), in
         # Metric order so that every view of the same readings adds its scopes in the same order;
         # probe scopes as (identity, False, nodes, values, confidences)
-        self.metrics = [(metric, metric in _HIGHER_BETTER, *lists[metric], _WEIGHTS[metric]) for metric in _METRICS
-                        if metric in lists]
-        self.probes = [(scope, False, *scope_lists) for scope, scope_lists in lists.items()
-                       if scope.__class__ is ProbeIdentity]
+        self.metrics = [
+            (metric, metric in _HIGHER_BETTER, *lists[metric], _WEIGHTS[metric])
+            for metric in _METRICS
+            if metric in lists
+        ]
+        self.probes = [
+            (scope, False, *scope_lists)
+            for scope, scope_lists in lists.items()
+            if scope.__class__ is ProbeIdentity
+        ]
 
     def current(self, now: float) -> bool:
         return self.built <= now < self.until
@@ -241,8 +250,17 @@ class _ProbeBaseline:
                 continue  # nothing moved anywhere: the scope ranks nobody
             share = PERFORMANCE_WEIGHT_PROBE / len(comparable)
             weight += share
-            scope_add(nodes, values, confidences, self.position, higher, best, share, PERFORMANCE_LATENCY_FLOOR,
-                      gains)
+            scope_add(
+                nodes,
+                values,
+                confidences,
+                self.position,
+                higher,
+                best,
+                share,
+                PERFORMANCE_LATENCY_FLOOR,
+                gains,
+            )
         for i, j in self.aliases:
             gains[i] = gains[j]
         self.gains = gains
@@ -299,26 +317,66 @@ class FirstChoiceHeuristic:
             entry = cell[scope] = _Scope()
         entry.add(value, weight, now)
 
-    def observe_setup(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                      node_id: NodeId, latency: float, now: float) -> None:
+    def observe_setup(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        node_id: NodeId,
+        latency: float,
+        now: float,
+    ) -> None:
         """A setup latency (s), kept at the exact target (or targetless at its family/global level)."""
         self._observe((group, network, family, target, node_id), _SETUP, _latency(latency), 1.0, now)
 
-    def observe_response(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                         node_id: NodeId, latency: float, now: float) -> None:
+    def observe_response(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        node_id: NodeId,
+        latency: float,
+        now: float,
+    ) -> None:
         """A response latency (s), target-scoped like setup."""
         self._observe((group, network, family, target, node_id), _RESPONSE, _latency(latency), 1.0, now)
 
-    def observe_goodput(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                        node_id: NodeId, direction: Direction, nbytes: int, seconds: float, now: float) -> None:
+    def observe_goodput(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        node_id: NodeId,
+        direction: Direction,
+        nbytes: int,
+        seconds: float,
+        now: float,
+    ) -> None:
         """A directional transfer window; the mean is weighted by bytes, so tiny windows barely count."""
         if nbytes <= 0 or not seconds > 0.0:
             return  # no offered load measures nothing (unknown, not zero)
-        self._observe((group, network, family, target, node_id), _GOODPUT[direction],
-                      nbytes / seconds, float(nbytes), now)
+        self._observe(
+            (group, network, family, target, node_id),
+            _GOODPUT[direction],
+            nbytes / seconds,
+            float(nbytes),
+            now,
+        )
 
-    def observe_probe(self, group: str, network: Network, health_family: Family | None, node_id: NodeId,
-                      probe: ProbeIdentity, rtt: float, now: float, generation: int | None = None) -> bool:
+    def observe_probe(
+        self,
+        group: str,
+        network: Network,
+        health_family: Family | None,
+        node_id: NodeId,
+        probe: ProbeIdentity,
+        rtt: float,
+        now: float,
+        generation: int | None = None,
+    ) -> bool:
         """A configured-probe RTT (s); refused (False) when from an old probe generation (GH-K-12)."""
         if generation is not None and generation != self._probe_generation:
             return False
@@ -388,8 +446,15 @@ class FirstChoiceHeuristic:
             view = self._views[row_key] = _RowView(row, now)
         return view
 
-    def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-              candidates: Sequence[Hashable], now: float) -> list[float | None]:
+    def score(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        candidates: Sequence[Hashable],
+        now: float,
+    ) -> list[float | None]:
         """Each candidate's utility in [0, 1] (higher better), or None with no fresh comparable
         metric; in the candidates' order.
 
@@ -404,9 +469,15 @@ class FirstChoiceHeuristic:
         business = self._rows.get(business_key)
         if business is None or len(business) < PERFORMANCE_COMPARABLE_MIN:
             return list(baseline.utilities)
-        utilities = scope_utilities(self._view(business_key, business, now).metrics, baseline.position,
-                                    baseline.aliases, baseline.gains, baseline.weight, PERFORMANCE_LATENCY_FLOOR,
-                                    PERFORMANCE_COMPARABLE_MIN)
+        utilities = scope_utilities(
+            self._view(business_key, business, now).metrics,
+            baseline.position,
+            baseline.aliases,
+            baseline.gains,
+            baseline.weight,
+            PERFORMANCE_LATENCY_FLOOR,
+            PERFORMANCE_COMPARABLE_MIN,
+        )
         return list(baseline.utilities) if utilities is None else utilities
 
     def _baseline(self, group: str, network: Network, candidates: list, now: float) -> _ProbeBaseline:
@@ -423,9 +494,18 @@ class FirstChoiceHeuristic:
             baseline = self._baselines[(group, network)] = _ProbeBaseline(views, list(candidates), now)
         return baseline
 
-    def degraded(self, group: str, network: Network, target: ScoreTarget | None, node_id: NodeId,
-                 sample: float, now: float, *, metric: Metric = Metric.RESPONSE,
-                 family: Family | None = None) -> bool:
+    def degraded(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        node_id: NodeId,
+        sample: float,
+        now: float,
+        *,
+        metric: Metric = Metric.RESPONSE,
+        family: Family | None = None,
+    ) -> bool:
         """Whether a setup or response ``sample`` (s) is degraded against the same exact target's
         fresh history (GH-K-47); never for a targetless read or against other targets.
 

@@ -167,7 +167,9 @@ class ExactKey(_CellKey):
 
     __slots__ = ("family", "group", "network", "node_id", "target")
 
-    def __init__(self, group: str, network: Network, family: Family, target: ScoreTarget, node_id: NodeId) -> None:
+    def __init__(
+        self, group: str, network: Network, family: Family, target: ScoreTarget, node_id: NodeId
+    ) -> None:
         self.group = group
         self.network = network
         self.family = family
@@ -182,9 +184,14 @@ class ExactKey(_CellKey):
             return True
         if other.__class__ is not ExactKey:
             return NotImplemented
-        return (self._hash == other._hash and self.node_id == other.node_id  # type: ignore[attr-defined]
-                and self.target == other.target and self.group == other.group  # type: ignore[attr-defined]
-                and self.family == other.family and self.network == other.network)  # type: ignore[attr-defined]
+        return (
+            self._hash == other._hash
+            and self.node_id == other.node_id  # type: ignore[attr-defined]
+            and self.target == other.target
+            and self.group == other.group  # type: ignore[attr-defined]
+            and self.family == other.family
+            and self.network == other.network
+        )  # type: ignore[attr-defined]
 
     @property
     def row(self) -> tuple:
@@ -212,9 +219,13 @@ class AggregateKey(_CellKey):
             return True
         if other.__class__ is not AggregateKey:
             return NotImplemented
-        return (self._hash == other._hash and self.node_id == other.node_id  # type: ignore[attr-defined]
-                and self.group == other.group and self.family == other.family  # type: ignore[attr-defined]
-                and self.network == other.network)  # type: ignore[attr-defined]
+        return (
+            self._hash == other._hash
+            and self.node_id == other.node_id  # type: ignore[attr-defined]
+            and self.group == other.group
+            and self.family == other.family  # type: ignore[attr-defined]
+            and self.network == other.network
+        )  # type: ignore[attr-defined]
 
     @property
     def row(self) -> tuple:
@@ -222,14 +233,18 @@ class AggregateKey(_CellKey):
         return (self.group, self.network, self.family)
 
 
-def layer_rows(group: str, network: Network, family: Family | None,
-               target: ScoreTarget | None) -> tuple[tuple | None, tuple | None, tuple | None]:
+def layer_rows(
+    group: str, network: Network, family: Family | None, target: ScoreTarget | None
+) -> tuple[tuple | None, tuple | None, tuple | None]:
     """The row (``AggregateKey.row``, ``ExactKey.row``) of each layer one read uses, global,
     family and exact; None for a layer it does not have (no family, or no target)."""
     if family is None:
         return (group, network, None), None, None
-    return (group, network, None), (group, network, family), \
-        ((group, network, family, target) if target is not None else None)
+    return (
+        (group, network, None),
+        (group, network, family),
+        ((group, network, family, target) if target is not None else None),
+    )
 
 
 __all__ = ["AggregateKey", "ExactKey", "NodeId", "ScoreTarget", "layer_rows", "target_family"]

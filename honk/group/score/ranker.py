@@ -121,8 +121,16 @@ INSUFFICIENT_EVIDENCE_HELD = "insufficientEvidenceHeld"
 INCUMBENT_HELD = "incumbentHeld"
 RELIABILITY_WINNER = "reliabilityWinner"
 PERFORMANCE_WINNER = "performanceWinner"
-FINAL_REASONS = (COLD_EXPLORE, PERIODIC_EXPLORE, INCUMBENT_INELIGIBLE, FRESH_FAILURE_BYPASS, INSUFFICIENT_EVIDENCE_HELD,
-                 INCUMBENT_HELD, RELIABILITY_WINNER, PERFORMANCE_WINNER)
+FINAL_REASONS = (
+    COLD_EXPLORE,
+    PERIODIC_EXPLORE,
+    INCUMBENT_INELIGIBLE,
+    FRESH_FAILURE_BYPASS,
+    INSUFFICIENT_EVIDENCE_HELD,
+    INCUMBENT_HELD,
+    RELIABILITY_WINNER,
+    PERFORMANCE_WINNER,
+)
 # Candidate counters (GH-K-128): affected candidates, not flows.
 DEAD_FILTERED = "deadFiltered"
 FAIL_STREAK_EXCLUDED = "failStreakExcluded"
@@ -149,8 +157,14 @@ class Ranked:
 
     __slots__ = ("winner", "reason", "_order", "_eligible", "_first")
 
-    def __init__(self, winner: Member | None, reason: str, order: tuple[Member, ...] | None = None,
-                 eligible: list[Candidate] | None = None, first: Candidate | None = None) -> None:
+    def __init__(
+        self,
+        winner: Member | None,
+        reason: str,
+        order: tuple[Member, ...] | None = None,
+        eligible: list[Candidate] | None = None,
+        first: Candidate | None = None,
+    ) -> None:
         self.winner = winner
         self.reason = reason
         self._order = order  # None: sorted from ``eligible`` on the first read, ``first`` first
@@ -182,8 +196,15 @@ _NO_UTILITIES: tuple[None] = (None,)  # without a performance provider every uti
 class PerformanceProvider(Protocol):
     """The first-choice heuristic: utility in [0, 1], None for no fresh performance (GH-K-31)."""
 
-    def score(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-              candidates: Sequence[NodeId], now: float) -> Sequence[float | None]:
+    def score(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        candidates: Sequence[NodeId],
+        now: float,
+    ) -> Sequence[float | None]:
         """Each candidate's utility, in the candidates' order."""
 
 
@@ -278,9 +299,15 @@ def _challenge(incumbent: Candidate, challenger: Candidate) -> str | None:
 class ScoreState:
     """The manager's Score state: evidence, cohorts, switches, budgets, counters (GH-K-07)."""
 
-    def __init__(self, performance: PerformanceProvider | None = None, *, evidence: ScoreEvidence | None = None,
-                 cohorts: Cohorts | None = None, switches: SwitchHistory | None = None,
-                 history_max: int = SWITCH_HISTORY_MAX) -> None:
+    def __init__(
+        self,
+        performance: PerformanceProvider | None = None,
+        *,
+        evidence: ScoreEvidence | None = None,
+        cohorts: Cohorts | None = None,
+        switches: SwitchHistory | None = None,
+        history_max: int = SWITCH_HISTORY_MAX,
+    ) -> None:
         self.performance = performance
         self.evidence = evidence if evidence is not None else ScoreEvidence()
         self.cohorts = cohorts if cohorts is not None else Cohorts()
@@ -305,9 +332,18 @@ class ScoreState:
 
     # --- ranking --------------------------------------------------------------------------------
 
-    def rank(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-             members: Sequence[Member], now: float, *, exclude: frozenset = frozenset(),
-             peek: bool = False) -> Ranked:
+    def rank(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        members: Sequence[Member],
+        now: float,
+        *,
+        exclude: frozenset = frozenset(),
+        peek: bool = False,
+    ) -> Ranked:
         """Rank ``members`` (configuration order) for one flow; see the module docstring.
 
         ``members`` is only read, and its live reading is kept while the same list object comes
@@ -425,7 +461,9 @@ class ScoreState:
         pick (an applied rank that was no trial), None before any; display only."""
         return self._served.get((group, network))
 
-    def _recovery(self, eligible: list[Candidate], unresolved: list[Candidate], now: float) -> Candidate | None:
+    def _recovery(
+        self, eligible: list[Candidate], unresolved: list[Candidate], now: float
+    ) -> Candidate | None:
         """The member owed a recovery trial (GH-K-36, 94, 95, 97): continuations (an RX already
         accepted behind the fence: the most progress, GH-K-98) before first trials whose backoff
         has elapsed and whose previous trial is answered or timed out; configuration order.
@@ -439,13 +477,19 @@ class ScoreState:
                 continue
             if c.cleared:
                 return c  # a continuation comes before any first trial
-            if first is None and now >= backoff.failure + backoff.delay and (  # the backoff elapsed
-                    backoff.trial_at is None or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT):
+            if (
+                first is None
+                and now >= backoff.failure + backoff.delay
+                and (  # the backoff elapsed
+                    backoff.trial_at is None or now - backoff.trial_at >= TRIAL_ANSWER_TIMEOUT
+                )
+            ):
                 first = c
         return first
 
-    def _ordinary(self, eligible: list[Candidate], candidates: list[Candidate],
-                  incumbent_id: NodeId | None) -> tuple[Candidate, str]:
+    def _ordinary(
+        self, eligible: list[Candidate], candidates: list[Candidate], incumbent_id: NodeId | None
+    ) -> tuple[Candidate, str]:
         top, second = leaders(eligible, RELIABILITY_BAND)
         if incumbent_id is None:
             return top, _winner_reason(top, eligible)
@@ -467,8 +511,9 @@ class ScoreState:
         promoted = _challenge(incumbent, challenger)
         if promoted is not None:
             return challenger, promoted
-        if top is challenger and (not challenger.qualified or challenger.utility is None
-                                  or incumbent.utility is None):
+        if top is challenger and (
+            not challenger.qualified or challenger.utility is None or incumbent.utility is None
+        ):
             # the challenger ranks first but has no shared comparison that could promote it
             return incumbent, INSUFFICIENT_EVIDENCE_HELD
         return incumbent, INCUMBENT_HELD
@@ -486,8 +531,17 @@ class ScoreState:
             return True
         return sound.reliability > incumbent.reliability + HOLD_RELIABILITY_MARGIN
 
-    def _candidates(self, group: str, network: Network, target: ScoreTarget | None, family: Family | None,
-                    alive: list[tuple[int, Member]], nodes: list[NodeId], place: tuple, now: float) -> list[Candidate]:
+    def _candidates(
+        self,
+        group: str,
+        network: Network,
+        target: ScoreTarget | None,
+        family: Family | None,
+        alive: list[tuple[int, Member]],
+        nodes: list[NodeId],
+        place: tuple,
+        now: float,
+    ) -> list[Candidate]:
         target_for_read = target if family is not None else None  # no family: only the global aggregate
         utilities: Sequence[float | None] = _NO_UTILITIES * len(alive)
         if self.performance is not None:
@@ -509,10 +563,18 @@ class ScoreState:
         count = len(nodes)
         exacts = placed(self.evidence.exact.row(rows[2]), position, aliases, count)
         open_states = self.cohorts.open_states
-        return rank_candidates(alive, utilities, globs, families, exacts,
-                               placed(open_states(rows[0]), position, aliases, count),
-                               placed(open_states(rows[1]), position, aliases, count),
-                               placed(open_states(rows[2]), position, aliases, count), now, RECENT_FAILURE_WINDOW)
+        return rank_candidates(
+            alive,
+            utilities,
+            globs,
+            families,
+            exacts,
+            placed(open_states(rows[0]), position, aliases, count),
+            placed(open_states(rows[1]), position, aliases, count),
+            placed(open_states(rows[2]), position, aliases, count),
+            now,
+            RECENT_FAILURE_WINDOW,
+        )
 
     def _scope_counters(self, group: str, network: Network) -> dict[str, int]:
         counters = self._counters.get((group, network))
@@ -573,31 +635,44 @@ class ScoreState:
         for key in set(self._counters) | set(self.switches.counters) | {(g, n) for g, n, _ in self.scopes}:
             scopes[key] = {}
         groups = []
-        for (group, network) in sorted(scopes, key=lambda k: (k[0], str(getattr(k[1], "value", k[1])))):
-            counters = self._counters.get((group, network)) or dict.fromkeys(FINAL_REASONS + CANDIDATE_COUNTERS, 0)
+        for group, network in sorted(scopes, key=lambda k: (k[0], str(getattr(k[1], "value", k[1])))):
+            counters = self._counters.get((group, network)) or dict.fromkeys(
+                FINAL_REASONS + CANDIDATE_COUNTERS, 0
+            )
             switches = self.switches.counters.get((group, network))
             budgets = [s for (g, n, _), s in self.scopes.items() if g == group and n == network]
-            groups.append({
-                "group": group,
-                "network": getattr(network, "value", network),
-                "reasons": {r: counters[r] for r in FINAL_REASONS},
-                "candidates": {c: counters[c] for c in CANDIDATE_COUNTERS},
-                "ordinarySwitch": switches.ordinary_switch if switches else 0,
-                "switchFlap": switches.switch_flap if switches else 0,
-                "coldAllowance": sum(s.allowance for s in budgets),
-                "coldSpent": sum(s.spent for s in budgets),
-            })
+            groups.append(
+                {
+                    "group": group,
+                    "network": getattr(network, "value", network),
+                    "reasons": {r: counters[r] for r in FINAL_REASONS},
+                    "candidates": {c: counters[c] for c in CANDIDATE_COUNTERS},
+                    "ordinarySwitch": switches.ordinary_switch if switches else 0,
+                    "switchFlap": switches.switch_flap if switches else 0,
+                    "coldAllowance": sum(s.allowance for s in budgets),
+                    "coldSpent": sum(s.spent for s in budgets),
+                }
+            )
         cache: EvidenceStats = self.evidence.stats()
         return {
             "groups": groups,
             "cache": {
-                "exactEntries": cache.exact_entries, "exactCapacity": cache.exact_capacity,
-                "exactEvictions": cache.exact_evictions, "aggregateEntries": cache.aggregate_entries,
-                "aggregateCapacity": cache.aggregate_capacity, "aggregateEvictions": cache.aggregate_evictions,
+                "exactEntries": cache.exact_entries,
+                "exactCapacity": cache.exact_capacity,
+                "exactEvictions": cache.exact_evictions,
+                "aggregateEntries": cache.aggregate_entries,
+                "aggregateCapacity": cache.aggregate_capacity,
+                "aggregateEvictions": cache.aggregate_evictions,
             },
         }
 
 
 __all__ = [
-    "CANDIDATE_COUNTERS", "FINAL_REASONS", "BudgetScope", "Member", "PerformanceProvider", "Ranked", "ScoreState",
+    "CANDIDATE_COUNTERS",
+    "FINAL_REASONS",
+    "BudgetScope",
+    "Member",
+    "PerformanceProvider",
+    "Ranked",
+    "ScoreState",
 ]

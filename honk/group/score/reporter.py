@@ -24,8 +24,9 @@ class RxSink(Protocol):
 
     def tx(self, cell: Hashable, reporter: Reporter, now: float) -> None: ...
 
-    def rx(self, cell: Hashable, reporter: Reporter, now: float, *, kind: Kind,
-           at: float | None = None) -> Credit: ...
+    def rx(
+        self, cell: Hashable, reporter: Reporter, now: float, *, kind: Kind, at: float | None = None
+    ) -> Credit: ...
 
 
 class Outcome(enum.Enum):
@@ -54,11 +55,21 @@ class RxPublisher:
     States: before setup -> set up -> sent (positive TX seen) -> settled. RX is eligible only
     once sent; an ineligible RX is dropped, not held (GH-K-41)."""
 
-    __slots__ = ("_cell", "_reporter", "_sink", "_kind", "_setup", "_sent", "_last_published",
-                 "_held", "_settled")
+    __slots__ = (
+        "_cell",
+        "_reporter",
+        "_sink",
+        "_kind",
+        "_setup",
+        "_sent",
+        "_last_published",
+        "_held",
+        "_settled",
+    )
 
-    def __init__(self, cell: Hashable, reporter: Reporter, sink: RxSink, *,
-                 kind: Kind = Kind.TRAFFIC) -> None:
+    def __init__(
+        self, cell: Hashable, reporter: Reporter, sink: RxSink, *, kind: Kind = Kind.TRAFFIC
+    ) -> None:
         self._cell = cell
         self._reporter = reporter
         self._sink = sink

@@ -116,7 +116,9 @@ def test_beta_matches_scipy(beta_mod):
 def test_beta_matches_scipy_with_priors(beta_mod):
     np = require_module("numpy")
     stats = require_module("scipy.stats")
-    grid = list(itertools.product((0.0, 1.0, 12.5, 500.0), (0.0, 2.0, 60.0), (0.5, 1.0, 4.0), (0.5, 2.0), (0.9, 0.99)))
+    grid = list(
+        itertools.product((0.0, 1.0, 12.5, 500.0), (0.0, 2.0, 60.0), (0.5, 1.0, 4.0), (0.5, 2.0), (0.9, 0.99))
+    )
     for s, f, pa, pb, c in grid:
         want = stats.beta.ppf([1 - c, c], s + pa, f + pb)
         got = [beta_mod.beta_lower_bound(s, f, c, pa, pb), beta_mod.beta_upper_bound(s, f, c, pa, pb)]

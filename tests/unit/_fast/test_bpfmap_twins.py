@@ -26,8 +26,11 @@ def load(kernel: str, impl: str):
 
 NAMES = ["py"] if NO_EXTENSIONS else ["py", "c"]  # the twin run has no compiled module to compare
 IMPLS = [pytest.param(n, id=n, marks=[pytest.mark.compiled] if n == "c" else []) for n in NAMES]
-IMPL_PAIRS = [pytest.param(w, r, id=f"{w}-writes-{r}-reads", marks=[pytest.mark.compiled] if "c" in (w, r) else [])
-              for w in NAMES for r in NAMES]
+IMPL_PAIRS = [
+    pytest.param(w, r, id=f"{w}-writes-{r}-reads", marks=[pytest.mark.compiled] if "c" in (w, r) else [])
+    for w in NAMES
+    for r in NAMES
+]
 
 
 @pytest.fixture
@@ -82,7 +85,12 @@ def test_a_hash_map_is_updated_looked_up_and_deleted_by_raw_key(impl):
     try:
         info = mod.map_info(fd)
         assert (info.type, info.key_size, info.value_size, info.max_entries, info.name) == (
-            bpfmap_py.BPF_MAP_TYPE_HASH, 8, 4, 16, "honk_hash")
+            bpfmap_py.BPF_MAP_TYPE_HASH,
+            8,
+            4,
+            16,
+            "honk_hash",
+        )
         key = b"12345678"
         mod.map_update(fd, key, b"abcd", bpfmap_py.BPF_NOEXIST)
         with pytest.raises(FileExistsError):

@@ -34,9 +34,18 @@ def _drive(mod, steps):
             cell.lease_until = now + 60.0
         else:
             present = tuple(c if i <= layer else None for i, c in enumerate(cells))
-            reads.append((cell.standing(now), mod.standing(cell, now), cell.outcomes(now),
-                          mod.read_cells(present, now), mod.reliability_bound(cell, now),
-                          mod.layer_weight(cell, now), cell.last_failure, cell.lease_until))
+            reads.append(
+                (
+                    cell.standing(now),
+                    mod.standing(cell, now),
+                    cell.outcomes(now),
+                    mod.read_cells(present, now),
+                    mod.reliability_bound(cell, now),
+                    mod.layer_weight(cell, now),
+                    cell.last_failure,
+                    cell.lease_until,
+                )
+            )
     return reads
 
 

@@ -20,8 +20,13 @@ def _guarded(tree: ast.Module) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Try):
             imports = [a.name for s in node.body if isinstance(s, ast.Import) for a in s.names]
-            fallback = [(s.module, a.name, a.asname) for h in node.handlers for s in h.body
-                        if isinstance(s, ast.ImportFrom) for a in s.names]
+            fallback = [
+                (s.module, a.name, a.asname)
+                for h in node.handlers
+                for s in h.body
+                if isinstance(s, ast.ImportFrom)
+                for a in s.names
+            ]
             if imports == ["cython"] and fallback == [("honk._fast", "_cython", "cython")]:
                 guarded += 1
     every = sum(a.name == "cython" for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names)
@@ -29,7 +34,12 @@ def _guarded(tree: ast.Module) -> bool:
 
 
 def test_the_twins_that_read_cython_import_it_with_the_fallback():
-    assert [p.name for p in TWINS_USING_CYTHON] == ["cell_py.py", "nodeid_py.py", "rank_py.py", "valuetype_py.py"]
+    assert [p.name for p in TWINS_USING_CYTHON] == [
+        "cell_py.py",
+        "nodeid_py.py",
+        "rank_py.py",
+        "valuetype_py.py",
+    ]
     for path in TWINS_USING_CYTHON:
         assert _guarded(ast.parse(path.read_text())), f"{path.name}: a bare `import cython`"
 
@@ -37,8 +47,14 @@ def test_the_twins_that_read_cython_import_it_with_the_fallback():
 def test_the_stand_in_has_every_name_a_twin_reads_of_cython():
     for path in TWINS_USING_CYTHON:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "cython":
-                assert hasattr(_cython, node.attr), f"{path.name} reads cython.{node.attr}: add it to _cython.py"
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "cython"
+            ):
+                assert hasattr(_cython, node.attr), (
+                    f"{path.name} reads cython.{node.attr}: add it to _cython.py"
+                )
     assert _cython.compiled is False
 
 

@@ -1,4 +1,3 @@
-
 import pytest
 from helpers.peers import COMPILED_REQUIRED
 
@@ -32,7 +31,6 @@ def test_sequence_helper_matches_incremental_updates(movavg_mod):
     assert movavg_mod.halving_average([4.0, 2.0, 1.0]) == pytest.approx(((4.0 + 2.0) / 2 + 1.0) / 2)
     with pytest.raises(ValueError):
         movavg_mod.halving_average([])
-
 
 
 def test_design_constants():

@@ -15,7 +15,10 @@ from honk.config.spec import NodeSpec
 
 values = st.integers(min_value=0, max_value=(1 << 128) - 1)
 # hypothesis tests take every build in one test (a missing compiled build fails the import)
-BUILDS = [importlib.import_module(f"honk._fast.nodeid_{impl}") for impl in ("py",) + (() if NO_EXTENSIONS else ("c",))]
+BUILDS = [
+    importlib.import_module(f"honk._fast.nodeid_{impl}")
+    for impl in ("py",) + (() if NO_EXTENSIONS else ("c",))
+]
 
 
 @given(values)
@@ -53,14 +56,18 @@ def test_node_ids_compare_as_the_plain_uuids_of_their_values(value, other):
         assert (node == b) == (a == b) and (b == node) == (a == b) and (node != b) == (a != b)
         assert (node < peer) == (a < b) and (node >= b) == (a >= b)
         assert node != value and not node == str(a)
-        assert (node in [build.NodeId(int=other), build.NodeId(int=value)])
+        assert node in [build.NodeId(int=other), build.NodeId(int=value)]
         assert (node in [build.NodeId(int=other)]) == (value == other)
 
 
 def test_every_uuid_constructor_form_makes_the_same_node_id(nodeid_mod):
     plain = uuid.uuid5(uuid.NAMESPACE_DNS, "node.example")
-    forms = [nodeid_mod.NodeId(str(plain)), nodeid_mod.NodeId(bytes=plain.bytes),
-             nodeid_mod.NodeId(int=plain.int), nodeid_mod.node_id(plain)]
+    forms = [
+        nodeid_mod.NodeId(str(plain)),
+        nodeid_mod.NodeId(bytes=plain.bytes),
+        nodeid_mod.NodeId(int=plain.int),
+        nodeid_mod.node_id(plain),
+    ]
     assert all(f == plain and hash(f) == hash(plain) for f in forms)
     made = forms[0]
     assert nodeid_mod.node_id(made) is made  # already a NodeId of this build: itself

@@ -1,4 +1,3 @@
-
 import pytest
 from helpers.peers import COMPILED_REQUIRED
 

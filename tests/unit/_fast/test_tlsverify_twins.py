@@ -146,7 +146,9 @@ def test_another_chain_for_the_same_name_is_verified_in_full(impl, servers: Serv
     client = servers.client()
     impl.install(client, TTL)
     assert shake(client, servers.contexts["trusted"], "localhost") == "ok"
-    assert shake(client, servers.contexts["stranger"], "localhost").startswith("refused: unable to get local issuer")
+    assert shake(client, servers.contexts["stranger"], "localhost").startswith(
+        "refused: unable to get local issuer"
+    )
     assert shake(client, servers.contexts["trusted-rsa"], "localhost") == "ok"
     assert impl.stats(client) == (0, 3)
 
@@ -182,9 +184,16 @@ def test_a_chain_is_never_accepted_past_its_not_after(impl, skew) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(steps=st.lists(st.tuples(st.sampled_from(("trusted", "trusted-rsa", "stranger")), st.sampled_from(NAMES)),
-                      min_size=1, max_size=8))
-def test_every_handshake_ends_as_it_ends_without_a_cache(servers: Servers, steps: list[tuple[str, str]]) -> None:
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(("trusted", "trusted-rsa", "stranger")), st.sampled_from(NAMES)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_every_handshake_ends_as_it_ends_without_a_cache(
+    servers: Servers, steps: list[tuple[str, str]]
+) -> None:
     plain = servers.client()
     cached = {p.id: servers.client() for p in IMPLS}
     for name, context in cached.items():
@@ -195,7 +204,9 @@ def test_every_handshake_ends_as_it_ends_without_a_cache(servers: Servers, steps
             assert shake(context, servers.contexts[server], name) == expected, (server, name)
 
 
-def test_honk_keeps_the_chains_its_verifying_contexts_accept_and_no_others(servers: Servers, tmp_path) -> None:
+def test_honk_keeps_the_chains_its_verifying_contexts_accept_and_no_others(
+    servers: Servers, tmp_path
+) -> None:
     ca_file = tmp_path / "ca.pem"
     servers.ca.cert_pem.write_to_path(str(ca_file))
     verifying = client_context(True, (), str(ca_file), "node", 0.0)
@@ -239,8 +250,13 @@ print(json.dumps(out))
 
 def _handshakes_in_a_process(directory: Path, impl: str, prefer: bool) -> dict[str, object]:
     script = HANDSHAKES if prefer else HANDSHAKES.replace("impl.prefer_builtin_keys()", "False")
-    done = subprocess.run([sys.executable, "-c", script, str(directory), impl, str(Path(__file__).parent)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(directory), impl, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr  # a crash inside OpenSSL shows here
     return json.loads(done.stdout)
 
@@ -256,31 +272,46 @@ def _ecdsa_chain(directory: Path) -> None:
 
     now = datetime.datetime.now(datetime.UTC)
 
-    def issue(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
-              ca: bool) -> x509.Certificate:
-        builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(days=1))
-                   .not_valid_after(now + datetime.timedelta(days=90))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    def issue(
+        subject: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: str,
+        signer: ec.EllipticCurvePrivateKey,
+        ca: bool,
+    ) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=90))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if ca:
-            builder = builder.add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-                                            critical=True)
+            builder = builder.add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
         else:
-            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False
+            )
         return builder.sign(signer, hashes.SHA384())  # every signer here is P-384, as E5 and X2
 
-    root_key, mid_key, leaf_key = ec.generate_private_key(ec.SECP384R1()), ec.generate_private_key(
-        ec.SECP384R1()), ec.generate_private_key(ec.SECP256R1())
+    root_key, mid_key, leaf_key = (
+        ec.generate_private_key(ec.SECP384R1()),
+        ec.generate_private_key(ec.SECP384R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
     root = issue("Test Root X2", root_key, "Test Root X2", root_key, ca=True)
     mid = issue("Test E5", mid_key, "Test Root X2", root_key, ca=True)
     leaf = issue("localhost", leaf_key, "Test E5", mid_key, ca=False)
     pem = serialization.Encoding.PEM
     (directory / "ec-chain.pem").write_bytes(leaf.public_bytes(pem) + mid.public_bytes(pem))
-    (directory / "ec-chain.key").write_bytes(leaf_key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (directory / "ec-chain.key").write_bytes(
+        leaf_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     with (directory / "ca.pem").open("ab") as trust:
         trust.write(root.public_bytes(pem))
 
@@ -306,7 +337,9 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @compiled
-def test_builtin_ec_keys_decode_a_certificate_without_the_providers_once_preferred(impl, certificates) -> None:
+def test_builtin_ec_keys_decode_a_certificate_without_the_providers_once_preferred(
+    impl, certificates
+) -> None:
     before = _handshakes_in_a_process(certificates, "c", prefer=False)
     after = _handshakes_in_a_process(certificates, "c", prefer=True)
     assert before["builtin"] == {"ec": False, "rsa": False, "ec-forged": False, "ec-chain": False}
@@ -325,8 +358,12 @@ def test_handshakes_over_builtin_ec_keys_end_as_they_end_over_the_providers(impl
     assert providers["builtin"]["ec"] is False
     assert builtin["handshakes"] == providers["handshakes"]
     outcomes = {(kind, result) for kind, _curve, _version, result in builtin["handshakes"]}
-    assert outcomes == {("ec", "ok"), ("rsa", "ok"), ("ec-forged", "refused: certificate signature failure"),
-                        ("ec-chain", "ok")}
+    assert outcomes == {
+        ("ec", "ok"),
+        ("rsa", "ok"),
+        ("ec-forged", "refused: certificate signature failure"),
+        ("ec-chain", "ok"),
+    }
     assert len(builtin["handshakes"]) == 4 * 4 * 2
 
 
@@ -349,7 +386,12 @@ def test_honk_client_contexts_turn_builtin_ec_keys_on(impl, certificates) -> Non
         "client_context(True, (), sys.argv[2], 'node', 0.0)\n"
         "print(before, tlsverify_c._builtin_key(der))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(certificates / "ec.pem"), str(certificates / "ca.pem")],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(certificates / "ec.pem"), str(certificates / "ca.pem")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]

@@ -14,7 +14,10 @@ from honk.alive.outcome import Family
 from honk.core.net import Network
 from honk.group.score.keys import AggregateKey, ExactKey, ScoreTarget
 
-BUILDS = [importlib.import_module(f"honk._fast.valuetype_{impl}") for impl in ("py",) + (() if NO_EXTENSIONS else ("c",))]
+BUILDS = [
+    importlib.import_module(f"honk._fast.valuetype_{impl}")
+    for impl in ("py",) + (() if NO_EXTENSIONS else ("c",))
+]
 
 
 def _pair_class():
@@ -57,8 +60,14 @@ def _target_class():
     return Target
 
 
-fields = st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", "A"]), st.none(), st.sampled_from(list(Network)),
-                   st.sampled_from(list(Family)), st.floats(allow_nan=False, width=16))
+fields = st.one_of(
+    st.integers(-3, 3),
+    st.sampled_from(["a", "b", "A"]),
+    st.none(),
+    st.sampled_from(list(Network)),
+    st.sampled_from(list(Family)),
+    st.floats(allow_nan=False, width=16),
+)
 
 
 @given(st.lists(st.tuples(fields, fields), min_size=1, max_size=6))
@@ -75,7 +84,10 @@ def test_installed_and_python_value_types_agree_on_equality_hash_and_lookup(valu
                 assert hash(got_a) == hash(ref_a)
         table = {installed(left, right): i for i, (left, right) in enumerate(values)}
         for left, right in values:
-            assert table[installed(left, right)] == {(lf, rt): i for i, (lf, rt) in enumerate(values)}[(left, right)]
+            assert (
+                table[installed(left, right)]
+                == {(lf, rt): i for i, (lf, rt) in enumerate(values)}[(left, right)]
+            )
 
 
 # every width a stored hash can have: none, one, two and three 30-bit digits, either sign
@@ -97,8 +109,9 @@ def test_an_installed_dataclass_compares_like_its_generated_equality(host, port,
     reference = _target_class()
     for build in BUILDS:
         installed = build.install(_target_class())
-        assert (installed(host, port) == installed(other_host, other_port)) == \
-            (reference(host, port) == reference(other_host, other_port))
+        assert (installed(host, port) == installed(other_host, other_port)) == (
+            reference(host, port) == reference(other_host, other_port)
+        )
         assert hash(installed(host, port)) == hash(reference(host, port))
 
 
@@ -142,10 +155,14 @@ def test_the_compiled_install_refuses_a_class_it_cannot_read():
 def test_score_keys_and_targets_keep_their_value_semantics():
     node, other = uuid.UUID(int=1), uuid.UUID(int=2)
     target = ScoreTarget.of("Example.COM.", 443)
-    assert target == ScoreTarget.of("example.com", 443) and hash(target) == hash(ScoreTarget.of("example.com", 443))
+    assert target == ScoreTarget.of("example.com", 443) and hash(target) == hash(
+        ScoreTarget.of("example.com", 443)
+    )
     assert target != ScoreTarget.of("example.com", 80) and target != ScoreTarget.of("example.org", 443)
     exact = ExactKey("g", Network.TCP, Family.V4, target, node)
-    assert exact == ExactKey("g", Network.TCP, Family.V4, ScoreTarget.of("example.com", 443), uuid.UUID(int=1))
+    assert exact == ExactKey(
+        "g", Network.TCP, Family.V4, ScoreTarget.of("example.com", 443), uuid.UUID(int=1)
+    )
     assert exact != ExactKey("g", Network.TCP, Family.V4, target, other)
     assert exact != ExactKey("g", Network.UDP, Family.V4, target, node)
     aggregate = AggregateKey("g", Network.TCP, Family.V4, node)

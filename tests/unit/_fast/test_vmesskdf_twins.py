@@ -39,8 +39,12 @@ def test_the_root_key_is_v2rays():
 
 def test_a_request_headers_key_matches_the_stdlib_chain(kdf):
     key, aid, nonce = bytes(range(16)), bytes(range(16, 32)), bytes(range(8))
-    for salt in (b"VMess Header AEAD Key_Length", b"VMess Header AEAD Nonce_Length",
-                 b"VMess Header AEAD Key", b"VMess Header AEAD Nonce"):
+    for salt in (
+        b"VMess Header AEAD Key_Length",
+        b"VMess Header AEAD Nonce_Length",
+        b"VMess Header AEAD Key",
+        b"VMess Header AEAD Nonce",
+    ):
         assert kdf(key, salt, aid, nonce) == stdlib_kdf(key, salt, aid, nonce)
 
 
@@ -59,7 +63,9 @@ def test_a_path_deeper_than_the_compiled_layers_take_gives_the_same_bytes(kdf):
 
 
 def test_bytes_like_input_is_read_as_its_bytes(kdf):
-    assert kdf(bytearray(b"key"), memoryview(b"salt"), bytearray(b"aid")) == stdlib_kdf(b"key", b"salt", b"aid")
+    assert kdf(bytearray(b"key"), memoryview(b"salt"), bytearray(b"aid")) == stdlib_kdf(
+        b"key", b"salt", b"aid"
+    )
     with pytest.raises(TypeError):
         kdf("not bytes", b"salt")
 

@@ -50,7 +50,9 @@ def settled(alive: AliveDialerSet, clock: FakeClock, name: str = "n") -> uuid.UU
     return node_id
 
 
-def fail_probes(alive: AliveDialerSet, node_id: uuid.UUID, domain: Domain, n: int, family: Family = V4) -> None:
+def fail_probes(
+    alive: AliveDialerSet, node_id: uuid.UUID, domain: Domain, n: int, family: Family = V4
+) -> None:
     for _ in range(n):
         alive.notify_check_failure(node_id, domain, family)
 

@@ -10,7 +10,9 @@ from honk.config.spec import DEFAULT_TCP_CHECK_URL
 
 def test_credentials_default_port_and_fragment_are_dropped_and_dot_segments_kept() -> None:
     url = parse_check_url("http://user:pw@Host:80/a/../b?x#frag")
-    assert url == CheckUrl(scheme="http", host="Host", port=80, authority="Host", target="/a/../b?x", tls=False)
+    assert url == CheckUrl(
+        scheme="http", host="Host", port=80, authority="Host", target="/a/../b?x", tls=False
+    )
 
 
 def test_a_slashless_query_is_requested_as_slash_query_and_a_non_default_port_is_kept() -> None:
@@ -18,30 +20,42 @@ def test_a_slashless_query_is_requested_as_slash_query_and_a_non_default_port_is
     assert (url.authority, url.target, url.port, url.tls) == ("h:8443", "/?q", 8443, True)
 
 
-@pytest.mark.parametrize(("text", "scheme", "port", "authority"), [
-    ("http://example.com", "http", 80, "example.com"),
-    ("https://example.com", "https", 443, "example.com"),
-    ("HTTPS://example.com:443/", "https", 443, "example.com"),
-    ("https://example.com:80/", "https", 80, "example.com:80"),
-    ("http://example.com:443/", "http", 443, "example.com:443"),
-    ("http://example.com:/", "http", 80, "example.com"),
-])
+@pytest.mark.parametrize(
+    ("text", "scheme", "port", "authority"),
+    [
+        ("http://example.com", "http", 80, "example.com"),
+        ("https://example.com", "https", 443, "example.com"),
+        ("HTTPS://example.com:443/", "https", 443, "example.com"),
+        ("https://example.com:80/", "https", 80, "example.com:80"),
+        ("http://example.com:443/", "http", 443, "example.com:443"),
+        ("http://example.com:/", "http", 80, "example.com"),
+    ],
+)
 def test_explicit_schemes_default_to_80_and_443(text: str, scheme: str, port: int, authority: str) -> None:
     url = parse_check_url(text)
     assert (url.scheme, url.port, url.authority) == (scheme, port, authority)
 
 
-@pytest.mark.parametrize(("text", "port", "authority", "target"), [
-    ("example.com", 80, "example.com", "/"),
-    ("example.com/generate_204", 80, "example.com", "/generate_204"),
-    ("example.com:8080/x?y", 8080, "example.com:8080", "/x?y"),
-    ("192.0.2.7:81", 81, "192.0.2.7:81", "/"),
-    ("[2001:db8::1]:8080/p", 8080, "[2001:db8::1]:8080", "/p"),
-    ("u:p@example.com?q", 80, "example.com", "/?q"),
-])
+@pytest.mark.parametrize(
+    ("text", "port", "authority", "target"),
+    [
+        ("example.com", 80, "example.com", "/"),
+        ("example.com/generate_204", 80, "example.com", "/generate_204"),
+        ("example.com:8080/x?y", 8080, "example.com:8080", "/x?y"),
+        ("192.0.2.7:81", 81, "192.0.2.7:81", "/"),
+        ("[2001:db8::1]:8080/p", 8080, "[2001:db8::1]:8080", "/p"),
+        ("u:p@example.com?q", 80, "example.com", "/?q"),
+    ],
+)
 def test_a_schemeless_target_is_http_on_port_80(text: str, port: int, authority: str, target: str) -> None:
     url = parse_check_url(text)
-    assert (url.scheme, url.tls, url.port, url.authority, url.target) == ("http", False, port, authority, target)
+    assert (url.scheme, url.tls, url.port, url.authority, url.target) == (
+        "http",
+        False,
+        port,
+        authority,
+        target,
+    )
 
 
 def test_a_schemeless_target_takes_the_given_default_scheme() -> None:
@@ -73,52 +87,62 @@ def test_an_empty_query_and_a_bare_fragment_keep_their_shapes() -> None:
 
 def test_non_ascii_is_percent_encoded_as_utf8_and_names_become_idna() -> None:
     url = parse_check_url("http://bücher.example/é?ü")
-    assert (url.host, url.authority, url.target) == ("xn--bcher-kva.example", "xn--bcher-kva.example", "/%C3%A9?%C3%BC")
+    assert (url.host, url.authority, url.target) == (
+        "xn--bcher-kva.example",
+        "xn--bcher-kva.example",
+        "/%C3%A9?%C3%BC",
+    )
 
 
-@pytest.mark.parametrize("text", [
-    "http:///example.com/",  # surplus authority slashes
-    "https:////example.com",
-    "///example.com",
-    "//example.com/",
-    "http:\\\\example.com\\",  # backslashes
-    "http://example.com\\path",
-    "http://exa mple.com/",  # embedded whitespace and control characters
-    "http://example.com/a b",
-    "http://example.com/a\tb",
-    "http://example.com/\r\nX: y",
-    "http://example.com/\x00",
-    "http://example.com/\x7f",
-    " http://example.com/",
-    "http://example.com/ ",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "http:///example.com/",  # surplus authority slashes
+        "https:////example.com",
+        "///example.com",
+        "//example.com/",
+        "http:\\\\example.com\\",  # backslashes
+        "http://example.com\\path",
+        "http://exa mple.com/",  # embedded whitespace and control characters
+        "http://example.com/a b",
+        "http://example.com/a\tb",
+        "http://example.com/\r\nX: y",
+        "http://example.com/\x00",
+        "http://example.com/\x7f",
+        " http://example.com/",
+        "http://example.com/ ",
+    ],
+)
 def test_slashes_backslashes_and_whitespace_are_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_check_url(text)
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "http://",
-    "http://user@/x",
-    "http://:8080/",
-    "ftp://example.com/",
-    "ws://example.com/",
-    "http:example.com",
-    "http:/example.com",
-    "http://example.com:0/",
-    "http://example.com:65536/",
-    "http://example.com:8o/",
-    "http://example.com:80:81/",
-    "http://2001:db8::1/",  # unbracketed IPv6
-    "http://[2001:db8::1/",
-    "http://[2001:db8::1]x/",
-    "http://[example.com]/",
-    "http://[fe80::1%25eth0]/",
-    "http://exa%6dple.com/",
-    "http://exa<mple.com/",
-    "mailto:someone",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "http://",
+        "http://user@/x",
+        "http://:8080/",
+        "ftp://example.com/",
+        "ws://example.com/",
+        "http:example.com",
+        "http:/example.com",
+        "http://example.com:0/",
+        "http://example.com:65536/",
+        "http://example.com:8o/",
+        "http://example.com:80:81/",
+        "http://2001:db8::1/",  # unbracketed IPv6
+        "http://[2001:db8::1/",
+        "http://[2001:db8::1]x/",
+        "http://[example.com]/",
+        "http://[fe80::1%25eth0]/",
+        "http://exa%6dple.com/",
+        "http://exa<mple.com/",
+        "mailto:someone",
+    ],
+)
 def test_malformed_urls_are_rejected(text: str) -> None:
     with pytest.raises(ValueError):
         parse_check_url(text)
@@ -126,7 +150,12 @@ def test_malformed_urls_are_rejected(text: str) -> None:
 
 def test_the_rejection_message_does_not_repeat_the_url() -> None:
     secret = "tok3n-s3cret"
-    for text in (f"http://{secret}@h:99999/", f"http:///{secret}", f"http://h/{secret} x", f"ftp://{secret}/"):
+    for text in (
+        f"http://{secret}@h:99999/",
+        f"http:///{secret}",
+        f"http://h/{secret} x",
+        f"ftp://{secret}/",
+    ):
         with pytest.raises(ValueError) as info:
             parse_check_url(text)
         assert secret not in str(info.value)
@@ -141,4 +170,9 @@ def test_the_default_delay_url_is_the_generate_204_endpoint_and_parses() -> None
     assert DEFAULT_DELAY_URL == "https://www.gstatic.com/generate_204" == DEFAULT_TCP_CHECK_URL
     url = parse_check_url(DEFAULT_DELAY_URL)
     assert (url.host, url.port, url.authority, url.target, url.tls) == (
-        "www.gstatic.com", 443, "www.gstatic.com", "/generate_204", True)
+        "www.gstatic.com",
+        443,
+        "www.gstatic.com",
+        "/generate_204",
+        True,
+    )

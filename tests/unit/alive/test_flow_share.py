@@ -147,7 +147,10 @@ def test_strikes_of_one_incident_restart_the_probation_without_doubling_it():
         _strike(alive, node_id)
         clock.advance(1.0)
     node = alive.node(node_id)
-    assert node.probation == STRIKE_PROBATION_MIN and node.demoted_until == clock.now() - 1.0 + STRIKE_PROBATION_MIN
+    assert (
+        node.probation == STRIKE_PROBATION_MIN
+        and node.demoted_until == clock.now() - 1.0 + STRIKE_PROBATION_MIN
+    )
 
 
 def test_lucky_successes_that_clear_the_strikes_do_not_reset_the_probation_only_quiet_minutes_do():

@@ -25,7 +25,9 @@ def test_any_check_url_text_parses_or_is_refused(text: str, scheme: str) -> None
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.one_of(st.text(alphabet=st.sampled_from("[]:.0123456789abcdef-_ "), max_size=30), st.text(max_size=30)))
+@given(
+    st.one_of(st.text(alphabet=st.sampled_from("[]:.0123456789abcdef-_ "), max_size=30), st.text(max_size=30))
+)
 def test_any_dns_target_text_parses_or_is_refused(text: str) -> None:
     try:
         address = parse_dns_target(text)

@@ -23,8 +23,9 @@ DAY = 24 * 3600.0
 
 def plane_with_node(tmp_path, clock, node_id):
     spec = Spec(
-        global_=GlobalSpec(data_dir=str(tmp_path), tcp_check_url=(), udp_check_dns=("127.0.0.1:9",),
-                           check_interval=3600.0),
+        global_=GlobalSpec(
+            data_dir=str(tmp_path), tcp_check_url=(), udp_check_dns=("127.0.0.1:9",), check_interval=3600.0
+        ),
         nodes=(NodeSpec(name="tokyo", protocol="socks5", host="127.0.0.1", port=9, id=node_id),),
     )
     return build_plane(spec, clock, 1)

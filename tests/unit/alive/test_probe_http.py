@@ -65,8 +65,6 @@ def informational_heads(total: int) -> bytes:
     return out
 
 
-
-
 @contextlib.asynccontextmanager
 async def no_fd_left():
     """The block may open descriptors but must leave none: checked with a bounded poll afterwards."""
@@ -154,6 +152,7 @@ def respond(status: int, delay: float = 0.0, *headers: tuple[bytes, bytes]) -> A
         await asyncio.sleep(delay)
         peer.conn.send_headers(stream_id, [(b":status", str(status).encode()), *headers], end_stream=True)
         peer.flush()
+
     return answer
 
 
@@ -228,13 +227,17 @@ class H2Origin:
                 peer.flush()
                 for event in events:
                     if isinstance(event, h2.events.RemoteSettingsChanged):
-                        self.client_settings.update({k: s.new_value for k, s in event.changed_settings.items()})
+                        self.client_settings.update(
+                            {k: s.new_value for k, s in event.changed_settings.items()}
+                        )
                     elif isinstance(event, h2.events.StreamReset):
                         self.resets.append((event.stream_id, event.error_code))
                     elif isinstance(event, h2.events.RequestReceived):
                         self.requests.append(dict(event.headers))
                         if len(answers) < len(self.plan):
-                            answers.append(asyncio.create_task(self.plan[len(answers)](peer, event.stream_id)))
+                            answers.append(
+                                asyncio.create_task(self.plan[len(answers)](peer, event.stream_id))
+                            )
         except (ConnectionError, ssl.SSLError, asyncio.CancelledError):
             pass  # cancelled: the test is over (asyncio would log a cancelled connection handler)
         finally:
@@ -248,13 +251,27 @@ def direct(clock: Clock) -> DirectOutbound:
     return DirectOutbound(clock, STEP, mark=None)
 
 
-async def probe(url: CheckUrl, method: str = "GET", *, clock: Clock | None = None, stage_timeout: float = STEP,
-                ssl_context: ssl.SSLContext | None = None, warmup_method: str = "HEAD") -> ProbeSample:
+async def probe(
+    url: CheckUrl,
+    method: str = "GET",
+    *,
+    clock: Clock | None = None,
+    stage_timeout: float = STEP,
+    ssl_context: ssl.SSLContext | None = None,
+    warmup_method: str = "HEAD",
+) -> ProbeSample:
     """One probe through the direct leaf that must leave no descriptor open, whatever its outcome."""
     clock = clock or MonotonicClock()
     async with no_fd_left():
-        return await measure_http(direct(clock).dial_tcp, url, method, clock, stage_timeout=stage_timeout,
-                                  ssl_context=ssl_context, warmup_method=warmup_method)
+        return await measure_http(
+            direct(clock).dial_tcp,
+            url,
+            method,
+            clock,
+            stage_timeout=stage_timeout,
+            ssl_context=ssl_context,
+            warmup_method=warmup_method,
+        )
 
 
 async def probe_error(url: CheckUrl, method: str = "GET", **kwargs: object) -> ProbeError:
@@ -357,11 +374,16 @@ async def test_informational_heads_are_consumed_before_the_final_response() -> N
     assert not sample.fallback
 
 
-@pytest.mark.parametrize(("size", "passes"), [
-    (INFORMATIONAL_HEAD_CAP, True), (INFORMATIONAL_HEAD_CAP + 1, False), (17 * 1024, False)])
+@pytest.mark.parametrize(
+    ("size", "passes"),
+    [(INFORMATIONAL_HEAD_CAP, True), (INFORMATIONAL_HEAD_CAP + 1, False), (17 * 1024, False)],
+)
 async def test_informational_heads_are_capped_at_16_kib_per_round(size: int, passes: bool) -> None:
     # the cap is per round: round 1 may use most of it too
-    script = [[informational_heads(INFORMATIONAL_HEAD_CAP - 100) + head(204)], [informational_heads(size) + head(204)]]
+    script = [
+        [informational_heads(INFORMATIONAL_HEAD_CAP - 100) + head(204)],
+        [informational_heads(size) + head(204)],
+    ]
     async with Http1Origin(script) as origin:
         if passes:
             assert not (await probe(origin.url())).fallback
@@ -449,7 +471,8 @@ async def test_a_cancelled_probe_closes_its_connection() -> None:
         clock = MonotonicClock()
         async with no_fd_left():
             task = asyncio.create_task(
-                measure_http(direct(clock).dial_tcp, origin.url(), "GET", clock, stage_timeout=STEP))
+                measure_http(direct(clock).dial_tcp, origin.url(), "GET", clock, stage_timeout=STEP)
+            )
             await poll(lambda: len(origin.requests) == 1, "the request")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -490,7 +513,9 @@ async def test_a_dial_that_never_completes_times_out_at_the_stage_timeout() -> N
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    task = asyncio.create_task(measure_http(never, parse_check_url("http://h/"), "GET", clock, stage_timeout=3.0))
+    task = asyncio.create_task(
+        measure_http(never, parse_check_url("http://h/"), "GET", clock, stage_timeout=3.0)
+    )
     await poll(entered.is_set, "the dial")
     clock.advance(2.9)
     await asyncio.sleep(0)
@@ -505,8 +530,9 @@ async def test_tcp_connect_probe_reports_the_connect_time_and_closes_the_socket(
     async with Http1Origin([]) as origin:
         clock = MonotonicClock()
         async with no_fd_left():
-            sample = await measure_tcp_connect(direct(clock).dial_tcp, Address(LOOPBACK, origin.port), clock,
-                                               stage_timeout=STEP)
+            sample = await measure_tcp_connect(
+                direct(clock).dial_tcp, Address(LOOPBACK, origin.port), clock, stage_timeout=STEP
+            )
             await asyncio.wait_for(origin.ended.wait(), STEP)
     assert not sample.fallback and 0 < sample.rtt < 1.0
 
@@ -531,7 +557,9 @@ async def test_http2_second_round_rtt_is_reported_not_the_first(ca: trustme.CA) 
     assert 0.035 <= sample.rtt < 0.2
     assert origin.connections == 1
     assert [(r[b":method"], r[b":path"], r[b":authority"], r[b":scheme"]) for r in origin.requests] == [
-        (method, b"/generate_204?a=%2e", f"{LOOPBACK}:{origin.port}".encode(), b"https") for method in (b"HEAD", b"GET")]
+        (method, b"/generate_204?a=%2e", f"{LOOPBACK}:{origin.port}".encode(), b"https")
+        for method in (b"HEAD", b"GET")
+    ]
 
 
 async def test_http2_push_is_disabled_and_header_lists_capped_in_the_settings(ca: trustme.CA) -> None:
@@ -541,7 +569,9 @@ async def test_http2_push_is_disabled_and_header_lists_capped_in_the_settings(ca
     assert origin.client_settings[SettingCodes.MAX_HEADER_LIST_SIZE] == HEADER_LIST_CAP
 
 
-@pytest.mark.parametrize(("status", "passes"), [(204, True), (301, True), (404, True), (500, False), (503, False)])
+@pytest.mark.parametrize(
+    ("status", "passes"), [(204, True), (301, True), (404, True), (500, False), (503, False)]
+)
 async def test_http2_second_status_rule(ca: trustme.CA, status: int, passes: bool) -> None:
     async with H2Origin(ca, [respond(200), respond(status)]) as origin:
         if passes:
@@ -612,7 +642,8 @@ async def test_http2_close_in_round_two_fails_without_fallback(ca: trustme.CA) -
 
 
 async def test_http2_graceful_goaway_covering_round_two_still_returns_round_one_as_fallback(
-        ca: trustme.CA) -> None:
+    ca: trustme.CA,
+) -> None:
     async def goaway_then_answer(peer: H2Peer, stream_id: int) -> None:
         peer.writer.write(goaway(stream_id))  # "stream 3 will still be processed"
         await asyncio.sleep(0.04)

@@ -122,8 +122,9 @@ class DirectUdpLeaf:
         self.capabilities = self.direct.capabilities
         self.endpoints: list[DirectUdpEndpoint] = []
 
-    async def dial_udp(self, receive: DatagramSink, deadline: float,
-                       on_lost: EndpointLost | None = None) -> DirectUdpEndpoint:
+    async def dial_udp(
+        self, receive: DatagramSink, deadline: float, on_lost: EndpointLost | None = None
+    ) -> DirectUdpEndpoint:
         endpoint = DirectUdpEndpoint(receive, on_lost)
         await endpoint.open(self.direct)
         self.endpoints.append(endpoint)
@@ -196,22 +197,41 @@ def test_a_comma_separated_string_is_split_and_trimmed() -> None:
     assert dns_check_target("resolver.example , 9.9.9.9:5353,") == Address("9.9.9.9", 5353)
 
 
-@pytest.mark.parametrize(("entry", "expected"), [
-    ("::1", Address("::1", 53)),
-    ("[::1]", Address("::1", 53)),
-    ("[2001:db8::1]:5353", Address("2001:db8::1", 5353)),
-    ("192.0.2.1:65535", Address("192.0.2.1", 65535)),
-    ("192.0.2.1:1", Address("192.0.2.1", 1)),
-])
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("::1", Address("::1", 53)),
+        ("[::1]", Address("::1", 53)),
+        ("[2001:db8::1]:5353", Address("2001:db8::1", 5353)),
+        ("192.0.2.1:65535", Address("192.0.2.1", 65535)),
+        ("192.0.2.1:1", Address("192.0.2.1", 1)),
+    ],
+)
 def test_ipv6_bare_and_bracketed_and_port_bounds_parse(entry: str, expected: Address) -> None:
     assert dns_check_target([entry]) == expected
 
 
-@pytest.mark.parametrize("entry", [
-    "192.0.2.1:0", "192.0.2.1:65536", "192.0.2.1:", "192.0.2.1:dns", "192.0.2.1:+53", "192.0.2.1:٥٣",
-    "[::1]:0", "[::1]:x", "[::1]53", "[::1", "[192.0.2.1]", "2001:db8::zz", "name.example:99999",
-    "bad host", "-bad.example", "1.2.3.256",
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "192.0.2.1:0",
+        "192.0.2.1:65536",
+        "192.0.2.1:",
+        "192.0.2.1:dns",
+        "192.0.2.1:+53",
+        "192.0.2.1:٥٣",
+        "[::1]:0",
+        "[::1]:x",
+        "[::1]53",
+        "[::1",
+        "[192.0.2.1]",
+        "2001:db8::zz",
+        "name.example:99999",
+        "bad host",
+        "-bad.example",
+        "1.2.3.256",
+    ],
+)
 def test_malformed_entries_are_refused(entry: str) -> None:
     with pytest.raises(ValueError):
         dns_check_target([entry])
@@ -249,8 +269,9 @@ async def test_rtt_is_send_to_answer_on_the_injected_clock() -> None:
     clock = FakeClock()
     leaf = DirectUdpLeaf(clock)
     with _udp_socket() as server:
-        probe = asyncio.ensure_future(measure_dns(leaf, _at(server), clock, stage_timeout=STAGE,
-                                                  name=DNS_NAME))
+        probe = asyncio.ensure_future(
+            measure_dns(leaf, _at(server), clock, stage_timeout=STAGE, name=DNS_NAME)
+        )
         query, peer = await _recv(server)
         clock.advance(0.25)
         server.sendto(build_response(query, {DNS_NAME: [DNS_ANSWER]}), peer)
@@ -263,8 +284,9 @@ async def test_a_wrong_id_and_a_foreign_source_are_ignored_until_the_real_answer
     clock = FakeClock()
     leaf = DirectUdpLeaf(clock)
     with _udp_socket() as server, _udp_socket() as stranger:
-        probe = asyncio.ensure_future(measure_dns(leaf, _at(server), clock, stage_timeout=STAGE,
-                                                  name=DNS_NAME))
+        probe = asyncio.ensure_future(
+            measure_dns(leaf, _at(server), clock, stage_timeout=STAGE, name=DNS_NAME)
+        )
         query, peer = await _recv(server)
         answer = build_response(query, {DNS_NAME: [DNS_ANSWER]})
         qid = int.from_bytes(query[:2], "big")
@@ -390,11 +412,20 @@ def test_quic_target_is_the_first_https_url_with_port_443_by_default() -> None:
     assert quic_probe_target(["https://[2001:db8::1]:4433/"]) == ("2001:db8::1", 4433)
 
 
-@pytest.mark.parametrize("urls", [
-    [], ["http://check.example/"], ["http://check.example/", "https://second.example/"],
-    ["https://"], ["https://check.example:99999/"], ["https://check.example:0/"], ["https://[::1/"],
-    ["check.example"], ["ftp://check.example/"],
-])
+@pytest.mark.parametrize(
+    "urls",
+    [
+        [],
+        ["http://check.example/"],
+        ["http://check.example/", "https://second.example/"],
+        ["https://"],
+        ["https://check.example:99999/"],
+        ["https://check.example:0/"],
+        ["https://[::1/"],
+        ["check.example"],
+        ["ftp://check.example/"],
+    ],
+)
 def test_a_missing_or_non_https_first_url_disables_the_quic_probe(urls: list[str]) -> None:
     assert quic_probe_target(urls) is None
 
@@ -402,11 +433,26 @@ def test_a_missing_or_non_https_first_url_disables_the_quic_probe(urls: list[str
 # --- measure_quic_handshake ----------------------------------------------------------------------
 
 
-def _quic(leaf, port: int, trust, *, host: str = "127.0.0.1", clock: Clock | None = None,  # noqa: ANN001
-          stage: float = STAGE, server_name: str | None = None):  # noqa: ANN202
+def _quic(
+    leaf,
+    port: int,
+    trust,
+    *,
+    host: str = "127.0.0.1",
+    clock: Clock | None = None,  # noqa: ANN001
+    stage: float = STAGE,
+    server_name: str | None = None,
+):  # noqa: ANN202
     """measure_quic_handshake to ``host:port`` trusting ``trust`` (PEM bytes of the CA, a path, a context)."""
-    return measure_quic_handshake(leaf, host, port, clock or MonotonicClock(), stage_timeout=stage,
-                                  ssl_context_or_cafile=trust, server_name=server_name)
+    return measure_quic_handshake(
+        leaf,
+        host,
+        port,
+        clock or MonotonicClock(),
+        stage_timeout=stage,
+        ssl_context_or_cafile=trust,
+        server_name=server_name,
+    )
 
 
 @pytest.fixture(scope="module")

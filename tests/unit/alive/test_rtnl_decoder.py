@@ -45,7 +45,9 @@ def test_a_link_message_decodes_its_fields_and_operstate():
     assert out.get_attr("IFLA_OPERSTATE") == "LOWERLAYERDOWN" and out.get_attr("IFLA_IFNAME") == "veth9"
 
 
-@pytest.mark.parametrize(("family", "address"), [(socket.AF_INET, "192.0.2.7"), (socket.AF_INET6, "2001:db8::7")])
+@pytest.mark.parametrize(
+    ("family", "address"), [(socket.AF_INET, "192.0.2.7"), (socket.AF_INET6, "2001:db8::7")]
+)
 def test_an_address_message_decodes_addresses_as_text_and_the_flags_attribute(family, address):
     msg = ifaddrmsg()
     msg["family"], msg["index"], msg["prefixlen"], msg["flags"] = family, 3, 64, 0x80
@@ -78,15 +80,22 @@ def test_a_dump_request_is_what_the_kernel_expects():
     for kind, size in ((RTM_GETLINK, 32), (RTM_GETADDR, 24)):
         request = dump_request(kind, 5)
         length, got_kind, flags, seq, pid = struct.unpack_from("=IHHII", request)
-        assert (length, got_kind, flags & 0x300, seq, pid) == (size, kind, 0x300, 5, 0) and len(request) == size
+        assert (length, got_kind, flags & 0x300, seq, pid) == (size, kind, 0x300, 5, 0) and len(
+            request
+        ) == size
 
 
-@pytest.mark.parametrize("data", [
-    struct.pack("=IHHII", 8, RTM_NEWLINK, 0, 0, 0),  # length below the header
-    struct.pack("=IHHII", 400, RTM_NEWLINK, 0, 0, 0),  # length past the datagram
-    struct.pack("=IHHII", 20, RTM_NEWLINK, 0, 0, 0) + b"\0" * 4,  # fixed part truncated
-    struct.pack("=IHHII", 36, RTM_NEWLINK, 0, 0, 0) + b"\0" * 16 + struct.pack("=HH", 99, 16),  # attribute overrun
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        struct.pack("=IHHII", 8, RTM_NEWLINK, 0, 0, 0),  # length below the header
+        struct.pack("=IHHII", 400, RTM_NEWLINK, 0, 0, 0),  # length past the datagram
+        struct.pack("=IHHII", 20, RTM_NEWLINK, 0, 0, 0) + b"\0" * 4,  # fixed part truncated
+        struct.pack("=IHHII", 36, RTM_NEWLINK, 0, 0, 0)
+        + b"\0" * 16
+        + struct.pack("=HH", 99, 16),  # attribute overrun
+    ],
+)
 def test_malformed_datagrams_are_refused_with_a_typed_error(data):
     with pytest.raises(RtnlFormatError):
         parse_messages(data)

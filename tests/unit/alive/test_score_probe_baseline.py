@@ -23,8 +23,12 @@ V4 = Family.V4
 
 def _plane(tmp_path, clock, nodes, policy):
     spec = Spec(
-        global_=GlobalSpec(data_dir=str(tmp_path), tcp_check_url=("http://127.0.0.1:9/generate_204",),
-                           udp_check_dns=("127.0.0.1:9",), check_interval=3600.0),
+        global_=GlobalSpec(
+            data_dir=str(tmp_path),
+            tcp_check_url=("http://127.0.0.1:9/generate_204",),
+            udp_check_dns=("127.0.0.1:9",),
+            check_interval=3600.0,
+        ),
         nodes=tuple(nodes),
         groups=(GroupSpec(name="auto", policy=policy),),  # no filter line: every node
     )
@@ -42,8 +46,15 @@ async def _world(tmp_path, policy: Policy):
     await service.start(plane)
     await service.runner.stop()
     try:
-        yield SimpleNamespace(clock=clock, a=a.id, b=b.id, score=plane.groups.score, alive=service.alive,
-                              service=service, plane=plane)
+        yield SimpleNamespace(
+            clock=clock,
+            a=a.id,
+            b=b.id,
+            score=plane.groups.score,
+            alive=service.alive,
+            service=service,
+            plane=plane,
+        )
     finally:
         await service.stop()
 

@@ -106,9 +106,15 @@ def world() -> World:
 
 def test_group_types_use_mihomo_casing_and_score_shows_as_urltest(world):
     listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
-    assert {name: listed[name]["type"] for name in ("My Proxy", "Auto", "Fall back", "LB", "Smart", "GLOBAL")} == {
-        "My Proxy": "Selector", "Auto": "URLTest", "Fall back": "Fallback", "LB": "LoadBalance",
-        "Smart": "URLTest", "GLOBAL": "Selector",
+    assert {
+        name: listed[name]["type"] for name in ("My Proxy", "Auto", "Fall back", "LB", "Smart", "GLOBAL")
+    } == {
+        "My Proxy": "Selector",
+        "Auto": "URLTest",
+        "Fall back": "Fallback",
+        "LB": "LoadBalance",
+        "Smart": "URLTest",
+        "GLOBAL": "Selector",
     }
     assert listed["DIRECT"]["type"] == "Direct" and listed["REJECT"]["type"] == "Reject"
     assert listed["hk"]["type"] == "Socks5" and listed["🇯🇵 Japan 04"]["type"] == "Shadowsocks"
@@ -124,16 +130,29 @@ def test_every_group_has_a_non_empty_all_and_leaves_have_none(world):
 
 def test_global_lists_direct_block_nodes_then_groups_in_config_order(world):
     glob = json.loads(views.proxies_json(world.ctx()))["proxies"]["GLOBAL"]
-    assert glob["all"] == ["DIRECT", "REJECT", "hk", "🇯🇵 Japan 04", "us",
-                           "My Proxy", "Auto", "Fall back", "LB", "Smart"]
+    assert glob["all"] == [
+        "DIRECT",
+        "REJECT",
+        "hk",
+        "🇯🇵 Japan 04",
+        "us",
+        "My Proxy",
+        "Auto",
+        "Fall back",
+        "LB",
+        "Smart",
+    ]
     assert glob["now"] == "DIRECT"
     world.global_choice = "Auto"
     assert views.global_proxy(world.ctx())["now"] == "Auto"
 
 
 def test_a_group_sharing_a_nodes_name_is_listed_once_as_the_group():
-    shared = World(CONFIG.replace("    Smart {{", "    us {{").replace("    Smart {", "    us {")
-                   .replace("group(Auto, Fall back, LB, Smart)", "group(Auto, Fall back, LB, us)"))
+    shared = World(
+        CONFIG.replace("    Smart {{", "    us {{")
+        .replace("    Smart {", "    us {")
+        .replace("group(Auto, Fall back, LB, Smart)", "group(Auto, Fall back, LB, us)")
+    )
     text = views.proxies_json(shared.ctx())
     pairs = json.loads(text, object_pairs_hook=lambda items: items)  # every key, duplicates kept
     names = [key for key, _ in dict(pairs)["proxies"]]
@@ -147,8 +166,24 @@ def test_proxy_objects_carry_mihomos_keys_sorted(world):
     listed = json.loads(views.proxies_json(world.ctx()))["proxies"]
     for obj in listed.values():
         assert list(obj) == sorted(obj)
-    leaf_keys = {"alive", "dialer-proxy", "extra", "history", "id", "interface", "mptcp", "name", "provider-name",
-                 "routing-mark", "smux", "tfo", "type", "udp", "uot", "xudp"}
+    leaf_keys = {
+        "alive",
+        "dialer-proxy",
+        "extra",
+        "history",
+        "id",
+        "interface",
+        "mptcp",
+        "name",
+        "provider-name",
+        "routing-mark",
+        "smux",
+        "tfo",
+        "type",
+        "udp",
+        "uot",
+        "xudp",
+    }
     assert set(listed["hk"]) == leaf_keys
     assert listed["hk"]["id"] == str(world.ids["hk"])
     auto = listed["Auto"]
@@ -184,15 +219,25 @@ def test_now_of_automatic_groups_is_the_member_their_tcp_chain_passes_through(wo
 def test_now_of_a_score_group_is_the_member_its_new_flows_went_to_after_the_incumbent_failed():
     smart = "filter: name(us)\n        policy: score"
     world = World(CONFIG.replace(smart, smart.replace("name(us)", "name(hk, us)")))
-    groups, target, dest = world.plane.groups, ScoreTarget.of("t.example", 443), ipaddress.ip_address("192.0.2.7")
+    groups, target, dest = (
+        world.plane.groups,
+        ScoreTarget.of("t.example", 443),
+        ipaddress.ip_address("192.0.2.7"),
+    )
     for name in ("hk", "us"):  # qualified: ordinary picks only
         for _ in range(8):
-            groups.score.evidence.record("Smart", Network.TCP, None, world.ids[name], Outcome.USEFUL, world.clock.now())
+            groups.score.evidence.record(
+                "Smart", Network.TCP, None, world.ids[name], Outcome.USEFUL, world.clock.now()
+            )
     served = groups.resolve("Smart", Network.TCP, target=target, destination=dest)
     assert served.leaf.name == "hk" and views.group_proxy(world.ctx(), "Smart")["now"] == "hk"
     world.clock.advance(1)
-    reporter = groups.score_feedback(served.chain, served.leaf, Network.TCP, target, dest).start().begin(
-        world.clock.now()).into_reporter(world.clock.now())
+    reporter = (
+        groups.score_feedback(served.chain, served.leaf, Network.TCP, target, dest)
+        .start()
+        .begin(world.clock.now())
+        .into_reporter(world.clock.now())
+    )
     reporter.setup(world.clock.now())
     reporter.settle(world.clock.now(), Result.failure(node_scoped=False))
     assert groups.resolve("Smart", Network.TCP, target=target, destination=dest).leaf.name == "us"
@@ -240,7 +285,9 @@ def test_leaf_alive_with_no_health_verdict_follows_the_newest_delay_test(world):
 
 
 def test_leaf_alive_of_an_ipv6_reached_node_follows_its_ipv6_state_and_its_probes_fill_extra():
-    text = CONFIG.replace("us: 'socks5://127.0.0.1:29'", "us: 'socks5://127.0.0.1:29'\n    six: 'socks5://[::1]:39'")
+    text = CONFIG.replace(
+        "us: 'socks5://127.0.0.1:29'", "us: 'socks5://127.0.0.1:29'\n    six: 'socks5://[::1]:39'"
+    )
     world = World(text)
     six = world.plane.outbounds["six"]
     assert six.health_family == 6
@@ -270,8 +317,12 @@ def test_history_is_in_whole_milliseconds_with_failures_as_zero(world):
     assert leaf["history"][0]["time"].startswith("20") and "T" in leaf["history"][0]["time"]
     extra = leaf["extra"]
     assert extra["https://t.example/204"] == {
-        "alive": False, "history": [{"time": extra["https://t.example/204"]["history"][0]["time"], "delay": 84},
-                                    {"time": extra["https://t.example/204"]["history"][1]["time"], "delay": 0}]}
+        "alive": False,
+        "history": [
+            {"time": extra["https://t.example/204"]["history"][0]["time"], "delay": 84},
+            {"time": extra["https://t.example/204"]["history"][1]["time"], "delay": 0},
+        ],
+    }
     # the global check URL carries the TCP probe history (v4)
     assert [h["delay"] for h in extra["http://check.example/generate_204"]["history"]] == [84, 0, 1]
 
@@ -285,10 +336,16 @@ def test_history_keeps_the_last_ten_entries(world):
 
 
 def test_extra_carries_group_check_url_histories_under_the_group_url(world):
-    world.checks.sync_group_check_urls([
-        GroupCheck("Auto", Policy.URLTEST, "http://group.example/check",
-                   lambda: [("hk", world.ids["hk"]), ("🇯🇵 Japan 04", world.ids["🇯🇵 Japan 04"])]),
-    ])
+    world.checks.sync_group_check_urls(
+        [
+            GroupCheck(
+                "Auto",
+                Policy.URLTEST,
+                "http://group.example/check",
+                lambda: [("hk", world.ids["hk"]), ("🇯🇵 Japan 04", world.ids["🇯🇵 Japan 04"])],
+            ),
+        ]
+    )
     world.checks.notify("🇯🇵 Japan 04", "http://group.example/check", 0.2)
     leaf = views.leaf_proxy(world.ctx(), "🇯🇵 Japan 04", world.plane.outbounds["🇯🇵 Japan 04"])
     assert leaf["extra"]["http://group.example/check"]["alive"] is True
@@ -316,26 +373,51 @@ def test_lookup_finds_leaves_groups_builtins_and_global(world):
 
 def test_chains_run_leaf_first_and_ports_are_strings():
     info = ConnectionInfo(
-        id="id-1", network=Network.TCP, inbound="lan", source=Address("192.168.1.5", 50000),
-        target=Address("example.com", 443), rule="domain(suffix:a.example,suffix:b.example)",
-        chain=("My Proxy", "Auto", "hk"), upload=10, download=20, start=1_700_000_000.5, plane_generation=1)
-    snap = views.connections([info], (100, 200), 4096, views.rule_index(World().spec),
-                             {"lan": views.InboundInfo("mixed", "0.0.0.0", 7890)})
+        id="id-1",
+        network=Network.TCP,
+        inbound="lan",
+        source=Address("192.168.1.5", 50000),
+        target=Address("example.com", 443),
+        rule="domain(suffix:a.example,suffix:b.example)",
+        chain=("My Proxy", "Auto", "hk"),
+        upload=10,
+        download=20,
+        start=1_700_000_000.5,
+        plane_generation=1,
+    )
+    snap = views.connections(
+        [info],
+        (100, 200),
+        4096,
+        views.rule_index(World().spec),
+        {"lan": views.InboundInfo("mixed", "0.0.0.0", 7890)},
+    )
     assert snap["uploadTotal"] == 100 and snap["downloadTotal"] == 200 and snap["memory"] == 4096
     conn = snap["connections"][0]
     assert conn["chains"] == ["hk", "Auto", "My Proxy"]
     assert conn["rule"] == "DomainSuffix" and conn["rulePayload"] == "a.example,b.example"
     meta = conn["metadata"]
-    assert meta["sourcePort"] == "50000" and meta["destinationPort"] == "443" and meta["inboundPort"] == "7890"
+    assert (
+        meta["sourcePort"] == "50000" and meta["destinationPort"] == "443" and meta["inboundPort"] == "7890"
+    )
     assert meta["host"] == "example.com" and meta["destinationIP"] == ""
     assert meta["network"] == "tcp" and meta["inboundName"] == "lan" and meta["sourceIP"] == "192.168.1.5"
 
 
 def test_an_ip_target_and_the_fallback_rule_and_a_builtin_leaf():
     info = ConnectionInfo(
-        id="id-2", network=Network.UDP, inbound="lan", source=Address("127.0.0.1", 1),
-        target=Address("10.0.0.1", 53), rule="fallback", chain=("direct",), upload=0, download=0,
-        start=0.0, plane_generation=1)
+        id="id-2",
+        network=Network.UDP,
+        inbound="lan",
+        source=Address("127.0.0.1", 1),
+        target=Address("10.0.0.1", 53),
+        rule="fallback",
+        chain=("direct",),
+        upload=0,
+        download=0,
+        start=0.0,
+        plane_generation=1,
+    )
     conn = views.connection_view(info, views.rule_index(World().spec), {})
     assert conn["chains"] == ["DIRECT"] and conn["rule"] == "Match" and conn["rulePayload"] == ""
     assert conn["metadata"]["destinationIP"] == "10.0.0.1" and conn["metadata"]["host"] == ""
@@ -370,7 +452,9 @@ def test_a_subscription_provider_lists_its_nodes_with_usage_and_update_time():
     extra = dataclasses.replace(w.spec.nodes[2], name="sub-1", subscription="paid", port=39)
     w.spec = dataclasses.replace(w.spec, nodes=(*w.spec.nodes, extra))
     w.plane = build_plane(w.spec, w.clock, 2)
-    info = views.ProviderInfo("paid", 1_700_000_000.0, {"upload": 1, "download": 2, "total": 30, "expire": 99})
+    info = views.ProviderInfo(
+        "paid", 1_700_000_000.0, {"upload": 1, "download": 2, "total": 30, "expire": 99}
+    )
     out = json.loads(views.providers_json(w.ctx(), [info]))["providers"]["paid"]
     assert out["vehicleType"] == "HTTP" and [p["name"] for p in out["proxies"]] == ["sub-1"]
     assert out["proxies"][0]["provider-name"] == "paid"
@@ -382,15 +466,30 @@ def test_no_credential_appears_in_any_view(world):
     node_id = world.ids["hk"]
     world.alive.record_delay_test(node_id, Family.V4, 0.05, "https://t.example/204")
     info = ConnectionInfo(
-        id="id-1", network=Network.TCP, inbound="lan", source=Address("127.0.0.1", 5),
-        target=Address("example.com", 443), rule="fallback", chain=("My Proxy", "hk"), upload=1, download=2,
-        start=0.0, plane_generation=1)
+        id="id-1",
+        network=Network.TCP,
+        inbound="lan",
+        source=Address("127.0.0.1", 5),
+        target=Address("example.com", 443),
+        rule="fallback",
+        chain=("My Proxy", "hk"),
+        upload=1,
+        download=2,
+        start=0.0,
+        plane_generation=1,
+    )
     ctx = world.ctx()
-    text = json.dumps([
-        json.loads(views.proxies_json(ctx)), views.groups_list(ctx), json.loads(views.providers_json(ctx, [])), views.rules(world.spec),
-        views.connections([info], (0, 0), 0, views.rule_index(world.spec), {}),
-        views.configs(world.spec, "rule", "info", 7890),
-    ], ensure_ascii=False)
+    text = json.dumps(
+        [
+            json.loads(views.proxies_json(ctx)),
+            views.groups_list(ctx),
+            json.loads(views.providers_json(ctx, [])),
+            views.rules(world.spec),
+            views.connections([info], (0, 0), 0, views.rule_index(world.spec), {}),
+            views.configs(world.spec, "rule", "info", 7890),
+        ],
+        ensure_ascii=False,
+    )
     for secret in (SOCKS_SECRET, SS_SECRET, SS_USERINFO, "user:"):
         assert secret not in text
 
@@ -407,9 +506,18 @@ def test_configs_report_the_mixed_port_lan_access_and_mode(world):
 
 
 def test_traffic_frames_are_per_second_differences_with_totals():
-    assert views.traffic((100, 1000), (100, 1000), 1.0) == {"up": 0, "down": 0, "upTotal": 100, "downTotal": 1000}
-    assert views.traffic((100, 1000), (600, 3000), 2.0) == {"up": 250, "down": 1000, "upTotal": 600,
-                                                           "downTotal": 3000}
+    assert views.traffic((100, 1000), (100, 1000), 1.0) == {
+        "up": 0,
+        "down": 0,
+        "upTotal": 100,
+        "downTotal": 1000,
+    }
+    assert views.traffic((100, 1000), (600, 3000), 2.0) == {
+        "up": 250,
+        "down": 1000,
+        "upTotal": 600,
+        "downTotal": 3000,
+    }
 
 
 def test_rss_comes_from_the_second_statm_field_in_pages():
@@ -428,7 +536,9 @@ def test_clash_log_level_names_the_running_level():
     from honk.api.clash import clash_log_level
 
     assert clash_log_level(5) == "debug" and clash_log_level(logging.INFO) == "info"
-    assert clash_log_level(logging.WARNING) == "warning" and clash_log_level(logging.CRITICAL + 10) == "silent"
+    assert (
+        clash_log_level(logging.WARNING) == "warning" and clash_log_level(logging.CRITICAL + 10) == "silent"
+    )
 
 
 def test_delay_ms_never_reports_a_success_as_zero_and_caps_at_uint16():

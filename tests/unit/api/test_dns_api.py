@@ -37,11 +37,17 @@ def reply_to(query: dns.message.Message) -> dns.message.Message:
     question = query.question[0]
     if question.name.to_text().endswith("nx.test."):
         answer.set_rcode(dns.rcode.NXDOMAIN)
-        answer.authority.append(dns.rrset.from_text("nx.test.", TTL, "IN", "SOA",
-                                                    "ns.nx.test. admin.nx.test. 1 3600 600 86400 60"))
+        answer.authority.append(
+            dns.rrset.from_text(
+                "nx.test.", TTL, "IN", "SOA", "ns.nx.test. admin.nx.test. 1 3600 600 86400 60"
+            )
+        )
     elif question.name.to_text() == "big.test.":
-        answer.answer.append(dns.rrset.from_text(question.name, TTL, "IN", "A",
-                                                 *(f"10.1.{i // 250}.{i % 250}" for i in range(BIG))))
+        answer.answer.append(
+            dns.rrset.from_text(
+                question.name, TTL, "IN", "A", *(f"10.1.{i // 250}.{i % 250}" for i in range(BIG))
+            )
+        )
     elif question.rdtype == dns.rdatatype.A:
         answer.answer.append(dns.rrset.from_text(question.name, TTL, "IN", "A", "10.0.0.1", "10.0.0.2"))
     elif question.rdtype == dns.rdatatype.MX:
@@ -55,8 +61,15 @@ class Upstream:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         self.calls += 1
         answer = dns.message.from_wire(reply_to(query).to_wire(max_size=MAX_MESSAGE))
         answer.id = query.id
@@ -73,10 +86,17 @@ def test_an_answer_renders_in_mihomos_shape_with_keys_sorted_as_go_encodes_a_map
     body = clash.dns_query_json(message)
     assert list(body) == sorted(body)
     assert body == {
-        "AD": False, "CD": False, "RA": True, "RD": True, "TC": False, "Status": 0,
+        "AD": False,
+        "CD": False,
+        "RA": True,
+        "RD": True,
+        "TC": False,
+        "Status": 0,
         "Question": [{"Name": "www.example.test.", "Qtype": 1, "Qclass": 1}],
-        "Answer": [{"name": "www.example.test.", "type": 1, "TTL": TTL, "data": "10.0.0.1"},
-                   {"name": "www.example.test.", "type": 1, "TTL": TTL, "data": "10.0.0.2"}],
+        "Answer": [
+            {"name": "www.example.test.", "type": 1, "TTL": TTL, "data": "10.0.0.1"},
+            {"name": "www.example.test.", "type": 1, "TTL": TTL, "data": "10.0.0.2"},
+        ],
     }
 
 
@@ -84,13 +104,16 @@ def test_empty_sections_are_left_out_and_a_negative_answer_shows_its_authority()
     body = clash.dns_query_json(reply_to(dns.message.make_query("gone.nx.test", "AAAA")))
     assert body["Status"] == dns.rcode.NXDOMAIN
     assert "Answer" not in body and "Additional" not in body
-    assert body["Authority"] == [{"name": "nx.test.", "type": 6, "TTL": TTL,
-                                  "data": "ns.nx.test. admin.nx.test. 1 3600 600 86400 60"}]
+    assert body["Authority"] == [
+        {"name": "nx.test.", "type": 6, "TTL": TTL, "data": "ns.nx.test. admin.nx.test. 1 3600 600 86400 60"}
+    ]
 
 
 def test_record_data_is_the_presentation_format_after_the_header():
     body = clash.dns_query_json(reply_to(dns.message.make_query("example.test", "MX")))
-    assert body["Answer"] == [{"name": "example.test.", "type": 15, "TTL": TTL, "data": "10 mail.example.test."}]
+    assert body["Answer"] == [
+        {"name": "example.test.", "type": 15, "TTL": TTL, "data": "10 mail.example.test."}
+    ]
 
 
 def test_a_question_defaults_to_recursion_and_reads_types_in_any_case():
@@ -120,9 +143,15 @@ def test_a_name_that_is_no_dns_name_is_a_400():
 def control_with(service: DnsService | None) -> SimpleNamespace:
     clock = FakeClock()
     return SimpleNamespace(
-        dns_service=service, clock=clock, started_at=clock.now(), started_wall=clock.wall(), plane=None,
-        stats=RuntimeStats(), tracker=SimpleNamespace(snapshot=list, totals=lambda: (0, 0)),
-        health=SimpleNamespace(alive=SimpleNamespace(nodes=lambda: iter(()))))
+        dns_service=service,
+        clock=clock,
+        started_at=clock.now(),
+        started_wall=clock.wall(),
+        plane=None,
+        stats=RuntimeStats(),
+        tracker=SimpleNamespace(snapshot=list, totals=lambda: (0, 0)),
+        health=SimpleNamespace(alive=SimpleNamespace(nodes=lambda: iter(()))),
+    )
 
 
 def service_and_upstream() -> tuple[DnsService, Upstream]:
@@ -165,8 +194,11 @@ async def test_a_query_goes_through_the_service_then_hits_its_cache_until_a_flus
         assert scraped[("honk_dns_cache_hits_total", frozenset())] == 1
         assert scraped[("honk_dns_cache_misses_total", frozenset())] == 1
         assert scraped[("honk_dns_cache_entries", frozenset())] == 1
-        queries = {dict(labels)["result"]: v for (name, labels), v in scraped.items()
-                   if name == "honk_dns_queries_total" and dict(labels)["upstream"] == "default"}
+        queries = {
+            dict(labels)["result"]: v
+            for (name, labels), v in scraped.items()
+            if name == "honk_dns_queries_total" and dict(labels)["upstream"] == "default"
+        }
         assert queries == {"cached": 1, "answered": 1, "negative": 0, "error": 0, "failed": 0, "rejected": 0}
         assert scraped[("honk_dns_upstream_latency_seconds_count", frozenset({("upstream", "default")}))] == 1
 
@@ -180,7 +212,9 @@ async def test_a_query_goes_through_the_service_then_hits_its_cache_until_a_flus
 async def test_a_bad_type_over_http_is_400_with_mihomos_message():
     service, upstream = service_and_upstream()
     async with client_for(control_with(service)) as http:
-        response = await http.get("/dns/query", params={"name": "a.test", "type": "NOPE"}, headers=bearer(SECRET))
+        response = await http.get(
+            "/dns/query", params={"name": "a.test", "type": "NOPE"}, headers=bearer(SECRET)
+        )
         assert response.status == 400 and await response.json() == {"message": "invalid query type"}
         assert upstream.calls == 0
 

@@ -57,7 +57,11 @@ def named(parsed: dict, name: str) -> dict[frozenset, float]:
 def stand_in(stats: RuntimeStats) -> SimpleNamespace:
     clock = FakeClock()
     return SimpleNamespace(
-        clock=clock, started_at=clock.now() - 12.5, started_wall=clock.wall() - 12.5, plane=None, stats=stats,
+        clock=clock,
+        started_at=clock.now() - 12.5,
+        started_wall=clock.wall() - 12.5,
+        plane=None,
+        stats=stats,
         tracker=SimpleNamespace(snapshot=list, totals=lambda: (1000, 250000)),
         health=SimpleNamespace(alive=SimpleNamespace(nodes=lambda: iter(()))),
     )
@@ -81,8 +85,11 @@ def test_probe_histograms_render_cumulative_buckets_sum_and_count_for_every_kind
     stats.probe("tcp", False, 0.3)
     stats.probe("tcp", False, 30.0)
     parsed = metric_samples(exposition(stand_in(stats)))
-    buckets = {dict(k)["le"]: v for k, v in named(parsed, "honk_probe_duration_seconds_bucket").items()
-               if dict(k)["kind"] == "tcp" and dict(k)["result"] == "error"}
+    buckets = {
+        dict(k)["le"]: v
+        for k, v in named(parsed, "honk_probe_duration_seconds_bucket").items()
+        if dict(k)["kind"] == "tcp" and dict(k)["result"] == "error"
+    }
     assert len(buckets) == len(PROBE_BUCKETS) + 1
     assert buckets["0.25"] == 0 and buckets["0.5"] == 1 and buckets["10.0"] == 1 and buckets["+Inf"] == 2
     assert value(parsed, "honk_probe_duration_seconds_count", kind="tcp", result="error") == 2
@@ -103,7 +110,8 @@ def test_counters_exist_at_zero_for_every_fixed_label_before_any_event():
         assert reloads[frozenset({("result", "refused"), ("error", variant)})] == 0
     assert set(reloads.values()) == {0}
     assert set(named(parsed, "honk_subscription_refreshes_total")) == {
-        frozenset({("result", r)}) for r in ("accepted", "unchanged", "failed")}
+        frozenset({("result", r)}) for r in ("accepted", "unchanged", "failed")
+    }
     assert value(parsed, "honk_relayed_bytes_total", direction="down") == 250000
     assert value(parsed, "honk_uptime_seconds") == 12.5
     assert value(parsed, "honk_info", version=__version__) == 1
@@ -164,8 +172,10 @@ async def test_admission_gauges_count_a_held_permit_in_the_plane_and_the_process
     finally:
         permit.release()
     assert value(during, "honk_dial_admission_in_use", scope="plane") == 1
-    assert (value(during, "honk_dial_admission_in_use", scope="process")
-            == value(before, "honk_dial_admission_in_use", scope="process") + 1)
+    assert (
+        value(during, "honk_dial_admission_in_use", scope="process")
+        == value(before, "honk_dial_admission_in_use", scope="process") + 1
+    )
     assert value(during, "honk_dial_admission_waiting", scope="plane") == 0
 
 
@@ -176,7 +186,8 @@ async def test_node_alive_exports_known_states_only_one_alive_zero_dead(client, 
     alive.notify_check_success(node_a, Domain.TCP, Family.V4, 0.05)
     parsed = metric_samples(await scrape(client))
     assert named(parsed, "honk_node_alive") == {
-        frozenset({("node", "a"), ("domain", "tcp"), ("family", "ipv4")}): 1}
+        frozenset({("node", "a"), ("domain", "tcp"), ("family", "ipv4")}): 1
+    }
     for _ in range(3):  # PROBE_DEATH_THRESHOLD[TCP]; forced past the registration grace
         alive.notify_check_failure(node_a, Domain.TCP, Family.V4, force=True)
     alive.notify_check_success(node_a, Domain.DNS_UDP, Family.V6, 0.05)

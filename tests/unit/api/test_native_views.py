@@ -130,7 +130,13 @@ def test_a_nested_group_chain_runs_from_the_group_to_the_leaf(world):
 
 
 def test_groups_are_listed_in_configuration_order(world):
-    assert [g["name"] for g in views.groups_view(world.plane)] == ["pick", "auto", "spread", "scored", "outer"]
+    assert [g["name"] for g in views.groups_view(world.plane)] == [
+        "pick",
+        "auto",
+        "spread",
+        "scored",
+        "outer",
+    ]
 
 
 # --- nodes -------------------------------------------------------------------------------------
@@ -163,7 +169,11 @@ def test_health_shows_only_the_states_that_exist_with_the_last_ten_history_entri
     link = health["tcp"]["v4"]
     assert link["status"] == "alive" and link["average_ms"] is not None
     assert len(link["history"]) == views.HISTORY_ENTRIES
-    assert link["history"][-1] == {"time": views.rfc3339(world.clock.wall()), "delay_ms": 21.0, "failed": False}
+    assert link["history"][-1] == {
+        "time": views.rfc3339(world.clock.wall()),
+        "delay_ms": 21.0,
+        "failed": False,
+    }
     assert health["dns_udp"]["v6"]["history"][-1]["failed"] is True
 
 
@@ -190,22 +200,47 @@ def test_a_node_whose_every_tcp_state_is_dead_is_not_counted_alive(world):
 
 
 def info(chain: tuple[str, ...], network: Network = TCP, flow_id: str = "f1") -> ConnectionInfo:
-    return ConnectionInfo(id=flow_id, network=network, inbound="lan", source=Address("127.0.0.1", 50000),
-                          target=Address("::1", 443), rule="fallback", chain=chain, upload=10, download=20,
-                          start=1_700_000_000.5, plane_generation=1, engine="native")
+    return ConnectionInfo(
+        id=flow_id,
+        network=network,
+        inbound="lan",
+        source=Address("127.0.0.1", 50000),
+        target=Address("::1", 443),
+        rule="fallback",
+        chain=chain,
+        upload=10,
+        download=20,
+        start=1_700_000_000.5,
+        plane_generation=1,
+        engine="native",
+    )
 
 
 def test_a_connection_has_text_addresses_and_an_rfc3339_start():
     assert views.conn_view(info(("outer", "pick", "a"))) == {
-        "id": "f1", "network": "tcp", "inbound": "lan", "source": "127.0.0.1:50000", "target": "[::1]:443",
-        "rule": "fallback", "chain": ["outer", "pick", "a"], "upload": 10, "download": 20,
-        "start": "2023-11-14T22:13:20.500Z", "engine": "native", "outbound_version": "", "user": "",
+        "id": "f1",
+        "network": "tcp",
+        "inbound": "lan",
+        "source": "127.0.0.1:50000",
+        "target": "[::1]:443",
+        "rule": "fallback",
+        "chain": ["outer", "pick", "a"],
+        "upload": 10,
+        "download": 20,
+        "start": "2023-11-14T22:13:20.500Z",
+        "engine": "native",
+        "outbound_version": "",
+        "user": "",
     }
 
 
 def test_flows_by_group_match_any_group_on_the_chain_and_flows_by_node_only_the_leaf():
-    flows = [info(("outer", "pick", "a"), flow_id="1"), info(("pick", "b"), flow_id="2"),
-             info(("a",), flow_id="3"), info(("auto", "a"), flow_id="4")]
+    flows = [
+        info(("outer", "pick", "a"), flow_id="1"),
+        info(("pick", "b"), flow_id="2"),
+        info(("a",), flow_id="3"),
+        info(("auto", "a"), flow_id="4"),
+    ]
     assert [f.id for f in views.flows_through_group(flows, "pick")] == ["1", "2"]
     assert [f.id for f in views.flows_through_group(flows, "a")] == []  # a leaf is not a group hop
     assert [f.id for f in views.flows_on_node(flows, "a")] == ["1", "3", "4"]
@@ -213,16 +248,31 @@ def test_flows_by_group_match_any_group_on_the_chain_and_flows_by_node_only_the_
 
 def test_a_diagnostic_without_a_line_has_null_line_and_column():
     d = Diagnostic(Severity.ERROR, "unknown-key", "global.bogus", "unknown key", SourceLoc("<posted>", 0))
-    assert views.diag_view(d) == {"severity": "error", "code": "unknown-key", "key_path": "global.bogus",
-                                  "line": None, "column": None, "message": "unknown key"}
+    assert views.diag_view(d) == {
+        "severity": "error",
+        "code": "unknown-key",
+        "key_path": "global.bogus",
+        "line": None,
+        "column": None,
+        "message": "unknown key",
+    }
     located = Diagnostic(Severity.WARNING, "w", "k", "m", SourceLoc("<posted>", 7))
     assert views.diag_view(located)["line"] == 7
 
 
 def test_status_counts_connections_by_network_and_reports_the_traffic_totals(world):
     flows = [info(("pick", "a")), info(("pick", "a"), UDP), info(("pick", "b"))]
-    status = views.status_view(version="0.1.0", uptime=12.3456, generation=4, mode="rule", plane=world.plane,
-                               alive=world.alive, flows=flows, totals=(100, 200), address="127.0.0.1:9090")
+    status = views.status_view(
+        version="0.1.0",
+        uptime=12.3456,
+        generation=4,
+        mode="rule",
+        plane=world.plane,
+        alive=world.alive,
+        flows=flows,
+        totals=(100, 200),
+        address="127.0.0.1:9090",
+    )
     assert status["connections"] == {"tcp": 2, "udp": 1}
     assert status["traffic"] == {"up": 100, "down": 200}
     assert status["groups"] == 5 and status["generation"] == 4 and status["uptime_s"] == 12.346
@@ -231,5 +281,10 @@ def test_status_counts_connections_by_network_and_reports_the_traffic_totals(wor
 
 def test_version_reports_the_api_version_and_start_time():
     v = views.version_view("0.1.0", 42, 1_700_000_000.0, 5.0)
-    assert v == {"version": "0.1.0", "api": 1, "pid": 42, "started_at": "2023-11-14T22:13:20.000Z",
-                 "uptime_s": 5.0}
+    assert v == {
+        "version": "0.1.0",
+        "api": 1,
+        "pid": 42,
+        "started_at": "2023-11-14T22:13:20.000Z",
+        "uptime_s": 5.0,
+    }

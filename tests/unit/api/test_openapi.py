@@ -79,12 +79,16 @@ def test_the_error_schema_lists_every_stable_code_with_its_status():
     assert set(codes) == set(ERROR_CODES)
     assert ERROR_CODES["config_invalid"] == 422 and ERROR_CODES["body_too_large"] == 413
     check = doc["paths"]["/v1/config/check"]["post"]["responses"]
-    assert check["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ConfigInvalid"}
+    assert check["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ConfigInvalid"
+    }
 
 
 def test_writes_with_a_body_describe_it():
     paths = document()["paths"]
-    selection = paths["/v1/groups/{name}/selection"]["put"]["requestBody"]["content"]["application/json"]["schema"]
+    selection = paths["/v1/groups/{name}/selection"]["put"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]
     assert selection["required"] == ["member"]
     assert selection["properties"]["network"]["enum"] == ["tcp", "udp", "both"]
     delay = paths["/v1/delay"]["post"]["requestBody"]["content"]["application/json"]["schema"]

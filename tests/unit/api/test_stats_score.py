@@ -55,10 +55,24 @@ routing {{
 }}
 """
 
-GROUP_FIELDS = {"group", "network", "reasons", "candidates", "ordinarySwitch", "switchFlap", "coldAllowance",
-                "coldSpent"}
-CACHE_FIELDS = {"exactEntries", "exactCapacity", "exactEvictions", "aggregateEntries", "aggregateCapacity",
-                "aggregateEvictions"}
+GROUP_FIELDS = {
+    "group",
+    "network",
+    "reasons",
+    "candidates",
+    "ordinarySwitch",
+    "switchFlap",
+    "coldAllowance",
+    "coldSpent",
+}
+CACHE_FIELDS = {
+    "exactEntries",
+    "exactCapacity",
+    "exactEvictions",
+    "aggregateEntries",
+    "aggregateCapacity",
+    "aggregateEvictions",
+}
 
 
 class ScoreRanking:
@@ -69,8 +83,9 @@ class ScoreRanking:
         self._daemon = daemon
         plane = daemon.plane
         assert plane is not None
-        groups = GroupManager.build(plane.spec, plane.outbounds, health=plane.groups.health, clock=daemon.clock,
-                                    score_ranking=True)
+        groups = GroupManager.build(
+            plane.spec, plane.outbounds, health=plane.groups.health, clock=daemon.clock, score_ranking=True
+        )
         self.plane: Plane = dataclasses.replace(plane, groups=groups)
 
     def __getattr__(self, name: str) -> Any:
@@ -91,14 +106,16 @@ class ScoreRanking:
         """Business outcomes as the relay's reporters would record them."""
         destination = DESTINATION if target is not None else None
         for _ in range(count):
-            self.groups.score.evidence.record(SCORED, Network.TCP, target, self.node_id(name), outcome,
-                                              self.clock.now(), destination)
+            self.groups.score.evidence.record(
+                SCORED, Network.TCP, target, self.node_id(name), outcome, self.clock.now(), destination
+            )
 
 
 @pytest.fixture
 async def daemon(tmp_path):
-    async with running_daemon(tmp_path, quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED,
-                              clock=FakeClock()) as running:
+    async with running_daemon(
+        tmp_path, quiet_global(tmp_path / "var") + LAN_INBOUND + ROUTED, clock=FakeClock()
+    ) as running:
         yield running
 
 
@@ -162,8 +179,14 @@ async def test_stats_score_names_no_target_node_or_cell(client, control):
     stats, _ = await get_json(client, "/stats")
     part = json.dumps(stats["score"], ensure_ascii=False)  # the rest of /stats names outbounds, as it did
     assert entry(native)["reasons"] and entry(stats["score"])["reasons"]
-    for private in (TARGET_HOST, str(DESTINATION), TOKYO, OSAKA,
-                    str(control.node_id(TOKYO)), str(control.node_id(OSAKA))):
+    for private in (
+        TARGET_HOST,
+        str(DESTINATION),
+        TOKYO,
+        OSAKA,
+        str(control.node_id(TOKYO)),
+        str(control.node_id(OSAKA)),
+    ):
         assert private not in text and private not in part, private
 
 
@@ -179,8 +202,14 @@ async def test_reading_the_api_ranks_nothing_and_counts_nothing(client, control)
     control.record(OSAKA, Outcome.USEFUL, GOOD, target=None)
     control.resolve()
     before, scopes = control.groups.score.stats(), dict(control.groups.score.scopes)
-    for path in ("/v1/stats/score", "/stats", f"/proxies/{SCORED}", "/proxies", f"/v1/groups/{SCORED}",
-                 "/metrics"):
+    for path in (
+        "/v1/stats/score",
+        "/stats",
+        f"/proxies/{SCORED}",
+        "/proxies",
+        f"/v1/groups/{SCORED}",
+        "/metrics",
+    ):
         assert (await client.get(path, headers=bearer(SECRET))).status == 200, path
     assert control.groups.score.stats() == before
     assert control.groups.score.scopes == scopes
@@ -208,13 +237,25 @@ async def test_metrics_export_the_reason_counters_by_group_and_network_and_no_ta
     parsed = metric_samples(text)
     reasons = entry(control.groups.score.stats())["reasons"]
     for reason in FINAL_REASONS:
-        key = ("honk_score_reason_total", frozenset({("group", SCORED), ("network", "tcp"), ("reason", reason)}))
+        key = (
+            "honk_score_reason_total",
+            frozenset({("group", SCORED), ("network", "tcp"), ("reason", reason)}),
+        )
         assert parsed[key] == reasons[reason], reason
-    assert sum(v for (name, labels), v in parsed.items() if name == "honk_score_reason_total"
-               and ("network", "tcp") in labels) == RESOLVES
+    assert (
+        sum(
+            v
+            for (name, labels), v in parsed.items()
+            if name == "honk_score_reason_total" and ("network", "tcp") in labels
+        )
+        == RESOLVES
+    )
     cache = control.groups.score.stats()["cache"]
     assert parsed[("honk_score_cache_entries", frozenset({("layer", "exact")}))] == cache["exactEntries"]
-    assert parsed[("honk_score_cache_capacity", frozenset({("layer", "aggregate")}))] == cache["aggregateCapacity"]
+    assert (
+        parsed[("honk_score_cache_capacity", frozenset({("layer", "aggregate")}))]
+        == cache["aggregateCapacity"]
+    )
     assert ("honk_score_cache_evictions_total", frozenset({("layer", "exact")})) in parsed
     allowed = {"group", "network", "reason", "counter", "layer"}
     for name, labels in score_series(parsed):
@@ -265,10 +306,12 @@ async def test_a_score_group_running_as_urltest_is_not_pinned_through_any_api(da
     """Without Score ranking the manager runs the group as a (pinnable) URLTest: the API's
     configured-policy check is what keeps the pin path away from it."""
     async with await serve(daemon) as http:
-        for method, path, body in (("PUT", f"/proxies/{SCORED}", {"name": TOKYO}),
-                                   ("DELETE", f"/proxies/{SCORED}", None),
-                                   ("PUT", f"/v1/groups/{SCORED}/selection", {"member": TOKYO}),
-                                   ("DELETE", f"/v1/groups/{SCORED}/selection", None)):
+        for method, path, body in (
+            ("PUT", f"/proxies/{SCORED}", {"name": TOKYO}),
+            ("DELETE", f"/proxies/{SCORED}", None),
+            ("PUT", f"/v1/groups/{SCORED}/selection", {"member": TOKYO}),
+            ("DELETE", f"/v1/groups/{SCORED}/selection", None),
+        ):
             response = await http.request(method, path, json=body, headers=bearer(SECRET))
             assert response.status == 400, (method, path)
     assert daemon.plane.groups.pinned(SCORED) == {}

@@ -40,8 +40,9 @@ class Server:
             def _any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                outer.seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
-                                   "body": body})
+                outer.seen.append(
+                    {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body}
+                )
                 handle(self)
 
             do_GET = do_POST = do_PUT = do_DELETE = _any
@@ -75,7 +76,9 @@ def serve() -> Iterator[Callable[[Handler], Server]]:
         s.close()
 
 
-def reply(h: BaseHTTPRequestHandler, status: int, body: object, content_type: str = "application/json") -> None:
+def reply(
+    h: BaseHTTPRequestHandler, status: int, body: object, content_type: str = "application/json"
+) -> None:
     data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     h.send_response(status)
     h.send_header("Content-Type", content_type)
@@ -123,7 +126,11 @@ def test_a_native_error_body_becomes_a_typed_error_with_its_code_and_message(ser
     server = serve(lambda h: reply(h, 404, {"error": {"code": "group_not_found", "message": "no group 'x'"}}))
     with pytest.raises(ApiCallError) as info:
         ApiClient(server.url).get("/v1/groups/x")
-    assert (info.value.status, info.value.code, info.value.message) == (404, "group_not_found", "no group 'x'")
+    assert (info.value.status, info.value.code, info.value.message) == (
+        404,
+        "group_not_found",
+        "no group 'x'",
+    )
     assert not isinstance(info.value, Unauthorized)
 
 
@@ -206,7 +213,7 @@ def ndjson(lines: list[bytes], end: str) -> Handler:
 
 
 def test_lines_yields_each_ndjson_line_even_when_one_spans_two_chunks(serve):
-    server = serve(ndjson([b'{"a": 1}\n{"b"', b': 2}\n'], "finish"))
+    server = serve(ndjson([b'{"a": 1}\n{"b"', b": 2}\n"], "finish"))
     assert list(ApiClient(server.url).lines("/v1/logs", query={"level": "info"})) == ['{"a": 1}', '{"b": 2}']
     assert server.seen[0]["path"] == "/v1/logs?level=info"
 
@@ -234,11 +241,14 @@ def test_a_refused_stream_raises_the_api_error(serve):
     assert info.value.code == "invalid_request"
 
 
-@pytest.mark.parametrize(("given", "base"), [
-    ("127.0.0.1:9090", "http://127.0.0.1:9090"),
-    ("http://[::1]:9090/", "http://[::1]:9090"),
-    ("https://router.lan/honk/", "https://router.lan/honk"),
-])
+@pytest.mark.parametrize(
+    ("given", "base"),
+    [
+        ("127.0.0.1:9090", "http://127.0.0.1:9090"),
+        ("http://[::1]:9090/", "http://[::1]:9090"),
+        ("https://router.lan/honk/", "https://router.lan/honk"),
+    ],
+)
 def test_base_urls_are_normalized(given, base):
     assert normalize_base(given) == base
 

@@ -27,7 +27,9 @@ IP = "https://mirror.example/rules/geoip.dat?token=abc"
 
 
 def test_the_dae_block_gives_both_urls_and_the_geodata_route() -> None:
-    out = run(HEAD + f"""assets {{
+    out = run(
+        HEAD
+        + f"""assets {{
     route: proxy
     geodata {{
         geosite: '{SITE}'
@@ -35,7 +37,8 @@ def test_the_dae_block_gives_both_urls_and_the_geodata_route() -> None:
         route: relay
     }}
 }}
-""")
+"""
+    )
     assert out.error is None, out.diagnostics
     assert out.spec is not None
     assert out.spec.assets == AssetsSpec(route="proxy", geodata=GeodataSpec(SITE, IP, "relay"))
@@ -115,7 +118,9 @@ def test_a_toml_error_carries_the_line_of_its_key() -> None:
 
 
 def test_upstreams_ui_and_subscription_blocks_are_warned_about_not_refused() -> None:
-    out = run(HEAD + """assets {
+    out = run(
+        HEAD
+        + """assets {
     ui {
         url: 'https://mirror.example/dashboard.zip'
     }
@@ -124,7 +129,8 @@ def test_upstreams_ui_and_subscription_blocks_are_warned_about_not_refused() -> 
     }
     colour: blue
 }
-""")
+"""
+    )
     assert out.error is None and out.spec is not None
     assert {d.key_path for d in out.find("not-honoured")} == {"assets.ui.url", "assets.subscription.ua"}
     assert [d.key_path for d in out.find("unknown-key")] == ["assets.colour"]

@@ -603,12 +603,15 @@ def test_selector_group_warns_that_check_url_is_ignored():
     assert (d.key_path, d.loc.line) == ("group.g.check_url", 3)
 
 
-@pytest.mark.parametrize(("text", "preconnect", "udp_warm"), [
-    ("global {\n}\n", PRECONNECT_AUTO, 0),  # the defaults: 'auto', and the UDP warm set off
-    ("global {\n    preconnect_node_count: 'auto'\n    udp_warm_node_count: 3\n}\n", PRECONNECT_AUTO, 3),
-    ("global {\n    preconnect_node_count: 0\n}\n", 0, 0),
-    ("global {\n    preconnect_node_count: 12\n}\n", 12, 0),
-])
+@pytest.mark.parametrize(
+    ("text", "preconnect", "udp_warm"),
+    [
+        ("global {\n}\n", PRECONNECT_AUTO, 0),  # the defaults: 'auto', and the UDP warm set off
+        ("global {\n    preconnect_node_count: 'auto'\n    udp_warm_node_count: 3\n}\n", PRECONNECT_AUTO, 3),
+        ("global {\n    preconnect_node_count: 0\n}\n", 0, 0),
+        ("global {\n    preconnect_node_count: 12\n}\n", 12, 0),
+    ],
+)
 def test_warm_up_counts_read_auto_zero_and_explicit_values(text, preconnect, udp_warm):
     spec = load_text(text + "routing {\n    fallback: direct\n}\n", "dae")
     assert (spec.global_.preconnect_node_count, spec.global_.udp_warm_node_count) == (preconnect, udp_warm)
@@ -618,7 +621,9 @@ def test_warm_up_counts_read_auto_zero_and_explicit_values(text, preconnect, udp
 def test_name_filter_is_the_filter_line_naming_those_nodes():
     from honk.config.spec import name_filter
 
-    text = "node {\n    a: 'socks5://127.0.0.1:1'\n    b: 'socks5://127.0.0.1:2'\n}\n" \
-           "group {\n    g {\n        filter: name(a, b)\n        policy: select\n    }\n}\n" \
-           "routing {\n    fallback: g\n}\n"
+    text = (
+        "node {\n    a: 'socks5://127.0.0.1:1'\n    b: 'socks5://127.0.0.1:2'\n}\n"
+        "group {\n    g {\n        filter: name(a, b)\n        policy: select\n    }\n}\n"
+        "routing {\n    fallback: g\n}\n"
+    )
     assert load_text(text, "dae").groups[0].filters == (name_filter("a", "b"),)

@@ -63,7 +63,10 @@ def test_a_missing_geosite_file_is_an_error_at_the_rule_naming_the_places_search
     assert outcome.spec is None
     missing = [d for d in outcome.diagnostics if d.code == "geodata-missing"]
     assert [(d.key_path, d.loc.line) for d in missing] == [
-        ("routing.rules[0]", 8), ("routing.rules[1]", 9), ("routing.rules[3]", 11)]
+        ("routing.rules[0]", 8),
+        ("routing.rules[1]", 9),
+        ("routing.rules[3]", 11),
+    ]
     assert "geosite.dat not found" in missing[0].message and str(isolated / "var") in missing[0].message
     assert "geoip.dat not found" in missing[2].message
 
@@ -89,8 +92,11 @@ def test_a_reload_sees_changed_geodata_as_a_changed_route(isolated: Path) -> Non
     spec = run(RULES.format(data_dir=data)).spec
     before = lower(spec).route
     assert before == lower(spec).route
-    (data / "geosite.dat").write_bytes(geosite_bytes({"cn": [(dat.DOMAIN, "other.cn", ())],
-                                                      "category-ads-all": [(dat.DOMAIN, "ads.example", ())]}))
+    (data / "geosite.dat").write_bytes(
+        geosite_bytes(
+            {"cn": [(dat.DOMAIN, "other.cn", ())], "category-ads-all": [(dat.DOMAIN, "ads.example", ())]}
+        )
+    )
     os.utime(data / "geosite.dat", ns=(7, 7))
     after = lower(spec).route
     assert after != before and after.routing == before.routing
@@ -101,8 +107,10 @@ def test_ext_codes_route_by_lists_of_other_files_and_are_never_a_literal_suffix(
     data.mkdir()
     (data / "games.dat").write_bytes(geosite_bytes({"games": [(dat.DOMAIN, "play.example", ())]}))
     (data / "office.dat").write_bytes(geoip_bytes({"office": (["192.0.2.0/28"], False)}))
-    text = (f"global {{\n    data_dir: {data}\n}}\nrouting {{\n    domain(ext:\"games.dat:GAMES\") -> direct\n"
-            "    dip(ext:'office.dat:office') -> direct\n    fallback: block\n}\n")
+    text = (
+        f'global {{\n    data_dir: {data}\n}}\nrouting {{\n    domain(ext:"games.dat:GAMES") -> direct\n'
+        "    dip(ext:'office.dat:office') -> direct\n    fallback: block\n}\n"
+    )
     spec = run(text).spec
     assert spec is not None
     [domain_arg] = spec.routing.rules[0].predicates[0].args

@@ -44,9 +44,11 @@ def test_quoted_braces_are_data():
 
 
 def test_a_quoted_group_name_may_hold_spaces_and_loses_its_quotes():
-    spec = run("node { a: 'socks5://127.0.0.1:9' }\n"
-               "group { '🇯🇵 Japan 04' { filter: name(a) } \"My Proxy\" { filter: name(a) } }\n"
-               "routing { fallback: 'My Proxy' }\n").spec
+    spec = run(
+        "node { a: 'socks5://127.0.0.1:9' }\n"
+        "group { '🇯🇵 Japan 04' { filter: name(a) } \"My Proxy\" { filter: name(a) } }\n"
+        "routing { fallback: 'My Proxy' }\n"
+    ).spec
     assert [g.name for g in spec.groups] == ["🇯🇵 Japan 04", "My Proxy"]
     assert spec.routing.fallback == "My Proxy"
 
@@ -85,7 +87,9 @@ def test_only_recognised_prefixes_split_an_argument():
 
 
 def test_must_is_an_outbound_parameter_and_any_other_parenthesis_stays_in_the_name():
-    must, spaced, quoted = _rules("    dport(1) -> direct(must)\n    dport(2) -> direct( must )\n    dport(3) -> 'direct'")
+    must, spaced, quoted = _rules(
+        "    dport(1) -> direct(must)\n    dport(2) -> direct( must )\n    dport(3) -> 'direct'"
+    )
     assert must.must and must.outbound == "direct"
     assert spaced.must and spaced.outbound == "direct"  # dae skips the spaces
     assert not quoted.must and quoted.outbound == "direct"

@@ -29,8 +29,17 @@ from honk.config.spec import POLICY_SPELLINGS, TRAFFIC_PREDICATES, GlobalSpec
 DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
 
 # diagnostics that mean "the parser did not take this as written"
-REFUSED_CODES = frozenset({"unknown-key", "unknown-section", "unknown-block", "unknown-policy", "unparseable-filter",
-                           "invalid-statement", "missing-arrow"})
+REFUSED_CODES = frozenset(
+    {
+        "unknown-key",
+        "unknown-section",
+        "unknown-block",
+        "unknown-policy",
+        "unparseable-filter",
+        "invalid-statement",
+        "missing-arrow",
+    }
+)
 NODE = "socks5://192.0.2.1:1080"  # node n1, which examples may name
 
 
@@ -66,7 +75,11 @@ def read_tables(text: str) -> list[Table]:
         line = lines[i]
         if line.startswith("## "):
             section = line[3:].strip()
-        if line.startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip()):
+        if (
+            line.startswith("|")
+            and i + 1 < len(lines)
+            and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", lines[i + 1].strip())
+        ):
             header = _cells(line)
             rows = []
             i += 2
@@ -171,7 +184,10 @@ def toml_text(section: str, fields: dict[str, str]) -> str:
         if block is False:
             scalars.append(f"{json.dumps(key)} = {_toml_value(value)}")
         else:
-            tables += [f"[{head}.{key}]", *([f"{json.dumps(block[0])} = {_toml_value(block[1])}"] if block else [])]
+            tables += [
+                f"[{head}.{key}]",
+                *([f"{json.dumps(block[0])} = {_toml_value(block[1])}"] if block else []),
+            ]
     return "\n".join([f'[node]\nn1 = "{NODE}"', f"[{head}]", *scalars, *tables]) + "\n"
 
 
@@ -235,7 +251,10 @@ PARSER_KEYS: dict[str, tuple[set[str], set[str] | None]] = {
     "dns.routing.request": (set(structured.DNS_PHASE_KEYS) | {"default"}, {"fallback", "default"}),
     "dns.routing.response": (set(structured.DNS_PHASE_KEYS) | {"default"}, {"fallback", "default"}),
     "experimental": (set(structured.EXPERIMENTAL_BLOCKS), None),
-    "experimental.clash_api": (set(build.CLASH_API_KEYS | build.CLASH_API_BOOLS | build.CLASH_API_ACCEPTED), None),
+    "experimental.clash_api": (
+        set(build.CLASH_API_KEYS | build.CLASH_API_BOOLS | build.CLASH_API_ACCEPTED),
+        None,
+    ),
     "experimental.cache_file": (set(build.CACHE_FILE_BOOLS | build.CACHE_FILE_STRINGS), None),
     "assets": ({ROUTE_KEY, GEODATA_BLOCK, *UNHONOURED_BLOCKS}, None),
     "assets.geodata": ({*GEODATA_URL_KEYS, ROUTE_KEY}, None),
@@ -323,8 +342,13 @@ def _link_parameters() -> set[str]:
     reader claims (read from its source, so a new claim shows up here)."""
     source = Path(links.__file__).read_text(encoding="utf-8")
     claimed = {k for call in re.findall(r"claims\(([^)]*)\)", source) for k in re.findall(r'"(\w+)"', call)}
-    return (claimed | set(links.INSECURE_KEYS) | set(links.REALITY_KEYS) | set(links.DISPLAY_PARAMS)
-            | {links.CA_KEY, links.MUX_PARAM, links.DRAIN_PARAM, "plugin"})
+    return (
+        claimed
+        | set(links.INSECURE_KEYS)
+        | set(links.REALITY_KEYS)
+        | set(links.DISPLAY_PARAMS)
+        | {links.CA_KEY, links.MUX_PARAM, links.DRAIN_PARAM, "plugin"}
+    )
 
 
 def test_every_link_parameter_is_documented() -> None:
@@ -367,17 +391,23 @@ def test_every_dns_form_is_documented_and_parses() -> None:
     assert f"`?{dns.SERVER_NAME_PARAM}=NAME`" in section_text("dns.upstream")
 
 
-@pytest.mark.parametrize(("phase", "known", "target"), [
-    ("request", {*dns.DNS_REQUEST_CONDITIONS, *dns.INTERNAL_SELECTORS}, "default"),
-    ("response", set(dns.DNS_RESPONSE_CONDITIONS), "accept"),
-])
+@pytest.mark.parametrize(
+    ("phase", "known", "target"),
+    [
+        ("request", {*dns.DNS_REQUEST_CONDITIONS, *dns.INTERNAL_SELECTORS}, "default"),
+        ("response", set(dns.DNS_RESPONSE_CONDITIONS), "accept"),
+    ],
+)
 def test_every_dns_condition_is_documented_and_parses(phase: str, known: set[str], target: str) -> None:
     conditions = table(f"dns.routing.{phase}", "condition")
     assert conditions.names() == known
     for row in conditions.rows:
         rule = f"{example(row)} -> {target}"
-        assert_loads(f"dns {{\n    routing {{\n        {phase} {{\n            {rule}\n        }}\n    }}\n}}\n", "dae",
-                     row["name"])
+        assert_loads(
+            f"dns {{\n    routing {{\n        {phase} {{\n            {rule}\n        }}\n    }}\n}}\n",
+            "dae",
+            row["name"],
+        )
         assert_loads(f"[dns.routing.{phase}]\nrules = [{json.dumps(rule)}]\n", "toml", row["name"])
     if phase == "request":
         text = section_text("dns.routing.request")

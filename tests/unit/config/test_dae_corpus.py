@@ -27,10 +27,17 @@ MIN_SOURCES = 20
 # them: each must come out as exactly this counted warning, never silently.
 EXPECTED_WARNINGS: dict[str, list[str]] = {
     "node_named_group.dae": ["global.allow_insecure not-honoured"],
-    "nix_include_must_list.dae": ["global.tls_implementation not-honoured", "global.utls_imitate not-honoured",
-                                  "global.enable_local_tcp_fast_redirect not-honoured", "global.mptcp not-honoured"],
+    "nix_include_must_list.dae": [
+        "global.tls_implementation not-honoured",
+        "global.utls_imitate not-honoured",
+        "global.enable_local_tcp_fast_redirect not-honoured",
+        "global.mptcp not-honoured",
+    ],
     "split_by_service.dae": ["global.tls_implementation not-honoured", "global.utls_imitate not-honoured"],
-    "glued_blocks_must_groups.dae": ["global.tls_implementation not-honoured", "global.utls_imitate not-honoured"],
+    "glued_blocks_must_groups.dae": [
+        "global.tls_implementation not-honoured",
+        "global.utls_imitate not-honoured",
+    ],
     "stray_group_comments.dae": ["global.allow_insecure not-honoured"],
 }
 
@@ -47,13 +54,28 @@ def sources(path: Path) -> list[str]:
 
 def test_the_corpus_has_a_case_for_every_form():
     names = {p.name for p in CORPUS_FILES}
-    assert {"continued_rules.dae", "glued_braces.dae", "must_outbounds.dae", "dscp_bases.dae",
-            "dae_aliases.dae", "geodata_rules.dae", "group_checks.dae",
-            "upstream_honk_config.dae", "upstream_routing_reference.dae", "upstream_groups_reference.dae",
-            "node_named_group.dae", "nix_desktop_ip_mode.dae", "nix_include_must_list.dae",
-            "commented_upstreams.dae", "split_by_service.dae", "glued_blocks_must_groups.dae",
-            "expiry_filter.dae", "tab_subscription_url_tag.dae", "stray_group_comments.dae",
-            "dns_routing_reference.dae"} <= names
+    assert {
+        "continued_rules.dae",
+        "glued_braces.dae",
+        "must_outbounds.dae",
+        "dscp_bases.dae",
+        "dae_aliases.dae",
+        "geodata_rules.dae",
+        "group_checks.dae",
+        "upstream_honk_config.dae",
+        "upstream_routing_reference.dae",
+        "upstream_groups_reference.dae",
+        "node_named_group.dae",
+        "nix_desktop_ip_mode.dae",
+        "nix_include_must_list.dae",
+        "commented_upstreams.dae",
+        "split_by_service.dae",
+        "glued_blocks_must_groups.dae",
+        "expiry_filter.dae",
+        "tab_subscription_url_tag.dae",
+        "stray_group_comments.dae",
+        "dns_routing_reference.dae",
+    } <= names
     for path in CORPUS_FILES:
         text = path.read_text(encoding="utf-8")
         assert sources(path), path.name  # names the source it models

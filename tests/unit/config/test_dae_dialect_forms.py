@@ -100,11 +100,16 @@ def test_a_filter_continued_by_a_line_that_starts_with_and_keeps_every_term():
         "            && !name(keyword: 'IPLC')\n"
         "        policy: min_moving_avg"
     )
-    assert [(t.kind, t.args[0].value, t.negated) for t in f.terms] == [("name", "n", False), ("name", "IPLC", True)]
+    assert [(t.kind, t.args[0].value, t.negated) for t in f.terms] == [
+        ("name", "n", False),
+        ("name", "IPLC", True),
+    ]
 
 
 def test_a_filter_whose_and_ends_a_line_continues_on_the_next():
-    (f,) = _filters("        filter: name(n1) &&\n            # not this one\n            !name(keyword: 'x')")
+    (f,) = _filters(
+        "        filter: name(n1) &&\n            # not this one\n            !name(keyword: 'x')"
+    )
     assert [(t.args[0].value, t.negated) for t in f.terms] == [("n1", False), ("x", True)]
 
 
@@ -115,8 +120,10 @@ def test_a_filter_continued_until_its_block_ends_is_an_error_at_its_line():
 
 
 def test_only_filters_continue_in_a_group_and_only_with_and():
-    outcome = run(NODE + "group {\n    g {\n        policy: min_avg10\n        && name(n1)\n"
-                  "        filter: name(n1)\n        -> x\n    }\n}\n")
+    outcome = run(
+        NODE + "group {\n    g {\n        policy: min_avg10\n        && name(n1)\n"
+        "        filter: name(n1)\n        -> x\n    }\n}\n"
+    )
     assert [d.loc.line for d in outcome.find("invalid-statement")] == [7, 9]
     assert outcome.spec is not None and len(outcome.spec.groups[0].filters) == 1
 
@@ -149,11 +156,15 @@ def test_glued_braces_in_quotes_or_parentheses_stay_data():
 
 
 def test_a_subscription_block_opens_with_its_tag_colon_brace_spaced_or_glued():
-    outcome = run("subscription {\n    paid: {\n        url: 'https://example.com/a'\n    }\n"
-                  "    free:{\n        url: 'https://example.com/b'\n    }\n}\n")
+    outcome = run(
+        "subscription {\n    paid: {\n        url: 'https://example.com/a'\n    }\n"
+        "    free:{\n        url: 'https://example.com/b'\n    }\n}\n"
+    )
     assert outcome.spec is not None and not _problems(outcome), _problems(outcome)
     assert [(s.name, s.url) for s in outcome.spec.subscriptions] == [
-        ("paid", "https://example.com/a"), ("free", "https://example.com/b")]
+        ("paid", "https://example.com/a"),
+        ("free", "https://example.com/b"),
+    ]
 
 
 # --- dae's outbound spellings ------------------------------------------------------------------
@@ -165,15 +176,19 @@ def test_must_direct_means_direct_with_must():
 
 
 def test_must_before_a_node_or_group_name_means_it_with_must():
-    outcome = run(NODE + "group {\n    my_group {\n        filter: name(n1)\n    }\n}\n"
-                  "routing {\n    dport(1) -> must_my_group\n    dport(2) -> must_n1\n}\n")
+    outcome = run(
+        NODE + "group {\n    my_group {\n        filter: name(n1)\n    }\n}\n"
+        "routing {\n    dport(1) -> must_my_group\n    dport(2) -> must_n1\n}\n"
+    )
     rules = outcome.spec.routing.rules
     assert [(r.outbound, r.must) for r in rules] == [("my_group", True), ("n1", True)]
 
 
 def test_a_must_prefix_is_stripped_even_before_a_group_called_so():
-    outcome = run(NODE + "group {\n    must_x {\n        filter: name(n1)\n    }\n}\n"
-                  "routing {\n    dport(1) -> must_x\n}\n")
+    outcome = run(
+        NODE + "group {\n    must_x {\n        filter: name(n1)\n    }\n}\n"
+        "routing {\n    dport(1) -> must_x\n}\n"
+    )
     assert outcome.spec is None
     [error] = outcome.find("unknown-outbound")
     assert error.loc.line == 10  # dae reads `-> must_x` as `-> x(must)`: there is no group x
@@ -210,9 +225,13 @@ def test_a_per_rule_mark_is_read_into_the_rule_in_any_base(outbound, name, must,
 
 
 def test_a_per_rule_mark_on_direct_is_accepted_into_the_routing():
-    outcome = run("routing {\n    dport(1) -> direct(mark: 0x800)\n    dport(2) -> must_direct(mark: 2048)\n}\n")
+    outcome = run(
+        "routing {\n    dport(1) -> direct(mark: 0x800)\n    dport(2) -> must_direct(mark: 2048)\n}\n"
+    )
     assert [(r.outbound, r.must, r.mark) for r in outcome.spec.routing.rules] == [
-        ("direct", False, 0x800), ("direct", True, 0x800)]
+        ("direct", False, 0x800),
+        ("direct", True, 0x800),
+    ]
 
 
 def test_the_fallback_takes_must_and_a_mark_as_a_rule_does():
@@ -240,7 +259,10 @@ def test_a_mark_that_is_not_a_32_bit_number_is_an_invalid_value():
 
 def test_the_same_dae_outbounds_read_alike_from_toml():
     outcome = run('[routing]\nrules = ["dport(1) -> must_direct", "dport(2) -> must_rules"]\n', "toml")
-    assert [(r.outbound, r.must) for r in outcome.spec.routing.rules] == [("direct", True), (MUST_RULES, False)]
+    assert [(r.outbound, r.must) for r in outcome.spec.routing.rules] == [
+        ("direct", True),
+        (MUST_RULES, False),
+    ]
     outcome = run('[routing]\nrules = ["dport(3) -> direct(mark: 0x10)"]\n', "toml")
     assert [r.mark for r in outcome.spec.routing.rules] == [0x10]
 
@@ -267,7 +289,9 @@ def test_the_router_never_ends_its_search_at_a_must_rules_rule():
 
 
 def test_a_must_rules_rule_that_holds_makes_the_fallback_must():
-    router = _router(RuleSpec((_pred("dport", "53"),), MUST_RULES), RuleSpec((_pred("dport", "1"),), "direct"))
+    router = _router(
+        RuleSpec((_pred("dport", "53"),), MUST_RULES), RuleSpec((_pred("dport", "1"),), "direct")
+    )
     decision = router.route(_flow(53))
     assert (decision.outbound, decision.must, decision.rule_index) == ("proxy", True, None)
 
@@ -309,8 +333,16 @@ def test_dscp_outside_0_to_63_or_not_a_go_number_is_invalid(written):
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("0", 0), ("00", 0), ("0x_ff", 255), ("0o17", 15), ("017", 15), ("0b1010", 10), ("1_000", 1000),
-     ("255", 255)],
+    [
+        ("0", 0),
+        ("00", 0),
+        ("0x_ff", 255),
+        ("0o17", 15),
+        ("017", 15),
+        ("0b1010", 10),
+        ("1_000", 1000),
+        ("255", 255),
+    ],
 )
 def test_numbers_are_read_as_go_strconv_reads_base_zero(text, value):
     assert parse_go_uint(text, 8 if value < 256 else 16) == value
@@ -322,7 +354,9 @@ def test_a_number_too_wide_for_its_bits_is_refused():
 
 
 def test_ip_and_port_are_dae_names_of_dip_and_dport():
-    alias, plain = _rules("    ip(192.0.2.1) && !port(53) -> direct\n    dip(192.0.2.1) && !dport(53) -> direct")
+    alias, plain = _rules(
+        "    ip(192.0.2.1) && !port(53) -> direct\n    dip(192.0.2.1) && !dport(53) -> direct"
+    )
     assert alias == plain
     assert [p.name for p in alias.predicates] == ["dip", "dport"]
 
@@ -348,27 +382,44 @@ def test_a_must_prefixed_fallback_names_its_outbound_and_makes_the_fallback_must
     assert (decision.outbound, decision.must) == ("direct", True)
 
 
-@pytest.mark.parametrize("line", ["allow_insecure: true", "tls_implementation: utls",
-                                  "tls_fragment: true", "mptcp: true", "fallback_resolver: '8.8.8.8:53'",
-                                  "disable_thp: true", "bpf_conn_state_map_size: 65536"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "allow_insecure: true",
+        "tls_implementation: utls",
+        "tls_fragment: true",
+        "mptcp: true",
+        "fallback_resolver: '8.8.8.8:53'",
+        "disable_thp: true",
+        "bpf_conn_state_map_size: 65536",
+    ],
+)
 def test_a_dae_key_honk_does_not_honour_is_a_counted_warning_saying_what_honk_does(line):
     outcome = run(f"global {{\n    {line}\n}}\n" + NODE + "routing {\n    fallback: n1\n}\n")
     assert outcome.spec is not None
     [warning] = [d for d in outcome.diagnostics if d.severity is Severity.WARNING]
-    assert (warning.code, warning.key_path, warning.loc.line) == ("not-honoured", f"global.{line.split(':')[0]}", 2)
+    assert (warning.code, warning.key_path, warning.loc.line) == (
+        "not-honoured",
+        f"global.{line.split(':')[0]}",
+        2,
+    )
 
 
 def test_dae_defaults_of_those_keys_are_what_honk_does_and_pass_quietly():
-    outcome = run("global {\n    allow_insecure: false\n    tls_implementation: tls\n    mptcp: false\n"
-                  "    tls_fragment: false\n}\n" + NODE + "routing {\n    fallback: n1\n}\n")
+    outcome = run(
+        "global {\n    allow_insecure: false\n    tls_implementation: tls\n    mptcp: false\n"
+        "    tls_fragment: false\n}\n" + NODE + "routing {\n    fallback: n1\n}\n"
+    )
     assert outcome.spec is not None and _problems(outcome) == []
 
 
 def test_a_node_chain_is_refused_for_what_it_is_not_for_a_bracket():
     """dae chains nodes with an arrow between links; honk says it does not chain yet (the
     message used to be a misleading 'an IPv6 address must be bracketed')."""
-    outcome = run("node {\n    chained: 'socks5://192.0.2.1:1080 -> ss://YWVzLTEyOC1nY206cHc@192.0.2.2:8388'\n}\n"
-                  "routing {\n    fallback: direct\n}\n")
+    outcome = run(
+        "node {\n    chained: 'socks5://192.0.2.1:1080 -> ss://YWVzLTEyOC1nY206cHc@192.0.2.2:8388'\n}\n"
+        "routing {\n    fallback: direct\n}\n"
+    )
     [error] = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]
     assert (error.code, error.key_path, error.loc.line) == ("unsupported-node-chain", "node.chained", 2)
     assert "bracketed" not in error.message

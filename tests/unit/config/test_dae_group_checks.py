@@ -15,14 +15,18 @@ from honk.config.expr import parse_go_duration
 from honk.config.spec import Policy
 from honk.group.membership import resolve_membership
 
-NODES = ("node {\n    hk1: 'socks5://192.0.2.1:1080'\n    hk2: 'socks5://192.0.2.2:1080'\n"
-         "    us1: 'socks5://192.0.2.3:1080'\n}\n")
+NODES = (
+    "node {\n    hk1: 'socks5://192.0.2.1:1080'\n    hk2: 'socks5://192.0.2.2:1080'\n"
+    "    us1: 'socks5://192.0.2.3:1080'\n}\n"
+)
 
 
 def _config(group_body: str, global_body: str = "") -> str:
     # line 1: global, lines 2-6: nodes, line 7: group {, line 8: g {, the body from line 9
-    return (f"global {{{global_body}}}\n" + NODES + "group {\ng {\n" + group_body + "\n}\n}\n"
-            "routing {\n    fallback: g\n}\n")
+    return (
+        f"global {{{global_body}}}\n" + NODES + "group {\ng {\n" + group_body + "\n}\n}\n"
+        "routing {\n    fallback: g\n}\n"
+    )
 
 
 def _warnings(outcome):
@@ -69,7 +73,11 @@ def test_a_group_check_interval_without_a_check_url_is_not_honoured_at_its_line(
     outcome = run(_config("policy: min\ncheck_interval: 10s"))
     assert outcome.spec.groups[0].check_interval is None
     [warning] = [d for d in outcome.diagnostics if d.severity is Severity.WARNING]
-    assert (warning.code, warning.key_path, warning.loc.line) == ("not-honoured", "group.g.check_interval", 10)
+    assert (warning.code, warning.key_path, warning.loc.line) == (
+        "not-honoured",
+        "group.g.check_interval",
+        10,
+    )
     assert "global check_interval" in warning.message
 
 
@@ -84,7 +92,9 @@ def test_a_group_key_honk_cannot_honour_is_a_counted_warning_at_its_line(line):
 
 
 def test_a_filter_with_an_annotation_keeps_its_members():
-    outcome = run(_config("filter: name(keyword: 'hk')\nfilter: name(us1) [add_latency: -500ms]\npolicy: min"))
+    outcome = run(
+        _config("filter: name(keyword: 'hk')\nfilter: name(us1) [add_latency: -500ms]\npolicy: min")
+    )
     assert _warnings(outcome) == []
     [g] = outcome.spec.groups
     assert [f.add_latency for f in g.filters] == [0.0, pytest.approx(-0.5)]
@@ -95,12 +105,18 @@ def test_a_filter_with_an_annotation_keeps_its_members():
 
 
 def test_a_node_takes_the_offset_of_the_first_filter_line_that_selects_it():
-    outcome = run(_config("filter: name(hk1) [add_latency: 100ms]\n"
-                          "filter: name(keyword: 'hk') [add_latency: -1s]\npolicy: min"))
+    outcome = run(
+        _config(
+            "filter: name(hk1) [add_latency: 100ms]\n"
+            "filter: name(keyword: 'hk') [add_latency: -1s]\npolicy: min"
+        )
+    )
     g = outcome.spec.groups[0]
     membership = resolve_membership(g, outcome.spec.nodes, {"g"})
     assert (membership.latency_offset("hk1"), membership.latency_offset("hk2")) == (
-        pytest.approx(0.1), pytest.approx(-1.0))
+        pytest.approx(0.1),
+        pytest.approx(-1.0),
+    )
 
 
 def test_the_first_add_latency_of_an_annotation_counts():
@@ -139,8 +155,10 @@ def test_a_bracket_inside_a_regex_is_no_annotation():
     assert resolve_membership(g, outcome.spec.nodes, {"g"}).nodes == ("hk1", "hk2")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("-500ms", -0.5), ("1m30s", 90.0), ("+2s", 2.0), ("0", 0.0),
-                                               ("1.5h", 5400.0), ("250us", 0.00025)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("-500ms", -0.5), ("1m30s", 90.0), ("+2s", 2.0), ("0", 0.0), ("1.5h", 5400.0), ("250us", 0.00025)],
+)
 def test_add_latency_reads_go_durations(text, seconds):
     assert parse_go_duration(text) == pytest.approx(seconds)
 

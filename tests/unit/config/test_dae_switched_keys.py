@@ -18,20 +18,27 @@ def warned(global_lines: str) -> list[str]:
     return [d.key_path for d in spec.diagnostics if d.severity is Severity.WARNING]
 
 
-@pytest.mark.parametrize("lines", [
-    "    utls_imitate: chrome_auto\n",
-    "    tls_implementation: tls\n    utls_imitate: chrome_auto\n",
-    "    tls_fragment: false\n    tls_fragment_length: '50-100'\n    tls_fragment_interval: '10-20'\n",
-])
+@pytest.mark.parametrize(
+    "lines",
+    [
+        "    utls_imitate: chrome_auto\n",
+        "    tls_implementation: tls\n    utls_imitate: chrome_auto\n",
+        "    tls_fragment: false\n    tls_fragment_length: '50-100'\n    tls_fragment_interval: '10-20'\n",
+    ],
+)
 def test_a_key_whose_dae_feature_is_off_is_accepted_without_a_warning(lines):
     assert warned(lines) == []
 
 
 def test_utls_imitate_with_utls_switched_on_is_a_counted_warning_beside_it():
     assert warned("    tls_implementation: utls\n    utls_imitate: chrome_auto\n") == [
-        "global.tls_implementation", "global.utls_imitate"]
+        "global.tls_implementation",
+        "global.utls_imitate",
+    ]
 
 
 def test_fragment_sizes_with_fragmenting_switched_on_are_counted_warnings():
     assert warned("    tls_fragment: true\n    tls_fragment_length: '50-100'\n") == [
-        "global.tls_fragment", "global.tls_fragment_length"]
+        "global.tls_fragment",
+        "global.tls_fragment_length",
+    ]

@@ -84,9 +84,11 @@ def test_final_and_nested_group_names_reach_the_group():
 
 
 def test_a_group_whose_filter_picks_other_nodes_wins_over_the_node_of_its_name():
-    text = ("node {\n    clash: 'socks5://192.0.2.1:7890'\n    other: 'socks5://192.0.2.9:1080'\n}\n"
-            "group {\n    clash {\n        filter: name(other)\n    }\n}\n"
-            "routing {\n    fallback: clash\n}\n")
+    text = (
+        "node {\n    clash: 'socks5://192.0.2.1:7890'\n    other: 'socks5://192.0.2.9:1080'\n}\n"
+        "group {\n    clash {\n        filter: name(other)\n    }\n}\n"
+        "routing {\n    fallback: clash\n}\n"
+    )
     groups, spec = manager(text)
     assert spec.routing.fallback == "clash"
     assert groups.resolve("clash", TCP).leaf.name == "other"  # the group, not the node `clash`

@@ -11,8 +11,10 @@ FALLBACK = "routing {\n    fallback: direct\n}\n"
 
 
 def api(controller: str, extra: str = "") -> str:
-    return ("experimental {\n    clash_api {\n"
-            f"        external_controller: '{controller}'\n{extra}    }}\n}}\n" + FALLBACK)
+    return (
+        "experimental {\n    clash_api {\n"
+        f"        external_controller: '{controller}'\n{extra}    }}\n}}\n" + FALLBACK
+    )
 
 
 def inbound(url: str) -> str:
@@ -43,12 +45,15 @@ def test_an_explicitly_open_api_loads_with_a_warning():
     outcome = run(api("0.0.0.0:9090", "        allow_unauthenticated: true\n"))
     assert outcome.error is None
     [found] = outcome.find("open-api")
-    assert found.severity.name == "WARNING" and found.key_path == "experimental.clash_api.allow_unauthenticated"
+    assert (
+        found.severity.name == "WARNING" and found.key_path == "experimental.clash_api.allow_unauthenticated"
+    )
     assert outcome.spec.clash_api.allow_unauthenticated is True
 
 
-@pytest.mark.parametrize("text", [api("127.0.0.1:9090"), api("[::1]:9090"),
-                                  api("0.0.0.0:9090", "        secret: 'long-secret'\n")])
+@pytest.mark.parametrize(
+    "text", [api("127.0.0.1:9090"), api("[::1]:9090"), api("0.0.0.0:9090", "        secret: 'long-secret'\n")]
+)
 def test_a_loopback_api_or_one_with_a_secret_loads_silently(text):
     outcome = run(text)
     assert outcome.error is None and not outcome.find("open-api")

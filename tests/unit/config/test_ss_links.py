@@ -33,7 +33,12 @@ def test_sip002_userinfo_may_use_the_standard_alphabet_and_padding_even_percent_
 
 def test_sip002_link_with_percent_encoded_plain_userinfo():
     node = parse_node_link("ss://aes-128-gcm:p%40ss%3Aw%2Fd@[2001:db8::1]:443?plugin=#n")
-    assert (node.host, node.port, node.encryption, node.password) == ("2001:db8::1", 443, "aes-128-gcm", "p@ss:w/d")
+    assert (node.host, node.port, node.encryption, node.password) == (
+        "2001:db8::1",
+        443,
+        "aes-128-gcm",
+        "p@ss:w/d",
+    )
 
 
 def test_whole_link_base64_form_splits_at_the_last_at_sign():

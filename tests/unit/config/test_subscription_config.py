@@ -52,14 +52,28 @@ def test_documented_inline_and_block_forms_with_their_defaults():
 @pytest.mark.parametrize(
     ("entry", "name", "url", "ua"),
     [
-        ("https://bare.example/sub?filter=(hk)#token", "bare.example", "https://bare.example/sub?filter=(hk)#token", None),
+        (
+            "https://bare.example/sub?filter=(hk)#token",
+            "bare.example",
+            "https://bare.example/sub?filter=(hk)#token",
+            None,
+        ),
         ("paid: https://paid.example/sub", "paid", "https://paid.example/sub", None),
         ("'paid:https://example.com/sub'", "paid", "https://example.com/sub", None),
         ("'paid:https://example.com/sub'(agent)", "paid", "https://example.com/sub", "agent"),
         ("'https://example.com/sub'(agent:1)", "example.com", "https://example.com/sub", "agent:1"),
-        ("\"tag\": \"https://example.com/sub\"('agent # build')", "tag", "https://example.com/sub", "agent # build"),
-        ("t: 'https://example.com/sub'(Mozilla/5.0 (X11; (Linux)#build))", "t", "https://example.com/sub",
-         "Mozilla/5.0 (X11; (Linux)#build)"),
+        (
+            '"tag": "https://example.com/sub"(\'agent # build\')',
+            "tag",
+            "https://example.com/sub",
+            "agent # build",
+        ),
+        (
+            "t: 'https://example.com/sub'(Mozilla/5.0 (X11; (Linux)#build))",
+            "t",
+            "https://example.com/sub",
+            "Mozilla/5.0 (X11; (Linux)#build)",
+        ),
         ("t:'https://example.com/sub'()", "t", "https://example.com/sub", None),
         ("'https://[2001:db8::1]:8443/sub'", "2001:db8::1", "https://[2001:db8::1]:8443/sub", None),
     ],
@@ -101,17 +115,38 @@ def test_malformed_entries_are_skipped_with_a_located_warning(entry, code):
 @pytest.mark.parametrize(
     ("text", "code", "key_path", "line"),
     [
-        (f"subscription {{\n    paid: 'ftp://{SECRET}.example/sub'\n}}\n", "invalid-subscription-url",
-         "subscription.paid", 2),
-        ("subscription {\n    paid: 'file://'\n}\n", "invalid-subscription-url",  # dae's file:// needs a path
-         "subscription.paid", 2),
-        (f"subscription {{\n    paid: 'https://h.example:99999/{SECRET}'\n}}\n", "invalid-subscription-url",
-         "subscription.paid", 2),
-        (f"subscription {{\n    '': 'https://h.example/{SECRET}'\n}}\n", "invalid-value", "subscription[0]", 2),
+        (
+            f"subscription {{\n    paid: 'ftp://{SECRET}.example/sub'\n}}\n",
+            "invalid-subscription-url",
+            "subscription.paid",
+            2,
+        ),
+        (
+            "subscription {\n    paid: 'file://'\n}\n",
+            "invalid-subscription-url",  # dae's file:// needs a path
+            "subscription.paid",
+            2,
+        ),
+        (
+            f"subscription {{\n    paid: 'https://h.example:99999/{SECRET}'\n}}\n",
+            "invalid-subscription-url",
+            "subscription.paid",
+            2,
+        ),
+        (
+            f"subscription {{\n    '': 'https://h.example/{SECRET}'\n}}\n",
+            "invalid-value",
+            "subscription[0]",
+            2,
+        ),
         (f"subscription {{\n    'https:///{SECRET}'\n}}\n", "invalid-subscription-url", "subscription[0]", 2),
         ("subscription {\n    d: {\n        ua: x\n    }\n}\n", "missing-value", "subscription.d", 2),
-        (f"subscription {{\n    d: {{\n        url: 'gopher://{SECRET}'\n    }}\n}}\n", "invalid-subscription-url",
-         "subscription.d.url", 3),
+        (
+            f"subscription {{\n    d: {{\n        url: 'gopher://{SECRET}'\n    }}\n}}\n",
+            "invalid-subscription-url",
+            "subscription.d.url",
+            3,
+        ),
     ],
 )
 def test_invalid_subscriptions_are_located_errors_without_the_url(text, code, key_path, line):
@@ -130,7 +165,9 @@ def test_the_url_stays_out_of_the_spec_repr_and_of_diagnostics():
 
 def test_interval_zero_disables_refresh_and_unparseable_interval_reads_as_zero_with_a_warning():
     assert one("a: {\n        url: 'https://a.example/'\n        interval: 0\n    }").interval == 0.0
-    outcome = run("subscription {\n    a: {\n        url: 'https://a.example/'\n        interval: soon\n    }\n}\n")
+    outcome = run(
+        "subscription {\n    a: {\n        url: 'https://a.example/'\n        interval: soon\n    }\n}\n"
+    )
     assert outcome.spec is not None and outcome.spec.subscriptions[0].interval == 0.0
     (d,) = outcome.find("invalid-duration")
     assert (d.key_path, d.loc.line) == ("subscription.a.interval", 4)
@@ -146,7 +183,11 @@ def test_a_second_declaration_of_the_same_url_and_agent_is_dropped_but_equal_nam
         "}\n"
     )
     assert outcome.spec is not None
-    assert [(s.name, s.user_agent) for s in outcome.spec.subscriptions] == [("a", None), ("b2", "other"), ("a", None)]
+    assert [(s.name, s.user_agent) for s in outcome.spec.subscriptions] == [
+        ("a", None),
+        ("b2", "other"),
+        ("a", None),
+    ]
     (d,) = outcome.find("duplicate-subscription")
     assert (d.key_path, d.loc.line) == ("subscription.b", 3)
 
@@ -169,8 +210,9 @@ def test_the_section_is_no_longer_reported_as_unsupported():
 # --- global.store_subscribe ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "expected"), [("", True), ("store_subscribe: false", False),
-                                                  ("store_subscribe: true", True)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("", True), ("store_subscribe: false", False), ("store_subscribe: true", True)]
+)
 def test_store_subscribe_defaults_to_true(text, expected):
     outcome = run(f"global {{\n    {text}\n}}\n")
     assert outcome.spec is not None and outcome.spec.global_.store_subscribe is expected
@@ -246,7 +288,10 @@ def test_dae_toml_and_json_mean_the_same_subscriptions():
 
 
 def test_structured_list_entries_need_a_name_and_never_take_the_host():
-    outcome = run('[[subscription]]\nurl = "https://h.example/sub"\n\n[[subscription]]\nname = ""\nurl = "https://h.example/x"\n', "toml")
+    outcome = run(
+        '[[subscription]]\nurl = "https://h.example/sub"\n\n[[subscription]]\nname = ""\nurl = "https://h.example/x"\n',
+        "toml",
+    )
     assert outcome.error is not None
     missing, empty = outcome.find("missing-value"), outcome.find("invalid-value")
     assert [(d.key_path, d.loc.line) for d in missing] == [("subscription[0]", 1)]
@@ -279,8 +324,34 @@ def test_a_default_naming_a_future_subscription_node_is_accepted_when_subscripti
 # --- fuzz --------------------------------------------------------------------------------------
 
 _PIECES = st.sampled_from(
-    ["'", '"', ":", "(", ")", "#", " ", "{", "}", "\n", "https://", "http://", "h.example", "/sub", "paid",
-     "url:", "ua:", "interval:", "cache:", "0", "1h", "false", "\\", "[::1]", ":8080", "?a=(b)#c"]
+    [
+        "'",
+        '"',
+        ":",
+        "(",
+        ")",
+        "#",
+        " ",
+        "{",
+        "}",
+        "\n",
+        "https://",
+        "http://",
+        "h.example",
+        "/sub",
+        "paid",
+        "url:",
+        "ua:",
+        "interval:",
+        "cache:",
+        "0",
+        "1h",
+        "false",
+        "\\",
+        "[::1]",
+        ":8080",
+        "?a=(b)#c",
+    ]
 )
 
 
@@ -308,7 +379,8 @@ def test_a_detour_names_the_node_or_group_downloads_go_through():
 
 def test_a_detour_naming_no_outbound_is_a_located_error():
     outcome = run(
-        "subscription {\n    paid: {\n        url: 'https://sub.example/a'\n        detour: nowhere\n    }\n}\n", "dae"
+        "subscription {\n    paid: {\n        url: 'https://sub.example/a'\n        detour: nowhere\n    }\n}\n",
+        "dae",
     )
     assert outcome.spec is None
     (error,) = [d for d in outcome.diagnostics if d.severity is Severity.ERROR]

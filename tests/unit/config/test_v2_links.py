@@ -18,8 +18,20 @@ OTHER_UUID = "0f0e0d0c-0b0a-4908-8706-050403020100"
 
 def vmess(**fields: object) -> str:
     """A v2rayN vmess link; ``fields`` override a plain TCP node at vm.example:443."""
-    obj: dict[str, object] = {"v": "2", "ps": "", "add": "vm.example", "port": "443", "id": UUID, "aid": "0",
-                              "scy": "", "net": "tcp", "type": "none", "host": "", "path": "", "tls": ""}
+    obj: dict[str, object] = {
+        "v": "2",
+        "ps": "",
+        "add": "vm.example",
+        "port": "443",
+        "id": UUID,
+        "aid": "0",
+        "scy": "",
+        "net": "tcp",
+        "type": "none",
+        "host": "",
+        "path": "",
+        "tls": "",
+    }
     obj.update(fields)
     return "vmess://" + base64.b64encode(json.dumps(obj).encode()).decode()
 
@@ -34,21 +46,38 @@ def code_of(link: str) -> str:
 
 
 def test_vmess_v2rayn_json_maps_to_a_vmess_node():
-    node = parse_node_link(vmess(ps="Tokyo 1", add="VM.Example", port=8443, id=UUID.upper(), scy="chacha20-poly1305"))
+    node = parse_node_link(
+        vmess(ps="Tokyo 1", add="VM.Example", port=8443, id=UUID.upper(), scy="chacha20-poly1305")
+    )
     assert (node.name, node.protocol, node.host, node.port) == ("Tokyo 1", "vmess", "vm.example", 8443)
     assert (node.username, node.password, node.encryption) == (UUID, None, "chacha20-poly1305")
     assert node.params == (("type", "tcp"), ("security", "none"))
 
 
 def test_vmess_over_websocket_and_tls_keeps_its_dial_shape():
-    node = parse_node_link(vmess(net="ws", host="cdn.example", path="/v2", tls="tls", sni="Front.Example",
-                                 alpn="h2, http/1.1"))
-    assert node.params == (("type", "ws"), ("security", "tls"), ("host", "cdn.example"), ("path", "/v2"),
-                           ("sni", "front.example"), ("alpn", "h2,http/1.1"))
+    node = parse_node_link(
+        vmess(net="ws", host="cdn.example", path="/v2", tls="tls", sni="Front.Example", alpn="h2, http/1.1")
+    )
+    assert node.params == (
+        ("type", "ws"),
+        ("security", "tls"),
+        ("host", "cdn.example"),
+        ("path", "/v2"),
+        ("sni", "front.example"),
+        ("alpn", "h2,http/1.1"),
+    )
 
 
-@pytest.mark.parametrize(("scy", "cipher"), [("", "auto"), ("AUTO", "auto"), ("Aes-128-Gcm", "aes-128-gcm"),
-                                             ("none", "none"), ("chacha20-poly1305", "chacha20-poly1305")])
+@pytest.mark.parametrize(
+    ("scy", "cipher"),
+    [
+        ("", "auto"),
+        ("AUTO", "auto"),
+        ("Aes-128-Gcm", "aes-128-gcm"),
+        ("none", "none"),
+        ("chacha20-poly1305", "chacha20-poly1305"),
+    ],
+)
 def test_vmess_cipher_is_normalised_and_empty_means_auto(scy, cipher):
     assert parse_node_link(vmess(scy=scy)).encryption == cipher
 
@@ -117,11 +146,20 @@ def test_vless_link_maps_to_a_vless_node_over_tls_by_default():
 
 
 def test_vless_over_websocket_with_every_dial_parameter():
-    node = parse_node_link(f"vless://{UUID}@edge.example?type=ws&security=tls&sni=front.example&path=%2Fws"
-                           "&host=cdn.example&alpn=h2&encryption=none&allowInsecure=1")
+    node = parse_node_link(
+        f"vless://{UUID}@edge.example?type=ws&security=tls&sni=front.example&path=%2Fws"
+        "&host=cdn.example&alpn=h2&encryption=none&allowInsecure=1"
+    )
     assert node.port == 443  # a URL-shaped link defaults an omitted port to 443
-    assert node.params == (("type", "ws"), ("security", "tls"), ("host", "cdn.example"), ("path", "/ws"),
-                           ("sni", "front.example"), ("alpn", "h2"), ("allowInsecure", "1"))
+    assert node.params == (
+        ("type", "ws"),
+        ("security", "tls"),
+        ("host", "cdn.example"),
+        ("path", "/ws"),
+        ("sni", "front.example"),
+        ("alpn", "h2"),
+        ("allowInsecure", "1"),
+    )
 
 
 def test_vless_with_security_none_is_plaintext_and_drops_tls_fields():
@@ -135,7 +173,10 @@ def test_vless_with_a_flow_is_unsupported(flow):
 
 
 def test_vless_with_an_empty_flow_is_no_flow():
-    assert parse_node_link(f"vless://{UUID}@h.example:443?flow=").id == parse_node_link(f"vless://{UUID}@h.example:443").id
+    assert (
+        parse_node_link(f"vless://{UUID}@h.example:443?flow=").id
+        == parse_node_link(f"vless://{UUID}@h.example:443").id
+    )
 
 
 @pytest.mark.parametrize(
@@ -173,8 +214,13 @@ def test_trojan_link_maps_to_a_trojan_node_always_over_tls():
 
 def test_trojan_over_websocket_and_its_insecure_flag():
     node = parse_node_link("trojan://pw@tj.example:443?type=ws&host=cdn.example&path=/p&allowInsecure=TRUE")
-    assert node.params == (("type", "ws"), ("security", "tls"), ("host", "cdn.example"), ("path", "/p"),
-                           ("allowInsecure", "1"))
+    assert node.params == (
+        ("type", "ws"),
+        ("security", "tls"),
+        ("host", "cdn.example"),
+        ("path", "/p"),
+        ("allowInsecure", "1"),
+    )
 
 
 def test_trojan_without_tls_or_password_is_refused():
@@ -188,14 +234,20 @@ def test_trojan_without_tls_or_password_is_refused():
 
 def test_the_ca_parameter_is_kept_under_tls_and_is_part_of_the_identity():
     node = parse_node_link("trojan://pw@tj.example:443?sni=tj.example&ca=%2Fetc%2Fhonk%2Fprivate%20ca.pem")
-    assert node.params == (("type", "tcp"), ("security", "tls"), ("sni", "tj.example"),
-                           ("ca", "/etc/honk/private ca.pem"))
+    assert node.params == (
+        ("type", "tcp"),
+        ("security", "tls"),
+        ("sni", "tj.example"),
+        ("ca", "/etc/honk/private ca.pem"),
+    )
     assert node.id != parse_node_link("trojan://pw@tj.example:443?sni=tj.example").id
 
 
 def test_the_ca_parameter_is_dropped_without_tls_and_two_different_ones_are_refused():
     assert parse_node_link(f"vless://{UUID}@h.example:80?security=none&ca=/a.pem").params == (
-        ("type", "tcp"), ("security", "none"))
+        ("type", "tcp"),
+        ("security", "none"),
+    )
     assert parse_node_link(f"vless://{UUID}@h.example?ca=/a.pem&ca=%20/a.pem").params[-1] == ("ca", "/a.pem")
     assert code_of(f"vless://{UUID}@h.example?ca=/a.pem&ca=/b.pem") == "conflicting-ca"
 
@@ -211,9 +263,11 @@ def test_untagged_links_without_a_fragment_are_named_by_scheme_and_host():
 
 def test_equal_dials_spelled_differently_get_the_same_id():
     base = parse_node_link("trojan://pw@tj.example:443?sni=tj.example")
-    for same in ("trojan://pw@TJ.example?security=tls&sni=TJ.EXAMPLE&allowInsecure=false#renamed",
-                 "trojan://pw@tj.example:443?host=tj.example",  # outside ws, host stands in for the SNI
-                 "trojan://pw@tj.example:443?peer=tj.example&type=tcp&headerType=none"):
+    for same in (
+        "trojan://pw@TJ.example?security=tls&sni=TJ.EXAMPLE&allowInsecure=false#renamed",
+        "trojan://pw@tj.example:443?host=tj.example",  # outside ws, host stands in for the SNI
+        "trojan://pw@tj.example:443?peer=tj.example&type=tcp&headerType=none",
+    ):
         assert parse_node_link(same).id == base.id
     ws = parse_node_link("trojan://pw@tj.example:443?type=ws&sni=tj.example")
     assert parse_node_link("trojan://pw@tj.example:443?type=ws&path=/&sni=tj.example").id == ws.id
@@ -265,9 +319,41 @@ def test_link_errors_never_contain_the_link_or_its_values(link):
 
 # --- fuzz --------------------------------------------------------------------------------
 
-V2_PIECES = ["vmess://", "vless://", "trojan://", UUID, "@", ":", "443", "?", "&", "=", "#", "%", "%2F", "[",
-             "]", "type", "ws", "tcp", "security", "tls", "none", "sni", "host", "path", "alpn", "flow",
-             "allowInsecure", "1", "peer", "network", "/", "h.example", "::1"]
+V2_PIECES = [
+    "vmess://",
+    "vless://",
+    "trojan://",
+    UUID,
+    "@",
+    ":",
+    "443",
+    "?",
+    "&",
+    "=",
+    "#",
+    "%",
+    "%2F",
+    "[",
+    "]",
+    "type",
+    "ws",
+    "tcp",
+    "security",
+    "tls",
+    "none",
+    "sni",
+    "host",
+    "path",
+    "alpn",
+    "flow",
+    "allowInsecure",
+    "1",
+    "peer",
+    "network",
+    "/",
+    "h.example",
+    "::1",
+]
 
 
 @settings(max_examples=400)
@@ -280,10 +366,30 @@ def test_any_text_raises_only_link_errors(text):
     assert node.id.int != 0
 
 
-JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 70000), st.text(max_size=8),
-                        st.sampled_from(["", "0", "443", "ws", "tcp", "tls", "none", "auto", UUID, "h.example"]),
-                        st.lists(st.integers(), max_size=2))
-JSON_KEYS = ["v", "ps", "add", "port", "id", "aid", "scy", "net", "type", "host", "path", "tls", "sni", "alpn"]
+JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 70000),
+    st.text(max_size=8),
+    st.sampled_from(["", "0", "443", "ws", "tcp", "tls", "none", "auto", UUID, "h.example"]),
+    st.lists(st.integers(), max_size=2),
+)
+JSON_KEYS = [
+    "v",
+    "ps",
+    "add",
+    "port",
+    "id",
+    "aid",
+    "scy",
+    "net",
+    "type",
+    "host",
+    "path",
+    "tls",
+    "sni",
+    "alpn",
+]
 
 
 @settings(max_examples=400)

@@ -37,7 +37,9 @@ class OpenCount:
         return self.value
 
 
-def budget(in_use: int, *, limit: int = 1024, reserve: int = 256) -> tuple[DescriptorBudget, OpenCount, FakeClock]:
+def budget(
+    in_use: int, *, limit: int = 1024, reserve: int = 256
+) -> tuple[DescriptorBudget, OpenCount, FakeClock]:
     clock = FakeClock()
     count = OpenCount(in_use)
     return DescriptorBudget(clock, limit=limit, reserve=reserve, counter=count), count, clock
@@ -90,7 +92,8 @@ def test_without_proc_the_budget_is_off_and_says_so_once(caplog: pytest.LogCaptu
         assert b.admit()
         clock.advance(RECOUNT_INTERVAL)
     assert [r.getMessage() for r in caplog.records].count(
-        "descriptor budget off: /proc/self/fd cannot be read, flows are not limited") == 1
+        "descriptor budget off: /proc/self/fd cannot be read, flows are not limited"
+    ) == 1
 
 
 def test_a_tiny_limit_still_leaves_flows_half_of_it() -> None:
@@ -156,4 +159,3 @@ def test_flows_that_ended_since_the_count_give_their_share_back_without_a_recoun
         assert b.admit()
     assert not b.admit()
     assert count.asked == 1  # no count was needed: the guess followed the flows
-

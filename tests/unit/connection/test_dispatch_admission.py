@@ -56,7 +56,9 @@ async def dial_stream(dispatcher: Dispatcher, flow: Routed) -> DialedStream:
 
 
 def routed(leaf) -> Routed:
-    meta = FlowMeta(Network.TCP, source=Address("127.0.0.1", 1), target=Address("127.0.0.1", 2), inbound="lan")
+    meta = FlowMeta(
+        Network.TCP, source=Address("127.0.0.1", 1), target=Address("127.0.0.1", 2), inbound="lan"
+    )
     return Routed(meta, leaf.name, "fallback", (leaf.name,), leaf, 1)
 
 

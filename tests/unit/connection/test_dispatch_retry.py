@@ -56,13 +56,17 @@ def setup(policy: Policy = Policy.URLTEST, leaf_class: type = ScriptedLeaf):
     for n, ms in zip(leaves, (10, 20, 30, 40), strict=True):
         alive.notify_check_success(leaves[n].runtime.node_id, Domain.TCP, V4, ms / 1000)
     members = NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in leaves)),))
-    spec = Spec(nodes=tuple(NodeSpec(n, "socks5") for n in leaves),
-                groups=(GroupSpec("auto", policy=policy, filters=(members,), has_filter_lines=True),))
+    spec = Spec(
+        nodes=tuple(NodeSpec(n, "socks5") for n in leaves),
+        groups=(GroupSpec("auto", policy=policy, filters=(members,), has_filter_lines=True),),
+    )
     manager = GroupManager.build(spec, leaves, health=HealthFilter(alive), clock=clock)
     plane = SimpleNamespace(groups=manager, admission=None, generation=1)
     dispatcher = Dispatcher(plane, ConnectionTracker(clock), clock, spec.global_, None)
     selection = manager.resolve("auto", Network.TCP)
-    meta = FlowMeta(Network.TCP, source=Address("127.0.0.1", 1), target=Address("127.0.0.1", 2), inbound="lan")
+    meta = FlowMeta(
+        Network.TCP, source=Address("127.0.0.1", 1), target=Address("127.0.0.1", 2), inbound="lan"
+    )
     return alive, leaves, dispatcher, Routed(meta, "auto", "fallback", selection.chain, selection.leaf, 1)
 
 
@@ -205,7 +209,13 @@ async def test_a_timeout_of_a_dial_that_started_with_less_than_its_fair_share_bl
 def test_only_a_timeout_squeezed_below_half_of_connect_timeout_is_neutral():
     timeout, deadline = 3.0, 100.0
     assert _fair_chance(DialTimeout("n", "connect", "t"), deadline - timeout, deadline, timeout)
-    assert _fair_chance(DialTimeout("n", "connect", "t"), deadline - FAIR_DIAL_SHARE * timeout, deadline, timeout)
-    assert not _fair_chance(DialTimeout("n", "connect", "t"), deadline - 1.4, deadline, timeout)  # a permit wait ate it
+    assert _fair_chance(
+        DialTimeout("n", "connect", "t"), deadline - FAIR_DIAL_SHARE * timeout, deadline, timeout
+    )
+    assert not _fair_chance(
+        DialTimeout("n", "connect", "t"), deadline - 1.4, deadline, timeout
+    )  # a permit wait ate it
     assert not _fair_chance(DialTimeout("n", "connect", "t"), None, deadline, timeout)  # never started
-    assert _fair_chance(DialError("n", "connect", "refused"), deadline - 0.1, deadline, timeout)  # an answer is evidence
+    assert _fair_chance(
+        DialError("n", "connect", "refused"), deadline - 0.1, deadline, timeout
+    )  # an answer is evidence

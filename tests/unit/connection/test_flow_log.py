@@ -98,9 +98,12 @@ async def test_a_tcp_flow_by_a_rule_with_a_payload_reads_as_mihomo_writes_it(dis
     (record,) = flow_lines(records)
     assert record.levelno == logging.INFO
     assert clash_text(record) == (
-        "[TCP] 192.168.1.5:50000 --> www.example.com:443 match DomainSuffix(example.com) using Proxy[hk-01]")
-    assert record.getMessage() == ("flow opened network=tcp inbound=lan source=192.168.1.5:50000 "
-                                   "target=www.example.com:443 rule=domain(suffix:example.com) chain=Proxy>hk-01")
+        "[TCP] 192.168.1.5:50000 --> www.example.com:443 match DomainSuffix(example.com) using Proxy[hk-01]"
+    )
+    assert record.getMessage() == (
+        "flow opened network=tcp inbound=lan source=192.168.1.5:50000 "
+        "target=www.example.com:443 rule=domain(suffix:example.com) chain=Proxy>hk-01"
+    )
 
 
 async def test_the_fallback_reads_as_a_match_rule_without_a_payload(dispatcher, records):
@@ -118,13 +121,17 @@ async def test_a_direct_rule_names_direct_as_its_chain(dispatcher, records):
 
 
 async def test_a_udp_target_is_tagged_udp_and_an_ipv6_source_is_bracketed(dispatcher, records):
-    meta = FlowMeta(Network.UDP, source=Address("fd00::5", 5353), target=Address("dns.example.com", 53),
-                    inbound="lan")
+    meta = FlowMeta(
+        Network.UDP, source=Address("fd00::5", 5353), target=Address("dns.example.com", 53), inbound="lan"
+    )
     routed = await dispatcher.route(meta)
-    log_flow_opened(Network.UDP, "lan", meta.source, meta.target, routed.rule, routed.chain, dispatcher.plane.spec)
+    log_flow_opened(
+        Network.UDP, "lan", meta.source, meta.target, routed.rule, routed.chain, dispatcher.plane.spec
+    )
     (record,) = flow_lines(records)
     assert clash_text(record) == (
-        "[UDP] [fd00::5]:5353 --> dns.example.com:53 match DomainSuffix(example.com) using Proxy[hk-01]")
+        "[UDP] [fd00::5]:5353 --> dns.example.com:53 match DomainSuffix(example.com) using Proxy[hk-01]"
+    )
     assert record.getMessage().startswith("flow opened network=udp inbound=lan source=[fd00::5]:5353 ")
 
 
@@ -161,8 +168,9 @@ async def test_the_line_carries_the_flows_addresses_and_names_only_never_scores_
     (record,) = flow_lines(records)
     facts = getattr(record, FLOW_FIELD)
     assert isinstance(facts, FlowOpened)
-    assert {type(v).__name__ for v in (facts.network, facts.source, facts.target, facts.rule, facts.chain)} == {
-        "Network", "Address", "str", "tuple"}
+    assert {
+        type(v).__name__ for v in (facts.network, facts.source, facts.target, facts.rule, facts.chain)
+    } == {"Network", "Address", "str", "tuple"}
     assert "score" not in record.getMessage().lower() and "ScoreTarget" not in clash_text(record)
 
 
@@ -189,7 +197,8 @@ async def test_the_clash_stream_writes_mihomos_line_and_the_native_one_honks_fro
         assert views.log_plain(event.level, views.log_message(event)) == {
             "type": "info",
             "payload": "[TCP] 192.168.1.5:50000 --> www.example.com:443 match DomainSuffix(example.com) "
-                       "using Proxy[hk-01]"}
+            "using Proxy[hk-01]",
+        }
         assert event.message.startswith("flow opened network=tcp inbound=lan ")
         logging.getLogger("honk.other").info("plain %s", "line")
         assert views.log_message(await sub.get()) == "plain line"

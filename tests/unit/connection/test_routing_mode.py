@@ -33,15 +33,20 @@ routing {
 def dispatcher(mode: RoutingMode) -> Dispatcher:
     clock = FakeClock()
     spec = load_text(CONFIG, "dae")
-    d = Dispatcher(build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_,
-                   SystemResolver(clock, 1.0))
+    d = Dispatcher(
+        build_plane(spec, clock, 1), ConnectionTracker(clock), clock, spec.global_, SystemResolver(clock, 1.0)
+    )
     d.mode = mode
     return d
 
 
 def meta(port: int = 443) -> FlowMeta:
-    return FlowMeta(network=Network.TCP, inbound="lan", source=Address("127.0.0.1", 5000),
-                    target=Address("example.com", port))
+    return FlowMeta(
+        network=Network.TCP,
+        inbound="lan",
+        source=Address("127.0.0.1", 5000),
+        target=Address("example.com", port),
+    )
 
 
 def test_rule_mode_routes_by_the_rules():

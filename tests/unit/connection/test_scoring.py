@@ -109,12 +109,16 @@ def failure_scope(leaf, error) -> bool | None:
     return result.node_scoped
 
 
-@pytest.mark.parametrize("error", [
-    CapacityRefused("no dial permit"),
-    ClientGone("the client left"),
-    FlowClosed("closed"),
-    asyncio.CancelledError(),
-], ids=["capacity", "client-gone", "flow-closed", "cancelled"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        CapacityRefused("no dial permit"),
+        ClientGone("the client left"),
+        FlowClosed("closed"),
+        asyncio.CancelledError(),
+    ],
+    ids=["capacity", "client-gone", "flow-closed", "cancelled"],
+)
 @pytest.mark.parametrize("leaf", [PROXY_LEAF, DIRECT_LEAF], ids=["proxy", "direct"])
 def test_local_refusals_and_client_or_cancellation_ends_are_neutral(leaf, error):
     assert scoring.setup_failure(leaf, error) is None
@@ -128,23 +132,31 @@ def test_a_refusal_the_proxy_relayed_from_the_target_is_target_scoped():
     assert failure_scope(PROXY_LEAF, TargetRefused("n1", REPLY_CODE, "refused")) is False
 
 
-@pytest.mark.parametrize("error", [
-    DialError("direct", "connect", "refused"),
-    DialTimeout("direct", "connect", "timed out"),
-    DialError("direct", "resolve", "no address"),
-    UpstreamFailed("reset"),
-], ids=["connect", "timeout", "resolve", "other-honk-error"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        DialError("direct", "connect", "refused"),
+        DialTimeout("direct", "connect", "timed out"),
+        DialError("direct", "resolve", "no address"),
+        UpstreamFailed("reset"),
+    ],
+    ids=["connect", "timeout", "resolve", "other-honk-error"],
+)
 def test_any_failure_of_a_direct_leaf_is_target_scoped(error):
     assert failure_scope(DIRECT_LEAF, error) is False
 
 
-@pytest.mark.parametrize("error", [
-    DialError("n1", "connect", "refused"),
-    DialTimeout("n1", "connect", "timed out"),
-    DialError("n1", "tls", "bad certificate"),
-    DialError("n1", "handshake", "garbage"),
-    ProxyAuthFailed("n1", "bad password"),
-], ids=["connect", "timeout", "tls", "handshake", "auth"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        DialError("n1", "connect", "refused"),
+        DialTimeout("n1", "connect", "timed out"),
+        DialError("n1", "tls", "bad certificate"),
+        DialError("n1", "handshake", "garbage"),
+        ProxyAuthFailed("n1", "bad password"),
+    ],
+    ids=["connect", "timeout", "tls", "handshake", "auth"],
+)
 def test_other_dial_errors_of_a_proxy_are_node_scoped(error):
     assert failure_scope(PROXY_LEAF, error) is True
 
@@ -276,9 +288,11 @@ def test_both_directions_finishing_without_a_response_is_a_plain_success():
     assert rig.exact().useful.value(now) == 0
 
 
-@pytest.mark.parametrize("error", [ClientGone("reset by the client"), FlowClosed("operator"),
-                                   asyncio.CancelledError()],
-                         ids=["client-gone", "flow-closed", "cancelled"])
+@pytest.mark.parametrize(
+    "error",
+    [ClientGone("reset by the client"), FlowClosed("operator"), asyncio.CancelledError()],
+    ids=["client-gone", "flow-closed", "cancelled"],
+)
 def test_client_side_and_deliberate_relay_ends_are_neutral(error):
     rig = Rig()
     reporter = _relayed(rig, answered=True)
@@ -304,8 +318,11 @@ def test_a_codec_error_is_node_scoped():
     assert rig.node_episodes() and all(episode is not None for episode in rig.node_episodes())
 
 
-@pytest.mark.parametrize(("answered", "useful", "failures"), [(True, 1, 0), (False, 0, 1)],
-                         ids=["after-a-response", "without-a-response"])
+@pytest.mark.parametrize(
+    ("answered", "useful", "failures"),
+    [(True, 1, 0), (False, 0, 1)],
+    ids=["after-a-response", "without-a-response"],
+)
 def test_idle_expiry_is_a_success_after_a_response_else_a_failure(answered, useful, failures):
     rig = Rig()
     reporter = _relayed(rig, answered=answered)

@@ -32,7 +32,9 @@ EPSILON = 1e-9  # past an instant, so that float sums never leave a timer one ul
 class Race:
     """Candidates whose preparations the test ends; records every callback in order."""
 
-    def __init__(self, clock: FakeClock, count: int, *, deadline: float = FAR, recheck_fails: str = "") -> None:
+    def __init__(
+        self, clock: FakeClock, count: int, *, deadline: float = FAR, recheck_fails: str = ""
+    ) -> None:
         self.clock = clock
         self.t0 = clock.now()
         self.names = [f"c{i + 1}" for i in range(count)]  # 1-based names, as the seed's tests count
@@ -41,14 +43,24 @@ class Race:
         self.events: list[tuple] = []
         self.ineligible: set[str] = set()
         self.eligible_calls: list[str] = []
-        self.on_cancel: dict[str, object] = {}  # what a cancelled preparation does instead: a result or an error
+        self.on_cancel: dict[
+            str, object
+        ] = {}  # what a cancelled preparation does instead: a result or an error
         self.recheck_fails = recheck_fails  # eligible on its success, no longer at the recheck
         self.counts = StaggerCounts()
-        self.task = asyncio.ensure_future(prepare_first(
-            self.names, self.prepare, clock=clock, deadline=self.t0 + deadline, eligible=self.eligible,
-            commit=lambda c, r: self.events.append(("commit", c, r)),
-            observed_error=lambda c, e: self.events.append(("error", c, type(e).__name__)),
-            discard=lambda r: self.events.append(("discard", r)), counts=self.counts))
+        self.task = asyncio.ensure_future(
+            prepare_first(
+                self.names,
+                self.prepare,
+                clock=clock,
+                deadline=self.t0 + deadline,
+                eligible=self.eligible,
+                commit=lambda c, r: self.events.append(("commit", c, r)),
+                observed_error=lambda c, e: self.events.append(("error", c, type(e).__name__)),
+                discard=lambda r: self.events.append(("discard", r)),
+                counts=self.counts,
+            )
+        )
 
     async def prepare(self, name: str) -> str:
         self.started[name] = self.clock.now() - self.t0

@@ -62,8 +62,10 @@ class OneLeafPlane:
         self.leaf = leaf
 
     async def decide(self, meta, resolver):  # noqa: ANN001, ANN201
-        return SimpleNamespace(route=SimpleNamespace(outbound="slow", rule="match", must=False),
-                               selection=SimpleNamespace(chain=("slow",), leaf=self.leaf))
+        return SimpleNamespace(
+            route=SimpleNamespace(outbound="slow", rule="match", must=False),
+            selection=SimpleNamespace(chain=("slow",), leaf=self.leaf),
+        )
 
 
 class Client(UdpNat):
@@ -81,13 +83,16 @@ async def _settle() -> None:
 
 
 @pytest.mark.parametrize(("connect_timeout", "expected"), [(1.0, 10.0), (2.5, 10.0), (5.0, 20.0)])
-async def test_a_single_node_udp_plan_fails_at_the_preparation_deadline_and_not_before(connect_timeout, expected):
+async def test_a_single_node_udp_plan_fails_at_the_preparation_deadline_and_not_before(
+    connect_timeout, expected
+):
     assert preparation_deadline(connect_timeout) == expected
     clock = FakeClock()
     leaf = HangingLeaf(clock)
     tracker = ConnectionTracker(clock)
-    dispatcher = Dispatcher(OneLeafPlane(leaf), tracker, clock, GlobalSpec(connect_timeout=connect_timeout),
-                            _no_resolver)
+    dispatcher = Dispatcher(
+        OneLeafPlane(leaf), tracker, clock, GlobalSpec(connect_timeout=connect_timeout), _no_resolver
+    )
     dispatcher.stats = stats = RuntimeStats()
     nat = Client(dispatcher, inbound="lan", client=CLIENT)
     nat._open_flow(TARGET)

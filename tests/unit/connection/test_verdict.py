@@ -157,5 +157,7 @@ def test_a_zero_response_timeout_turns_the_deadline_off():
 def test_nobody_listening_gives_no_observer():
     clock = FakeClock()
     assert observe_flow(clock, SimpleNamespace(name="direct", runtime=None), None, RESPONSE_TIMEOUT) is None
-    direct_in_score = observe_flow(clock, SimpleNamespace(name="direct", runtime=None), Reporter(), RESPONSE_TIMEOUT)
+    direct_in_score = observe_flow(
+        clock, SimpleNamespace(name="direct", runtime=None), Reporter(), RESPONSE_TIMEOUT
+    )
     assert direct_in_score is not None  # Score still hears a direct member's silence

@@ -59,15 +59,26 @@ def _socks(name: str, port: int):
 def _mux(name: str, port: int):
     """A VMess mux node; each name its own user id, so each its own node (NodeId)."""
     user = str(uuid.uuid5(uuid.UUID(VMESS_ID), name))
-    body = {"v": "2", "ps": name, "add": "127.0.0.1", "port": str(port), "id": user, "aid": "0", "net": "tcp",
-            "type": "none", "tls": "", "host": name}
+    body = {
+        "v": "2",
+        "ps": name,
+        "add": "127.0.0.1",
+        "port": str(port),
+        "id": user,
+        "aid": "0",
+        "net": "tcp",
+        "type": "none",
+        "tls": "",
+        "host": name,
+    }
     node = parse_node_link("vmess://" + base64.b64encode(json.dumps(body).encode()).decode(), name)
     return with_node_id(dataclasses.replace(node, params=(*node.params, ("mux", "1"))))
 
 
 def _selector(name: str, members: tuple[str, ...], default: str | None = None) -> GroupSpec:
-    return GroupSpec(name, policy=Policy.SELECTOR, filters=(name_filter(*members),), has_filter_lines=True,
-                     default=default)
+    return GroupSpec(
+        name, policy=Policy.SELECTOR, filters=(name_filter(*members),), has_filter_lines=True, default=default
+    )
 
 
 def _urltest(name: str, members: tuple[str, ...]) -> GroupSpec:
@@ -89,8 +100,11 @@ async def _until(condition, what: str) -> None:
 
 
 def _entries(plane) -> dict[str, int]:
-    return {name: leaf.runtime.ready.entries for name, leaf in plane.outbounds.items()
-            if leaf.runtime is not None and leaf.runtime.ready.entries}
+    return {
+        name: leaf.runtime.ready.entries
+        for name, leaf in plane.outbounds.items()
+        if leaf.runtime is not None and leaf.runtime.ready.entries
+    }
 
 
 # --- startup preconnect ---------------------------------------------------------------------------
@@ -148,8 +162,10 @@ def test_two_selectors_choosing_one_node_pin_it_once_and_a_sub_group_pins_its_pi
     groups = [_selector("one", ("a", "b"), default="b"), _selector("two", ("b", "c"), default="b")]
     plane = _plane(nodes, groups, clock)
     assert [leaf.name for leaf in pin_targets(plane).values()] == ["b"]
-    nested = [_selector("inner", ("c",)),
-              GroupSpec("outer", policy=Policy.SELECTOR, subgroups=("inner",), has_filter_lines=True)]
+    nested = [
+        _selector("inner", ("c",)),
+        GroupSpec("outer", policy=Policy.SELECTOR, subgroups=("inner",), has_filter_lines=True),
+    ]
     plane = _plane(nodes, nested, clock)
     assert [leaf.name for leaf in pin_targets(plane).values()] == ["c"]
 
@@ -172,8 +188,12 @@ def test_an_unhealthy_explicit_choice_is_still_pinned(server):
     clock.advance(REGISTRATION_GRACE + 1)
     for _ in range(3):
         alive.notify_check_failure(nodes[1].id, Domain.TCP, Family.V4)
-    plane = _plane(nodes, [_selector("pick", ("a", "b"), default="b")], clock,
-                   health=HealthFilter(alive, GroupChecks(clock)))
+    plane = _plane(
+        nodes,
+        [_selector("pick", ("a", "b"), default="b")],
+        clock,
+        health=HealthFilter(alive, GroupChecks(clock)),
+    )
     assert [leaf.name for leaf in pin_targets(plane).values()] == ["b"]  # health never substitutes
 
 
@@ -209,9 +229,13 @@ async def test_a_choice_change_wakes_the_pin_at_once_and_the_repair_pass_refills
 
 # five groups over twelve mux nodes and one bare SOCKS5 node; with N = 2 each gives its top two
 # reusable UDP leaves (declaration order: nothing is measured), m1 twice
-UDP_GROUPS = [_urltest("g0", ("m0", "m1", "m2")), _urltest("g1", ("m1", "m3", "m4")),
-              _urltest("g2", ("s1", "m5", "m6")), _urltest("g3", ("m7", "m8")),
-              _urltest("g4", ("m9", "m10", "m11"))]
+UDP_GROUPS = [
+    _urltest("g0", ("m0", "m1", "m2")),
+    _urltest("g1", ("m1", "m3", "m4")),
+    _urltest("g2", ("s1", "m5", "m6")),
+    _urltest("g3", ("m7", "m8")),
+    _urltest("g4", ("m9", "m10", "m11")),
+]
 # every group's first before any group's second, deduplicated, cut at 4 x N = 8: m10 is left out
 UDP_WARM_SET = ["m0", "m1", "m5", "m7", "m9", "m3", "m6", "m8"]
 
@@ -224,7 +248,12 @@ def _udp_plane(server, clock, udp_warm: int, groups=UDP_GROUPS):
 def test_the_udp_warm_set_takes_each_groups_top_two_reranked_deduplicated_and_capped(server):
     plane = _udp_plane(server, FakeClock(), 2)
     assert [leaf.name for leaf in udp_warm_targets(plane, 2).values()] == UDP_WARM_SET
-    assert [leaf.name for leaf in udp_warm_targets(plane, 1).values()] == ["m0", "m1", "m5", "m7"]  # top 1, cap 4
+    assert [leaf.name for leaf in udp_warm_targets(plane, 1).values()] == [
+        "m0",
+        "m1",
+        "m5",
+        "m7",
+    ]  # top 1, cap 4
     assert udp_warm_targets(plane, 0) == {}  # opt-in: N = 0 warms nothing
     # N above 3 still takes at most three per group: every mux node here (cap 20)
     assert {leaf.name for leaf in udp_warm_targets(plane, 5).values()} == {f"m{i}" for i in range(12)}
@@ -255,11 +284,17 @@ async def test_the_udp_warm_set_holds_its_nodes_with_at_most_four_carrier_opens_
         assert peak == UDP_WARM_CONCURRENCY == 4
         gate.set()
         await attempt
-        held = {leaf.name for leaf in plane.outbounds.values() if leaf.runtime is not None
-                and leaf.runtime.warm & WarmOwner.UDP_WARM}
+        held = {
+            leaf.name
+            for leaf in plane.outbounds.values()
+            if leaf.runtime is not None and leaf.runtime.warm & WarmOwner.UDP_WARM
+        }
         assert held == set(UDP_WARM_SET) and len(warm.udp_held) == 8
-        opened = {leaf.name for leaf in plane.outbounds.values() if getattr(leaf, "mux", False)
-                  and pool_for(leaf).carrier_count}
+        opened = {
+            leaf.name
+            for leaf in plane.outbounds.values()
+            if getattr(leaf, "mux", False) and pool_for(leaf).carrier_count
+        }
         assert opened == set(UDP_WARM_SET)  # one carrier each, the ninth node none
     finally:
         gate.set()
@@ -312,14 +347,23 @@ def _close_carriers(plane) -> None:
 
 
 def test_a_score_group_gives_its_rank_order_and_a_fallback_its_eligible_members_in_order(server):
-    groups = [GroupSpec("scored", policy=Policy.SCORE, filters=(name_filter("m0", "m1", "m2"),),
-                        has_filter_lines=True),
-              GroupSpec("backup", policy=Policy.FALLBACK, filters=(name_filter("s1", "m7", "m8", "m9"),),
-                        has_filter_lines=True)]
+    groups = [
+        GroupSpec(
+            "scored", policy=Policy.SCORE, filters=(name_filter("m0", "m1", "m2"),), has_filter_lines=True
+        ),
+        GroupSpec(
+            "backup",
+            policy=Policy.FALLBACK,
+            filters=(name_filter("s1", "m7", "m8", "m9"),),
+            has_filter_lines=True,
+        ),
+    ]
     plane = _udp_plane(server, FakeClock(), 2, groups)
     scored = plane.groups.udp_warm_leaves("scored", Family.V4, 2, lambda leaf: True)
     assert len(scored) == 2 and {leaf.name for leaf in scored} <= {"m0", "m1", "m2"}
-    assert scored[0].name == plane.groups.resolve("scored", Network.UDP, peek=True).leaf.name  # its winner first
+    assert (
+        scored[0].name == plane.groups.resolve("scored", Network.UDP, peek=True).leaf.name
+    )  # its winner first
     names = [leaf.name for leaf in udp_warm_targets(plane, 2).values()]
     assert names == [scored[0].name, "m7", scored[1].name, "m8"]
 
@@ -353,14 +397,20 @@ class TimedConnector:
 
 
 def _score(name: str, members: tuple[str, ...], final: str | None = None) -> GroupSpec:
-    return GroupSpec(name, policy=Policy.SCORE, filters=(name_filter(*members),), has_filter_lines=True, final=final)
+    return GroupSpec(
+        name, policy=Policy.SCORE, filters=(name_filter(*members),), has_filter_lines=True, final=final
+    )
 
 
 async def test_a_pinned_connection_reports_its_opening_time_to_every_score_group_of_the_node(server):
     clock = FakeClock()
     nodes = [_socks(n, server) for n in ("a", "b", "c")]
-    groups = [_selector("pick", ("a", "b"), default="a"), _score("s1", ("a", "b")),
-              _score("s2", ("b", "c"), final="a"), _urltest("plain", ("a", "b"))]
+    groups = [
+        _selector("pick", ("a", "b"), default="a"),
+        _score("s1", ("a", "b")),
+        _score("s2", ("b", "c"), final="a"),
+        _urltest("plain", ("a", "b")),
+    ]
     plane = _plane(nodes, groups, clock, preconnect=0)
     recorder = plane.groups.score.performance = SetupRecorder()
     a = plane.outbounds["a"]
@@ -372,8 +422,10 @@ async def test_a_pinned_connection_reports_its_opening_time_to_every_score_group
         # one targetless sample (no target, no target family: the aggregate layer) per Score group
         # reaching the node, a final included; a URLTest takes none
         node = a.runtime.node_id
-        assert recorder.samples == [("s1", Network.TCP, None, None, node, 0.042),
-                                    ("s2", Network.TCP, None, None, node, 0.042)]
+        assert recorder.samples == [
+            ("s1", Network.TCP, None, None, node, 0.042),
+            ("s2", Network.TCP, None, None, node, 0.042),
+        ]
         # setup quality only: no reliability outcome, no counter
         assert plane.groups.score.evidence.stats().aggregate_entries == 0
         assert plane.groups.score.stats()["groups"] == []
@@ -385,7 +437,9 @@ async def test_a_failed_warm_opening_reports_nothing_to_score():
     clock = FakeClock()
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]  # closed below: connecting is refused
-    plane = _plane([_socks("a", port)], [_selector("pick", ("a",)), _score("s1", ("a",))], clock, preconnect=0)
+    plane = _plane(
+        [_socks("a", port)], [_selector("pick", ("a",)), _score("s1", ("a",))], clock, preconnect=0
+    )
     recorder = plane.groups.score.performance = SetupRecorder()
     warm = WarmUp(clock, lambda: plane)
     try:
@@ -399,8 +453,13 @@ async def test_a_failed_warm_opening_reports_nothing_to_score():
 
 async def test_a_udp_warm_carrier_reports_its_opening_time_as_udp_setup_quality(server):
     clock = FakeClock()
-    plane = _plane([_mux("m0", server), _mux("m1", server)], [_score("s1", ("m0", "m1"))], clock,
-                   preconnect=0, udp_warm=1)
+    plane = _plane(
+        [_mux("m0", server), _mux("m1", server)],
+        [_score("s1", ("m0", "m1"))],
+        clock,
+        preconnect=0,
+        udp_warm=1,
+    )
     recorder = plane.groups.score.performance = SetupRecorder()
     for leaf in plane.outbounds.values():
         if getattr(leaf, "mux", False):
@@ -408,7 +467,9 @@ async def test_a_udp_warm_carrier_reports_its_opening_time_as_udp_setup_quality(
     warm = WarmUp(clock, lambda: plane)
     try:
         await warm.udp_pass()
-        (held,) = [plane.outbounds[name] for name in ("m0", "m1") if pool_for(plane.outbounds[name]).carrier_count]
+        (held,) = [
+            plane.outbounds[name] for name in ("m0", "m1") if pool_for(plane.outbounds[name]).carrier_count
+        ]
         assert recorder.samples == [("s1", Network.UDP, None, None, held.runtime.node_id, 0.031)]
     finally:
         await warm.stop()

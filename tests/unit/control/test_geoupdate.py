@@ -45,10 +45,15 @@ RULES = """routing {
     fallback: block
 }
 """
-OLD_SITES = {"MINE": [(dat.FULL, "old.example", ())],
-             "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",))]}
-NEW_SITES = {"MINE": [(dat.FULL, "new.example", ())],
-             "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",))], "EXTRA": [(dat.DOMAIN, "x.example", ())]}
+OLD_SITES = {
+    "MINE": [(dat.FULL, "old.example", ())],
+    "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",))],
+}
+NEW_SITES = {
+    "MINE": [(dat.FULL, "new.example", ())],
+    "CATEGORY-ADS-ALL": [(dat.DOMAIN, "ads.example", ("ads",))],
+    "EXTRA": [(dat.DOMAIN, "x.example", ())],
+}
 OLD_IPS = {"MINE": (["192.0.2.0/24"], False)}
 NEW_IPS = {"MINE": (["198.51.100.0/24"], False)}
 
@@ -56,8 +61,11 @@ NEW_IPS = {"MINE": (["198.51.100.0/24"], False)}
 def spec_for(data_dir: Path, *, geosite: str | None = SITE_URL, geoip: str | None = IP_URL) -> Spec:
     (data_dir / "extra.dat").write_bytes(geosite_bytes({"GAMES": [(dat.DOMAIN, "games.example", ())]}))
     urls = "".join(f"        {k}: '{v}'\n" for k, v in (("geosite", geosite), ("geoip", geoip)) if v)
-    text = (f"global {{\n    data_dir: {data_dir}\n}}\n" + RULES
-            + f"assets {{\n    geodata {{\n{urls}        route: direct\n    }}\n}}\n")
+    text = (
+        f"global {{\n    data_dir: {data_dir}\n}}\n"
+        + RULES
+        + f"assets {{\n    geodata {{\n{urls}        route: direct\n    }}\n}}\n"
+    )
     return load_text(text, "dae")
 
 
@@ -70,10 +78,15 @@ def write_old(data_dir: Path) -> None:
 # --- the codes a download must hold -------------------------------------------------------------
 
 
-def test_the_required_codes_are_the_rules_geosite_and_geoip_codes_without_builtins_or_ext(no_geodata: Path) -> None:
+def test_the_required_codes_are_the_rules_geosite_and_geoip_codes_without_builtins_or_ext(
+    no_geodata: Path,
+) -> None:
     write_old(no_geodata / "var")
     spec = spec_for(no_geodata / "var")
-    assert required_codes(spec.routing.rules) == {"geosite": {"mine", "category-ads-all@ads"}, "geoip": {"mine"}}
+    assert required_codes(spec.routing.rules) == {
+        "geosite": {"mine", "category-ads-all@ads"},
+        "geoip": {"mine"},
+    }
 
 
 def test_a_candidate_holding_every_required_code_counts_its_lists() -> None:
@@ -198,8 +211,9 @@ def updater(spec: Spec, reloads: Reloads) -> GeodataUpdater:
     async def never(target: object, deadline: float) -> object:
         raise AssertionError("the stand-in fetcher dials nothing")
 
-    return GeodataUpdater(FakeClock(), spec=lambda: spec, dial=lambda route: never, reload=reloads,
-                          generation=lambda: 7)
+    return GeodataUpdater(
+        FakeClock(), spec=lambda: spec, dial=lambda route: never, reload=reloads, generation=lambda: 7
+    )
 
 
 async def test_good_downloads_replace_both_files_and_reload_once(no_geodata: Path, monkeypatch) -> None:
@@ -209,7 +223,10 @@ async def test_good_downloads_replace_both_files_and_reload_once(no_geodata: Pat
     monkeypatch.setattr(update, "fetch", downloads)
     reloads = Reloads()
     report = await updater(spec_for(var), reloads).update()
-    assert [(a.name, a.status, a.codes) for a in report.assets] == [("geosite", UPDATED, 3), ("geoip", UPDATED, 1)]
+    assert [(a.name, a.status, a.codes) for a in report.assets] == [
+        ("geosite", UPDATED, 3),
+        ("geoip", UPDATED, 1),
+    ]
     assert report.ok and report.reloaded and report.generation == 7 and reloads.count == 1
     assert (var / "geosite.dat").read_bytes() == geosite_bytes(NEW_SITES)
     assert (var / "geoip.dat").read_bytes() == geoip_bytes(NEW_IPS)
@@ -229,21 +246,31 @@ async def test_a_truncated_download_keeps_the_old_file(no_geodata: Path, monkeyp
     assert (var / "geosite.dat").read_bytes() == geosite_bytes(OLD_SITES)
 
 
-async def test_a_download_missing_a_code_the_rules_need_keeps_the_old_file(no_geodata: Path, monkeypatch) -> None:
+async def test_a_download_missing_a_code_the_rules_need_keeps_the_old_file(
+    no_geodata: Path, monkeypatch
+) -> None:
     var = no_geodata / "var"
     write_old(var)
-    monkeypatch.setattr(update, "fetch", Downloads({IP_URL: geoip_bytes({"CN": (["203.0.113.0/24"], False)})}))
+    monkeypatch.setattr(
+        update, "fetch", Downloads({IP_URL: geoip_bytes({"CN": (["203.0.113.0/24"], False)})})
+    )
     report = await updater(spec_for(var), Reloads()).update(["geoip"])
     assert report.assets[0].status == FAILED and "'mine'" in (report.assets[0].reason or "")
     assert (var / "geoip.dat").read_bytes() == geoip_bytes(OLD_IPS)
 
 
-async def test_a_failed_file_does_not_stop_the_good_one_and_the_report_is_not_ok(no_geodata: Path,
-                                                                                 monkeypatch) -> None:
+async def test_a_failed_file_does_not_stop_the_good_one_and_the_report_is_not_ok(
+    no_geodata: Path, monkeypatch
+) -> None:
     var = no_geodata / "var"
     write_old(var)
-    monkeypatch.setattr(update, "fetch", Downloads({SITE_URL: geosite_bytes(NEW_SITES),
-                                                    IP_URL: SubscriptionFetchError("http-status", status=404)}))
+    monkeypatch.setattr(
+        update,
+        "fetch",
+        Downloads(
+            {SITE_URL: geosite_bytes(NEW_SITES), IP_URL: SubscriptionFetchError("http-status", status=404)}
+        ),
+    )
     reloads = Reloads()
     report = await updater(spec_for(var), reloads).update()
     assert [a.status for a in report.assets] == [UPDATED, FAILED]
@@ -252,8 +279,9 @@ async def test_a_failed_file_does_not_stop_the_good_one_and_the_report_is_not_ok
     assert (var / "geoip.dat").read_bytes() == geoip_bytes(OLD_IPS)
 
 
-async def test_bytes_equal_to_the_loaded_file_are_unchanged_and_nothing_reloads(no_geodata: Path,
-                                                                                monkeypatch) -> None:
+async def test_bytes_equal_to_the_loaded_file_are_unchanged_and_nothing_reloads(
+    no_geodata: Path, monkeypatch
+) -> None:
     var = no_geodata / "var"
     write_old(var)
     before = (var / "geosite.dat").stat().st_mtime_ns
@@ -264,8 +292,9 @@ async def test_bytes_equal_to_the_loaded_file_are_unchanged_and_nothing_reloads(
     assert (var / "geosite.dat").stat().st_mtime_ns == before
 
 
-async def test_a_matching_checksum_verifies_and_a_wrong_one_keeps_the_old_file(no_geodata: Path,
-                                                                             monkeypatch) -> None:
+async def test_a_matching_checksum_verifies_and_a_wrong_one_keeps_the_old_file(
+    no_geodata: Path, monkeypatch
+) -> None:
     var = no_geodata / "var"
     write_old(var)
     body = geosite_bytes(NEW_SITES)
@@ -274,13 +303,16 @@ async def test_a_matching_checksum_verifies_and_a_wrong_one_keeps_the_old_file(n
     report = await updater(spec_for(var), Reloads()).update(["geosite"])
     assert report.assets[0].status == FAILED and "checksum mismatch" in (report.assets[0].reason or "")
     assert (var / "geosite.dat").read_bytes() == geosite_bytes(OLD_SITES)
-    monkeypatch.setattr(update, "fetch", Downloads({SITE_URL: body, SITE_URL + ".sha256sum": digest.encode()}))
+    monkeypatch.setattr(
+        update, "fetch", Downloads({SITE_URL: body, SITE_URL + ".sha256sum": digest.encode()})
+    )
     report = await updater(spec_for(var), Reloads()).update(["geosite"])
     assert report.assets[0].status == UPDATED and report.assets[0].verified
 
 
-async def test_an_asset_without_a_configured_url_fails_saying_which_key_to_set(no_geodata: Path,
-                                                                             monkeypatch) -> None:
+async def test_an_asset_without_a_configured_url_fails_saying_which_key_to_set(
+    no_geodata: Path, monkeypatch
+) -> None:
     var = no_geodata / "var"
     write_old(var)
     monkeypatch.setattr(update, "fetch", Downloads({}))

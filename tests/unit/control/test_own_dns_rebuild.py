@@ -51,8 +51,11 @@ def steps(before: str, after: str) -> dict[str, str]:
     first = plan(EMPTY, lower(load_text(before, "dae")))
     running = RunningState(lower(load_text(before, "dae")), first.versions)
     second = plan(running, lower(load_text(after, "dae")))
-    return {s.resource.tag: "build" if isinstance(s, Build) else "reuse"
-            for s in second.steps if isinstance(s, Build | Reuse) and s.resource.kind == "outbound"}
+    return {
+        s.resource.tag: "build" if isinstance(s, Build) else "reuse"
+        for s in second.steps
+        if isinstance(s, Build | Reuse) and s.resource.kind == "outbound"
+    }
 
 
 def test_a_node_a_rule_selects_declares_the_upstream_that_resolves_its_server():
@@ -65,7 +68,12 @@ def test_a_node_a_rule_selects_declares_the_upstream_that_resolves_its_server():
 
 def test_adding_a_node_rule_rebuilds_only_the_nodes_it_selects():
     assert steps(config(), config("            node(hk) -> localdns\n")) == {
-        "direct": "reuse", "block": "reuse", "hk": "build", "us": "reuse", "ip": "reuse"}
+        "direct": "reuse",
+        "block": "reuse",
+        "hk": "build",
+        "us": "reuse",
+        "ip": "reuse",
+    }
 
 
 def test_removing_the_rule_rebuilds_the_node_back_onto_the_system_resolver():

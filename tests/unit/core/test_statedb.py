@@ -22,9 +22,7 @@ def path(tmp_path):
 
 
 def _moved_aside_warning(caplog) -> bool:
-    return any(
-        r.levelno == logging.WARNING and "moved it to" in r.getMessage() for r in caplog.records
-    )
+    return any(r.levelno == logging.WARNING and "moved it to" in r.getMessage() for r in caplog.records)
 
 
 def test_delays_survive_close_and_reopen(path):
@@ -58,11 +56,13 @@ def test_a_newer_sample_replaces_the_stored_one(path):
 def test_a_sample_23h59m_old_is_restored_and_one_24h_and_1s_old_is_not(path):
     assert DELAY_MAX_AGE == 24 * 3600.0
     with StateDB(path) as db:
-        db.save_delays({
-            A: (0.1, NOW - (23 * 3600 + 59 * 60)),
-            B: (0.2, NOW - (24 * 3600 + 1)),
-            C: (0.3, NOW - 24 * 3600),  # exactly 24 hours: "at most 24 hours old"
-        })
+        db.save_delays(
+            {
+                A: (0.1, NOW - (23 * 3600 + 59 * 60)),
+                B: (0.2, NOW - (24 * 3600 + 1)),
+                C: (0.3, NOW - 24 * 3600),  # exactly 24 hours: "at most 24 hours old"
+            }
+        )
     with StateDB(path) as db:
         assert db.load_delays(NOW) == {A: (0.1, NOW - 86340), C: (0.3, NOW - 86400)}
         assert db.load_delays(NOW, max_age=60.0) == {}
@@ -77,8 +77,11 @@ def test_forget_drops_only_the_named_nodes(path):
         assert db.load_delays(NOW) == {B: (0.2, NOW)}
 
 
-@pytest.mark.parametrize("bad", [(math.nan, NOW), (-0.1, NOW), (math.inf, NOW), (0.1, math.nan)],
-                         ids=["nan-delay", "negative-delay", "infinite-delay", "nan-time"])
+@pytest.mark.parametrize(
+    "bad",
+    [(math.nan, NOW), (-0.1, NOW), (math.inf, NOW), (0.1, math.nan)],
+    ids=["nan-delay", "negative-delay", "infinite-delay", "nan-time"],
+)
 def test_an_invalid_sample_is_refused_and_nothing_of_the_batch_is_written(path, bad):
     with StateDB(path) as db:
         db.save_delays({A: (0.1, NOW)})
@@ -226,8 +229,9 @@ def test_choices_round_trip_and_forget(path):
 async def test_calls_from_worker_threads_work(path):
     db = StateDB(path)
     try:
-        await asyncio.gather(*(asyncio.to_thread(db.save_delays, {uuid.UUID(int=n): (n / 1000, NOW)})
-                               for n in range(1, 21)))
+        await asyncio.gather(
+            *(asyncio.to_thread(db.save_delays, {uuid.UUID(int=n): (n / 1000, NOW)}) for n in range(1, 21))
+        )
         loaded = await asyncio.to_thread(db.load_delays, NOW)
         assert loaded == {uuid.UUID(int=n): (n / 1000, NOW) for n in range(1, 21)}
     finally:

@@ -26,17 +26,20 @@ from honk.core.errors import (
 from honk.core.stats import DIAL_ERROR_KINDS, PROBE_BUCKETS, Histogram, RuntimeStats, error_kind
 
 
-@pytest.mark.parametrize(("error", "kind"), [
-    (DialTimeout("n", "connect", "slow"), "timeout"),
-    (TargetRefused("n", 5, "refused"), "target_refused"),
-    (ProxyAuthFailed("n", "bad password"), "proxy_auth"),
-    (DialError("n", "connect", "refused"), "dial"),
-    (CapacityRefused("no slot"), "capacity"),
-    (Blocked("blocked"), "blocked"),
-    (NoRoute("none"), "no_route"),
-    (NotSupported("udp"), "not_supported"),
-    (OSError("something else"), "other"),
-])
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (DialTimeout("n", "connect", "slow"), "timeout"),
+        (TargetRefused("n", 5, "refused"), "target_refused"),
+        (ProxyAuthFailed("n", "bad password"), "proxy_auth"),
+        (DialError("n", "connect", "refused"), "dial"),
+        (CapacityRefused("no slot"), "capacity"),
+        (Blocked("blocked"), "blocked"),
+        (NoRoute("none"), "no_route"),
+        (NotSupported("udp"), "not_supported"),
+        (OSError("something else"), "other"),
+    ],
+)
 def test_each_dial_failure_maps_to_its_most_specific_bounded_kind(error, kind):
     assert error_kind(error) == kind
     assert kind in DIAL_ERROR_KINDS

@@ -112,8 +112,14 @@ def test_replacing_an_entry_counts_its_bytes_once():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["put", "get", "advance", "retain"]),
-                          st.integers(0, 7), st.integers(0, 3000)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "get", "advance", "retain"]), st.integers(0, 7), st.integers(0, 3000)
+        ),
+        max_size=60,
+    )
+)
 def test_the_bounds_hold_and_the_byte_count_stays_exact_whatever_happens(ops):
     clock = FakeClock()
     cache = DnsCache(clock, 5, max_bytes=6000)
@@ -181,8 +187,15 @@ class Upstream:
         self.reply = reply
         self.calls = 0
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         self.calls += 1
         self.clock.advance(ROUND_TRIP)
         result = self.reply(query)
@@ -203,15 +216,21 @@ def nxdomain(soa_ttl: int, minimum: int):  # noqa: ANN201 - a message factory
     def reply(query: dns.message.Message) -> dns.message.Message:
         answer = dns.message.make_response(query)
         answer.set_rcode(dns.rcode.NXDOMAIN)
-        answer.authority.append(dns.rrset.from_text(
-            "test.", soa_ttl, "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {minimum}"))
+        answer.authority.append(
+            dns.rrset.from_text(
+                "test.", soa_ttl, "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {minimum}"
+            )
+        )
         return answer
+
     return reply
 
 
 def nodata(query: dns.message.Message) -> dns.message.Message:
     answer = dns.message.make_response(query)
-    answer.authority.append(dns.rrset.from_text("test.", 3600, "IN", "SOA", "ns.test. admin.test. 1 3600 600 86400 45"))
+    answer.authority.append(
+        dns.rrset.from_text("test.", 3600, "IN", "SOA", "ns.test. admin.test. 1 3600 600 86400 45")
+    )
     return answer
 
 
@@ -279,8 +298,11 @@ async def test_queries_are_counted_by_upstream_and_result():
     await ask(service, "www.example.test")
     await ask(service, "www.example.test")
     await ask(service, "ads.test")
-    assert service.stats.queries == {("default", "answered"): 1, ("default", "cached"): 1,
-                                     ("reject", "rejected"): 1}
+    assert service.stats.queries == {
+        ("default", "answered"): 1,
+        ("default", "cached"): 1,
+        ("reject", "rejected"): 1,
+    }
     assert (service.cache.hits, service.cache.misses) == (1, 1)
 
 
@@ -291,8 +313,11 @@ async def test_upstream_failures_and_errors_are_counted_apart():
     assert (await ask(service, "b.test")).rcode() == dns.rcode.SERVFAIL
     service._exchanger.reply = nxdomain(60, 60)  # type: ignore[attr-defined]
     await ask(service, "c.test")
-    assert service.stats.queries == {("default", "error"): 1, ("default", "failed"): 1,
-                                     ("default", "negative"): 1}
+    assert service.stats.queries == {
+        ("default", "error"): 1,
+        ("default", "failed"): 1,
+        ("default", "negative"): 1,
+    }
 
 
 async def test_upstream_latency_is_observed_on_the_injected_clock_for_answered_exchanges():

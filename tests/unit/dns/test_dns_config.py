@@ -136,10 +136,19 @@ FULL_SPEC = DnsSpec(
         DnsUpstreamSpec("plain", "udp", "8.8.8.8", 53),
     ),
     request_rules=(
-        DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "ads.example"), MatchArg("keyword", "track"))),
-                        DnsCondition("qtype", qtypes=(28,), negated=True)), "reject"),
-        DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "lan"), MatchArg("full", "router.home"))),),
-                       "asis"),
+        DnsRequestRule(
+            (
+                DnsCondition(
+                    "qname", names=(MatchArg("suffix", "ads.example"), MatchArg("keyword", "track"))
+                ),
+                DnsCondition("qtype", qtypes=(28,), negated=True),
+            ),
+            "reject",
+        ),
+        DnsRequestRule(
+            (DnsCondition("qname", names=(MatchArg("suffix", "lan"), MatchArg("full", "router.home"))),),
+            "asis",
+        ),
         DnsRequestRule((DnsCondition("qtype", qtypes=(65, 65, DNS_QTYPE_ANY)),), "proxied"),
     ),
     optimistic_cache_ttl=300,
@@ -165,8 +174,9 @@ def test_dae_toml_and_json_spellings_give_equal_dns_specs():
 
 def test_dns_sections_of_included_files_merge_in_order(tmp_path):
     (tmp_path / "main.dae").write_text("include {\n    more.dae\n}\ndns {\n    optimistic_cache_ttl: 5\n}\n")
-    (tmp_path / "more.dae").write_text("dns {\n    upstream {\n        default: 9.9.9.9\n    }\n"
-                                       "    optimistic_cache_ttl: 7\n}\n")
+    (tmp_path / "more.dae").write_text(
+        "dns {\n    upstream {\n        default: 9.9.9.9\n    }\n    optimistic_cache_ttl: 7\n}\n"
+    )
     from honk.config.load import load_file
 
     spec = load_file(tmp_path / "main.dae")
@@ -221,7 +231,7 @@ def test_an_empty_bind_disables_the_listener():
     ],
 )
 def test_malformed_binds_are_refused_at_the_bind_line(text):
-    d = only_error(dns("    optimistic_cache: true\n" f"    bind: '{text}'\n"))
+    d = only_error(dns(f"    optimistic_cache: true\n    bind: '{text}'\n"))
     assert (d.code, d.key_path, d.loc.line) == ("invalid-value", "dns.bind", 3)
 
 
@@ -254,8 +264,10 @@ def test_the_first_upstream_block_replaces_the_builtin_default():
 
 
 def test_arrow_and_legacy_outbound_forms_force_a_node_or_group():
-    text = dns("    upstream {\n        default: 'udp://1.1.1.1' -> direct\n"
-               "        old: 'udp://8.8.8.8' outbound: block\n    }\n")
+    text = dns(
+        "    upstream {\n        default: 'udp://1.1.1.1' -> direct\n"
+        "        old: 'udp://8.8.8.8' outbound: block\n    }\n"
+    )
     spec, diags = load(text)
     assert spec is not None, diags
     assert [u.outbound for u in spec.dns.upstreams] == ["direct", "block"]
@@ -268,8 +280,16 @@ def test_both_spellings_of_tcp_and_udp_read_as_udp_with_tcp_on_truncation(scheme
     assert [(u.protocol, u.port) for u in spec.dns.upstreams] == [("udp", 53)]
 
 
-@pytest.mark.parametrize(("scheme", "expected"), [("tls", ("tls", 853)), ("https", ("https", 443)),
-                                                  ("h3", ("h3", 443)), ("http3", ("h3", 443)), ("quic", ("quic", 853))])
+@pytest.mark.parametrize(
+    ("scheme", "expected"),
+    [
+        ("tls", ("tls", 853)),
+        ("https", ("https", 443)),
+        ("h3", ("h3", 443)),
+        ("http3", ("h3", 443)),
+        ("quic", ("quic", 853)),
+    ],
+)
 def test_encrypted_upstreams_load_with_their_default_ports(scheme, expected):
     spec, diags = load(dns(f"    upstream {{\n        default: '{scheme}://dns.example' -> direct\n    }}\n"))
     assert spec is not None, diags
@@ -277,7 +297,9 @@ def test_encrypted_upstreams_load_with_their_default_ports(scheme, expected):
     assert (upstream.protocol, upstream.port) == expected
 
 
-@pytest.mark.parametrize("uri", ["ftp://1.1.1.1", "udp://", "udp://1.1.1.1:99999", "udp://1.1.1.1/dns", "a b"])
+@pytest.mark.parametrize(
+    "uri", ["ftp://1.1.1.1", "udp://", "udp://1.1.1.1:99999", "udp://1.1.1.1/dns", "a b"]
+)
 def test_malformed_upstream_uris_are_refused_at_their_line(uri):
     d = only_error(dns(f"    upstream {{\n        default: '{uri}'\n    }}\n"))
     assert (d.code, d.key_path, d.loc.line) == ("invalid-value", "dns.upstream.default", 3)
@@ -297,14 +319,20 @@ def test_an_upstream_declared_twice_is_refused_at_the_second():
 def test_builtin_action_names_cannot_name_an_upstream(name):
     spec, diags = load(dns(f"    upstream {{\n        default: 1.1.1.1\n        {name}: 8.8.8.8\n    }}\n"))
     assert spec is None
-    assert [(d.code, d.key_path) for d in diags if d.severity is E] == [("invalid-value", f"dns.upstream.{name}")]
+    assert [(d.code, d.key_path) for d in diags if d.severity is E] == [
+        ("invalid-value", f"dns.upstream.{name}")
+    ]
 
 
 def test_an_upstream_block_without_default_needs_its_own_fallback():
     d = only_error(dns("    upstream {\n        other: 1.1.1.1\n    }\n"))
     assert (d.code, d.key_path, d.loc.line) == ("unknown-dns-upstream", "dns.upstream", 2)
-    spec, _ = load(dns("    upstream {\n        other: 1.1.1.1\n    }\n"
-                       "    routing {\n        request {\n            fallback: other\n        }\n    }\n"))
+    spec, _ = load(
+        dns(
+            "    upstream {\n        other: 1.1.1.1\n    }\n"
+            "    routing {\n        request {\n            fallback: other\n        }\n    }\n"
+        )
+    )
     assert spec is not None and spec.dns.request_fallback == "other"
 
 
@@ -348,7 +376,10 @@ def test_request_fallback_accepts_reject_asis_or_an_upstream():
 def test_an_unclosed_condition_is_refused_at_its_line_as_an_unclosed_routing_matcher_is():
     _, diags = load(rules("qtype(a) -> default", "qname(example.com -> reject"))
     errors = {(d.code, d.key_path, d.loc.line) for d in diags if d.severity is E}
-    assert errors == {("unterminated-matcher", "document", 5), ("unterminated-matcher", "dns.routing.request[1]", 5)}
+    assert errors == {
+        ("unterminated-matcher", "document", 5),
+        ("unterminated-matcher", "dns.routing.request[1]", 5),
+    }
 
 
 def test_response_rules_and_every_response_fallback_are_read():
@@ -380,8 +411,14 @@ def test_unsupported_or_malformed_settings_are_refused_at_their_line(line, code)
 
 
 def test_cache_ttl_reads_durations_and_a_zero_cache_size_becomes_one_with_a_warning():
-    spec, diags = load(dns("    optimistic_cache_ttl: 10m\n    max_cache_size: 0\n    optimistic_cache: false\n"))
-    assert (spec.dns.optimistic_cache_ttl, spec.dns.max_cache_size, spec.dns.optimistic_cache) == (600, 1, False)
+    spec, diags = load(
+        dns("    optimistic_cache_ttl: 10m\n    max_cache_size: 0\n    optimistic_cache: false\n")
+    )
+    assert (spec.dns.optimistic_cache_ttl, spec.dns.max_cache_size, spec.dns.optimistic_cache) == (
+        600,
+        1,
+        False,
+    )
     (warning,) = [d for d in diags if d.key_path == "dns.max_cache_size"]
     assert warning.severity is Severity.WARNING and warning.loc.line == 3
 

@@ -38,8 +38,10 @@ CLIENT = Address("192.168.1.10", 5353)
 INTERCEPTED = Address("192.168.1.1", 53)
 UPSTREAMS = (DnsUpstreamSpec("default", "udp", "192.0.2.53"), DnsUpstreamSpec("other", "udp", "192.0.2.54"))
 # AAAA questions go to "other", names under blocked.test are rejected: the rules decide first.
-RULES = (DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "blocked.test"),)),), "reject"),
-         DnsRequestRule((DnsCondition("qtype", qtypes=(28,)),), "other"))
+RULES = (
+    DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "blocked.test"),)),), "reject"),
+    DnsRequestRule((DnsCondition("qtype", qtypes=(28,)),), "other"),
+)
 SHUFFLE_SEED = 35
 EQUIVALENCE_EXAMPLES = 250  # generated hits compared with the dnspython path (each suite run; the seeds vary)
 PRIVATE_OPTION = 65001  # RFC 6891 §9: the local/experimental option code range
@@ -54,16 +56,24 @@ class Upstream:
         self.build = build
         self.calls = 0
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, data: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        data: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         self.calls += 1
         reply = dns.message.from_wire(self.build(query).to_wire(max_size=wire.TCP_MAX_MESSAGE))
         reply.id = query.id
         return reply
 
 
-def services(dns_spec: DnsSpec, build: Callable[[dns.message.Message], dns.message.Message]
-             ) -> tuple[DnsService, DnsService, FakeClock, FakeClock]:
+def services(
+    dns_spec: DnsSpec, build: Callable[[dns.message.Message], dns.message.Message]
+) -> tuple[DnsService, DnsService, FakeClock, FakeClock]:
     """(with the bytes path, without it, their clocks)."""
     fast_clock, slow_clock = FakeClock(), FakeClock()
     fast = DnsService(dns_spec, None, fast_clock, exchanger=Upstream(build))  # type: ignore[arg-type]
@@ -75,20 +85,33 @@ def services(dns_spec: DnsSpec, build: Callable[[dns.message.Message], dns.messa
 def same_state(fast: DnsService, slow: DnsService) -> None:
     assert fast.stats.queries == slow.stats.queries
     assert (fast.cache.hits, fast.cache.misses, fast.cache.expirations) == (
-        slow.cache.hits, slow.cache.misses, slow.cache.expirations)
+        slow.cache.hits,
+        slow.cache.misses,
+        slow.cache.expirations,
+    )
     assert list(fast.cache._entries) == list(slow.cache._entries)  # the same LRU order
     assert fast.learning._table == slow.learning._table  # OrderedDicts: order and expiries
 
 
-async def alike(fast: DnsService, slow: DnsService, raw: bytes, original: Address | None = None,
-                tcp: bool = False, *, from_bytes: bool = True) -> bytes | None:
+async def alike(
+    fast: DnsService,
+    slow: DnsService,
+    raw: bytes,
+    original: Address | None = None,
+    tcp: bool = False,
+    *,
+    from_bytes: bool = True,
+) -> bytes | None:
     """Both services' answer to ``raw`` (``from_bytes``: the first one's must come from bytes), which
     must be the same bytes; dnspython shuffles RRsets, so both shuffle from the same seed."""
     state = random.getstate()
     try:
         random.seed(SHUFFLE_SEED)
-        first = (fast._fast_hit(raw, CLIENT, original, tcp) if from_bytes
-                 else await fast.handle(raw, CLIENT, original, tcp=tcp))
+        first = (
+            fast._fast_hit(raw, CLIENT, original, tcp)
+            if from_bytes
+            else await fast.handle(raw, CLIENT, original, tcp=tcp)
+        )
         assert first is not None
         random.seed(SHUFFLE_SEED)
         assert first == await slow.handle(raw, CLIENT, original, tcp=tcp)
@@ -97,9 +120,20 @@ async def alike(fast: DnsService, slow: DnsService, raw: bytes, original: Addres
     return first
 
 
-def make_query(name: str, qtype: int, qid: int, *, rd: bool = True, edns: bool = False, payload: int = 1232,
-               options: tuple[dns.edns.Option, ...] = (), flags: int = 0) -> bytes:
-    q = dns.message.make_query(name, qtype, use_edns=0 if edns else False, payload=payload, options=list(options))
+def make_query(
+    name: str,
+    qtype: int,
+    qid: int,
+    *,
+    rd: bool = True,
+    edns: bool = False,
+    payload: int = 1232,
+    options: tuple[dns.edns.Option, ...] = (),
+    flags: int = 0,
+) -> bytes:
+    q = dns.message.make_query(
+        name, qtype, use_edns=0 if edns else False, payload=payload, options=list(options)
+    )
     q.id = qid
     q.flags |= flags
     if not rd:
@@ -144,8 +178,11 @@ def replies(draw: st.DrawFn) -> Callable[[dns.message.Message], dns.message.Mess
         if kind != "positive":
             if kind == "nxdomain":
                 reply.set_rcode(dns.rcode.NXDOMAIN)
-            reply.authority.append(dns.rrset.from_text(
-                "test.", soa[0], "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {soa[1]}"))
+            reply.authority.append(
+                dns.rrset.from_text(
+                    "test.", soa[0], "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {soa[1]}"
+                )
+            )
             return reply
         for label, zone in chain:
             target = dns.name.from_text(f"{label}.{zone}")
@@ -153,8 +190,10 @@ def replies(draw: st.DrawFn) -> Callable[[dns.message.Message], dns.message.Mess
             owner = target
         if question.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
             kind_text = dns.rdatatype.to_text(question.rdtype)
-            ips = [f"10.{i // 250}.{i % 250}.1" if kind_text == "A" else f"2001:db8::{i + 1:x}"
-                   for i in range(count)]
+            ips = [
+                f"10.{i // 250}.{i % 250}.1" if kind_text == "A" else f"2001:db8::{i + 1:x}"
+                for i in range(count)
+            ]
             reply.answer.append(dns.rrset.from_text(owner, ttl, "IN", kind_text, *ips))
         elif not chain:
             reply.answer.append(dns.rrset.from_text(owner, ttl, "IN", "CNAME", "alias.cdn.test."))
@@ -168,43 +207,84 @@ def replies(draw: st.DrawFn) -> Callable[[dns.message.Message], dns.message.Mess
 
 @st.composite
 def asked(draw: st.DrawFn, name: str) -> dict[str, object]:
-    return {"name": draw(cased(name)), "qid": draw(st.integers(min_value=0, max_value=0xFFFF)),
-            "rd": draw(st.booleans()), "edns": draw(st.booleans()),
-            "payload": draw(st.sampled_from([0, 512, 600, 1232, 4096])), "tcp": draw(st.booleans()),
-            "options": draw(st.sampled_from([(), (dns.edns.GenericOption(PRIVATE_OPTION, b"client"),),
-                                             (dns.edns.GenericOption(dns.edns.OptionType.PADDING, bytes(8)),)])),
-            "flags": draw(st.sampled_from([0, dns.flags.AD, dns.flags.CD]))}
+    return {
+        "name": draw(cased(name)),
+        "qid": draw(st.integers(min_value=0, max_value=0xFFFF)),
+        "rd": draw(st.booleans()),
+        "edns": draw(st.booleans()),
+        "payload": draw(st.sampled_from([0, 512, 600, 1232, 4096])),
+        "tcp": draw(st.booleans()),
+        "options": draw(
+            st.sampled_from(
+                [
+                    (),
+                    (dns.edns.GenericOption(PRIVATE_OPTION, b"client"),),
+                    (dns.edns.GenericOption(dns.edns.OptionType.PADDING, bytes(8)),),
+                ]
+            )
+        ),
+        "flags": draw(st.sampled_from([0, dns.flags.AD, dns.flags.CD])),
+    }
 
 
-@settings(max_examples=EQUIVALENCE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
-@given(data=st.data(), build=replies(),
-       labels=st.lists(LABEL, min_size=1, max_size=4),
-       zone=st.sampled_from(["example.com", "shop.test", "example.com", "blocked.test"]),
-       qtype=st.sampled_from([dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME]),
-       cache_ttl=st.sampled_from([0, 600]), fixed=st.sampled_from([None, None, 30, 0]),
-       asis=st.booleans(), prefer=st.sampled_from([None, 4]),
-       steps=st.lists(st.one_of(st.floats(min_value=0, max_value=20), st.floats(min_value=0, max_value=400)),
-                      min_size=1, max_size=4))
+@settings(
+    max_examples=EQUIVALENCE_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+)
+@given(
+    data=st.data(),
+    build=replies(),
+    labels=st.lists(LABEL, min_size=1, max_size=4),
+    zone=st.sampled_from(["example.com", "shop.test", "example.com", "blocked.test"]),
+    qtype=st.sampled_from([dns.rdatatype.A, dns.rdatatype.AAAA, dns.rdatatype.CNAME]),
+    cache_ttl=st.sampled_from([0, 600]),
+    fixed=st.sampled_from([None, None, 30, 0]),
+    asis=st.booleans(),
+    prefer=st.sampled_from([None, 4]),
+    steps=st.lists(
+        st.one_of(st.floats(min_value=0, max_value=20), st.floats(min_value=0, max_value=400)),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_a_hit_from_bytes_is_the_same_answer_and_the_same_bookkeeping_as_through_dnspython(
-        data, build, labels, zone, qtype, cache_ttl, fixed, asis, prefer, steps):
+    data, build, labels, zone, qtype, cache_ttl, fixed, asis, prefer, steps
+):
     name = ".".join([*labels, zone])
-    dns_spec = DnsSpec(upstreams=UPSTREAMS, request_rules=RULES, request_fallback="asis" if asis else "default",
-                       optimistic_cache_ttl=cache_ttl, ipversion_prefer=prefer,
-                       fixed_domain_ttl=() if fixed is None else ((name, fixed),))
+    dns_spec = DnsSpec(
+        upstreams=UPSTREAMS,
+        request_rules=RULES,
+        request_fallback="asis" if asis else "default",
+        optimistic_cache_ttl=cache_ttl,
+        ipversion_prefer=prefer,
+        fixed_domain_ttl=() if fixed is None else ((name, fixed),),
+    )
     fast, slow, fast_clock, slow_clock = services(dns_spec, build)
     original = INTERCEPTED if asis else None
     taken = 0
 
     async def both(query: dict[str, object]) -> None:
         nonlocal taken
-        raw = make_query(query["name"], qtype, query["qid"], rd=query["rd"], edns=query["edns"],
-                         payload=query["payload"], options=query["options"] if query["edns"] else (),
-                         flags=query["flags"])
+        raw = make_query(
+            query["name"],
+            qtype,
+            query["qid"],
+            rd=query["rd"],
+            edns=query["edns"],
+            payload=query["payload"],
+            options=query["options"] if query["edns"] else (),
+            flags=query["flags"],
+        )
         hits = fast.stats.queries.total()
-        seed = data.draw(st.integers(min_value=0, max_value=2**32))  # dnspython shuffles RRsets: both the same way
+        seed = data.draw(
+            st.integers(min_value=0, max_value=2**32)
+        )  # dnspython shuffles RRsets: both the same way
         random.seed(seed)
-        from_bytes = fast._fast_hit(raw, CLIENT, original, query["tcp"]) if fast.spec.optimistic_cache else None
+        from_bytes = (
+            fast._fast_hit(raw, CLIENT, original, query["tcp"]) if fast.spec.optimistic_cache else None
+        )
         if from_bytes is None:
             from_bytes = await fast.handle(raw, CLIENT, original, tcp=query["tcp"])
         else:
@@ -303,16 +383,22 @@ async def test_the_family_ipversion_prefer_may_empty_takes_the_normal_path():
 
 async def test_rejected_and_destinationless_queries_are_left_to_the_normal_path():
     rules = (DnsRequestRule((DnsCondition("qname", names=(MatchArg("suffix", "ads.test"),)),), "reject"),)
-    fast, _, _, _ = services(DnsSpec(upstreams=UPSTREAMS, request_rules=rules, request_fallback="asis"),
-                             lambda q: address_reply(q, "10.0.0.9"))
+    fast, _, _, _ = services(
+        DnsSpec(upstreams=UPSTREAMS, request_rules=rules, request_fallback="asis"),
+        lambda q: address_reply(q, "10.0.0.9"),
+    )
     await fast.handle(make_query("x.test", dns.rdatatype.A, 1), CLIENT, INTERCEPTED)
     assert fast._fast_hit(make_query("x.test", dns.rdatatype.A, 2), CLIENT, INTERCEPTED, False) is not None
-    assert fast._fast_hit(make_query("x.test", dns.rdatatype.A, 2), CLIENT, None, False) is None  # asis, no destination
+    assert (
+        fast._fast_hit(make_query("x.test", dns.rdatatype.A, 2), CLIENT, None, False) is None
+    )  # asis, no destination
     assert fast._fast_hit(make_query("x.ads.test", dns.rdatatype.A, 2), CLIENT, INTERCEPTED, False) is None
 
 
 async def test_an_expired_entry_is_left_to_the_normal_path_and_counted_once():
-    fast, slow, fast_clock, slow_clock = services(DnsSpec(upstreams=UPSTREAMS), lambda q: address_reply(q, "10.0.0.1"))
+    fast, slow, fast_clock, slow_clock = services(
+        DnsSpec(upstreams=UPSTREAMS), lambda q: address_reply(q, "10.0.0.1")
+    )
     raw = make_query("expire.test", dns.rdatatype.A, 1)
     await alike(fast, slow, raw, from_bytes=False)
     fast_clock.advance(600)
@@ -337,39 +423,73 @@ OPT = b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x00"  # root, OPT, payload 1232
 def test_a_plain_query_is_read_with_its_case_edns_and_limit():
     q = fastwire.read_query(header(qid=9, ar=1) + b"\x03WwW\x07example\x03COM\x00\x00\x1c\x00\x01" + OPT)
     assert q is not None
-    assert (q.id, q.rd, q.qname, q.qtype, q.qclass, q.edns, q.udp_limit) == (9, 0x0100, "www.example.com", 28, 1,
-                                                                           True, 1232)
+    assert (q.id, q.rd, q.qname, q.qtype, q.qclass, q.edns, q.udp_limit) == (
+        9,
+        0x0100,
+        "www.example.com",
+        28,
+        1,
+        True,
+        1232,
+    )
     assert q.name == b"\x03WwW\x07example\x03COM\x00"
     plain = fastwire.read_query(header(flags=0) + QUESTION)
     assert plain is not None and (plain.rd, plain.edns, plain.udp_limit) == (0, False, 512)
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param(header(qd=2) + QUESTION + QUESTION, id="two-questions"),
-    pytest.param(header(qd=0), id="no-question"),
-    pytest.param(header() + b"\xc0\x0c\x00\x01\x00\x01", id="compressed-question"),
-    pytest.param(header(flags=0x1100) + QUESTION, id="opcode-status"),
-    pytest.param(header(flags=0x8100) + QUESTION, id="a-response"),
-    pytest.param(header(flags=0x0300) + QUESTION, id="truncated"),
-    pytest.param(header(an=1) + QUESTION + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x0a\x00\x00\x01",
-                 id="an-answer"),
-    pytest.param(header(ar=2) + QUESTION + OPT + OPT, id="two-additional"),
-    pytest.param(header(ar=1) + QUESTION + b"\x00\x00\x01\x00\x01\x00\x00\x00\x00\x00\x04\x0a\x00\x00\x01",
-                 id="additional-not-opt"),
-    pytest.param(header(ar=1) + QUESTION + b"\x03key\x00\x00\xfa\x00\xff\x00\x00\x00\x00\x00\x00", id="tsig"),
-    pytest.param(header(ar=1) + QUESTION + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x0c\x00\x0a\x00\x08"
-                 + b"\x01" * 8, id="cookie-option"),
-    pytest.param(header(ar=1) + QUESTION + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x05\xfd\xe9\x00\x09\x00",
-                 id="option-overruns"),
-    pytest.param(header() + QUESTION + b"\x00", id="trailing-byte"),
-    pytest.param(header() + QUESTION[:-1], id="short-question"),
-    pytest.param(header() + b"\x03w w\x07example\x03com\x00\x00\x01\x00\x01", id="escaped-octet"),
-    pytest.param(header() + b"\x40" + b"a" * 64 + b"\x00\x00\x01\x00\x01", id="extended-label"),
-    pytest.param(header() + b"\x3f" + b"a" * 63 + b"\x3f" + b"b" * 63 + b"\x3f" + b"c" * 63 + b"\x3f" + b"d" * 63
-                 + b"\x00\x00\x01\x00\x01", id="name-over-255"),
-    pytest.param(b"\x00\x01\x01", id="no-header"),
-    pytest.param(header() + b"\x00\x00\x02\x00\x01", id="the-root"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(header(qd=2) + QUESTION + QUESTION, id="two-questions"),
+        pytest.param(header(qd=0), id="no-question"),
+        pytest.param(header() + b"\xc0\x0c\x00\x01\x00\x01", id="compressed-question"),
+        pytest.param(header(flags=0x1100) + QUESTION, id="opcode-status"),
+        pytest.param(header(flags=0x8100) + QUESTION, id="a-response"),
+        pytest.param(header(flags=0x0300) + QUESTION, id="truncated"),
+        pytest.param(
+            header(an=1) + QUESTION + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x0a\x00\x00\x01",
+            id="an-answer",
+        ),
+        pytest.param(header(ar=2) + QUESTION + OPT + OPT, id="two-additional"),
+        pytest.param(
+            header(ar=1) + QUESTION + b"\x00\x00\x01\x00\x01\x00\x00\x00\x00\x00\x04\x0a\x00\x00\x01",
+            id="additional-not-opt",
+        ),
+        pytest.param(
+            header(ar=1) + QUESTION + b"\x03key\x00\x00\xfa\x00\xff\x00\x00\x00\x00\x00\x00", id="tsig"
+        ),
+        pytest.param(
+            header(ar=1)
+            + QUESTION
+            + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x0c\x00\x0a\x00\x08"
+            + b"\x01" * 8,
+            id="cookie-option",
+        ),
+        pytest.param(
+            header(ar=1) + QUESTION + b"\x00\x00\x29\x04\xd0\x00\x00\x00\x00\x00\x05\xfd\xe9\x00\x09\x00",
+            id="option-overruns",
+        ),
+        pytest.param(header() + QUESTION + b"\x00", id="trailing-byte"),
+        pytest.param(header() + QUESTION[:-1], id="short-question"),
+        pytest.param(header() + b"\x03w w\x07example\x03com\x00\x00\x01\x00\x01", id="escaped-octet"),
+        pytest.param(header() + b"\x40" + b"a" * 64 + b"\x00\x00\x01\x00\x01", id="extended-label"),
+        pytest.param(
+            header()
+            + b"\x3f"
+            + b"a" * 63
+            + b"\x3f"
+            + b"b" * 63
+            + b"\x3f"
+            + b"c" * 63
+            + b"\x3f"
+            + b"d" * 63
+            + b"\x00\x00\x01\x00\x01",
+            id="name-over-255",
+        ),
+        pytest.param(b"\x00\x01\x01", id="no-header"),
+        pytest.param(header() + b"\x00\x00\x02\x00\x01", id="the-root"),
+    ],
+)
 def test_unusual_queries_are_not_read_and_go_the_normal_way(raw):
     assert fastwire.read_query(raw) is None
 
@@ -385,8 +505,11 @@ def agrees_with_dnspython(raw: bytes) -> None:
     parsed = wire.parse_query(raw)
     assert isinstance(parsed, wire.DnsQuery), "dnspython refuses a query read from bytes"
     assert (q.id, q.qname, q.qtype, q.qclass) == (parsed.id, parsed.qname, parsed.qtype, parsed.qclass)
-    assert (q.edns, q.udp_limit, q.rd) == (parsed.message.edns >= 0, parsed.udp_limit,
-                                           parsed.message.flags & dns.flags.RD)
+    assert (q.edns, q.udp_limit, q.rd) == (
+        parsed.message.edns >= 0,
+        parsed.udp_limit,
+        parsed.message.flags & dns.flags.RD,
+    )
     assert dns.message.from_wire(raw).question[0].name.to_wire() == q.name  # the case as written
 
 
@@ -399,11 +522,22 @@ def test_random_bytes_never_raise_out_of_the_query_reader(data):
 
 
 @settings(max_examples=1000, deadline=None)
-@given(st.lists(st.tuples(st.integers(min_value=0, max_value=80), st.integers(min_value=0, max_value=255)),
-                max_size=4), st.booleans())
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=80), st.integers(min_value=0, max_value=255)), max_size=4
+    ),
+    st.booleans(),
+)
 def test_mutated_queries_are_read_as_dnspython_reads_them_or_not_at_all(changes, edns):
-    data = bytearray(make_query("Fuzz.Example", dns.rdatatype.A, 4242, edns=edns,
-                                options=(dns.edns.GenericOption(PRIVATE_OPTION, b"ab"),) if edns else ()))
+    data = bytearray(
+        make_query(
+            "Fuzz.Example",
+            dns.rdatatype.A,
+            4242,
+            edns=edns,
+            options=(dns.edns.GenericOption(PRIVATE_OPTION, b"ab"),) if edns else (),
+        )
+    )
     for at, value in changes:
         data[at % len(data)] = value
     agrees_with_dnspython(bytes(data))
@@ -418,7 +552,7 @@ def test_malformed_replies_are_never_prepared_nor_raise(noise, at):
     reply = address_reply(dns.message.make_query("www.example.com", "A"), "10.0.0.1", "10.0.0.2")
     reply.authority.append(dns.rrset.from_text("example.com.", 60, "IN", "NS", "ns.example.com."))
     data = bytearray(reply.to_wire())
-    data[at % len(data):at % len(data) + len(noise)] = noise
+    data[at % len(data) : at % len(data) + len(noise)] = noise
     fastwire.prepare(bytes(data), "www.example.com")
     fastwire.prepare(noise, "www.example.com")
 
@@ -427,7 +561,7 @@ def test_a_pointer_loop_or_forward_pointer_in_an_owner_is_refused():
     reply = address_reply(dns.message.make_query("a.test", "A"), "10.0.0.1")
     data = bytearray(reply.to_wire())
     answer_owner = data.index(b"\xc0\x0c")
-    data[answer_owner:answer_owner + 2] = struct.pack("!H", 0xC000 | answer_owner)  # points at itself
+    data[answer_owner : answer_owner + 2] = struct.pack("!H", 0xC000 | answer_owner)  # points at itself
     assert fastwire.prepare(bytes(data), "a.test") is None
     assert fastwire.prepare(reply.to_wire(), "a.test") is not None
 
@@ -441,7 +575,9 @@ def test_prepare_finds_every_ttl_but_the_opts_and_the_addresses_to_learn():
     form = fastwire.prepare(reply.to_wire(), "www.shop.test")
     assert form is not None and len(form.ttls) == 4 and form.plain_end < len(form.wire)
     assert sorted((str(ip), names) for ip, names in form.learned) == [  # in the order dnspython shuffled them
-        ("10.0.0.1", ("www.shop.test", "edge.cdn.test")), ("10.0.0.2", ("www.shop.test", "edge.cdn.test"))]
+        ("10.0.0.1", ("www.shop.test", "edge.cdn.test")),
+        ("10.0.0.2", ("www.shop.test", "edge.cdn.test")),
+    ]
     assert len(form.shuffled) == 1 and len(form.shuffled[0][0]) == 2  # the two A records, not the lone AAAA
 
 
@@ -467,7 +603,9 @@ async def test_answer_now_serves_a_hit_without_a_task_and_leaves_a_miss_to_handl
     assert fast.cache.misses == 0 and fast.stats.queries[("default", "cached")] == 0
     await fast.handle(raw, CLIENT, None)
     answer = fast.answer_now(raw, CLIENT, None)
-    assert answer is not None and [rd.address for rd in dns.message.from_wire(answer).answer[0]] == ["10.0.0.9"]
+    assert answer is not None and [rd.address for rd in dns.message.from_wire(answer).answer[0]] == [
+        "10.0.0.9"
+    ]
     assert fast.stats.queries[("default", "cached")] == 1
     fast._in_flight = MAX_QUERIES_IN_FLIGHT  # an overloaded service answers nothing early: handle() refuses
     assert fast.answer_now(raw, CLIENT, None) is None

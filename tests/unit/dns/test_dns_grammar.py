@@ -56,8 +56,10 @@ def dns(request: str = "", response: str = "", head: str = "") -> str:
     if "fallback:" not in request and "default:" not in request:
         request += "            fallback: alidns\n"
     resp = f"        response {{\n{response}        }}\n" if response else ""
-    return (f"dns {{\n{head}{UPSTREAMS}    routing {{\n        request {{\n{request}"
-            f"        }}\n{resp}    }}\n}}\n")
+    return (
+        f"dns {{\n{head}{UPSTREAMS}    routing {{\n        request {{\n{request}"
+        f"        }}\n{resp}    }}\n}}\n"
+    )
 
 
 def qname(*args: tuple[str, str], negated: bool = False) -> DnsCondition:
@@ -125,8 +127,10 @@ def test_dae_docs_dns_example_loads_with_every_rule_as_written(geodata):
     assert d.request_fallback == "asis"
     assert d.response_rules == (
         DnsResponseRule((DnsCondition("upstream", upstreams=("googledns",)),), "accept"),
-        DnsResponseRule((DnsCondition("ip", ips=(MatchArg("geoip", "private"),)),
-                         qname(("geosite", "cn"), negated=True)), "googledns"),
+        DnsResponseRule(
+            (DnsCondition("ip", ips=(MatchArg("geoip", "private"),)), qname(("geosite", "cn"), negated=True)),
+            "googledns",
+        ),
     )
     assert d.response_fallback == "accept"
 
@@ -138,10 +142,14 @@ def test_dae_docs_templates_split_by_request_and_requery_on_a_polluted_response(
     assert spec is not None and not diags
     assert spec.dns.request_rules == (DnsRequestRule((qname(("geosite", "cn")),), "alidns"),)
     assert spec.dns.request_fallback == "googledns"
-    spec, diags = load(dns("            fallback: alidns\n",
-                           "            upstream(googledns) -> accept\n"
-                           "            ip(geoip:private) && !qname(geosite:cn) -> googledns\n"
-                           "            fallback: accept\n"))
+    spec, diags = load(
+        dns(
+            "            fallback: alidns\n",
+            "            upstream(googledns) -> accept\n"
+            "            ip(geoip:private) && !qname(geosite:cn) -> googledns\n"
+            "            fallback: accept\n",
+        )
+    )
     assert spec is not None and not diags
     assert [r.action for r in spec.dns.response_rules] == ["accept", "googledns"]
 
@@ -169,8 +177,10 @@ def test_default_is_dae_s_other_name_for_a_fallback():
         ("qname(ext: geosite.dat:GitHub)", qname(("ext", "geosite.dat:github"))),
         ("!qname(geosite:cn)", qname(("geosite", "cn"), negated=True)),
         ("qtype(A, aaaa, 65, *)", DnsCondition("qtype", qtypes=(A, AAAA, HTTPS, DNS_QTYPE_ANY))),
-        ("sip(192.168.50.0/24, 100.64.0.1)",
-         DnsCondition("sip", ips=(MatchArg("", "192.168.50.0/24"), MatchArg("", "100.64.0.1")))),
+        (
+            "sip(192.168.50.0/24, 100.64.0.1)",
+            DnsCondition("sip", ips=(MatchArg("", "192.168.50.0/24"), MatchArg("", "100.64.0.1"))),
+        ),
         ("sip(geoip: lan)", DnsCondition("sip", ips=(MatchArg("geoip", "lan"),))),
     ],
 )
@@ -186,8 +196,10 @@ def test_every_request_condition_form_is_read_as_routing_reads_its_arguments(con
     ("condition", "expected"),
     [
         ("upstream(alidns, googledns)", DnsCondition("upstream", upstreams=("alidns", "googledns"))),
-        ("ip(192.0.2.0/24, 2001:db8::1)", DnsCondition("ip", ips=(MatchArg("", "192.0.2.0/24"),
-                                                                   MatchArg("", "2001:db8::1")))),
+        (
+            "ip(192.0.2.0/24, 2001:db8::1)",
+            DnsCondition("ip", ips=(MatchArg("", "192.0.2.0/24"), MatchArg("", "2001:db8::1"))),
+        ),
         ("ip(geoip: cn)", DnsCondition("ip", ips=(MatchArg("geoip", "cn"),))),
         ("!ip(geoip:private)", DnsCondition("ip", ips=(MatchArg("geoip", "private"),), negated=True)),
         ("qname(geosite:cn)", qname(("geosite", "cn"))),
@@ -208,22 +220,27 @@ def test_a_rule_continues_over_lines_as_a_routing_rule_does(geodata):
     """The corpus file with 23 errors from one DNS rule laid out over lines (issue 35): '&&' at a
     line's end or head, an argument list left open, '->' on the next line; the rule keeps its
     first line."""
-    spec, diags = load(dns(
-        "            qname(geosite:cn,\n"
-        "                  suffix: example.com) &&\n"
-        "            qtype(a, aaaa)\n"
-        "                -> alidns\n"
-        "            qtype(https)\n"
-        "            && !qname(full: keep.example.com) -> reject\n"
-        "            fallback: googledns\n",
-        "            ip(geoip:private)\n"
-        "                && !qname(geosite:cn)\n"
-        "                -> googledns\n"
-        "            fallback: accept\n"))
+    spec, diags = load(
+        dns(
+            "            qname(geosite:cn,\n"
+            "                  suffix: example.com) &&\n"
+            "            qtype(a, aaaa)\n"
+            "                -> alidns\n"
+            "            qtype(https)\n"
+            "            && !qname(full: keep.example.com) -> reject\n"
+            "            fallback: googledns\n",
+            "            ip(geoip:private)\n"
+            "                && !qname(geosite:cn)\n"
+            "                -> googledns\n"
+            "            fallback: accept\n",
+        )
+    )
     assert spec is not None and not diags, diags
     first, second = spec.dns.request_rules
-    assert first == DnsRequestRule((qname(("geosite", "cn"), ("suffix", "example.com")),
-                                    DnsCondition("qtype", qtypes=(A, AAAA))), "alidns")
+    assert first == DnsRequestRule(
+        (qname(("geosite", "cn"), ("suffix", "example.com")), DnsCondition("qtype", qtypes=(A, AAAA))),
+        "alidns",
+    )
     assert first.loc.line == 8
     assert second.action == "reject" and second.loc.line == 12
     (rule,) = spec.dns.response_rules
@@ -247,28 +264,60 @@ def test_without_ipversion_prefer_both_families_are_answered_as_asked():
 
 def test_ipversion_prefer_refuses_anything_but_4_or_6_at_its_line():
     assert errors(dns("            fallback: alidns\n", head="    ipversion_prefer: 5\n")) == [
-        ("invalid-value", "dns.ipversion_prefer", 2)]
+        ("invalid-value", "dns.ipversion_prefer", 2)
+    ]
 
 
 # --- dae's internal selectors ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    ("sub(my_sub) -> googledns", DnsOwnRule("sub", (DnsOwnCall((MatchArg("tag", "my_sub"),)),), "googledns")),
-    ("sub() -> googledns", DnsOwnRule("sub", (DnsOwnCall(),), "googledns")),
-    ("sub(regex: '^paid', link_keyword: provider) -> alidns",
-     DnsOwnRule("sub", (DnsOwnCall((MatchArg("tag_regex", "^paid"), MatchArg("link_keyword", "provider"))),),
-                "alidns")),
-    ("node(name_keyword: hk) -> googledns",
-     DnsOwnRule("node", (DnsOwnCall((MatchArg("name_keyword", "hk"),)),), "googledns")),
-    ("node(hk-01, name_regex: '^jp') -> googledns",
-     DnsOwnRule("node", (DnsOwnCall((MatchArg("name", "hk-01"), MatchArg("name_regex", "^jp"))),), "googledns")),
-    ("subnode(subtag: my_sub, name_keyword: hk) -> alidns",
-     DnsOwnRule("subnode", (DnsOwnCall((MatchArg("subtag", "my_sub"), MatchArg("name_keyword", "hk"))),), "alidns")),
-    ("subnode(my_sub) && !subnode(regex: 'x$') -> alidns",
-     DnsOwnRule("subnode", (DnsOwnCall((MatchArg("subtag", "my_sub"),)),
-                            DnsOwnCall((MatchArg("subtag_regex", "x$"),), negated=True)), "alidns")),
-])
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (
+            "sub(my_sub) -> googledns",
+            DnsOwnRule("sub", (DnsOwnCall((MatchArg("tag", "my_sub"),)),), "googledns"),
+        ),
+        ("sub() -> googledns", DnsOwnRule("sub", (DnsOwnCall(),), "googledns")),
+        (
+            "sub(regex: '^paid', link_keyword: provider) -> alidns",
+            DnsOwnRule(
+                "sub",
+                (DnsOwnCall((MatchArg("tag_regex", "^paid"), MatchArg("link_keyword", "provider"))),),
+                "alidns",
+            ),
+        ),
+        (
+            "node(name_keyword: hk) -> googledns",
+            DnsOwnRule("node", (DnsOwnCall((MatchArg("name_keyword", "hk"),)),), "googledns"),
+        ),
+        (
+            "node(hk-01, name_regex: '^jp') -> googledns",
+            DnsOwnRule(
+                "node", (DnsOwnCall((MatchArg("name", "hk-01"), MatchArg("name_regex", "^jp"))),), "googledns"
+            ),
+        ),
+        (
+            "subnode(subtag: my_sub, name_keyword: hk) -> alidns",
+            DnsOwnRule(
+                "subnode",
+                (DnsOwnCall((MatchArg("subtag", "my_sub"), MatchArg("name_keyword", "hk"))),),
+                "alidns",
+            ),
+        ),
+        (
+            "subnode(my_sub) && !subnode(regex: 'x$') -> alidns",
+            DnsOwnRule(
+                "subnode",
+                (
+                    DnsOwnCall((MatchArg("subtag", "my_sub"),)),
+                    DnsOwnCall((MatchArg("subtag_regex", "x$"),), negated=True),
+                ),
+                "alidns",
+            ),
+        ),
+    ],
+)
 def test_dae_s_own_lookup_selectors_are_kept_with_their_arguments_keyed_as_dae_keys_them(rule, expected):
     """dae docs/en/configuration/dns.md and example.dae: sub()/node()/subnode() pick the upstream of
     dae's own lookups; component/daedns/router.go names their keys (a bare argument is the tag,
@@ -279,13 +328,16 @@ def test_dae_s_own_lookup_selectors_are_kept_with_their_arguments_keyed_as_dae_k
     assert spec.dns.own_rules[0].loc.line == 8
 
 
-@pytest.mark.parametrize(("rule", "code"), [
-    ("node(subtag: my_sub) -> alidns", "invalid-value"),  # a subnode key
-    ("sub(name: x) -> alidns", "invalid-value"),
-    ("node(name_regex: '(') -> alidns", "invalid-regex"),
-    ("sub(my_sub) && node(hk) -> alidns", "invalid-rule"),
-    ("node(hk) -> asis", "unknown-dns-upstream"),  # plain upstream targets only
-])
+@pytest.mark.parametrize(
+    ("rule", "code"),
+    [
+        ("node(subtag: my_sub) -> alidns", "invalid-value"),  # a subnode key
+        ("sub(name: x) -> alidns", "invalid-value"),
+        ("node(name_regex: '(') -> alidns", "invalid-regex"),
+        ("sub(my_sub) && node(hk) -> alidns", "invalid-rule"),
+        ("node(hk) -> asis", "unknown-dns-upstream"),  # plain upstream targets only
+    ],
+)
 def test_an_own_lookup_selector_dae_would_refuse_is_refused_at_its_line(rule, code):
     assert errors(dns(f"            {rule}\n")) == [(code, "dns.routing.request[0]", 8)]
 
@@ -294,9 +346,11 @@ def test_an_own_lookup_selector_mixed_with_qname_or_naming_no_upstream_is_refuse
     """dae docs/en/configuration/dns.md: they "cannot be mixed with qname/qtype in the same rule"
     and "must target names defined in dns.upstream"."""
     assert errors(dns("            sub(my_sub) && qname(example.com) -> googledns\n")) == [
-        ("invalid-rule", "dns.routing.request[0]", 8)]
+        ("invalid-rule", "dns.routing.request[0]", 8)
+    ]
     assert errors(dns("            node(name_keyword: hk) -> nowhere\n")) == [
-        ("unknown-dns-upstream", "dns.routing.request[0]", 8)]
+        ("unknown-dns-upstream", "dns.routing.request[0]", 8)
+    ]
 
 
 # --- refusals, located --------------------------------------------------------------------------
@@ -309,26 +363,47 @@ def test_an_own_lookup_selector_mixed_with_qname_or_naming_no_upstream_is_refuse
         ("upstream(alidns) -> alidns", "", "invalid-value", "dns.routing.request[0]", 8),
         ("fallback: alidns", "sip(192.0.2.1) -> accept", "invalid-value", "dns.routing.response[0]", 11),
         ("fallback: alidns", "asis", "missing-arrow", "dns.routing.response[0]", 11),
-        ("fallback: alidns", "qname(example.com) -> asis", "unknown-dns-upstream", "dns.routing.response[0]", 11),
-        ("fallback: alidns", "upstream(nowhere) -> accept", "unknown-dns-upstream", "dns.routing.response[0]", 11),
+        (
+            "fallback: alidns",
+            "qname(example.com) -> asis",
+            "unknown-dns-upstream",
+            "dns.routing.response[0]",
+            11,
+        ),
+        (
+            "fallback: alidns",
+            "upstream(nowhere) -> accept",
+            "unknown-dns-upstream",
+            "dns.routing.response[0]",
+            11,
+        ),
         ("fallback: alidns", "ip(not-an-ip) -> accept", "invalid-value", "dns.routing.response[0]", 11),
         ("domain(example.com) -> alidns", "", "unknown-dns-condition", "dns.routing.request[0]", 8),
         ("qname() -> alidns", "", "invalid-value", "dns.routing.request[0]", 8),
         ("qname(geosite: nosuchlist) -> alidns", "", "geodata-unknown-code", "dns.routing.request[0]", 8),
-        ("fallback: alidns", "ip(geoip: nosuchlist) -> accept", "geodata-unknown-code",
-         "dns.routing.response[0]", 11),
+        (
+            "fallback: alidns",
+            "ip(geoip: nosuchlist) -> accept",
+            "geodata-unknown-code",
+            "dns.routing.response[0]",
+            11,
+        ),
     ],
 )
-def test_a_real_mistake_is_refused_with_its_key_path_and_line(request_rule, response_rule, code, path, line,
-                                                               geodata):
-    found = errors(dns(f"            {request_rule}\n", f"            {response_rule}\n" if response_rule else ""))
+def test_a_real_mistake_is_refused_with_its_key_path_and_line(
+    request_rule, response_rule, code, path, line, geodata
+):
+    found = errors(
+        dns(f"            {request_rule}\n", f"            {response_rule}\n" if response_rule else "")
+    )
     assert found == [(code, path, line)]
 
 
 def test_a_geosite_code_without_its_data_file_refuses_the_file(no_geodata):
     """As routing's geodata check does (honk.config.geodata): a rule that would match nothing."""
     assert errors(dns("            qname(geosite:cn) -> alidns\n")) == [
-        ("geodata-missing", "dns.routing.request[0]", 8)]
+        ("geodata-missing", "dns.routing.request[0]", 8)
+    ]
 
 
 def test_an_upstream_may_not_be_named_after_a_response_action():

@@ -33,8 +33,15 @@ class FakeUpstream:
         self.on_answer: dict[str, asyncio.Event] = {}  # type -> an event set when it is answered
         self.asked: list[str] = []
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         question = query.question[0]
         kind = dns.rdatatype.to_text(question.rdtype)
         self.asked.append(kind)

@@ -41,8 +41,10 @@ def dns_spec(*rules: str) -> DnsSpec:
     """A dns section with four upstreams, ``rules`` in its request block and a fallback upstream."""
     upstreams = "".join(f"        {name}: 'udp://192.0.2.{i + 1}:53'\n" for i, name in enumerate(UPSTREAMS))
     body = "".join(f"            {r}\n" for r in rules)
-    text = (f"dns {{\n    upstream {{\n{upstreams}    }}\n    routing {{\n        request {{\n{body}"
-            "            fallback: fallbackdns\n        }\n    }\n}\n")
+    text = (
+        f"dns {{\n    upstream {{\n{upstreams}    }}\n    routing {{\n        request {{\n{body}"
+        "            fallback: fallbackdns\n        }\n    }\n}\n"
+    )
     spec = load_text(text, "dae").dns
     assert spec is not None
     return spec
@@ -65,29 +67,35 @@ def chosen_for_sub(spec: DnsSpec, name: str, url: str = "https://sub.example.tes
 # --- node() ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rule", "name", "expected"), [
-    ("node(hk-01) -> nodedns", "hk-01", "nodedns"),
-    ("node(hk-01) -> nodedns", "hk-011", None),  # a bare name is the whole name
-    ("node(name: hk-01) -> nodedns", "hk-01", "nodedns"),
-    ("node(name_keyword: hk) -> nodedns", "tokyo-hk-2", "nodedns"),
-    ("node(name_keyword: hk) -> nodedns", "tokyo-2", None),
-    ("node(name_regex: '^jp-\\d+$') -> nodedns", "jp-12", "nodedns"),
-    ("node(name_regex: 'jp') -> nodedns", "my-jp-node", "nodedns"),  # a search, as regexp2's MatchString
-    ("node(name_regex: '^jp') -> nodedns", "my-jp-node", None),
-    ("node() -> nodedns", "anything", "nodedns"),
-    ("!node(name_keyword: hk) -> nodedns", "jp-1", "nodedns"),
-    ("!node(name_keyword: hk) -> nodedns", "hk-1", None),
-])
+@pytest.mark.parametrize(
+    ("rule", "name", "expected"),
+    [
+        ("node(hk-01) -> nodedns", "hk-01", "nodedns"),
+        ("node(hk-01) -> nodedns", "hk-011", None),  # a bare name is the whole name
+        ("node(name: hk-01) -> nodedns", "hk-01", "nodedns"),
+        ("node(name_keyword: hk) -> nodedns", "tokyo-hk-2", "nodedns"),
+        ("node(name_keyword: hk) -> nodedns", "tokyo-2", None),
+        ("node(name_regex: '^jp-\\d+$') -> nodedns", "jp-12", "nodedns"),
+        ("node(name_regex: 'jp') -> nodedns", "my-jp-node", "nodedns"),  # a search, as regexp2's MatchString
+        ("node(name_regex: '^jp') -> nodedns", "my-jp-node", None),
+        ("node() -> nodedns", "anything", "nodedns"),
+        ("!node(name_keyword: hk) -> nodedns", "jp-1", "nodedns"),
+        ("!node(name_keyword: hk) -> nodedns", "hk-1", None),
+    ],
+)
 def test_a_node_rule_matches_each_argument_form_as_dae_does(rule, name, expected):
     assert chosen(dns_spec(rule), node(name)) == expected
 
 
-@pytest.mark.parametrize(("rule", "expected"), [
-    ("node(link_keyword: 'edge.example.test') -> nodedns", "nodedns"),
-    ("node(link_keyword: vmess) -> nodedns", None),
-    ("node(link_regex: '^socks5://[^@]+@') -> nodedns", "nodedns"),
-    ("subnode(link_keyword: socks5) -> nodedns", "nodedns"),
-])
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ("node(link_keyword: 'edge.example.test') -> nodedns", "nodedns"),
+        ("node(link_keyword: vmess) -> nodedns", None),
+        ("node(link_regex: '^socks5://[^@]+@') -> nodedns", "nodedns"),
+        ("subnode(link_keyword: socks5) -> nodedns", "nodedns"),
+    ],
+)
 def test_link_keys_test_the_nodes_share_link_as_written(rule, expected):
     n = parse_node_link("socks5://user:pw@edge.example.test:1080#hk-1")
     assert n.link == "socks5://user:pw@edge.example.test:1080#hk-1"
@@ -146,16 +154,19 @@ def test_a_catch_all_subnode_matches_only_nodes_from_a_subscription():
     assert chosen(spec, node("manual-node")) == "nodedns"
 
 
-@pytest.mark.parametrize(("rule", "subscription", "name", "expected"), [
-    ("subnode(my_sub) -> subnodedns", "my_sub", "x", "subnodedns"),
-    ("subnode(subtag: my_sub) -> subnodedns", "other", "x", None),
-    ("subnode(subtag_regex: '^paid') -> subnodedns", "paid-2", "x", "subnodedns"),
-    ("subnode(regex: '^paid') -> subnodedns", "free", "x", None),
-    ("subnode(name_keyword: hk) -> subnodedns", "any", "hk-1", "subnodedns"),
-    ("subnode(name_regex: '^hk') -> subnodedns", "any", "jp-1", None),
-    ("subnode(name: hk-1) -> subnodedns", "any", "hk-1", "subnodedns"),
-    ("!subnode(my_sub) -> subnodedns", "other", "x", "subnodedns"),
-])
+@pytest.mark.parametrize(
+    ("rule", "subscription", "name", "expected"),
+    [
+        ("subnode(my_sub) -> subnodedns", "my_sub", "x", "subnodedns"),
+        ("subnode(subtag: my_sub) -> subnodedns", "other", "x", None),
+        ("subnode(subtag_regex: '^paid') -> subnodedns", "paid-2", "x", "subnodedns"),
+        ("subnode(regex: '^paid') -> subnodedns", "free", "x", None),
+        ("subnode(name_keyword: hk) -> subnodedns", "any", "hk-1", "subnodedns"),
+        ("subnode(name_regex: '^hk') -> subnodedns", "any", "jp-1", None),
+        ("subnode(name: hk-1) -> subnodedns", "any", "hk-1", "subnodedns"),
+        ("!subnode(my_sub) -> subnodedns", "other", "x", "subnodedns"),
+    ],
+)
 def test_a_subnode_rule_matches_each_argument_form_as_dae_does(rule, subscription, name, expected):
     assert chosen(dns_spec(rule), node(name, subscription=subscription)) == expected
 
@@ -172,14 +183,22 @@ def test_a_subscription_node_no_subnode_rule_matches_goes_on_to_the_node_rules()
 # --- sub() ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("rule", "name", "url", "expected"), [
-    ("sub() -> subdns", "any", "https://a.example.test/", "subdns"),
-    ("sub(my_sub) -> subdns", "my_sub", "https://a.example.test/", "subdns"),
-    ("sub(tag: my_sub) -> subdns", "their_sub", "https://a.example.test/", None),
-    ("sub(tag_regex: 'sub$') -> subdns", "their_sub", "https://a.example.test/", "subdns"),
-    ("sub(link_keyword: special-provider) -> subdns", "x", "https://special-provider.example.test/s", "subdns"),
-    ("sub(link_regex: '^https://b\\.') -> subdns", "x", "https://a.example.test/", None),
-])
+@pytest.mark.parametrize(
+    ("rule", "name", "url", "expected"),
+    [
+        ("sub() -> subdns", "any", "https://a.example.test/", "subdns"),
+        ("sub(my_sub) -> subdns", "my_sub", "https://a.example.test/", "subdns"),
+        ("sub(tag: my_sub) -> subdns", "their_sub", "https://a.example.test/", None),
+        ("sub(tag_regex: 'sub$') -> subdns", "their_sub", "https://a.example.test/", "subdns"),
+        (
+            "sub(link_keyword: special-provider) -> subdns",
+            "x",
+            "https://special-provider.example.test/s",
+            "subdns",
+        ),
+        ("sub(link_regex: '^https://b\\.') -> subdns", "x", "https://a.example.test/", None),
+    ],
+)
 def test_a_sub_rule_matches_a_subscription_by_tag_or_url(rule, name, url, expected):
     """router_test.go TestRouterMatchSubscriptionUpstream."""
     assert chosen_for_sub(dns_spec(rule), name, url) == expected
@@ -196,22 +215,34 @@ def test_sub_and_node_rules_each_select_only_their_own_lookups():
 # --- the resolver ---------------------------------------------------------------------------
 
 
-def answer(query: dns.message.Message, *addresses: str, rcode: int = dns.rcode.NOERROR) -> dns.message.Message:
+def answer(
+    query: dns.message.Message, *addresses: str, rcode: int = dns.rcode.NOERROR
+) -> dns.message.Message:
     reply = dns.message.make_response(query)
     reply.set_rcode(rcode)
     question = query.question[0]
-    matching = [a for a in addresses if ipaddress.ip_address(a).version == (6 if question.rdtype == 28 else 4)]
+    matching = [
+        a for a in addresses if ipaddress.ip_address(a).version == (6 if question.rdtype == 28 else 4)
+    ]
     if matching:
-        reply.answer.append(dns.rrset.from_text(question.name, ANSWER_TTL, "IN",
-                                                dns.rdatatype.to_text(question.rdtype), *matching))
+        reply.answer.append(
+            dns.rrset.from_text(
+                question.name, ANSWER_TTL, "IN", dns.rdatatype.to_text(question.rdtype), *matching
+            )
+        )
     return reply
 
 
 class FakeExchanger:
     """Answers each A/AAAA question from ``addresses`` (or ``fail``: raise it; ``hang``: never)."""
 
-    def __init__(self, *addresses: str, fail: Exception | None = None, rcode: int = dns.rcode.NOERROR,
-                 hang: bool = False) -> None:
+    def __init__(
+        self,
+        *addresses: str,
+        fail: Exception | None = None,
+        rcode: int = dns.rcode.NOERROR,
+        hang: bool = False,
+    ) -> None:
         self.addresses = addresses
         self.fail = fail
         self.rcode = rcode
@@ -219,8 +250,15 @@ class FakeExchanger:
         self.asked: list[tuple[Destination, str, str]] = []
         self.both_asked: asyncio.Event | None = None  # set once A and AAAA were both asked
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         question = query.question[0]
         assert wire == query.to_wire() and client is None
         self.asked.append((destination, question.name.to_text(), dns.rdatatype.to_text(question.rdtype)))
@@ -245,8 +283,10 @@ def test_the_resolver_asks_a_and_aaaa_of_the_chosen_upstream_as_the_dns_service_
     addresses = asyncio.run(resolver(exchanger)(SERVER))
     assert addresses == [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("2001:db8::1")]
     destination = Destination("nodedns", "tcp", Address("192.0.2.53", 5353), "proxy-group")
-    assert sorted(exchanger.asked, key=lambda a: a[2]) == [(destination, f"{SERVER}.", "A"),
-                                                           (destination, f"{SERVER}.", "AAAA")]
+    assert sorted(exchanger.asked, key=lambda a: a[2]) == [
+        (destination, f"{SERVER}.", "A"),
+        (destination, f"{SERVER}.", "AAAA"),
+    ]
 
 
 def test_the_resolver_returns_distinct_addresses_in_answer_order_ipv4_first():
@@ -271,12 +311,15 @@ def test_one_family_failing_still_gives_the_other_s_addresses():
     assert asyncio.run(resolver(HalfBroken("127.0.0.1"))(SERVER)) == [ipaddress.ip_address("127.0.0.1")]
 
 
-@pytest.mark.parametrize(("exchanger", "error"), [
-    (FakeExchanger(), ResolveError),  # NOERROR without an address
-    (FakeExchanger(rcode=dns.rcode.NXDOMAIN), ResolveError),
-    (FakeExchanger(fail=ExchangeFailed("dial-connect")), ResolveError),
-    (FakeExchanger(fail=ExchangeFailed("timeout")), ResolveTimeout),
-])
+@pytest.mark.parametrize(
+    ("exchanger", "error"),
+    [
+        (FakeExchanger(), ResolveError),  # NOERROR without an address
+        (FakeExchanger(rcode=dns.rcode.NXDOMAIN), ResolveError),
+        (FakeExchanger(fail=ExchangeFailed("dial-connect")), ResolveError),
+        (FakeExchanger(fail=ExchangeFailed("timeout")), ResolveTimeout),
+    ],
+)
 def test_a_failed_lookup_raises_the_ordinary_resolver_s_errors(exchanger, error):
     with pytest.raises(error) as caught:
         asyncio.run(resolver(exchanger)(SERVER))
@@ -300,8 +343,9 @@ def test_a_lookup_past_its_deadline_on_the_injected_clock_is_a_resolve_timeout()
 def test_a_direct_dial_through_the_resolver_fails_in_the_resolve_phase_as_with_the_system_resolver():
     async def scenario() -> None:
         clock = FakeClock()
-        outbound = DirectOutbound(clock, TIMEOUT, name="hk-01",
-                                  resolver=resolver(FakeExchanger(rcode=dns.rcode.NXDOMAIN), clock))
+        outbound = DirectOutbound(
+            clock, TIMEOUT, name="hk-01", resolver=resolver(FakeExchanger(rcode=dns.rcode.NXDOMAIN), clock)
+        )
         with pytest.raises(DialError) as caught:
             await outbound.connect(Address(SERVER, 1080), clock.now() + TIMEOUT)
         assert caught.value.phase == "resolve" and not isinstance(caught.value, DialTimeout)

@@ -35,8 +35,15 @@ class FakeUpstreams:
         self.answers = answers
         self.asked: list[tuple[str, str]] = []  # (upstream, name)
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         question = query.question[0]
         name = question.name.to_text(omit_final_dot=True)
         self.asked.append((destination.label, name))
@@ -49,9 +56,11 @@ class FakeUpstreams:
 
 
 def dns_spec(routing: str) -> DnsSpec:
-    text = ("dns {\n    upstream {\n        alidns: 'udp://192.0.2.53:53'\n"
-            "        googledns: 'tcp+udp://192.0.2.54:53'\n    }\n"
-            f"    routing {{\n{routing}    }}\n}}\n")
+    text = (
+        "dns {\n    upstream {\n        alidns: 'udp://192.0.2.53:53'\n"
+        "        googledns: 'tcp+udp://192.0.2.54:53'\n    }\n"
+        f"    routing {{\n{routing}    }}\n}}\n"
+    )
     spec = load_text(text, "dae").dns
     assert spec is not None
     return spec
@@ -61,7 +70,9 @@ def service_for(spec: DnsSpec, upstreams: FakeUpstreams) -> DnsService:
     return DnsService(spec, None, FakeClock(), exchanger=upstreams, geo=GeoAssets())  # type: ignore[arg-type]
 
 
-async def ask(service: DnsService, name: str, qtype: str = "A", client: Address = OTHER_CLIENT) -> dns.message.Message:
+async def ask(
+    service: DnsService, name: str, qtype: str = "A", client: Address = OTHER_CLIENT
+) -> dns.message.Message:
     query = dns.message.make_query(name, qtype, use_edns=False)
     reply = await service.handle(query.to_wire(), client, None)
     assert reply is not None
@@ -125,8 +136,10 @@ async def test_an_answer_asked_again_is_cached_for_the_request_rules_choice(geod
 
 async def test_a_rejecting_response_rule_answers_empty_noerror():
     """upstream honk doc/en/reference/dns.md, Response actions: reject returns an empty success."""
-    spec = dns_spec("        request {\n            fallback: alidns\n        }\n"
-                    "        response {\n            ip(10.0.0.0/8) -> reject\n        }\n")
+    spec = dns_spec(
+        "        request {\n            fallback: alidns\n        }\n"
+        "        response {\n            ip(10.0.0.0/8) -> reject\n        }\n"
+    )
     service = service_for(spec, FakeUpstreams({"alidns": polluting, "googledns": honest}))
     reply = await ask(service, "www.example.org")
     assert reply.rcode() == dns.rcode.NOERROR and reply.answer == []
@@ -134,9 +147,11 @@ async def test_a_rejecting_response_rule_answers_empty_noerror():
 
 
 async def test_the_response_fallback_may_send_the_query_to_another_upstream():
-    spec = dns_spec("        request {\n            fallback: alidns\n        }\n"
-                    "        response {\n            upstream(googledns) -> accept\n            fallback: googledns\n"
-                    "        }\n")
+    spec = dns_spec(
+        "        request {\n            fallback: alidns\n        }\n"
+        "        response {\n            upstream(googledns) -> accept\n            fallback: googledns\n"
+        "        }\n"
+    )
     upstreams = FakeUpstreams({"alidns": polluting, "googledns": honest})
     assert addresses(await ask(service_for(spec, upstreams), "a.example.cn")) == [HONEST_V4]
     assert [u for u, _ in upstreams.asked] == ["alidns", "googledns"]
@@ -144,9 +159,11 @@ async def test_the_response_fallback_may_send_the_query_to_another_upstream():
 
 async def test_response_rules_that_never_accept_stop_after_the_lookup_depth_with_servfail():
     """dae's MaxDnsLookupDepth: a rule that always asks again (no upstream(...) -> accept)."""
-    spec = dns_spec("        request {\n            fallback: alidns\n        }\n"
-                    "        response {\n            upstream(alidns) -> googledns\n"
-                    "            upstream(googledns) -> alidns\n        }\n")
+    spec = dns_spec(
+        "        request {\n            fallback: alidns\n        }\n"
+        "        response {\n            upstream(alidns) -> googledns\n"
+        "            upstream(googledns) -> alidns\n        }\n"
+    )
     upstreams = FakeUpstreams({"alidns": honest, "googledns": honest})
     reply = await ask(service_for(spec, upstreams), "loop.example.org")
     assert reply.rcode() == dns.rcode.SERVFAIL
@@ -155,11 +172,14 @@ async def test_response_rules_that_never_accept_stop_after_the_lookup_depth_with
 
 
 async def test_response_rules_match_qtype_and_any_of_the_answers_addresses(geodata):
-    spec = dns_spec("        request {\n            fallback: alidns\n        }\n"
-                    "        response {\n            qtype(aaaa) && ip(geoip:cn) -> reject\n"
-                    "            fallback: accept\n        }\n")
-    both = FakeUpstreams({"alidns": lambda _n: ["203.0.113.1", "2001:db8::1", "2001:db8:cc::1"],
-                          "googledns": honest})
+    spec = dns_spec(
+        "        request {\n            fallback: alidns\n        }\n"
+        "        response {\n            qtype(aaaa) && ip(geoip:cn) -> reject\n"
+        "            fallback: accept\n        }\n"
+    )
+    both = FakeUpstreams(
+        {"alidns": lambda _n: ["203.0.113.1", "2001:db8::1", "2001:db8:cc::1"], "googledns": honest}
+    )
     service = service_for(spec, both)
     assert (await ask(service, "www.example.org", "AAAA")).answer == []  # 2001:db8:cc::/48 is cn
     assert addresses(await ask(service, "www.example.org", "A")) == ["203.0.113.1"]
@@ -168,9 +188,11 @@ async def test_response_rules_match_qtype_and_any_of_the_answers_addresses(geoda
 async def test_request_rules_choose_the_upstream_by_geosite_qname_and_client_source(geodata):
     """dae docs/en/configuration/dns.md, Examples (qname(geosite:...) -> reject / upstream) and
     upstream honk doc/en/reference/dns.md (sip(...) -> upstream)."""
-    spec = dns_spec("        request {\n            qname(geosite:category-ads-all@ads) -> reject\n"
-                    "            qname(geosite:google@cn) -> alidns\n"
-                    "            sip(192.168.50.0/24) -> googledns\n            fallback: alidns\n        }\n")
+    spec = dns_spec(
+        "        request {\n            qname(geosite:category-ads-all@ads) -> reject\n"
+        "            qname(geosite:google@cn) -> alidns\n"
+        "            sip(192.168.50.0/24) -> googledns\n            fallback: alidns\n        }\n"
+    )
     upstreams = FakeUpstreams({"alidns": honest, "googledns": honest})
     service = service_for(spec, upstreams)
     assert (await ask(service, "x.ads.example", client=LAN_CLIENT)).answer == []
@@ -178,22 +200,36 @@ async def test_request_rules_choose_the_upstream_by_geosite_qname_and_client_sou
     await ask(service, "maps.google.example.cn", client=LAN_CLIENT)
     await ask(service, "www.example.org", client=LAN_CLIENT)
     await ask(service, "www.example.net", client=OTHER_CLIENT)
-    assert upstreams.asked == [("googledns", "tracker.example"), ("alidns", "maps.google.example.cn"),
-                               ("googledns", "www.example.org"), ("alidns", "www.example.net")]
+    assert upstreams.asked == [
+        ("googledns", "tracker.example"),
+        ("alidns", "maps.google.example.cn"),
+        ("googledns", "www.example.org"),
+        ("alidns", "www.example.net"),
+    ]
 
 
 async def test_the_service_reads_geodata_through_the_assets_it_is_given(no_geodata, tmp_path):
     """The router's GeoAssets is handed to the DNS service: with no geodata anywhere else, the
     data under its data_dir answers qname(geosite:...)."""
     directory = write_geodata(tmp_path / "data")
-    built = DnsSpec(upstreams=(DnsUpstreamSpec("alidns", "udp", "192.0.2.53"),
-                               DnsUpstreamSpec("googledns", "udp", "192.0.2.54")),
-                    request_rules=(DnsRequestRule((DnsCondition("qname", names=(MatchArg("geosite", "cn"),)),),
-                                                  "googledns"),),
-                    request_fallback="alidns")
+    built = DnsSpec(
+        upstreams=(
+            DnsUpstreamSpec("alidns", "udp", "192.0.2.53"),
+            DnsUpstreamSpec("googledns", "udp", "192.0.2.54"),
+        ),
+        request_rules=(
+            DnsRequestRule((DnsCondition("qname", names=(MatchArg("geosite", "cn"),)),), "googledns"),
+        ),
+        request_fallback="alidns",
+    )
     upstreams = FakeUpstreams({"alidns": honest, "googledns": honest})
-    service = DnsService(built, None, FakeClock(), exchanger=upstreams,  # type: ignore[arg-type]
-                         geo=GeoAssets(str(directory)))
+    service = DnsService(
+        built,
+        None,
+        FakeClock(),
+        exchanger=upstreams,  # type: ignore[arg-type]
+        geo=GeoAssets(str(directory)),
+    )
     await ask(service, "www.example.cn")
     assert upstreams.asked == [("googledns", "www.example.cn")]
 
@@ -221,9 +257,13 @@ async def test_the_dns_reference_case_routes_requests_and_responses_as_written(g
     await ask(service, "www.example.org", client=LAN_CLIENT)  # sip(192.168.50.0/24) -> proxied
     await ask(service, "router.home.example")  # the rule over four lines -> alidns (10.x, then re-asked)
     await ask(service, "plain.example.net")  # default: googledns
-    assert upstreams.asked == [("alidns", "maps.google.example.cn"), ("proxied", "www.example.org"),
-                               ("alidns", "router.home.example"), ("googledns", "router.home.example"),
-                               ("googledns", "plain.example.net")]
+    assert upstreams.asked == [
+        ("alidns", "maps.google.example.cn"),
+        ("proxied", "www.example.org"),
+        ("alidns", "router.home.example"),
+        ("googledns", "router.home.example"),
+        ("googledns", "plain.example.net"),
+    ]
 
 
 @pytest.mark.parametrize("path", CORPUS_DNS, ids=[p.name for p in CORPUS_DNS])
@@ -251,8 +291,10 @@ def test_geodata_only_dns_rules_read_is_stamped_so_a_changed_file_rebuilds_them_
     geosite.dat only qname(geosite:...) reads still makes a changed file rebuild the service."""
     from honk.control.desired import lower
 
-    text = ("dns {\n    routing {\n        request {\n            qname(geosite:cn) -> default\n"
-            "        }\n        response {\n            ip(geoip:cn) -> reject\n        }\n    }\n}\n"
-            "routing {\n    dport(22) -> direct\n}\n")
+    text = (
+        "dns {\n    routing {\n        request {\n            qname(geosite:cn) -> default\n"
+        "        }\n        response {\n            ip(geoip:cn) -> reject\n        }\n    }\n}\n"
+        "routing {\n    dport(22) -> direct\n}\n"
+    )
     stamped = {name for name, *_ in lower(load_text(text, "dae")).route.geodata}
     assert {"geosite.dat", "geoip.dat"} <= stamped

@@ -36,8 +36,15 @@ class FakeExchanger:
         self.calls: list[tuple[Destination, str, bool]] = []
         self.gate: asyncio.Event | None = None  # set: exchanges wait for it
 
-    async def exchange(self, destination: Destination, query: dns.message.Message, wire: bytes,
-                       client: Address | None, *, tcp: bool = False) -> dns.message.Message:
+    async def exchange(
+        self,
+        destination: Destination,
+        query: dns.message.Message,
+        wire: bytes,
+        client: Address | None,
+        *,
+        tcp: bool = False,
+    ) -> dns.message.Message:
         self.calls.append((destination, query.question[0].name.to_text(), tcp))
         if self.gate is not None:
             await self.gate.wait()
@@ -58,27 +65,40 @@ def address_answer(*ips: str, ttl: int = ANSWER_TTL) -> Callable[[Destination, d
         if wanted:
             reply.answer.append(dns.rrset.from_text(q.name, ttl, "IN", kind, *wanted))
         return reply
+
     return answer
 
 
-def negative_answer(rcode: int, soa_ttl: int, minimum: int) -> Callable[[Destination, dns.message.Message], object]:
+def negative_answer(
+    rcode: int, soa_ttl: int, minimum: int
+) -> Callable[[Destination, dns.message.Message], object]:
     def answer(_destination: Destination, query: dns.message.Message) -> dns.message.Message:
         reply = dns.message.make_response(query)
         reply.set_rcode(rcode)
-        reply.authority.append(dns.rrset.from_text(
-            "test.", soa_ttl, "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {minimum}"))
+        reply.authority.append(
+            dns.rrset.from_text(
+                "test.", soa_ttl, "IN", "SOA", f"ns.test. admin.test. 1 3600 600 86400 {minimum}"
+            )
+        )
         return reply
+
     return answer
 
 
 def spec(**overrides: object) -> DnsSpec:
-    base = {"upstreams": (DnsUpstreamSpec("default", "udp", "192.0.2.53"), DnsUpstreamSpec("other", "udp", "192.0.2.54"))}
+    base = {
+        "upstreams": (
+            DnsUpstreamSpec("default", "udp", "192.0.2.53"),
+            DnsUpstreamSpec("other", "udp", "192.0.2.54"),
+        )
+    }
     base.update(overrides)
     return DnsSpec(**base)  # type: ignore[arg-type]
 
 
-def make(dns_spec: DnsSpec | None = None, exchanger: FakeExchanger | None = None,
-         clock: FakeClock | None = None) -> tuple[DnsService, FakeExchanger, FakeClock]:
+def make(
+    dns_spec: DnsSpec | None = None, exchanger: FakeExchanger | None = None, clock: FakeClock | None = None
+) -> tuple[DnsService, FakeExchanger, FakeClock]:
     clock = clock or FakeClock()
     exchanger = exchanger or FakeExchanger()
     return DnsService(dns_spec or spec(), None, clock, exchanger=exchanger), exchanger, clock  # type: ignore[arg-type]
@@ -90,8 +110,15 @@ def query(name: str = "www.example.com", qtype: str = "A", qid: int = 4242, *, e
     return q.to_wire()
 
 
-async def ask(service: DnsService, name: str = "www.example.com", qtype: str = "A", qid: int = 4242, *,
-              original: Address | None = None, tcp: bool = False) -> dns.message.Message:
+async def ask(
+    service: DnsService,
+    name: str = "www.example.com",
+    qtype: str = "A",
+    qid: int = 4242,
+    *,
+    original: Address | None = None,
+    tcp: bool = False,
+) -> dns.message.Message:
     reply = await service.handle(query(name, qtype, qid), Address("192.168.1.10", 5353), original, tcp=tcp)
     assert reply is not None
     return dns.message.from_wire(reply)
@@ -116,7 +143,7 @@ async def test_a_miss_is_answered_with_the_queries_id_and_question_and_the_cache
     assert addresses(reply) == ["10.0.0.1"]
     assert ttls(reply) == {600}  # optimistic_cache_ttl, also on the wire
     assert not reply.flags & dns.flags.AA and reply.flags & dns.flags.RA
-    (destination, _, tcp), = exchanger.calls
+    ((destination, _, tcp),) = exchanger.calls
     assert (destination.label, destination.address, tcp) == ("default", Address("192.0.2.53", 53), False)
 
 
@@ -176,6 +203,7 @@ async def test_servfail_from_upstream_is_passed_on_and_not_cached():
         reply = dns.message.make_response(q)
         reply.set_rcode(dns.rcode.SERVFAIL)
         return reply
+
     service, exchanger, _ = make(exchanger=FakeExchanger(servfail))
     assert (await ask(service)).rcode() == dns.rcode.SERVFAIL
     await ask(service)
@@ -184,7 +212,9 @@ async def test_servfail_from_upstream_is_passed_on_and_not_cached():
 
 async def test_cache_entries_are_kept_apart_by_selected_upstream():
     rules = (DnsRequestRule((DnsCondition("qtype", qtypes=(28,)),), "other"),)
-    service, exchanger, _ = make(spec(request_rules=rules), FakeExchanger(address_answer("10.0.0.1", "2001:db8::1")))
+    service, exchanger, _ = make(
+        spec(request_rules=rules), FakeExchanger(address_answer("10.0.0.1", "2001:db8::1"))
+    )
     await ask(service, qtype="A")
     await ask(service, qtype="AAAA")
     await ask(service, qtype="A")
@@ -228,7 +258,12 @@ async def test_asis_asks_the_intercepted_destination_and_fails_without_one():
 
 
 async def test_a_failed_exchange_is_servfail_and_told_at_info_once_per_streak(caplog):
-    outcomes: list[object] = [ExchangeFailed("timeout"), ExchangeFailed("timeout"), None, ExchangeFailed("refused")]
+    outcomes: list[object] = [
+        ExchangeFailed("timeout"),
+        ExchangeFailed("timeout"),
+        None,
+        ExchangeFailed("refused"),
+    ]
 
     def answer(d: Destination, q: dns.message.Message) -> object:
         outcome = outcomes.pop(0)
@@ -237,11 +272,18 @@ async def test_a_failed_exchange_is_servfail_and_told_at_info_once_per_streak(ca
     service, _, _ = make(spec(optimistic_cache=False), FakeExchanger(answer))
     with caplog.at_level(logging.DEBUG, logger="honk.dns"):
         replies = [await ask(service) for _ in range(4)]
-    assert [r.rcode() for r in replies] == [dns.rcode.SERVFAIL, dns.rcode.SERVFAIL, dns.rcode.NOERROR,
-                                            dns.rcode.SERVFAIL]
+    assert [r.rcode() for r in replies] == [
+        dns.rcode.SERVFAIL,
+        dns.rcode.SERVFAIL,
+        dns.rcode.NOERROR,
+        dns.rcode.SERVFAIL,
+    ]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert [m.split(" upstream=")[0] for m in infos] == ["dns upstream failing", "dns upstream answering again",
-                                                         "dns upstream failing"]
+    assert [m.split(" upstream=")[0] for m in infos] == [
+        "dns upstream failing",
+        "dns upstream answering again",
+        "dns upstream failing",
+    ]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert sum("dns exchange failed" in m and "reason=timeout" in m for m in debug) == 2
 
@@ -271,6 +313,7 @@ async def test_a_cname_chain_teaches_both_the_asked_name_and_the_owner():
         reply.answer.append(dns.rrset.from_text(q.question[0].name, 60, "IN", "CNAME", "edge.cdn.test."))
         reply.answer.append(dns.rrset.from_text("edge.cdn.test.", 60, "IN", "AAAA", "2001:db8::5"))
         return reply
+
     service, _, _ = make(exchanger=FakeExchanger(cname))
     await ask(service, "www.shop.test", "AAAA")
     assert set(service.learning.learned_names("2001:db8::5")) == {"www.shop.test", "edge.cdn.test"}
@@ -285,14 +328,22 @@ async def test_a_rebuilt_service_keeps_learning_and_the_cache_of_unchanged_upstr
     service = service.rebuilt(spec(request_rules=rules))
     await ask(service, "a.test")
     await ask(service, "b.test")
-    changed = spec(request_rules=rules, upstreams=(DnsUpstreamSpec("default", "udp", "192.0.2.53"),
-                                                   DnsUpstreamSpec("other", "tcp", "192.0.2.99")))
+    changed = spec(
+        request_rules=rules,
+        upstreams=(
+            DnsUpstreamSpec("default", "udp", "192.0.2.53"),
+            DnsUpstreamSpec("other", "tcp", "192.0.2.99"),
+        ),
+    )
     rebuilt = service.rebuilt(changed)
     assert rebuilt.learning is service.learning and rebuilt.cache is service.cache
     await ask(rebuilt, "a.test")  # default is unchanged: still cached
     await ask(rebuilt, "b.test")  # other changed: asked again, at its new address
     assert [(c[1], c[0].address.host) for c in exchanger.calls] == [
-        ("a.test.", "192.0.2.53"), ("b.test.", "192.0.2.54"), ("b.test.", "192.0.2.99")]
+        ("a.test.", "192.0.2.53"),
+        ("b.test.", "192.0.2.54"),
+        ("b.test.", "192.0.2.99"),
+    ]
 
 
 async def test_a_rebuilt_service_resizes_the_shared_cache():
@@ -326,7 +377,9 @@ async def test_malformed_queries_get_formerr_notimp_or_are_dropped():
     assert (formerr.id, formerr.rcode()) == (99, dns.rcode.FORMERR)
     two = dns.message.make_query("a.test", "A")
     two.question.append(dns.message.make_query("b.test", "A").question[0])
-    assert dns.message.from_wire(await service.handle(two.to_wire(), client, None)).rcode() == dns.rcode.FORMERR
+    assert (
+        dns.message.from_wire(await service.handle(two.to_wire(), client, None)).rcode() == dns.rcode.FORMERR
+    )
     status = bytearray(query())
     status[2] |= 0x10  # opcode 2 (STATUS)
     notimp = await service.handle(bytes(status), client, None)

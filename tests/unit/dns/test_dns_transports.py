@@ -58,7 +58,10 @@ SMALL_WINDOW = 16  # bytes: a server flow-control window smaller than one query
         ("https://dns.example/dns-query", ("https", "dns.example", 443)),
         ("https://dns.example", ("https", "dns.example", 443)),
         ("https://dns.example:8443/resolve", ("https;path=/resolve", "dns.example", 8443)),
-        ("https://[2001:db8::1]/q?tls_server_name=dns.example", ("https;path=/q;sni=dns.example", "2001:db8::1", 443)),
+        (
+            "https://[2001:db8::1]/q?tls_server_name=dns.example",
+            ("https;path=/q;sni=dns.example", "2001:db8::1", 443),
+        ),
         ("h3://dns.example", ("h3", "dns.example", 443)),
         ("HTTP3://dns.example/dns-query", ("h3", "dns.example", 443)),
         ("quic://dns.example", ("quic", "dns.example", 853)),
@@ -71,7 +74,12 @@ def test_encrypted_upstream_urls_take_their_rfc_default_ports_and_path(uri, expe
 
 
 def test_the_default_ports_are_the_rfcs():
-    assert (endpoint.DOT_PORT, endpoint.DOH_PORT, endpoint.DOQ_PORT, endpoint.DOH_PATH) == (853, 443, 853, "/dns-query")
+    assert (endpoint.DOT_PORT, endpoint.DOH_PORT, endpoint.DOQ_PORT, endpoint.DOH_PATH) == (
+        853,
+        443,
+        853,
+        "/dns-query",
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,11 +115,18 @@ def test_a_malformed_encrypted_upstream_is_refused_at_its_line():
 
 @pytest.mark.parametrize(
     "transport",
-    [endpoint.Transport("udp"), endpoint.Transport("tls", server_name="dns.example"),
-     endpoint.Transport("https", "/q"), endpoint.Transport("h3", "/a/b", "dns.example"), endpoint.Transport("quic")],
+    [
+        endpoint.Transport("udp"),
+        endpoint.Transport("tls", server_name="dns.example"),
+        endpoint.Transport("https", "/q"),
+        endpoint.Transport("h3", "/a/b", "dns.example"),
+        endpoint.Transport("quic"),
+    ],
 )
 def test_a_transport_survives_its_protocol_string(transport):
-    assert endpoint.decode(endpoint.encode(transport.kind, transport.path, transport.server_name)) == transport
+    assert (
+        endpoint.decode(endpoint.encode(transport.kind, transport.path, transport.server_name)) == transport
+    )
 
 
 @pytest.mark.parametrize("protocol", ["doh", "udp;sni=x", "tls;path=/x", "https;path", "https;colour=red"])
@@ -154,9 +169,15 @@ def test_a_doq_query_carries_message_id_zero_after_its_length():
 
 def test_a_doh_request_is_an_rfc_8484_post():
     headers = dict(doh_request_headers("dns.example", "/dns-query", 33))
-    assert headers == {":method": "POST", ":scheme": "https", ":authority": "dns.example", ":path": "/dns-query",
-                       "accept": "application/dns-message", "content-type": "application/dns-message",
-                       "content-length": "33"}
+    assert headers == {
+        ":method": "POST",
+        ":scheme": "https",
+        ":authority": "dns.example",
+        ":path": "/dns-query",
+        "accept": "application/dns-message",
+        "content-type": "application/dns-message",
+        "content-length": "33",
+    }
     assert authority_of("2001:db8::1", 8443, 443) == "[2001:db8::1]:8443"
     assert authority_of("dns.example", 443, 443) == "dns.example"
 
@@ -286,8 +307,10 @@ class RecordingReporter:
         self.settled.append(result.ending)
 
 
-@pytest.mark.parametrize(("end", "expected"), [("server-closes", Result.failure()), ("we-close", Result.neutral()),
-                                               ("answered", Result.success())])
+@pytest.mark.parametrize(
+    ("end", "expected"),
+    [("server-closes", Result.failure()), ("we-close", Result.neutral()), ("answered", Result.success())],
+)
 def test_the_dials_score_reporter_is_settled_once_by_how_the_connection_went(end, expected):
     async def body() -> None:
         reporter = RecordingReporter()
@@ -316,7 +339,9 @@ class H2Server:
     """h2's server state machine fed what the client writes; answers each POST with its body's reply."""
 
     def __init__(self, stream: FakeStream, status: int = 200) -> None:
-        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+        )
         self.h2.initiate_connection()
         self.stream = stream
         self.status = status
@@ -326,7 +351,7 @@ class H2Server:
         self._seen = 0
 
     def pump(self) -> None:
-        data = bytes(self.stream.written[self._seen:])
+        data = bytes(self.stream.written[self._seen :])
         self._seen = len(self.stream.written)
         for event in self.h2.receive_data(data):
             if isinstance(event, h2.events.RequestReceived):
@@ -339,8 +364,10 @@ class H2Server:
                 body = bytes(self._bodies.pop(event.stream_id))
                 self.requests.append((event.stream_id, self._headers.pop(event.stream_id), body))
                 answer = reply_to(body) if self.status == 200 else b""
-                self.h2.send_headers(event.stream_id, [(":status", str(self.status)),
-                                                       ("content-type", "application/dns-message")])
+                self.h2.send_headers(
+                    event.stream_id,
+                    [(":status", str(self.status)), ("content-type", "application/dns-message")],
+                )
                 self.h2.send_data(event.stream_id, answer, end_stream=True)
         out = self.h2.data_to_send()
         if out:
@@ -352,7 +379,9 @@ def test_doh_sends_each_query_on_its_own_stream_with_id_zero_and_restores_the_id
         stream = FakeStream()
         connection = DohConnection(stream, FakeClock(), "dns.example", "/dns-query")  # type: ignore[arg-type]
         server = H2Server(stream)
-        exchanges = [asyncio.ensure_future(connection.exchange(query(f"n{i}.example", 100 + i))) for i in range(5)]
+        exchanges = [
+            asyncio.ensure_future(connection.exchange(query(f"n{i}.example", 100 + i))) for i in range(5)
+        ]
         await settle()
         server.pump()
         replies = await asyncio.gather(*exchanges)
@@ -380,7 +409,7 @@ def test_doh_waits_for_the_servers_flow_control_window_before_sending_the_rest()
             if pending.done():
                 break
         assert struct.unpack_from("!H", await pending)[0] == 9
-        (_, _, sent), = server.requests
+        ((_, _, sent),) = server.requests
         assert len(sent) > SMALL_WINDOW  # it took more than one window
         await connection.aclose()
 
@@ -439,7 +468,9 @@ def test_a_failed_dial_reaches_every_waiter_and_leaves_nothing_pooled():
         async def open_() -> DotConnection:
             raise ExchangeFailed("dial-connect")
 
-        results = await asyncio.gather(*(pool.connection("up", open_) for _ in range(3)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(pool.connection("up", open_) for _ in range(3)), return_exceptions=True
+        )
         assert all(isinstance(r, ExchangeFailed) for r in results)
         assert pool.live("up") is None and pool.dials == 0
 
@@ -503,17 +534,32 @@ class _Node:
 async def test_a_node_whose_udp_association_fails_a_quic_dial_is_told_to_its_health():
     node = _Node(DialError("edge", "connect", "the relay refused the association"))
     with pytest.raises(DialError):
-        await connect_quic(None, FakeClock(), SimpleNamespace(leaf=node, score=None), Address("192.0.2.53", 853),
-                           endpoint.Transport(endpoint.QUIC), "up", 1.0)
+        await connect_quic(
+            None,
+            FakeClock(),
+            SimpleNamespace(leaf=node, score=None),
+            Address("192.0.2.53", 853),
+            endpoint.Transport(endpoint.QUIC),
+            "up",
+            1.0,
+        )
     assert node.runtime.traffic.heard == ["failed/4"]
 
 
 async def test_a_quic_dial_through_a_node_that_hears_nothing_back_counts_against_it():
     clock = FakeClock()
     node = _Node(None)  # the association opens; nothing ever comes back through it
-    dial = asyncio.ensure_future(connect_quic(None, clock, SimpleNamespace(leaf=node, score=None),
-                                              Address("192.0.2.53", 853), endpoint.Transport(endpoint.QUIC), "up",
-                                              QUIC_SILENT_TIMEOUT))
+    dial = asyncio.ensure_future(
+        connect_quic(
+            None,
+            clock,
+            SimpleNamespace(leaf=node, score=None),
+            Address("192.0.2.53", 853),
+            endpoint.Transport(endpoint.QUIC),
+            "up",
+            QUIC_SILENT_TIMEOUT,
+        )
+    )
     for _ in range(SETTLE_TURNS):  # the dial reaches its wait for the handshake
         await asyncio.sleep(0)
     assert not dial.done() and node.runtime.traffic.heard == []

@@ -26,7 +26,8 @@ def test_without_bpf_privileges_the_slots_live_in_memory_and_one_line_says_why(m
         datapath = Datapath.open(["lan0"], pin_dir=str(tmp_path))
     assert (datapath.kind, type(datapath.backend)) == ("memory", MemorySlots)
     assert [r.getMessage() for r in caplog.records] == [
-        "ebpf: in-memory slots only: bpf(2) not permitted (Operation not permitted; needs root or CAP_BPF)"]
+        "ebpf: in-memory slots only: bpf(2) not permitted (Operation not permitted; needs root or CAP_BPF)"
+    ]
 
 
 def test_slots_are_numbered_group_network_family():

@@ -18,7 +18,9 @@ def node(name: str, protocol: str = "socks5") -> NodeSpec:
 
 def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> GroupSpec:
     filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in members)),)),) if members else ()
-    return GroupSpec(name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw)
+    return GroupSpec(
+        name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw
+    )
 
 
 NODES = (node("a"), node("b"), node("h", "http"))  # HTTP CONNECT carries no UDP
@@ -36,12 +38,14 @@ def leaf(name: str) -> Leaf:
 
 
 def test_groups_keep_the_configuration_order_and_reach_leaves_through_nesting_and_finals():
-    layout = layout_of(manager(
-        group("top", subgroups=("mid",), final="direct"),
-        group("mid", "a", subgroups=("leafy",)),
-        group("leafy", "b", "h"),
-        group("solo", "a", final="leafy"),
-    ))
+    layout = layout_of(
+        manager(
+            group("top", subgroups=("mid",), final="direct"),
+            group("mid", "a", subgroups=("leafy",)),
+            group("leafy", "b", "h"),
+            group("solo", "a", final="leafy"),
+        )
+    )
     assert layout.groups == ("top", "mid", "leafy", "solo")
     assert layout.leaves["leafy"] == (leaf("b"), leaf("h"))
     assert layout.leaves["mid"] == (leaf("a"), leaf("b"), leaf("h"))

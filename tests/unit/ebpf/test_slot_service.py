@@ -14,8 +14,9 @@ from honk.core.net import Network
 from honk.ebpf.service import NO_LAN, SlotService
 from honk.ebpf.slots import SlotKey
 
-ROUTING = RoutingSpec(rules=(RuleSpec((Predicate("dip", (MatchArg("", "203.0.113.0/24"),)),), "top"),),
-                      fallback="direct")
+ROUTING = RoutingSpec(
+    rules=(RuleSpec((Predicate("dip", (MatchArg("", "203.0.113.0/24"),)),), "top"),), fallback="direct"
+)
 
 
 class States:

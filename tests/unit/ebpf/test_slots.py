@@ -59,8 +59,9 @@ def test_a_transition_recomputes_every_group_that_reaches_the_leaf():
     states = States()
     states.tcp[(L, Family.V4)] = True
     # P has L as a member; Q reaches L only through its final
-    layout = GroupLayout(("p", "q"), {"p": (leaf("l", L), leaf("a", A)), "q": (leaf("b", B), leaf("l", L))},
-                         {"q": True})
+    layout = GroupLayout(
+        ("p", "q"), {"p": (leaf("l", L), leaf("a", A)), "q": (leaf("b", B), leaf("l", L))}, {"q": True}
+    )
     publisher, backend = published(layout, states)
     assert backend.values[slot(0)] and backend.values[slot(1)]
     states.tcp[(L, Family.V4)] = False
@@ -107,19 +108,26 @@ class FailingAfter(MemorySlots):
 
 def test_a_reload_opens_every_old_and_new_slot_publishes_then_writes_the_exact_snapshot():
     states = States()
-    old = GroupLayout(("a", "b", "c"), {g: (leaf(g, uuid.uuid4()), leaf(g + "2", uuid.uuid4())) for g in "abc"})
+    old = GroupLayout(
+        ("a", "b", "c"), {g: (leaf(g, uuid.uuid4()), leaf(g + "2", uuid.uuid4())) for g in "abc"}
+    )
     backend = FailingAfter()
     publisher = SlotPublisher(backend, states)
     publisher.reload(old, lambda: None)
     assert all(alive is False for key, alive in backend.values.items() if key.network is Network.TCP)
-    new = GroupLayout(("c", "d", "a", "b"), {g: (leaf(g, uuid.uuid4()), leaf(g + "2", uuid.uuid4()))
-                                             for g in "abcd"})
+    new = GroupLayout(
+        ("c", "d", "a", "b"), {g: (leaf(g, uuid.uuid4()), leaf(g + "2", uuid.uuid4())) for g in "abcd"}
+    )
     backend.writes.clear()
     events: list[str] = []
     publisher.reload(new, lambda: events.append(f"published after {len(backend.writes)} writes"))
     opened = 4 * len(Network) * len(Family)
-    assert backend.writes[:opened] == [(SlotKey(o, n, f), True) for o in range(4) for n in (Network.TCP, Network.UDP)
-                                       for f in (Family.V4, Family.V6)]
+    assert backend.writes[:opened] == [
+        (SlotKey(o, n, f), True)
+        for o in range(4)
+        for n in (Network.TCP, Network.UDP)
+        for f in (Family.V4, Family.V6)
+    ]
     assert events == [f"published after {opened} writes"]
     assert all(alive is False for _, alive in backend.writes[opened:])  # reordered: no stale ordinal kept
     # a write that fails part-way leaves what it did not reach open
@@ -146,8 +154,11 @@ def test_a_leaf_counts_in_its_own_health_family_toward_both_family_slots():
     states.tcp[(A, Family.V4)] = True  # A is reached over IPv4 and alive there
     states.tcp[(B, Family.V4)] = True  # B is reached over IPv6: an IPv4 state says nothing about it
     states.udp[(B, Family.V4)] = True
-    layout = GroupLayout(("four", "six"), {"four": (leaf("a", A),), "six": (Leaf("b", B, True, Family.V6),)},
-                         {"four": True, "six": True})  # finals: no sole-leaf exception
+    layout = GroupLayout(
+        ("four", "six"),
+        {"four": (leaf("a", A),), "six": (Leaf("b", B, True, Family.V6),)},
+        {"four": True, "six": True},
+    )  # finals: no sole-leaf exception
     publisher, backend = published(layout, states)
     for family in (Family.V4, Family.V6):
         assert backend.values[slot(0, Network.TCP, family)] is True

@@ -26,7 +26,9 @@ def test_a_hand_encoded_geosite_list_decodes_by_the_v2ray_field_numbers() -> Non
     site = b"\x0a\x02CN" + b"\x12" + bytes([len(domain)]) + domain
     data = b"\x0a" + bytes([len(site)]) + site
     entry = dat.read_geosite(data)["cn"]
-    assert [(d.type, d.value, [a.key for a in d.attribute]) for d in entry.domain] == [(dat.DOMAIN, "a.cn", ["ads"])]
+    assert [(d.type, d.value, [a.key for a in d.attribute]) for d in entry.domain] == [
+        (dat.DOMAIN, "a.cn", ["ads"])
+    ]
 
 
 def test_a_hand_encoded_geoip_list_decodes_by_the_v2ray_field_numbers() -> None:
@@ -36,7 +38,11 @@ def test_a_hand_encoded_geoip_list_decodes_by_the_v2ray_field_numbers() -> None:
     geoip = b"\x0a\x02JP" + b"\x12" + bytes([len(cidr)]) + cidr + b"\x18\x01"
     data = b"\x0a" + bytes([len(geoip)]) + geoip
     entry = dat.read_geoip(data)["jp"]
-    assert (bytes(entry.cidr[0].ip), entry.cidr[0].prefix, entry.reverse_match) == (bytes([192, 0, 2, 0]), 24, True)
+    assert (bytes(entry.cidr[0].ip), entry.cidr[0].prefix, entry.reverse_match) == (
+        bytes([192, 0, 2, 0]),
+        24,
+        True,
+    )
 
 
 def test_a_geosite_code_splits_its_domains_by_how_they_match(no_assets: Path) -> None:
@@ -49,7 +55,8 @@ def test_a_geosite_code_splits_its_domains_by_how_they_match(no_assets: Path) ->
 
 
 def test_codes_and_attributes_compare_case_insensitively_and_every_attribute_must_be_present(
-        no_assets: Path) -> None:
+    no_assets: Path,
+) -> None:
     geo = GeoAssets(str(write_geodata(no_assets / "data")))
     assert geo.domains("Category-Ads-All@ADS").suffixes == ("ads.example",)
     assert geo.domains("category-ads-all@ads").full == ("pixel.cn-shop.example",)
@@ -66,8 +73,14 @@ def test_a_missing_file_names_every_place_searched_in_order(no_assets: Path, mon
         geo.domains("cn")
     assert info.value.code == "geodata-missing"
     searched = str(info.value).split("looked in ", 1)[1].split(", ")
-    assert searched == [str(no_assets / "env"), str(no_assets / "data"), str(no_assets),
-                        str(no_assets / "honk-share"), str(no_assets / "xdg" / "dae"), str(no_assets / "system")]
+    assert searched == [
+        str(no_assets / "env"),
+        str(no_assets / "data"),
+        str(no_assets),
+        str(no_assets / "honk-share"),
+        str(no_assets / "xdg" / "dae"),
+        str(no_assets / "system"),
+    ]
 
 
 def test_the_first_directory_that_holds_the_file_wins(no_assets: Path, monkeypatch) -> None:
@@ -109,7 +122,8 @@ def test_ext_codes_read_a_named_file_in_the_same_directories_or_an_absolute_path
     geo = GeoAssets(str(data))
     assert geo.domains("mysite.dat:games", ext=True).suffixes == ("play.example",)
     assert geo.networks(f"{no_assets / 'abs-ip.dat'}:office", ext=True).networks == (
-        ipaddress.ip_network("192.0.2.0/28"),)
+        ipaddress.ip_network("192.0.2.0/28"),
+    )
     with pytest.raises(GeoDataError) as info:
         geo.domains("no-tag", ext=True)
     assert info.value.code == "geodata-invalid-code"

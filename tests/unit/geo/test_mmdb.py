@@ -64,8 +64,9 @@ def _nets(*cidrs: str) -> set[ipaddress.IPv4Network | ipaddress.IPv6Network]:
 
 @pytest.mark.parametrize("record_size", [24, 28, 32])
 @pytest.mark.parametrize("mode", [maxminddb.MODE_MEMORY, maxminddb.MODE_AUTO])
-def test_the_test_writer_produces_what_the_maxminddb_library_reads(tmp_path: Path, record_size: int,
-                                                                   mode: int) -> None:
+def test_the_test_writer_produces_what_the_maxminddb_library_reads(
+    tmp_path: Path, record_size: int, mode: int
+) -> None:
     path = write_mmdb(tmp_path / "Country.mmdb", record_size=record_size)
     with maxminddb.open_database(str(path), mode) as reader:
         meta = reader.metadata()
@@ -124,7 +125,9 @@ def test_ext_names_a_country_of_an_mmdb_file_in_any_case_or_by_absolute_path(iso
     spec = _spec(data, 'ext:"MyCountries.mmdb:CN"')
     assert _route(spec, "1.0.1.1") == "direct" and _route(spec, "8.8.8.8") == "proxy"
     geo = GeoAssets(str(data))
-    assert set(geo.networks(f"{isolated / 'elsewhere.mmdb'}:jp", ext=True).networks) == _nets("203.0.113.0/24")
+    assert set(geo.networks(f"{isolated / 'elsewhere.mmdb'}:jp", ext=True).networks) == _nets(
+        "203.0.113.0/24"
+    )
     with pytest.raises(GeoDataError, match="not domain lists") as info:
         geo.domains("MyCountries.mmdb:cn", ext=True)
     assert info.value.code == "geodata-invalid-code"
@@ -145,7 +148,9 @@ def test_a_missing_mmdb_is_an_error_naming_every_place_searched(isolated: Path) 
     with pytest.raises(GeoDataError) as info:
         geo.networks("absent.mmdb:cn", ext=True)
     assert info.value.code == "geodata-missing"
-    assert str(info.value).startswith("absent.mmdb not found; looked in ") and str(isolated / "data") in str(info.value)
+    assert str(info.value).startswith("absent.mmdb not found; looked in ") and str(isolated / "data") in str(
+        info.value
+    )
     with pytest.raises(GeoDataError) as info:
         geo.networks("cn")
     assert info.value.code == "geodata-missing"
@@ -161,7 +166,7 @@ def test_an_unreadable_mmdb_is_a_typed_error_naming_the_file(isolated: Path) -> 
     assert info.value.code == "geodata-unreadable" and str(data / "Country.mmdb") in str(info.value)
     whole = mmdb_bytes()
     tree_end = whole.index(bytes(16))  # the search tree, cut short under intact metadata
-    (data / "Country.mmdb").write_bytes(whole[:tree_end // 2] + whole[tree_end:])
+    (data / "Country.mmdb").write_bytes(whole[: tree_end // 2] + whole[tree_end:])
     os.utime(data / "Country.mmdb", ns=(5, 5))
     with pytest.raises(GeoDataError) as info:
         GeoAssets(str(data)).networks("cn")
@@ -173,8 +178,12 @@ def test_an_mmdb_is_read_once_per_content_and_a_code_walked_once(isolated: Path,
     reads: list[int] = []
     walks: list[object] = []
     real_read, real_walk = assets.read_mmdb, mmdb.MmdbCountries._walk
-    monkeypatch.setattr(assets, "read_mmdb", lambda data, name: reads.append(len(data)) or real_read(data, name))
-    monkeypatch.setattr(mmdb.MmdbCountries, "_walk", lambda self, code: walks.append(code) or real_walk(self, code))
+    monkeypatch.setattr(
+        assets, "read_mmdb", lambda data, name: reads.append(len(data)) or real_read(data, name)
+    )
+    monkeypatch.setattr(
+        mmdb.MmdbCountries, "_walk", lambda self, code: walks.append(code) or real_walk(self, code)
+    )
     first = GeoAssets(str(path.parent)).networks("CN")
     assert GeoAssets(str(path.parent)).networks("cn") is first  # honk check, then the router's compile
     GeoAssets(str(path.parent)).networks("jp")
@@ -189,9 +198,24 @@ def test_the_pure_python_and_c_readers_give_the_same_networks_as_their_own_looku
     path = write_mmdb(tmp_path / "Country.mmdb", record_size=28)
     data = path.read_bytes()
     modes = [maxminddb.MODE_MEMORY] + ([maxminddb.MODE_MMAP_EXT] if _has_extension() else [])
-    probes = [ipaddress.ip_address(a) for a in
-              ("1.0.1.1", "1.0.15.255", "1.0.16.0", "36.127.255.255", "8.8.8.8", "45.76.9.9", "133.1.2.3",
-               "9.9.9.9", "240e::1", "240e:fff:ffff::1", "2400:4000::5", "2600::1", "2001:db8::1")]
+    probes = [
+        ipaddress.ip_address(a)
+        for a in (
+            "1.0.1.1",
+            "1.0.15.255",
+            "1.0.16.0",
+            "36.127.255.255",
+            "8.8.8.8",
+            "45.76.9.9",
+            "133.1.2.3",
+            "9.9.9.9",
+            "240e::1",
+            "240e:fff:ffff::1",
+            "2400:4000::5",
+            "2600::1",
+            "2001:db8::1",
+        )
+    ]
     answers = []
     for mode in modes:
         with maxminddb.open_database(str(path), mode) as reader:
@@ -214,7 +238,9 @@ def _has_extension() -> bool:
 
 
 def test_an_ipv4_only_database_answers_ipv4_networks(isolated: Path) -> None:
-    write_mmdb(isolated / "data" / "geoip.mmdb", [(c, "CN") for c in CN_V4] + [("8.8.8.0/24", "US")], ip_version=4)
+    write_mmdb(
+        isolated / "data" / "geoip.mmdb", [(c, "CN") for c in CN_V4] + [("8.8.8.0/24", "US")], ip_version=4
+    )
     assert set(GeoAssets(str(isolated / "data")).networks("cn").networks) == _nets(*CN_V4)
 
 
@@ -239,4 +265,3 @@ def test_a_reload_sees_an_mmdb_appear_or_change(isolated: Path) -> None:
     write_mmdb(path, [("192.0.2.0/24", "CN")])
     os.utime(path, ns=(11, 11))
     assert len({before, appeared, geo.stamp(names)}) == 3
-

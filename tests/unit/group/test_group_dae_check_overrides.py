@@ -18,7 +18,9 @@ from honk.core.clock import FakeClock
 def annotated(name: str, *lines: tuple[str, float], **kw) -> GroupSpec:
     """A URLTest group with one ``filter: name(x) [add_latency: s]`` line per (x, seconds)."""
     filters = tuple(NodeFilter((FilterTerm("name", (MatchArg("", n),)),), offset) for n, offset in lines)
-    return GroupSpec(name, policy=kw.pop("policy", Policy.URLTEST), filters=filters, has_filter_lines=True, **kw)
+    return GroupSpec(
+        name, policy=kw.pop("policy", Policy.URLTEST), filters=filters, has_filter_lines=True, **kw
+    )
 
 
 def test_add_latency_moves_a_member_in_the_ranking():
@@ -73,8 +75,9 @@ def test_add_latency_leaves_other_policies_alone():
 
 def test_add_latency_moves_a_member_ranked_by_its_groups_check_url():
     w = World(annotated("auto", ("a", 0.0), ("b", -0.2), check_url="http://u/"))
-    w.checks.sync_group_check_urls([GroupCheck("auto", Policy.URLTEST, "http://u/",
-                                               lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])])
+    w.checks.sync_group_check_urls(
+        [GroupCheck("auto", Policy.URLTEST, "http://u/", lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])]
+    )
     w.checks.notify("a", "http://u/", 100 * MS)
     w.checks.notify("b", "http://u/", 250 * MS)
     assert w.leaf("auto") == "b"
@@ -85,9 +88,12 @@ def test_add_latency_moves_a_member_ranked_by_its_groups_check_url():
 
 def _checks(clock, *groups: tuple[str, str, float | None]) -> GroupChecks:
     checks = GroupChecks(clock)
-    checks.sync_group_check_urls([
-        GroupCheck(name, Policy.URLTEST, url, lambda: [("m", uuid.UUID(int=1))], interval)
-        for name, url, interval in groups])
+    checks.sync_group_check_urls(
+        [
+            GroupCheck(name, Policy.URLTEST, url, lambda: [("m", uuid.UUID(int=1))], interval)
+            for name, url, interval in groups
+        ]
+    )
     return checks
 
 
@@ -122,8 +128,13 @@ def test_a_dead_pair_on_its_own_interval_is_left_to_the_recovery_schedule():
 def test_the_runners_recovery_tick_queues_a_group_check_due_on_its_own_interval():
     clock = FakeClock()
     checks = _checks(clock, ("slow", "http://u/", 60.0))
-    runner = HealthRunner(AliveDialerSet(clock), prober=None, clock=clock, check_interval=30.0,  # type: ignore[arg-type]
-                          group_checks=checks)
+    runner = HealthRunner(
+        AliveDialerSet(clock),
+        prober=None,
+        clock=clock,
+        check_interval=30.0,  # type: ignore[arg-type]
+        group_checks=checks,
+    )
     assert [j.kind for j in runner.cycle_jobs()] == []
     assert [(j.kind, j.member) for j in runner.recovery_jobs()] == [(JobKind.GROUP_URL, "m")]
     checks.notify("m", "http://u/", 0.05)

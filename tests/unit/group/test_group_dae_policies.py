@@ -51,25 +51,30 @@ def load(text: str) -> tuple[Spec | None, tuple]:
 
 
 def dae_group(policy: str) -> str:
-    return ("node {\n    n1: 'socks5://192.0.2.1:1080'\n}\n"
-            f"group {{\n    g {{\n        filter: name(n1)\n        policy: {policy}\n    }}\n}}\n")  # policy: line 7
+    return (
+        "node {\n    n1: 'socks5://192.0.2.1:1080'\n}\n"
+        f"group {{\n    g {{\n        filter: name(n1)\n        policy: {policy}\n    }}\n}}\n"
+    )  # policy: line 7
 
 
 # --- reading dae's spellings ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "policy", "strategy", "index"), [
-    ("random", Policy.LOADBALANCE, PICK_RANDOM, None),
-    ("min", Policy.URLTEST, RANK_LAST, None),
-    ("min_last_latency", Policy.URLTEST, RANK_LAST, None),
-    ("min_avg10", Policy.URLTEST, RANK_AVG10, None),
-    ("min_moving_avg", Policy.URLTEST, "", None),
-    ("fixed", Policy.SELECTOR, "", None),
-    ("fixed(0)", Policy.SELECTOR, "", None),  # the same as fixed: the first member
-    ("fixed(2)", Policy.SELECTOR, "", 2),
-    ("FIXED( 3 )", Policy.SELECTOR, "", 3),
-    ("roundrobin", Policy.LOADBALANCE, "", None),
-])
+@pytest.mark.parametrize(
+    ("text", "policy", "strategy", "index"),
+    [
+        ("random", Policy.LOADBALANCE, PICK_RANDOM, None),
+        ("min", Policy.URLTEST, RANK_LAST, None),
+        ("min_last_latency", Policy.URLTEST, RANK_LAST, None),
+        ("min_avg10", Policy.URLTEST, RANK_AVG10, None),
+        ("min_moving_avg", Policy.URLTEST, "", None),
+        ("fixed", Policy.SELECTOR, "", None),
+        ("fixed(0)", Policy.SELECTOR, "", None),  # the same as fixed: the first member
+        ("fixed(2)", Policy.SELECTOR, "", 2),
+        ("FIXED( 3 )", Policy.SELECTOR, "", 3),
+        ("roundrobin", Policy.LOADBALANCE, "", None),
+    ],
+)
 def test_each_dae_policy_spelling_reads_as_its_own_behaviour(text, policy, strategy, index):
     spec, diagnostics = load(dae_group(text))
     assert spec is not None, diagnostics
@@ -121,7 +126,11 @@ def test_random_picks_every_alive_member_and_never_a_dead_one():
 
 
 def test_random_draws_from_the_injected_rng_and_its_peek_is_what_serves_next():
-    one, two, other = World(random_group(), seed=1), World(random_group(), seed=1), World(random_group(), seed=2)
+    one, two, other = (
+        World(random_group(), seed=1),
+        World(random_group(), seed=1),
+        World(random_group(), seed=2),
+    )
     first = [one.leaf("r") for _ in range(40)]
     assert first == [two.leaf("r") for _ in range(40)]
     assert first != [other.leaf("r") for _ in range(40)]
@@ -143,10 +152,20 @@ def test_random_with_no_alive_member_fails_closed():
 
 
 def test_fixed_n_takes_the_nth_member():
-    w = World(group("f", "a", "b", "c", fixed_index=2), group("z", "a", "b", "c", fixed_index=0),
-              group("plain", "a", "b", "c"))
+    w = World(
+        group("f", "a", "b", "c", fixed_index=2),
+        group("z", "a", "b", "c", fixed_index=0),
+        group("plain", "a", "b", "c"),
+    )
     assert isinstance(w.manager.policy("f"), Selector)
-    assert [w.leaf(g, net) for g in ("f", "z", "plain") for net in (TCP, UDP)] == ["c", "c", "a", "a", "a", "a"]
+    assert [w.leaf(g, net) for g in ("f", "z", "plain") for net in (TCP, UDP)] == [
+        "c",
+        "c",
+        "a",
+        "a",
+        "a",
+        "a",
+    ]
 
 
 def test_fixed_n_counts_in_the_groups_member_order():
@@ -181,9 +200,11 @@ def test_fixed_n_past_the_last_member_follows_the_final():
 def ranked_world() -> World:
     """a: 1000, nine 100s, 150 (last 150; last ten 105; moving ~126). b: 2000, eight 50s, two
     200s (last 200; last ten 80, all eleven 254; moving ~164)."""
-    w = World(group("mov", "a", "b", policy=Policy.URLTEST),
-              group("last", "a", "b", policy=Policy.URLTEST, strategy=RANK_LAST),
-              group("avg10", "a", "b", policy=Policy.URLTEST, strategy=RANK_AVG10))
+    w = World(
+        group("mov", "a", "b", policy=Policy.URLTEST),
+        group("last", "a", "b", policy=Policy.URLTEST, strategy=RANK_LAST),
+        group("avg10", "a", "b", policy=Policy.URLTEST, strategy=RANK_AVG10),
+    )
     w.samples("a", 1000, *[100] * 9, 150)
     w.samples("b", 2000, *[50] * 8, 200, 200)
     return w
@@ -233,8 +254,9 @@ def test_min_ranks_only_real_probe_samples_not_failures_or_placeholders():
 
 def test_min_avg10_of_a_group_check_url_ranks_by_that_urls_samples():
     w = World(group("g", "a", "b", policy=Policy.URLTEST, strategy=RANK_AVG10, check_url="http://u/"))
-    w.checks.sync_group_check_urls([GroupCheck("g", Policy.URLTEST, "http://u/",
-                                               lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])])
+    w.checks.sync_group_check_urls(
+        [GroupCheck("g", Policy.URLTEST, "http://u/", lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])]
+    )
     w.samples("a", 500)  # the global probe would rank b first
     w.samples("b", 10)
     for ms in (300, 10):

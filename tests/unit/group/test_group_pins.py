@@ -46,8 +46,11 @@ def test_a_fallback_pin_overrides_the_first_eligible_member():
 
 
 def test_pins_are_refused_on_selectors_and_load_balancers_and_for_non_members():
-    w = World(group("sel", "a", "b"), group("lb", "a", "b", policy=Policy.LOADBALANCE),
-              group("auto", "a", "b", policy=Policy.URLTEST))
+    w = World(
+        group("sel", "a", "b"),
+        group("lb", "a", "b", policy=Policy.LOADBALANCE),
+        group("auto", "a", "b", policy=Policy.URLTEST),
+    )
     with pytest.raises(UnknownGroup):
         w.manager.pin("sel", "a")
     with pytest.raises(UnknownGroup):
@@ -60,7 +63,9 @@ def test_pins_are_refused_on_selectors_and_load_balancers_and_for_non_members():
 def test_a_reload_drops_every_pin():
     w = World(group("auto", "a", "b", policy=Policy.URLTEST))
     w.manager.pin("auto", "b")
-    rebuilt = GroupManager.build(w.spec, w.outbounds, health=w.manager.health, clock=w.clock, previous=w.manager)
+    rebuilt = GroupManager.build(
+        w.spec, w.outbounds, health=w.manager.health, clock=w.clock, previous=w.manager
+    )
     assert rebuilt.pinned("auto") == {}
 
 
@@ -69,16 +74,25 @@ def test_an_activation_drops_the_pins_of_unchanged_automatic_groups_and_keeps_se
     builds), but a native pin lives only in the running manager: the replacement has none,
     while a Selector's choice is carried (GH-A-03). The running manager keeps its pins until
     it is replaced (GH-A-02: the replacement is built, not the running one changed)."""
-    w = World(group("sel", "a", "b"), group("auto", "a", "b", policy=Policy.URLTEST),
-              group("fb", "a", "b", policy=Policy.FALLBACK))
+    w = World(
+        group("sel", "a", "b"),
+        group("auto", "a", "b", policy=Policy.URLTEST),
+        group("fb", "a", "b", policy=Policy.FALLBACK),
+    )
     w.sample("a", 10)
     w.sample("b", 300)
     w.manager.select("sel", "b", TCP)
     w.manager.pin("auto", "b")
     w.manager.pin("fb", "b", UDP)
     assert (w.leaf("sel"), w.leaf("auto"), w.leaf("fb", UDP)) == ("b", "b", "b")
-    rebuilt = GroupManager.build(w.spec, w.outbounds, health=w.manager.health, clock=w.clock, previous=w.manager,
-                                 reuse={"sel", "auto", "fb"})
+    rebuilt = GroupManager.build(
+        w.spec,
+        w.outbounds,
+        health=w.manager.health,
+        clock=w.clock,
+        previous=w.manager,
+        reuse={"sel", "auto", "fb"},
+    )
     assert rebuilt.pinned("auto") == {} and rebuilt.pinned("fb") == {}
     assert rebuilt.resolve("auto", TCP).leaf.name == "a" and rebuilt.resolve("auto", UDP).leaf.name == "a"
     assert rebuilt.resolve("fb", UDP).leaf.name == "a"
@@ -88,8 +102,11 @@ def test_an_activation_drops_the_pins_of_unchanged_automatic_groups_and_keeps_se
 
 
 def test_selection_changes_are_reported_for_writes_pins_and_automatic_moves_but_not_for_no_ops():
-    w = World(group("sel", "a", "b"), group("auto", "a", "b", policy=Policy.URLTEST),
-              group("fb", "a", "b", policy=Policy.FALLBACK))
+    w = World(
+        group("sel", "a", "b"),
+        group("auto", "a", "b", policy=Policy.URLTEST),
+        group("fb", "a", "b", policy=Policy.FALLBACK),
+    )
     seen = changes(w.manager)
     w.manager.select("sel", "a")  # the effective choice already (first member): nothing moved
     assert seen == []

@@ -33,14 +33,21 @@ def node(name: str, protocol: str = "socks5") -> NodeSpec:
 
 def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> GroupSpec:
     filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in members)),)),) if members else ()
-    return GroupSpec(name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw)
+    return GroupSpec(
+        name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw
+    )
 
 
 class World:
     """Nodes with real health state, and a manager built over them."""
 
-    def __init__(self, *groups: GroupSpec, nodes=("a", "b", "c"), tcp_only: tuple[str, ...] = (),
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        *groups: GroupSpec,
+        nodes=("a", "b", "c"),
+        tcp_only: tuple[str, ...] = (),
+        rng: random.Random | None = None,
+    ) -> None:
         self.clock = FakeClock()
         self.alive = AliveDialerSet(self.clock, on_emergency=self.emergencies.append)
         self.checks = GroupChecks(self.clock)
@@ -51,8 +58,9 @@ class World:
         for n in specs:
             self.alive.register_node(n.id, n.name)
         self.clock.advance(REGISTRATION_GRACE + 1)
-        self.manager = GroupManager.build(self.spec, self.outbounds, health=HealthFilter(self.alive, self.checks),
-                                          clock=self.clock, rng=rng)
+        self.manager = GroupManager.build(
+            self.spec, self.outbounds, health=HealthFilter(self.alive, self.checks), clock=self.clock, rng=rng
+        )
 
     emergencies: list = []
 
@@ -294,7 +302,9 @@ def test_last_resort_respects_the_selector_choice_path():
 
 
 def test_one_candidate_per_subgroup_and_introspection():
-    w = World(group("p", "c", subgroups=("s",), policy=Policy.URLTEST), group("s", "a", "b", policy=Policy.URLTEST))
+    w = World(
+        group("p", "c", subgroups=("s",), policy=Policy.URLTEST), group("s", "a", "b", policy=Policy.URLTEST)
+    )
     w.sample("a", 50)
     w.sample("b", 10)
     w.sample("c", 30)
@@ -315,8 +325,11 @@ def test_final_semantics_and_chain():
 
 
 def test_no_sibling_is_peeked_when_the_chosen_subgroup_has_no_pick():
-    w = World(group("p", subgroups=("s1", "s2")), group("s1", "a", "b", policy=Policy.LOADBALANCE),
-              group("s2", "c", "b", policy=Policy.LOADBALANCE))
+    w = World(
+        group("p", subgroups=("s1", "s2")),
+        group("s1", "a", "b", policy=Policy.LOADBALANCE),
+        group("s2", "c", "b", policy=Policy.LOADBALANCE),
+    )
     w.manager.select("p", "s1")
     w.kill("a")
     w.kill("b")
@@ -330,10 +343,13 @@ def test_no_sibling_is_peeked_when_the_chosen_subgroup_has_no_pick():
 
 
 def test_group_check_url_excludes_a_member_from_that_group_only():
-    w = World(group("g1", "a", "b", policy=Policy.URLTEST, check_url="http://u/"),
-              group("g2", "a", "b", policy=Policy.URLTEST))
-    w.checks.sync_group_check_urls([GroupCheck("g1", Policy.URLTEST, "http://u/",
-                                               lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])])
+    w = World(
+        group("g1", "a", "b", policy=Policy.URLTEST, check_url="http://u/"),
+        group("g2", "a", "b", policy=Policy.URLTEST),
+    )
+    w.checks.sync_group_check_urls(
+        [GroupCheck("g1", Policy.URLTEST, "http://u/", lambda: [("a", w.ids["a"]), ("b", w.ids["b"])])]
+    )
     for _ in range(3):
         w.checks.notify("a", "http://u/", None)
     assert w.leaf("g1") == "b" and w.leaf("g2") == "a"
@@ -343,8 +359,12 @@ def test_group_check_url_excludes_a_member_from_that_group_only():
 
 
 def test_a_tcp_only_node_never_serves_udp():
-    w = World(group("auto", "v", "a", policy=Policy.URLTEST), group("sel", "v", "a"), nodes=("v", "a"),
-              tcp_only=("v",))
+    w = World(
+        group("auto", "v", "a", policy=Policy.URLTEST),
+        group("sel", "v", "a"),
+        nodes=("v", "a"),
+        tcp_only=("v",),
+    )
     w.sample("v", 10)
     w.sample("a", 90)
     assert w.leaf("auto", TCP) == "v" and w.leaf("auto", UDP) == "a"
@@ -374,8 +394,10 @@ def test_choices_survive_reload_by_node_identity_not_by_name():
 
 
 def test_a_urltest_winner_change_fires_the_interrupt_callback_only_with_interrupt_connections():
-    w = World(group("auto", "a", "b", policy=Policy.URLTEST, interrupt_connections=True),
-              group("quiet", "a", "b", policy=Policy.URLTEST))
+    w = World(
+        group("auto", "a", "b", policy=Policy.URLTEST, interrupt_connections=True),
+        group("quiet", "a", "b", policy=Policy.URLTEST),
+    )
     fired = []
     w.manager.on_interrupt = lambda g, net: fired.append((g, net))
     w.sample("a", 50)
@@ -398,8 +420,9 @@ def test_load_balance_rotation_never_interrupts():
 def test_a_selector_whose_choice_cannot_carry_udp_continues_only_through_its_final():
     """D suggested test 3: with a final the UDP plan is the final; without one it is empty, and the
     UDP-capable sibling is not used."""
-    w = World(group("with", "v", "a", final="b"), group("without", "v", "a"), nodes=("v", "a", "b"),
-              tcp_only=("v",))
+    w = World(
+        group("with", "v", "a", final="b"), group("without", "v", "a"), nodes=("v", "a", "b"), tcp_only=("v",)
+    )
     assert w.manager.resolve("with", UDP).chain == ("with", "b")
     with pytest.raises(NoRoute):
         w.manager.resolve("without", UDP)
@@ -449,17 +472,25 @@ def test_any_usable_udp_measurement_makes_the_plan_single_leaf():
 
 
 def test_a_nested_urltest_is_not_top_level_and_other_policies_prepare_one_leaf():
-    w = World(group("auto", "a", "b", policy=Policy.URLTEST), group("outer", subgroups=("auto",),
-                                                                     policy=Policy.SELECTOR))
+    w = World(
+        group("auto", "a", "b", policy=Policy.URLTEST),
+        group("outer", subgroups=("auto",), policy=Policy.SELECTOR),
+    )
     assert _cold(w, "outer") == []  # the route's target is the Selector: one leaf
     assert _cold(w, "auto") == ["a", "b"]  # (the dispatcher asks only for a route's own target)
-    w2 = World(group("fb", "a", "b", policy=Policy.FALLBACK), group("lb", "a", "b", policy=Policy.LOADBALANCE))
+    w2 = World(
+        group("fb", "a", "b", policy=Policy.FALLBACK), group("lb", "a", "b", policy=Policy.LOADBALANCE)
+    )
     assert _cold(w2, "fb") == [] and _cold(w2, "lb") == [] and _cold(w2, "a") == []
 
 
 def test_the_cold_plan_leaves_out_dead_udp_less_and_duplicate_leaves():
-    w = World(group("auto", "a", "b", "c", "h", subgroups=("inner",), policy=Policy.URLTEST),
-              group("inner", "a", policy=Policy.SELECTOR), nodes=("a", "b", "c", "h"), tcp_only=("h",))
+    w = World(
+        group("auto", "a", "b", "c", "h", subgroups=("inner",), policy=Policy.URLTEST),
+        group("inner", "a", policy=Policy.SELECTOR),
+        nodes=("a", "b", "c", "h"),
+        tcp_only=("h",),
+    )
     assert _cold(w) == ["a", "b", "c"]  # inner serves a, listed already: one attempt per leaf
     w.kill("b", Domain.DATA_UDP)
     assert _cold(w) == ["a", "c"]  # b cannot carry UDP now; h (HTTP CONNECT) never can

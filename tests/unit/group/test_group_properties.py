@@ -111,16 +111,43 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         subgroups = draw(st.lists(st.sampled_from(group_names + [GHOST]), max_size=4))
         final = draw(st.one_of(st.none(), st.sampled_from(group_names + leaf_members + [MISSING])))
         default = draw(st.one_of(st.none(), st.sampled_from(members + subgroups + [MISSING])))
-        groups.append(GroupPlan(name, draw(st.sampled_from(POLICIES)), tuple(members), tuple(subgroups),
-                                final, default, draw(st.sampled_from((0.0, 0.010, 0.050)))))
+        groups.append(
+            GroupPlan(
+                name,
+                draw(st.sampled_from(POLICIES)),
+                tuple(members),
+                tuple(subgroups),
+                final,
+                default,
+                draw(st.sampled_from((0.0, 0.010, 0.050))),
+            )
+        )
     some_nodes = st.frozensets(st.sampled_from(node_names))
-    samples = draw(st.lists(st.tuples(st.sampled_from(node_names),
-                                      st.sampled_from((Domain.TCP, Domain.DNS_UDP, Domain.DATA_UDP)),
-                                      st.integers(1, 400)), max_size=12))
-    choices = draw(st.lists(st.tuples(st.sampled_from(group_names), st.sampled_from((TCP, UDP)),
-                                      st.integers(0, 15)), max_size=6))
-    return Scenario(nodes, tuple(groups), tuple(samples), draw(some_nodes), draw(some_nodes), draw(some_nodes),
-                    tuple(choices))
+    samples = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(node_names),
+                st.sampled_from((Domain.TCP, Domain.DNS_UDP, Domain.DATA_UDP)),
+                st.integers(1, 400),
+            ),
+            max_size=12,
+        )
+    )
+    choices = draw(
+        st.lists(
+            st.tuples(st.sampled_from(group_names), st.sampled_from((TCP, UDP)), st.integers(0, 15)),
+            max_size=6,
+        )
+    )
+    return Scenario(
+        nodes,
+        tuple(groups),
+        tuple(samples),
+        draw(some_nodes),
+        draw(some_nodes),
+        draw(some_nodes),
+        tuple(choices),
+    )
 
 
 def _name_filter(names: tuple[str, ...]) -> tuple[NodeFilter, ...]:
@@ -134,11 +161,23 @@ class World:
         self.scenario = scenario
         self.clock = FakeClock()
         self.alive = AliveDialerSet(self.clock)
-        nodes = tuple(with_node_id(NodeSpec(name, protocol, "127.0.0.1", 21000 + i))
-                      for i, (name, protocol) in enumerate(scenario.nodes))
-        groups = tuple(GroupSpec(g.name, policy=g.policy, filters=_name_filter(g.nodes), subgroups=g.subgroups,
-                                 has_filter_lines=True, final=g.final, default=g.default, tolerance=g.tolerance)
-                       for g in scenario.groups)
+        nodes = tuple(
+            with_node_id(NodeSpec(name, protocol, "127.0.0.1", 21000 + i))
+            for i, (name, protocol) in enumerate(scenario.nodes)
+        )
+        groups = tuple(
+            GroupSpec(
+                g.name,
+                policy=g.policy,
+                filters=_name_filter(g.nodes),
+                subgroups=g.subgroups,
+                has_filter_lines=True,
+                final=g.final,
+                default=g.default,
+                tolerance=g.tolerance,
+            )
+            for g in scenario.groups
+        )
         self.spec = Spec(nodes=nodes, groups=groups)
         self.outbounds = build_outbounds(self.spec, self.clock)[0]
         self.ids = {n.name: n.id for n in nodes}
@@ -162,7 +201,9 @@ class World:
 
     def manager(self) -> tuple[GroupManager, dict[tuple[str, Network], str]]:
         """A fresh manager with the scenario's Selector choices applied; the choices by (group, network)."""
-        manager = GroupManager.build(self.spec, self.outbounds, health=HealthFilter(self.alive), clock=self.clock)
+        manager = GroupManager.build(
+            self.spec, self.outbounds, health=HealthFilter(self.alive), clock=self.clock
+        )
         chosen: dict[tuple[str, Network], str] = {}
         for group, network, index in self.scenario.choices:
             members = manager.members(group)
@@ -195,7 +236,9 @@ def bounded(seconds: float, what: str):
         left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
         if previous_delay:
-            signal.setitimer(signal.ITIMER_REAL, max(previous_delay - (seconds - left), 0.001), previous_interval)
+            signal.setitimer(
+                signal.ITIMER_REAL, max(previous_delay - (seconds - left), 0.001), previous_interval
+            )
 
 
 def outcome(manager: GroupManager, name: str, network: Network, peek: bool = False) -> Selection | None:
@@ -211,8 +254,9 @@ def summary(selection: Selection | None) -> tuple[str, tuple[str, ...]] | None:
     return None if selection is None else (selection.leaf.name, selection.chain)
 
 
-def effective_choice(manager: GroupManager, chosen: dict[tuple[str, Network], str], plan: GroupPlan,
-                     network: Network) -> str | None:
+def effective_choice(
+    manager: GroupManager, chosen: dict[tuple[str, Network], str], plan: GroupPlan, network: Network
+) -> str | None:
     """What a Selector serves before health: the runtime choice, else a default that is still a
     member, else the first member (computed from the scenario, not read from the policy)."""
     members = manager.members(plan.name)
@@ -223,8 +267,14 @@ def effective_choice(manager: GroupManager, chosen: dict[tuple[str, Network], st
     return members[0] if members else None
 
 
-def check_selection(world: World, manager: GroupManager, chosen: dict[tuple[str, Network], str], name: str,
-                    network: Network, selection: Selection | None) -> None:
+def check_selection(
+    world: World,
+    manager: GroupManager,
+    chosen: dict[tuple[str, Network], str],
+    name: str,
+    network: Network,
+    selection: Selection | None,
+) -> None:
     if selection is None:
         return  # a refusal is always an allowed answer
     s = world.scenario
@@ -278,7 +328,9 @@ def test_peeking_twice_before_each_resolution_changes_no_later_result(scenario):
                 second = summary(outcome(peeking, name, network, peek=True))
                 assert first == second, f"a peek at {name}/{network.value} moved the next peek"
                 applied = summary(outcome(peeking, name, network))
-                assert applied == summary(outcome(fresh, name, network)), f"peeks changed {name}/{network.value}"
+                assert applied == summary(outcome(fresh, name, network)), (
+                    f"peeks changed {name}/{network.value}"
+                )
 
 
 def remembered(policy: object, network: Network) -> str | None:
@@ -299,7 +351,12 @@ def remembered(policy: object, network: Network) -> str | None:
 FINAL_NAMES_A_MEMBER = Scenario(
     nodes=(("n0", "socks5"),),
     groups=(GroupPlan("g0", Policy.URLTEST, ("n0",), (), "n0", None, 0.0),),
-    samples=(), tcp_dead=frozenset(), udp_dead=frozenset({"n0"}), demoted=frozenset(), choices=())
+    samples=(),
+    tcp_dead=frozenset(),
+    udp_dead=frozenset({"n0"}),
+    demoted=frozenset(),
+    choices=(),
+)
 
 
 @PROPERTY
@@ -312,8 +369,11 @@ def test_a_policy_moves_its_memory_only_to_an_eligible_leaf_member_never_through
     for _ in range(2):
         for name in scenario.group_names:
             for network in (TCP, UDP):
-                before = {(g, net): remembered(manager.policy(g), net)
-                          for g in scenario.group_names for net in (TCP, UDP)}
+                before = {
+                    (g, net): remembered(manager.policy(g), net)
+                    for g in scenario.group_names
+                    for net in (TCP, UDP)
+                }
                 served = summary(outcome(manager, name, network))
                 for (group, net), old in before.items():
                     new = remembered(manager.policy(group), net)
@@ -321,7 +381,8 @@ def test_a_policy_moves_its_memory_only_to_an_eligible_leaf_member_never_through
                         continue  # a sub-group member's eligibility depends on the walk's context
                     assert net is network, f"resolving {name}/{network.value} moved {group}/{net.value}"
                     assert health.eligible(world.outbounds[new], net, group, new), (
-                        f"{group} now remembers {new}, not {net.value}-eligible; served {served}")
+                        f"{group} now remembers {new}, not {net.value}-eligible; served {served}"
+                    )
 
 
 @PROPERTY
@@ -332,7 +393,8 @@ def test_cycle_cutting_keeps_only_configured_edges_and_leaves_no_nesting_cycle(s
     for name in scenario.group_names:
         assert set(manager.members(name)) <= scenario.member_edges(name)
         assert {n for n in manager.members(name) if n not in scenario.group_names} == set(
-            scenario.plan(name).nodes)  # only nested edges are ever cut
+            scenario.plan(name).nodes
+        )  # only nested edges are ever cut
     state: dict[str, str] = {}
 
     def visit(name: str) -> None:
@@ -367,8 +429,12 @@ def test_load_balance_serves_each_eligible_member_equally_often_in_three_k_tcp_p
     scenario = Scenario(
         nodes=tuple((f"n{i}", "socks5") for i in range(count)),
         groups=(GroupPlan("lb", Policy.LOADBALANCE, tuple(f"n{i}" for i in members), (), None, None, 0.0),),
-        samples=(), tcp_dead=frozenset(f"n{i}" for i in dead), udp_dead=frozenset(), demoted=frozenset(),
-        choices=())
+        samples=(),
+        tcp_dead=frozenset(f"n{i}" for i in dead),
+        udp_dead=frozenset(),
+        demoted=frozenset(),
+        choices=(),
+    )
     manager, _ = World(scenario).manager()
     eligible = {f"n{i}" for i in members if i not in dead}
     for _ in range(warmup):

@@ -45,7 +45,9 @@ def node(name: str) -> NodeSpec:
 
 def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> GroupSpec:
     filters = (NodeFilter((FilterTerm("name", tuple(MatchArg("", n) for n in members)),)),) if members else ()
-    return GroupSpec(name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw)
+    return GroupSpec(
+        name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw
+    )
 
 
 def score(name: str, *members: str, **kw) -> GroupSpec:
@@ -69,8 +71,14 @@ class World:
     def build(self, groups, previous: GroupManager | None, nodes=None) -> GroupManager:
         self.spec = Spec(nodes=tuple(self.nodes[n] for n in (nodes or self.nodes)), groups=tuple(groups))
         self.outbounds = build_outbounds(self.spec, self.clock)[0]
-        return GroupManager.build(self.spec, self.outbounds, health=self.health, clock=self.clock,
-                                  previous=previous, score_ranking=True)
+        return GroupManager.build(
+            self.spec,
+            self.outbounds,
+            health=self.health,
+            clock=self.clock,
+            previous=previous,
+            score_ranking=True,
+        )
 
     def leaf(self, name: str, target: ScoreTarget | None = None, destination=None) -> str:
         return self.manager.resolve(name, TCP, target=target, destination=destination).leaf.name
@@ -79,9 +87,13 @@ class World:
         for _ in range(KILL_FAILURES):
             self.alive.notify_check_failure(self.ids[n], Domain.TCP, V4)
 
-    def record(self, grp: str, n: str, target: ScoreTarget | None, destination, outcome: Outcome, count: int) -> None:
+    def record(
+        self, grp: str, n: str, target: ScoreTarget | None, destination, outcome: Outcome, count: int
+    ) -> None:
         for _ in range(count):
-            self.manager.score.evidence.record(grp, TCP, target, self.ids[n], outcome, self.clock.now(), destination)
+            self.manager.score.evidence.record(
+                grp, TCP, target, self.ids[n], outcome, self.clock.now(), destination
+            )
 
 
 def test_score_group_is_a_score_policy_sharing_the_manager_state():
@@ -142,7 +154,9 @@ def test_a_nested_score_group_resolves_through_its_own_pick():
 
 
 def test_a_score_group_over_a_sub_group_keeps_its_members_list_while_every_member_reads_the_same():
-    w = World(score("inner", "a", "b"), score("top", "c", "d", subgroups=("inner",)), nodes=("a", "b", "c", "d"))
+    w = World(
+        score("inner", "a", "b"), score("top", "c", "d", subgroups=("inner",)), nodes=("a", "b", "c", "d")
+    )
     lists: list[list[Member]] = []
     rank = w.manager.score.rank
 
@@ -184,7 +198,10 @@ def test_a_prepared_reload_that_is_never_committed_prunes_nothing():
     w = World(score("auto", "a", "b", "c"))
     w.record("auto", "c", TARGET_X, DEST_X, Outcome.USEFUL, GOOD)
     w.build([score("auto", "a", "b")], previous=w.manager, nodes=("a", "b"))  # prepared, then abandoned
-    assert all(cell is not None for cell in w.manager.score.evidence.layers("auto", TCP, TARGET_X, w.ids["c"], DEST_X))
+    assert all(
+        cell is not None
+        for cell in w.manager.score.evidence.layers("auto", TCP, TARGET_X, w.ids["c"], DEST_X)
+    )
     assert w.manager.score.evidence.is_member("auto", w.ids["c"])
 
 
@@ -282,8 +299,12 @@ def test_clash_now_follows_new_flows_at_once_when_the_incumbent_fails_and_a_peek
     assert group_now(w.manager, "auto") == "b"
     assert w.manager.selection_chain("auto") == ("auto", "b")
     assert w.manager.resolve("auto", TCP, peek=True).leaf.name == "b"
-    assert w.manager.score.rank("auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(),
-                                peek=True).winner.name == "b"
+    assert (
+        w.manager.score.rank(
+            "auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(), peek=True
+        ).winner.name
+        == "b"
+    )
     assert w.manager.score.stats() == before  # peeks change no Score state
     assert {key: (s.spent, s.earned, set(s.tried)) for key, s in w.manager.score.scopes.items()} == scopes
     assert w.manager.score.served("auto", TCP) == w.ids["b"]
@@ -305,10 +326,15 @@ def test_a_setup_retry_is_what_the_group_serves_now():
 
 
 def test_a_warm_up_setup_sample_reaches_every_score_group_of_the_node_as_targetless_setup_quality_only():
-    w = World(score("auto", "a", "b"), score("other", "b", "c", final="a"),
-              group("plain", "a", "b", policy=Policy.URLTEST))
+    w = World(
+        score("auto", "a", "b"),
+        score("other", "b", "c", final="a"),
+        group("plain", "a", "b", policy=Policy.URLTEST),
+    )
     now = w.clock.now()
-    assert w.manager.observe_warm_setup(w.outbounds["a"], TCP, 0.020, now) == 2  # auto, and other by its final
+    assert (
+        w.manager.observe_warm_setup(w.outbounds["a"], TCP, 0.020, now) == 2
+    )  # auto, and other by its final
     assert w.manager.observe_warm_setup(w.outbounds["b"], TCP, 0.200, now) == 2
     assert w.manager.observe_warm_setup(w.outbounds["direct"], TCP, 0.001, now) == 0  # no node, no sample
     heuristic = w.manager.score.performance
@@ -321,7 +347,10 @@ def test_a_warm_up_setup_sample_reaches_every_score_group_of_the_node_as_targetl
     assert evidence.aggregate_entries == 0 and evidence.exact_entries == 0
     assert w.manager.score.stats()["groups"] == []
     cell = AggregateKey("auto", TCP, None, w.ids["a"])
-    assert w.manager.score.cohorts.reporters(cell, now) == 0 and w.manager.score.cohorts.open_episode(cell) is None
+    assert (
+        w.manager.score.cohorts.reporters(cell, now) == 0
+        and w.manager.score.cohorts.open_episode(cell) is None
+    )
 
 
 def _members(w: World, *names: str) -> list[Member]:
@@ -389,5 +418,7 @@ def test_clash_now_keeps_the_served_member_while_targetless_evidence_prefers_one
     _fail_after_setup(w, served, TARGET_X, DEST_X)
     assert w.leaf("auto", TARGET_X, DEST_X) == "b"
     w.record("auto", "a", None, None, Outcome.USEFUL, 50 * GOOD)  # a shines on targetless evidence
-    ranked = w.manager.score.rank("auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(), peek=True)
+    ranked = w.manager.score.rank(
+        "auto", TCP, None, None, _members(w, "a", "b", "c"), w.clock.now(), peek=True
+    )
     assert w.leaf("auto", TARGET_X, DEST_X) == "b" == group_now(w.manager, "auto") == ranked.winner.name

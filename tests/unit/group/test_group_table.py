@@ -256,6 +256,8 @@ def test_group_identity_survives_reorder_and_delete_and_a_rename_is_a_new_group(
     assert "b" not in new
     renamed = table(group("a2", "a"), previous=new)
     assert renamed.identity_of("a2").uid != ids["a"].uid
-    carried = dataclasses.replace(group("a3", "a"), id=ids["a"].uid)  # a programmatic rename carrying a's UUID
+    carried = dataclasses.replace(
+        group("a3", "a"), id=ids["a"].uid
+    )  # a programmatic rename carrying a's UUID
     again = table(carried, group("a", "a"), previous=new)
     assert again.identity_of("a3").uid != ids["a"].uid and again.identity_of("a") == ids["a"]

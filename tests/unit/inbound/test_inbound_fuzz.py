@@ -21,8 +21,12 @@ from honk.proto.socks5 import (
 TYPED = (ClientProtocolError, ClientGone, AuthenticationFailed)
 
 # Chunks that start like real handshakes often, so the fuzzer gets past the first byte.
-_socks_prefixes = st.sampled_from([b"", b"\x05", b"\x05\x01\x00", b"\x05\x01\x02\x01\x03bob\x02pw\x05\x01\x00"])
-_http_prefixes = st.sampled_from([b"", b"GET http://a.test/ HTTP/1.1\r\n", b"CONNECT a.test:443 HTTP/1.1\r\n"])
+_socks_prefixes = st.sampled_from(
+    [b"", b"\x05", b"\x05\x01\x00", b"\x05\x01\x02\x01\x03bob\x02pw\x05\x01\x00"]
+)
+_http_prefixes = st.sampled_from(
+    [b"", b"GET http://a.test/ HTTP/1.1\r\n", b"CONNECT a.test:443 HTTP/1.1\r\n"]
+)
 # Data chunks are never empty: to these codecs b"" is EOF, which the ``eof`` flag sends last.
 _chunks = st.lists(st.binary(min_size=1, max_size=300), max_size=8)
 

@@ -80,7 +80,9 @@ async def test_full_carriers_of_one_node_open_more_than_two_bounded_only_by_the_
     clock = FakeClock()
     pool, opener = MuxPool("node", clock), Opener()
     try:
-        streams = [await pool.open_stream(opener, TARGET, clock.now() + LATER) for _ in range(GATE * PER_CARRIER)]
+        streams = [
+            await pool.open_stream(opener, TARGET, clock.now() + LATER) for _ in range(GATE * PER_CARRIER)
+        ]
         assert pool.carrier_count == len(opener.opened) == GATE > 2  # every carrier full, none refused
         assert gate.carriers_in_use == GATE and len({s.carrier for s in streams}) == GATE
 

@@ -87,8 +87,14 @@ async def _sent(pool: MuxPool, *targets: Address) -> tuple[MuxDatagramEndpoint, 
 
 
 def _endpoint(pool: MuxPool, opener: Opener, got: list, lost: list) -> MuxDatagramEndpoint:
-    return MuxDatagramEndpoint("node", pool, opener, lambda: pool.clock.now() + 10.0,
-                               lambda data, source: got.append((data, source)), lost.append)
+    return MuxDatagramEndpoint(
+        "node",
+        pool,
+        opener,
+        lambda: pool.clock.now() + 10.0,
+        lambda data, source: got.append((data, source)),
+        lost.append,
+    )
 
 
 async def _turns(n: int = 5) -> None:
@@ -116,7 +122,8 @@ async def test_datagrams_sent_before_the_carrier_is_there_wait_then_go_first_in_
     assert frames[0].status is SessionStatus.NEW and frames[0].network is Network.UDP
     assert (frames[0].target, frames[0].data) == (DNS, b"q0")
     assert [(f.status, f.target, f.data) for f in frames[1:]] == [
-        (SessionStatus.KEEP, DNS, b"q%d" % i) for i in range(1, MAX_PENDING_PER_STREAM)]
+        (SessionStatus.KEEP, DNS, b"q%d" % i) for i in range(1, MAX_PENDING_PER_STREAM)
+    ]
     assert endpoint.sessions == 1 and not lost
 
 

@@ -52,7 +52,9 @@ class EchoCarrier:
     def write(self, data: bytes) -> None:
         for frame in self._decoder.feed(data):
             if frame.status in (SessionStatus.NEW, SessionStatus.KEEP) and frame.data:
-                self._inbox.put_nowait(encode_frame(MuxFrame(frame.session_id, SessionStatus.KEEP, frame.data)))
+                self._inbox.put_nowait(
+                    encode_frame(MuxFrame(frame.session_id, SessionStatus.KEEP, frame.data))
+                )
             elif frame.status is SessionStatus.END:
                 self._inbox.put_nowait(encode_frame(MuxFrame(frame.session_id, SessionStatus.END)))
 
@@ -100,8 +102,19 @@ class StreamFlow:
 
 
 def _mux_node(link_name: str = NODE, cipher: str = "aes-128-gcm"):
-    body = {"v": "2", "ps": link_name, "add": "127.0.0.1", "port": "10086", "id": VMESS_ID, "aid": "0",
-            "scy": cipher, "net": "tcp", "type": "none", "tls": "", "mux": "1"}
+    body = {
+        "v": "2",
+        "ps": link_name,
+        "add": "127.0.0.1",
+        "port": "10086",
+        "id": VMESS_ID,
+        "aid": "0",
+        "scy": cipher,
+        "net": "tcp",
+        "type": "none",
+        "tls": "",
+        "mux": "1",
+    }
     return parse_node_link("vmess://" + base64.b64encode(json.dumps(body).encode()).decode(), link_name)
 
 
@@ -138,7 +151,8 @@ def one_stream_carriers(monkeypatch) -> None:
 
 
 async def test_a_reload_that_removes_the_node_keeps_the_busy_carrier_until_its_last_stream_ends(
-        gate, one_stream_carriers):
+    gate, one_stream_carriers
+):
     clock, opener = FakeClock(), Opener()
     first = _plane(clock, 1, None, _mux_node())
     runtime, pool = first.outbounds[NODE].runtime, pool_for(first.outbounds[NODE])
@@ -217,8 +231,17 @@ async def test_a_flow_still_dialling_when_the_node_retires_gets_a_carrier_that_c
 
 
 def _tracked(tracker: ConnectionTracker, stream: MuxStream, version: str):
-    return tracker.open(StreamFlow(stream), network=Network.TCP, inbound="lan", source=Address("127.0.0.1", 1),
-                        target=TARGET, rule="final", chain=(NODE,), plane_generation=1, outbound_version=version)
+    return tracker.open(
+        StreamFlow(stream),
+        network=Network.TCP,
+        inbound="lan",
+        source=Address("127.0.0.1", 1),
+        target=TARGET,
+        rule="final",
+        chain=(NODE,),
+        plane_generation=1,
+        outbound_version=version,
+    )
 
 
 async def test_a_close_drain_ends_the_flow_at_the_reload_and_the_carrier_with_it(gate):

@@ -36,8 +36,9 @@ def test_unchanged_node_keeps_its_runtime_across_a_rebuild() -> None:
     clock = FakeClock()
     first = build_plane(_spec(("a", "socks5://127.0.0.1:1080"), ("b", "socks5://127.0.0.1:1081")), clock, 1)
     kept = first.outbounds["a"].runtime
-    second = build_plane(_spec(("a", "socks5://127.0.0.1:1080"), ("b", "socks5://127.0.0.1:1082")), clock, 2,
-                         previous=first)
+    second = build_plane(
+        _spec(("a", "socks5://127.0.0.1:1080"), ("b", "socks5://127.0.0.1:1082")), clock, 2, previous=first
+    )
     assert second.outbounds["a"].runtime is kept
     assert second.outbounds["b"].runtime is not first.outbounds["b"].runtime  # a changed node is a new node
 
@@ -53,13 +54,19 @@ def test_a_renamed_node_keeps_its_identity_and_runtime() -> None:
 
 def test_retire_closes_only_the_runtimes_the_new_plane_dropped() -> None:
     clock = FakeClock()
-    first = build_plane(_spec(("a", "socks5://127.0.0.1:1080"), ("b", "socks5://127.0.0.1:1081"),
-                              ("c", "http://127.0.0.1:3128")), clock, 1)
+    first = build_plane(
+        _spec(
+            ("a", "socks5://127.0.0.1:1080"), ("b", "socks5://127.0.0.1:1081"), ("c", "http://127.0.0.1:3128")
+        ),
+        clock,
+        1,
+    )
     resources = {name: _Resource() for name in ("a", "b", "c")}
     for name, resource in resources.items():
         first.outbounds[name].runtime.own(resource)
-    second = build_plane(_spec(("a", "socks5://127.0.0.1:1080"), ("c", "http://127.0.0.1:3129")), clock, 2,
-                         previous=first)
+    second = build_plane(
+        _spec(("a", "socks5://127.0.0.1:1080"), ("c", "http://127.0.0.1:3129")), clock, 2, previous=first
+    )
     assert second.retire(first) == 2  # b removed, c changed
     assert [resources[n].closed for n in ("a", "b", "c")] == [0, 1, 1]
     assert not second.outbounds["a"].runtime.closed

@@ -23,7 +23,9 @@ class Ticket:
 class Handshake:
     """An SSLObject after its handshake, as far as the context looks at one."""
 
-    def __init__(self, ticket: Ticket | None = None, *, reused: bool = False, version: str = "TLSv1.3") -> None:
+    def __init__(
+        self, ticket: Ticket | None = None, *, reused: bool = False, version: str = "TLSv1.3"
+    ) -> None:
         self.ticket, self.session_reused, self._version, self.taken = ticket, reused, version, 0
 
     def version(self) -> str:

@@ -22,10 +22,13 @@ from honk.proto.http_connect import (
 def test_request_names_the_authority_and_carries_basic_credentials() -> None:
     request = connect_request(Address("example.com", 443), "alice", "pa:ss")
     token = base64.b64encode(b"alice:pa:ss").decode()
-    assert request == (
-        "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n"
-        f"Proxy-Authorization: Basic {token}\r\n\r\n"
-    ).encode()
+    assert (
+        request
+        == (
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n"
+            f"Proxy-Authorization: Basic {token}\r\n\r\n"
+        ).encode()
+    )
 
 
 def test_ipv6_targets_are_bracketed() -> None:
@@ -44,7 +47,9 @@ def test_incomplete_head_asks_for_more() -> None:
     assert parse_connect_response(b"HTT", "n") is None
 
 
-@pytest.mark.parametrize("garbage", [b"SSH-2.0-x\r\n", b"<html>\r\n\r\n", b"HTTP/2 200\r\n\r\n", b"HTTP/1.1 20\r\n\r\n"])
+@pytest.mark.parametrize(
+    "garbage", [b"SSH-2.0-x\r\n", b"<html>\r\n\r\n", b"HTTP/2 200\r\n\r\n", b"HTTP/1.1 20\r\n\r\n"]
+)
 def test_bytes_that_are_not_an_http_response_are_a_handshake_error(garbage: bytes) -> None:
     with pytest.raises(DialError) as info:
         parse_connect_response(garbage, "n")
@@ -62,7 +67,9 @@ def test_407_and_401_are_authentication_errors(status: int) -> None:
         check_status(ConnectResponse(status, "Proxy Authentication Required", 10), "n")
 
 
-@pytest.mark.parametrize(("status", "reply"), [(403, 0x02), (502, 0x04), (503, 0x05), (504, 0x06), (500, 0x01)])
+@pytest.mark.parametrize(
+    ("status", "reply"), [(403, 0x02), (502, 0x04), (503, 0x05), (504, 0x06), (500, 0x01)]
+)
 def test_other_refusals_carry_the_socks5_reply_a_client_should_see(status: int, reply: int) -> None:
     with pytest.raises(TargetRefused) as info:
         check_status(ConnectResponse(status, "", 10), "n")

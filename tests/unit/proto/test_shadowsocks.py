@@ -85,9 +85,7 @@ def test_independent_hkdf_reproduces_rfc_5869_sha1_case_4():
     prk_input = bytes.fromhex("0b0b0b0b0b0b0b0b0b0b0b")
     salt = bytes.fromhex("000102030405060708090a0b0c")
     info = bytes.fromhex("f0f1f2f3f4f5f6f7f8f9")
-    expected = (
-        "085a01ea1b10f36933068b56efa5ad81a4f14b822f5b091568a9cdd4f155fda2c22e422478d305f3f896"
-    )
+    expected = "085a01ea1b10f36933068b56efa5ad81a4f14b822f5b091568a9cdd4f155fda2c22e422478d305f3f896"
     assert _hkdf_sha1(prk_input, salt, info, 42) == bytes.fromhex(expected)
 
 
@@ -305,7 +303,9 @@ def test_errors_are_honk_errors_with_a_stable_reason():
 def test_framing_repr_shows_no_key_material():
     cipher = "aes-256-gcm"
     master = _master(cipher)
-    framing = ShadowsocksFraming(cipher, master, StreamEncryptor(cipher, master), StreamDecryptor(cipher, master))
+    framing = ShadowsocksFraming(
+        cipher, master, StreamEncryptor(cipher, master), StreamDecryptor(cipher, master)
+    )
     text = repr(framing)
     assert "aes-256-gcm" in text and master.hex() not in text and repr(master) not in text
 
@@ -379,7 +379,9 @@ def test_a_truncated_address_is_a_protocol_error(wire):
     assert info.value.reason == "truncated-address"
 
 
-@pytest.mark.parametrize("wire", [b"\x02\x00\x00\x00\x00\x00\x00", b"\x03\x00\x00\x50", b"\x03\x02a\x00\x00\x50"])
+@pytest.mark.parametrize(
+    "wire", [b"\x02\x00\x00\x00\x00\x00\x00", b"\x03\x00\x00\x50", b"\x03\x02a\x00\x00\x50"]
+)
 def test_a_malformed_address_is_a_protocol_error(wire):
     with pytest.raises(ShadowsocksProtocolError) as info:
         decode_address(wire)

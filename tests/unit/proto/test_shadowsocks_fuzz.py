@@ -99,9 +99,37 @@ def test_a_mutated_stream_yields_a_prefix_of_the_plaintext_then_a_typed_error(ci
 # --- share links -----------------------------------------------------------------
 
 _LINK_PIECES = st.sampled_from(
-    ["@", ":", "/", "?", "#", "=", "&", "%", "%40", "%3A", "[", "]", "::1", "plugin=", "plugin=obfs-local",
-     "aes-128-gcm", "AES-256-GCM", "chacha20-ietf-poly1305", "rc4-md5", "2022-blake3-aes-128-gcm",
-     "127.0.0.1", "h.example", "8388", "0", "65536", "==", "+", "_", "-"]
+    [
+        "@",
+        ":",
+        "/",
+        "?",
+        "#",
+        "=",
+        "&",
+        "%",
+        "%40",
+        "%3A",
+        "[",
+        "]",
+        "::1",
+        "plugin=",
+        "plugin=obfs-local",
+        "aes-128-gcm",
+        "AES-256-GCM",
+        "chacha20-ietf-poly1305",
+        "rc4-md5",
+        "2022-blake3-aes-128-gcm",
+        "127.0.0.1",
+        "h.example",
+        "8388",
+        "0",
+        "65536",
+        "==",
+        "+",
+        "_",
+        "-",
+    ]
 )
 _LINK_TEXT = st.lists(st.one_of(_LINK_PIECES, st.text(max_size=6)), max_size=14).map("".join)
 

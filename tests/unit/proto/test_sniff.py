@@ -25,8 +25,9 @@ def quic_initial_datagrams(server_name: str, version: int = QUIC_V1) -> list[byt
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
-    config = QuicConfiguration(is_client=True, server_name=server_name, alpn_protocols=["h3"],
-                               supported_versions=[version])
+    config = QuicConfiguration(
+        is_client=True, server_name=server_name, alpn_protocols=["h3"], supported_versions=[version]
+    )
     connection = QuicConnection(configuration=config)
     connection.connect(("192.0.2.1", 443), now=0.0)
     return [data for data, _ in connection.datagrams_to_send(now=0.0)]
@@ -88,8 +89,9 @@ def test_a_client_hello_spread_over_several_initials_asks_for_the_rest():
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
-    config = QuicConfiguration(is_client=True, server_name=name,
-                               alpn_protocols=[f"h3-{i:03d}" for i in range(400)])
+    config = QuicConfiguration(
+        is_client=True, server_name=name, alpn_protocols=[f"h3-{i:03d}" for i in range(400)]
+    )
     connection = QuicConnection(configuration=config)
     connection.connect(("192.0.2.1", 443), now=0.0)
     datagrams = [data for data, _ in connection.datagrams_to_send(now=0.0)]

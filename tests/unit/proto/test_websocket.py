@@ -24,8 +24,10 @@ RFC_MASK = bytes.fromhex("37fa213d")  # RFC 6455 section 5.7
 
 
 def _response(accept: str = RFC_ACCEPT, status: str = "101 Switching Protocols") -> bytes:
-    return (f"HTTP/1.1 {status}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Accept: {accept}\r\n\r\n").encode()
+    return (
+        f"HTTP/1.1 {status}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Accept: {accept}\r\n\r\n"
+    ).encode()
 
 
 def _server_frame(opcode: int, payload: bytes, fin: bool = True) -> bytes:

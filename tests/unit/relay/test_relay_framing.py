@@ -65,6 +65,7 @@ ADDRESS = b"\x01\x7f\x00\x00\x01\x00\x50"  # the target header dial_tcp sent: 12
 CHUNK_OVERHEAD = 2 + 16 + 16  # SIP004: sealed length (2 + tag) + the payload's tag
 SWEEP = (1, MAX_PAYLOAD, MAX_PAYLOAD + 1, 3 * MAX_PAYLOAD + 7)
 
+
 def _master(cipher: str) -> bytes:
     return master_key("framing test", CIPHERS[cipher].key_size)
 
@@ -101,7 +102,9 @@ def rig(engine: Any, cipher: str = "aes-256-gcm", **kwargs: Any) -> Iterator[Fra
     enc = StreamEncryptor(cipher, master)
 
     def make(srv: socket.socket) -> tuple[Server, ShadowsocksFraming]:
-        return Server(srv, cipher, master, enc), ShadowsocksFraming(cipher, master, enc, StreamDecryptor(cipher, master))
+        return Server(srv, cipher, master, enc), ShadowsocksFraming(
+            cipher, master, enc, StreamDecryptor(cipher, master)
+        )
 
     with framed_rig(engine, make, **kwargs) as r:
         yield r
@@ -144,8 +147,10 @@ async def test_8_mib_each_way_arrive_intact_at_the_same_time(engine, cipher) -> 
         assert hashlib.sha256(got_up).digest() == hashlib.sha256(up).digest()
         assert hashlib.sha256(got_down).digest() == hashlib.sha256(down).digest()
         assert max(chunk_lengths(cipher, r.server.master, bytes(r.server.wire))) <= MAX_PAYLOAD
-        assert engine.counters(r.id) == (len(up), r.server.enc.nonce // 2 * CHUNK_OVERHEAD
-                                         + len(down) + len(r.server.enc.salt))
+        assert engine.counters(r.id) == (
+            len(up),
+            r.server.enc.nonce // 2 * CHUNK_OVERHEAD + len(down) + len(r.server.enc.salt),
+        )
 
 
 @pytest.mark.parametrize("size", SWEEP)
@@ -194,8 +199,13 @@ async def test_a_flipped_byte_ends_only_that_flow_as_an_upstream_auth_failure(en
     with rig(engine) as bad, rig(engine) as good:
         salt = 32
         wire = bytearray(bad.server.enc.encrypt(b"hello, client"))
-        offset = {"salt": 5, "length": salt, "length-tag": salt + 2 + 3, "payload": salt + 18 + 4,
-                  "payload-tag": len(wire) - 1}[where]
+        offset = {
+            "salt": 5,
+            "length": salt,
+            "length-tag": salt + 2 + 3,
+            "payload": salt + 18 + 4,
+            "payload-tag": len(wire) - 1,
+        }[where]
         wire[offset] ^= 0x01
         await bad.server.send_wire(bytes(wire))
         assert await bad.rec.end() == upstream_failure(relay_py.FRAMING_AUTH)
@@ -216,7 +226,9 @@ async def test_an_oversized_chunk_length_is_an_upstream_protocol_error(engine) -
         assert await recv_exactly(r.lan, 4) == b"fine"
         # a correctly sealed length of 0x4000: authentic, but over the SIP004 cap
         aead = AESGCM(enc.subkey)
-        await r.server.send_wire(aead.encrypt(enc.nonce.to_bytes(12, "little"), (MAX_PAYLOAD + 1).to_bytes(2, "big"), None))
+        await r.server.send_wire(
+            aead.encrypt(enc.nonce.to_bytes(12, "little"), (MAX_PAYLOAD + 1).to_bytes(2, "big"), None)
+        )
         assert await r.rec.end() == upstream_failure(relay_py.FRAMING_PROTOCOL)
         assert engine.framing_errors() == (0, 1)
         assert await recv_until_eof(r.lan) == b""
@@ -299,7 +311,6 @@ async def test_a_framing_the_engines_cannot_carry_is_refused_before_the_fds_are_
 # --- resources ------------------------------------------------------------------------
 
 
-
 async def test_no_fd_left_after_2000_framed_flows(engine) -> None:
     loop = asyncio.get_running_loop()
     master = _master("chacha20-ietf-poly1305")
@@ -310,8 +321,9 @@ async def test_no_fd_left_after_2000_framed_flows(engine) -> None:
         enc = StreamEncryptor("chacha20-ietf-poly1305", master)
         enc.encrypt(b"")  # the salt went out with the dial
         rec = Recorder()
-        framing = ShadowsocksFraming("chacha20-ietf-poly1305", master, enc,
-                                     StreamDecryptor("chacha20-ietf-poly1305", master))
+        framing = ShadowsocksFraming(
+            "chacha20-ietf-poly1305", master, enc, StreamDecryptor("chacha20-ietf-poly1305", master)
+        )
         try:
             engine.add(lan_peer.detach(), upstream.detach(), rec, framing=framing)
             await loop.sock_sendall(lan, b"ping")
@@ -343,13 +355,17 @@ async def test_no_fd_left_after_2000_framed_flows(engine) -> None:
 class _FastListener:
     """Answers the engine's SOCKS5 request with hs_relay over a framed upstream."""
 
-    def __init__(self, engine: Any, upstream: socket.socket, framing: ShadowsocksFraming, rec: Recorder) -> None:
+    def __init__(
+        self, engine: Any, upstream: socket.socket, framing: ShadowsocksFraming, rec: Recorder
+    ) -> None:
         self.engine, self.upstream, self.framing, self.rec = engine, upstream, framing, rec
 
     def socks_request(self, token: int, src_host: str, src_port: int, host: str, port: int) -> None:
         self.engine.hs_relay(token, self.upstream.detach(), self.rec, self.framing)
 
-    def socks_handover(self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int) -> None:
+    def socks_handover(
+        self, fd: int, data: bytes, answered: int, err: int, src_host: str, src_port: int
+    ) -> None:
         os.close(fd)
         raise AssertionError("the handshake was handed over")
 
@@ -394,8 +410,9 @@ async def _both_close_cleanly(client: socket.socket, server: Server, rec: Record
     assert await rec.end() == (relay_py.END_CLEAN, 0)
 
 
-async def _engine_dialled(engine: Any, framing: Any, head: bytes, early: bytes
-                          ) -> tuple[socket.socket, socket.socket, Recorder, int]:
+async def _engine_dialled(
+    engine: Any, framing: Any, head: bytes, early: bytes
+) -> tuple[socket.socket, socket.socket, Recorder, int]:
     """helpers.engines.engine_dialled, with the client's two replies read and checked."""
     client, srv, rec, lid = await engine_dialled(engine, framing, head, early)
     reply = await recv_exactly(client, 2 + 10)
@@ -417,7 +434,9 @@ async def _server_reads(srv: socket.socket, dec: StreamDecryptor, want: int) -> 
 
 
 @pytest.mark.parametrize("cipher", sorted(CIPHERS))
-async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_sent_nothing(engine, cipher) -> None:
+async def test_hs_connect_sends_the_salt_and_seals_the_head_of_a_framing_that_sent_nothing(
+    engine, cipher
+) -> None:
     """The engine's own dial of a Shadowsocks node: the framing's salt, the address chunk on its
     own (as dial_tcp sends it), the early payload sealed after it, and the server's bytes opened."""
     master = _master(cipher)
@@ -510,8 +529,10 @@ def test_any_split_of_the_server_stream_opens_to_the_same_bytes(engine_name, pay
         try:
             with rig(engine, "chacha20-ietf-poly1305") as r:
                 plain = b"".join(os.urandom(n) for n in payloads)
-                wire = b"".join(r.server.enc.encrypt(plain[sum(payloads[:i]):sum(payloads[: i + 1])])
-                                for i in range(len(payloads)))
+                wire = b"".join(
+                    r.server.enc.encrypt(plain[sum(payloads[:i]) : sum(payloads[: i + 1])])
+                    for i in range(len(payloads))
+                )
                 pos, k = 0, 0
                 while pos < len(wire):  # the wire in pieces of the drawn sizes, in turn
                     piece = wire[pos : pos + cuts[k % len(cuts)]]

@@ -77,7 +77,9 @@ async def test_client_eof_sends_close_notify_and_the_server_may_still_answer(eng
 
 
 @pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "fin-only"])
-async def test_server_eof_reaches_the_client_and_the_client_may_still_send(engine, contexts, close_notify) -> None:
+async def test_server_eof_reaches_the_client_and_the_client_may_still_send(
+    engine, contexts, close_notify
+) -> None:
     with framed_rig(engine, tls_maker(contexts)) as r:
         loop = asyncio.get_running_loop()
         await r.server.send(b"bye")
@@ -93,10 +95,14 @@ async def test_server_eof_reaches_the_client_and_the_client_may_still_send(engin
         assert await r.rec.end() == (relay_py.END_CLEAN, 0)
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\x17\x03\x03\x00\x20" + bytes(32),  # an application record that does not decrypt
-    b"HTTP/1.1 400 Bad Request\r\n\r\n",  # not TLS at all
-], ids=["bad-mac", "not-tls"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x17\x03\x03\x00\x20" + bytes(32),  # an application record that does not decrypt
+        b"HTTP/1.1 400 Bad Request\r\n\r\n",  # not TLS at all
+    ],
+    ids=["bad-mac", "not-tls"],
+)
 async def test_a_broken_record_ends_the_flow_upstream_as_a_framing_error(engine, contexts, garbage) -> None:
     with framed_rig(engine, tls_maker(contexts)) as r:
         await r.server.send(b"fine")
@@ -123,7 +129,9 @@ async def test_trojan_eof_before_any_byte_is_closed_before_data(engine, contexts
 
 
 @pytest.mark.parametrize("answered", [False, True], ids=["before-any-answer", "after-an-answer"])
-async def test_a_reset_before_any_answer_is_the_refusal_and_after_one_an_error(engine, contexts, answered) -> None:
+async def test_a_reset_before_any_answer_is_the_refusal_and_after_one_an_error(
+    engine, contexts, answered
+) -> None:
     with framed_rig(engine, tls_maker(contexts), pair=tcp_pair) as r:
         loop = asyncio.get_running_loop()
         if answered:
@@ -165,7 +173,9 @@ async def test_vless_response_header_is_stripped_across_records(engine, contexts
         assert await recv_exactly(r.lan, 5) == b"hello"
         await r.server.send(b"\x00 not a header any more")
         assert await recv_exactly(r.lan, 23) == b"\x00 not a header any more"
-        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_FIRST_BYTE] == [0]  # once; the client sent nothing
+        assert [a for kind, a, _ in r.rec.events if kind == relay_py.EV_FIRST_BYTE] == [
+            0
+        ]  # once; the client sent nothing
 
 
 async def test_vless_header_and_payload_in_one_record(engine, contexts) -> None:
@@ -174,10 +184,14 @@ async def test_vless_header_and_payload_in_one_record(engine, contexts) -> None:
         assert await recv_exactly(r.lan, 7) == b"payload"
 
 
-@pytest.mark.parametrize(("sent", "err", "reason"), [
-    (b"", relay_py.FRAMING_SILENT, "no-response"),
-    (b"\x00\x05ab", relay_py.FRAMING_TRUNCATED, "truncated-header"),
-], ids=["nothing", "half-header"])
+@pytest.mark.parametrize(
+    ("sent", "err", "reason"),
+    [
+        (b"", relay_py.FRAMING_SILENT, "no-response"),
+        (b"\x00\x05ab", relay_py.FRAMING_TRUNCATED, "truncated-header"),
+    ],
+    ids=["nothing", "half-header"],
+)
 async def test_vless_eof_without_a_whole_header(engine, contexts, sent, err, reason) -> None:
     with framed_rig(engine, tls_maker(contexts, VlessResponseDecoder)) as r:
         if sent:
@@ -301,7 +315,9 @@ async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, c
             with pytest.raises(AssertionError, match="closed during the handshake"):
                 await server_handshake(srv, server_ctx)
         else:
-            assert await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536), STEP)  # ClientHello
+            assert await asyncio.wait_for(
+                asyncio.get_running_loop().sock_recv(srv, 65536), STEP
+            )  # ClientHello
             srv.close()
         reply = await recv_exactly(client, 10)
         assert reply[1] == 0x01
@@ -325,8 +341,9 @@ async def test_a_failed_handshake_replies_1_and_reports_how_far_it_got(engine, c
 
 
 @pytest.mark.parametrize("framing_kind", ["handshake-begun", "websocket"])
-async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_request(engine, contexts,
-                                                                                    framing_kind) -> None:
+async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_request(
+    engine, contexts, framing_kind
+) -> None:
     """A handshake already made, and WebSocket inside TLS (upgraded in Python first, then relayed)."""
     if framing_kind == "handshake-begun":
         client, c_in, c_out, *_ = handshake(contexts)
@@ -334,8 +351,13 @@ async def test_hs_connect_refuses_a_tls_framing_it_cannot_dial_and_keeps_the_req
         refusal = "handshake has already begun"
     else:
         c_in, c_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-        framing = TlsFraming(contexts[0].wrap_bio(c_in, c_out, server_hostname="localhost"), c_in, c_out,
-                             TrojanStreamWatch(), websocket=True)
+        framing = TlsFraming(
+            contexts[0].wrap_bio(c_in, c_out, server_hostname="localhost"),
+            c_in,
+            c_out,
+            TrojanStreamWatch(),
+            websocket=True,
+        )
         refusal = "upgraded before"
     async with held_request(engine) as (token, sock):
         with pytest.raises(ValueError, match=refusal):

@@ -121,7 +121,9 @@ async def test_a_response_to_another_request_is_an_auth_failure(engine) -> None:
 async def test_a_flipped_byte_is_an_auth_failure_and_reaches_novmess_client(engine, where) -> None:
     with rig(engine) as r:
         wire = bytearray(r.server.header() + r.server.chunks(b"forged payload"))
-        offset = {"header-length": 3, "header": 20, "chunk": 18 + 20 + 2 + 1, "chunk-tag": len(wire) - 1}[where]
+        offset = {"header-length": 3, "header": 20, "chunk": 18 + 20 + 2 + 1, "chunk-tag": len(wire) - 1}[
+            where
+        ]
         wire[offset] ^= 0x01
         await r.server.send(bytes(wire))
         assert await r.rec.end() == upstream_failure(relay_py.FRAMING_AUTH)
@@ -153,7 +155,9 @@ async def test_eof_inside_the_header_or_a_chunk_is_a_truncation(engine, cut) -> 
 
 async def test_bytes_after_the_ending_chunk_are_a_protocol_failure(engine) -> None:
     with rig(engine) as r:
-        await r.server.send(r.server.header() + r.server.chunks(b"done") + r.server.response.seal(b"") + b"more")
+        await r.server.send(
+            r.server.header() + r.server.chunks(b"done") + r.server.response.seal(b"") + b"more"
+        )
         assert await r.rec.end() == upstream_failure(relay_py.FRAMING_PROTOCOL)
 
 
@@ -225,8 +229,10 @@ async def test_relays_carry_a_vmess_body_and_finish_cleanly(kind) -> None:
 
 
 @pytest.mark.parametrize("kind", RELAYS)
-@pytest.mark.parametrize(("wrong", "error", "reason"), [("silence", VmessProtocolError, "no-response"),
-                                                        ("forged", VmessAuthError, None)])
+@pytest.mark.parametrize(
+    ("wrong", "error", "reason"),
+    [("silence", VmessProtocolError, "no-response"), ("forged", VmessAuthError, None)],
+)
 async def test_relays_end_with_the_vmess_error_for_what_the_server_did(kind, wrong, error, reason) -> None:
     """A server that closes without answering (a refused id), and one whose chunk does not verify."""
     async with relay_flow(kind, _relay_rig) as (relay, lan, server, task):
@@ -244,4 +250,6 @@ async def test_relays_end_with_the_vmess_error_for_what_the_server_did(kind, wro
 def test_the_engines_bound_on_a_response_header_is_the_codecs() -> None:
     from honk.proto import vmess
 
-    assert relay_py.VMESS_HEADER_MAX == vmess._MAX_RESPONSE_HEADER  # the compiled engine asserts its own at import
+    assert (
+        relay_py.VMESS_HEADER_MAX == vmess._MAX_RESPONSE_HEADER
+    )  # the compiled engine asserts its own at import

@@ -89,8 +89,13 @@ def vmess_maker(contexts, security: str = "aes-128-gcm", carrier: str = "tls"):
     def ready(server: Any, framing: TlsFraming) -> None:
         server.vmess = VmessServer(server.sock, framing.inner.encryptor)
 
-    return tls_maker(contexts, lambda: VmessFraming(vmess_client(security)), websocket=carrier == "ws",
-                     server_type=VmessWsServer if carrier == "ws" else VmessTlsServer, ready=ready)
+    return tls_maker(
+        contexts,
+        lambda: VmessFraming(vmess_client(security)),
+        websocket=carrier == "ws",
+        server_type=VmessWsServer if carrier == "ws" else VmessTlsServer,
+        ready=ready,
+    )
 
 
 def answer(server: Any, data: bytes, *, end: bool = False) -> bytes:
@@ -110,8 +115,9 @@ async def test_a_vmess_body_moves_both_ways_inside_the_records(engine, contexts,
     with framed_rig(engine, vmess_maker(contexts, security, carrier), pair=tcp_pair) as r:
         send_up = loop.create_task(loop.sock_sendall(r.lan, up))
         send_down = loop.create_task(r.server.send_vmess(answer(r.server, down), records=40))
-        got_up, got_down = await asyncio.gather(r.server.recv_plain(len(up)),
-                                                asyncio.wait_for(recv_exactly(r.lan, len(down)), 4 * STEP))
+        got_up, got_down = await asyncio.gather(
+            r.server.recv_plain(len(up)), asyncio.wait_for(recv_exactly(r.lan, len(down)), 4 * STEP)
+        )
         await asyncio.wait_for(asyncio.gather(send_up, send_down), STEP)
         assert hashlib.sha256(got_up).digest() == hashlib.sha256(up).digest()
         assert hashlib.sha256(got_down).digest() == hashlib.sha256(down).digest()
@@ -126,7 +132,9 @@ async def test_the_preamble_is_the_first_chunk_and_later_bytes_follow(engine, co
         assert await r.server.recv_plain(len(early) + 5) == early + b"later"
 
 
-async def test_client_eof_sends_the_ending_chunk_then_close_notify_and_the_server_may_answer(engine, contexts) -> None:
+async def test_client_eof_sends_the_ending_chunk_then_close_notify_and_the_server_may_answer(
+    engine, contexts
+) -> None:
     with framed_rig(engine, vmess_maker(contexts)) as r:
         await asyncio.get_running_loop().sock_sendall(r.lan, b"last words")
         r.lan.shutdown(socket.SHUT_WR)
@@ -155,21 +163,29 @@ async def test_over_websocket_client_eof_sends_the_ending_chunk_and_no_close(eng
         assert (await r.rec.end())[0] == relay_py.END_CLEAN
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
-@given(engine_name=st.sampled_from(ENGINES),
-       sizes=st.lists(st.integers(min_value=1, max_value=0xFFFF - 16), min_size=1, max_size=3),
-       records=st.integers(min_value=1, max_value=40), carrier=st.sampled_from(CARRIERS))
-def test_any_cut_of_the_vmess_stream_across_records_opens_to_the_same_bytes(contexts, engine_name, sizes, records,
-                                                                           carrier) -> None:
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    engine_name=st.sampled_from(ENGINES),
+    sizes=st.lists(st.integers(min_value=1, max_value=0xFFFF - 16), min_size=1, max_size=3),
+    records=st.integers(min_value=1, max_value=40),
+    carrier=st.sampled_from(CARRIERS),
+)
+def test_any_cut_of_the_vmess_stream_across_records_opens_to_the_same_bytes(
+    contexts, engine_name, sizes, records, carrier
+) -> None:
     async def main() -> None:
         engine = engine_class(engine_name)(asyncio.get_running_loop())
         try:
             with framed_rig(engine, vmess_maker(contexts, carrier=carrier)) as r:
                 pieces = [os.urandom(n) for n in sizes]
                 vmess = r.server.vmess
-                await r.server.send_vmess(vmess.header() + b"".join(vmess.response.seal(p) for p in pieces),
-                                          records=records)
+                await r.server.send_vmess(
+                    vmess.header() + b"".join(vmess.response.seal(p) for p in pieces), records=records
+                )
                 assert await recv_exactly(r.lan, sum(sizes)) == b"".join(pieces)
         finally:
             engine.close()
@@ -181,8 +197,9 @@ def test_any_cut_of_the_vmess_stream_across_records_opens_to_the_same_bytes(cont
 
 
 @pytest.mark.parametrize("carrier", CARRIERS)
-async def test_a_response_to_another_request_is_an_auth_failure_that_reaches_no_client(engine, contexts,
-                                                                                      carrier) -> None:
+async def test_a_response_to_another_request_is_an_auth_failure_that_reaches_no_client(
+    engine, contexts, carrier
+) -> None:
     with framed_rig(engine, vmess_maker(contexts, carrier=carrier)) as r:
         check = (r.framing.inner.encryptor.response_check + 1) % 256
         await r.server.send_vmess(r.server.vmess.header(check=check) + r.server.vmess.chunks(b"forged"))
@@ -230,7 +247,9 @@ async def test_a_broken_record_is_a_tls_error_not_a_vmess_one(engine, contexts) 
         assert isinstance(error, TlsStreamError) and error.reason == "bad-record"
 
 
-async def test_a_vmess_body_already_begun_is_refused_and_the_connection_stays_unclaimed(engine, contexts) -> None:
+async def test_a_vmess_body_already_begun_is_refused_and_the_connection_stays_unclaimed(
+    engine, contexts
+) -> None:
     client_obj, c_in, c_out, *_ = handshake(contexts)
     client = vmess_client("aes-128-gcm")
     client.encrypt(b"sent in python")
@@ -281,23 +300,26 @@ async def test_relays_end_with_vmess_no_response_for_a_silent_server(kind, conte
         assert info.value.reason == "no-response"
 
 
-async def test_hs_connect_shakes_hands_then_writes_the_vmess_header_and_seals_the_early_bytes(engine,
-                                                                                             contexts) -> None:
+async def test_hs_connect_shakes_hands_then_writes_the_vmess_header_and_seals_the_early_bytes(
+    engine, contexts
+) -> None:
     """The fast path's own dial of VMess over TCP + TLS: once the handshake is done the sealed
     request header goes out as it is, the client's early bytes after it as the body's first chunk."""
     client_ctx, server_ctx = contexts
     vmess = vmess_client("aes-128-gcm")
     header = b"\x01SEALED-VMESS-REQUEST-HEADER"  # what the dial sealed: the engine must not touch it
-    client, srv, framing, rec, lid = await dial_through_engine(engine, client_ctx, "localhost", b"early",
-                                                               VmessFraming(vmess), header)
+    client, srv, framing, rec, lid = await dial_through_engine(
+        engine, client_ctx, "localhost", b"early", VmessFraming(vmess), header
+    )
     try:
         assert await recv_exactly(client, 2) == b"\x05\x00"
         server = await server_handshake(srv, server_ctx, VmessTlsServer)
         server.vmess = VmessServer(srv, vmess)
         plain = TlsServer.take(server, b"")  # the records that came with the client's Finished
         while len(plain) < len(header):
-            plain += TlsServer.take(server, await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536),
-                                                                   STEP))
+            plain += TlsServer.take(
+                server, await asyncio.wait_for(asyncio.get_running_loop().sock_recv(srv, 65536), STEP)
+            )
         assert plain[: len(header)] == header
         early = server.vmess.take(plain[len(header) :])
         early += await server.recv_plain(5 - len(early)) if len(early) < 5 else b""

@@ -52,10 +52,13 @@ async def test_bytes_move_both_ways_as_binary_frames(engine, contexts) -> None:
         # every length form, a text frame and a fragmented message count as data
         down = [os.urandom(n) for n in (0, 1, 125, 126, 65535, 65536, 300_000)]
         await r.server.send(b"".join(server_frame(websocket.OP_BINARY, part) for part in down))
-        await r.server.send(server_frame(websocket.OP_TEXT, b"text", fin=False)
-                            + server_frame(websocket.OP_CONTINUATION, b"-cont"))
+        await r.server.send(
+            server_frame(websocket.OP_TEXT, b"text", fin=False)
+            + server_frame(websocket.OP_CONTINUATION, b"-cont")
+        )
         assert await asyncio.wait_for(recv_exactly(r.lan, sum(map(len, down)) + 9), 4 * STEP) == (
-            b"".join(down) + b"text-cont")
+            b"".join(down) + b"text-cont"
+        )
         assert engine.counters(r.id)[0] == 4 + len(up)
 
 
@@ -76,8 +79,9 @@ async def test_a_preamble_longer_than_a_frame_goes_out_in_frames_before_later_by
 
 async def test_a_ping_is_answered_with_a_pong_of_its_payload(engine, contexts) -> None:
     with framed_rig(engine, ws_maker(contexts)) as r:
-        await r.server.send_frames(server_frame(websocket.OP_PING, b"are you there"),
-                                   server_frame(websocket.OP_BINARY, b"data"))
+        await r.server.send_frames(
+            server_frame(websocket.OP_PING, b"are you there"), server_frame(websocket.OP_BINARY, b"data")
+        )
         assert await recv_exactly(r.lan, 4) == b"data"  # the ping's payload is not the client's
         await asyncio.get_running_loop().sock_sendall(r.lan, b"x")
         assert await r.server.recv_plain(1) == b"x"
@@ -86,9 +90,11 @@ async def test_a_ping_is_answered_with_a_pong_of_its_payload(engine, contexts) -
 
 async def test_a_close_frame_ends_the_servers_side_and_the_flow_ends_clean(engine, contexts) -> None:
     with framed_rig(engine, ws_maker(contexts)) as r:
-        await r.server.send(server_frame(websocket.OP_BINARY, b"bye")
-                            + server_frame(websocket.OP_CLOSE, struct.pack("!H", 1000))
-                            + server_frame(websocket.OP_BINARY, b"ignored after the close"))
+        await r.server.send(
+            server_frame(websocket.OP_BINARY, b"bye")
+            + server_frame(websocket.OP_CLOSE, struct.pack("!H", 1000))
+            + server_frame(websocket.OP_BINARY, b"ignored after the close")
+        )
         assert await recv_until_eof(r.lan) == b"bye"
         await poll(lambda: (relay_py.EV_HALF_CLOSE, 1, 0) in r.rec.events, "the upstream's half-close")
         r.lan.shutdown(socket.SHUT_WR)
@@ -128,14 +134,18 @@ async def test_the_clients_eof_sends_nothing_and_the_server_keeps_answering(engi
         assert [op for op, _ in r.server.frames] == [websocket.OP_BINARY]
 
 
-@pytest.mark.parametrize(("frame", "reason"), [
-    (server_frame(websocket.OP_BINARY, b"x", rsv=4), "reserved-bits"),
-    (server_frame(0x3, b"x"), "bad-opcode"),
-    (server_frame(websocket.OP_BINARY, b"x", mask=b"abcd"), "masked-server-frame"),
-    (server_frame(websocket.OP_PING, b"p" * 126), "bad-control-frame"),
-    (server_frame(websocket.OP_PING, b"p", fin=False), "bad-control-frame"),
-    (struct.pack("!BBQ", 0x82, 127, websocket.MAX_FRAME_PAYLOAD + 1), "frame-too-large"),
-], ids=["reserved", "opcode", "masked", "long-control", "fragmented-control", "too-large"])
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (server_frame(websocket.OP_BINARY, b"x", rsv=4), "reserved-bits"),
+        (server_frame(0x3, b"x"), "bad-opcode"),
+        (server_frame(websocket.OP_BINARY, b"x", mask=b"abcd"), "masked-server-frame"),
+        (server_frame(websocket.OP_PING, b"p" * 126), "bad-control-frame"),
+        (server_frame(websocket.OP_PING, b"p", fin=False), "bad-control-frame"),
+        (struct.pack("!BBQ", 0x82, 127, websocket.MAX_FRAME_PAYLOAD + 1), "frame-too-large"),
+    ],
+    ids=["reserved", "opcode", "masked", "long-control", "fragmented-control", "too-large"],
+)
 async def test_a_broken_frame_ends_the_flow_as_a_websocket_error(engine, contexts, frame, reason) -> None:
     with framed_rig(engine, ws_maker(contexts)) as r:
         await r.server.send(server_frame(websocket.OP_BINARY, b"fine"))
@@ -149,7 +159,9 @@ async def test_a_broken_frame_ends_the_flow_as_a_websocket_error(engine, context
 
 async def test_a_close_before_any_payload_is_trojans_closed_before_data(engine, contexts) -> None:
     with framed_rig(engine, ws_maker(contexts)) as r:
-        await r.server.send_frames(server_frame(websocket.OP_PING, b""), server_frame(websocket.OP_CLOSE, b""))
+        await r.server.send_frames(
+            server_frame(websocket.OP_PING, b""), server_frame(websocket.OP_CLOSE, b"")
+        )
         assert await r.rec.end() == upstream_failure(relay_py.FRAMING_SILENT)
         error = r.framing.error_for(relay_py.FRAMING_SILENT)
         assert isinstance(error, TrojanError) and error.reason == "closed-before-data"
@@ -157,19 +169,32 @@ async def test_a_close_before_any_payload_is_trojans_closed_before_data(engine, 
 
 async def test_the_vless_response_header_is_stripped_inside_the_frames(engine, contexts) -> None:
     with framed_rig(engine, ws_maker(contexts, VlessResponseDecoder)) as r:
-        await r.server.send_frames(server_frame(websocket.OP_BINARY, b"\x00"),
-                                   server_frame(websocket.OP_BINARY, b"\x02ab" + b"hel"),
-                                   server_frame(websocket.OP_BINARY, b"lo"))
+        await r.server.send_frames(
+            server_frame(websocket.OP_BINARY, b"\x00"),
+            server_frame(websocket.OP_BINARY, b"\x02ab" + b"hel"),
+            server_frame(websocket.OP_BINARY, b"lo"),
+        )
         assert await recv_exactly(r.lan, 5) == b"hello"
 
 
-@pytest.mark.skipif(bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs")
+@pytest.mark.skipif(
+    bool(os.environ.get("HONK_NO_EXTENSIONS")), reason="HONK_NO_EXTENSIONS: only the twin runs"
+)
 def test_the_compiled_engine_holds_the_websocket_codecs_numbers() -> None:
     require("compiled" in ENGINES, "the compiled relay engine is not built")  # a build CI requires
     from honk._fast import relay_c
 
-    assert relay_c.WS_LIMITS == (websocket.SEND_FRAME, websocket.MAX_FRAME_PAYLOAD, websocket.MAX_CONTROL_PAYLOAD)
-    assert relay_c.WS_OPCODES == (websocket.OP_BINARY, websocket.OP_CLOSE, websocket.OP_PING, websocket.OP_PONG)
+    assert relay_c.WS_LIMITS == (
+        websocket.SEND_FRAME,
+        websocket.MAX_FRAME_PAYLOAD,
+        websocket.MAX_CONTROL_PAYLOAD,
+    )
+    assert relay_c.WS_OPCODES == (
+        websocket.OP_BINARY,
+        websocket.OP_CLOSE,
+        websocket.OP_PING,
+        websocket.OP_PONG,
+    )
     assert relay_c.WS_ERRORS == {reason: i + 1 for i, reason in enumerate(websocket.ENGINE_ERRORS)}
 
 

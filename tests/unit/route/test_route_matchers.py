@@ -114,8 +114,14 @@ def test_domain_arguments_are_alternatives() -> None:
 def test_a_geosite_code_matches_its_list_by_suffix_full_keyword_and_regex(tmp_path) -> None:
     geo = GeoAssets(str(write_geodata(tmp_path)))
     p = pred("domain", "geosite:cn")
-    for name in ("example.cn", "www.example.cn", "a.cn-shop.example", "www.cn-portal.example",
-                 "mycnkeywordsite.example", "cdn42.cn-video.example"):
+    for name in (
+        "example.cn",
+        "www.example.cn",
+        "a.cn-shop.example",
+        "www.cn-portal.example",
+        "mycnkeywordsite.example",
+        "cdn42.cn-video.example",
+    ):
         assert holds(p, flow(name), geo), name
     for name in ("badexample.cn", "portal.cn-portal.example", "cdn.cn-video.example", "example.org"):
         assert not holds(p, flow(name), geo), name
@@ -238,6 +244,7 @@ def test_ext_codes_read_lists_from_a_named_file(tmp_path) -> None:
     assert holds(Predicate("dip", (MatchArg("ext", "mine-ip.dat:office"),)), flow("192.0.2.3"), geo)
     assert not holds(Predicate("dip", (MatchArg("ext", "mine-ip.dat:office"),)), flow("192.0.2.30"), geo)
 
+
 def test_sip_reads_the_source_address() -> None:
     p = pred("sip", "10.10.10.24/32", "10.10.10.25/32")
     assert holds(p, flow("8.8.8.8", source="10.10.10.25"))
@@ -342,6 +349,7 @@ def test_a_flow_without_a_local_process_never_matches_pname_so_its_negation_hold
 def test_a_router_reads_processes_only_when_a_rule_names_one() -> None:
     def router(*predicates: Predicate) -> Router:
         return Router.compile(RoutingSpec((RuleSpec(predicates, "direct", False),), "proxy"))
+
     assert router(pred("dport", "53"), pred("pname", "curl", negated=True)).reads_process
     assert not router(pred("dport", "443")).reads_process
 
@@ -349,9 +357,7 @@ def test_a_router_reads_processes_only_when_a_rule_names_one() -> None:
 # --- not observable ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "value"), [("mac", "aa:bb:cc:dd:ee:ff"), ("dscp", "46")]
-)
+@pytest.mark.parametrize(("name", "value"), [("mac", "aa:bb:cc:dd:ee:ff"), ("dscp", "46")])
 def test_unobservable_predicates_never_match_so_their_negation_holds(name: str, value: str) -> None:
     assert not holds(Predicate(name, (MatchArg("", value),)), flow())
     assert holds(Predicate(name, (MatchArg("", value),), negated=True), flow())
@@ -371,8 +377,10 @@ def test_describe_predicate_renders_keys_values_and_negation() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(keywords=st.lists(st.text("ab.c", min_size=1, max_size=4), min_size=9, max_size=30),
-       host=st.from_regex(r"[abcd]{1,6}(\.[abcd]{1,6}){0,2}", fullmatch=True))
+@given(
+    keywords=st.lists(st.text("ab.c", min_size=1, max_size=4), min_size=9, max_size=30),
+    host=st.from_regex(r"[abcd]{1,6}(\.[abcd]{1,6}){0,2}", fullmatch=True),
+)
 def test_many_keywords_match_exactly_what_a_substring_test_matches(keywords, host) -> None:
     """Past KEYWORD_SCAN_MAX the keywords are one trie-shaped expression: it must agree with
     testing each keyword as a substring, prefixes of one another included."""

@@ -136,13 +136,16 @@ def test_disabling_every_rule_sends_every_flow_to_the_fallback() -> None:
     assert counts(router) == [(0, 0), (0, 0), (0, 0), (1, 0)]
 
 
-@pytest.mark.parametrize("changes", [
-    {0: True, 7: True},  # out of range
-    {0: True, 3: True},  # the fallback's position
-    {0: True, 1: "yes"},  # not a bool
-    {0: True, 1: 1},  # a number is no bool either
-    {0: True, "1": True},  # indexes are ints here (the API parses the keys)
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {0: True, 7: True},  # out of range
+        {0: True, 3: True},  # the fallback's position
+        {0: True, 1: "yes"},  # not a bool
+        {0: True, 1: 1},  # a number is no bool either
+        {0: True, "1": True},  # indexes are ints here (the API parses the keys)
+    ],
+)
 def test_set_disabled_validates_every_change_before_applying_any(changes) -> None:
     router = compiled(*THREE)
     with pytest.raises(ValueError):
@@ -215,10 +218,15 @@ PORTS = (1, 2, 3, 53)
 @st.composite
 def scenarios(draw):
     rules = draw(st.lists(st.sampled_from(PORTS + (0,)), max_size=6))  # 0: a must_rules rule on port 53
-    ops = draw(st.lists(st.one_of(
-        st.tuples(st.just("flow"), st.sampled_from(PORTS + (9,))),
-        st.tuples(st.just("flip"), st.integers(0, max(0, len(rules) - 1))),
-    ), max_size=25))
+    ops = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("flow"), st.sampled_from(PORTS + (9,))),
+                st.tuples(st.just("flip"), st.integers(0, max(0, len(rules) - 1))),
+            ),
+            max_size=25,
+        )
+    )
     return rules, ops
 
 
@@ -255,8 +263,9 @@ def test_the_counters_agree_with_counting_every_evaluated_rule_one_by_one(scenar
         else:
             hits[size] += 1
             hit_at[size] = now
-    expected = [RuleRow(i < size and disabled[i], hits[i], hit_at[i], misses[i], miss_at[i])
-                for i in range(size + 1)]
+    expected = [
+        RuleRow(i < size and disabled[i], hits[i], hit_at[i], misses[i], miss_at[i]) for i in range(size + 1)
+    ]
     assert router.stats.rows() == expected
 
 
@@ -265,8 +274,11 @@ def test_the_counters_agree_with_counting_every_evaluated_rule_one_by_one(scenar
 
 async def test_the_plane_records_its_clocks_wall_time_and_counts_a_restarted_search_once() -> None:
     clock = FakeClock(start=1000.0, wall_offset=1_700_000_000.0)
-    spec = Spec(routing=RoutingSpec(rules=(port_rule("direct", 1), dip_rule("direct", "10.0.0.0/8")),
-                                    fallback="direct"))
+    spec = Spec(
+        routing=RoutingSpec(
+            rules=(port_rule("direct", 1), dip_rule("direct", "10.0.0.0/8")), fallback="direct"
+        )
+    )
     plane = build_plane(spec, clock, generation=1)
 
     async def resolver(host: str) -> list:

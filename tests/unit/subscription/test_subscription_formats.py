@@ -43,12 +43,31 @@ SINGBOX = {
     "log": {"level": "info"},
     "outbounds": [
         {"type": "selector", "tag": "proxy", "outbounds": ["edge-ss"]},
-        {"type": "socks", "tag": "edge-socks", "server": "198.51.100.7", "server_port": 1080,
-         "version": "5", "username": "alice", "password": SECRET},
-        {"type": "shadowsocks", "tag": "edge-ss", "server": "203.0.113.9", "server_port": 8388,
-         "method": "aes-256-gcm", "password": SECRET},
-        {"type": "shadowsocks", "tag": "v6-ss", "server": "2001:db8::1", "server_port": 8389,
-         "method": "chacha20-ietf-poly1305", "password": "pw2"},
+        {
+            "type": "socks",
+            "tag": "edge-socks",
+            "server": "198.51.100.7",
+            "server_port": 1080,
+            "version": "5",
+            "username": "alice",
+            "password": SECRET,
+        },
+        {
+            "type": "shadowsocks",
+            "tag": "edge-ss",
+            "server": "203.0.113.9",
+            "server_port": 8388,
+            "method": "aes-256-gcm",
+            "password": SECRET,
+        },
+        {
+            "type": "shadowsocks",
+            "tag": "v6-ss",
+            "server": "2001:db8::1",
+            "server_port": 8389,
+            "method": "chacha20-ietf-poly1305",
+            "password": "pw2",
+        },
         {"type": "direct", "tag": "direct"},
         {"type": "block", "tag": "block"},
         {"type": "dns", "tag": "dns-out"},
@@ -57,10 +76,23 @@ SINGBOX = {
 SIP008 = {
     "version": 1,
     "servers": [
-        {"id": "27b8a625-4f4b-4428-9f0f-8a2317db7c79", "remarks": "edge-ss", "server": "203.0.113.9",
-         "server_port": 8388, "password": SECRET, "method": "aes-256-gcm", "plugin": "", "plugin_opts": ""},
-        {"remarks": "v6-ss", "server": "2001:db8::1", "server_port": 8389, "password": "pw2",
-         "method": "chacha20-ietf-poly1305"},
+        {
+            "id": "27b8a625-4f4b-4428-9f0f-8a2317db7c79",
+            "remarks": "edge-ss",
+            "server": "203.0.113.9",
+            "server_port": 8388,
+            "password": SECRET,
+            "method": "aes-256-gcm",
+            "plugin": "",
+            "plugin_opts": "",
+        },
+        {
+            "remarks": "v6-ss",
+            "server": "2001:db8::1",
+            "server_port": 8389,
+            "password": "pw2",
+            "method": "chacha20-ietf-poly1305",
+        },
     ],
 }
 
@@ -105,7 +137,9 @@ def test_nodes_carry_the_subscription_tag_and_keep_their_names():
         pytest.param(lambda b: base64.b64encode(b), id="standard-padded"),
         pytest.param(lambda b: base64.urlsafe_b64encode(b).rstrip(b"="), id="urlsafe-unpadded"),
         pytest.param(lambda b: b"\n".join(base64.encodebytes(b).split(b"\n")) + b"\r\n", id="wrapped-lines"),
-        pytest.param(lambda b: b"\xef\xbb\xbf" + base64.b64encode(b"\xef\xbb\xbf" + b), id="bom-outside-and-inside"),
+        pytest.param(
+            lambda b: b"\xef\xbb\xbf" + base64.b64encode(b"\xef\xbb\xbf" + b), id="bom-outside-and-inside"
+        ),
     ],
 )
 def test_base64_link_lists_decode_in_every_accepted_spelling(encode):
@@ -211,18 +245,31 @@ def test_clash_ports_may_be_numeric_strings_and_bad_ports_skip_the_entry():
 
 def test_clash_entries_with_a_plugin_are_skipped():
     base = {"type": "ss", "server": "h.example", "port": 8388, "cipher": "aes-128-gcm", "password": SECRET}
-    parsed = parse_body(clash(
-        {**base, "name": "plain", "plugin": ""},
-        {**base, "name": "obfs", "port": 8389, "plugin": "obfs"},
-        {**base, "name": "opts", "port": 8390, "plugin-opts": {"mode": "tls"}},
-    ))
+    parsed = parse_body(
+        clash(
+            {**base, "name": "plain", "plugin": ""},
+            {**base, "name": "obfs", "port": 8389, "plugin": "obfs"},
+            {**base, "name": "opts", "port": 8390, "plugin-opts": {"mode": "tls"}},
+        )
+    )
     assert [n.name for n in parsed.nodes] == ["plain"]
     assert [d.reason for d in parsed.diagnostics] == ["unsupported-plugin", "unsupported-plugin"]
 
 
 def test_clash_http_with_tls_is_an_https_node_with_its_server_name():
-    parsed = parse_body(clash({"name": "web", "type": "http", "server": "proxy.example", "port": 443,
-                               "tls": True, "sni": "front.example", "skip-cert-verify": True}))
+    parsed = parse_body(
+        clash(
+            {
+                "name": "web",
+                "type": "http",
+                "server": "proxy.example",
+                "port": 443,
+                "tls": True,
+                "sni": "front.example",
+                "skip-cert-verify": True,
+            }
+        )
+    )
     (node,) = parsed.nodes
     assert node.protocol == "https"
     assert dict(node.params) == {"sni": "front.example", "allowInsecure": "1"}
@@ -230,27 +277,44 @@ def test_clash_http_with_tls_is_an_https_node_with_its_server_name():
 
 
 def test_clash_numeric_credentials_become_decimal_text_and_other_types_skip():
-    parsed = parse_body(clash(
-        {"name": "num", "type": "socks5", "server": "h.example", "port": 1, "username": 42, "password": 7},
-        {"name": "list", "type": "socks5", "server": "h.example", "port": 2, "password": [SECRET]},
-        {"name": "bool", "type": "socks5", "server": "h.example", "port": 3, "username": True},
-    ))
+    parsed = parse_body(
+        clash(
+            {
+                "name": "num",
+                "type": "socks5",
+                "server": "h.example",
+                "port": 1,
+                "username": 42,
+                "password": 7,
+            },
+            {"name": "list", "type": "socks5", "server": "h.example", "port": 2, "password": [SECRET]},
+            {"name": "bool", "type": "socks5", "server": "h.example", "port": 3, "username": True},
+        )
+    )
     (node,) = parsed.nodes
     assert (node.username, node.password) == ("42", "7")
     assert [d.reason for d in parsed.diagnostics] == ["invalid-password", "invalid-username"]
 
 
 def test_clash_unknown_types_and_missing_fields_are_located():
-    parsed = parse_body(clash(
-        {"name": "h", "type": "hysteria2", "server": "h.example", "port": 443, "password": SECRET},
-        "not an object",
-        {"name": "no-type", "server": "h.example", "port": 1},
-        {"name": "no-server", "type": "socks5", "port": 1},
-        {"name": "bad-cipher", "type": "ss", "server": "h.example", "port": 1, "cipher": "rc4-md5",
-         "password": SECRET},
-        {"name": "no-password", "type": "ss", "server": "h.example", "port": 1, "cipher": "aes-128-gcm"},
-        {"name": "ok", "type": "http", "server": "h.example", "port": 8080},
-    ))
+    parsed = parse_body(
+        clash(
+            {"name": "h", "type": "hysteria2", "server": "h.example", "port": 443, "password": SECRET},
+            "not an object",
+            {"name": "no-type", "server": "h.example", "port": 1},
+            {"name": "no-server", "type": "socks5", "port": 1},
+            {
+                "name": "bad-cipher",
+                "type": "ss",
+                "server": "h.example",
+                "port": 1,
+                "cipher": "rc4-md5",
+                "password": SECRET,
+            },
+            {"name": "no-password", "type": "ss", "server": "h.example", "port": 1, "cipher": "aes-128-gcm"},
+            {"name": "ok", "type": "http", "server": "h.example", "port": 8080},
+        )
+    )
     assert [n.name for n in parsed.nodes] == ["ok"]
     assert [(d.index, d.reason) for d in parsed.diagnostics] == [
         (1, "unsupported-protocol"),
@@ -271,14 +335,21 @@ def test_clash_entry_without_a_name_gets_type_server_and_port():
 
 
 def test_sing_box_structural_outbounds_are_passed_over_silently_and_others_are_diagnosed():
-    body = {"outbounds": [
-        {"type": "urltest", "tag": "auto", "outbounds": ["x"]},
-        {"type": "tuic", "tag": "t", "server": "h.example", "server_port": 443, "uuid": SECRET},
-        {"type": "socks", "tag": "chained", "server": "h.example", "server_port": 1, "detour": "v"},
-        {"type": "socks", "tag": "four", "server": "h.example", "server_port": 2, "version": "4a"},
-        {"type": "http", "tag": "tls", "server": "h.example", "server_port": 443,
-         "tls": {"enabled": True, "server_name": "sni.example"}},
-    ]}
+    body = {
+        "outbounds": [
+            {"type": "urltest", "tag": "auto", "outbounds": ["x"]},
+            {"type": "tuic", "tag": "t", "server": "h.example", "server_port": 443, "uuid": SECRET},
+            {"type": "socks", "tag": "chained", "server": "h.example", "server_port": 1, "detour": "v"},
+            {"type": "socks", "tag": "four", "server": "h.example", "server_port": 2, "version": "4a"},
+            {
+                "type": "http",
+                "tag": "tls",
+                "server": "h.example",
+                "server_port": 443,
+                "tls": {"enabled": True, "server_name": "sni.example"},
+            },
+        ]
+    }
     parsed = parse_body(json.dumps(body).encode())
     assert [(n.name, n.protocol, dict(n.params)) for n in parsed.nodes] == [
         ("tls", "https", {"sni": "sni.example"})
@@ -293,8 +364,14 @@ def test_sing_box_structural_outbounds_are_passed_over_silently_and_others_are_d
 def test_sip008_active_plugins_are_skipped_and_empty_ones_are_harmless():
     servers = [
         {"server": "h.example", "server_port": 1, "method": "aes-128-gcm", "password": SECRET, "plugin": ""},
-        {"server": "h.example", "server_port": 2, "method": "aes-128-gcm", "password": SECRET,
-         "plugin": "v2ray-plugin", "plugin_opts": "server"},
+        {
+            "server": "h.example",
+            "server_port": 2,
+            "method": "aes-128-gcm",
+            "password": SECRET,
+            "plugin": "v2ray-plugin",
+            "plugin_opts": "server",
+        },
     ]
     parsed = parse_body(json.dumps({"version": 1, "servers": servers}).encode())
     assert [(n.name, n.port) for n in parsed.nodes] == [("ss-h.example:1", 1)]

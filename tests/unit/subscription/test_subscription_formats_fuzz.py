@@ -14,32 +14,105 @@ FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCh
 
 # Pieces that steer detection and the per-format parsers, mixed with anything.
 _SYNTAX = st.sampled_from(
-    ["socks5://", "ss://", "http://", "https://", "vmess://", "@", ":", "#", "?plugin=", "\n", "\r\n",
-     "REMARKS=", "proxies:", "servers", "outbounds", "- ", "{", "}", "[", "]", '"', "'", ",", "&", "*a", "&a ",
-     "aes-256-gcm", "127.0.0.1", "[::1]", "1080", "65536", "=", "\ufeff", "type: ss", "!!python/object"]
+    [
+        "socks5://",
+        "ss://",
+        "http://",
+        "https://",
+        "vmess://",
+        "@",
+        ":",
+        "#",
+        "?plugin=",
+        "\n",
+        "\r\n",
+        "REMARKS=",
+        "proxies:",
+        "servers",
+        "outbounds",
+        "- ",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        "'",
+        ",",
+        "&",
+        "*a",
+        "&a ",
+        "aes-256-gcm",
+        "127.0.0.1",
+        "[::1]",
+        "1080",
+        "65536",
+        "=",
+        "\ufeff",
+        "type: ss",
+        "!!python/object",
+    ]
 )
 _TEXT = st.lists(st.one_of(_SYNTAX, st.text(max_size=10)), max_size=40).map("".join)
 
 _SCALAR = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(["socks5", "http", "ss", "shadowsocks", "socks", "selector", "aes-128-gcm", "h.example",
-                     "::1", "1080", "0", ""]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "socks5",
+            "http",
+            "ss",
+            "shadowsocks",
+            "socks",
+            "selector",
+            "aes-128-gcm",
+            "h.example",
+            "::1",
+            "1080",
+            "0",
+            "",
+        ]
+    ),
 )
 _JSON = st.recursive(
     _SCALAR,
     lambda inner: st.one_of(
         st.lists(inner, max_size=5),
         st.dictionaries(
-            st.sampled_from(["type", "server", "port", "server_port", "name", "tag", "password", "username",
-                             "cipher", "method", "plugin", "plugin-opts", "tls", "sni", "version", "detour",
-                             "proxies", "servers", "outbounds", "x"]),
+            st.sampled_from(
+                [
+                    "type",
+                    "server",
+                    "port",
+                    "server_port",
+                    "name",
+                    "tag",
+                    "password",
+                    "username",
+                    "cipher",
+                    "method",
+                    "plugin",
+                    "plugin-opts",
+                    "tls",
+                    "sni",
+                    "version",
+                    "detour",
+                    "proxies",
+                    "servers",
+                    "outbounds",
+                    "x",
+                ]
+            ),
             inner,
             max_size=8,
         ),
     ),
     max_leaves=30,
 )
+
 
 # Entries close to valid ones, so admission (ids, duplicates, credentials) runs often.
 def _mostly(valid: list, invalid: list) -> st.SearchStrategy:
@@ -57,8 +130,14 @@ _ENTRY = st.fixed_dictionaries(
         "password": _mostly(["pw", "s3cret", "x"], ["", 0]),
     },
     optional={
-        "cipher": _CIPHER, "method": _CIPHER, "username": _SCALAR, "tls": st.booleans(),
-        "plugin": _mostly(["", None], ["obfs"]), "name": _SCALAR, "tag": _SCALAR, "remarks": _SCALAR,
+        "cipher": _CIPHER,
+        "method": _CIPHER,
+        "username": _SCALAR,
+        "tls": st.booleans(),
+        "plugin": _mostly(["", None], ["obfs"]),
+        "name": _SCALAR,
+        "tag": _SCALAR,
+        "remarks": _SCALAR,
         "sni": _SCALAR,
     },
 )

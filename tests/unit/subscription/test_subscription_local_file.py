@@ -15,8 +15,10 @@ NODES = b"socks5://192.0.2.1:1080#local-a\nsocks5://192.0.2.2:1080#local-b\n"
 
 
 def test_a_relative_file_url_resolves_against_the_configuration_and_names_a_tagless_entry(tmp_path: Path):
-    text = ("subscription {\n    mine: 'file://subs/nodes.sub'\n    'file:///srv/other.sub'\n"
-            "    'https-file://example.com/link?token=1'\n}\n")
+    text = (
+        "subscription {\n    mine: 'file://subs/nodes.sub'\n    'file:///srv/other.sub'\n"
+        "    'https-file://example.com/link?token=1'\n}\n"
+    )
     spec = load_text(text, "dae", base_dir=str(tmp_path))
     assert [(s.name, s.url) for s in spec.subscriptions] == [
         ("mine", f"file://{tmp_path / 'subs' / 'nodes.sub'}"),

@@ -39,8 +39,15 @@ def run_once(spec: SubscriptionSpec, selected: set[str]) -> tuple[Recording, Rec
         return rule if s.name in selected else None
 
     async def scenario() -> None:
-        m = SubscriptionManager([spec], None, FakeClock(), ordinary, lambda nodes: None,
-                                dial_via=lambda name: via, dial_for=dial_for)
+        m = SubscriptionManager(
+            [spec],
+            None,
+            FakeClock(),
+            ordinary,
+            lambda nodes: None,
+            dial_via=lambda name: via,
+            dial_for=dial_for,
+        )
         await m.start()
         waits = [asyncio.ensure_future(d.dialled.wait()) for d in (ordinary, via, rule)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

@@ -11,8 +11,12 @@ from honk.subscription.fetch import USAGE_KEYS, parse_userinfo
 
 def test_the_four_known_keys_are_read_in_any_order_and_case():
     header = b"upload=455727941; Download=6174315083; total=1073741824000; expire=1767225600"
-    assert parse_userinfo(header) == {"upload": 455727941, "download": 6174315083,
-                                      "total": 1073741824000, "expire": 1767225600}
+    assert parse_userinfo(header) == {
+        "upload": 455727941,
+        "download": 6174315083,
+        "total": 1073741824000,
+        "expire": 1767225600,
+    }
 
 
 def test_unknown_keys_and_malformed_values_are_left_out():

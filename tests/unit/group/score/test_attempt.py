@@ -146,14 +146,17 @@ def test_settle_contributes_one_outcome() -> None:
     assert cell.failures.value(2.0) == 0.0
 
 
-@pytest.mark.parametrize(("setup", "respond", "result", "expected"), [
-    (True, True, Result.success(), Outcome.USEFUL),
-    (True, False, Result.success(), Outcome.SUCCESS),
-    (False, False, Result.failure(), Outcome.SETUP_FAILURE),
-    (True, False, Result.failure(), Outcome.FAILURE),
-    (True, True, Result.idle(), Outcome.USEFUL),
-    (True, False, Result.idle(), Outcome.FAILURE),
-])
+@pytest.mark.parametrize(
+    ("setup", "respond", "result", "expected"),
+    [
+        (True, True, Result.success(), Outcome.USEFUL),
+        (True, False, Result.success(), Outcome.SUCCESS),
+        (False, False, Result.failure(), Outcome.SETUP_FAILURE),
+        (True, False, Result.failure(), Outcome.FAILURE),
+        (True, True, Result.idle(), Outcome.USEFUL),
+        (True, False, Result.idle(), Outcome.FAILURE),
+    ],
+)
 def test_settlement_maps_the_ending_onto_one_cell_outcome(setup, respond, result, expected) -> None:
     reporter = _feedback(ScoreEvidence(), Cohorts()).start().begin(0.0).into_reporter(0.0)
     if setup:
@@ -264,25 +267,39 @@ def test_neutral_end_keeps_prior_failure_state() -> None:
     assert cohorts.failures(_cell()) == 1
 
 
-@pytest.mark.parametrize("err", [errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, errno.ENOTCONN,
-                                 errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, None])
+@pytest.mark.parametrize(
+    "err",
+    [
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ENOTCONN,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        None,
+    ],
+)
 def test_client_side_errnos_are_neutral_and_upstream_ones_fail(err) -> None:
     assert classify_relay_end(client_error(err)).ending is Ending.CLIENT_GONE
     assert classify_relay_end(upstream_error(err)).ending is Ending.FAILURE
 
 
-@pytest.mark.parametrize(("error", "ending"), [
-    (None, Ending.SUCCESS),
-    (FlowClosed("closed by request"), Ending.CANCELLED),
-    (OutboundDrained(), Ending.CANCELLED),
-    (asyncio.CancelledError(), Ending.CANCELLED),
-    (IdleTimeout("idle"), Ending.IDLE),
-    (UpstreamFailed("upstream connection lost"), Ending.FAILURE),
-    (client_error(errno.EINVAL), Ending.FAILURE),  # unexpected errno on the client: not neutral
-    (local_error(errno.ENOMEM), Ending.FAILURE),
-    (RelayError("relay failed"), Ending.FAILURE),
-    (ValueError("unclassified"), Ending.FAILURE),
-])
+@pytest.mark.parametrize(
+    ("error", "ending"),
+    [
+        (None, Ending.SUCCESS),
+        (FlowClosed("closed by request"), Ending.CANCELLED),
+        (OutboundDrained(), Ending.CANCELLED),
+        (asyncio.CancelledError(), Ending.CANCELLED),
+        (IdleTimeout("idle"), Ending.IDLE),
+        (UpstreamFailed("upstream connection lost"), Ending.FAILURE),
+        (client_error(errno.EINVAL), Ending.FAILURE),  # unexpected errno on the client: not neutral
+        (local_error(errno.ENOMEM), Ending.FAILURE),
+        (RelayError("relay failed"), Ending.FAILURE),
+        (ValueError("unclassified"), Ending.FAILURE),
+    ],
+)
 def test_relay_ends_classify_by_type(error, ending) -> None:
     assert classify_relay_end(error).ending is ending
 
@@ -309,7 +326,9 @@ def test_flows_ended_by_one_error_object_or_by_errors_it_caused_share_one_episod
         error.__cause__ = cause
     assert classify_relay_end(wrapped[0]).episode is classify_relay_end(wrapped[1]).episode
     # separate failures stay separate episodes; an episode the caller names wins
-    assert classify_relay_end(UpstreamFailed("a")).episode is not classify_relay_end(UpstreamFailed("b")).episode
+    assert (
+        classify_relay_end(UpstreamFailed("a")).episode is not classify_relay_end(UpstreamFailed("b")).episode
+    )
     named = Episode()
     assert classify_relay_end(carrier, episode=named).episode is named
 
@@ -318,8 +337,10 @@ def test_one_failure_fans_out_with_one_episode_to_several_flows() -> None:
     evidence, cohorts = ScoreEvidence(), Cohorts()
     flows = [_flowing(_feedback(evidence, cohorts)) for _ in range(3)]
     carrier = Episode()
-    results = [flow.settle(1.0 + i * STEP, classify_relay_end(upstream_error(errno.ECONNRESET), episode=carrier))
-               for i, flow in enumerate(flows)]
+    results = [
+        flow.settle(1.0 + i * STEP, classify_relay_end(upstream_error(errno.ECONNRESET), episode=carrier))
+        for i, flow in enumerate(flows)
+    ]
     assert all(r.outcome is Outcome.FAILURE for r in results)
     assert cohorts.failures(_cell()) == len(flows)
     assert cohorts.open_episode(_cell()) == carrier

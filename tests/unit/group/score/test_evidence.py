@@ -43,6 +43,7 @@ def _useful(ev, now, times=4, target=T1):
 
 # --- keys and layers ------------------------------------------------------------------------------
 
+
 def test_equivalent_targets_land_in_the_same_exact_cell_and_other_ports_in_another():
     ev = ScoreEvidence()
     ev.record("g", TCP, ScoreTarget.parse("Example.COM.:443"), NODE, Outcome.SUCCESS, 0.0, V4)
@@ -85,6 +86,7 @@ def test_reads_never_create_cells():
 
 
 # --- cells, LRU and incarnations ------------------------------------------------------------------
+
 
 def test_the_least_recently_used_cell_is_evicted_first():
     store = CellStore(2)
@@ -136,6 +138,7 @@ def test_the_lru_never_exceeds_its_cap(cap, keys):
 
 # --- decay, blending and Beta bounds --------------------------------------------------------------
 
+
 def test_exact_evidence_overrides_the_aggregate_as_it_grows_and_yields_as_it_ages():
     ev = ScoreEvidence()
     _record(ev, T2, Outcome.USEFUL, 0.0, times=20, destination=V4B)  # the family is healthy
@@ -186,6 +189,7 @@ def test_setup_failures_weigh_more_than_failures_in_the_bound():
 
 
 # --- qualification and its lease ------------------------------------------------------------------
+
 
 def test_four_useful_completions_qualify_and_decay_unqualifies():
     ev = ScoreEvidence()
@@ -323,7 +327,9 @@ def test_a_cells_standing_is_reused_briefly_and_recomputed_after_a_record_or_the
     later = 10.0 + BOUND_REUSE / 2
     assert cell.standing(later) == first  # reused within the window ...
     fresh = standing(cell, later)
-    assert first == pytest.approx(fresh, rel=5e-4)  # ... where decay barely moves it (0.02 % in half a second)
+    assert first == pytest.approx(
+        fresh, rel=5e-4
+    )  # ... where decay barely moves it (0.02 % in half a second)
     cell.record(Outcome.FAILURE, later)  # new evidence: recomputed at once
     assert cell.standing(later) == standing(cell, later)
     assert cell.standing(later).bound < first.bound

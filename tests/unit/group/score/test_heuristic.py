@@ -156,7 +156,10 @@ def test_fresh_comparable_target_response_overrides_probe_baseline(clock):
     h = FirstChoiceHeuristic()
     _probe(h, A, 0.010, clock.now)
     _probe(h, B, 0.100, clock.now)
-    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[A] > utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[B]
+    assert (
+        utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[A]
+        > utilities(h, "g", TCP, T1, V4, [A, B], clock.now)[B]
+    )
     _response(h, A, 0.300, clock.now)
     _response(h, B, 0.100, clock.now)
     scores = utilities(h, "g", TCP, T1, V4, [A, B], clock.now)
@@ -289,16 +292,27 @@ def test_the_heuristic_keeps_at_most_as_many_keys_as_the_exact_evidence_store():
 
 
 _op = st.one_of(
-    st.tuples(st.just("probe"), st.sampled_from([A, B, C]), st.sampled_from([V4, Family.V6]),
-              st.floats(0.001, 0.5)),
-    st.tuples(st.just("response"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
+    st.tuples(
+        st.just("probe"), st.sampled_from([A, B, C]), st.sampled_from([V4, Family.V6]), st.floats(0.001, 0.5)
+    ),
+    st.tuples(
+        st.just("response"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)
+    ),
     st.tuples(st.just("setup"), st.sampled_from([A, B, C]), st.sampled_from([T1, T2]), st.floats(0.001, 0.5)),
     st.tuples(st.just("advance"), st.floats(0.0, 70.0)),
-    st.tuples(st.just("read"), st.sampled_from([T1, T2, None]), st.sampled_from([V4, Family.V6, None]),
-              st.sampled_from([[A, B, C], [B, A], [A, C, A]])),
-    st.tuples(st.just("reload"),),
+    st.tuples(
+        st.just("read"),
+        st.sampled_from([T1, T2, None]),
+        st.sampled_from([V4, Family.V6, None]),
+        st.sampled_from([[A, B, C], [B, A], [A, C, A]]),
+    ),
+    st.tuples(
+        st.just("reload"),
+    ),
     st.tuples(st.just("prune"), st.sampled_from([A, B, C])),
-    st.tuples(st.just("expire"),),
+    st.tuples(
+        st.just("expire"),
+    ),
 )
 
 
@@ -339,8 +353,9 @@ def test_a_read_returns_what_a_heuristic_that_never_read_before_returns(ops):
         fresh = FirstChoiceHeuristic()
         for earlier, at in applied:
             _apply(fresh, earlier, at)
-        assert h.score("g", TCP, target, family, candidates, now) == \
-            fresh.score("g", TCP, target, family, candidates, now)
+        assert h.score("g", TCP, target, family, candidates, now) == fresh.score(
+            "g", TCP, target, family, candidates, now
+        )
 
 
 def test_a_new_probe_rtt_changes_the_very_next_read(clock):
@@ -381,8 +396,10 @@ def test_a_probe_baseline_loses_confidence_and_expires_with_its_readings(clock):
     _probe(h, B, 0.02, clock.now)
     assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: 1.0, B: 0.5}
     clock.advance(PERFORMANCE_CONFIDENCE_LOSS)
-    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == \
-        {A: PERFORMANCE_STALE_CONFIDENCE, B: 0.5 * PERFORMANCE_STALE_CONFIDENCE}
+    assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {
+        A: PERFORMANCE_STALE_CONFIDENCE,
+        B: 0.5 * PERFORMANCE_STALE_CONFIDENCE,
+    }
     clock.advance(PERFORMANCE_EXPIRY - PERFORMANCE_CONFIDENCE_LOSS)
     assert utilities(h, "g", TCP, T1, V4, [A, B], clock.now) == {A: None, B: None}
 

@@ -377,7 +377,6 @@ def test_reload_keeps_scopes_and_needs_a_membership():
     assert entry(state)["coldSpent"] == 1
 
 
-
 def test_an_incumbent_whose_only_rival_failed_recently_is_held_not_a_crash(state):
     group = trained_incumbent(state, "ab")
     fail(state, "b", T0 + 1)  # the rival is excluded for its recent failure: no one to compare with
@@ -479,7 +478,9 @@ def test_more_flows_of_the_failure_burst_do_not_grow_the_backoff(state):
     assert rank(state, group, T0 + 3 + EXPLORATION_BACKOFF_MIN).reason == "periodicExplore"
 
 
-def test_an_answered_trial_continues_until_four_reporters_recover_then_ordinary_selection_decides(state, perf):
+def test_an_answered_trial_continues_until_four_reporters_recover_then_ordinary_selection_decides(
+    state, perf
+):
     for node in "ab":
         train(state, node)
     group = members("a", "b")
@@ -545,11 +546,14 @@ def test_a_trial_without_credit_is_refused_and_the_flow_goes_to_the_ordinary_win
     assert ranked.winner.name == "b" and ranked.reason not in TRIALS
 
 
-_OPS = st.lists(st.tuples(
-    st.sampled_from(["rank", "peek", "retry", "fail", "answer", "wait"]),
-    st.sampled_from(["a", "b", "c"]),
-    st.floats(min_value=0.1, max_value=2 * EXPLORATION_BACKOFF_MIN),
-), max_size=60)
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["rank", "peek", "retry", "fail", "answer", "wait"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.floats(min_value=0.1, max_value=2 * EXPLORATION_BACKOFF_MIN),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -603,4 +607,3 @@ def test_a_second_independent_target_path_failure_escapes_at_once(state):
     target_fail(state, "a", T0 + 3, "second")
     ranked = rank(state, group, T0 + 4)
     assert ranked.winner.name == "b" and ranked.reason == "freshFailureBypass"
-
