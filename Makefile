@@ -71,11 +71,15 @@ run: venv
 	$(BIN)/honk run -c $(CONFIG)
 
 # The whole suite with the compiled kernels required, then on the pure-Python twins
-# the suites that reach the kernels: every sans-I/O test (the kernels' own, groups,
-# health, Score, the simulations) and the integration tests whose bytes cross the
-# relay engine or the eBPF maps. The rest of the integration suite would run the
-# same kernel code a third time and cost the twin pass two thirds of its time.
-TWIN_TESTS = tests/unit tests/sim \
+# the suites that reach the kernels: the sans-I/O tests (the kernels' own, groups,
+# health, Score, relay, codecs, configuration, the simulations) and the integration tests
+# whose bytes cross the relay engine or the eBPF maps. The rest (the API, CLI, DNS,
+# geodata, netlink, router and subscription units, most of the integration suite) would
+# run the same kernel code again and cost the twin pass time it does not need.
+TWIN_SKIP = --ignore=tests/unit/api --ignore=tests/unit/cli --ignore=tests/unit/dns \
+	--ignore=tests/unit/geo --ignore=tests/unit/netlink --ignore=tests/unit/subscription \
+	--ignore=tests/unit/daemon --ignore=tests/unit/route
+TWIN_TESTS = $(TWIN_SKIP) tests/unit tests/sim \
 	tests/integration/test_relay_engine.py tests/integration/test_socks_fastpath.py \
 	tests/integration/test_mixed_proxy.py tests/integration/test_transparent_tcp.py \
 	tests/integration/test_shadowsocks_relay.py tests/integration/test_shadowsocks_outbound.py \
