@@ -34,6 +34,7 @@ class AuthThrottle:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # source -> (tokens, at)
+        self._swept = float("-inf")  # when the table was last cleared of refilled sources
 
     def _tokens(self, source: str, now: float) -> float:
         entry = self._buckets.get(source)
@@ -52,6 +53,11 @@ class AuthThrottle:
         tokens = self._tokens(source, now) - 1.0
         self._buckets[source] = (tokens, now)
         self._buckets.move_to_end(source)
+        # a large table is cleared of refilled sources at most once a refill time, so a scan from
+        # many addresses costs one pass over the table per FAILURE_REFILL, not one per failure
+        if len(self._buckets) >= SOURCES_MAX // 2 and now - self._swept >= FAILURE_REFILL:
+            self._swept = now
+            self.sweep()
         while len(self._buckets) > SOURCES_MAX:
             self._buckets.popitem(last=False)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from aiohttp import web
 
 from honk.api import clash, metrics, native
-from honk.api.authguard import REJECTED, SOURCES_MAX, THROTTLED, AuthThrottle
+from honk.api.authguard import REJECTED, THROTTLED, AuthThrottle
 from honk.api.context import Control
 from honk.api.errors import ApiError, render, unauthorized
 from honk.api.server import MAX_BODY, ConnectionGuard
@@ -127,8 +127,6 @@ def auth_middleware(secret: str, control: Control) -> Callable[..., Awaitable[we
             if not _authorized(request, expected, token_bytes):
                 throttle.failed(source)
                 count(REJECTED)
-                if len(throttle) >= SOURCES_MAX // 2:
-                    throttle.sweep()
                 log.info("API authentication failed %s", kv(source=source, path=request.path))
                 raise unauthorized()
         return await handler(request)
