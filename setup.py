@@ -19,7 +19,7 @@ from setuptools.command.build_ext import build_ext
 # and modules written in Cython proper (<name>_c.pyx). A source that does not
 # exist yet is skipped, so the list can name modules before they land.
 KERNELS = ("movavg", "ring", "decay", "beta", "cell", "rank", "nodeid", "valuetype")
-PYX_MODULES = ("relay", "bpfmap", "tlsverify", "vmesskdf")
+PYX_MODULES = ("relay", "socks5hs", "bpfmap", "tlsverify", "vmesskdf")
 # C libraries a Cython module links with: the relay engine seals and opens Shadowsocks
 # AEAD chunks with OpenSSL's libcrypto, and drives TLS flows' records with libssl (the
 # library Python's _ssl uses; headers from libssl-dev); the chain cache hooks the same libssl;
@@ -53,7 +53,7 @@ def _drop_stale_sources(exts):
     """Remove a generated C file older than any kernel .pxd or C header: cythonize does not notice
     a changed augmenting .pxd (its own, or one it cimports) or header, and a stale module then
     fails at import with a binary-size mismatch. Regenerating the few small kernels is cheap."""
-    pxds = [os.path.join("honk/_fast", f) for f in os.listdir("honk/_fast") if f.endswith((".pxd", ".h"))]
+    pxds = [os.path.join("honk/_fast", f) for f in os.listdir("honk/_fast") if f.endswith((".pxd", ".pxi", ".h"))]
     newest = max((os.path.getmtime(p) for p in pxds), default=0.0)
     for ext in exts:
         generated = os.path.splitext(ext.sources[0])[0] + ".c"

@@ -31,6 +31,7 @@ KERNELS = tuple(
         "nodeid",
         "valuetype",
         "relay",
+        "socks5hs",
         "bpfmap",
         "tlsverify",
         "vmesskdf",

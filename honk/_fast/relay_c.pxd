@@ -287,50 +287,17 @@ cdef class Engine:
     cdef void _worker(self) noexcept nogil
     cdef void _take_commands(self, double now) noexcept nogil
     cdef void _add(self, Cmd* c, double now) noexcept nogil
-    cdef void _accept(self, Lst* l, double now) noexcept nogil
-    cdef void _hs_read(self, Hs* h, double now) noexcept nogil
-    cdef void _hs_unlink(self, Hs* h) noexcept nogil
-    cdef void _hs_release(self, Hs* h, int kind) noexcept nogil
-    cdef void _hs_start(self, Cmd* c, double now) noexcept nogil
-    cdef void _hs_reject(self, Hs* h, int code) noexcept nogil
-    cdef void _connected(self, Flow* f, double now) noexcept nogil
-    cdef int _put_head(self, Flow* f, char* head, size_t n, double now) noexcept nogil
-    cdef int _tls_handshake(self, Flow* f, double now) noexcept nogil
-    cdef int _hs_send(self, Flow* f, double now) noexcept nogil
-    cdef int _wbio_take(self, Flow* f, double now) noexcept nogil
-    cdef void _unlisten(self, Lst* l, int drop, double now) noexcept nogil
-    cdef void _emit_lst(self, uint64_t lid, int kind, int64_t a, double now) noexcept nogil
     cdef object _push(self, Cmd* c)
     cdef Hs* _take_token(self, token) except NULL
     cdef object _start_flow(self, Cmd* c, token, listener)
     cdef object _deliver(self)
     cdef void _drained(self) noexcept
-    cdef object _listener_event(self, Event* e)
     cdef uint32_t _new_slot(self) except? 0xFFFFFFFF
     cdef int _pump(self, Flow* f, int di, double now) noexcept nogil
     cdef int _pass_through(self, Flow* f, int di, size_t n, double now) noexcept nogil
     cdef int _send_rest(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil
-    cdef int _framed(self, Flow* f, int di, size_t n, double now) noexcept nogil
-    cdef int _framed_start(self, Flow* f, double now) noexcept nogil
-    cdef void _framing_failed(self, Flow* f, int err, double now) noexcept nogil
-    cdef int _framed_buffers(self, Flow* f, double now) noexcept nogil
-    cdef int _tls_start(self, Flow* f, double now) noexcept nogil
-    cdef int _tls_up(self, Flow* f, size_t n, double now) noexcept nogil
-    cdef int _tls_down(self, Flow* f, size_t n, double now) noexcept nogil
-    cdef int _tls_deliver(self, Flow* f, size_t n, double now) noexcept nogil
-    cdef int _tls_vmess(self, Flow* f, uint8_t* p, size_t n, double now) noexcept nogil
-    cdef int _tls_ending(self, Flow* f, double now) noexcept nogil
-    cdef int _tls_eof(self, Flow* f, int di, double now) noexcept nogil
-    cdef int _tls_flush(self, Flow* f, double now) noexcept nogil
-    cdef int _tls_refused(self, Flow* f) noexcept nogil
-    cdef int _wbio_owed(self, Flow* f, double now) noexcept nogil
     cdef int _owe(self, Flow* f, int di, const char* data, size_t n, double now) noexcept nogil
     cdef int _append(self, Flow* f, Dir* d, const char* data, size_t n, double now) noexcept nogil
-    cdef int _reserve(self, Flow* f, Dir* d, size_t size, double now) noexcept nogil
-    cdef int _keep(self, Flow* f, Aead* a, uint8_t* rest, size_t n, size_t cap, double now) noexcept nogil
-    cdef ssize_t _vmess_opened(self, Flow* f, Aead* a, uint8_t* p, size_t total, size_t* opened, double now) noexcept nogil
-    cdef int _framed_eof(self, Flow* f, int di, double now) noexcept nogil
-    cdef int _vmess_end(self, Flow* f, double now) noexcept nogil
     cdef void _took(self, Flow* f, int di, uint64_t* counter, size_t n, double now) noexcept nogil
     cdef void _service(self, Flow* f, double now) noexcept nogil
     cdef void _end(self, Flow* f, int cause, int side_errno, double now) noexcept nogil

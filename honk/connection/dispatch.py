@@ -56,6 +56,7 @@ from honk.group.score.attempt import ScoreFeedback, ScoreReporter
 from honk.outbound.base import DialedStream, EnginePlan, Outbound
 from honk.outbound.bridge import relay_end
 from honk.outbound.direct import DirectOutbound
+from honk.proto.framing import Framing
 from honk.relay import relay_engine
 from honk.relay.stream import StreamConn
 from honk.route.router import RouteDecision
@@ -100,7 +101,7 @@ class Upstream:
 
     routed: Routed
     sock: socket.socket
-    framing: Any = None  # DialedStream.framing: None for a plain stream
+    framing: Framing | None = None  # DialedStream.framing: None for a plain stream
     bridge: Any = None  # DialedStream.bridge: how a bridged stream's server side ended
 
 

@@ -60,6 +60,7 @@ from honk.daemon.loopguard import LoopGuard
 from honk.daemon.notify import Notifier
 from honk.dns.own import OwnLookups, own_lookups, subscription_upstream
 from honk.ebpf.service import SlotService
+from honk.group.events import ChoiceChanged, FlowsInterrupted, GroupEvent, SelectionMoved
 from honk.group.manager import SharedGroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 from honk.inbound.mixed import MixedInbound
@@ -266,7 +267,7 @@ class Daemon:
         """The applier's one store: new flows route with ``plane`` from now on."""
         glob = plane.spec.global_
         if not republish:
-            self._install_callbacks(plane)  # before the plane is published
+            self._install_group_events(plane)  # before the plane is published
         self.dispatcher.swap_plane(plane, glob, resolver)  # type: ignore[arg-type]
         self._set_log_level(plane.spec)
         if republish:
@@ -289,11 +290,19 @@ class Daemon:
         else:
             await self.health.apply(plane)
 
-    def _install_callbacks(self, plane: Plane) -> None:
-        """What a group manager reports to the daemon; installed before the plane is published."""
-        plane.groups.on_choice = self.health.save_choice
-        plane.groups.on_interrupt = self._interrupt
-        plane.groups.on_change = self._selection_moved
+    def _install_group_events(self, plane: Plane) -> None:
+        """Route what a group manager reports to the daemon; installed before the plane is published."""
+        plane.groups.sink = self._group_event
+
+    def _group_event(self, event: GroupEvent) -> None:
+        """The one routing point of group events, run synchronously inside the manager's call."""
+        match event:
+            case ChoiceChanged(group, network, identity):
+                self.health.save_choice(group, network, identity)
+            case SelectionMoved(group, network):
+                self._selection_moved(group, network)
+            case FlowsInterrupted(group, network):
+                self._interrupt(group, network)
 
     def _selection_moved(self, group: str, network: Network) -> None:
         self.stats.selection_changed(group, network.value)

@@ -7,7 +7,12 @@ policy returns the member's name, or ``None`` when it has no eligible pick (the 
 then follows the group's ``final``, or the sole-leaf TCP last resort).
 
 ``commit`` is False for a peek (introspection, warm-up, delay-test listings): nothing a
-policy remembers changes then. Nothing here does I/O or reads a clock.
+policy remembers changes then. Nothing here does I/O or reads a clock. ``commit(network,
+member)`` says whether the served member replaced one the policy served before (the
+selection moved); the manager reports that, so a policy holds no callback.
+
+:data:`POLICIES` maps each configured policy (and strategy) to the factory that builds it;
+:func:`make_policy` only looks it up.
 
 * :class:`Selector`: the runtime choice for the network, else ``default``, else the member
   ``fixed(N)`` names (the first one without N), decided before and independently of health.
@@ -114,8 +119,9 @@ class GroupPolicy(Protocol):
 
     def pick(self, candidates: Candidates, commit: bool) -> str | None: ...
 
-    def commit(self, network: Network, member: str) -> None:
-        """Remember that ``member`` served ``network`` (what ``pick`` with commit would do)."""
+    def commit(self, network: Network, member: str) -> bool:
+        """Remember that ``member`` served ``network`` (what ``pick`` with commit would do);
+        whether it replaced the member served before (the selection moved)."""
 
 
 class Selector:
@@ -174,8 +180,8 @@ class Selector:
             return None
         return chosen if candidates.evaluate(chosen).eligible else None
 
-    def commit(self, network: Network, member: str) -> None:
-        pass  # a Selector's choice changes only by a write
+    def commit(self, network: Network, member: str) -> bool:
+        return False  # a Selector's choice changes only by a write
 
     def validate(self, member: str) -> None:
         if member not in self._member_set:
@@ -237,11 +243,21 @@ def _fixed_pick(fixed: dict[Network, str], candidates: Candidates) -> str | None
     return None
 
 
+def _remember(served: dict[Network, str], network: Network, member: str, epoch: Epoch) -> bool:
+    """Keep ``member`` as ``network``'s served one; whether it replaced an earlier one."""
+    previous = served.get(network)
+    if previous == member:
+        return False
+    served[network] = member
+    epoch.bump()
+    return previous is not None
+
+
 class URLTest(Fixable):
     """Lowest moving average, with hysteresis and strikes; separate TCP and UDP winners."""
 
     kind = Policy.URLTEST
-    __slots__ = ("name", "members", "tolerance", "rank_by", "epoch", "moved", "_winner", "_fixed")
+    __slots__ = ("name", "members", "tolerance", "rank_by", "epoch", "_winner", "_fixed")
 
     def __init__(
         self,
@@ -258,7 +274,6 @@ class URLTest(Fixable):
         self.rank_by = rank_by  # the metric's statistic: "" moving average, "last", "avg10" (HealthFilter)
         self._winner: dict[Network, str] = {}
         self._fixed: dict[Network, str] = {}
-        self.moved: Callable[[Network], None] | None = None  # a winner was replaced
 
     def winner(self, network: Network) -> str | None:
         return self._winner.get(network)
@@ -276,15 +291,11 @@ class URLTest(Fixable):
             self.commit(network, ranked)
         return ranked
 
-    def commit(self, network: Network, member: str) -> None:
+    def commit(self, network: Network, member: str) -> bool:
+        """True when an earlier winner was replaced (a first winner moves nothing)."""
         if self._fixed.get(network) == member:
-            return  # served for the pin: the automatic winner stays what it was
-        previous = self._winner.get(network)
-        if previous != member:
-            self._winner[network] = member
-            self.epoch.bump()
-            if previous is not None and self.moved is not None:
-                self.moved(network)
+            return False  # served for the pin: the automatic winner stays what it was
+        return _remember(self._winner, network, member, self.epoch)
 
     def _decide(self, eligible: list[Candidate], incumbent_network: Network, metric) -> str:  # noqa: ANN001
         best = min(eligible, key=lambda c: _rank_key(c, metric))
@@ -348,9 +359,10 @@ class LoadBalance:
                 return self.members[index]
         return None
 
-    def commit(self, network: Network, member: str) -> None:
+    def commit(self, network: Network, member: str) -> bool:
         self._last[network] = self.members.index(member)
         self.epoch.bump()  # every served pick moves the cursor
+        return False  # a rotation is no selection change
 
 
 class Random:
@@ -387,9 +399,10 @@ class Random:
             self.commit(network, drawn)
         return drawn
 
-    def commit(self, network: Network, member: str) -> None:
+    def commit(self, network: Network, member: str) -> bool:
         self._drawn.pop(network, None)  # served: the next selection draws again
         self.epoch.bump()
+        return False  # a draw is no selection change, as a rotation
 
 
 class Fallback(Fixable):
@@ -403,7 +416,7 @@ class Fallback(Fixable):
     """
 
     kind = Policy.FALLBACK
-    __slots__ = ("name", "members", "epoch", "moved", "_pin", "_fixed")
+    __slots__ = ("name", "members", "epoch", "_pin", "_fixed")
 
     def __init__(self, name: str, members: tuple[str, ...], epoch: Epoch | None = None) -> None:
         self.name = name
@@ -411,7 +424,6 @@ class Fallback(Fixable):
         self.members = members
         self._pin: dict[Network, str] = {}
         self._fixed: dict[Network, str] = {}
-        self.moved: Callable[[Network], None] | None = None  # the pin moved to another member
 
     def pin(self, network: Network) -> str | None:
         return self._pin.get(network)
@@ -446,15 +458,11 @@ class Fallback(Fixable):
         eligible.sort(key=lambda c: (c.demoted, c.index))
         return [c.member for c in eligible[:limit]]
 
-    def commit(self, network: Network, member: str) -> None:
+    def commit(self, network: Network, member: str) -> bool:
+        """True when the pin moved off an earlier member (a first pin moves nothing)."""
         if self._fixed.get(network) == member:
-            return  # served for the runtime pin: the sticky pin stays what it was
-        previous = self._pin.get(network)
-        if previous != member:
-            self._pin[network] = member
-            self.epoch.bump()
-            if previous is not None and self.moved is not None:
-                self.moved(network)
+            return False  # served for the runtime pin: the sticky pin stays what it was
+        return _remember(self._pin, network, member, self.epoch)
 
 
 class ScoreCandidates(Candidates, Protocol):
@@ -509,8 +517,53 @@ class Score:
             peek=not commit,
         )
 
-    def commit(self, network: Network, member: str) -> None:
-        pass  # the manager applies a Score pick by ranking again with commit (it needs the target)
+    def commit(self, network: Network, member: str) -> bool:
+        return False  # a Score pick is applied by its pick with commit (it needs the target)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyInputs:
+    """What a policy factory builds from: the group's spec and members, and what the manager shares."""
+
+    spec: GroupSpec
+    members: tuple[str, ...]
+    epoch: Epoch | None = None
+    score: ScoreState | None = None  # the lineage's ScoreState; None: Score serves as URLTest
+    rng: random.Random | None = None  # what ``policy: random`` draws from
+
+
+PolicyFactory = Callable[[PolicyInputs], GroupPolicy]
+
+# (policy, strategy) -> factory; a strategy of None is the policy's default entry
+POLICIES: dict[tuple[Policy, str | None], PolicyFactory] = {}
+
+
+def register_policy(policy: Policy, factory: PolicyFactory, strategy: str | None = None) -> None:
+    """Make ``factory`` build the groups of ``policy`` (only with ``strategy``, when given)."""
+    POLICIES[(policy, strategy)] = factory
+
+
+def _score(inputs: PolicyInputs) -> GroupPolicy:
+    spec, members = inputs.spec, inputs.members
+    if inputs.score is None:  # score_ranking off: URLTest from probe delays, default statistic
+        return URLTest(spec.name, members, spec.tolerance, inputs.epoch)
+    return Score(spec.name, members, inputs.score, inputs.epoch)
+
+
+register_policy(
+    Policy.SELECTOR,
+    lambda i: Selector(i.spec.name, i.members, i.spec.default, i.epoch, i.spec.fixed_index),
+)
+register_policy(
+    Policy.URLTEST,
+    lambda i: URLTest(i.spec.name, i.members, i.spec.tolerance, i.epoch, i.spec.strategy),
+)
+register_policy(Policy.LOADBALANCE, lambda i: LoadBalance(i.spec.name, i.members, i.epoch))
+register_policy(
+    Policy.LOADBALANCE, lambda i: Random(i.spec.name, i.members, i.epoch, i.rng), strategy=PICK_RANDOM
+)
+register_policy(Policy.FALLBACK, lambda i: Fallback(i.spec.name, i.members, i.epoch))
+register_policy(Policy.SCORE, _score)
 
 
 def make_policy(
@@ -520,18 +573,9 @@ def make_policy(
     score: ScoreState | None = None,
     rng: random.Random | None = None,
 ) -> GroupPolicy:
-    """The policy object of a group. A Score group ranks with ``score``; without one it serves as
-    URLTest (see ``GroupManager.build``'s ``score_ranking``). A random group draws from ``rng``."""
-    if spec.policy is Policy.SELECTOR:
-        return Selector(spec.name, members, spec.default, epoch, spec.fixed_index)
-    if spec.policy is Policy.SCORE and score is not None:
-        return Score(spec.name, members, score, epoch)
-    if spec.policy is Policy.URLTEST:
-        return URLTest(spec.name, members, spec.tolerance, epoch, spec.strategy)
-    if spec.policy is Policy.SCORE:
-        return URLTest(spec.name, members, spec.tolerance, epoch)
-    if spec.policy is Policy.LOADBALANCE and spec.strategy == PICK_RANDOM:
-        return Random(spec.name, members, epoch, rng)
-    if spec.policy is Policy.LOADBALANCE:
-        return LoadBalance(spec.name, members, epoch)
-    return Fallback(spec.name, members, epoch)
+    """The policy object of a group, from its :data:`POLICIES` entry: the one registered for its
+    strategy, else its policy's default entry. A Score group ranks with ``score``; without one
+    it serves as URLTest (see ``GroupManager.build``'s ``score_ranking``). A random group draws
+    from ``rng``."""
+    factory = POLICIES.get((spec.policy, spec.strategy)) or POLICIES[(spec.policy, None)]
+    return factory(PolicyInputs(spec, members, epoch, score, rng))

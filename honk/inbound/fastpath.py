@@ -63,7 +63,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from honk._fast import relay as _relay
 from honk.connection import scoring
@@ -78,8 +78,10 @@ from honk.outbound.block import BlockOutbound
 from honk.outbound.bridge import relay_end
 from honk.outbound.direct import ConnectFailed
 from honk.outbound.tls import handshake_failed
+from honk.proto.framing import Framing
 from honk.proto.socks5 import reply_for
 from honk.proto.tls_framing import TlsFraming
+from honk.relay.events import EndCause, RelayEnd, Side, decode_end
 from honk.relay.native import NativeRelay, native_available, shared_engine, shared_engines
 
 if TYPE_CHECKING:
@@ -169,12 +171,13 @@ class FastFlow(NativeRelay):
         if kind == _EV_OPEN:
             self._path._opened(self, b)
         elif kind == _EV_END:
+            end = decode_end(a, b)
             if self.tracked is None:  # ended before it connected
                 self._ended = True
                 self._id = None
-                self._path._refused(self, a, b)
+                self._path._refused(self, end)
             else:
-                NativeRelay.relay_event(self, kind, a, b, t)
+                self.ended(end)
                 self._path._ended(self)
         else:
             NativeRelay.relay_event(self, kind, a, b, t)
@@ -515,7 +518,7 @@ class SocksFastPath:
         tracked.release()
         self._changed_now()
 
-    def _refused(self, flow: FastFlow, cause: int, detail: int) -> None:
+    def _refused(self, flow: FastFlow, end: RelayEnd) -> None:
         """END before EV_OPEN: the connect failed, timed out or was cancelled (reply sent)."""
         if flow.timer is not None:
             flow.timer.cancel()
@@ -526,14 +529,14 @@ class SocksFastPath:
         meta = flow.routed.meta
         error = flow._error
         if error is None:
-            side, err = detail >> 16, detail & 0xFFFF
-            if cause == _relay.END_ERROR and side == _relay.SIDE_CLIENT:
+            err = end.errno
+            if end.side is Side.CLIENT:
                 error = ClientGone(f"client went away during the connect: {os.strerror(err)}")
-            elif cause == _relay.END_ERROR and side == _relay.SIDE_UPSTREAM and _shook_hands(flow.framing):
+            elif end.side is Side.UPSTREAM and _shook_hands(flow.framing):
                 error = handshake_failed(
                     flow.routed.leaf.name, flow.framing.handshake, flow.framing.tls_detail, err
                 )
-            elif cause == _relay.END_ERROR:
+            elif end.cause is EndCause.ERROR:
                 dialled = (
                     meta.target if flow.dial is None else Address(flow.dial.plan.ip, flow.dial.plan.port)
                 )
@@ -571,9 +574,9 @@ class SocksFastPath:
             stats.dial("tcp", error, outbound)
 
 
-def _shook_hands(framing: Any) -> bool:
+def _shook_hands(framing: Framing | None) -> TypeGuard[TlsFraming]:
     """Whether the engine began a TLS handshake for this flow and it never finished."""
-    report = getattr(framing, "handshake", None)
+    report = framing.handshake if isinstance(framing, TlsFraming) else None
     return report is not None and report.started and not report.finished
 
 

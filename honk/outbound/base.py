@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from honk.core.errors import HonkError
 from honk.core.net import Address
+from honk.proto.framing import Framing
 
 # A UDP endpoint delivers each reply as (payload, the address that sent it).
 DatagramSink = Callable[[bytes, Address], None]
@@ -54,7 +55,7 @@ class DialedStream:
     sock: socket.socket
     # What the relay applies between the client's bytes and this socket; None: plain bytes.
     # Each framed protocol defines its own (honk.proto.shadowsocks.ShadowsocksFraming).
-    framing: Any = None
+    framing: Framing | None = None
     # A stream bridged from a channel (honk.outbound.bridge.BridgeEnd): how the server's side
     # ended, which a clean end of the relay's socket does not show. None: a real socket.
     bridge: Any = None
@@ -76,7 +77,7 @@ class EnginePlan:
     port: int
     mark: int
     timeout: float  # seconds the connect may take (the connector's bound)
-    framing: Any = None
+    framing: Framing | None = None
     head: bytes = b""
     # called on the loop's thread once the engine connected (and shook hands), with what EV_OPEN
     # told of the handshake (honk._fast.relay_py.TLS_RESUMED | TLS_13); None: nothing to learn

@@ -27,12 +27,12 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from honk.core.clock import Clock, timeout_at
 from honk.core.errors import CapacityRefused, DialError, DialTimeout
 from honk.core.net import Address, IPAddress
 from honk.outbound.base import Capabilities, DialedStream, EnginePlan
+from honk.proto.framing import Framing
 from honk.route.resolve import ResolveError, Resolver, ResolveTimeout, SystemResolver, wait_until
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class DirectOutbound:
     def engine_plan(
         self,
         target: Address,
-        framing: Any = None,
+        framing: Framing | None = None,
         head: bytes = b"",
         opened: Callable[[int], None] | None = None,
     ) -> EnginePlan | None:

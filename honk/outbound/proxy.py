@@ -28,6 +28,7 @@ from honk.core.net import Address
 from honk.outbound.base import DialedStream, EnginePlan
 from honk.outbound.direct import DirectOutbound
 from honk.outbound.runtime import NodeRuntime
+from honk.proto.framing import Framing
 
 __all__ = ["ProxyLeaf", "ServerClosed", "handshake_scope", "recv_some"]
 
@@ -125,7 +126,7 @@ class ProxyLeaf:
         :meth:`open_framed` counts its own."""
         self.count(outcome)
 
-    async def open_framed(self, header: bytes, framing: Any, deadline: float, what: str) -> DialedStream:
+    async def open_framed(self, header: bytes, framing: Framing, deadline: float, what: str) -> DialedStream:
         """The node's server reached and ``header`` sent, both under the deadline; the relay
         engine applies ``framing`` to everything after it (Shadowsocks, VMess over plain TCP)."""
         sock = await self.connect_server(deadline)

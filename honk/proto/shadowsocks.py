@@ -25,7 +25,7 @@ import errno
 import hashlib
 import os
 import threading
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -367,7 +367,7 @@ class ShadowsocksFraming:
     def __repr__(self) -> str:
         return f"ShadowsocksFraming(cipher={self.cipher!r})"
 
-    kind: ClassVar[str] = "shadowsocks"
+    kind: ClassVar[Literal["shadowsocks"]] = "shadowsocks"
     errors: ClassVar[tuple[type[HonkError], ...]] = (ShadowsocksError,)
     auth_errors: ClassVar[tuple[type[HonkError], ...]] = (ShadowsocksAuthError,)
     answered: ClassVar[bool] = True  # EOF before the server's salt is a plain close, not a refusal

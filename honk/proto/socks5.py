@@ -25,11 +25,11 @@ Nothing here touches sockets, the event loop or the clock.
 from __future__ import annotations
 
 import enum
-import errno
 import ipaddress
 import struct
 from dataclasses import dataclass
 
+from honk._fast.socks5hs import errno_reply
 from honk.core.errors import (
     AuthenticationFailed,
     Blocked,
@@ -432,15 +432,6 @@ class Socks5ServerConnection:
 
 # --- typed errors → reply codes ----------------------------------------------------
 
-_ERRNO_REPLIES = {
-    errno.ECONNREFUSED: Reply.CONNECTION_REFUSED,
-    errno.ENETUNREACH: Reply.NETWORK_UNREACHABLE,
-    errno.ENETDOWN: Reply.NETWORK_UNREACHABLE,
-    errno.EHOSTUNREACH: Reply.HOST_UNREACHABLE,
-    errno.EHOSTDOWN: Reply.HOST_UNREACHABLE,
-    errno.ETIMEDOUT: Reply.TTL_EXPIRED,
-}
-
 
 def _errno_of(error: BaseException) -> int | None:
     """The errno carried by ``error`` or by an OSError in its cause/context chain."""
@@ -472,8 +463,9 @@ def reply_for(error: BaseException) -> Reply:
         return Reply(error.reply)  # an upstream proxy's own refusal, passed on
     if isinstance(error, DialError):
         code = _errno_of(error)
-        if code in _ERRNO_REPLIES:
-            return _ERRNO_REPLIES[code]
+        by_errno = errno_reply(code) if code is not None else 0  # the table the engines reply from
+        if by_errno:
+            return Reply(by_errno)
         if error.phase == "resolve":
             return Reply.HOST_UNREACHABLE
         return Reply.GENERAL_FAILURE

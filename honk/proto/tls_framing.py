@@ -42,7 +42,7 @@ import errno
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from honk.core.errors import CodecError, HonkError
 from honk.proto.trojan import TrojanError, TrojanStreamWatch
@@ -168,7 +168,7 @@ class TlsFraming:
     relay gave the connection back (the TLS session may be read again then).
     """
 
-    kind = "tls"
+    kind: ClassVar[Literal["tls"]] = "tls"
 
     def __init__(
         self,

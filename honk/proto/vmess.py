@@ -39,7 +39,7 @@ import struct
 import uuid as uuid_mod
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -562,7 +562,7 @@ class VmessFraming:
     relay through ``encryptor``/``decryptor`` themselves.
     """
 
-    kind = "vmess"
+    kind: ClassVar[Literal["vmess"]] = "vmess"
     errors: tuple[type[HonkError], ...] = (VmessError,)
     auth_errors: tuple[type[HonkError], ...] = (VmessAuthError,)
 

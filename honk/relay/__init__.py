@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Protocol
+from typing import Protocol
 
 from honk.core.clock import Clock
 from honk.core.errors import HonkError
+from honk.proto.framing import Framing
 from honk.relay.copy import CopyRelay
 from honk.relay.native import NativeRelay, native_available
 from honk.relay.stream import StreamConn
@@ -44,7 +45,9 @@ class RelayEngine(Protocol):
     bytes_down: int
     last_activity: float
 
-    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None: ...
+    async def run(
+        self, client: StreamConn, upstream: socket.socket, framing: Framing | None = None
+    ) -> None: ...
 
     def close(self, reason: HonkError | None = None) -> None: ...
 

@@ -38,10 +38,10 @@ import asyncio
 import errno
 import socket
 from collections.abc import Callable
-from typing import Any
 
 from honk.core.clock import Clock
 from honk.core.errors import FlowClosed, HonkError, UpstreamFailed
+from honk.proto.framing import Framing
 from honk.relay.ends import client_error, upstream_error
 from honk.relay.stream import StreamConn
 
@@ -198,7 +198,7 @@ class CopyRelay:
         self._done: asyncio.Future[None] | None = None
         self._started = False  # both transports are wrapped (or setup failed)
         self._open = 0
-        self._framing: Any = None
+        self._framing: Framing | None = None
         # told (up, down) byte counts as they arrive (the flow's Score reporter); None: nobody
         self.observer: Callable[[int, int], None] | None = None
 
@@ -206,7 +206,7 @@ class CopyRelay:
     def error(self) -> HonkError | None:
         return self._error
 
-    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None:
+    async def run(self, client: StreamConn, upstream: socket.socket, framing: Framing | None = None) -> None:
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         self._framing = framing
@@ -290,13 +290,13 @@ class CopyRelay:
 
     def _truncated(self) -> bool:
         """The upstream's EOF came before its answer or inside a chunk: end the flow with the codec's error."""
-        from honk._fast.relay_py import FRAMING_SILENT, FRAMING_TRUNCATED, decryptor_pending
+        from honk._fast.relay_py import FRAMING_SILENT, FRAMING_TRUNCATED
 
         framing = self._framing
         if not framing.answered:
             self._fail(framing.error_for(FRAMING_SILENT))
             return True
-        if not decryptor_pending(framing.decryptor):
+        if not framing.decryptor.pending:
             return False
         self._fail(framing.error_for(FRAMING_TRUNCATED))
         return True

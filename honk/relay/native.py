@@ -58,15 +58,17 @@ from typing import Any
 from honk._fast import relay as _relay
 from honk.core.clock import Clock
 from honk.core.errors import FlowClosed, HonkError
+from honk.proto.framing import Framing
 from honk.relay.copy import CopyRelay
 from honk.relay.ends import client_error, local_error, upstream_error
+from honk.relay.events import EndCause, RelayEnd, Side, decode_end
 from honk.relay.stream import StreamConn
 
 __all__ = [
     "NativeRelay",
     "close_engines",
     "framed_socket",
-    "framing_error",
+    "end_error",
     "native_available",
     "shared_engine",
     "shared_engines",
@@ -82,11 +84,12 @@ FLUSH_TIMEOUT = 5.0
 # the engine's event kinds, read once: relay_event compares against them for every event
 _EV_BYTES, _EV_FIRST_BYTE = _relay.EV_BYTES, _relay.EV_FIRST_BYTE
 _EV_HALF_CLOSE, _EV_END = _relay.EV_HALF_CLOSE, _relay.EV_END
-_END_CLEAN = _relay.END_CLEAN
 
-_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _relay.Engine] = weakref.WeakKeyDictionary()
 # more engines of a loop, for the SOCKS fast path's other worker threads (shared_engines)
-_more_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Any]] = weakref.WeakKeyDictionary()
+_more_engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_relay.Engine]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def native_available() -> bool:
@@ -94,7 +97,7 @@ def native_available() -> bool:
     return _relay.IMPLEMENTATION == "compiled"
 
 
-def shared_engine(loop: asyncio.AbstractEventLoop | None = None) -> Any:
+def shared_engine(loop: asyncio.AbstractEventLoop | None = None) -> _relay.Engine:
     """The engine of ``loop`` (default: the running loop), created on first use."""
     if loop is None:
         loop = asyncio.get_running_loop()
@@ -107,7 +110,7 @@ def shared_engine(loop: asyncio.AbstractEventLoop | None = None) -> Any:
     return engine
 
 
-def shared_engines(count: int, loop: asyncio.AbstractEventLoop | None = None) -> list[Any]:
+def shared_engines(count: int, loop: asyncio.AbstractEventLoop | None = None) -> list[_relay.Engine]:
     """``count`` engines of ``loop`` (each its own worker thread), :func:`shared_engine`'s first;
     the others are created on first use and kept for the loop's life as it is."""
     if loop is None:
@@ -132,16 +135,20 @@ def close_engines() -> int:
     return len(engines)
 
 
-def framing_error(err: int, framing: Any) -> HonkError | None:
-    """``framing``'s typed error for an engine FRAMING_* errno (upstream side), else None."""
-    if err not in (
-        _relay.FRAMING_AUTH,
-        _relay.FRAMING_PROTOCOL,
-        _relay.FRAMING_TRUNCATED,
-        _relay.FRAMING_SILENT,
-    ):
+def end_error(end: RelayEnd, framing: Framing | None) -> HonkError | None:
+    """The typed error of a flow that ended as ``end`` (None for a clean end): the framing's
+    own error for its verdict on the upstream's bytes, else the failing side's."""
+    if end.cause is EndCause.CLEAN:
         return None
-    return framing.error_for(err)
+    if end.cause is EndCause.CANCELLED:
+        return FlowClosed("relay engine closed")
+    if end.side is Side.CLIENT:
+        return client_error(end.errno)
+    if end.side is Side.UPSTREAM:
+        if framing is not None and end.framing_verdict:
+            return framing.error_for(end.errno)
+        return upstream_error(end.errno)
+    return local_error(end.errno)
 
 
 class _Bridge:
@@ -151,7 +158,9 @@ class _Bridge:
         pass
 
 
-def framed_socket(upstream: socket.socket, framing: Any, engine: Any = None) -> socket.socket:
+def framed_socket(
+    upstream: socket.socket, framing: Framing, engine: _relay.Engine | None = None
+) -> socket.socket:
     """A plain connected stream socket standing for the framed ``upstream``.
 
     The engine (default: the running loop's) takes ``upstream`` over and relays
@@ -188,7 +197,7 @@ class _Discard(asyncio.Protocol):
 class NativeRelay:
     """Relay one client stream and one upstream socket through the native engine."""
 
-    def __init__(self, clock: Clock, engine: Any = None) -> None:
+    def __init__(self, clock: Clock, engine: _relay.Engine | None = None) -> None:
         self.clock = clock
         implementation = engine.implementation if engine is not None else _relay.IMPLEMENTATION
         self.engine = "native" if implementation == "compiled" else "native-python"
@@ -207,7 +216,9 @@ class NativeRelay:
         self._ended = False
         self._done: asyncio.Future[None] | None = None
         self._copy: CopyRelay | None = None
-        self.framing: Any = None  # the upstream's framing (run() sets it; the fast path before hs_relay)
+        self.framing: Framing | None = (
+            None  # the upstream's framing (run() sets it; the fast path before hs_relay)
+        )
         # told (up, down) byte deltas at each byte event (the flow's Score reporter); None: nobody
         self.observer: Callable[[int, int], None] | None = None
         self._seen = (0, 0)  # the counters the observer was last told
@@ -245,7 +256,7 @@ class NativeRelay:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def run(self, client: StreamConn, upstream: socket.socket, framing: Any = None) -> None:
+    async def run(self, client: StreamConn, upstream: socket.socket, framing: Framing | None = None) -> None:
         loop = asyncio.get_running_loop()
         self._done = loop.create_future()
         self.framing = framing
@@ -295,7 +306,7 @@ class NativeRelay:
         if self._error is not None:
             raise self._error
 
-    async def _run_copy(self, client: StreamConn, upstream: socket.socket, framing: Any) -> None:
+    async def _run_copy(self, client: StreamConn, upstream: socket.socket, framing: Framing | None) -> None:
         self.engine = "copy"
         self._copy = CopyRelay(self.clock)
         self._copy.observer = self.observer
@@ -339,25 +350,19 @@ class NativeRelay:
             if self.half_closed_since is None:
                 self.half_closed_since = self.clock.now()
         elif kind == _EV_END:
-            self._id = None
-            self._ended = True
-            if a == _END_CLEAN:
-                self.half_closed = 0b11  # both directions finished (the second EOF is not an event)
-            if self._error is None:
-                if a == _relay.END_ERROR:
-                    side, err = b >> 16, b & 0xFFFF
-                    if side == _relay.SIDE_CLIENT:
-                        self._error = client_error(err)
-                    elif side == _relay.SIDE_UPSTREAM:
-                        framed = framing_error(err, self.framing) if self.framing is not None else None
-                        self._error = framed if framed is not None else upstream_error(err)
-                    else:
-                        self._error = local_error(err)
-                elif a == _relay.END_CANCELLED:
-                    self._error = FlowClosed("relay engine closed")
-            done = self._done
-            if done is not None and not done.done():
-                done.set_result(None)
+            self.ended(decode_end(a, b))
+
+    def ended(self, end: RelayEnd) -> None:
+        """The engine's END: the flow is over; its error (the first one stands) is kept."""
+        self._id = None
+        self._ended = True
+        if end.cause is EndCause.CLEAN:
+            self.half_closed = 0b11  # both directions finished (the second EOF is not an event)
+        if self._error is None:
+            self._error = end_error(end, self.framing)
+        done = self._done
+        if done is not None and not done.done():
+            done.set_result(None)
 
     def _observe(self, up: int, down: int) -> None:
         seen_up, seen_down = self._seen

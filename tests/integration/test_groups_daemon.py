@@ -70,7 +70,7 @@ async def test_choices_are_persisted_per_network_and_restored_at_startup(tmp_pat
     await daemon.start()
     try:
         await daemon.select("proxy", "b", Network.UDP)
-        assert daemon.plane.groups.on_choice is not None  # installed before publication
+        assert daemon.plane.groups.sink is not None  # installed before publication
     finally:
         await daemon.shutdown(0.0)
     again = Daemon(cfg)
@@ -96,7 +96,7 @@ async def test_a_reload_keeps_group_identity_by_name_and_installs_callbacks_firs
         groups = daemon.plane.groups
         assert groups.identity_of("proxy") == before
         assert groups.identity_of("renamed").uid != other.uid
-        assert groups.on_choice is not None
+        assert groups.sink is not None
     finally:
         await daemon.shutdown(0.0)
 

@@ -41,6 +41,7 @@ from honk.connection.plane import Plane, SystemResolver, build_plane
 from honk.connection.tracker import ConnectionTracker
 from honk.connection.warm import WarmUp
 from honk.core.clock import MonotonicClock
+from honk.group.events import GroupEvent, SelectionMoved
 from honk.inbound.mixed import MixedInbound
 from honk.outbound.mux import pool_for
 from honk.outbound.runtime import WarmOwner
@@ -125,7 +126,11 @@ class Router:
         self._wire()
 
     def _wire(self) -> None:
-        self.plane.groups.on_change = lambda group, network: self.warm.wake()  # as the daemon wires it
+        def route(event: GroupEvent) -> None:  # as the daemon routes a selection move
+            if isinstance(event, SelectionMoved):
+                self.warm.wake()
+
+        self.plane.groups.sink = route
 
     def reload(self, spec: Spec) -> Plane:
         previous, self.plane = (

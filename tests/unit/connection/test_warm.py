@@ -37,6 +37,7 @@ from honk.connection.warm import (
 )
 from honk.core.clock import FakeClock
 from honk.core.net import Network
+from honk.group.events import GroupEvent, SelectionMoved
 from honk.group.filter import HealthFilter
 from honk.outbound.mux import pool_for
 from honk.outbound.runtime import WarmOwner
@@ -202,7 +203,12 @@ async def test_a_choice_change_wakes_the_pin_at_once_and_the_repair_pass_refills
     nodes = [_socks(n, server) for n in ("a", "b")]
     plane = _plane(nodes, [_selector("pick", ("a", "b"))], clock, preconnect=0)
     warm = WarmUp(clock, lambda: plane)
-    plane.groups.on_change = lambda group, network: warm.wake()  # as the daemon wires it
+
+    def route(event: GroupEvent) -> None:  # as the daemon routes a selection move
+        if isinstance(event, SelectionMoved):
+            warm.wake()
+
+    plane.groups.sink = route
     a, b = plane.outbounds["a"].runtime, plane.outbounds["b"].runtime
     warm.start()
     try:

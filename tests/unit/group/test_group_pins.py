@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from test_group_policies import UDP, World, group
+from test_group_policies import UDP, World, group, routed
 
 from honk.config.spec import Policy
 from honk.core.net import Network
+from honk.group.events import SelectionMoved
 from honk.group.manager import GroupManager
 from honk.group.policy import UnknownGroup, UnknownMember
 
 TCP = Network.TCP
-
-
-def changes(manager: GroupManager) -> list[tuple[str, Network]]:
-    seen: list[tuple[str, Network]] = []
-    manager.on_change = lambda group, network: seen.append((group, network))
-    return seen
 
 
 def test_a_pinned_urltest_member_serves_while_eligible_then_the_policy_decides_again():
@@ -107,11 +102,11 @@ def test_selection_changes_are_reported_for_writes_pins_and_automatic_moves_but_
         group("auto", "a", "b", policy=Policy.URLTEST),
         group("fb", "a", "b", policy=Policy.FALLBACK),
     )
-    seen = changes(w.manager)
+    seen = routed(w.manager, SelectionMoved)
     w.manager.select("sel", "a")  # the effective choice already (first member): nothing moved
     assert seen == []
     w.manager.select("sel", "b", TCP)
-    assert seen == [("sel", TCP)]
+    assert seen == [SelectionMoved("sel", TCP)]
     seen.clear()
     w.sample("a", 10)
     w.sample("b", 300)
@@ -120,12 +115,12 @@ def test_selection_changes_are_reported_for_writes_pins_and_automatic_moves_but_
     w.sample("b", 1)
     w.sample("a", 900)
     assert w.leaf("auto") == "b"
-    assert seen == [("auto", TCP)]
+    assert seen == [SelectionMoved("auto", TCP)]
     seen.clear()
     w.manager.pin("auto", "a", UDP)
-    assert seen == [("auto", UDP)]
+    assert seen == [SelectionMoved("auto", UDP)]
     seen.clear()
     assert w.leaf("fb") == "a"
     w.kill("a")
     assert w.leaf("fb") == "b"
-    assert seen == [("fb", TCP)]
+    assert seen == [SelectionMoved("fb", TCP)]

@@ -17,6 +17,7 @@ from honk.config.spec import FilterTerm, GroupSpec, MatchArg, NodeFilter, NodeSp
 from honk.core.clock import FakeClock
 from honk.core.errors import NoRoute
 from honk.core.net import Network
+from honk.group.events import ChoiceChanged, FlowsInterrupted, GroupEvent
 from honk.group.filter import HealthFilter
 from honk.group.manager import GroupManager
 from honk.group.policy import UnknownMember
@@ -36,6 +37,13 @@ def group(name: str, *members: str, subgroups: tuple[str, ...] = (), **kw) -> Gr
     return GroupSpec(
         name, filters=filters, subgroups=subgroups, has_filter_lines=bool(members or subgroups), **kw
     )
+
+
+def routed(manager: GroupManager, kind: type) -> list[GroupEvent]:
+    """Every event of ``kind`` the manager routes from now on (its sink)."""
+    seen: list[GroupEvent] = []
+    manager.sink = lambda event: seen.extend((event,) if isinstance(event, kind) else ())
+    return seen
 
 
 class World:
@@ -261,13 +269,12 @@ def test_selector_with_a_dead_choice_and_a_final_takes_the_final():
 
 def test_selector_writes_validate_once_and_report_changed_networks():
     w = World(group("sel", "a", "b"))
-    seen = []
-    w.manager.on_choice = lambda g, net, ident: seen.append((g, net, ident))
+    seen = routed(w.manager, ChoiceChanged)
     with pytest.raises(UnknownMember):
         w.manager.select("sel", "zzz")
     assert w.manager.choices() == {} and seen == []
     assert w.manager.select("sel", "b", TCP) == [TCP]
-    assert seen == [("sel", TCP, ("node", w.ids["b"]))]
+    assert seen == [ChoiceChanged("sel", TCP, ("node", w.ids["b"]))]
     assert w.manager.select("sel", "b") == [UDP]  # both: only UDP changed
 
 
@@ -393,26 +400,24 @@ def test_choices_survive_reload_by_node_identity_not_by_name():
     assert uuid.UUID(int=0) not in (w.ids["x"], w.ids["y"])
 
 
-def test_a_urltest_winner_change_fires_the_interrupt_callback_only_with_interrupt_connections():
+def test_a_urltest_winner_change_interrupts_flows_only_with_interrupt_connections():
     w = World(
         group("auto", "a", "b", policy=Policy.URLTEST, interrupt_connections=True),
         group("quiet", "a", "b", policy=Policy.URLTEST),
     )
-    fired = []
-    w.manager.on_interrupt = lambda g, net: fired.append((g, net))
+    fired = routed(w.manager, FlowsInterrupted)
     w.sample("a", 50)
     w.sample("b", 90)
     assert w.leaf("auto") == "a" and w.leaf("quiet") == "a"
     assert fired == []  # a first selection replaces nothing
     w.dial_failures("a", 2)
     assert w.leaf("auto") == "b" and w.leaf("quiet") == "b"
-    assert fired == [("auto", TCP)]
+    assert fired == [FlowsInterrupted("auto", TCP)]
 
 
 def test_load_balance_rotation_never_interrupts():
     w = World(group("lb", "a", "b", policy=Policy.LOADBALANCE, interrupt_connections=True))
-    fired = []
-    w.manager.on_interrupt = lambda g, net: fired.append((g, net))
+    fired = routed(w.manager, FlowsInterrupted)
     assert [w.leaf("lb") for _ in range(4)] == ["a", "b", "a", "b"]
     assert fired == []
 
