@@ -9,7 +9,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=${1:?usage: libs-venv.sh VENV}
-TEST_TOOLS="pytest>=7.4 pytest-asyncio>=0.23 pytest-timeout>=2.2 hypothesis>=6.90 scipy>=1.10 trustme>=1.1 \
+TEST_TOOLS="pytest>=7.4 pytest-asyncio>=0.23 pytest-timeout>=2.2 pytest-xdist>=3.5 hypothesis>=6.90 scipy>=1.10 trustme>=1.1 \
 pyroute2>=0.9 Cython>=3.0,<3.3"
 
 # the package's python3-* dependencies, read from its control file (one source of truth)
@@ -19,7 +19,8 @@ wanted=$(sed -n '/^Package: honk/,$p' "$ROOT/packaging/deb/debian/control" | gre
     python3-venv $wanted
 
 stamp="$VENV/.honk-libs"
-want_stamp=$(cat "$ROOT/packaging/deb/vendor.txt" "$ROOT/packaging/deb/debian/control" | sha256sum | cut -d' ' -f1)
+want_stamp=$( (cat "$ROOT/packaging/deb/vendor.txt" "$ROOT/packaging/deb/debian/control"; echo "$TEST_TOOLS") \
+    | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
     rm -rf "$VENV"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
