@@ -87,11 +87,12 @@ TWIN_TESTS = $(TWIN_SKIP) tests/unit tests/sim \
 	tests/integration/test_score_escape.py tests/integration/test_score_reporters.py \
 	tests/integration/test_ebpf_datapath.py
 
-# The suites run on PYTEST_WORKERS processes (pytest-xdist), a test module's tests on one of
-# them (its module-scoped peers start once): about 45 % less time on the 2-core CI machine.
+# PYTEST_WORKERS=2 runs the suites on two processes (pytest-xdist, a module's tests on one of
+# them): about 35 % less time on the 2-core CI machine, but three parallel CI runs of four each met
+# a different timing or process-history failure, so one process stays the default until those are fixed.
 # Every test owns what it touches (free loopback ports, its own network namespaces, temporary
-# directories), so modules may run side by side. PYTEST_WORKERS=0 runs everything in one process.
-PYTEST_WORKERS ?= 2
+# directories), so modules may run side by side.
+PYTEST_WORKERS ?= 0
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 test: build peers lint typecheck
